@@ -1,0 +1,4 @@
+"""Entry point for `python -m rankaudit`."""
+from rankaudit.cli import main
+
+main()

@@ -1,0 +1,31 @@
+"""The errors rankaudit reports to a user: one line, a cause, a fix, and the exit code they map to."""
+
+
+class RankauditError(Exception):
+    """A problem the user can fix; printed as one line, never as a traceback (unless --debug)."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.problem}; fix: {self.fix}" if self.fix else self.problem
+
+
+class UsageError(RankauditError):
+    """Bad arguments or configuration: a missing path, a malformed shape, an ambiguous file (exit 2)."""
+
+    exit_code = 2
+
+
+class ModelLoadError(RankauditError):
+    """The model file raised, held no model, or could not be built (exit 3)."""
+
+    exit_code = 3
+
+
+class TraceError(ModelLoadError):
+    """Neither torch.fx nor torch.export could turn the model into a graph (exit 3)."""

@@ -1,0 +1,41 @@
+"""Result -> the JSON object whose key names are a contract (add keys freely, never rename)."""
+from __future__ import annotations
+
+import json as _json
+from dataclasses import asdict
+
+from rankaudit import __version__
+from rankaudit.result import Result
+
+
+def to_dict(result: Result) -> dict:
+    return {
+        "rankaudit_version": __version__,
+        "model": result.model,
+        "model_name": result.model_name,
+        "input_shape": list(result.input_shape),
+        "batch_size": result.batch_size,
+        "tracer": result.tracer,
+        "ra_i": result.ra_i,
+        "critical_layer": result.critical_layer,
+        "verdict": result.verdict,
+        "meaning": result.meaning,
+        "parameters": result.parameters,
+        "policy": asdict(result.policy) if result.policy else None,
+        "layers": [
+            {"name": row.name, "op": row.op, "inputs": row.inputs, "weights": row.weights, "outputs": row.outputs,
+             "virtual": row.virtual, "ra_i": row.ra_i, "dense": row.dense, "critical": row.critical,
+             "block": row.block, "folded": row.folded, "own_weights": row.own_weights,
+             "reported_params": row.reported_params, "frozen_params": row.frozen_params, "source": row.source}
+            for row in result.layers
+        ],
+        "blocks": [asdict(block) for block in result.blocks],
+        "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code} for c in result.caveats],
+        "seconds": round(result.seconds, 4),
+    }
+
+
+def render(results: list[Result]) -> str:
+    """One object for one model, a list for several."""
+    payload = to_dict(results[0]) if len(results) == 1 else [to_dict(r) for r in results]
+    return _json.dumps(payload, indent=2) + "\n"

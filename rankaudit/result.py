@@ -1,0 +1,85 @@
+"""The Result dataclasses: everything reports read; reports never re-run the analysis."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Stable caveat codes, like a linter's rule ids: never renumber, only add.
+CAVEAT_CODES = {
+    "RA101": "op not modelled by the rank analysis",
+    "RA102": "ReLU-like map is not injective: counts are an upper bound",
+    "RA103": "approximate merge rule",
+    "RA104": "module called more than once: its gradient is summed over the calls",
+    "RA105": "frozen parameters share no gradient",
+    "RA106": "traced with torch.export because torch.fx failed",
+}
+
+
+@dataclass
+class LayerRow:
+    """One layer's counts at batch size B (spec §2, §6): ra_i = inputs - weights - outputs - virtual."""
+
+    name: str
+    op: str
+    inputs: int          # B·|x|: unknowns
+    weights: int         # |W|: gradient constraints, folded shortcut projections included
+    outputs: int         # B·|z|: weight constraints
+    virtual: int         # V: virtual constraints inherited from earlier layers
+    ra_i: int
+    dense: bool          # no weight sharing and B <= out_features: always recoverable (spec §3)
+    critical: bool = False
+    block: str | None = None          # the residual block this layer's main path belongs to
+    folded: list[str] = field(default_factory=list)  # shortcut projections whose |W| is added here
+    own_weights: int = 0              # this layer's own trainable parameters
+    reported_params: int = 0          # parameters shown but not counted
+    frozen_params: int = 0
+    node: str = ""                    # the traced graph node
+    source: str | None = None         # file:line that calls this layer
+
+
+@dataclass
+class Caveat:
+    code: str
+    node: str
+    op: str
+    message: str
+
+
+@dataclass
+class ResidualBlock:
+    name: str                 # qualified name shared by the block's layers, e.g. layer2.0
+    merge: str                # the add node
+    fork: str                 # the tensor both paths read (x1)
+    main_layers: list[str]
+    shortcut_layers: list[str]
+    kind: str                 # identity | projection | approximate
+
+
+@dataclass
+class PolicyOutcome:
+    fail_on: str
+    min_ra: int | None
+    passed: bool
+    reasons: list[str]
+
+
+@dataclass
+class Result:
+    model: str                          # as the user named it: path or path:name
+    model_name: str                     # the class, factory or instance
+    input_shape: tuple[int, ...]
+    batch_size: int
+    tracer: str
+    parameters: int
+    layers: list[LayerRow]
+    blocks: list[ResidualBlock]
+    caveats: list[Caveat]
+    ra_i: int | None                    # None when every layer is dense
+    critical_layer: str | None
+    verdict: str = ""
+    meaning: str = ""
+    policy: PolicyOutcome | None = None
+    seconds: float = 0.0
+
+    @property
+    def critical_row(self) -> LayerRow | None:
+        return next((row for row in self.layers if row.critical), None)
