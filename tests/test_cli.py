@@ -1,0 +1,220 @@
+"""The command line: exit codes, one-line errors, the JSON contract, policies."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import EXAMPLES, REPO
+
+CONV_NET = """
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 1)
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+"""
+
+
+def write(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def assert_one_line_error(err, *fragments):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rankaudit: error: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_missing_path_is_a_usage_error(run_cli, tmp_path):
+    code, out, err = run_cli(tmp_path / "nope.py")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "does not exist", "fix:")
+
+
+def test_unknown_flag_is_a_usage_error(run_cli):
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--bogus")
+    assert code == 2
+    assert_one_line_error(err, "--bogus")
+
+
+@pytest.mark.parametrize("shape", ["3,x", "0,32,32", "-3,32,32", "three", ""])
+def test_malformed_shape_is_a_usage_error(run_cli, shape):
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--input-shape", shape)
+    assert code == 2
+    assert_one_line_error(err, "malformed input shape", "--input-shape 3,32,32")
+
+
+@pytest.mark.parametrize("shape", ["3x32x32", "(3, 32, 32)", "[3,32,32]"])
+def test_shape_spellings(run_cli, shape):
+    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--input-shape", shape, "--format", "json")
+    assert code == 1 and json.loads(out)["input_shape"] == [3, 32, 32]
+
+
+def test_ambiguous_file_lists_the_candidates(run_cli, tmp_path):
+    path = write(tmp_path, "two.py", CONV_NET + "\nclass Other(Net):\n    pass\nINPUT_SHAPE = (3, 8, 8)\n")
+    code, _, err = run_cli(path)
+    assert code == 2
+    assert_one_line_error(err, "several models", "Net", "Other", ":NAME")
+    code, out, _ = run_cli(f"{path}:Other", "--format", "json")
+    assert code == 1 and json.loads(out)["model_name"] == "Other"
+
+
+def test_unknown_name_is_a_usage_error(run_cli):
+    code, _, err = run_cli(f"{EXAMPLES / 'cnn6.py'}:Nope")
+    assert code == 2
+    assert_one_line_error(err, "no attribute 'Nope'", "CNN6")
+
+
+def test_missing_input_shape_says_how_to_give_it(run_cli, tmp_path):
+    code, _, err = run_cli(write(tmp_path, "net.py", CONV_NET))
+    assert code == 2
+    assert_one_line_error(err, "no input shape", "--input-shape", "INPUT_SHAPE")
+
+
+def test_file_raising_on_import_exits_3_with_its_line(run_cli, tmp_path):
+    path = write(tmp_path, "bad.py", "import torch\nx = 1\nraise RuntimeError('no GPU here')\n")
+    code, _, err = run_cli(path)
+    assert code == 3
+    assert_one_line_error(err, "RuntimeError: no GPU here", "bad.py:3")
+
+
+def test_syntax_error_exits_3(run_cli, tmp_path):
+    code, _, err = run_cli(write(tmp_path, "broken.py", "def f(:\n"))
+    assert code == 3
+    assert_one_line_error(err, "does not parse", "broken.py:1")
+
+
+def test_file_without_a_model_exits_3(run_cli, tmp_path):
+    code, _, err = run_cli(write(tmp_path, "empty.py", "import torch\nINPUT_SHAPE = (3,)\n"))
+    assert code == 3
+    assert_one_line_error(err, "no nn.Module")
+
+
+def test_model_needing_arguments_exits_3(run_cli, tmp_path):
+    body = "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self, width):\n        super().__init__()\n"
+    code, _, err = run_cli(write(tmp_path, "args.py", body + "INPUT_SHAPE = (3,)\n"))
+    assert code == 3
+    assert_one_line_error(err, "builds without arguments", "factory")
+
+
+def test_constructor_raising_exits_3(run_cli, tmp_path):
+    body = CONV_NET.replace("super().__init__()", "super().__init__(); raise ValueError('bad width')")
+    code, _, err = run_cli(write(tmp_path, "ctor.py", body + "INPUT_SHAPE = (3, 8, 8)\n"))
+    assert code == 3
+    assert_one_line_error(err, "could not build Net()", "ValueError: bad width")
+
+
+def test_wrong_input_shape_exits_3_naming_the_layer(run_cli):
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--input-shape", "3,8,8")
+    assert code == 3
+    assert_one_line_error(err, "shape propagation failed at fc", "3200 input features")
+
+
+def test_data_dependent_control_flow_exits_3_naming_construct_and_line(run_cli, tmp_path):
+    body = CONV_NET.replace("return self.fc(self.conv(x).flatten(1))",
+                            "y = self.conv(x)\n        if y.sum() > 0:\n            y = y * 2\n"
+                            "        return self.fc(y.flatten(1))")
+    path = write(tmp_path, "flow.py", body + "INPUT_SHAPE = (3, 8, 8)\n")
+    code, _, err = run_cli(path)
+    assert code == 3
+    assert_one_line_error(err, "could not trace", "control flow", "flow.py:10", "torch.export")
+
+
+def test_shape_dependent_control_flow_falls_back_to_torch_export(run_cli, tmp_path):
+    body = CONV_NET.replace("return self.fc(self.conv(x).flatten(1))",
+                            "if x.shape[-1] > 4:\n            x = self.conv(x)\n        return self.fc(x.flatten(1))")
+    code, out, err = run_cli(write(tmp_path, "shapes.py", body + "INPUT_SHAPE = (3, 8, 8)\n"), "--format", "json")
+    payload = json.loads(out)
+    assert err == "" and payload["tracer"] == "torch.export"
+    assert [(r["name"], r["inputs"], r["weights"], r["outputs"]) for r in payload["layers"]] == [
+        ("conv", 192, 112, 144), ("fc", 144, 145, 1)]
+    assert any(c["code"] == "RA106" and "control flow" in c["message"] for c in payload["caveats"])
+
+
+def test_policy_exit_codes(run_cli):
+    exposed, protected = EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py"
+    assert run_cli(exposed)[0] == 1
+    assert run_cli(exposed, "--fail-on", "never")[0] == 0
+    assert run_cli(protected)[0] == 0
+    assert run_cli(protected, "--min-ra", "405")[0] == 0
+    code, out, _ = run_cli(protected, "--min-ra", "406")
+    assert code == 1 and "below the required minimum 406" in out
+    assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-500")[0] == 0
+    assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-400")[0] == 1
+
+
+def test_boundary_policy(run_cli, tmp_path):
+    # conv 1->1 3x3 on 1x4x4: |x| 16, |W| 9, |z| 4 -> RA 3; a 1x1-input... build RA = 0 exactly:
+    # Linear over 2 positions shares weights: x = 2*4 = 8, W = 2*4 = 8 (no bias), z = 2*2... use conv 1->1 k2 on 1x3x3:
+    # |x| 9, |W| 4, |z| 4 -> RA 1; add bias: |W| 5 -> RA 0.
+    body = ("import torch.nn as nn\nclass Edge(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = nn.Conv2d(1, 1, 2)\n    def forward(self, x):\n        return self.conv(x)\n"
+            "INPUT_SHAPE = (1, 3, 3)\n")
+    path = write(tmp_path, "edge.py", body)
+    code, out, _ = run_cli(path, "--format", "json")
+    assert code == 0 and json.loads(out)["verdict"] == "boundary" and json.loads(out)["ra_i"] == 0
+    assert run_cli(path, "--fail-on", "boundary")[0] == 1
+
+
+JSON_LAYER_KEYS = {"name", "op", "inputs", "weights", "outputs", "virtual", "ra_i", "dense", "critical", "block"}
+JSON_KEYS = {"rankaudit_version", "model", "input_shape", "batch_size", "tracer", "ra_i", "critical_layer",
+             "verdict", "layers", "caveats"}
+
+
+def test_json_contract_keys_and_output_file(run_cli, tmp_path):
+    target = tmp_path / "ra.json"
+    code, out, err = run_cli(EXAMPLES / "resnet18_w16.py", "--batch-size", "4", "--format", "json", "-o", target)
+    assert code == 1 and out == ""
+    assert "wrote" in err and str(target) in err
+    payload = json.loads(target.read_text())
+    assert JSON_KEYS <= payload.keys()
+    assert payload["batch_size"] == 4 and payload["input_shape"] == [3, 32, 32] and payload["tracer"] == "torch.fx"
+    for layer in payload["layers"]:
+        assert JSON_LAYER_KEYS <= layer.keys()
+        assert layer["ra_i"] == layer["inputs"] - layer["weights"] - layer["outputs"] - layer["virtual"]
+    assert sum(layer["critical"] for layer in payload["layers"]) == 1
+    for caveat in payload["caveats"]:
+        assert {"node", "op", "message"} <= caveat.keys()
+
+
+def test_several_models_exit_with_the_worst(run_cli, tmp_path):
+    code, out, err = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_a.py")
+    assert code == 1 and out.count("rankaudit 0.1.0") == 2
+    code, out, err = run_cli(EXAMPLES / "fig2_b.py", tmp_path / "missing.py")
+    assert code == 2 and "fig2_b.py" in out and "does not exist" in err
+    code, out, _ = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_e.py", "--format", "json")
+    assert code == 0 and [m["ra_i"] for m in json.loads(out)] == [405, 316]
+
+
+def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "fig2_e.py")
+    lines = out.splitlines()
+    critical = [line for line in lines if line.startswith(">")]
+    assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
+    assert "RA-i 316 at conv2: protected." in out and "complete reconstruction is impossible" in out
+
+
+def test_console_script_and_module_entry_points():
+    for command in (["rankaudit"], [sys.executable, "-m", "rankaudit"]):
+        done = subprocess.run(command + [str(EXAMPLES / "fig2_a.py"), "--format", "json"], capture_output=True,
+                              text=True, cwd=REPO)
+        assert done.returncode == 1, done.stderr
+        assert json.loads(done.stdout)["ra_i"] == -484
+    done = subprocess.run(["rankaudit", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and "0.1.0" in done.stdout
+
+
+def test_debug_shows_the_traceback():
+    done = subprocess.run(["rankaudit", str(EXAMPLES / "cnn6.py"), "--input-shape", "3,8,8", "--debug"],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "Traceback" in done.stderr
