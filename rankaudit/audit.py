@@ -11,8 +11,27 @@ from rankaudit.result import Result
 from rankaudit.trace import trace_model
 
 
+def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
+    """Which layers' gradients the client sends; None: all of them."""
+    if shared_layers and withheld_layers:
+        raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
+    names = [traced.record(n).name for n in traced.order
+             if traced.record(n).counting.role.value == "layer" and traced.record(n).counting.weights]
+    named = list(shared_layers or withheld_layers or [])
+    unknown = [name for name in named if name not in names]
+    if unknown:
+        raise UsageError(f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
+                         "use the layer names shown in the table, e.g. " + ",".join(names[:2]))
+    if shared_layers:
+        return set(shared_layers)
+    if withheld_layers:
+        return set(names) - set(withheld_layers)
+    return None
+
+
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-          fail_on: str = "exposed", min_ra: int | None = None) -> Result:
+          fail_on: str = "exposed", min_ra: int | None = None, shared_layers: list[str] | None = None,
+          withheld_layers: list[str] | None = None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device."""
     if batch_size < 1:
         raise UsageError(f"batch size {batch_size} is not positive", "give --batch-size 1 or more")
@@ -25,8 +44,7 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     if not result.layers:
         raise ModelLoadError(f"found no layer to count in {spec} (no conv, linear, pooling or similar op "
                              "depends on the input)", "check that forward() uses the input tensor")
-    non_injective = [traced.record(n).name for n in traced.order if traced.record(n).counting.non_injective]
-    findings.apply_findings(result, non_injective_ops=non_injective, fallback_reason=traced.fallback_reason,
-                            fail_on=fail_on, min_ra=min_ra)
+    findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra,
+                            shared_layers=_shared_set(traced, shared_layers, withheld_layers))
     result.seconds = time.perf_counter() - started
     return result

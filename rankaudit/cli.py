@@ -41,6 +41,10 @@ def _parse_shape(ctx, param, value):
     return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
 
 
+def _names(value: str | None) -> list[str] | None:
+    return [name.strip() for name in value.split(",") if name.strip()] if value else None
+
+
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
@@ -52,15 +56,21 @@ def _parse_shape(ctx, param, value):
 @click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
               show_default=True, help="Exit 1 when the verdict is this bad or worse.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
+@click.option("--shared-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
+              help="Only these layers' gradients are sent (label-leakage finding); default: all.")
+@click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
+              help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
-def check(models, input_shape, batch_size, output_format, output, fail_on, min_ra, debug):
+def check(models, input_shape, batch_size, output_format, output, fail_on, min_ra, shared_layers, withheld_layers,
+          debug):
     """Count constraints per layer, find the critical layer and give a verdict."""
     from rankaudit.audit import audit
 
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
-            result = audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra)
+            result = audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
+                           shared_layers=shared_layers, withheld_layers=withheld_layers)
         except RankauditError as exc:
             if debug:
                 raise

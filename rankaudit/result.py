@@ -55,6 +55,29 @@ class ResidualBlock:
 
 
 @dataclass
+class LayerBridge:
+    """Can the labels be recovered from this layer's gradient alone (GDBR, Theorems 1-2, Eq. 16-19)?"""
+
+    name: str
+    shared: bool                 # is this layer's gradient sent to the server
+    bridge: bool                 # a gradient bridge reaches the logits (or this is the logits layer)
+    direct: bool                 # the logits layer itself: the iDLG sign rule needs no bridge
+    blocked_by: str | None       # the first layer or op that stops the bridge
+    kind: str                    # direct | bridge | positions | shared-weights | widens | activation | branch
+    reason: str                  # why, in one sentence
+
+
+@dataclass
+class LabelLeakage:
+    risk: str                    # high: some shared layer's gradient suffices; low: none does
+    layers: list[LayerBridge]
+
+    @property
+    def leaking(self) -> list[str]:
+        return [layer.name for layer in self.layers if layer.shared and layer.bridge]
+
+
+@dataclass
 class PolicyOutcome:
     fail_on: str
     min_ra: int | None
@@ -78,6 +101,7 @@ class Result:
     verdict: str = ""
     meaning: str = ""
     policy: PolicyOutcome | None = None
+    label_leakage: LabelLeakage | None = None
     seconds: float = 0.0
 
     @property

@@ -23,8 +23,7 @@ def analyse_module(build, input_shape, batch_size: int = 1) -> Result:
     traced = trace_model(model, tuple(input_shape))
     result = analyze(traced, batch_size, model="test", model_name=type(model).__name__,
                      input_shape=tuple(input_shape))
-    non_injective = [traced.record(n).name for n in traced.order if traced.record(n).counting.non_injective]
-    return findings.apply_findings(result, non_injective_ops=non_injective, fallback_reason=traced.fallback_reason)
+    return findings.apply_findings(result, traced)
 
 
 def row(result: Result, name: str):

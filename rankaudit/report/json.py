@@ -31,8 +31,18 @@ def to_dict(result: Result) -> dict:
         ],
         "blocks": [asdict(block) for block in result.blocks],
         "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code} for c in result.caveats],
+        "label_leakage": _label_leakage(result),
         "seconds": round(result.seconds, 4),
     }
+
+
+def _label_leakage(result: Result) -> dict | None:
+    leakage = result.label_leakage
+    if leakage is None:
+        return None
+    return {"risk": leakage.risk,
+            "layers": [{"name": b.name, "bridge": b.bridge, "blocked_by": b.blocked_by, "shared": b.shared,
+                        "direct": b.direct, "kind": b.kind, "reason": b.reason} for b in leakage.layers]}
 
 
 def render(results: list[Result]) -> str:

@@ -23,6 +23,36 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
 
+_BLOCK_SUMMARY = {
+    "positions": "weights applied at several positions, so ∇a cannot be read off",
+    "shared-weights": "a later layer shares weights over positions",
+    "widens": "a later layer widens (W Wᵀ singular)",
+    "activation": "an activation other than ReLU/LeakyReLU on the way",
+    "branch": "a branch or merge on the way",
+}
+
+
+def _label_lines(result: Result) -> list[str]:
+    leakage = result.label_leakage
+    if leakage is None:
+        return []
+    leaking = leakage.leaking
+    if leaking:
+        head = (f"Label leakage: {leakage.risk}. The gradient of any one of {', '.join(leaking)} reveals the "
+                "batch's labels (GDBR gradient bridge / iDLG), even with the other layers' gradients withheld.")
+    else:
+        head = "Label leakage: low. No shared layer's gradient bridges to the logits."
+    lines = ["", head]
+    blocked: dict[str, list[str]] = {}
+    for bridge in leakage.layers:
+        if bridge.shared and not bridge.bridge:
+            where = "" if bridge.blocked_by == bridge.name else f" (at {bridge.blocked_by})"
+            blocked.setdefault(bridge.kind, []).append(bridge.name + where)
+    for kind, names in blocked.items():
+        lines.append(f"  blocked, {_BLOCK_SUMMARY[kind]}: {', '.join(names)}")
+    return lines
+
+
 def render_one(result: Result) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_shape(result.input_shape)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
@@ -38,6 +68,7 @@ def render_one(result: Result) -> str:
         lines.append(f"RA-i undefined (every layer dense): {result.verdict}. {meaning}.")
     else:
         lines.append(f"RA-i {result.ra_i} at {result.critical_layer}: {result.verdict}. {meaning}.")
+    lines.extend(_label_lines(result))
     if result.caveats:
         lines.append("")
         lines.append("Caveats:")
