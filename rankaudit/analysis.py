@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from rankaudit.ops import Role
-from rankaudit.result import Caveat, LayerRow, ResidualBlock, Result
+from rankaudit.result import Architecture, ArchitectureNode, Caveat, LayerRow, ResidualBlock, Result
 from rankaudit.trace import TracedModel
 
 
@@ -77,6 +77,43 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
                                   "shorter plays the shortcut and its weights are folded into the longer path's "
                                   "first layer; an approximation (spec §5)"))
     return merges, caveats
+
+
+def _architecture(traced: TracedModel, merges: dict[str, _Merge], shortcut_layers: set[str],
+                  block_of: dict[str, str]) -> Architecture:
+    """Contract transparent ops away: inputs, layers, merges and outputs remain, wired as the data flows."""
+    kept: dict[str, ArchitectureNode] = {}
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        role = record.counting.role
+        if node_id == traced.input_id:
+            kind = "input"
+        elif role is Role.LAYER:
+            kind = "projection" if node_id in shortcut_layers else "layer"
+        elif role is Role.ADD and node_id in merges:
+            kind = "add"
+        elif role is Role.CAT:
+            kind = "cat"
+        else:
+            continue
+        block = merges[node_id].block.name if node_id in merges else block_of.get(node_id)
+        kept[node_id] = ArchitectureNode(node_id, record.name, record.op, kind, block)
+    for output_id in traced.output_ids:
+        if output_id not in kept:
+            record = traced.record(output_id)
+            kept[output_id] = ArchitectureNode(output_id, "output", record.op, "output")
+    sources: dict[str, set[str]] = {}  # nearest kept ancestors of every node
+    edges: list[tuple[str, str]] = []
+    for node_id in traced.order:
+        upstream = set()
+        for parent in traced.record(node_id).inputs:
+            upstream |= {parent} if parent in kept else sources.get(parent, set())
+        if node_id in kept:
+            edges.extend((source, node_id) for source in sorted(upstream))
+            sources[node_id] = {node_id}
+        else:
+            sources[node_id] = upstream
+    return Architecture(list(kept.values()), edges)
 
 
 def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_name: str = "",
@@ -163,4 +200,5 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
     return Result(model=model, model_name=model_name, input_shape=tuple(input_shape), batch_size=B,
                   tracer=traced.tracer, parameters=traced.parameters, layers=rows,
                   blocks=[m.block for m in merges.values()], caveats=caveats, ra_i=ra_i,
-                  critical_layer=critical_layer)
+                  critical_layer=critical_layer,
+                  architecture=_architecture(traced, merges, shortcut_layers, block_of))

@@ -78,6 +78,23 @@ class LabelLeakage:
 
 
 @dataclass
+class ArchitectureNode:
+    id: str
+    name: str
+    op: str
+    kind: str                    # input | layer | projection | add | cat | output
+    block: str | None = None
+
+
+@dataclass
+class Architecture:
+    """The layer graph with transparent ops contracted: what a report draws."""
+
+    nodes: list[ArchitectureNode]
+    edges: list[tuple[str, str]]
+
+
+@dataclass
 class PolicyOutcome:
     fail_on: str
     min_ra: int | None
@@ -102,6 +119,9 @@ class Result:
     meaning: str = ""
     policy: PolicyOutcome | None = None
     label_leakage: LabelLeakage | None = None
+    architecture: Architecture | None = None
+    # Filled by the verifier: {"rgap": {...}, "gdbr": {...}} in the JSON shapes the README documents.
+    verification: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
