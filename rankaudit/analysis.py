@@ -75,7 +75,7 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
             caveats.append(Caveat("RA103", record.name, record.op,
                                   f"add of two multi-layer paths ({len(main)} and {len(shortcut)} layers): the "
                                   "shorter plays the shortcut and its weights are folded into the longer path's "
-                                  "first layer; an approximation (spec §5)"))
+                                  "first layer; an approximation (spec §5)", record.source))
     return merges, caveats
 
 
@@ -144,17 +144,17 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
             virtual[node_id], unknowns[node_id] = 0, record.output_numel
             continue
         if counting.caveat:
-            caveats.append(Caveat("RA101", record.name, record.op, counting.caveat))
+            caveats.append(Caveat("RA101", record.name, record.op, counting.caveat, record.source))
         base_name = record.name.split("#")[0]
         if "#" in record.name and base_name not in calls_seen and counting.weights:
             calls_seen.add(base_name)
             caveats.append(Caveat("RA104", base_name, record.op,
                                   f"{base_name} is called more than once; each call is a row with the module's "
-                                  "full |W|, though the shared gradient is the sum over the calls"))
+                                  "full |W|, though the shared gradient is the sum over the calls", record.source))
         if counting.frozen_params:
             caveats.append(Caveat("RA105", record.name, record.op,
                                   f"{counting.frozen_params} frozen parameters (requires_grad=False) share no "
-                                  "gradient and are not counted"))
+                                  "gradient and are not counted", record.source))
         if counting.role is Role.LAYER:
             own_weights[node_id] = counting.weights
             x = unknowns.get(primary, 0)

@@ -1,16 +1,17 @@
 """Thin click layer: parse, call, print, exit code."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from rankaudit import __version__
-from rankaudit.errors import RankauditError
+from rankaudit.errors import NoModelInFile, RankauditError
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
-FORMATS = ("table", "json")
+FORMATS = ("table", "json", "sarif")
 
 
 class _DefaultToCheck(click.Group):
@@ -48,7 +49,7 @@ def _names(value: str | None) -> list[str] | None:
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
-              help="Per-sample input shape, without the batch dimension (default: INPUT_SHAPE in the file).")
+              help="Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples summed into one shared gradient (spec §6).")
 @click.option("--format", "output_format", type=click.Choice(FORMATS), default="table", show_default=True)
@@ -60,17 +61,45 @@ def _names(value: str | None) -> list[str] | None:
               help="Only these layers' gradients are sent (label-leakage finding); default: all.")
 @click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
+@click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
+@click.option("--skip-non-models", is_flag=True,
+              help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
-def check(models, input_shape, batch_size, output_format, output, fail_on, min_ra, shared_layers, withheld_layers,
-          debug):
-    """Count constraints per layer, find the critical layer and give a verdict."""
-    from rankaudit.audit import audit
+@click.pass_context
+def check(ctx, models, input_shape, batch_size, output_format, output, fail_on, min_ra, shared_layers,
+          withheld_layers, quiet, verbose, skip_non_models, debug):
+    """Count constraints per layer, find the critical layer and give a verdict.
 
+    Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
+    model file, else from the defaults.
+    """
+    from rankaudit.audit import audit
+    from rankaudit.config import load_settings
+    from rankaudit.load import split_model_spec
+
+    given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "shared_layers", "withheld_layers")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
-            result = audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
-                           shared_layers=shared_layers, withheld_layers=withheld_layers)
+            settings = load_settings(split_model_spec(spec)[0])
+            pick = lambda name, value: value if name in given or getattr(settings, name) is None \
+                else getattr(settings, name)  # noqa: E731
+            result = audit(spec, input_shape=pick("input_shape", input_shape),
+                           batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
+                           min_ra=pick("min_ra", min_ra), shared_layers=pick("shared_layers", shared_layers),
+                           withheld_layers=pick("withheld_layers", withheld_layers))
+        except NoModelInFile as exc:
+            if skip_non_models:
+                if verbose:
+                    click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
+                continue
+            if debug:
+                raise
+            _error(f"{spec}: {exc}")
+            exit_code = max(exit_code, exc.exit_code)
+            continue
         except RankauditError as exc:
             if debug:
                 raise
@@ -81,23 +110,36 @@ def check(models, input_shape, batch_size, output_format, output, fail_on, min_r
         if not result.policy.passed:
             exit_code = max(exit_code, EXIT_POLICY)
     if results:
-        _emit(results, output_format, output)
+        _emit(results, output_format, output, quiet=quiet, verbose=verbose)
     return exit_code
 
 
-def _emit(results, output_format: str, output: str | None):
-    if output_format == "json":
-        from rankaudit.report import json as renderer
+def _use_color(stream) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
+def _emit(results, output_format: str, output: str | None, *, quiet: bool = False, verbose: bool = False):
+    if output_format == "table":
+        from rankaudit.report import table
+
+        if quiet:
+            text = "".join(f"{result.model}: {result.summary}\n" for result in results)
+        else:
+            color = output is None and _use_color(sys.stdout)
+            text = table.render(results, color=color, verbose=verbose)
     else:
-        from rankaudit.report import table as renderer
-    text = renderer.render(results)
+        from rankaudit.report import json as json_report, sarif
+
+        text = {"json": json_report, "sarif": sarif}[output_format].render(results)
     if output:
         Path(output).write_text(text, encoding="utf-8")
-        for result in results:
-            shown = "undefined" if result.ra_i is None else result.ra_i
-            click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
+        if not quiet:
+            for result in results:
+                shown = "undefined" if result.ra_i is None else result.ra_i
+                click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
     else:
-        click.echo(text, nl=False)
+        click.echo(text, nl=False, color=True)  # the renderer already decided about colour
 
 
 def _error(message: str):

@@ -27,5 +27,9 @@ class ModelLoadError(RankauditError):
     exit_code = 3
 
 
+class NoModelInFile(ModelLoadError):
+    """The file defines no nn.Module at all (a helper module, say): pre-commit hooks may skip it."""
+
+
 class TraceError(ModelLoadError):
     """Neither torch.fx nor torch.export could turn the model into a graph (exit 3)."""

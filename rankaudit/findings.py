@@ -26,13 +26,16 @@ def verdict_for(ra_i: int | None) -> str:
     return "boundary" if ra_i == 0 else "protected"
 
 
-def _model_caveats(result: Result, non_injective_ops: list[str], fallback_reason: str | None) -> list[Caveat]:
+def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None]],
+                   fallback_reason: str | None) -> list[Caveat]:
     caveats = []
     if non_injective_ops:
-        shown = ", ".join(non_injective_ops[:3]) + (" ..." if len(non_injective_ops) > 3 else "")
-        caveats.append(Caveat("RA102", non_injective_ops[0], "relu",
+        names = [name for name, _ in non_injective_ops]
+        shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+        caveats.append(Caveat("RA102", names[0], "relu",
                               f"ReLU-like maps ({shown}) are monotonic but not injective: a zero output removes a "
-                              "weight constraint, so every count here is an upper bound on what an attacker gets"))
+                              "weight constraint, so every count here is an upper bound on what an attacker gets",
+                              non_injective_ops[0][1]))
     if fallback_reason:
         caveats.append(Caveat("RA106", result.model_name, "trace",
                               f"traced with torch.export because {fallback_reason}"))
@@ -54,9 +57,15 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
 def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = "exposed", min_ra: int | None = None,
                    shared_layers: set[str] | None = None) -> Result:
     """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`."""
-    non_injective = [traced.record(n).name for n in traced.order if traced.record(n).counting.non_injective]
+    non_injective = [(traced.record(n).name, traced.record(n).source) for n in traced.order
+                     if traced.record(n).counting.non_injective]
     result.verdict = verdict_for(result.ra_i)
     result.meaning = ALL_DENSE_MEANING if result.ra_i is None else MEANING[result.verdict]
+    meaning = result.meaning[:1].upper() + result.meaning[1:]
+    if result.ra_i is None:
+        result.summary = f"RA-i undefined (every layer dense): {result.verdict}. {meaning}."
+    else:
+        result.summary = f"RA-i {result.ra_i} at {result.critical_layer}: {result.verdict}. {meaning}."
     result.caveats = _model_caveats(result, non_injective, traced.fallback_reason) + result.caveats
     result.label_leakage = label_leakage(traced, result, shared_layers)
     result.policy = evaluate_policy(result, fail_on, min_ra)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.errors import ModelLoadError, NoModelInFile, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -174,7 +174,7 @@ def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
         names = ", ".join(sorted(classes))
         raise ModelLoadError(f"no model in {path} builds without arguments (found {names}, each needs arguments)",
                              f"add a zero-argument factory function and pass {path}:factory")
-    raise ModelLoadError(f"no nn.Module subclass or instance is defined in {path}",
+    raise NoModelInFile(f"no nn.Module subclass or instance is defined in {path}",
                          "define the model class in that file, or name it with PATH:NAME")
 
 

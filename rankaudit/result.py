@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 # Stable caveat codes, like a linter's rule ids: never renumber, only add.
 CAVEAT_CODES = {
-    "RA101": "op not modelled by the rank analysis",
-    "RA102": "ReLU-like map is not injective: counts are an upper bound",
-    "RA103": "approximate merge rule",
-    "RA104": "module called more than once: its gradient is summed over the calls",
-    "RA105": "frozen parameters share no gradient",
-    "RA106": "traced with torch.export because torch.fx failed",
+    "RA101": ("op-not-modelled", "op not modelled by the rank analysis"),
+    "RA102": ("non-injective-activation", "ReLU-like map is not injective: counts are an upper bound"),
+    "RA103": ("approximate-merge", "approximate merge rule"),
+    "RA104": ("module-called-twice", "module called more than once: its gradient is summed over the calls"),
+    "RA105": ("frozen-parameters", "frozen parameters share no gradient"),
+    "RA106": ("export-fallback", "traced with torch.export because torch.fx failed"),
 }
 
 
@@ -42,6 +42,7 @@ class Caveat:
     node: str
     op: str
     message: str
+    source: str | None = None    # file:line of the op in the model's code, when known
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Result:
     critical_layer: str | None
     verdict: str = ""
     meaning: str = ""
+    summary: str = ""                   # one sentence: RA-i, critical layer, verdict and meaning
     policy: PolicyOutcome | None = None
     label_leakage: LabelLeakage | None = None
     architecture: Architecture | None = None

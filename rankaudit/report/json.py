@@ -20,6 +20,7 @@ def to_dict(result: Result) -> dict:
         "critical_layer": result.critical_layer,
         "verdict": result.verdict,
         "meaning": result.meaning,
+        "summary": result.summary,
         "parameters": result.parameters,
         "policy": asdict(result.policy) if result.policy else None,
         "layers": [
@@ -30,7 +31,8 @@ def to_dict(result: Result) -> dict:
             for row in result.layers
         ],
         "blocks": [asdict(block) for block in result.blocks],
-        "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code} for c in result.caveats],
+        "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code, "source": c.source}
+                    for c in result.caveats],
         "label_leakage": _label_leakage(result),
         "seconds": round(result.seconds, 4),
     }

@@ -6,6 +6,11 @@ from rankaudit.result import LayerRow, Result
 
 HEADERS = ("", "layer", "op", "|x|", "|W|", "|z|", "V", "RA_i", "")
 RIGHT_ALIGNED = {3, 4, 5, 6, 7}
+VERDICT_COLOR = {"exposed": "31", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
+
+
+def _paint(text: str, code: str, color: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if color and text else text
 
 
 def _notes(row: LayerRow) -> str:
@@ -53,21 +58,38 @@ def _label_lines(result: Result) -> list[str]:
     return lines
 
 
-def render_one(result: Result) -> str:
+def _verbose_lines(result: Result) -> list[str]:
+    lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {len(result.layers)} counted layers, "
+             f"{len(result.blocks)} residual blocks."]
+    for block in result.blocks:
+        shortcut = ", ".join(block.shortcut_layers) or "identity"
+        lines.append(f"  block {block.name}: main {', '.join(block.main_layers)}; shortcut {shortcut} ({block.kind})")
+    uncounted = [(row.name, row.reported_params) for row in result.layers if row.reported_params]
+    for name, params in uncounted:
+        lines.append(f"  {name}: {params} parameters reported, not counted")
+    return lines
+
+
+def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_shape(result.input_shape)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
     cells = [HEADERS] + [(">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}",
                           f"{row.outputs}", f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
-    for line in cells:
+    warn = VERDICT_COLOR.get(result.verdict, "0")
+    for index, line in enumerate(cells):
         padded = [cell.rjust(widths[i]) if i in RIGHT_ALIGNED else cell.ljust(widths[i]) for i, cell in enumerate(line)]
-        lines.append("  ".join(padded).rstrip())
+        text = "  ".join(padded).rstrip()
+        if index == 0:
+            text = _paint(text, "1", color)
+        elif line[0] == ">":
+            text = _paint(text, f"1;{warn}", color)
+        lines.append(text)
     lines.append("")
-    meaning = result.meaning[:1].upper() + result.meaning[1:]
-    if result.ra_i is None:
-        lines.append(f"RA-i undefined (every layer dense): {result.verdict}. {meaning}.")
-    else:
-        lines.append(f"RA-i {result.ra_i} at {result.critical_layer}: {result.verdict}. {meaning}.")
+    lines.append(result.summary.replace(f": {result.verdict}.", ": " + _paint(result.verdict, f"1;{warn}", color) + ".",
+                                        1))
+    if verbose:
+        lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
     if result.caveats:
         lines.append("")
@@ -84,5 +106,5 @@ def render_one(result: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(results: list[Result]) -> str:
-    return "\n".join(render_one(result) for result in results)
+def render(results: list[Result], color: bool = False, verbose: bool = False) -> str:
+    return "\n".join(render_one(result, color, verbose) for result in results)

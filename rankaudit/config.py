@@ -1,0 +1,125 @@
+"""[tool.rankaudit] in the nearest pyproject.toml above a model file -> the settings for that file."""
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankaudit.errors import UsageError
+from rankaudit.findings import FAIL_ON_CHOICES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+TOP_KEYS = {"fail-on", "min-ra", "batch-size", "shared-layers", "withheld-layers", "models"}
+MODEL_KEYS = {"path", "input-shape"}
+
+
+@dataclass
+class Settings:
+    """Values from the configuration; None where the file says nothing (then the CLI default applies)."""
+
+    source: Path | None = None
+    fail_on: str | None = None
+    min_ra: int | None = None
+    batch_size: int | None = None
+    shared_layers: list[str] | None = None
+    withheld_layers: list[str] | None = None
+    input_shape: tuple[int, ...] | None = None
+    matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
+
+
+def find_pyproject(model_path: Path) -> Path | None:
+    """The nearest pyproject.toml with a [tool.rankaudit] table, walking up from the model file (like ruff)."""
+    for directory in [model_path.resolve().parent, *model_path.resolve().parent.parents]:
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file() and "rankaudit" in _read(candidate).get("tool", {}):
+            return candidate
+    return None
+
+
+def _read(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}", "fix the syntax of that file") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+
+
+def _bad(path: Path, key: str, expected: str):
+    raise UsageError(f"{path}: [tool.rankaudit] {key} must be {expected}", f"correct `{key}` in {path}")
+
+
+def _names(path: Path, key: str, value) -> list[str]:
+    if isinstance(value, str):
+        return [name.strip() for name in value.split(",") if name.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    _bad(path, key, 'a list of layer names, e.g. ["fc1", "fc2"]')
+
+
+def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        _bad(path, key, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+    return value
+
+
+def _shape(path: Path, key: str, value) -> tuple[int, ...]:
+    from rankaudit.load import parse_input_shape
+
+    if isinstance(value, list) and value and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                 for d in value):
+        return tuple(value)
+    if isinstance(value, str):
+        try:
+            return parse_input_shape(value)
+        except UsageError:
+            pass
+    _bad(path, key, "a list of positive integers per sample, e.g. [3, 32, 32]")
+
+
+def load_settings(model_path: Path) -> Settings:
+    pyproject = find_pyproject(model_path)
+    if pyproject is None:
+        return Settings()
+    table = _read(pyproject)["tool"]["rankaudit"]
+    if not isinstance(table, dict):
+        _bad(pyproject, "table", "a table")
+    unknown = sorted(set(table) - TOP_KEYS)
+    if unknown:
+        raise UsageError(f"{pyproject}: unknown key {', '.join(unknown)} in [tool.rankaudit]",
+                         "use " + ", ".join(sorted(TOP_KEYS)))
+    settings = Settings(source=pyproject)
+    if "fail-on" in table:
+        if table["fail-on"] not in FAIL_ON_CHOICES:
+            _bad(pyproject, "fail-on", "one of " + ", ".join(FAIL_ON_CHOICES))
+        settings.fail_on = table["fail-on"]
+    if "min-ra" in table:
+        settings.min_ra = _positive_int(pyproject, "min-ra", table["min-ra"])
+    if "batch-size" in table:
+        settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
+    if "shared-layers" in table:
+        settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
+    if "withheld-layers" in table:
+        settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    models = table.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+        _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
+    relative = model_path.resolve().relative_to(pyproject.parent).as_posix() \
+        if model_path.resolve().is_relative_to(pyproject.parent) else model_path.as_posix()
+    for entry in models:
+        unknown = sorted(set(entry) - MODEL_KEYS)
+        if unknown or "path" not in entry or not isinstance(entry["path"], str):
+            _bad(pyproject, "models", "tables with a `path` glob and an `input-shape`"
+                 + (f" (unknown key {', '.join(unknown)})" if unknown else ""))
+        if fnmatch.fnmatch(relative, entry["path"]):  # first match wins, as in a .gitattributes-style list
+            if "input-shape" in entry:
+                settings.input_shape = _shape(pyproject, "models.input-shape", entry["input-shape"])
+            settings.matched_model = entry["path"]
+            break
+    return settings

@@ -1,0 +1,103 @@
+"""Result -> SARIF 2.1.0 for code scanning: stable rule ids, results located at the model's source lines."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rankaudit import __version__
+from rankaudit.result import CAVEAT_CODES, Result
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+
+# id -> (name, short description, default level, security-severity). Ids are stable: never renumber.
+RULES = {
+    "RA001": ("input-exposed", "The model's input can be reconstructed completely from one shared gradient "
+              "(RA-i < 0)", "error", "8.0"),
+    "RA002": ("input-boundary", "The critical layer has exactly as many constraints as unknowns (RA-i = 0)",
+              "warning", "5.0"),
+    "RA003": ("label-leakage", "A shared layer's gradient alone reveals the batch's labels (gradient bridge)",
+              "warning", "6.5"),
+    **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
+}
+_VERDICT_RULE = {"exposed": "RA001", "boundary": "RA002"}
+
+
+def _model_path(result: Result) -> str:
+    path = result.model.rsplit(":", 1)[0] if result.model.endswith(":" + result.model_name) else result.model
+    return _uri(path)
+
+
+def _uri(path: str) -> str:
+    candidate = Path(path)
+    try:
+        candidate = candidate.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return candidate.as_posix()
+
+
+def _location(result: Result, source: str | None) -> dict:
+    """At `file:line` when the trace knows it, else at the model file."""
+    uri, region = _model_path(result), None
+    if source:
+        file_part, _, line = source.rpartition(":")
+        if file_part and line.isdigit():
+            uri, region = _uri(file_part), {"startLine": int(line)}
+    physical = {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}}
+    if region:
+        physical["region"] = region
+    return {"physicalLocation": physical}
+
+
+def _rule(rule_id: str) -> dict:
+    name, description, level, severity = RULES[rule_id]
+    return {"id": rule_id, "name": name, "shortDescription": {"text": description},
+            "defaultConfiguration": {"level": level},
+            "help": {"text": "See the rankaudit README: exit codes, caveat codes and the limits of the method."},
+            "properties": {"security-severity": severity, "tags": ["security", "privacy", "federated-learning"]}}
+
+
+def _results_for(result: Result) -> list[dict]:
+    found = []
+    rule_id = _VERDICT_RULE.get(result.verdict)
+    if rule_id:
+        row = result.critical_row
+        found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
+                      "message": {"text": f"{result.model}: {result.summary}"},
+                      "locations": [_location(result, row.source if row else None)],
+                      "properties": {"ra_i": result.ra_i, "critical_layer": result.critical_layer,
+                                     "batch_size": result.batch_size}})
+    leakage = result.label_leakage
+    if leakage is not None and leakage.risk == "high":
+        leaking = leakage.leaking
+        rows = {row.name: row for row in result.layers}
+        first = rows.get(leaking[0])
+        found.append({"ruleId": "RA003", "level": RULES["RA003"][2],
+                      "message": {"text": f"{result.model}: the gradient of any one of {', '.join(leaking)} reveals "
+                                          "the batch's labels (GDBR gradient bridge / iDLG)."},
+                      "locations": [_location(result, first.source if first else None)],
+                      "properties": {"layers": leaking}})
+    for caveat in result.caveats:
+        found.append({"ruleId": caveat.code, "level": "note",
+                      "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
+                      "locations": [_location(result, caveat.source)]})
+    return found
+
+
+def to_sarif(results: list[Result]) -> dict:
+    findings = [finding for result in results for finding in _results_for(result)]
+    used = sorted({finding["ruleId"] for finding in findings} | set(_VERDICT_RULE.values()) | {"RA003"})
+    return {
+        "$schema": SCHEMA_URI,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "rankaudit", "version": __version__, "semanticVersion": __version__,
+                                "rules": [_rule(rule_id) for rule_id in used]}},
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().resolve().as_uri() + "/"}},
+            "results": findings,
+        }],
+    }
+
+
+def render(results: list[Result]) -> str:
+    return json.dumps(to_sarif(results), indent=2) + "\n"
