@@ -1,0 +1,79 @@
+"""The pre-commit hook through the real pre-commit framework: a protected model commits, an exposed one is blocked."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import EXAMPLES, REPO
+
+
+def _git(cwd, *args, check=True, env=None):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check, env=env)
+
+
+def _snapshot_of_checkout(target: Path) -> str:
+    """A commit holding this checkout as it is now, uncommitted edits included (what `try-repo` does)."""
+    _git(REPO.parent, "clone", "--quiet", str(REPO), str(target))
+    tracked = _git(REPO, "ls-files", "-z").stdout.split("\0")
+    untracked = _git(REPO, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")
+    for name in filter(None, tracked + untracked):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    _git(target, "add", "-A")
+    _git(target, "-c", "user.email=ci@rankaudit", "-c", "user.name=ci", "commit", "--quiet", "--allow-empty",
+         "-m", "snapshot")
+    return _git(target, "rev-parse", "HEAD").stdout.strip()
+
+
+def test_manifest_declares_the_hook():
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    hook = next(h for h in hooks if h["id"] == "rankaudit")
+    assert hook["language"] == "python" and hook["require_serial"] is True
+    import re
+
+    pattern = re.compile(hook["files"])
+    assert pattern.search("models/resnet.py") and pattern.search("src/my_model.py")
+    assert not pattern.search("tests/test_utils.py")
+
+
+def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path):
+    if shutil.which("pre-commit") is None and os.environ.get("CI") != "true":
+        pytest.skip("pre-commit is not installed (pip install -e '.[test]')")
+    hook_repo, project = tmp_path / "hook", tmp_path / "project"
+    rev = _snapshot_of_checkout(hook_repo)
+    project.mkdir()
+    _git(project, "init", "--quiet")
+    (project / ".pre-commit-config.yaml").write_text(
+        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch==2.13.0\n")  # the CPU build; analysis never needs CUDA
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "PIP_CONSTRAINT": str(constraints),
+           # Let the hook's virtualenv see the torch already installed instead of copying 1 GB again.
+           "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true", "GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@rankaudit",
+           "GIT_COMMITTER_NAME": "ci", "GIT_COMMITTER_EMAIL": "ci@rankaudit"}
+    installed = subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True,
+                               text=True, env=env)
+    assert installed.returncode == 0, installed.stderr
+    _git(project, "add", ".pre-commit-config.yaml", env=env)
+    _git(project, "commit", "--quiet", "--no-verify", "-m", "config", env=env)
+
+    shutil.copy(EXAMPLES / "fig2_b.py", project / "protected_model.py")
+    (project / "helpers_model.py").write_text("SCALE = 2\n")  # no model in it: skipped, not an error
+    _git(project, "add", "protected_model.py", "helpers_model.py", env=env)
+    passed = _git(project, "commit", "-m", "protected model", check=False, env=env)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "Passed" in passed.stdout + passed.stderr
+
+    shutil.copy(EXAMPLES / "fig2_a.py", project / "exposed_model.py")
+    _git(project, "add", "exposed_model.py", env=env)
+    blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
+    output = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0
+    assert "Failed" in output and "exposed_model.py: RA-i -484 at conv1: exposed" in output
+    assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land
