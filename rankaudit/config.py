@@ -112,14 +112,12 @@ def load_settings(model_path: Path) -> Settings:
         _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
     relative = model_path.resolve().relative_to(pyproject.parent).as_posix() \
         if model_path.resolve().is_relative_to(pyproject.parent) else model_path.as_posix()
-    for entry in models:
+    for entry in models:  # every entry is checked, so a typo surfaces whichever file is analysed
         unknown = sorted(set(entry) - MODEL_KEYS)
         if unknown or "path" not in entry or not isinstance(entry["path"], str):
             _bad(pyproject, "models", "tables with a `path` glob and an `input-shape`"
                  + (f" (unknown key {', '.join(unknown)})" if unknown else ""))
-        if fnmatch.fnmatch(relative, entry["path"]):  # first match wins, as in a .gitattributes-style list
-            if "input-shape" in entry:
-                settings.input_shape = _shape(pyproject, "models.input-shape", entry["input-shape"])
-            settings.matched_model = entry["path"]
-            break
+        shape = _shape(pyproject, "models.input-shape", entry["input-shape"]) if "input-shape" in entry else None
+        if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
+            settings.input_shape, settings.matched_model = shape, entry["path"]
     return settings
