@@ -11,7 +11,7 @@ from rankaudit import __version__
 from rankaudit.errors import NoModelInFile, RankauditError
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
-FORMATS = ("table", "json", "sarif")
+FORMATS = ("table", "json", "sarif", "html")
 
 
 class _DefaultToCheck(click.Group):
@@ -54,6 +54,8 @@ def _names(value: str | None) -> list[str] | None:
               help="Samples summed into one shared gradient (spec §6).")
 @click.option("--format", "output_format", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report here.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the self-contained HTML report here, next to the chosen format.")
 @click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
               show_default=True, help="Exit 1 when the verdict is this bad or worse.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
@@ -67,7 +69,7 @@ def _names(value: str | None) -> list[str] | None:
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
-def check(ctx, models, input_shape, batch_size, output_format, output, fail_on, min_ra, shared_layers,
+def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, shared_layers,
           withheld_layers, quiet, verbose, skip_non_models, debug):
     """Count constraints per layer, find the critical layer and give a verdict.
 
@@ -111,6 +113,12 @@ def check(ctx, models, input_shape, batch_size, output_format, output, fail_on, 
             exit_code = max(exit_code, EXIT_POLICY)
     if results:
         _emit(results, output_format, output, quiet=quiet, verbose=verbose)
+        if html_path:
+            from rankaudit.report import html
+
+            Path(html_path).write_text(html.render(results), encoding="utf-8")
+            if not quiet:
+                click.echo(f"rankaudit: wrote the HTML report to {html_path}", err=True)
     return exit_code
 
 
@@ -129,9 +137,9 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
             color = output is None and _use_color(sys.stdout)
             text = table.render(results, color=color, verbose=verbose)
     else:
-        from rankaudit.report import json as json_report, sarif
+        from rankaudit.report import html, json as json_report, sarif
 
-        text = {"json": json_report, "sarif": sarif}[output_format].render(results)
+        text = {"json": json_report, "sarif": sarif, "html": html}[output_format].render(results)
     if output:
         Path(output).write_text(text, encoding="utf-8")
         if not quiet:

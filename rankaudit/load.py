@@ -1,6 +1,7 @@
 """Model file -> nn.Module built on the meta device (no real weights) + the per-sample input shape."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import re
@@ -11,10 +12,39 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from rankaudit.errors import ModelLoadError, NoModelInFile, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# In-place ops that nn.init and reset_parameters() use. On meta tensors they change no value, yet the first
+# call of several (normal_ above all) imports torch._dynamo: a second or two for nothing. Shapes never change.
+_INITIALISERS = frozenset({
+    "normal_", "uniform_", "zero_", "fill_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
+    "cauchy_", "random_", "erfinv_", "clamp_", "clamp_min_", "clamp_max_", "mul_", "add_", "sub_", "div_",
+    "copy_", "fmod_", "abs_", "sqrt_", "exp_", "neg_",
+})
+
+
+class _SkipMetaInitialisation(TorchFunctionMode):
+    """While a model is built on meta, initialisers are no-ops (there are no values to initialise)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if (getattr(func, "__name__", "") in _INITIALISERS and args and isinstance(args[0], torch.Tensor)
+                and args[0].is_meta):
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _building_on(device: str):
+    """The context a model file runs in: the target device, and on meta no initialisation work."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.device(device))
+    if device == "meta":
+        stack.enter_context(_SkipMetaInitialisation())
+    return stack
 
 
 @dataclass
@@ -90,7 +120,7 @@ def _execute_file(path: Path, device: str):
     # A model file may import its neighbours, as it would when run as a script.
     sys.path.insert(0, directory)
     try:
-        with torch.device(device):
+        with _building_on(device):
             spec.loader.exec_module(module)
     except (KeyboardInterrupt, GeneratorExit):
         raise
@@ -135,7 +165,7 @@ def _build(obj, attr: str, path: Path, device: str) -> nn.Module:
         raise UsageError(f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
                          f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME")
     try:
-        with torch.device(device):
+        with _building_on(device):
             built = obj()
     except (KeyboardInterrupt, GeneratorExit):
         raise

@@ -163,3 +163,36 @@ def test_module_called_twice_is_flagged():
 def test_layer_rows_carry_their_source_line():
     result = analyse_module(Modules, (3, 13, 13))
     assert row(result, "fc").source.endswith(f"test_meta_and_ops.py:{Modules.forward.__code__.co_firstlineno + 1}")
+
+
+INIT_HEAVY = """
+import torch.nn as nn
+INPUT_SHAPE = (3, 16, 16)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 14 * 14, 10)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).flatten(1))
+"""
+
+
+def test_initialisers_are_skipped_on_meta_but_not_on_real_devices(tmp_path):
+    """torch's first normal_ on meta imports torch._dynamo (seconds); building on meta must not pay for it."""
+    path = tmp_path / "init_heavy.py"
+    path.write_text(textwrap.dedent(INIT_HEAVY))
+    probe = ("import sys\nfrom rankaudit.audit import audit\nfrom rankaudit.load import load_model\n"
+             "r = audit(sys.argv[1])\nassert [l.name for l in r.layers] == ['conv', 'fc'], r.layers\n"
+             "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')\n"
+             "real = load_model(sys.argv[1], device='cpu').module\n"
+             "print(float(real.conv.weight.std()) > 0.05, 0.015 < float(real.fc.weight.std()) < 0.025)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["no-dynamo", "True", "True"]

@@ -1,0 +1,184 @@
+"""Result -> one self-contained HTML page: inline CSS, inline SVG, images as data: URIs, no URL of any kind.
+
+`render(results)` returns the document; several models become several sections with an index at the top. The page
+reads the Result only (verification images are read from the paths the verifier recorded, and a missing one is
+said so on the page). Layout and styles live in templates/report.html.j2 and templates/report.css; the drawings
+in rankaudit/report/svg.py.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import math
+from importlib.resources import files
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from rankaudit import __version__
+from rankaudit.report import svg
+from rankaudit.result import Result
+
+RANK_KEYS = ("name", "unknowns", "rank", "local_deficit", "residual", "condition")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything huge is not one of ours
+
+HEADLINES = {
+    "exposed": "A server that sees one shared gradient can reconstruct this input.",
+    "boundary": "On the edge: the critical layer has exactly as many constraints as unknowns.",
+    "protected": "One shared gradient does not pin this input down completely.",
+}
+
+BLOCKED_BECAUSE = {
+    "positions": "applies its weights at several positions, so the gradient at the layer's output cannot be "
+                 "read off",
+    "shared-weights": "a later layer shares its weights over positions",
+    "widens": "a later layer widens the features, so the bridge's matrix is singular",
+    "activation": "an activation other than ReLU or LeakyReLU lies on the way to the logits",
+    "branch": "a branch or merge lies on the way to the logits",
+}
+
+
+def _template_source(name: str):
+    text = files("rankaudit.templates").joinpath(name).read_text(encoding="utf-8")
+    return text, None, lambda: False
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_template_source), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["num"] = svg.fmt_int
+    env.filters["real"] = fmt_real
+    return env
+
+
+def fmt_real(value, digits: int = 4) -> str:
+    """A measured float: 4 significant digits, 'n/a' for a missing one, ∞ for a perfect PSNR."""
+    if value is None or isinstance(value, bool):
+        return "n/a"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(number):
+        return "n/a"
+    if math.isinf(number):
+        return "∞" if number > 0 else "−∞"
+    return f"{number:.{digits}g}"
+
+
+def _fraction(value) -> str:
+    """An accuracy: as a percentage when it is a fraction of 1."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return f"{number:.1%}" if 0 <= number <= 1 else fmt_real(number)
+
+
+def _image(path, base_dir: Path | None) -> dict:
+    """A verifier image as a data: URI, or why there is none."""
+    if not path:
+        return {"src": None, "path": None, "problem": "not saved by the verifier"}
+    file = Path(path)
+    if not file.is_absolute() and base_dir is not None:
+        file = base_dir / file
+    try:
+        if file.stat().st_size > MAX_IMAGE_BYTES:
+            return {"src": None, "path": str(path), "problem": "file too large to embed"}
+        data = file.read_bytes()
+    except OSError as exc:
+        reason = "file not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or "cannot be read")
+        return {"src": None, "path": str(path), "problem": reason}
+    if not data.startswith(PNG_SIGNATURE):
+        return {"src": None, "path": str(path), "problem": "not a PNG file"}
+    return {"src": "data:image/png;base64," + base64.b64encode(data).decode("ascii"), "path": str(path),
+            "problem": None}
+
+
+def _sentence(text) -> str:
+    text = str(text or "").strip()
+    return text[:1].upper() + text[1:] if text else ""
+
+
+def _rgap(data: dict, base_dir: Path | None) -> dict:
+    samples = []
+    for position, sample in enumerate(data.get("samples") or []):
+        samples.append({"index": sample.get("index", position), "mse": sample.get("mse"), "psnr": sample.get("psnr"),
+                        "seconds": sample.get("seconds"),
+                        "original": _image(sample.get("original_png"), base_dir),
+                        "reconstruction": _image(sample.get("reconstruction_png"), base_dir)})
+    attack = data.get("attack") or "rgap"
+    return {"attack": {"rgap": "R-GAP (closed-form recursive attack)",
+                       "inverting-gradients": "Inverting Gradients (optimisation attack)"}.get(attack, attack),
+            "device": data.get("device"), "median_mse": data.get("median_mse"),
+            "median_psnr": data.get("median_psnr"), "seconds": data.get("seconds"),
+            "confirms": data.get("confirms"), "note": _sentence(data.get("note")), "samples": samples,
+            "layers": [{key: layer.get(key) for key in RANK_KEYS} for layer in data.get("layers") or []
+                       if isinstance(layer, dict)]}
+
+
+def _gdbr(data: dict, prefix: str) -> dict:
+    recovered, true = data.get("recovered") or {}, data.get("true") or {}
+    return {"shared_layer": data.get("shared_layer"), "batch_size": data.get("batch_size"),
+            "ins_acc": _fraction(data.get("ins_acc")), "cls_acc": _fraction(data.get("cls_acc")),
+            "trials": data.get("trials"), "seconds": data.get("seconds"),
+            "classes": sorted({str(k) for k in recovered} | {str(k) for k in true}, key=svg._class_key),
+            "recovered": {str(k): v for k, v in recovered.items()}, "true": {str(k): v for k, v in true.items()},
+            "svg": Markup(svg.label_counts(recovered, true, prefix=prefix))}
+
+
+def _leakage(result: Result) -> dict | None:
+    leakage = result.label_leakage
+    if leakage is None:
+        return None
+    leaking = [b for b in leakage.layers if b.shared and b.bridge]
+    blocked: dict[str, list[str]] = {}
+    for bridge in leakage.layers:
+        if bridge.shared and not bridge.bridge:
+            at = "" if bridge.blocked_by in (None, bridge.name) else f" (at {bridge.blocked_by})"
+            blocked.setdefault(bridge.kind, []).append(bridge.name + at)
+    return {"risk": leakage.risk, "leaking": leaking,
+            "blocked": [(BLOCKED_BECAUSE.get(kind, kind), names) for kind, names in blocked.items()],
+            "withheld": [b.name for b in leakage.layers if not b.shared], "layers": leakage.layers}
+
+
+def _model(result: Result, index: int, base_dir: Path | None) -> dict:
+    prefix = f"m{index}"
+    verdict = result.verdict or "unknown"
+    critical = result.critical_row
+    verification = result.verification or {}
+    return {
+        "id": prefix,
+        "r": result,
+        "verdict": verdict,
+        "verdict_class": verdict if verdict in HEADLINES else "unknown",
+        "headline": HEADLINES.get(verdict, ""),
+        "meaning": _sentence(result.meaning),
+        "shape": "×".join(str(d) for d in result.input_shape),
+        "critical": critical,
+        "chart": Markup(svg.ra_chart(result, prefix=f"{prefix}c")),
+        "graph": Markup(svg.architecture_graph(result, prefix=f"{prefix}g")),
+        "leakage": _leakage(result),
+        "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
+        "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
+        "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
+        "has_projection": any(n.kind == "projection"
+                              for n in (result.architecture.nodes if result.architecture else [])),
+        "series": [(symbol, meaning, colour) for _, symbol, meaning, colour in svg.SERIES],
+        "warn": svg.WARN,
+    }
+
+
+def render(results: list[Result], *, base_dir: str | Path | None = None) -> str:
+    """One HTML document for all `results`. Relative image paths in a verification resolve against `base_dir`
+    (default: the working directory)."""
+    base = Path(base_dir) if base_dir is not None else None
+    models = [_model(result, i + 1, base) for i, result in enumerate(results)]
+    css = files("rankaudit.templates").joinpath("report.css").read_text(encoding="utf-8")
+    if "</style" in css.lower():
+        raise ValueError("report.css must not contain '</style'")
+    template = _environment().get_template("report.html.j2")
+    return template.render(models=models, version=__version__, css=Markup(css))

@@ -1,0 +1,156 @@
+"""The HTML report in a real browser (the system's headless Chromium through Playwright): it loads offline with no
+console error and no request leaving the file, shows the verdict and the critical layer, and draws a non-blank
+page at desktop and phone widths without the page itself scrolling sideways.
+
+Adding a page is one line in CASES: (example file, extra command-line arguments).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES
+
+CASES = [
+    ("resnet18_w16.py", ()),
+    ("fig2_e.py", ()),
+    ("cnn6.py", ()),
+]
+VIEWPORTS = {"desktop": (1280, 900), "phone": (390, 844)}
+SHOTS = Path("/tmp/rankaudit-shots")      # also kept here, to look at by eye
+
+
+def _browser_or_skip():
+    """The system Chromium (never `playwright install`, which downloads one); missing tools skip, except on CI."""
+    missing = []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+        missing.append("the playwright package (pip install playwright)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        missing.append("a chromium executable on PATH (apt-get install chromium)")
+    if missing:
+        reason = "browser test needs " + " and ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + " (CI installs them)")
+        pytest.skip(reason)
+    return sync_playwright, chromium
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_playwright, chromium = _browser_or_skip()
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+def _cli(*args: str) -> int:
+    from rankaudit.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    return exit_info.value.code
+
+
+def _without_verify(extra: tuple[str, ...]) -> list[str]:
+    """The same analysis without running an attack: verification never changes the verdict or the critical layer."""
+    kept, skip = [], False
+    for arg in extra:
+        if skip:
+            skip = False
+        elif arg == "--verify":
+            skip = True
+        elif not arg.startswith("--verify="):
+            kept.append(arg)
+    return kept
+
+
+def _write_page(example: str, extra: tuple[str, ...], folder: Path, capsys) -> tuple[Path, dict]:
+    """The page as the CLI writes it (`--format html`), and the Result's findings as JSON to check it against."""
+    from rankaudit import cli
+
+    model, page = str(EXAMPLES / example), folder / "report.html"
+    expected_file = folder / "expected.json"
+    assert _cli(model, "--format", "json", "-o", expected_file, "--fail-on", "never", *_without_verify(extra)) == 0
+    if "html" in getattr(cli, "FORMATS", ()):
+        assert _cli(model, "--format", "html", "-o", page, "--fail-on", "never", *extra) == 0
+    else:      # until the CLI offers --format html: the renderer directly, for cases without extra arguments
+        if extra:
+            pytest.skip("this case needs `rankaudit --format html`")
+        from rankaudit.audit import audit
+        from rankaudit.report import html
+
+        page.write_text(html.render([audit(model)]), encoding="utf-8")
+    capsys.readouterr()
+    return page, json.loads(expected_file.read_text(encoding="utf-8"))
+
+
+def _not_blank(png: bytes) -> tuple[int, float]:
+    from PIL import Image, ImageStat
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    colours = image.getcolors(maxcolors=image.width * image.height)
+    return len(colours), max(ImageStat.Stat(image).stddev)
+
+
+@pytest.mark.parametrize("example, extra", CASES,
+                         ids=[" ".join((Path(e).stem, *a)).replace(" ", "_") for e, a in CASES])
+def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, capsys):
+    page_file, expected = _write_page(example, extra, tmp_path, capsys)
+    name = "_".join((Path(example).stem, *extra)).replace("-", "").replace("/", "_")
+    try:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    for label, (width, height) in VIEWPORTS.items():
+        context = browser.new_context(viewport={"width": width, "height": height}, offline=True)
+        page = context.new_page()
+        errors, requests, blocked = [], [], []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("request", lambda request: requests.append(request.url))
+
+        def guard(route):
+            if route.request.url.startswith(("file:", "data:")):
+                route.continue_()
+            else:
+                blocked.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", guard)
+        page.goto(page_file.as_uri(), wait_until="load")
+
+        assert errors == [], f"console errors at {label}: {errors}"
+        assert blocked == [] and all(url.startswith(("file:", "data:")) for url in requests), requests
+        body = page.inner_text("body")
+        assert expected["verdict"] in body.lower()
+        badge = page.inner_text(".summary .badge").strip().lower()
+        assert badge == expected["verdict"]
+        if expected["critical_layer"] is not None:
+            assert expected["critical_layer"] in page.inner_text(".summary .at")
+            assert page.locator("svg.graph g.node.critical").count() == 1
+            assert page.locator("table.layers tr.critical").count() == 1
+        assert page.locator("table.layers tbody tr").count() == len(expected["layers"])
+        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+        # Wide content scrolls inside its own container; the page never scrolls sideways.
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"page is {overflow}px wider than the {label} viewport"
+
+        png = page.screenshot(path=str(tmp_path / f"{name}-{label}.png"))
+        try:
+            (SHOTS / f"{name}-{width}x{height}.png").write_bytes(png)
+            page.screenshot(path=str(SHOTS / f"{name}-{width}x{height}-full.png"), full_page=True)
+        except OSError:
+            pass
+        colours, spread = _not_blank(png)
+        assert colours > 20 and spread > 20, f"blank-looking screenshot at {label}: {colours} colours, sd {spread}"
+        context.close()
