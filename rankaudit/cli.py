@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from rankaudit import __version__
-from rankaudit.errors import NoModelInFile, RankauditError
+from rankaudit.errors import NoModelInFile, RankauditError, UsageError
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
@@ -65,12 +65,29 @@ def _names(value: str | None) -> list[str] | None:
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
+@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr"]),
+              help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go) "
+                   "or gdbr (label recovery from one shared hidden layer). Needs the [verify] extra.")
+@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Images to attack.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: CUDA when available, else CPU.")
+@click.option("--data", metavar="DIR|FILE.npy", help="Images to attack (default: photographs shipped with scikit-learn).")
+@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Step budget of the optimisation attack.")
+@click.option("--artifacts", type=click.Path(file_okay=False), help="Keep originals and reconstructions (npy, PNG).")
+@click.option("--trials", type=click.IntRange(min=1), default=5, show_default=True, help="GDBR batches.")
+@click.option("--class-dist", type=click.Choice(["random", "uniform", "single", "imbalanced"]), default="random",
+              show_default=True, help="Class mix of GDBR's victim batches.")
+@click.option("--aux", metavar="dummy|normal|digits|DIR|FILE.npy",
+              help="GDBR's stand-in inputs (default: dummies uniform on [0,1], the images' range).")
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, shared_layers,
-          withheld_layers, quiet, verbose, skip_non_models, debug):
+          withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
+          class_dist, aux, skip_non_models, debug):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -92,6 +109,10 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                            batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), shared_layers=pick("shared_layers", shared_layers),
                            withheld_layers=pick("withheld_layers", withheld_layers))
+            if verify:
+                _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
+                               steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
+                               several=len(models) > 1, show_progress=not quiet)
         except NoModelInFile as exc:
             if skip_non_models:
                 if verbose:
@@ -120,6 +141,24 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             if not quiet:
                 click.echo(f"rankaudit: wrote the HTML report to {html_path}", err=True)
     return exit_code
+
+
+def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
+                   several, show_progress):
+    try:
+        from rankaudit.verify import runner
+        import PIL  # noqa: F401 - the verifier's images need Pillow
+    except ImportError as exc:
+        raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
+                         'pip install "rankaudit[verify]"') from exc
+    if artifacts and several:
+        artifacts = str(Path(artifacts) / Path(spec.rsplit(":", 1)[0]).stem)
+    if "rgap" in attacks:
+        runner.verify_inputs(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
+                             artifacts=artifacts, show_progress=show_progress)
+    if "gdbr" in attacks:
+        runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
+                             show_progress=show_progress)
 
 
 def _use_color(stream) -> bool:

@@ -34,6 +34,7 @@ def to_dict(result: Result) -> dict:
         "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code, "source": c.source}
                     for c in result.caveats],
         "label_leakage": _label_leakage(result),
+        "verification": result.verification,
         "seconds": round(result.seconds, 4),
     }
 

@@ -70,6 +70,35 @@ def _verbose_lines(result: Result) -> list[str]:
     return lines
 
 
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def _verification_lines(result: Result) -> list[str]:
+    lines = []
+    rgap = result.verification.get("rgap")
+    if rgap:
+        name = "R-GAP" if rgap["attack"] == "rgap" else "inverting gradients"
+        lines += ["", f"Verification ({name}, {len(rgap['samples'])} images, {rgap['device']}, {rgap['seconds']:.1f} s): "
+                  f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
+                  f"{rgap['judgement']}.", f"  {rgap['note']}"]
+        if rgap["layers"]:
+            lines.append("  layer            unknowns    rank  deficit  residual  condition")
+            for layer in rgap["layers"]:
+                lines.append(f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
+                             f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
+        for sample in rgap["samples"]:
+            lines.append(f"  image {sample['index']}: MSE {_number(sample['mse'])}, PSNR {_number(sample['psnr'])} dB, "
+                         f"{sample['seconds']:.2f} s")
+    gdbr = result.verification.get("gdbr")
+    if gdbr:
+        lines += ["", f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
+                  f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
+                  f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
+                  f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
+    return lines
+
+
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_shape(result.input_shape)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
@@ -91,6 +120,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
+    lines.extend(_verification_lines(result))
     if result.caveats:
         lines.append("")
         lines.append("Caveats:")
