@@ -109,10 +109,13 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
     except rgap.RGapUnsupported as stop:
         notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Confirmed with the inverting-gradients "
                      "optimisation attack (Geiping et al. 2020) instead, as R-GAP's authors did for ResNets.")
-        with ProgressBar(samples, "inverting gradients", enabled=show_progress) as per_sample, \
-                ProgressBar(steps, "  steps", enabled=show_progress) as per_step:
+        # One line for both: the label names the image, the count is the optimisation step.
+        with ProgressBar(steps, f"inverting gradients, image 1/{samples}", enabled=show_progress) as bar:
+            def next_image(done: int, total: int):
+                bar.label = f"inverting gradients, image {min(done + 1, total)}/{total}"
+
             outcome = invert.run_inverting(model, images, loss=loss, steps=steps, restarts=restarts, device=device,
-                                           seed=seed, progress=per_sample, step_progress=per_step)
+                                           seed=seed, progress=next_image, step_progress=bar)
         attack, reconstructions, layers = "inverting-gradients", outcome.x_hat, []
         notes.append(f"optimisation budget: {steps} steps x {restarts} restarts")
     else:
