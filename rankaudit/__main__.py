@@ -1,4 +1,4 @@
 """Entry point for `python -m rankaudit`."""
-from rankaudit.cli import main
+from rankaudit.cli import run
 
-main()
+run()

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import networkx as nx
-
 from rankaudit.ops import Role
 from rankaudit.result import Architecture, ArchitectureNode, Caveat, LayerRow, ResidualBlock, Result
 from rankaudit.trace import TracedModel
@@ -35,8 +33,8 @@ def _common_prefix(names: list[str]) -> str:
 
 
 def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
-    graph, position = traced.graph, {node: i for i, node in enumerate(traced.order)}
-    is_layer = {n: traced.record(n).counting.role is Role.LAYER for n in graph}
+    position = {node: i for i, node in enumerate(traced.order)}
+    is_layer = {n: traced.record(n).counting.role is Role.LAYER for n in traced.order}
     merges: dict[str, _Merge] = {}
     caveats: list[Caveat] = []
     for node_id in traced.order:
@@ -44,14 +42,14 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
         if record.counting.role is not Role.ADD or len(record.inputs) < 2:
             continue
         left, right = record.inputs[0], record.inputs[1]
-        left_ancestors = nx.ancestors(graph, left) | {left}
-        right_ancestors = nx.ancestors(graph, right) | {right}
+        left_ancestors = traced.ancestors(left) | {left}
+        right_ancestors = traced.ancestors(right) | {right}
         common = left_ancestors & right_ancestors
         if not common:
             continue
         fork = max(common, key=position.__getitem__)
-        after_fork = nx.descendants(graph, fork)
-        fork_and_before = nx.ancestors(graph, fork) | {fork}
+        after_fork = traced.descendants(fork)
+        fork_and_before = traced.ancestors(fork) | {fork}
 
         def path(side_ancestors):
             return sorted((side_ancestors - fork_and_before) & after_fork, key=position.__getitem__)
@@ -65,7 +63,7 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
         main, shortcut = layers[1 - shortcut_index], layers[shortcut_index]
         kind = {0: "identity", 1: "projection"}.get(len(shortcut), "approximate")
         main_set = set(main)
-        firsts = [n for n in main if not (nx.ancestors(graph, n) & main_set)]
+        firsts = [n for n in main if not (traced.ancestors(n) & main_set)]
         names = [traced.record(n).name for n in main + shortcut]
         block = ResidualBlock(_common_prefix(names) or record.name, node_id, fork,
                               [traced.record(n).name for n in main], [traced.record(n).name for n in shortcut], kind)

@@ -96,7 +96,7 @@ def _bridge_from(traced: TracedModel, layer_id: str) -> tuple[bool, bool, str | 
     outputs = set(traced.output_ids)
     node, passed_layers = layer_id, 0
     while node not in outputs:
-        successors = list(traced.graph.successors(node))
+        successors = traced.successors.get(node, [])
         if len(successors) != 1:
             return (False, False, traced.record(node).name, "branch",
                     f"the output of {traced.record(node).name} branches: the bridge follows a chain only")
