@@ -20,6 +20,7 @@ CASES = [
     ("resnet18_w16.py", ()),
     ("fig2_e.py", ()),
     ("cnn6.py", ()),
+    ("cnn6.py", ("--verify", "rgap", "--samples", "2", "--artifacts", "{tmp}/art")),  # {tmp}: the case's folder
 ]
 VIEWPORTS = {"desktop": (1280, 900), "phone": (390, 844)}
 SHOTS = Path("/tmp/rankaudit-shots")      # also kept here, to look at by eye
@@ -76,20 +77,11 @@ def _without_verify(extra: tuple[str, ...]) -> list[str]:
 
 def _write_page(example: str, extra: tuple[str, ...], folder: Path, capsys) -> tuple[Path, dict]:
     """The page as the CLI writes it (`--format html`), and the Result's findings as JSON to check it against."""
-    from rankaudit import cli
-
     model, page = str(EXAMPLES / example), folder / "report.html"
     expected_file = folder / "expected.json"
+    extra = tuple(arg.replace("{tmp}", str(folder)) for arg in extra)
     assert _cli(model, "--format", "json", "-o", expected_file, "--fail-on", "never", *_without_verify(extra)) == 0
-    if "html" in getattr(cli, "FORMATS", ()):
-        assert _cli(model, "--format", "html", "-o", page, "--fail-on", "never", *extra) == 0
-    else:      # until the CLI offers --format html: the renderer directly, for cases without extra arguments
-        if extra:
-            pytest.skip("this case needs `rankaudit --format html`")
-        from rankaudit.audit import audit
-        from rankaudit.report import html
-
-        page.write_text(html.render([audit(model)]), encoding="utf-8")
+    assert _cli(model, "--format", "html", "-o", page, "--fail-on", "never", *extra) == 0
     capsys.readouterr()
     return page, json.loads(expected_file.read_text(encoding="utf-8"))
 
@@ -141,6 +133,11 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
             assert page.locator("table.layers tr.critical").count() == 1
         assert page.locator("table.layers tbody tr").count() == len(expected["layers"])
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+        if "--verify" in extra:  # originals and reconstructions side by side, embedded in the file
+            samples = int(extra[extra.index("--samples") + 1])
+            assert page.evaluate("[...document.images].filter(i => i.src.startsWith('data:image/png')).length") \
+                == 2 * samples
+            assert "confirms the static verdict" in body
         # Wide content scrolls inside its own container; the page never scrolls sideways.
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"page is {overflow}px wider than the {label} viewport"

@@ -34,3 +34,55 @@ def test_cuda_requested_without_a_gpu_is_a_usage_error(run_cli):
         pytest.skip("a GPU is present")
     code, _, err = run_cli(EXAMPLES / "lenet10.py", "--verify", "gdbr", "--device", "cuda", "--trials", "1")
     assert code == 2 and "no CUDA device" in err
+
+
+RGAP_KEYS = {"attack", "device", "median_mse", "median_psnr", "seconds", "confirms", "samples", "layers"}
+
+
+def test_rgap_reconstructs_cnn6_and_confirms_exposed(run_cli, tmp_path):
+    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--verify", "rgap", "--samples", "2", "--format", "json",
+                           "--artifacts", tmp_path / "art")
+    verification = json.loads(out)["verification"]["rgap"]
+    assert RGAP_KEYS <= verification.keys()
+    assert verification["attack"] == "rgap" and verification["device"] == "cpu"
+    assert verification["median_mse"] < 1e-3 and verification["confirms"] is True
+    assert [layer["local_deficit"] for layer in verification["layers"]] == [0] * 7
+    assert "random" in verification["weights"] and "photographs" in verification["images"]
+    for sample in verification["samples"]:
+        assert {"index", "mse", "psnr", "seconds"} <= sample.keys() and sample["mse"] < 1e-3
+        for key in ("original_png", "reconstruction_png"):
+            assert (tmp_path / "art" / sample[key].rsplit("/", 1)[-1]).stat().st_size > 100
+    assert (tmp_path / "art" / "reconstruction_0.npy").exists()
+
+
+def test_rgap_on_cnn6_d_shows_the_deficit_and_the_disagreement(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "cnn6_d.py", "--verify", "rgap", "--samples", "2", "--format", "json")
+    payload = json.loads(out)
+    verification = payload["verification"]["rgap"]
+    conv2 = next(layer for layer in verification["layers"] if layer["name"] == "conv2")
+    assert (conv2["unknowns"], conv2["rank"], conv2["local_deficit"]) == (4332, 4052, 280)
+    assert verification["median_mse"] > 0.1 and verification["confirms"] is False
+    assert "disagrees" in verification["judgement"] and "deficit 280" in verification["judgement"]
+    assert payload["ra_i"] == -708 and payload["verdict"] == "exposed"  # the count stays as counted
+
+
+def test_resnet_falls_back_to_the_optimisation_attack_with_a_reason(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "resnet18_w16.py", "--verify", "rgap", "--samples", "1", "--steps", "20",
+                           "--format", "json")
+    verification = json.loads(out)["verification"]["rgap"]
+    assert verification["attack"] == "inverting-gradients" and verification["layers"] == []
+    assert "R-GAP stops at layer1.0" in verification["note"] and "residual" in verification["note"]
+    assert verification["samples"][0]["mse"] > 0  # a real, imperfect reconstruction at 20 steps
+
+
+def test_user_data_and_bad_data(run_cli, tmp_path):
+    import numpy as np
+
+    images = (np.random.default_rng(0).random((2, 28, 28, 1)) * 255).astype(np.uint8)
+    np.save(tmp_path / "digits.npy", images)
+    code, out, _ = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--data", tmp_path / "digits.npy",
+                           "--samples", "2", "--format", "json")
+    verification = json.loads(out)["verification"]["rgap"]
+    assert "digits.npy" in verification["images"] and verification["median_mse"] < 1e-8
+    code, _, err = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--data", tmp_path / "missing")
+    assert code == 2 and err.startswith("rankaudit: error:") and len(err.strip().splitlines()) == 1

@@ -81,7 +81,7 @@ def _verification_lines(result: Result) -> list[str]:
         name = "R-GAP" if rgap["attack"] == "rgap" else "inverting gradients"
         lines += ["", f"Verification ({name}, {len(rgap['samples'])} images, {rgap['device']}, {rgap['seconds']:.1f} s): "
                   f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
-                  f"{rgap['judgement']}.", f"  {rgap['note']}"]
+                  f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
         if rgap["layers"]:
             lines.append("  layer            unknowns    rank  deficit  residual  condition")
             for layer in rgap["layers"]:

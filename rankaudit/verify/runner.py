@@ -107,7 +107,7 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
     try:
         rgap.extract_chain(model, tuple(result.input_shape))
     except rgap.RGapUnsupported as stop:
-        notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Confirmed with the inverting-gradients "
+        notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Checked with the inverting-gradients "
                      "optimisation attack (Geiping et al. 2020) instead, as R-GAP's authors did for ResNets.")
         # One line for both: the label names the image, the count is the optimisation step.
         with ProgressBar(steps, f"inverting gradients, image 1/{samples}", enabled=show_progress) as bar:
@@ -127,11 +127,21 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
                    "residual": _finite(s.residual), "condition": _finite(s.condition)} for s in outcome.layers]
     saved = _save_images(Path(artifacts), images, reconstructions) if artifacts else [(None, None)] * len(images)
     confirms, judgement = _confirms(result.verdict, outcome.median_mse)
+    if attack == "inverting-gradients" and not confirms and result.verdict == "exposed":
+        judgement += ("; an optimisation attack is not exact, so missing the threshold within its budget "
+                      f"({steps} steps) does not show the input is safe")
+    deficient = [layer for layer in layers if layer["local_deficit"] > 0]
+    if deficient:
+        # Spec §7: counts cannot see dependent constraints; the numerical rank can, and explains a disagreement.
+        judgement += "; numerically deficient: " + ", ".join(
+            f"{layer['name']} rank {layer['rank']} of {layer['unknowns']} unknowns (deficit {layer['local_deficit']})"
+            for layer in deficient)
     verification = {
         "attack": attack, "device": outcome.device, "weights": weights, "images": source, "loss": loss,
         "median_mse": outcome.median_mse, "median_psnr": _finite(outcome.median_psnr),
         "seconds": round(sum(outcome.seconds), 3), "confirms": confirms, "judgement": judgement,
         "note": " ".join(notes),
+        "notes": notes,
         "samples": [{"index": i, "mse": outcome.mse[i], "psnr": _finite(outcome.psnr[i]),
                      "seconds": round(outcome.seconds[i], 3), "original_png": saved[i][0],
                      "reconstruction_png": saved[i][1]} for i in range(len(images))],
