@@ -66,7 +66,8 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
         firsts = [n for n in main if not (traced.ancestors(n) & main_set)]
         names = [traced.record(n).name for n in main + shortcut]
         block = ResidualBlock(_common_prefix(names) or record.name, node_id, fork,
-                              [traced.record(n).name for n in main], [traced.record(n).name for n in shortcut], kind)
+                              [traced.record(n).name for n in main], [traced.record(n).name for n in shortcut], kind,
+                              shortcut_input=record.inputs[shortcut_index])
         merges[node_id] = _Merge(block, firsts[0] if firsts else None, main[-1] if main else None,
                                  shortcut, main)
         if kind == "approximate":

@@ -144,6 +144,57 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     return exit_code
 
 
+@cli.command("suggest")
+@click.argument("model", metavar="MODEL.py[:NAME]")
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
+@click.option("--debug", is_flag=True)
+def suggest_command(model, input_shape, batch_size, top, output_format, output, debug):
+    """Single architectural edits that raise RA-i, re-counted and ranked (accuracy is not measured)."""
+    from rankaudit.report import design
+    from rankaudit.suggest import suggest
+
+    report = suggest(model, input_shape=input_shape, batch_size=batch_size)
+    text = (design.render_json(design.suggest_dict(report, top)) if output_format == "json"
+            else design.suggest_table(report, top))
+    _write(text, output)
+    return EXIT_PASS
+
+
+@cli.command("compare")
+@click.argument("first", metavar="A.py[:NAME]")
+@click.argument("second", metavar="B.py[:NAME]")
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed", show_default=True)
+@click.option("--min-ra", type=int, default=None)
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
+@click.option("--debug", is_flag=True)
+def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, output_format, output, debug):
+    """Two designs side by side; the exit code is the policy applied to the second (B)."""
+    from rankaudit.audit import audit
+    from rankaudit.report import design
+
+    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra)
+               for spec in (first, second)]
+    text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
+            else design.compare_table(*results))
+    _write(text, output)
+    return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
+
+
+def _write(text: str, output: str | None):
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+        click.echo(f"rankaudit: wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
                    several, show_progress):
     try:

@@ -45,6 +45,10 @@ class OpFacts:
     def frozen(self) -> int:
         return sum(p.numel() for p in self.params if not p.requires_grad)
 
+    def trainable_bias(self, position: int = 2) -> int:
+        bias = self.module.bias if self.module is not None else self.arg(position, "bias")
+        return bias.numel() if isinstance(bias, torch.Tensor) and bias.requires_grad else 0
+
     @property
     def input_numel(self) -> int:
         return math.prod(self.traced_inputs[0]) if self.traced_inputs else 0
@@ -58,6 +62,7 @@ class Counting:
     weights: int = 0                 # trainable parameters: gradient constraints |W|
     reported_params: int = 0         # parameters shown but not counted (norms, not-modelled ops)
     frozen_params: int = 0           # parameters without requires_grad: no gradient is shared for them
+    bias_params: int = 0             # the trainable bias among `weights` (for the remove-bias edit)
     dense_candidate: bool = False    # weights applied at exactly one position per sample (spec §3)
     out_features: int | None = None  # the B <= out_features condition of spec §3 and §6
     non_injective: bool = False      # ReLU-like: a zero output removes a weight constraint
@@ -109,7 +114,7 @@ def _linear(f: OpFacts) -> Counting:
     weight = f.module.weight if f.module is not None else f.arg(1, "weight")
     out_features, in_features = weight.shape
     positions = f.input_numel // in_features if in_features else 0
-    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen,
+    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen, bias_params=f.trainable_bias(),
                     dense_candidate=positions == 1, out_features=out_features)
 
 
@@ -140,7 +145,7 @@ def _conv(f: OpFacts) -> Counting:
         elif padding == "valid":
             padding = 0
         dense = _conv_covers_input(in_spatial, kernel, padding, dilation)
-    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen,
+    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen, bias_params=f.trainable_bias(),
                     dense_candidate=dense, out_features=out_channels)
 
 
@@ -150,7 +155,7 @@ def _conv_transpose(f: OpFacts) -> Counting:
     groups = f.module.groups if f.module is not None else f.arg(6, "groups", 1)
     out_channels = weight.shape[1] * groups
     in_positions = math.prod(f.traced_inputs[0][-spatial_dims:]) if f.traced_inputs else 0
-    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen,
+    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen, bias_params=f.trainable_bias(),
                     dense_candidate=in_positions == 1, out_features=out_channels)
 
 

@@ -53,6 +53,7 @@ class ResidualBlock:
     main_layers: list[str]
     shortcut_layers: list[str]
     kind: str                 # identity | projection | approximate
+    shortcut_input: str = ""  # the add's operand on the shortcut side (== fork for an identity shortcut)
 
 
 @dataclass

@@ -1,0 +1,84 @@
+"""SuggestReport and model comparisons -> terminal tables and JSON (the design-review commands)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from rankaudit import __version__
+from rankaudit.report.json import to_dict
+from rankaudit.result import Result
+from rankaudit.suggest import SuggestReport
+
+
+def _shown(value) -> str:
+    return "undefined" if value is None else str(value)
+
+
+def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
+    return {"rankaudit_version": __version__, "model": report.model, "input_shape": list(report.input_shape),
+            "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
+            "verdict": report.verdict, "note": report.note, "skipped": report.skipped,
+            "seconds": round(report.seconds, 3),
+            "suggestions": [asdict(s) for s in report.suggestions[:top]]}
+
+
+def suggest_table(report: SuggestReport, top: int | None = None) -> str:
+    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: RA-i "
+             f"{_shown(report.ra_i)} at {report.critical_layer}, {report.verdict}", ""]
+    header = ("edit", "target", "detail", "RA-i", "critical layer", "Δ params", "verdict")
+    cells = [header] + [(s.edit, s.target, s.detail, _shown(s.ra_i), s.critical_layer or "-", f"{s.delta_params:+d}",
+                         s.verdict + (" (crosses)" if s.crosses_verdict else ""))
+                        for s in report.suggestions[:top]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 5) else cell.ljust(widths[i])
+                               for i, cell in enumerate(row)).rstrip())
+    lines += ["", f"{len(report.suggestions)} edits re-counted in {report.seconds:.2f} s"
+              + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
+              report.note]
+    return "\n".join(lines) + "\n"
+
+
+def compare_dict(first: Result, second: Result) -> dict:
+    return {"rankaudit_version": __version__, "a": to_dict(first), "b": to_dict(second),
+            "ra_i_delta": None if first.ra_i is None or second.ra_i is None else second.ra_i - first.ra_i,
+            "layers": _matched_layers(first, second)}
+
+
+def _matched_layers(first: Result, second: Result) -> list[dict]:
+    rows = {row.name: row for row in second.layers}
+    return [{"name": row.name, "a": row.ra_i, "b": rows[row.name].ra_i, "delta": rows[row.name].ra_i - row.ra_i,
+             "a_critical": row.critical, "b_critical": rows[row.name].critical}
+            for row in first.layers if row.name in rows]
+
+
+def compare_table(first: Result, second: Result) -> str:
+    leak = lambda r: r.label_leakage.risk if r.label_leakage else "n/a"  # noqa: E731
+    lines = [f"rankaudit {__version__} compare", "",
+             f"  A  {first.model}: RA-i {_shown(first.ra_i)} at {first.critical_layer}, {first.verdict}, "
+             f"label leakage {leak(first)}, {first.parameters:,} parameters",
+             f"  B  {second.model}: RA-i {_shown(second.ra_i)} at {second.critical_layer}, {second.verdict}, "
+             f"label leakage {leak(second)}, {second.parameters:,} parameters", ""]
+    matched = _matched_layers(first, second)
+    changed = [m for m in matched if m["delta"] or m["a_critical"] != m["b_critical"]]
+    if changed:
+        width = max(len(m["name"]) for m in changed)
+        lines.append(f"  {'layer'.ljust(width)}  {'RA_i A':>9}  {'RA_i B':>9}  {'Δ':>9}")
+        for m in changed:
+            marks = ("*" if m["a_critical"] else " ") + ("*" if m["b_critical"] else " ")
+            lines.append(f"  {m['name'].ljust(width)}  {m['a']:>9}  {m['b']:>9}  {m['delta']:>+9}  {marks}")
+        lines.append("  (* critical in A, B)")
+    else:
+        lines.append("  No layer that both models share changed its RA_i.")
+    only = sorted({r.name for r in first.layers} ^ {r.name for r in second.layers})
+    if only:
+        lines.append(f"  Layers in one model only: {', '.join(only)}")
+    if first.ra_i is not None and second.ra_i is not None:
+        lines += ["", f"RA-i {first.ra_i} -> {second.ra_i} ({second.ra_i - first.ra_i:+d}); verdict "
+                      f"{first.verdict} -> {second.verdict}. Policy applies to B: "
+                      + ("pass" if second.policy.passed else "FAIL: " + "; ".join(second.policy.reasons))]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(payload: dict) -> str:
+    return json.dumps(payload, indent=2) + "\n"

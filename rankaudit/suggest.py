@@ -1,0 +1,255 @@
+"""Design review: single architectural edits, each re-counted on the traced graph, ranked by the RA-i they reach."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from rankaudit.analysis import analyze
+from rankaudit.errors import RankauditError
+from rankaudit.findings import verdict_for
+from rankaudit.load import load_model
+from rankaudit.ops import Counting, Role
+from rankaudit.result import Result
+from rankaudit.trace import NodeRecord, TracedModel, trace_model
+
+EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
+ACCURACY_NOTE = ("Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
+                 "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10).")
+
+
+@dataclass
+class Suggestion:
+    edit: str                  # one of EDITS
+    target: str                # the block's or layer's qualified name (layer2.0), or "batch"
+    detail: str                # what exactly changes, e.g. "out_channels 16 -> 5"
+    ra_i: int | None
+    critical_layer: str | None
+    verdict: str
+    delta_params: int
+    crosses_verdict: bool      # the verdict differs from the unedited model's
+
+
+@dataclass
+class SuggestReport:
+    model: str
+    input_shape: tuple[int, ...]
+    batch_size: int
+    ra_i: int | None
+    critical_layer: str | None
+    verdict: str
+    suggestions: list[Suggestion]
+    skipped: list[str] = field(default_factory=list)   # edits that could not be applied, and why
+    note: str = ACCURACY_NOTE
+    seconds: float = 0.0
+
+
+def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[str]) -> TracedModel:
+    """A copy of the traced graph with some records replaced and some dropped; dead branches are pruned."""
+    records = {n: replaced.get(n, traced.records[n]) for n in traced.order if n not in dropped}
+    alive, frontier = set(), [n for n in traced.output_ids if n in records]
+    while frontier:
+        node = frontier.pop()
+        if node not in alive:
+            alive.add(node)
+            frontier.extend(i for i in records[node].inputs if i in records)
+    order = [n for n in traced.order if n in alive]
+    successors: dict[str, list[str]] = {}
+    for node in order:
+        for source in dict.fromkeys(records[node].inputs):
+            successors.setdefault(source, []).append(node)
+    return TracedModel({n: records[n] for n in order}, successors, order, traced.input_id,
+                       [n for n in traced.output_ids if n in alive], traced.tracer, traced.fallback_reason,
+                       traced.parameters)
+
+
+def _params_of(record: NodeRecord) -> int:
+    return record.counting.weights + record.counting.frozen_params + record.counting.reported_params
+
+
+def _cut_skips(traced: TracedModel, base: Result) -> list[tuple[str, str, TracedModel, int]]:
+    edits = []
+    for block in base.blocks:
+        add = traced.record(block.merge)
+        main_input = next(i for i in add.inputs if i != block.shortcut_input)
+        shortcut = set()
+        if block.shortcut_input != block.fork:
+            shortcut = ((traced.ancestors(block.shortcut_input) | {block.shortcut_input})
+                        - traced.ancestors(block.fork) - {block.fork})
+        passthrough = dataclasses.replace(add, inputs=[main_input], counting=Counting(Role.TRANSPARENT))
+        removed = sum(_params_of(traced.record(n)) for n in shortcut)
+        detail = "remove the identity skip" if not shortcut else \
+            f"remove the skip and its projection ({', '.join(block.shortcut_layers)})"
+        edits.append((block.name, detail, _rebuilt(traced, {block.merge: passthrough}, shortcut), -removed))
+    return edits
+
+
+def _produces_output(traced: TracedModel, node_id: str) -> bool:
+    """True when no weighted layer stands between this node and a model output."""
+    frontier, seen = [node_id], set()
+    while frontier:
+        node = frontier.pop()
+        if node in traced.output_ids:
+            return True
+        for successor in traced.successors.get(node, ()):
+            record = traced.record(successor)
+            if successor not in seen and not (record.counting.role is Role.LAYER and record.counting.weights):
+                seen.add(successor)
+                frontier.append(successor)
+    return False
+
+
+def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedModel, int] | None:
+    """The graph with one layer's output channels cut to `width`; None where shapes are coupled (add, cat)."""
+    layer = traced.record(node_id)
+    old = layer.counting.out_features
+    scale = width / old
+    replaced = {node_id: dataclasses.replace(
+        layer, output_numel=layer.output_numel * width // old,
+        counting=dataclasses.replace(layer.counting, weights=layer.counting.weights * width // old,
+                                     bias_params=layer.counting.bias_params * width // old, out_features=width))}
+    delta = replaced[node_id].counting.weights - layer.counting.weights
+    frontier = list(traced.successors.get(node_id, ()))
+    while frontier:
+        node = frontier.pop()
+        if node in replaced:
+            continue
+        record = traced.record(node)
+        role = record.counting.role
+        if node in traced.output_ids or role in (Role.ADD, Role.CAT) or record.output_numel * width % old:
+            return None
+        if role is Role.LAYER and record.counting.weights:
+            # The consumer loses input channels: its weights shrink, its bias and output stay.
+            kernel = record.counting.weights - record.counting.bias_params
+            weights = round(kernel * scale) + record.counting.bias_params
+            replaced[node] = dataclasses.replace(record, counting=dataclasses.replace(record.counting, weights=weights))
+            delta += weights - record.counting.weights
+            continue
+        replaced[node] = dataclasses.replace(record, output_numel=record.output_numel * width // old)
+        frontier.extend(traced.successors.get(node, ()))
+    return _rebuilt(traced, replaced, set()), delta
+
+
+def _narrow_edits(traced: TracedModel, base: Result, skipped: list[str]) -> list[tuple[str, str, TracedModel, int]]:
+    edits = []
+    rows = {row.node: row for row in base.layers}
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        counting = record.counting
+        row = rows.get(node_id)
+        if row is None or counting.role is not Role.LAYER or not counting.weights or not counting.out_features:
+            continue
+        if _produces_output(traced, node_id):
+            continue  # the logits: their width is the number of classes
+        channels = counting.out_features
+        per_channel = counting.weights / channels
+        positions = record.output_numel // channels
+        # Locally deficient (spec §2 without V): B|x| - c·w_c - B·c·P > 0, so c < B|x| / (w_c + B·P).
+        limit = row.inputs / (per_channel + base.batch_size * positions)
+        width = min(channels - 1, int(limit) - (1 if limit == int(limit) else 0))
+        if row.inputs - row.weights - row.outputs > 0 or width < 1:
+            continue  # already deficient, or even one channel is over-determined
+        narrowed = _narrowed(traced, node_id, width)
+        if narrowed is None:
+            skipped.append(f"narrow {record.name}: its output meets another path in an add or cat")
+            continue
+        edits.append((record.name, f"out_features {channels} -> {width}", *narrowed))
+    return edits
+
+
+def _remove_bias_edits(traced: TracedModel) -> list[tuple[str, str, TracedModel, int]]:
+    edits = []
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        bias = record.counting.bias_params
+        if record.counting.role is Role.LAYER and bias:
+            counting = dataclasses.replace(record.counting, weights=record.counting.weights - bias, bias_params=0)
+            edits.append((record.name, f"bias=False ({bias} parameters)",
+                          _rebuilt(traced, {node_id: dataclasses.replace(record, counting=counting)}, set()), -bias))
+    return edits
+
+
+def _stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tuple[str, str, TracedModel, int]]:
+    """Stride changes move every later shape, so these few are re-traced on meta rather than re-counted."""
+    edits = []
+    for name, conv in module.named_modules():
+        if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            continue
+        old = conv.stride
+        new = tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
+        conv.stride = new
+        try:
+            edited = trace_model(module, input_shape)
+        except RankauditError:
+            skipped.append(f"stride {name} {old} -> {new}: a later layer needs the old shape")
+            continue
+        finally:
+            conv.stride = old
+        edits.append((name, f"stride {'x'.join(map(str, old))} -> {'x'.join(map(str, new))}", edited, 0))
+    return edits
+
+
+def _smallest_protecting_batch(traced: TracedModel, start: int, limit: int) -> tuple[int, Result] | None:
+    """Smallest B > start whose count is protected: a linear scan to 64, then doubling and a bisection."""
+    def protected(batch):
+        result = analyze(traced, batch)
+        return result if verdict_for(result.ra_i) == "protected" else None
+
+    for batch in range(start + 1, min(64, limit) + 1):
+        found = protected(batch)
+        if found:
+            return batch, found
+    low, high = 64, 128
+    while high <= limit and protected(high) is None:
+        low, high = high, high * 2
+    if high > limit:
+        return None
+    best = (high, protected(high))
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = protected(middle)
+        if found:
+            high, best = middle, (middle, found)
+        else:
+            low = middle
+    return best
+
+
+def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
+            max_batch: int = 65536) -> SuggestReport:
+    """Every single edit of EDITS that applies to the model, re-counted and ranked by the RA-i it reaches."""
+    started = time.perf_counter()
+    loaded = load_model(spec, input_shape, device="meta")
+    traced = trace_model(loaded.module, loaded.input_shape)
+    base = analyze(traced, batch_size)
+    base_verdict = verdict_for(base.ra_i)
+    skipped: list[str] = []
+    suggestions = []
+
+    def add(edit, target, detail, edited, delta, batch=batch_size, counted=None):
+        result = counted or analyze(edited, batch)
+        verdict = verdict_for(result.ra_i)
+        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, verdict, delta,
+                                      verdict != base_verdict))
+
+    for target, detail, edited, delta in _cut_skips(traced, base):
+        add("cut-skip", target, detail, edited, delta)
+    for target, detail, edited, delta in _narrow_edits(traced, base, skipped):
+        add("narrow", target, detail, edited, delta)
+    for target, detail, edited, delta in _stride_edits(loaded.module, loaded.input_shape, skipped):
+        add("stride", target, detail, edited, delta)
+    for target, detail, edited, delta in _remove_bias_edits(traced):
+        add("remove-bias", target, detail, edited, delta)
+    if base_verdict != "protected":
+        found = _smallest_protecting_batch(traced, batch_size, max_batch)
+        if found is None:
+            skipped.append(f"batch-size: no batch up to {max_batch} makes the model protected")
+        else:
+            batch, counted = found
+            add("batch-size", "batch", f"batch size {batch_size} -> {batch} (samples per shared gradient)",
+                traced, 0, batch=batch, counted=counted)
+    suggestions.sort(key=lambda s: (s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
+    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_verdict,
+                         suggestions, skipped, seconds=time.perf_counter() - started)

@@ -1,0 +1,119 @@
+"""`suggest` re-counts single edits without re-tracing; each must equal a full analysis of the edited model."""
+import json
+import textwrap
+
+import pytest
+
+from conftest import EXAMPLES
+from rankaudit.audit import audit
+from rankaudit.suggest import suggest
+
+
+@pytest.fixture(scope="module")
+def resnet_report():
+    return suggest(str(EXAMPLES / "resnet18_w16.py"))
+
+
+def by(report, edit, target):
+    return next(s for s in report.suggestions if s.edit == edit and s.target == target)
+
+
+def test_resnet_top_skip_cut_is_block_3_and_block_8_changes_nothing(resnet_report):
+    cuts = [s for s in resnet_report.suggestions if s.edit == "cut-skip"]
+    assert len(cuts) == 8 and cuts[0].target == "layer2.0"
+    assert cuts[0].ra_i == audit(str(EXAMPLES / "resnet18_w16_cut3.py")).ra_i == -7808
+    assert cuts[0].critical_layer == "avgpool" and cuts[0].delta_params == -(16 * 32 + 2 * 32)
+    block8 = by(resnet_report, "cut-skip", "layer4.1")
+    assert block8.ra_i == resnet_report.ra_i == audit(str(EXAMPLES / "resnet18_w16_cut8.py")).ra_i
+    assert not block8.crosses_verdict and block8.delta_params == 0
+
+
+def test_ranking_is_by_the_ra_i_reached(resnet_report):
+    reached = [s.ra_i for s in resnet_report.suggestions]
+    assert reached == sorted(reached, reverse=True)
+    batch = by(resnet_report, "batch-size", "batch")
+    assert batch.crosses_verdict and batch.verdict == "protected" and batch.detail.endswith(
+        "(samples per shared gradient)")
+    smallest = int(batch.detail.split("-> ")[1].split()[0])
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest).verdict == "protected"
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest - 1).verdict != "protected"
+
+
+NARROW_FIG2_D = """
+import torch.nn as nn
+INPUT_SHAPE = (3, 32, 32)
+class Narrow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, {c1}, kernel_size=3, bias=False)
+        self.conv2 = nn.Conv2d({c1}, {c2}, kernel_size=3, bias=False)
+        self.act = nn.LeakyReLU(0.2)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear({c2} * 28 * 28, 1, bias={bias})
+    def forward(self, x):
+        return self.fc(self.flatten(self.act(self.conv2(self.act(self.conv1(x))))))
+"""
+
+
+def write_model(tmp_path, name, **dims):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(NARROW_FIG2_D.format(**dims)))
+    return str(path)
+
+
+def test_narrowing_a_two_conv_net_matches_the_narrowed_model(tmp_path):
+    report = suggest(str(EXAMPLES / "fig2_d.py"))
+    conv1 = by(report, "narrow", "conv1")
+    # |x| 3072 / (27 weights per channel + 900 positions) = 3.3 -> 3 channels: 3072 - 81 - 2700 = 291 > 0.
+    assert conv1.detail == "out_features 4 -> 3"
+    narrowed = audit(write_model(tmp_path, "n1.py", c1=3, c2=4, bias=False))
+    assert (conv1.ra_i, conv1.critical_layer) == (narrowed.ra_i, narrowed.critical_layer) == (291, "conv1")
+    assert conv1.delta_params == narrowed.parameters - (108 + 144 + 3136) == -27 - 36
+    assert conv1.crosses_verdict and conv1.verdict == "protected"
+    # conv2 is already locally deficient (3600 - 144 - 3136 = 320 > 0; only V makes its RA_i negative).
+    assert not [s for s in report.suggestions if s.edit == "narrow" and s.target == "conv2"]
+    assert not [s for s in report.suggestions if s.edit == "stride"]  # every stride change breaks fc's input
+    assert any(line.startswith("stride conv1") for line in report.skipped)
+
+
+def test_removing_a_bias_matches_the_model_without_it(tmp_path):
+    with_bias = write_model(tmp_path, "b.py", c1=4, c2=4, bias=True)
+    report = suggest(with_bias, batch_size=2)
+    edit = by(report, "remove-bias", "fc")
+    without = audit(write_model(tmp_path, "nb.py", c1=4, c2=4, bias=False), batch_size=2)
+    assert (edit.ra_i, edit.delta_params) == (without.ra_i, -1)
+
+
+def test_suggest_cli_json_and_top(run_cli):
+    code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "3", "--format", "json")
+    payload = json.loads(out)
+    assert code == 0 and len(payload["suggestions"]) == 3
+    assert {"model", "ra_i", "critical_layer", "suggestions"} <= payload.keys()
+    assert {"edit", "target", "detail", "ra_i", "critical_layer", "delta_params", "crosses_verdict"} <= \
+        payload["suggestions"][0].keys()
+    assert "Accuracy is not measured" in payload["note"]
+    code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
+    assert "Accuracy is not measured" in out and out.count("cut-skip") == 1
+
+
+def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
+    code, out, _ = run_cli("compare", EXAMPLES / "resnet18_w16.py", EXAMPLES / "resnet18_w16_cut3.py",
+                           "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["ra_i_delta"] == -7808 - -10240
+    avgpool = next(layer for layer in payload["layers"] if layer["name"] == "avgpool")
+    assert (avgpool["a"], avgpool["b"], avgpool["b_critical"]) == (-11392, -7808, True)
+    code, out, _ = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py")
+    assert code == 0 and "RA-i -484 -> 405 (+889); verdict exposed -> protected" in out
+    code, _, err = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "nope.py")
+    assert code == 2 and "does not exist" in err
+
+
+def test_narrowing_fig2_a_gives_fig2_b():
+    """Figure 2(a) with one conv channel fewer is Figure 2(b): the suggestion must count it exactly so."""
+    edit = by(suggest(str(EXAMPLES / "fig2_a.py")), "narrow", "conv1")
+    fig2_b = audit(str(EXAMPLES / "fig2_b.py"))
+    assert edit.detail == "out_features 4 -> 3"
+    assert (edit.ra_i, edit.critical_layer, edit.verdict) == (fig2_b.ra_i, fig2_b.critical_layer, "protected") == \
+        (405, "conv1", "protected")
+    assert edit.delta_params == fig2_b.parameters - audit(str(EXAMPLES / "fig2_a.py")).parameters
