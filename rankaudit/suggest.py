@@ -101,8 +101,8 @@ def _produces_output(traced: TracedModel, node_id: str) -> bool:
     return False
 
 
-def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedModel, int] | None:
-    """The graph with one layer's output channels cut to `width`; None where shapes are coupled (add, cat)."""
+def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedModel, int] | str:
+    """The graph with one layer's output channels cut to `width`, and Δ params; or why it cannot be done."""
     layer = traced.record(node_id)
     old = layer.counting.out_features
     scale = width / old
@@ -118,8 +118,6 @@ def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedMode
             continue
         record = traced.record(node)
         role = record.counting.role
-        if node in traced.output_ids or role in (Role.ADD, Role.CAT) or record.output_numel * width % old:
-            return None
         if role is Role.LAYER and record.counting.weights:
             # The consumer loses input channels: its weights shrink, its bias and output stay.
             kernel = record.counting.weights - record.counting.bias_params
@@ -127,6 +125,12 @@ def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedMode
             replaced[node] = dataclasses.replace(record, counting=dataclasses.replace(record.counting, weights=weights))
             delta += weights - record.counting.weights
             continue
+        if role in (Role.ADD, Role.CAT):
+            return f"its output meets another path at {record.name} ({record.op})"
+        if node in traced.output_ids:
+            return "its channels reach the model's output"
+        if record.output_numel * width % old:
+            return f"{record.name} ({record.op}) does not keep whole channels"
         replaced[node] = dataclasses.replace(record, output_numel=record.output_numel * width // old)
         frontier.extend(traced.successors.get(node, ()))
     return _rebuilt(traced, replaced, set()), delta
@@ -152,8 +156,8 @@ def _narrow_edits(traced: TracedModel, base: Result, skipped: list[str]) -> list
         if row.inputs - row.weights - row.outputs > 0 or width < 1:
             continue  # already deficient, or even one channel is over-determined
         narrowed = _narrowed(traced, node_id, width)
-        if narrowed is None:
-            skipped.append(f"narrow {record.name}: its output meets another path in an add or cat")
+        if isinstance(narrowed, str):
+            skipped.append(f"narrow {record.name}: {narrowed}")
             continue
         edits.append((record.name, f"out_features {channels} -> {width}", *narrowed))
     return edits
