@@ -130,6 +130,44 @@ def _gdbr(data: dict, prefix: str) -> dict:
             "svg": Markup(svg.label_counts(recovered, true, prefix=prefix))}
 
 
+ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
+
+
+def _defense_figure(row: dict, which: str) -> str:
+    value = row.get(which)
+    if row.get("metric") == "ins_acc":
+        return _fraction(value) if value is not None else "n/a"
+    psnr = row.get(f"psnr_{which}")
+    return fmt_real(value) + (f" ({fmt_real(psnr, 3)} dB)" if psnr is not None else "")
+
+
+def _defenses(verification: dict) -> dict | None:
+    rows = [row for row in verification.get("defenses") or [] if isinstance(row, dict)]
+    training = verification.get("adadefense_training")
+    training = training if isinstance(training, dict) else None
+    if not rows and training is None:
+        return None
+    table, notes = [], []
+    for row in rows:
+        degrades, fails = bool(row.get("degrades")), bool(row.get("fails_with")) and not row.get("fails_without")
+        attack = ATTACK_NAMES.get(row.get("attack"), str(row.get("attack")))
+        table.append({"defense": row.get("label") or row.get("defense"), "description": row.get("description") or "",
+                      "attack": attack,
+                      "metric": "InsAcc" if row.get("metric") == "ins_acc" else "median MSE (PSNR)",
+                      "without": _defense_figure(row, "without"), "with": _defense_figure(row, "with"),
+                      "verdict": ("yes, attack fails" if fails else "yes") if degrades else "no",
+                      "verdict_class": "fails" if degrades and fails else ("" if degrades else "holds")})
+        texts = [f"{attack}: {note}" for note in row.get("attack_notes") or []]
+        texts += [f"{row.get('label')} vs {attack}: {note}" for note in row.get("notes") or []]
+        for text in texts:
+            if text not in notes:
+                notes.append(text)
+    if training is not None:
+        for key in ("accuracy_without", "accuracy_with"):
+            training = {**training, f"{key}_text": _fraction(training.get(key))}
+    return {"rows": table, "notes": notes, "training": training}
+
+
 def _leakage(result: Result) -> dict | None:
     leakage = result.label_leakage
     if leakage is None:
@@ -164,6 +202,7 @@ def _model(result: Result, index: int, base_dir: Path | None) -> dict:
         "leakage": _leakage(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
+        "defenses": _defenses(verification),
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
         "has_projection": any(n.kind == "projection"
                               for n in (result.architecture.nodes if result.architecture else [])),

@@ -95,7 +95,66 @@ def _verification_lines(result: Result) -> list[str]:
         lines += ["", f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
                   f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
                   f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
+                  f"  An equal-count guess that reads no gradient scores InsAcc {gdbr['chance_ins_acc']:.1%} on these "
+                  "batches: " + ("GDBR beats it." if gdbr["beats_chance"] else
+                                 "GDBR does no better, so this run does not show label leakage."),
                   f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
+    return lines
+
+
+_ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "inverting gradients", "gdbr": "GDBR"}
+
+
+def _defense_value(row: dict, which: str) -> str:
+    value = row.get(which)
+    if row.get("metric") == "ins_acc":
+        return "n/a" if value is None else f"{value:.1%}"
+    psnr = row.get(f"psnr_{which}")
+    return _number(value) + (f" ({psnr:.0f} dB)" if psnr is not None else "")
+
+
+def _defense_verdict(row: dict) -> str:
+    if not row.get("degrades"):
+        return "no"
+    if row.get("fails_with") and not row.get("fails_without"):
+        return "yes, attack fails"
+    return "yes"
+
+
+def _defense_lines(result: Result) -> list[str]:
+    rows = result.verification.get("defenses") or []
+    training = result.verification.get("adadefense_training")
+    if not rows and not training:
+        return []
+    lines = []
+    if rows:
+        lines += ["", "Defenses (the same attack on the same images/batches, without and with each defense; the attack "
+                      "sees only what the client shares):"]
+        cells = [("defense", "attack", "metric", "without", "with", "degrades?")]
+        for row in rows:
+            metric = "InsAcc" if row.get("metric") == "ins_acc" else "median MSE (PSNR)"
+            cells.append((row.get("label") or row.get("defense", "?"), _ATTACK_NAMES.get(row.get("attack"),
+                          str(row.get("attack"))), metric, _defense_value(row, "without"), _defense_value(row, "with"),
+                          _defense_verdict(row)))
+        widths = [max(len(line[i]) for line in cells) for i in range(6)]
+        for line in cells:
+            lines.append("  " + "  ".join(cell.rjust(widths[i]) if i in (3, 4) else cell.ljust(widths[i])
+                                          for i, cell in enumerate(line)).rstrip())
+        seen = set()
+        for row in rows:
+            attack = _ATTACK_NAMES.get(row.get("attack"), str(row.get("attack")))
+            # Notes about the attack itself are the same in every row of that attack: print them once.
+            texts = [f"  {attack}: {note}" for note in row.get("attack_notes") or []]
+            texts += [f"  {row.get('label')} vs {attack}: {note}" for note in row.get("notes") or []]
+            for text in texts:
+                if text not in seen:
+                    seen.add(text)
+                    lines.append(text)
+    if training:
+        lines += ["", f"AdaDefense's cost in training: FedAvg, {training['rounds']} rounds x {training['clients']} "
+                      f"clients, {training.get('model', 'a small MLP')} on {training.get('data', 'digits')}: test "
+                      f"accuracy {training['accuracy_without']:.1%} without, {training['accuracy_with']:.1%} with the "
+                      "stand-in."]
     return lines
 
 
@@ -121,6 +180,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
     lines.extend(_verification_lines(result))
+    lines.extend(_defense_lines(result))
     if result.caveats:
         lines.append("")
         lines.append("Caveats:")

@@ -551,12 +551,15 @@ def run_gdbr(model: nn.Module, shared_layer: str, batch_size: int, trials: int =
              aux: torch.Tensor | None = None, device: str | torch.device = "auto", seed: int = 0,
              progress: Callable[[int, int], None] | None = None, *,
              input_shape: tuple[int, int, int] | None = None, estimator: str = "rank_one",
-             n_dummy: int = DEFAULT_DUMMIES) -> GDBRResult:
+             n_dummy: int = DEFAULT_DUMMIES,
+             defense: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> GDBRResult:
     """Attack ``trials`` victim batches of real digits on ``model`` as it is (see :func:`init_like_paper`).
 
     Trial t uses seed ``seed * 1000 + t`` for its batch and its dummies. The client shares every
     gradient; the attack reads only ``shared_layer``'s weight gradient. ``ins_acc``/``cls_acc``
     are medians over trials; ``recovered``/``true`` come from the trial with the lower-median InsAcc.
+    ``defense`` (grads -> grads) is applied by the client to its whole gradient before sharing; the attack
+    reads ``shared_layer``'s weight entry of what was shared, unaware of the defense.
     """
     if trials < 1:
         raise ValueError(f"trials must be positive, got {trials}")
@@ -574,6 +577,8 @@ def run_gdbr(model: nn.Module, shared_layer: str, batch_size: int, trials: int =
         trial_start = time.perf_counter()
         images, labels = victim_batch(n_classes, shape, batch_size, class_dist, seed=trial_seed)
         grads = client_gradient(net, images.to(dev), labels.to(dev))
+        if defense is not None:
+            grads = {name: g.to(dev) for name, g in defense(grads).items()}
         recovered = gdbr_attack(net, shared_layer, {key: grads[key]}, batch_size, aux=aux, device=dev,
                                 seed=trial_seed, input_shape=shape, estimator=estimator, n_dummy=n_dummy)
         true = torch.bincount(labels, minlength=n_classes)

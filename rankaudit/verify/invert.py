@@ -576,6 +576,7 @@ def run_inverting(
     lr: float = DEFAULT_LR,
     tv_weight: float = DEFAULT_TV_WEIGHT,
     tv_until: float = DEFAULT_TV_UNTIL,
+    defense: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> InvertResult:
     """Attack every image of ``images`` ([N, C, H, W] in [0, 1]) one at a time and score the reconstructions.
 
@@ -585,6 +586,8 @@ def run_inverting(
     ``labels``, each image gets a label drawn from ``seed`` (a class index for
     cross-entropy, -1/+1 for logistic).  ``progress(i, N)`` reports finished
     images, ``step_progress(done, total)`` the steps within the current image.
+    ``defense`` (grads -> grads) is applied by the client before sharing; the
+    attack matches its output as if it were the gradient (it is not told).
     """
     if images.dim() != 4:
         raise ValueError(f"images must be [N, C, H, W], got shape {tuple(images.shape)}")
@@ -601,6 +604,8 @@ def run_inverting(
     for index in range(count):
         truth = images[index].to(device=run_device, dtype=dtype)
         target = client_gradient(attacked_model, truth, true_labels[index], kind)
+        if defense is not None:
+            target = {name: g.to(device=run_device, dtype=dtype) for name, g in defense(target).items()}
         spec = LossSpec(kind=kind, label=None if infer_labels else true_labels[index])
         outcome = invert_gradients(
             attacked_model, target, sample_shape, spec, steps=steps, restarts=restarts, lr=lr,

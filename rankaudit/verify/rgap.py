@@ -1147,6 +1147,22 @@ def numerical_rank(chain: list[Step], weights: dict, gradients: dict | None = No
 
 # --------------------------------------------------------------------------- the attack on a set of images
 
+def _reconstruct_defended(chain, weights, grads, loss, dev, dtype, shape) -> Reconstruction:
+    """reconstruct() on a defended gradient, which need not be a gradient at all: where the algebra breaks
+    (no valid top-layer candidate, a singular or non-finite system), the attacker has nothing, scored as zeros."""
+    try:
+        rec = reconstruct(chain, weights, grads, loss, dev, dtype)
+    except (RGapUnsupported, RuntimeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        reason = exc.reason if isinstance(exc, RGapUnsupported) else f"{type(exc).__name__}: {exc}"
+        return Reconstruction(x=torch.zeros(shape, dtype=dtype, device=dev), layers=[],
+                              notes=[f"R-GAP failed on the defended gradient ({reason}); scored as an all-zero image"],
+                              label=None)
+    if not bool(torch.isfinite(rec.x).all()):
+        rec.notes.append("the reconstruction from the defended gradient is not finite; non-finite pixels scored as 0")
+        rec.x = torch.nan_to_num(rec.x, nan=0.0, posinf=0.0, neginf=0.0)
+    return rec
+
+
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -1154,7 +1170,8 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def run_rgap(model: nn.Module, images: torch.Tensor, device: str = "auto", seed: int = 0, loss: str = "logistic",
-             progress: Callable[[int, int], None] | None = None) -> RGapResult:
+             progress: Callable[[int, int], None] | None = None, *,
+             defense: Callable[[dict], dict] | None = None) -> RGapResult:
     """Attack each image's single-sample gradient with R-GAP and score the reconstruction.
 
     MSE is on the raw reconstruction (what the algebra recovered); PSNR is on the reconstruction
@@ -1162,6 +1179,10 @@ def run_rgap(model: nn.Module, images: torch.Tensor, device: str = "auto", seed:
     Everything runs in float64: the client's gradient is computed in float64 too, so the MSE measures
     the attack, not float32 rounding of the gradient. Labels are drawn from `seed` (logistic: y = +-1;
     cross-entropy: a class). Seconds time reconstruct() alone. progress(done, total) runs after each sample.
+
+    ``defense`` (grads -> grads, e.g. ``rankaudit.verify.defenses.Defense.client()``) is what the client applies
+    before sharing: the attack sees only its output. The attack is not told about the defense. Where the defended
+    gradient is no gradient R-GAP can invert at all, the sample's reconstruction is all zeros and a note says why.
     """
     dev = _resolve_device(device)
     dtype = torch.float64
@@ -1188,10 +1209,15 @@ def run_rgap(model: nn.Module, images: torch.Tensor, device: str = "auto", seed:
                     n_classes = net(x[None]).numel()
             y = int(torch.randint(n_classes, (), generator=gen))
         grads = client_gradients(net, x, y, loss)
+        if defense is not None:
+            grads = {name: g.to(device=dev, dtype=dtype) for name, g in defense(grads).items()}
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        rec = reconstruct(chain, weights, grads, loss, dev, dtype)
+        if defense is None:
+            rec = reconstruct(chain, weights, grads, loss, dev, dtype)
+        else:
+            rec = _reconstruct_defended(chain, weights, grads, loss, dev, dtype, x.shape)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         secs.append(time.perf_counter() - t0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -86,13 +87,11 @@ def _save_images(artifacts: Path, originals: torch.Tensor, reconstructions: torc
     return paths
 
 
-def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
-                  data: str | None = None, steps: int = 1000, restarts: int = 2, artifacts: str | None = None,
-                  show_progress: bool = True) -> dict:
-    """Run R-GAP (or, where it cannot go, inverting gradients) on real images; fill result.verification['rgap']."""
-    from rankaudit.verify import data as image_data, invert, rgap
+def _input_setup(result: Result, spec: str, samples: int, seed: int,
+                 data: str | None) -> tuple[nn.Module, str, torch.Tensor, str, str]:
+    """The real model, where its weights came from, `samples` float64 images, their source, the loss."""
+    from rankaudit.verify import data as image_data
 
-    device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     if len(result.input_shape) != 3:
         raise UsageError(f"--verify rgap attacks images; this model's input shape is {result.input_shape}",
@@ -102,26 +101,52 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
     except image_data.DataError as exc:
         raise UsageError(str(exc)) from exc
     images = images.to(torch.float64)
-    loss = _loss_for(model, images)
-    notes = [f"weights: {weights}", f"images: {source}"]
+    return model, weights, images, source, _loss_for(model, images)
+
+
+def _attack_images(model: nn.Module, images: torch.Tensor, input_shape: tuple[int, ...], loss: str, *, device: str,
+                   seed: int, steps: int, restarts: int, show_progress: bool, defense=None, title: str = "",
+                   optimisation: bool = False):
+    """R-GAP on `images`, or inverting gradients where R-GAP cannot go (always, with `optimisation`):
+    (attack, outcome, reconstructions, why R-GAP stopped or None)."""
+    from rankaudit.verify import invert, rgap
+
+    samples = len(images)
     try:
-        rgap.extract_chain(model, tuple(result.input_shape))
+        if optimisation:
+            raise rgap.RGapUnsupported(type(model).__name__, "the optimisation attack was asked for")
+        rgap.extract_chain(model, tuple(input_shape))
     except rgap.RGapUnsupported as stop:
-        notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Checked with the inverting-gradients "
-                     "optimisation attack (Geiping et al. 2020) instead, as R-GAP's authors did for ResNets.")
         # One line for both: the label names the image, the count is the optimisation step.
-        with ProgressBar(steps, f"inverting gradients, image 1/{samples}", enabled=show_progress) as bar:
+        with ProgressBar(steps, f"inverting gradients{title}, image 1/{samples}", enabled=show_progress) as bar:
             def next_image(done: int, total: int):
-                bar.label = f"inverting gradients, image {min(done + 1, total)}/{total}"
+                bar.label = f"inverting gradients{title}, image {min(done + 1, total)}/{total}"
 
             outcome = invert.run_inverting(model, images, loss=loss, steps=steps, restarts=restarts, device=device,
-                                           seed=seed, progress=next_image, step_progress=bar)
-        attack, reconstructions, layers = "inverting-gradients", outcome.x_hat, []
+                                           seed=seed, progress=next_image, step_progress=bar, defense=defense)
+        return "inverting-gradients", outcome, outcome.x_hat, stop
+    with ProgressBar(samples, f"R-GAP{title}", enabled=show_progress) as per_sample:
+        outcome = rgap.run_rgap(model, images, device=device, seed=seed, loss=loss, progress=per_sample,
+                                defense=defense)
+    return "rgap", outcome, outcome.reconstructions, None
+
+
+def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
+                  data: str | None = None, steps: int = 1000, restarts: int = 2, artifacts: str | None = None,
+                  show_progress: bool = True) -> dict:
+    """Run R-GAP (or, where it cannot go, inverting gradients) on real images; fill result.verification['rgap']."""
+    device = resolve_device(device)
+    model, weights, images, source, loss = _input_setup(result, spec, samples, seed, data)
+    notes = [f"weights: {weights}", f"images: {source}"]
+    attack, outcome, reconstructions, stop = _attack_images(
+        model, images, tuple(result.input_shape), loss, device=device, seed=seed, steps=steps, restarts=restarts,
+        show_progress=show_progress)
+    if stop is not None:
+        notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Checked with the inverting-gradients "
+                     "optimisation attack (Geiping et al. 2020) instead, as R-GAP's authors did for ResNets.")
+        layers = []
         notes.append(f"optimisation budget: {steps} steps x {restarts} restarts")
     else:
-        with ProgressBar(samples, "R-GAP", enabled=show_progress) as per_sample:
-            outcome = rgap.run_rgap(model, images, device=device, seed=seed, loss=loss, progress=per_sample)
-        attack, reconstructions = "rgap", outcome.reconstructions
         notes.extend(outcome.notes)
         layers = [{"name": s.name, "unknowns": s.unknowns, "rank": s.rank, "local_deficit": s.local_deficit,
                    "residual": _finite(s.residual), "condition": _finite(s.condition)} for s in outcome.layers]
@@ -183,12 +208,10 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     return images, source
 
 
-def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str = "random", aux: str | None = None,
-                  device: str = "auto", seed: int = 0, show_progress: bool = True) -> dict:
-    """Run GDBR on real labelled digits from one shared layer's gradient; fill result.verification['gdbr']."""
+def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
+    """The shared layer GDBR reads, the model with the paper's bottom-layer init, those layers, the aux inputs."""
     from rankaudit.verify import gdbr
 
-    device = resolve_device(device)
     layer = _gdbr_layer(result)
     if len(result.input_shape) != 3:
         raise UsageError(f"--verify gdbr feeds images; this model's input shape is {result.input_shape}",
@@ -200,14 +223,30 @@ def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str
     bottom = [name for name in bottom if isinstance(model.get_submodule(name), (nn.Linear, nn.Conv2d))]
     gdbr.init_like_paper(model, bottom, seed=seed)
     aux_images, aux_source = _aux_images(aux, tuple(result.input_shape), seed)
+    return layer, model, bottom, aux_images, aux_source
+
+
+def _run_gdbr(model, layer, result: Result, *, trials, class_dist, aux_images, device, seed, show_progress,
+              defense=None, title: str = ""):
+    from rankaudit.verify import gdbr
+
     try:
-        with ProgressBar(trials, "GDBR", enabled=show_progress) as per_trial:
-            outcome = gdbr.run_gdbr(model, layer, result.batch_size, trials=trials, class_dist=class_dist,
-                                    aux=aux_images, device=device, seed=seed, progress=per_trial,
-                                    input_shape=tuple(result.input_shape))
+        with ProgressBar(trials, f"GDBR{title}", enabled=show_progress) as per_trial:
+            return gdbr.run_gdbr(model, layer, result.batch_size, trials=trials, class_dist=class_dist,
+                                 aux=aux_images, device=device, seed=seed, progress=per_trial,
+                                 input_shape=tuple(result.input_shape), defense=defense)
     except gdbr.GDBRUnsupported as exc:
         raise ModelLoadError(f"GDBR cannot read {layer}: {exc.reason} (at {exc.layer})",
                              "share another hidden layer with --shared-layers") from exc
+
+
+def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str = "random", aux: str | None = None,
+                  device: str = "auto", seed: int = 0, show_progress: bool = True) -> dict:
+    """Run GDBR on real labelled digits from one shared layer's gradient; fill result.verification['gdbr']."""
+    device = resolve_device(device)
+    layer, model, bottom, aux_images, aux_source = _label_setup(result, spec, seed, aux)
+    outcome = _run_gdbr(model, layer, result, trials=trials, class_dist=class_dist, aux_images=aux_images,
+                        device=device, seed=seed, show_progress=show_progress)
     verification = {
         "shared_layer": layer, "batch_size": result.batch_size, "ins_acc": outcome.ins_acc,
         "cls_acc": outcome.cls_acc, "trials": outcome.trials, "seconds": round(outcome.seconds, 3),
@@ -218,5 +257,260 @@ def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str
         "weights": f"random; {', '.join(bottom)} initialised uniform on [0.01, 0.2] as in GDBR (bias 0)",
         "per_trial_ins_acc": [round(t["ins_acc"], 4) for t in outcome.per_trial],
     }
+    # InsAcc of a random-class batch is high even for an attacker who reads nothing; say what that level is.
+    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
+    verification.update(chance_ins_acc=chance, beats_chance=bool(outcome.ins_acc > chance))
     result.verification["gdbr"] = verification
     return verification
+
+
+# --------------------------------------------------------------------------- --defense: the attacks against defenses
+
+# An input attack is degraded when its median MSE at least doubles and leaves the near-perfect zone; it fails when
+# the MSE passes the threshold the verifier reads as a poor reconstruction.
+DEGRADED_MSE_FACTOR = 2.0
+# A label attack is degraded when it loses at least this share of the batch's labels (and at least one label).
+DEGRADED_INS_ACC_DROP = 0.05
+WARMUP_SEED_OFFSET = 104_729
+
+
+def _rms(tensors) -> float:
+    tensors = list(tensors)
+    total = sum(float(t.double().pow(2).sum()) for t in tensors)
+    count = sum(t.numel() for t in tensors)
+    return math.sqrt(total / count) if count else 0.0
+
+
+def _strength_note(defense, rms: float, what: str) -> str | None:
+    """Puts σ in the gradient's own units: absolute noise means nothing without the scale it is added to."""
+    if defense.name != "noise" or rms <= 0:
+        return None
+    return f"σ = {defense.param:g} is {defense.param / rms:.3g}× the RMS of {what} ({rms:.3g})"
+
+
+def _input_warmup(model: nn.Module, input_shape, loss: str, rounds: int, seed: int) -> list[dict]:
+    """The gradients of `rounds` earlier rounds on other images: crops of the photographs under another seed."""
+    from rankaudit.verify import data as image_data, rgap
+
+    if rounds == 0:
+        return []
+    images, _ = image_data.load_images(None, tuple(input_shape), rounds, seed + WARMUP_SEED_OFFSET)
+    gen = torch.Generator().manual_seed(seed + WARMUP_SEED_OFFSET)
+    with torch.no_grad():
+        classes = model(images[:1].to(torch.float64)).numel()
+    grads = []
+    for image in images.to(torch.float64):
+        if loss == "logistic":
+            y = 1 if torch.rand((), generator=gen) < 0.5 else -1
+        else:
+            y = int(torch.randint(classes, (), generator=gen))
+        grads.append(rgap.client_gradients(model, image, y, loss))
+    return grads
+
+
+def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int, seed: int) -> list[dict]:
+    """The gradients of `rounds` earlier rounds on other digit batches (seeds no trial uses)."""
+    from rankaudit.verify import gdbr
+
+    if rounds == 0:
+        return []
+    shape = tuple(result.input_shape)
+    with torch.no_grad():
+        classes = model(torch.zeros((1, *shape))).shape[1]
+    grads = []
+    for j in range(rounds):
+        images, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist,
+                                           seed=seed * 1000 + WARMUP_SEED_OFFSET + j)
+        grads.append(gdbr.client_gradient(model, images, labels))
+    return grads
+
+
+def _first_batch_gradient(model: nn.Module, result: Result, class_dist: str, seed: int) -> dict:
+    """The client's gradient on the first trial's victim batch (for the scale of the shared gradient)."""
+    from rankaudit.verify import gdbr
+
+    shape = tuple(result.input_shape)
+    with torch.no_grad():
+        classes = model(torch.zeros((1, *shape))).shape[1]
+    images, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000)
+    return gdbr.client_gradient(model, images, labels)
+
+
+def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: int, seed: int) -> float:
+    """InsAcc of an attacker who reads nothing and guesses equal counts per class, on the same victim batches."""
+    from rankaudit.verify import gdbr
+
+    shape = tuple(result.input_shape)
+    with torch.no_grad():
+        classes = model(torch.zeros((1, *shape))).shape[1]
+    used = min(int(classes), 10)
+    guess = gdbr.largest_remainder(torch.ones(used), result.batch_size)
+    scores = []
+    for t in range(trials):
+        _, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000 + t)
+        scores.append(gdbr.ins_acc(guess, torch.bincount(labels, minlength=used)))
+    return statistics.median(scores)
+
+
+def _input_rows(result, spec, defenses, *, samples, seed, device, data, steps, restarts, show_progress,
+                optimisation=False) -> list[dict]:
+    from rankaudit.verify import rgap
+
+    model, _, images, source, loss = _input_setup(result, spec, samples, seed, data)
+    shape = tuple(result.input_shape)
+    first = rgap.client_gradients(model, images[0], 1 if loss == "logistic" else 0, loss)
+    warmups = [_input_warmup(model, shape, loss, defense.options.get("warmup", 0), seed) for defense in defenses]
+    try:
+        rgap.extract_chain(model, shape)
+        passes = [False, True] if optimisation else [False]
+    except rgap.RGapUnsupported:
+        passes = [False]  # the optimisation attack is the only one anyway
+    rows = []
+    for forced in passes:
+        attack, base, _, stop = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
+                                               restarts=restarts, show_progress=show_progress,
+                                               title=" without defense", optimisation=forced)
+        for defense, warmup in zip(defenses, warmups):
+            # A fresh client per attack: the noise the two attacks face is the same draw.
+            _, outcome, _, _ = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
+                                              restarts=restarts, show_progress=show_progress,
+                                              defense=defense.client(seed, warmup), title=f" vs {defense.label}",
+                                              optimisation=forced)
+            rows.append(_input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps,
+                                   restarts))
+    return rows
+
+
+def _input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps, restarts) -> dict:
+    without, with_ = base.median_mse, outcome.median_mse
+    notes = [note for note in (_strength_note(defense, _rms(first.values()), "the client's gradient"),) if note]
+    if not math.isfinite(with_):
+        notes.append("the reconstruction's error overflowed (reported as n/a): the attack output is meaningless")
+    attack_notes = []
+    if attack == "rgap":
+        failed = sum(1 for note in outcome.notes if "R-GAP failed on the defended gradient" in note)
+        if failed:
+            notes.append(f"R-GAP found no solution for {failed} of {len(images)} defended gradients "
+                         "(scored as all-zero images)")
+        attack_notes.append("exact algebra: any change to the gradient breaks it, so a defense that stops R-GAP may "
+                            "still leave an optimisation attack a good approximation")
+    elif stop is not None and "asked for" not in stop.reason:
+        attack_notes.append(f"R-GAP stops at {stop.layer}, so inverting gradients ({steps} steps x {restarts} "
+                            "restarts) attacks instead")
+    if defense.name == "adadefense" and defense.options.get("warmup"):
+        notes.append(f"the client's moments come from {defense.options['warmup']} earlier rounds on other images")
+    return {
+        "defense": defense.name, "param": defense.param, "spec": defense.spec, "label": defense.label,
+        "description": defense.description, "options": dict(defense.options),
+        "attack": attack, "metric": "median_mse", "without": _finite(without), "with": _finite(with_),
+        "psnr_without": _finite(base.median_psnr), "psnr_with": _finite(outcome.median_psnr),
+        "mse_without": [_finite(m) for m in base.mse], "mse_with": [_finite(m) for m in outcome.mse],
+        "degrades": bool(with_ >= DEGRADED_MSE_FACTOR * without and with_ > CONFIRM_EXPOSED_BELOW),
+        "fails_without": bool(without > CONFIRM_PROTECTED_ABOVE), "fails_with": bool(with_ > CONFIRM_PROTECTED_ABOVE),
+        "samples": len(images), "images": source, "loss": loss, "device": outcome.device,
+        "seconds": round(sum(outcome.seconds), 3), "notes": notes, "attack_notes": attack_notes,
+    }
+
+
+def _label_rows(result, spec, defenses, *, trials, class_dist, aux, seed, device, show_progress) -> list[dict]:
+    layer, model, _, aux_images, aux_source = _label_setup(result, spec, seed, aux)
+    base = _run_gdbr(model, layer, result, trials=trials, class_dist=class_dist, aux_images=aux_images,
+                     device=device, seed=seed, show_progress=show_progress, title=" without defense")
+    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
+    shared_rms = _rms([_first_batch_gradient(model, result, class_dist, seed)[f"{layer}.weight"]])
+    drop = max(DEGRADED_INS_ACC_DROP, 1.0 / result.batch_size)
+    rows = []
+    for defense in defenses:
+        warmup = _label_warmup(model, result, class_dist, defense.options.get("warmup", 0), seed)
+        outcome = _run_gdbr(model, layer, result, trials=trials, class_dist=class_dist, aux_images=aux_images,
+                            device=device, seed=seed, show_progress=show_progress, defense=defense.client(seed, warmup),
+                            title=f" vs {defense.label}")
+        notes = [note for note in (_strength_note(defense, shared_rms, f"{layer}'s weight gradient"),) if note]
+        if defense.name == "adadefense" and defense.options.get("warmup"):
+            notes.append(f"the client's moments come from {defense.options['warmup']} earlier rounds on other "
+                         "batches")
+        attack_notes = [f"chance level: guessing equal counts per class, reading nothing, scores InsAcc "
+                        f"{chance:.1%} on these batches"]
+        rows.append({
+            "defense": defense.name, "param": defense.param, "spec": defense.spec, "label": defense.label,
+            "description": defense.description, "options": dict(defense.options),
+            "attack": "gdbr", "metric": "ins_acc", "without": base.ins_acc, "with": outcome.ins_acc,
+            "cls_acc_without": base.cls_acc, "cls_acc_with": outcome.cls_acc, "chance": chance,
+            "per_trial_without": [round(t["ins_acc"], 4) for t in base.per_trial],
+            "per_trial_with": [round(t["ins_acc"], 4) for t in outcome.per_trial],
+            "degrades": bool(base.ins_acc - outcome.ins_acc >= drop - 1e-12),
+            "fails_without": bool(base.ins_acc <= chance), "fails_with": bool(outcome.ins_acc <= chance),
+            "shared_layer": layer, "batch_size": result.batch_size, "trials": trials, "class_dist": class_dist,
+            "features_from": aux_source, "device": outcome.device, "seconds": round(outcome.seconds, 3),
+            "notes": notes, "attack_notes": attack_notes,
+        })
+    return rows
+
+
+def verify_defenses(result: Result, spec: str, defenses: list, *, attacks=("rgap",), samples: int = 4,
+                    seed: int = 0, device: str = "auto", data: str | None = None, steps: int = 1000,
+                    restarts: int = 2, trials: int = 5, class_dist: str = "random", aux: str | None = None,
+                    optimisation: bool = False, training: bool = True, training_rounds: int | None = None,
+                    training_clients: int | None = None, show_progress: bool = True) -> dict:
+    """Run each requested attack without and with every defense; fill result.verification['defenses'].
+
+    ``defenses``: :class:`rankaudit.verify.defenses.Defense` objects (``parse_defense("noise:0.01")``).
+    ``attacks``: the attacks the user asked for, ``"rgap"`` and/or ``"gdbr"``; the other arguments mean what they
+    mean for :func:`verify_inputs` (``samples``, ``data``, ``steps``, ``restarts``) and :func:`verify_labels`
+    (``trials``, ``class_dist``, ``aux``), so call this with the same values to attack the same images and
+    batches: the baseline ("without") is re-run here on them, the defended runs see only the defended gradient.
+    ``optimisation``: where R-GAP runs, also attack every defense with inverting gradients (``steps`` x
+    ``restarts``; slow on a CPU, about 10 s per image and restart for CNN6). R-GAP is exact algebra and breaks
+    under any perturbation, so its failure alone overstates a defense; the optimisation attack degrades gracefully.
+
+    Sets ``result.verification["defenses"]``: one row per (defense, attack) with ``defense``, ``param``, ``spec``,
+    ``label``, ``attack`` ("rgap" | "inverting-gradients" | "gdbr"), ``metric`` ("median_mse" | "ins_acc"),
+    ``without``, ``with``, ``degrades`` (MSE at least doubled and above 1e-3; InsAcc down by at least
+    max(0.05, 1/B)), ``fails_without``/``fails_with`` (MSE > 1e-2; InsAcc no better than guessing equal counts,
+    ``chance``), PSNR or ClsAcc both ways, per-sample/per-trial figures, ``notes`` (about this defense) and
+    ``attack_notes`` (about the attack, the same in every row of that attack). When AdaDefense is among the
+    defenses and ``training`` is true, also ``result.verification["adadefense_training"]`` = {``rounds``,
+    ``clients``, ``accuracy_without``, ``accuracy_with``, ...}: FedAvg on scikit-learn digits with and without
+    the stand-in (:func:`rankaudit.verify.defenses.fedavg_accuracy`, about 4 s each). Returns both as a dict.
+    """
+    from rankaudit.verify import defenses as defense_lib
+
+    unknown = [a for a in attacks if a not in ("rgap", "gdbr")]
+    if unknown:
+        raise UsageError(f"cannot attack defenses with {', '.join(map(str, unknown))}", "use rgap and/or gdbr")
+    defenses = list(defenses)
+    out: dict = {}
+    if not defenses:
+        return out
+    device = resolve_device(device)
+    rows: list[dict] = []
+    if "rgap" in attacks:
+        rows += _input_rows(result, spec, defenses, samples=samples, seed=seed, device=device, data=data,
+                            steps=steps, restarts=restarts, show_progress=show_progress, optimisation=optimisation)
+    if "gdbr" in attacks:
+        rows += _label_rows(result, spec, defenses, trials=trials, class_dist=class_dist, aux=aux, seed=seed,
+                            device=device, show_progress=show_progress)
+    result.verification["defenses"] = rows
+    out["defenses"] = rows
+    ada = next((d for d in defenses if d.name == "adadefense"), None)
+    if ada is not None and training:
+        kwargs = {"rounds": training_rounds or defense_lib.FEDAVG_ROUNDS,
+                  "clients": training_clients or defense_lib.FEDAVG_CLIENTS, "seed": seed}
+        with ProgressBar(2, "FedAvg with and without AdaDefense", enabled=show_progress) as bar:
+            plain = defense_lib.fedavg_accuracy(None, **kwargs)
+            bar.update()
+            defended = defense_lib.fedavg_accuracy(ada, **kwargs)
+            bar.update()
+        training_row = {
+            "rounds": plain["rounds"], "clients": plain["clients"], "local_steps": plain["local_steps"],
+            "local_lr": plain["local_lr"], "batch_size": plain["batch_size"],
+            "accuracy_without": plain["accuracy"], "accuracy_with": defended["accuracy"],
+            "accuracy_cost": plain["accuracy"] - defended["accuracy"],
+            "server_lr_without": plain["server_lr"], "server_lr_with": defended["server_lr"],
+            "defense": ada.spec, "model": plain["model"], "data": plain["data"], "seed": seed,
+            "train_accuracy_without": plain["train_accuracy"], "train_accuracy_with": defended["train_accuracy"],
+            "seconds": round(plain["seconds"] + defended["seconds"], 3),
+        }
+        result.verification["adadefense_training"] = training_row
+        out["adadefense_training"] = training_row
+    return out
