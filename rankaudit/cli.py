@@ -82,13 +82,16 @@ def _names(value: str | None) -> list[str] | None:
               show_default=True, help="Class mix of GDBR's victim batches.")
 @click.option("--aux", metavar="dummy|normal|digits|DIR|FILE.npy",
               help="GDBR's stand-in inputs (default: dummies uniform on [0,1], the images' range).")
+@click.option("--defense", "defenses", multiple=True, metavar="NAME[:PARAM]",
+              help="Also run the --verify attacks against a defended gradient: noise[:sigma], prune[:fraction], "
+                   "adadefense[:beta2|eps]. Repeatable.")
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, shared_layers,
           withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, skip_non_models, debug):
+          class_dist, aux, defenses, skip_non_models, debug):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -98,6 +101,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec
 
+    if defenses and not verify:
+        raise UsageError("--defense needs an attack to defend against", "add --verify rgap and/or --verify gdbr")
     given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "shared_layers", "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     results, exit_code = [], EXIT_PASS
@@ -113,7 +118,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             if verify:
                 _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
                                steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
-                               several=len(models) > 1, show_progress=not quiet)
+                               defenses=defenses, several=len(models) > 1, show_progress=not quiet)
         except NoModelInFile as exc:
             if skip_non_models:
                 if verbose:
@@ -196,7 +201,7 @@ def _write(text: str, output: str | None):
 
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
-                   several, show_progress):
+                   defenses, several, show_progress):
     try:
         from rankaudit.verify import runner
         import PIL  # noqa: F401 - the verifier's images need Pillow
@@ -211,6 +216,13 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
     if "gdbr" in attacks:
         runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
                              show_progress=show_progress)
+    if defenses:
+        from rankaudit.verify.defenses import parse_defense
+
+        parsed = [parse_defense(text) for text in defenses]  # a bad spec is a UsageError: exit 2
+        runner.verify_defenses(result, spec, parsed, attacks=attacks, samples=samples, seed=seed, device=device,
+                               data=data, steps=steps, trials=trials, class_dist=class_dist, aux=aux,
+                               show_progress=show_progress)
 
 
 def _use_color(stream) -> bool:

@@ -94,3 +94,22 @@ def test_user_data_and_bad_data(run_cli, tmp_path):
     assert "digits.npy" in verification["images"] and verification["median_mse"] < 1e-8
     code, _, err = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--data", tmp_path / "missing")
     assert code == 2 and err.startswith("rankaudit: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_defense_flag_errors(run_cli):
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--defense", "noise")
+    assert code == 2 and "--defense needs an attack" in err
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rgap", "--defense", "prune:90")
+    assert code == 2 and "prune:0.9" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rgap", "--defense", "blur")
+    assert code == 2 and err.startswith("rankaudit: error:")
+
+
+def test_adadefense_defeats_gdbr_on_lenet10_and_shows_the_training_cost(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "lenet10.py", "--withheld-layers", "fc2", "--verify", "gdbr", "-b", "64",
+                           "--defense", "adadefense", "--format", "json")
+    verification = json.loads(out)["verification"]
+    row = next(r for r in verification["defenses"] if r["defense"] == "adadefense" and r["attack"] == "gdbr")
+    assert row["without"] >= 0.9 and row["with"] < row["chance"] < row["without"] and row["degrades"]
+    training = verification["adadefense_training"]
+    assert training["accuracy_without"] > 0.95 and abs(training["accuracy_with"] - training["accuracy_without"]) < 0.02
