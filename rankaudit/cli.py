@@ -1,6 +1,7 @@
 """Thin click layer: parse, call, print, exit code."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -154,7 +155,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["table", "json", "html"]), default="table",
+              show_default=True, help="html: the model's full report with the suggestions as a section.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
 def suggest_command(model, input_shape, batch_size, top, output_format, output, debug):
@@ -163,8 +165,16 @@ def suggest_command(model, input_shape, batch_size, top, output_format, output, 
     from rankaudit.suggest import suggest
 
     report = suggest(model, input_shape=input_shape, batch_size=batch_size)
-    text = (design.render_json(design.suggest_dict(report, top)) if output_format == "json"
-            else design.suggest_table(report, top))
+    if output_format == "html":
+        from rankaudit.audit import audit
+        from rankaudit.report import html
+
+        result = audit(model, input_shape=input_shape, batch_size=batch_size)
+        shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
+        text = html.render([result], suggestions={result.model: shown})
+    else:
+        text = (design.render_json(design.suggest_dict(report, top)) if output_format == "json"
+                else design.suggest_table(report, top))
     _write(text, output)
     return EXIT_PASS
 

@@ -117,3 +117,12 @@ def test_narrowing_fig2_a_gives_fig2_b():
     assert (edit.ra_i, edit.critical_layer, edit.verdict) == (fig2_b.ra_i, fig2_b.critical_layer, "protected") == \
         (405, "conv1", "protected")
     assert edit.delta_params == fig2_b.parameters - audit(str(EXAMPLES / "fig2_a.py")).parameters
+
+
+def test_suggest_html_is_a_section_of_the_report(run_cli, tmp_path):
+    page = tmp_path / "review.html"
+    code, _, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "4", "--format", "html", "-o", page)
+    text = page.read_text()
+    assert code == 0 and "Design suggestions" in text and "Accuracy is not measured" in text
+    assert text.count("<code>layer2.0</code>") == 1 and "-7808" in text and "http" not in text
+    assert "RA_i per layer" in text  # the rest of the model's report is there too

@@ -183,7 +183,7 @@ def _leakage(result: Result) -> dict | None:
             "withheld": [b.name for b in leakage.layers if not b.shared], "layers": leakage.layers}
 
 
-def _model(result: Result, index: int, base_dir: Path | None) -> dict:
+def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
     critical = result.critical_row
@@ -203,6 +203,7 @@ def _model(result: Result, index: int, base_dir: Path | None) -> dict:
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
         "defenses": _defenses(verification),
+        "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
         "has_projection": any(n.kind == "projection"
                               for n in (result.architecture.nodes if result.architecture else [])),
@@ -211,11 +212,12 @@ def _model(result: Result, index: int, base_dir: Path | None) -> dict:
     }
 
 
-def render(results: list[Result], *, base_dir: str | Path | None = None) -> str:
+def render(results: list[Result], *, base_dir: str | Path | None = None, suggestions: dict | None = None) -> str:
     """One HTML document for all `results`. Relative image paths in a verification resolve against `base_dir`
-    (default: the working directory)."""
+    (default: the working directory). `suggestions` maps a result's model to its SuggestReport (rankaudit
+    suggest), shown as a section of that model's report."""
     base = Path(base_dir) if base_dir is not None else None
-    models = [_model(result, i + 1, base) for i, result in enumerate(results)]
+    models = [_model(result, i + 1, base, (suggestions or {}).get(result.model)) for i, result in enumerate(results)]
     css = files("rankaudit.templates").joinpath("report.css").read_text(encoding="utf-8")
     if "</style" in css.lower():
         raise ValueError("report.css must not contain '</style'")
