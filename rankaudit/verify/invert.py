@@ -311,7 +311,7 @@ def invert_gradients(
             # does not depend on what ran before it or on the global RNG state.
             generator = torch.Generator().manual_seed(_mix_seed(seed, restart))
             start = torch.rand(sample_shape, generator=generator, dtype=dtype) * (high - low) + low
-            return _single_restart(
+            return _optimise(
                 attacked_model, parameters, targets, start.to(run_device), label, spec.kind,
                 budget, lr, tv_weight, tv_until, (low, high), signed_gradients, tolerance, counter,
             )
@@ -379,31 +379,7 @@ class _StepCounter:
             self.progress(self.total, self.total)
 
 
-def _single_restart(
-    model: nn.Module,
-    parameters: list[torch.Tensor],
-    targets: list[torch.Tensor],
-    start: torch.Tensor,
-    label: int,
-    kind: str,
-    steps: int,
-    lr: float,
-    tv_weight: float,
-    tv_until: float,
-    bounds: tuple[float, float],
-    signed_gradients: bool,
-    tolerance: float,
-    counter: _StepCounter,
-) -> tuple[torch.Tensor, float, float]:
-    """One Adam run from ``start``; returns (best x, its gradient distance, the starting distance)."""
-    # The attack differentiates twice, so it must work even when called under torch.no_grad().
-    with torch.enable_grad():
-        return _optimise(
-            model, parameters, targets, start, label, kind, steps, lr, tv_weight, tv_until,
-            bounds, signed_gradients, tolerance, counter,
-        )
-
-
+@torch.enable_grad()  # the attack differentiates twice, so it must work even when called under torch.no_grad()
 def _optimise(
     model: nn.Module,
     parameters: list[torch.Tensor],
@@ -420,6 +396,7 @@ def _optimise(
     tolerance: float,
     counter: _StepCounter,
 ) -> tuple[torch.Tensor, float, float]:
+    """One Adam run from ``start``; returns (best x, its gradient distance, the starting distance)."""
     x_hat = start.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([x_hat], lr=lr)
     milestones = sorted({max(1, int(steps * fraction)) for fraction in (3 / 8, 5 / 8, 7 / 8)})
