@@ -120,17 +120,11 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                 _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
                                steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet)
-        except NoModelInFile as exc:
-            if skip_non_models:
+        except RankauditError as exc:
+            if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
                     click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
                 continue
-            if debug:
-                raise
-            _error(f"{spec}: {exc}")
-            exit_code = max(exit_code, exc.exit_code)
-            continue
-        except RankauditError as exc:
             if debug:
                 raise
             _error(f"{spec}: {exc}")
