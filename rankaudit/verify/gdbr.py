@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rankaudit.verify import AttackUnsupported
+
 __all__ = [
     "CLASS_DISTRIBUTIONS",
     "ESTIMATORS",
@@ -54,13 +56,8 @@ _PASS_METHODS = {"view", "reshape", "flatten", "contiguous"}
 _SHAPE_QUERIES = {"size", "dim", "numel"}
 
 
-class GDBRUnsupported(Exception):
+class GDBRUnsupported(AttackUnsupported):
     """The gradient bridge cannot reach the logits from the shared layer; ``layer`` names what stops it."""
-
-    def __init__(self, layer: str, reason: str):
-        self.layer = layer
-        self.reason = reason
-        super().__init__(f"{layer}: {reason}")
 
 
 @dataclass(frozen=True)

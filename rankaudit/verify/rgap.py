@@ -15,6 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
+from rankaudit.verify import AttackUnsupported
+
 __all__ = [
     "RGapUnsupported",
     "Step",
@@ -38,13 +40,8 @@ _MAX_DENSE_ENTRIES = 80_000_000
 _MAX_SPATIAL = 4_096
 
 
-class RGapUnsupported(Exception):
+class RGapUnsupported(AttackUnsupported):
     """The model is outside what R-GAP can invert; the caller falls back to an optimisation attack."""
-
-    def __init__(self, layer: str, reason: str):
-        self.layer = layer
-        self.reason = reason
-        super().__init__(f"{layer}: {reason}")
 
 
 @dataclass(frozen=True)
