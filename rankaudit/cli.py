@@ -214,19 +214,20 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
                          'pip install "rankaudit[verify]"') from exc
     if artifacts and several:
         artifacts = str(Path(artifacts) / Path(spec.rsplit(":", 1)[0]).stem)
-    if "rgap" in attacks:
-        runner.verify_inputs(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
-                             artifacts=artifacts, show_progress=show_progress)
-    if "gdbr" in attacks:
-        runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
-                             show_progress=show_progress)
+    parsed = []
     if defenses:
         from rankaudit.verify.defenses import parse_defense
 
         parsed = [parse_defense(text) for text in defenses]  # a bad spec is a UsageError: exit 2
-        runner.verify_defenses(result, spec, parsed, attacks=attacks, samples=samples, seed=seed, device=device,
-                               data=data, steps=steps, trials=trials, class_dist=class_dist, aux=aux,
-                               show_progress=show_progress)
+    # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
+    if "rgap" in attacks:
+        runner.verify_inputs(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
+                             artifacts=artifacts, show_progress=show_progress, defenses=parsed)
+    if "gdbr" in attacks:
+        runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
+                             show_progress=show_progress, defenses=parsed)
+    if parsed:
+        runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
 
 
 def _use_color(stream) -> bool:

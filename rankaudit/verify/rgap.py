@@ -712,7 +712,7 @@ def _solve_layer(step: Step, w4, b, grad_w, z_out, k_out):
     and weight rows is needed.
     """
     sysm = _LayerSystem(step, w4, k_out)
-    dev, dt = w4.device, w4.dtype
+    dt = w4.dtype
     c, h, w = sysm.c, sysm.h, sysm.w
     g_rhs = sysm.grad_rhs(grad_w.to(dt))
     u, s, vh, r = _svd_g(sysm)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import statistics
 from pathlib import Path
 
@@ -131,16 +132,48 @@ def _attack_images(model: nn.Module, images: torch.Tensor, input_shape: tuple[in
     return "rgap", outcome, outcome.reconstructions, None
 
 
-def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
-                  data: str | None = None, steps: int = 1000, restarts: int = 2, artifacts: str | None = None,
-                  show_progress: bool = True) -> dict:
-    """Run R-GAP (or, where it cannot go, inverting gradients) on real images; fill result.verification['rgap']."""
-    device = resolve_device(device)
+@dataclass
+class _InputRun:
+    """The undefended input attack: its model, images and outcome, reused by every defended run."""
+
+    model: nn.Module
+    weights: str
+    images: torch.Tensor
+    source: str
+    loss: str
+    attack: str
+    outcome: object
+    reconstructions: torch.Tensor
+    stop: object | None
+
+
+def _input_run(result: Result, spec: str, *, samples: int, seed: int, device: str, data: str | None, steps: int,
+               restarts: int, show_progress: bool, title: str = "") -> _InputRun:
     model, weights, images, source, loss = _input_setup(result, spec, samples, seed, data)
-    notes = [f"weights: {weights}", f"images: {source}"]
     attack, outcome, reconstructions, stop = _attack_images(
         model, images, tuple(result.input_shape), loss, device=device, seed=seed, steps=steps, restarts=restarts,
-        show_progress=show_progress)
+        show_progress=show_progress, title=title)
+    return _InputRun(model, weights, images, source, loss, attack, outcome, reconstructions, stop)
+
+
+def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
+                  data: str | None = None, steps: int = 1000, restarts: int = 2, artifacts: str | None = None,
+                  show_progress: bool = True, defenses: list = ()) -> dict:
+    """Run R-GAP (or, where it cannot go, inverting gradients) on real images; fill result.verification['rgap'].
+
+    With `defenses`, also attack each defended gradient on the same images and add the rows to
+    result.verification['defenses'] (as verify_defenses does), without running the undefended attack again.
+    """
+    device = resolve_device(device)
+    run = _input_run(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
+                     restarts=restarts, show_progress=show_progress)
+    if defenses:
+        result.verification.setdefault("defenses", []).extend(
+            _input_rows(result, run, list(defenses), seed=seed, device=device, steps=steps, restarts=restarts,
+                        show_progress=show_progress))
+    weights, images, source, loss = run.weights, run.images, run.source, run.loss
+    attack, outcome, reconstructions, stop = run.attack, run.outcome, run.reconstructions, run.stop
+    notes = [f"weights: {weights}", f"images: {source}"]
     if stop is not None:
         notes.append(f"R-GAP stops at {stop.layer}: {stop.reason}. Checked with the inverting-gradients "
                      "optimisation attack (Geiping et al. 2020) instead, as R-GAP's authors did for ResNets.")
@@ -240,13 +273,44 @@ def _run_gdbr(model, layer, result: Result, *, trials, class_dist, aux_images, d
                              "share another hidden layer with --shared-layers") from exc
 
 
-def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str = "random", aux: str | None = None,
-                  device: str = "auto", seed: int = 0, show_progress: bool = True) -> dict:
-    """Run GDBR on real labelled digits from one shared layer's gradient; fill result.verification['gdbr']."""
-    device = resolve_device(device)
+@dataclass
+class _LabelRun:
+    """The undefended GDBR run: its model, stand-in inputs, outcome and chance level, reused by defended runs."""
+
+    layer: str
+    model: nn.Module
+    bottom: list[str]
+    aux_images: torch.Tensor | None
+    aux_source: str
+    outcome: object
+    chance: float
+
+
+def _label_run(result: Result, spec: str, *, trials: int, class_dist: str, aux: str | None, seed: int, device: str,
+               show_progress: bool, title: str = "") -> _LabelRun:
     layer, model, bottom, aux_images, aux_source = _label_setup(result, spec, seed, aux)
     outcome = _run_gdbr(model, layer, result, trials=trials, class_dist=class_dist, aux_images=aux_images,
-                        device=device, seed=seed, show_progress=show_progress)
+                        device=device, seed=seed, show_progress=show_progress, title=title)
+    # InsAcc of a random-class batch is high even for an attacker who reads nothing; say what that level is.
+    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
+    return _LabelRun(layer, model, bottom, aux_images, aux_source, outcome, chance)
+
+
+def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str = "random", aux: str | None = None,
+                  device: str = "auto", seed: int = 0, show_progress: bool = True, defenses: list = ()) -> dict:
+    """Run GDBR on real labelled digits from one shared layer's gradient; fill result.verification['gdbr'].
+
+    With `defenses`, also run GDBR on each defended gradient of the same batches and add the rows to
+    result.verification['defenses'], without running the undefended attack again.
+    """
+    device = resolve_device(device)
+    run = _label_run(result, spec, trials=trials, class_dist=class_dist, aux=aux, seed=seed, device=device,
+                     show_progress=show_progress)
+    if defenses:
+        result.verification.setdefault("defenses", []).extend(
+            _label_rows(result, run, list(defenses), trials=trials, class_dist=class_dist, seed=seed, device=device,
+                        show_progress=show_progress))
+    layer, bottom, aux_source, outcome, chance = run.layer, run.bottom, run.aux_source, run.outcome, run.chance
     verification = {
         "shared_layer": layer, "batch_size": result.batch_size, "ins_acc": outcome.ins_acc,
         "cls_acc": outcome.cls_acc, "trials": outcome.trials, "seconds": round(outcome.seconds, 3),
@@ -257,8 +321,6 @@ def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str
         "weights": f"random; {', '.join(bottom)} initialised uniform on [0.01, 0.2] as in GDBR (bias 0)",
         "per_trial_ins_acc": [round(t["ins_acc"], 4) for t in outcome.per_trial],
     }
-    # InsAcc of a random-class batch is high even for an attacker who reads nothing; say what that level is.
-    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
     verification.update(chance_ins_acc=chance, beats_chance=bool(outcome.ins_acc > chance))
     result.verification["gdbr"] = verification
     return verification
@@ -352,11 +414,11 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
     return statistics.median(scores)
 
 
-def _input_rows(result, spec, defenses, *, samples, seed, device, data, steps, restarts, show_progress,
+def _input_rows(result, run: _InputRun, defenses, *, seed, device, steps, restarts, show_progress,
                 optimisation=False) -> list[dict]:
     from rankaudit.verify import rgap
 
-    model, _, images, source, loss = _input_setup(result, spec, samples, seed, data)
+    model, images, source, loss = run.model, run.images, run.source, run.loss
     shape = tuple(result.input_shape)
     first = rgap.client_gradients(model, images[0], 1 if loss == "logistic" else 0, loss)
     warmups = [_input_warmup(model, shape, loss, defense.options.get("warmup", 0), seed) for defense in defenses]
@@ -367,9 +429,12 @@ def _input_rows(result, spec, defenses, *, samples, seed, device, data, steps, r
         passes = [False]  # the optimisation attack is the only one anyway
     rows = []
     for forced in passes:
-        attack, base, _, stop = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
-                                               restarts=restarts, show_progress=show_progress,
-                                               title=" without defense", optimisation=forced)
+        if forced:  # the optimisation attack where R-GAP ran: its own undefended baseline
+            attack, base, _, stop = _attack_images(model, images, shape, loss, device=device, seed=seed,
+                                                   steps=steps, restarts=restarts, show_progress=show_progress,
+                                                   title=" without defense", optimisation=True)
+        else:
+            attack, base, stop = run.attack, run.outcome, run.stop
         for defense, warmup in zip(defenses, warmups):
             # A fresh client per attack: the noise the two attacks face is the same draw.
             _, outcome, _, _ = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
@@ -412,11 +477,9 @@ def _input_row(defense, attack, base, outcome, images, source, loss, first, stop
     }
 
 
-def _label_rows(result, spec, defenses, *, trials, class_dist, aux, seed, device, show_progress) -> list[dict]:
-    layer, model, _, aux_images, aux_source = _label_setup(result, spec, seed, aux)
-    base = _run_gdbr(model, layer, result, trials=trials, class_dist=class_dist, aux_images=aux_images,
-                     device=device, seed=seed, show_progress=show_progress, title=" without defense")
-    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
+def _label_rows(result, run: _LabelRun, defenses, *, trials, class_dist, seed, device, show_progress) -> list[dict]:
+    layer, model, aux_images, aux_source = run.layer, run.model, run.aux_images, run.aux_source
+    base, chance = run.outcome, run.chance
     shared_rms = _rms([_first_batch_gradient(model, result, class_dist, seed)[f"{layer}.weight"]])
     drop = max(DEGRADED_INS_ACC_DROP, 1.0 / result.batch_size)
     rows = []
@@ -473,8 +536,6 @@ def verify_defenses(result: Result, spec: str, defenses: list, *, attacks=("rgap
     ``clients``, ``accuracy_without``, ``accuracy_with``, ...}: FedAvg on scikit-learn digits with and without
     the stand-in (:func:`rankaudit.verify.defenses.fedavg_accuracy`, about 4 s each). Returns both as a dict.
     """
-    from rankaudit.verify import defenses as defense_lib
-
     unknown = [a for a in attacks if a not in ("rgap", "gdbr")]
     if unknown:
         raise UsageError(f"cannot attack defenses with {', '.join(map(str, unknown))}", "use rgap and/or gdbr")
@@ -485,17 +546,35 @@ def verify_defenses(result: Result, spec: str, defenses: list, *, attacks=("rgap
     device = resolve_device(device)
     rows: list[dict] = []
     if "rgap" in attacks:
-        rows += _input_rows(result, spec, defenses, samples=samples, seed=seed, device=device, data=data,
-                            steps=steps, restarts=restarts, show_progress=show_progress, optimisation=optimisation)
+        run = _input_run(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
+                         restarts=restarts, show_progress=show_progress, title=" without defense")
+        rows += _input_rows(result, run, defenses, seed=seed, device=device, steps=steps, restarts=restarts,
+                            show_progress=show_progress, optimisation=optimisation)
     if "gdbr" in attacks:
-        rows += _label_rows(result, spec, defenses, trials=trials, class_dist=class_dist, aux=aux, seed=seed,
-                            device=device, show_progress=show_progress)
+        run = _label_run(result, spec, trials=trials, class_dist=class_dist, aux=aux, seed=seed, device=device,
+                         show_progress=show_progress, title=" without defense")
+        rows += _label_rows(result, run, defenses, trials=trials, class_dist=class_dist, seed=seed, device=device,
+                            show_progress=show_progress)
     result.verification["defenses"] = rows
     out["defenses"] = rows
+    if training:
+        training_row = verify_training_cost(result, defenses, seed=seed, rounds=training_rounds,
+                                            clients=training_clients, show_progress=show_progress)
+        if training_row is not None:
+            out["adadefense_training"] = training_row
+    return out
+
+
+def verify_training_cost(result: Result, defenses: list, *, seed: int = 0, rounds: int | None = None,
+                         clients: int | None = None, show_progress: bool = True) -> dict | None:
+    """When AdaDefense is among `defenses`: FedAvg with and without its stand-in, in
+    result.verification['adadefense_training']; None otherwise."""
+    from rankaudit.verify import defenses as defense_lib
+
     ada = next((d for d in defenses if d.name == "adadefense"), None)
-    if ada is not None and training:
-        kwargs = {"rounds": training_rounds or defense_lib.FEDAVG_ROUNDS,
-                  "clients": training_clients or defense_lib.FEDAVG_CLIENTS, "seed": seed}
+    if ada is not None:
+        kwargs = {"rounds": rounds or defense_lib.FEDAVG_ROUNDS, "clients": clients or defense_lib.FEDAVG_CLIENTS,
+                  "seed": seed}
         with ProgressBar(2, "FedAvg with and without AdaDefense", enabled=show_progress) as bar:
             plain = defense_lib.fedavg_accuracy(None, **kwargs)
             bar.update()
@@ -512,5 +591,5 @@ def verify_defenses(result: Result, spec: str, defenses: list, *, attacks=("rgap
             "seconds": round(plain["seconds"] + defended["seconds"], 3),
         }
         result.verification["adadefense_training"] = training_row
-        out["adadefense_training"] = training_row
-    return out
+        return training_row
+    return None
