@@ -7,6 +7,7 @@ from rankaudit import findings
 from rankaudit.analysis import analyze
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
+from rankaudit.ops import Role
 from rankaudit.result import Result
 from rankaudit.trace import trace_model
 
@@ -16,7 +17,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     if shared_layers and withheld_layers:
         raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
     names = [traced.record(n).name for n in traced.order
-             if traced.record(n).counting.role.value == "layer" and traced.record(n).counting.weights]
+             if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights]
     named = list(shared_layers or withheld_layers or [])
     unknown = [name for name in named if name not in names]
     if unknown:
