@@ -78,18 +78,24 @@ class OpFamily:
     # module, function or method name called. Meta kernels of many ops are Python and import half of torch
     # on first use (about a second); a formula costs microseconds.
     shape: Callable[[Any, tuple, dict], tuple | None] | None = None
+    # Spec §9: does the op's local Jacobian depend (smoothly) on its forward input? Then the backward pass
+    # through it reads the forward tensor, and the bound's flow network gets an edge t -> δ(in). Linear maps
+    # with fixed weights and piecewise-linear maps (ReLU, max-pool) do not; unknown ops are assumed to (sound).
+    input_dependent_jacobian: bool = False
 
 
+FAMILIES: dict[str, OpFamily] = {}  # key -> family: what a NodeRecord's `family` names
 MODULES: dict[type, OpFamily] = {}
 FUNCTIONS: dict[Any, OpFamily] = {}
 METHODS: dict[str, OpFamily] = {}
 ATEN: dict[str, OpFamily] = {}
 
 
-def register(key: str, handler: Callable[[OpFacts], Counting], *, shape=None, modules=(), functions=(), methods=(),
-             aten=()):
+def register(key: str, handler: Callable[[OpFacts], Counting], *, shape=None, input_dependent_jacobian=False,
+             modules=(), functions=(), methods=(), aten=()):
     """Declare one op family with every spelling it has in fx (modules, functions, methods) and export (aten)."""
-    family = OpFamily(key, handler, shape)
+    family = OpFamily(key, handler, shape, input_dependent_jacobian)
+    FAMILIES[key] = family
     for module_type in modules:
         MODULES[module_type] = family
     for function in functions:
@@ -464,7 +470,7 @@ register("reshape", _transparent,
          aten=("view", "_unsafe_view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
                "squeeze", "unsqueeze", "contiguous", "clone", "dropout", "alias", "_to_copy", "to",
                "constant_pad_nd", "pad", "movedim", "lift_fresh_copy", "detach"))
-register("monotonic", _transparent, shape=same_shape,
+register("monotonic", _transparent, shape=same_shape, input_dependent_jacobian=True,
          modules=(nn.LeakyReLU, nn.PReLU, nn.ELU, nn.Sigmoid, nn.Tanh, nn.Softplus),
          functions=(F.leaky_relu, F.elu, F.softplus, torch.sigmoid, torch.tanh, F.sigmoid, F.tanh, F.prelu,
                     torch.prelu),
@@ -476,7 +482,7 @@ register("relu_family", _non_injective, shape=same_shape,
          functions=(F.relu, torch.relu, F.relu6, F.hardtanh, F.relu_, torch.relu_, torch.clamp, torch.clip),
          methods=("relu", "relu_", "clamp", "clamp_", "clip"),
          aten=("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "clamp", "clamp_", "clamp_min", "clip"))
-register("norm", _transparent, shape=same_shape,
+register("norm", _transparent, shape=same_shape, input_dependent_jacobian=True,
          modules=(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                   nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.GroupNorm),
          functions=(F.batch_norm, F.instance_norm, F.group_norm),
@@ -493,7 +499,8 @@ register("cat", _cat, shape=_cat_shape, functions=(torch.cat, torch.concat, torc
          aten=("cat", "concat"))
 register("stack", _cat, functions=(torch.stack,), aten=("stack",))
 
-UNMODELLED = OpFamily("not_modelled", _unmodelled)
+UNMODELLED = OpFamily("not_modelled", _unmodelled, input_dependent_jacobian=True)
+FAMILIES[UNMODELLED.key] = UNMODELLED
 
 
 def family_of(kind: str, target: Any) -> OpFamily:

@@ -97,6 +97,18 @@ class Architecture:
 
 
 @dataclass
+class Identifiability:
+    """Spec §9: an upper bound on rank(∂g/∂x) from a min cut of the traced graph; the verdict follows it."""
+
+    unknowns: int                   # n = B·|x|
+    rank_bound: int                 # R = max flow: rank(∂g/∂x) <= R for every weight value and every attack
+    certified_deficit: int          # max(n - R, 0): input directions no gradient can see, to first order
+    recoverable_fraction: float     # R / n, capped at 1
+    bottleneck: list[str]           # tensors and gradients on the min cut
+    verdict: str                    # protected (certified deficit > 0) | exposed
+
+
+@dataclass
 class PolicyOutcome:
     fail_on: str
     min_ra: int | None
@@ -122,6 +134,7 @@ class Result:
     summary: str = ""                   # one sentence: RA-i, critical layer, verdict and meaning
     policy: PolicyOutcome | None = None
     label_leakage: LabelLeakage | None = None
+    identifiability: Identifiability | None = None
     architecture: Architecture | None = None
     # Filled by the verifier: {"rgap": {...}, "gdbr": {...}} in the JSON shapes the README documents.
     verification: dict = field(default_factory=dict)
