@@ -164,6 +164,10 @@ class _GraphBuilder:
         if not tensors:
             self.traced.add(node.name)  # e.g. x.size(0): traced, but no tensor to count
             return
+        if not any(a.name in self.records for a in traced_args):
+            # Reads only the input's shape, e.g. cls_token.expand(x.shape[0], -1, -1): its values do not depend
+            # on the input, so it carries no unknowns and is no row (spec §5).
+            return
         operand_shapes = [torch.Size(v.shape) for v in _traced_operand_values(node, args, kwargs, self.traced)]
         if isinstance(value, torch.Tensor):
             output_shape, output_numel = tuple(value.shape), value.numel()
