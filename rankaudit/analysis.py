@@ -115,6 +115,36 @@ def _architecture(traced: TracedModel, merges: dict[str, _Merge], shortcut_layer
     return Architecture(list(kept.values()), edges)
 
 
+def gate_operands(traced: TracedModel, node_id: str) -> set[str]:
+    """Operands of a product of data tensors that only scale the other one (an SE gate, attention weights).
+
+    The data operand has the product's shape; the others are broadcast or contracted into it. A product of
+    equal shapes (GLU-style gating) names no gate: either operand may be the data.
+    """
+    record = traced.record(node_id)
+    operands = list(dict.fromkeys(record.inputs))
+    if len(operands) < 2 or record.counting.role in (Role.ADD, Role.CAT) or record.output_shape is None:
+        return set()
+    if record.counting.gates is not None:
+        return {operands[i] for i in record.counting.gates if i < len(operands)}
+    shaped = {o: traced.record(o).output_shape for o in operands}
+    data = [o for o, shape in shaped.items() if shape == record.output_shape]
+    return {o for o in operands if o not in data} if data else set()
+
+
+def _data_path(traced: TracedModel) -> set[str]:
+    """Records that reach an output other than only through a gate operand (spec §5: the rest are side)."""
+    reaches: set[str] = set(traced.output_ids)
+    for node_id in reversed(traced.order):
+        if node_id in reaches:
+            continue
+        for consumer in traced.successors.get(node_id, ()):
+            if consumer in reaches and node_id not in gate_operands(traced, consumer):
+                reaches.add(node_id)
+                break
+    return reaches
+
+
 def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_name: str = "",
             input_shape: tuple[int, ...] = ()) -> Result:
     """Count every layer as spec §1–§6 says and find the network's RA-i and critical layer."""
@@ -130,7 +160,15 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
             block_of.setdefault(layer_id, merge.block.name)  # innermost block first: merges run in order
 
     B = batch_size
-    virtual: dict[str, int] = {}
+    # Spec §5: V(t) is the sum of s_ℓ over the *set* of layers upstream of t, each counted once however many
+    # paths reach it (summing the operands' V at every merge counts shared history twice per merge).
+    terms: dict[str, frozenset] = {}
+    term_value: dict[str, int] = {}
+
+    def virtual_of(node: str | None) -> int:
+        return sum(term_value[t] for t in terms.get(node, ()))
+
+    on_data_path = _data_path(traced)
     unknowns: dict[str, int] = {}
     own_weights: dict[str, int] = {}
     rows: list[LayerRow] = []
@@ -140,7 +178,7 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
         counting = record.counting
         primary = record.inputs[0] if record.inputs else None
         if node_id == traced.input_id:
-            virtual[node_id], unknowns[node_id] = 0, record.output_numel
+            terms[node_id], unknowns[node_id] = frozenset(), record.output_numel
             continue
         if counting.caveat:
             caveats.append(Caveat("RA101", record.name, record.op, counting.caveat, record.source))
@@ -154,43 +192,49 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
             caveats.append(Caveat("RA105", record.name, record.op,
                                   f"{counting.frozen_params} frozen parameters (requires_grad=False) share no "
                                   "gradient and are not counted", record.source))
+        gates = gate_operands(traced, node_id)
+        upstream = frozenset().union(*(terms.get(i, frozenset()) for i in record.inputs if i not in gates))
         if counting.role is Role.LAYER:
             own_weights[node_id] = counting.weights
             x = unknowns.get(primary, 0)
             z = record.output_numel
-            v_in = virtual.get(primary, 0)
+            v_in = virtual_of(primary)
             if node_id in shortcut_layers:
                 # A shortcut projection is only observed summed with the main path: no row of its own.
-                virtual[node_id], unknowns[node_id] = v_in, z
+                terms[node_id], unknowns[node_id] = terms.get(primary, frozenset()), z
                 continue
             folded = folded_into.get(node_id, [])
             weights = counting.weights + sum(traced.record(s).counting.weights for s in folded)
             ra = B * x - weights - B * z - v_in
-            virtual[node_id] = v_in + max(B * z - B * x, 0) - max(B * x - B * z - weights, 0)
+            term_value[node_id] = max(B * z - B * x, 0) - max(B * x - B * z - weights, 0)
+            terms[node_id] = upstream | {node_id}
             unknowns[node_id] = z
             dense = counting.dense_candidate and counting.out_features is not None and B <= counting.out_features
             rows.append(LayerRow(record.name, record.op, B * x, weights, B * z, v_in, ra, dense,
                                  block=block_of.get(node_id), folded=[traced.record(s).name for s in folded],
                                  own_weights=counting.weights, reported_params=counting.reported_params,
-                                 frozen_params=counting.frozen_params, node=node_id, source=record.source))
+                                 frozen_params=counting.frozen_params, node=node_id, source=record.source,
+                                 side=node_id not in on_data_path))
         elif counting.role is Role.ADD and node_id in merges:
             merge = merges[node_id]
             x1, f = unknowns[merge.block.fork], record.output_numel
             w_last = own_weights.get(merge.last_layer, 0) if merge.last_layer else 0
             w_proj = sum(own_weights.get(s, 0) for s in merge.shortcut_ids)
-            # Appendix D: the skip carries x1 forward, so only a deficient block as a whole passes a deficit on.
-            virtual[node_id] = (virtual[merge.block.fork] + max(B * f - B * x1, 0)
-                                - max(B * x1 - B * f - w_last - w_proj, 0))
+            # Appendix D: the skip carries x1 forward, so only a deficient block as a whole passes a deficit on;
+            # the block's term replaces those of the layers inside it.
+            block_term = f"block:{node_id}"
+            term_value[block_term] = max(B * f - B * x1, 0) - max(B * x1 - B * f - w_last - w_proj, 0)
+            terms[node_id] = terms[merge.block.fork] | {block_term}
             unknowns[node_id] = f
         elif counting.role is Role.CAT:
-            virtual[node_id] = sum(virtual.get(i, 0) for i in record.inputs)
+            terms[node_id] = upstream
             unknowns[node_id] = sum(unknowns.get(i, 0) for i in record.inputs)
         else:  # transparent, or an add with nothing to fold
-            virtual[node_id] = virtual.get(primary, 0)
+            terms[node_id] = upstream
             passes = counting.passes_unknowns and counting.role is Role.TRANSPARENT and primary in unknowns
             unknowns[node_id] = unknowns[primary] if passes else record.output_numel
 
-    candidates = [row for row in rows if not row.dense]
+    candidates = [row for row in rows if not row.dense and not row.side]
     ra_i, critical_layer = None, None
     if candidates:
         critical = max(candidates, key=lambda row: row.ra_i)  # max() keeps the first: nearest the input

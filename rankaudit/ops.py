@@ -1,6 +1,7 @@
 """Registry: op kind -> how it counts (one small handler per op family)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ class Counting:
     non_injective: bool = False      # ReLU-like: a zero output removes a weight constraint
     passes_unknowns: bool = True     # transparent ops: the unknowns of the input flow through
     caveat: str | None = None        # set for ops the spec does not model
+    # Positions, among the traced operands, that only weight the others (attention's q and k): a layer that
+    # reaches the loss only through them is a side branch (spec §5). None: decided from the shapes.
+    gates: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,12 @@ def not_modelled(f: OpFacts, why: str | None = None) -> Counting:
 
 def _unmodelled(f: OpFacts) -> Counting:
     return not_modelled(f)
+
+
+def _attention(f: OpFacts) -> Counting:
+    """softmax(q kᵀ) v: the output is the data v mixed by weights that q and k only set."""
+    counting = not_modelled(f, "attention (softmax(q kᵀ) v) is not modelled")
+    return dataclasses.replace(counting, gates=(0, 1))
 
 
 
@@ -498,6 +508,10 @@ register("scale", _scale, shape=broadcast_shape,
 register("cat", _cat, shape=_cat_shape, functions=(torch.cat, torch.concat, torch.concatenate),
          aten=("cat", "concat"))
 register("stack", _cat, functions=(torch.stack,), aten=("stack",))
+register("attention", _attention, shape=lambda target, args, kwargs: tuple(args[0].shape[:-1]) + (args[2].shape[-1],),
+         input_dependent_jacobian=True, functions=(F.scaled_dot_product_attention,),
+         aten=("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention"))
 
 UNMODELLED = OpFamily("not_modelled", _unmodelled, input_dependent_jacobian=True)
 FAMILIES[UNMODELLED.key] = UNMODELLED

@@ -34,6 +34,7 @@ class LayerRow:
     frozen_params: int = 0
     node: str = ""                    # the traced graph node
     source: str | None = None         # file:line that calls this layer
+    side: bool = False                # reaches the loss only through a gate or a statistic: never critical (§5)
 
 
 @dataclass

@@ -1,0 +1,135 @@
+"""Spec §9: flow network over the traced graph, max flow / min cut -> an upper bound on rank(∂g/∂x)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from rankaudit import ops
+from rankaudit.ops import Role
+from rankaudit.result import Identifiability
+from rankaudit.trace import NodeRecord, TracedModel
+
+SOURCE, SINK = "source", "sink"
+# Merges by sum or concatenation pass δ through unchanged: a parameter they add receives δ(out) only.
+_ADDITIVE_ROLES = (Role.ADD, Role.CAT)
+
+
+@dataclass(frozen=True)
+class GradientSource:
+    """One shared gradient the server receives: a parameter (or, without parameter names, a layer's weights)."""
+
+    name: str          # qualified parameter name: conv1.weight, cls_token
+    numel: int
+    owner: str         # the record name of the op that reads it
+    owner_is_layer: bool
+
+
+def gradient_sources(record: NodeRecord) -> list[GradientSource]:
+    """The trainable parameters this traced op reads directly: each is a gradient the client may send."""
+    is_layer = record.counting.role is Role.LAYER
+    direct = getattr(record, "direct_params", None)
+    if direct is not None:
+        return [GradientSource(name, numel, record.name, is_layer) for name, numel in direct if numel]
+    # Older traces without parameter names: a layer's counted weights plus whatever the op reports.
+    numel = record.counting.weights + (record.counting.reported_params - record.counting.frozen_params
+                                       if not is_layer else 0)
+    return [GradientSource(record.name, numel, record.name, is_layer)] if numel > 0 else []
+
+
+def shared_predicate(shared_layers: list[str] | None, withheld_layers: list[str] | None) -> Callable[[GradientSource], bool]:
+    """Which gradients are sent: all by default; with --shared-layers only those layers'; with
+    --withheld-layers everything else, directly used parameters (class token, norms) included."""
+    if shared_layers:
+        names = set(shared_layers)
+        return lambda source: source.owner in names or source.name in names
+    if withheld_layers:
+        names = set(withheld_layers)
+        return lambda source: source.owner not in names and source.name not in names
+    return lambda source: True
+
+
+class FlowNetwork:
+    """The §9 network of one traced model at batch size B; vertex capacities by splitting (v_in -> v_out)."""
+
+    def __init__(self, traced: TracedModel, batch_size: int, is_shared: Callable[[GradientSource], bool]):
+        import networkx as nx
+
+        self.traced = traced
+        self.batch_size = batch_size
+        self.graph = nx.DiGraph()
+        self.labels: dict[tuple[str, str], str] = {}   # split edge -> what the report calls it
+        self.gradients: dict[str, int] = {}            # gradient vertex -> capacity
+        self._build(is_shared)
+
+    # Vertex names: "t:<id>" forward tensor, "d:<id>" its backward twin δ, "g:<param>" a shared gradient.
+    def _split(self, vertex: str, capacity: int, label: str):
+        self.graph.add_edge(vertex + ":in", vertex + ":out", capacity=capacity)
+        self.labels[(vertex + ":in", vertex + ":out")] = label
+
+    def _edge(self, tail: str, head: str):
+        self.graph.add_edge(tail + ":out", head + ":in")  # no capacity attribute: unbounded in networkx
+
+    def _build(self, is_shared):
+        traced, B = self.traced, self.batch_size
+        for node_id in traced.order:
+            record = traced.record(node_id)
+            size = B * record.output_numel
+            self._split(f"t:{node_id}", size, record.name)
+            self._split(f"d:{node_id}", size, f"δ{record.name}")
+        self.graph.add_edge(SOURCE, f"t:{traced.input_id}:in")
+        for node_id in traced.order:
+            if node_id == traced.input_id:
+                continue
+            record = traced.record(node_id)
+            inputs = list(dict.fromkeys(record.inputs))
+            for operand in inputs:
+                self._edge(f"t:{operand}", f"t:{node_id}")      # forward data
+                self._edge(f"d:{node_id}", f"d:{operand}")      # backward: δ(out) -> δ(in)
+            family = ops.FAMILIES.get(record.family, ops.UNMODELLED)
+            if family.input_dependent_jacobian:
+                for operand in inputs:
+                    self._edge(f"t:{operand}", f"d:{operand}")
+            if len(inputs) >= 2 and record.counting.role not in _ADDITIVE_ROLES:
+                # A product of data tensors: δ of each operand is scaled by the others.
+                for operand in inputs:
+                    for other in inputs:
+                        if other != operand:
+                            self._edge(f"t:{other}", f"d:{operand}")
+            for source in gradient_sources(record):
+                if not is_shared(source):
+                    continue
+                vertex = f"g:{source.name}"
+                if vertex not in self.gradients:
+                    self.gradients[vertex] = source.numel
+                    self._split(vertex, source.numel, f"∇{source.name}")
+                    self.graph.add_edge(vertex + ":out", SINK)
+                self._edge(f"d:{node_id}", vertex)
+                if record.counting.role not in _ADDITIVE_ROLES:
+                    for operand in inputs[:1] if source.owner_is_layer else inputs:
+                        self._edge(f"t:{operand}", vertex)
+        for output_id in traced.output_ids:
+            self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
+
+    def min_cut(self) -> tuple[int, list[str]]:
+        """Max flow from the input to the gradients, and the tensors and gradients on one minimum cut."""
+        import networkx as nx
+        from networkx.algorithms.flow import boykov_kolmogorov
+
+        if not self.gradients:
+            return 0, []
+        value, (reachable, _) = nx.minimum_cut(self.graph, SOURCE, SINK, flow_func=boykov_kolmogorov)
+        cut = [label for (tail, head), label in self.labels.items() if tail in reachable and head not in reachable]
+        return int(value), cut
+
+
+def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
+                    withheld_layers: list[str] | None = None) -> Identifiability:
+    """rank(∂g/∂x) <= max flow; the verdict is `protected` only with a certified deficit (spec §9)."""
+    unknowns = batch_size * traced.record(traced.input_id).output_numel
+    network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
+    rank_bound, bottleneck = network.min_cut()
+    rank_bound = min(rank_bound, unknowns)
+    deficit = unknowns - rank_bound
+    return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=deficit,
+                           recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
+                           bottleneck=bottleneck, verdict="protected" if deficit > 0 else "exposed")
