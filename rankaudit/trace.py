@@ -9,7 +9,7 @@ import math
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,10 @@ class NodeRecord:
     output_shape: tuple[int, ...] | None
     inputs: list[str]                # ids of the traced operands, in argument order
     source: str | None = None        # file:line of the call in the model's code
+    # (qualified parameter name, trainable numel) of every parameter that reaches this op other than through
+    # another traced op: a module call's own parameters, and parameters among a function's arguments or behind
+    # untraced get_attr/expand/reshape chains (cls_token.expand(B, -1, -1) read by a cat). Frozen ones: numel 0.
+    direct_params: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -134,7 +138,9 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
 class _GraphBuilder:
     """Collects NodeRecords and their edges, whichever tracer produced the calls."""
 
-    def __init__(self):
+    def __init__(self, parameters_at=lambda node: ()):
+        # node -> [(qualified name, parameter)] that the node itself holds (get_attr in fx, placeholders in export)
+        self.parameters_at = parameters_at
         self.records: dict[str, NodeRecord] = {}
         self.successors: dict[str, list[str]] = {}
         self.order: list[str] = []
@@ -155,8 +161,23 @@ class _GraphBuilder:
         self._add(record)
         self.input_id = node_id
 
+    def direct_params(self, node: fx.Node, own: list[tuple[str, nn.Parameter]] = ()) -> list[tuple[str, int]]:
+        """Parameters reaching `node` without passing through a traced op: `own` first, then the untraced chains."""
+        found = {name: param for name, param in own}
+        seen, frontier = set(), list(node.all_input_nodes)
+        while frontier:
+            current = frontier.pop(0)
+            if current.name in seen or current.name in self.traced:
+                continue
+            seen.add(current.name)
+            for name, param in self.parameters_at(current):
+                found.setdefault(name, param)
+            frontier.extend(current.all_input_nodes)
+        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
+
     def add_call(self, node: fx.Node, kind: str, target: Any, display: str, name: str, module: nn.Module | None,
-                 args: tuple, kwargs: dict, value: Any, params: list[nn.Parameter], source: str | None):
+                 args: tuple, kwargs: dict, value: Any, params: list[nn.Parameter], source: str | None,
+                 own_params: list[tuple[str, nn.Parameter]] = ()):
         traced_args = [a for a in node.all_input_nodes if a.name in self.traced]
         if not traced_args:
             return  # depends on constants and parameters only: not part of the input's flow
@@ -179,7 +200,7 @@ class _GraphBuilder:
         counting = family.handler(facts)
         inputs = [a.name for a in traced_args if a.name in self.records]
         record = NodeRecord(node.name, self.unique_name(name), display, family.key, counting,
-                            output_numel, output_shape, inputs, source)
+                            output_numel, output_shape, inputs, source, self.direct_params(node, own_params))
         self._add(record)
 
     def _add(self, record: NodeRecord):
@@ -221,6 +242,21 @@ class _MetaShapeRecorder(fx.Interpreter):
         super().__init__(module)
         self.builder = builder
         self.calls: dict[str, int] = {}
+        # A tied parameter has one name however many modules hold it: the first, as named_parameters() gives it.
+        self.canonical = {id(p): name for name, p in module.named_parameters()}
+        builder.parameters_at = self.parameters_at
+
+    def parameter_name(self, parameter: nn.Parameter, fallback: str) -> str:
+        return self.canonical.get(id(parameter), fallback)
+
+    def parameters_at(self, node: fx.Node) -> list[tuple[str, nn.Parameter]]:
+        if node.op == "get_attr":
+            value = self.fetch_attr(node.target)
+            return [(self.parameter_name(value, node.target), value)] if isinstance(value, nn.Parameter) else []
+        if node.op == "call_module":
+            return [(self.parameter_name(p, f"{node.target}.{local}"), p)
+                    for local, p in self.fetch_attr(node.target).named_parameters()]
+        return []
 
     def _family(self, n: fx.Node) -> tuple[str, Any, ops.OpFamily | None]:
         if n.op == "call_module":
@@ -259,7 +295,9 @@ class _MetaShapeRecorder(fx.Interpreter):
             if n.op == "call_module":
                 module = self.fetch_attr(n.target)
                 self.builder.add_call(n, "module", module, type(module).__name__, n.target, module, args, kwargs,
-                                      value, list(module.parameters()), source)
+                                      value, list(module.parameters()), source,
+                                      [(self.parameter_name(p, f"{n.target}.{local}"), p)
+                                       for local, p in module.named_parameters()])
             elif n.op == "call_function":
                 display = getattr(n.target, "__name__", str(n.target))
                 self.builder.add_call(n, "function", n.target, display, n.name, None, args, kwargs, value,
@@ -326,7 +364,8 @@ def _trace_export(model: nn.Module, example: torch.Tensor) -> _GraphBuilder:
     user_inputs = list(signature.user_inputs)
     _check_single_input(user_inputs)
     named = dict(model.named_parameters())
-    builder = _GraphBuilder()
+    builder = _GraphBuilder(lambda node: [(parameter_of[node.name], named[parameter_of[node.name]])]
+                            if node.op == "placeholder" and node.name in parameter_of else [])
     values: dict[str, Any] = {}
     for n in exported.graph_module.graph.nodes:
         if n.op == "placeholder":
