@@ -5,6 +5,7 @@ import time
 
 from rankaudit import findings
 from rankaudit.analysis import analyze
+from rankaudit.bound import identifiability
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
 from rankaudit.ops import Role
@@ -32,7 +33,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
 
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
           fail_on: str = "exposed", min_ra: int | None = None, shared_layers: list[str] | None = None,
-          withheld_layers: list[str] | None = None) -> Result:
+          withheld_layers: list[str] | None = None, max_recoverable: float | None = None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device."""
     if batch_size < 1:
         raise UsageError(f"batch size {batch_size} is not positive", "give --batch-size 1 or more")
@@ -45,7 +46,13 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     if not result.layers:
         raise ModelLoadError(f"found no layer to count in {spec} (no conv, linear, pooling or similar op "
                              "depends on the input)", "check that forward() uses the input tensor")
-    findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra,
-                            shared_layers=_shared_set(traced, shared_layers, withheld_layers))
+    if max_recoverable is not None and not 0 <= max_recoverable <= 1:
+        raise UsageError(f"--max-recoverable {max_recoverable:g} is not a fraction",
+                         "give a number between 0 and 1, e.g. --max-recoverable 0.5")
+    shared = _shared_set(traced, shared_layers, withheld_layers)
+    result.identifiability = identifiability(traced, batch_size, shared_layers=shared_layers,
+                                             withheld_layers=withheld_layers)
+    findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
+                            max_recoverable=max_recoverable)
     result.seconds = time.perf_counter() - started
     return result

@@ -25,15 +25,19 @@ class GradientSource:
 
 
 def gradient_sources(record: NodeRecord) -> list[GradientSource]:
-    """The trainable parameters this traced op reads directly: each is a gradient the client may send."""
-    is_layer = record.counting.role is Role.LAYER
+    """The shared-gradient candidates this traced op reads: a layer's counted weights (one vertex per module,
+    however often it is called: the gradient is summed over the calls), or the parameters a non-layer op uses
+    directly (class token, position embedding, norm scale)."""
+    counting = record.counting
+    if counting.role is Role.LAYER:
+        name = record.name.split("#")[0]
+        return [GradientSource(name, counting.weights, name, True)] if counting.weights else []
     direct = getattr(record, "direct_params", None)
     if direct is not None:
-        return [GradientSource(name, numel, record.name, is_layer) for name, numel in direct if numel]
-    # Older traces without parameter names: a layer's counted weights plus whatever the op reports.
-    numel = record.counting.weights + (record.counting.reported_params - record.counting.frozen_params
-                                       if not is_layer else 0)
-    return [GradientSource(record.name, numel, record.name, is_layer)] if numel > 0 else []
+        return [GradientSource(name, numel, record.name, False) for name, numel in direct if numel]
+    # Without parameter names: every trainable parameter the op reports, as one vertex.
+    numel = counting.reported_params - counting.frozen_params
+    return [GradientSource(record.name, numel, record.name, False)] if numel > 0 else []
 
 
 def shared_predicate(shared_layers: list[str] | None, withheld_layers: list[str] | None) -> Callable[[GradientSource], bool]:

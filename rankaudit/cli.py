@@ -61,6 +61,9 @@ def _names(value: str | None) -> list[str] | None:
 @click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
               show_default=True, help="Exit 1 when the verdict is this bad or worse.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
+@click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
+              help="Exit 1 when the bound lets more than this fraction of the input's directions be recovered "
+                   "(rank bound / unknowns).")
 @click.option("--shared-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="Only these layers' gradients are sent (label-leakage finding); default: all.")
 @click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
@@ -90,8 +93,8 @@ def _names(value: str | None) -> list[str] | None:
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
-def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, shared_layers,
-          withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
+def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
+          shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
           class_dist, aux, defenses, skip_non_models, debug):
     """Count constraints per layer, find the critical layer and give a verdict.
 
@@ -104,7 +107,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 
     if defenses and not verify:
         raise UsageError("--defense needs an attack to defend against", "add --verify rgap and/or --verify gdbr")
-    given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "shared_layers", "withheld_layers")
+    given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "max_recoverable", "shared_layers",
+                               "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     results, exit_code = [], EXIT_PASS
     for spec in models:
@@ -114,7 +118,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                 else getattr(settings, name)  # noqa: E731
             result = audit(spec, input_shape=pick("input_shape", input_shape),
                            batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
-                           min_ra=pick("min_ra", min_ra), shared_layers=pick("shared_layers", shared_layers),
+                           min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
+                           shared_layers=pick("shared_layers", shared_layers),
                            withheld_layers=pick("withheld_layers", withheld_layers))
             if verify:
                 _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,

@@ -14,7 +14,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-TOP_KEYS = {"fail-on", "min-ra", "batch-size", "shared-layers", "withheld-layers", "models"}
+TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -25,6 +25,7 @@ class Settings:
     source: Path | None = None
     fail_on: str | None = None
     min_ra: int | None = None
+    max_recoverable: float | None = None
     batch_size: int | None = None
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
@@ -101,6 +102,11 @@ def load_settings(model_path: Path) -> Settings:
         settings.fail_on = table["fail-on"]
     if "min-ra" in table:
         settings.min_ra = _positive_int(pyproject, "min-ra", table["min-ra"])
+    if "max-recoverable" in table:
+        value = table["max-recoverable"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            _bad(pyproject, "max-recoverable", "a fraction between 0 and 1, e.g. 0.5")
+        settings.max_recoverable = float(value)
     if "batch-size" in table:
         settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
     if "shared-layers" in table:

@@ -1,29 +1,46 @@
 """Verdict, policy and model-level caveats from the counted Result."""
 from __future__ import annotations
 
+from rankaudit.bound import identifiability
 from rankaudit.ops import Role
-from rankaudit.result import Caveat, LabelLeakage, LayerBridge, PolicyOutcome, Result
+from rankaudit.result import Caveat, Identifiability, LabelLeakage, LayerBridge, PolicyOutcome, Result
 from rankaudit.trace import TracedModel
 
 FAIL_ON_CHOICES = ("never", "exposed", "boundary")
 
-MEANING = {
-    "exposed": "the gradients over-determine the input of every layer: a server can reconstruct the client's "
-               "input completely",
-    "boundary": "the critical layer has exactly as many constraints as unknowns: a complete reconstruction is "
-                "on the edge of possible",
-    "protected": "some layer has more unknowns than constraints: a complete reconstruction is impossible, though "
-                 "a partial one may still leak (protected is not the same as private)",
+# R-GAP's index (spec §4): where its closed-form recursion stops. It no longer gives the verdict.
+RA_MEANING = {
+    "exposed": "R-GAP's closed form over-determines the input of every layer and reconstructs it layer by layer",
+    "boundary": "R-GAP's closed form has exactly as many constraints as unknowns at the critical layer",
+    "protected": "R-GAP's closed-form recursion stops at the critical layer (more unknowns than constraints there)",
 }
-ALL_DENSE_MEANING = ("every layer is dense (no weight sharing): each layer's input is recoverable from its own "
-                     "gradient, so a server can reconstruct the client's input completely")
+ALL_DENSE_MEANING = "every layer is dense (no weight sharing): R-GAP recovers each layer's input from its own gradient"
 
 
-def verdict_for(ra_i: int | None) -> str:
-    """Spec §4: RA-i < 0 exposed, = 0 boundary, > 0 protected; no non-dense layer at all is exposed."""
+def ra_verdict(ra_i: int | None) -> str:
+    """Spec §4's reading of RA-i: < 0 exposed, = 0 boundary, > 0 protected; no non-dense layer is exposed."""
     if ra_i is None or ra_i < 0:
         return "exposed"
     return "boundary" if ra_i == 0 else "protected"
+
+
+def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str | None) -> str:
+    """What the verdict means, in one sentence (spec §9)."""
+    if bound.verdict == "protected":
+        return (f"at least {bound.certified_deficit:,} input directions leave every shared gradient unchanged (to "
+                f"first order), whatever the attack: no complete reconstruction, though up to "
+                f"{bound.recoverable_fraction:.1%} of the input's directions may still be recovered (protected is "
+                "not the same as private)")
+    if ra_i is not None and ra_i > 0:
+        return (f"no cut through the graph stops the shared gradient from determining the input; R-GAP's closed "
+                f"form stops at {critical_layer}, but optimisation attacks are not stopped")
+    return "no cut through the graph stops the shared gradient from determining the input: a server can reconstruct it"
+
+
+def _ra_sentence(result: Result) -> str:
+    if result.ra_i is None:
+        return f"RA-i undefined: {ALL_DENSE_MEANING}."
+    return f"RA-i {result.ra_i} at {result.critical_layer}: {RA_MEANING[ra_verdict(result.ra_i)]}."
 
 
 def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None]],
@@ -42,33 +59,49 @@ def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None
     return caveats
 
 
-def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None = None) -> PolicyOutcome:
-    """Exit-code policy: fail on a verdict at or below `fail_on`, or on RA-i below `min_ra`."""
+def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None = None,
+                    max_recoverable: float | None = None) -> PolicyOutcome:
+    """Exit-code policy: fail on a verdict at or below `fail_on`, on RA-i below `min_ra`, or on a recoverable
+    fraction bound R/n above `max_recoverable`."""
     reasons = []
     failing = {"never": (), "exposed": ("exposed",), "boundary": ("exposed", "boundary")}[fail_on]
     if result.verdict in failing:
         reasons.append(f"verdict is {result.verdict} (--fail-on {fail_on})")
+    elif fail_on == "boundary" and ra_verdict(result.ra_i) != "protected":
+        # The bound has no boundary case: the stricter level also asks R-GAP's closed form to stop somewhere.
+        shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
+        reasons.append(f"RA-i {shown} <= 0: R-GAP's closed form is not stopped (--fail-on boundary)")
+    bound = result.identifiability
+    if max_recoverable is not None and bound is not None and bound.recoverable_fraction > max_recoverable:
+        reasons.append(f"up to {bound.recoverable_fraction:.2%} of the input's directions are recoverable, above "
+                       f"the allowed {max_recoverable:.2%} (--max-recoverable {max_recoverable:g})")
     if min_ra is not None and (result.ra_i is None or result.ra_i < min_ra):
         shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
         reasons.append(f"RA-i {shown} is below the required minimum {min_ra} (--min-ra)")
-    return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons)
+    return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
+                         max_recoverable=max_recoverable)
 
 
 def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = "exposed", min_ra: int | None = None,
-                   shared_layers: set[str] | None = None) -> Result:
-    """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`."""
+                   shared_layers: set[str] | None = None, max_recoverable: float | None = None) -> Result:
+    """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`.
+
+    The verdict follows the identifiability bound (spec §9) in `result.identifiability`, computed here with all
+    gradients shared when the caller did not compute it; RA-i stays R-GAP's index.
+    """
     non_injective = [(traced.record(n).name, traced.record(n).source) for n in traced.order
                      if traced.record(n).counting.non_injective]
-    result.verdict = verdict_for(result.ra_i)
-    result.meaning = ALL_DENSE_MEANING if result.ra_i is None else MEANING[result.verdict]
+    if result.identifiability is None:
+        result.identifiability = identifiability(traced, result.batch_size)
+    bound = result.identifiability
+    result.verdict = bound.verdict
+    result.meaning = bound_meaning(bound, result.ra_i, result.critical_layer)
     meaning = result.meaning[:1].upper() + result.meaning[1:]
-    if result.ra_i is None:
-        result.summary = f"RA-i undefined (every layer dense): {result.verdict}. {meaning}."
-    else:
-        result.summary = f"RA-i {result.ra_i} at {result.critical_layer}: {result.verdict}. {meaning}."
+    result.summary = (f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. {meaning}. "
+                      + _ra_sentence(result))
     result.caveats = _model_caveats(result, non_injective, traced.fallback_reason) + result.caveats
     result.label_leakage = label_leakage(traced, result, shared_layers)
-    result.policy = evaluate_policy(result, fail_on, min_ra)
+    result.policy = evaluate_policy(result, fail_on, min_ra, max_recoverable)
     return result
 
 

@@ -115,6 +115,7 @@ class PolicyOutcome:
     min_ra: int | None
     passed: bool
     reasons: list[str]
+    max_recoverable: float | None = None
 
 
 @dataclass

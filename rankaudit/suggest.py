@@ -1,4 +1,4 @@
-"""Design review: single architectural edits, each re-counted on the traced graph, ranked by the RA-i they reach."""
+"""Design review: single architectural edits, each re-counted and re-bounded on the traced graph, and ranked."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from rankaudit.analysis import analyze
+from rankaudit.bound import gradient_sources, identifiability
 from rankaudit.errors import RankauditError
-from rankaudit.findings import verdict_for
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
 from rankaudit.result import Result
@@ -27,9 +27,11 @@ class Suggestion:
     detail: str                # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str
+    verdict: str               # the identifiability bound's verdict on the edited model (spec §9)
     delta_params: int
     crosses_verdict: bool      # the verdict differs from the unedited model's
+    rank_bound: int = 0
+    certified_deficit: int = 0
 
 
 @dataclass
@@ -42,6 +44,11 @@ class SuggestReport:
     verdict: str
     suggestions: list[Suggestion]
     skipped: list[str] = field(default_factory=list)   # edits that could not be applied, and why
+    unknowns: int = 0
+    rank_bound: int = 0
+    certified_deficit: int = 0
+    certifying_batch: int | None = None        # smallest batch size with a certified deficit
+    certifying_withheld: list[str] | None = None  # layers whose gradients, kept back, give a certificate
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
 
@@ -195,48 +202,63 @@ def _stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tu
     return edits
 
 
-def _smallest_protecting_batch(traced: TracedModel, start: int, limit: int) -> tuple[int, Result] | None:
-    """Smallest B > start whose count is protected: a linear scan to 64, then doubling and a bisection."""
-    def protected(batch):
-        result = analyze(traced, batch)
-        return result if verdict_for(result.ra_i) == "protected" else None
+def smallest_certified_batch(traced: TracedModel, start: int = 1) -> int:
+    """Smallest B >= start with a certified deficit (spec §9).
 
-    for batch in range(start + 1, min(64, limit) + 1):
-        found = protected(batch)
-        if found:
-            return batch, found
-    low, high = 64, 128
-    while high <= limit and protected(high) is None:
-        low, high = high, high * 2
-    if high > limit:
-        return None
-    best = (high, protected(high))
+    Each extra sample adds |x| unknowns and at most |x| flow, so the deficit never shrinks as B grows: a
+    bisection finds the first B. Once B·|x| exceeds every shared gradient's size, the deficit is certain.
+    """
+    per_sample = traced.record(traced.input_id).output_numel
+    if identifiability(traced, start).certified_deficit:
+        return start
+    capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
+    low, high = start, max(start + 1, capacity // max(per_sample, 1) + 1)
     while high - low > 1:
         middle = (low + high) // 2
-        found = protected(middle)
-        if found:
-            high, best = middle, (middle, found)
+        if identifiability(traced, middle).certified_deficit:
+            high = middle
         else:
             low = middle
-    return best
+    return high
 
 
-def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-            max_batch: int = 65536) -> SuggestReport:
-    """Every single edit of EDITS that applies to the model, re-counted and ranked by the RA-i it reaches."""
+def certifying_withheld(traced: TracedModel, batch_size: int) -> list[str] | None:
+    """A small set of layers whose gradients, withheld, give a certified deficit; None if even all do not.
+
+    Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
+    a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.
+    """
+    names = list(dict.fromkeys(traced.record(n).name.split("#")[0] for n in traced.order
+                               if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights))
+    withheld: list[str] = []
+    bound = identifiability(traced, batch_size)
+    while not bound.certified_deficit:
+        candidates = [name for name in names if name not in withheld]
+        if not candidates:
+            return None
+        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name]), name) for name in candidates]
+        bound, best = min(trials, key=lambda trial: trial[0].rank_bound)
+        withheld.append(best)
+    return withheld
+
+
+def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1) -> SuggestReport:
+    """Every single edit of EDITS that applies to the model, re-counted and ranked by the certified deficit,
+    then by the RA-i it reaches."""
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
     traced = trace_model(loaded.module, loaded.input_shape)
     base = analyze(traced, batch_size)
-    base_verdict = verdict_for(base.ra_i)
+    base_bound = identifiability(traced, batch_size)
     skipped: list[str] = []
     suggestions = []
 
-    def add(edit, target, detail, edited, delta, batch=batch_size, counted=None):
-        result = counted or analyze(edited, batch)
-        verdict = verdict_for(result.ra_i)
-        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, verdict, delta,
-                                      verdict != base_verdict))
+    def add(edit, target, detail, edited, delta, batch=batch_size):
+        result = analyze(edited, batch)
+        bound = identifiability(edited, batch)
+        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, bound.verdict, delta,
+                                      bound.verdict != base_bound.verdict, bound.rank_bound,
+                                      bound.certified_deficit))
 
     for target, detail, edited, delta in _cut_skips(traced, base):
         add("cut-skip", target, detail, edited, delta)
@@ -246,14 +268,13 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
         add("stride", target, detail, edited, delta)
     for target, detail, edited, delta in _remove_bias_edits(traced):
         add("remove-bias", target, detail, edited, delta)
-    if base_verdict != "protected":
-        found = _smallest_protecting_batch(traced, batch_size, max_batch)
-        if found is None:
-            skipped.append(f"batch-size: no batch up to {max_batch} makes the model protected")
-        else:
-            batch, counted = found
-            add("batch-size", "batch", f"batch size {batch_size} -> {batch} (samples per shared gradient)",
-                traced, 0, batch=batch, counted=counted)
-    suggestions.sort(key=lambda s: (s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
-    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_verdict,
-                         suggestions, skipped, seconds=time.perf_counter() - started)
+    certifying_batch = smallest_certified_batch(traced, batch_size)
+    if certifying_batch != batch_size:
+        add("batch-size", "batch", f"batch size {batch_size} -> {certifying_batch} (samples per shared gradient)",
+            traced, 0, batch=certifying_batch)
+    suggestions.sort(key=lambda s: (-s.certified_deficit, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
+    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_bound.verdict,
+                         suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
+                         certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
+                         certifying_withheld=certifying_withheld(traced, batch_size),
+                         seconds=time.perf_counter() - started)

@@ -162,8 +162,13 @@ def test_boundary_policy(run_cli, tmp_path):
             "INPUT_SHAPE = (1, 3, 3)\n")
     path = write(tmp_path, "edge.py", body)
     code, out, _ = run_cli(path, "--format", "json")
-    assert code == 0 and json.loads(out)["verdict"] == "boundary" and json.loads(out)["ra_i"] == 0
-    assert run_cli(path, "--fail-on", "boundary")[0] == 1
+    payload = json.loads(out)
+    # The bound certifies a deficit: 5 gradient values (weight and bias) cannot pin 9 unknowns, so the verdict is
+    # protected; R-GAP's index sits at its boundary, which --fail-on boundary refuses.
+    assert code == 0 and payload["verdict"] == "protected" and payload["ra_i"] == 0
+    assert payload["identifiability"]["rank_bound"] == 5 and payload["identifiability"]["certified_deficit"] == 4
+    code, out, _ = run_cli(path, "--fail-on", "boundary")
+    assert code == 1 and "RA-i 0 <= 0" in out
 
 
 JSON_LAYER_KEYS = {"name", "op", "inputs", "weights", "outputs", "virtual", "ra_i", "dense", "critical", "block"}
@@ -201,7 +206,11 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
     lines = out.splitlines()
     critical = [line for line in lines if line.startswith(">")]
     assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
-    assert "RA-i 316 at conv2: protected." in out and "complete reconstruction is impossible" in out
+    closing = lines[lines.index(critical[0]) + 3:][:2]  # after the table: the bound's line, then RA-i's
+    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (min cut: ∇conv1, ∇conv2, ∇fc): protected.")
+    assert "At least 16 input directions leave every shared gradient unchanged" in closing[0]
+    assert closing[1] == ("RA-i 316 at conv2: R-GAP's closed-form recursion stops at the critical layer (more unknowns "
+                          "than constraints there).")
 
 
 def test_console_script_and_module_entry_points():

@@ -17,23 +17,42 @@ def _shown(value) -> str:
 def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
     return {"rankaudit_version": __version__, "model": report.model, "input_shape": list(report.input_shape),
             "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
-            "verdict": report.verdict, "note": report.note, "skipped": report.skipped,
+            "verdict": report.verdict, "unknowns": report.unknowns, "rank_bound": report.rank_bound,
+            "certified_deficit": report.certified_deficit, "certifying_batch": report.certifying_batch,
+            "certifying_withheld": report.certifying_withheld, "note": report.note, "skipped": report.skipped,
             "seconds": round(report.seconds, 3),
             "suggestions": [asdict(s) for s in report.suggestions[:top]]}
 
 
+def _certificates(report: SuggestReport) -> list[str]:
+    lines = [f"Smallest batch size with a certified deficit: {report.certifying_batch}"
+             + (" (the current one)." if report.certifying_batch == report.batch_size else ".")]
+    if report.certifying_withheld is None:
+        lines.append("Withholding gradients: even with every layer's gradient withheld, no deficit is certified "
+                     "(parameters used outside layers still carry the input).")
+    elif not report.certifying_withheld:
+        lines.append("Withholding gradients: none needed, the model is already certified.")
+    else:
+        lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
+                     "gives a certified deficit (found greedily: a certificate, not proven the smallest set).")
+    return lines
+
+
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
-    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: RA-i "
-             f"{_shown(report.ra_i)} at {report.critical_layer}, {report.verdict}", ""]
-    header = ("edit", "target", "detail", "RA-i", "critical layer", "Δ params", "verdict")
-    cells = [header] + [(s.edit, s.target, s.detail, _shown(s.ra_i), s.critical_layer or "-", f"{s.delta_params:+d}",
+    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: rank bound "
+             f"{report.rank_bound:,} of {report.unknowns:,} unknowns, {report.verdict}; RA-i "
+             f"{_shown(report.ra_i)} at {report.critical_layer}", ""]
+    header = ("edit", "target", "detail", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
+    cells = [header] + [(s.edit, s.target, s.detail, f"{s.certified_deficit:,}", _shown(s.ra_i),
+                         s.critical_layer or "-", f"{s.delta_params:+d}",
                          s.verdict + (" (crosses)" if s.crosses_verdict else ""))
                         for s in report.suggestions[:top]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 5) else cell.ljust(widths[i])
+        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 6) else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip())
-    lines += ["", f"{len(report.suggestions)} edits re-counted in {report.seconds:.2f} s"
+    lines += ["", *_certificates(report),
+              f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
               + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
               report.note]
     return "\n".join(lines) + "\n"
@@ -52,13 +71,20 @@ def _matched_layers(first: Result, second: Result) -> list[dict]:
             for row in first.layers if row.name in rows]
 
 
+def _bound_text(result: Result) -> str:
+    bound = result.identifiability
+    if bound is None:
+        return "no bound"
+    return f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,})"
+
+
 def compare_table(first: Result, second: Result) -> str:
     leak = lambda r: r.label_leakage.risk if r.label_leakage else "n/a"  # noqa: E731
     lines = [f"rankaudit {__version__} compare", "",
-             f"  A  {first.model}: RA-i {_shown(first.ra_i)} at {first.critical_layer}, {first.verdict}, "
-             f"label leakage {leak(first)}, {first.parameters:,} parameters",
-             f"  B  {second.model}: RA-i {_shown(second.ra_i)} at {second.critical_layer}, {second.verdict}, "
-             f"label leakage {leak(second)}, {second.parameters:,} parameters", ""]
+             f"  A  {first.model}: {first.verdict}, {_bound_text(first)}; RA-i {_shown(first.ra_i)} at "
+             f"{first.critical_layer}; label leakage {leak(first)}, {first.parameters:,} parameters",
+             f"  B  {second.model}: {second.verdict}, {_bound_text(second)}; RA-i {_shown(second.ra_i)} at "
+             f"{second.critical_layer}; label leakage {leak(second)}, {second.parameters:,} parameters", ""]
     matched = _matched_layers(first, second)
     changed = [m for m in matched if m["delta"] or m["a_critical"] != m["b_critical"]]
     if changed:

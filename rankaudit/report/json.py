@@ -19,13 +19,15 @@ def to_dict(result: Result) -> dict:
         "ra_i": result.ra_i,
         "critical_layer": result.critical_layer,
         "verdict": result.verdict,
+        "identifiability": asdict(result.identifiability) if result.identifiability else None,
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,
         "policy": asdict(result.policy) if result.policy else None,
         "layers": [
             {"name": row.name, "op": row.op, "inputs": row.inputs, "weights": row.weights, "outputs": row.outputs,
-             "virtual": row.virtual, "ra_i": row.ra_i, "dense": row.dense, "critical": row.critical,
+             "virtual": row.virtual, "ra_i": row.ra_i, "dense": row.dense, "side": row.side,
+             "critical": row.critical,
              "block": row.block, "folded": row.folded, "own_weights": row.own_weights,
              "reported_params": row.reported_params, "frozen_params": row.frozen_params, "source": row.source}
             for row in result.layers

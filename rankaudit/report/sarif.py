@@ -17,9 +17,13 @@ RULES = {
               "warning", "5.0"),
     "RA003": ("label-leakage", "A shared layer's gradient alone reveals the batch's labels (gradient bridge)",
               "warning", "6.5"),
+    "RA004": ("no-certified-deficit", "No cut through the traced graph stops one shared gradient from determining "
+              "the input (identifiability bound: rank bound = unknowns)", "error", "8.0"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
-_VERDICT_RULE = {"exposed": "RA001", "boundary": "RA002"}
+# RA001/RA002 read R-GAP's index (RA-i); RA004 reads the identifiability bound, which gives the verdict.
+_RA_RULE = {"exposed": "RA001", "boundary": "RA002"}
+_VERDICT_RULE = {"exposed": "RA004"}
 
 
 def _model_path(result: Result) -> str:
@@ -58,12 +62,22 @@ def _rule(rule_id: str) -> dict:
 
 
 def _results_for(result: Result) -> list[dict]:
+    from rankaudit.findings import _ra_sentence, ra_verdict
+
     found = []
-    rule_id = _VERDICT_RULE.get(result.verdict)
-    if rule_id:
-        row = result.critical_row
-        found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
+    row = result.critical_row
+    bound = result.identifiability
+    if bound is not None and _VERDICT_RULE.get(result.verdict):
+        found.append({"ruleId": _VERDICT_RULE[result.verdict], "level": RULES["RA004"][2],
                       "message": {"text": f"{result.model}: {result.summary}"},
+                      "locations": [_location(result, None)],
+                      "properties": {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns,
+                                     "recoverable_fraction": bound.recoverable_fraction,
+                                     "bottleneck": bound.bottleneck, "batch_size": result.batch_size}})
+    rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
+    if rule_id:
+        found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
+                      "message": {"text": f"{result.model}: {_ra_sentence(result)}"},
                       "locations": [_location(result, row.source if row else None)],
                       "properties": {"ra_i": result.ra_i, "critical_layer": result.critical_layer,
                                      "batch_size": result.batch_size}})
@@ -86,7 +100,8 @@ def _results_for(result: Result) -> list[dict]:
 
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
-    used = sorted({finding["ruleId"] for finding in findings} | set(_VERDICT_RULE.values()) | {"RA003"})
+    used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
+                  | {"RA003"})
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

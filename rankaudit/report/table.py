@@ -19,9 +19,25 @@ def _notes(row: LayerRow) -> str:
         notes.append("<- critical")
     if row.dense:
         notes.append("dense (always recoverable)")
+    if row.side:
+        notes.append("side branch (gate or statistic)")
     if row.folded:
         notes.append("|W| includes " + ", ".join(row.folded))
     return "; ".join(notes)
+
+
+def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
+    """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
+    from rankaudit.findings import _ra_sentence
+
+    bound = result.identifiability
+    if bound is None:
+        return [result.summary]
+    verdict = _paint(result.verdict, f"1;{warn}", color)
+    cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
+    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns (min cut: {cut}): {verdict}. "
+            f"{result.meaning[:1].upper() + result.meaning[1:]}.")
+    return [head, _ra_sentence(result)]
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -174,8 +190,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
             text = _paint(text, f"1;{warn}", color)
         lines.append(text)
     lines.append("")
-    lines.append(result.summary.replace(f": {result.verdict}.", ": " + _paint(result.verdict, f"1;{warn}", color) + ".",
-                                        1))
+    lines.extend(_conclusion_lines(result, warn, color))
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
@@ -190,7 +205,9 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         lines.append("")
         if result.policy.passed:
             lines.append(f"Policy: pass (--fail-on {result.policy.fail_on}"
-                         + (f", --min-ra {result.policy.min_ra})" if result.policy.min_ra is not None else ")"))
+                         + (f", --min-ra {result.policy.min_ra}" if result.policy.min_ra is not None else "")
+                         + (f", --max-recoverable {result.policy.max_recoverable:g}"
+                            if result.policy.max_recoverable is not None else "") + ")")
         else:
             lines.append("Policy: FAIL: " + "; ".join(result.policy.reasons))
     return "\n".join(lines) + "\n"
