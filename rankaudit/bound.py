@@ -10,8 +10,9 @@ from rankaudit.result import Identifiability
 from rankaudit.trace import NodeRecord, TracedModel
 
 SOURCE, SINK = "source", "sink"
-# Merges by sum or concatenation pass δ through unchanged: a parameter they add receives δ(out) only.
-_ADDITIVE_ROLES = (Role.ADD, Role.CAT)
+# Sums and concatenations pass δ through unchanged: a parameter they add receives δ(out) only, and their
+# operands' δ do not depend on each other.
+_ADDITIVE_FAMILIES = ("add", "cat", "stack")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ class FlowNetwork:
             if family.input_dependent_jacobian:
                 for operand in inputs:
                     self._edge(f"t:{operand}", f"d:{operand}")
-            if len(inputs) >= 2 and record.counting.role not in _ADDITIVE_ROLES:
+            additive = record.family in _ADDITIVE_FAMILIES
+            if len(inputs) >= 2 and not additive:
                 # A product of data tensors: δ of each operand is scaled by the others.
                 for operand in inputs:
                     for other in inputs:
@@ -108,7 +110,7 @@ class FlowNetwork:
                     self._split(vertex, source.numel, f"∇{source.name}")
                     self.graph.add_edge(vertex + ":out", SINK)
                 self._edge(f"d:{node_id}", vertex)
-                if record.counting.role not in _ADDITIVE_ROLES:
+                if not additive:
                     for operand in inputs[:1] if source.owner_is_layer else inputs:
                         self._edge(f"t:{operand}", vertex)
         for output_id in traced.output_ids:
