@@ -63,13 +63,15 @@ class FlowNetwork:
         self.batch_size = batch_size
         self.graph = nx.DiGraph()
         self.labels: dict[tuple[str, str], str] = {}   # split edge -> what the report calls it
+        self.owners: dict[tuple[str, str], str] = {}   # split edge -> the traced node it belongs to
         self.gradients: dict[str, int] = {}            # gradient vertex -> capacity
         self._build(is_shared)
 
     # Vertex names: "t:<id>" forward tensor, "d:<id>" its backward twin δ, "g:<param>" a shared gradient.
-    def _split(self, vertex: str, capacity: int, label: str):
+    def _split(self, vertex: str, capacity: int, label: str, owner: str):
         self.graph.add_edge(vertex + ":in", vertex + ":out", capacity=capacity)
         self.labels[(vertex + ":in", vertex + ":out")] = label
+        self.owners[(vertex + ":in", vertex + ":out")] = owner
 
     def _edge(self, tail: str, head: str):
         self.graph.add_edge(tail + ":out", head + ":in")  # no capacity attribute: unbounded in networkx
@@ -79,8 +81,8 @@ class FlowNetwork:
         for node_id in traced.order:
             record = traced.record(node_id)
             size = B * record.output_numel
-            self._split(f"t:{node_id}", size, record.name)
-            self._split(f"d:{node_id}", size, f"δ{record.name}")
+            self._split(f"t:{node_id}", size, record.name, node_id)
+            self._split(f"d:{node_id}", size, f"δ{record.name}", node_id)
         self.graph.add_edge(SOURCE, f"t:{traced.input_id}:in")
         for node_id in traced.order:
             if node_id == traced.input_id:
@@ -107,7 +109,7 @@ class FlowNetwork:
                 vertex = f"g:{source.name}"
                 if vertex not in self.gradients:
                     self.gradients[vertex] = source.numel
-                    self._split(vertex, source.numel, f"∇{source.name}")
+                    self._split(vertex, source.numel, f"∇{source.name}", node_id)
                     self.graph.add_edge(vertex + ":out", SINK)
                 self._edge(f"d:{node_id}", vertex)
                 if not additive:
@@ -116,16 +118,27 @@ class FlowNetwork:
         for output_id in traced.output_ids:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
 
-    def min_cut(self) -> tuple[int, list[str]]:
-        """Max flow from the input to the gradients, and the tensors and gradients on one minimum cut."""
+    def min_cut(self) -> tuple[int, list[str], list[str]]:
+        """Max flow from the input to the gradients; the tensors and gradients on one minimum cut, and the traced
+        nodes they belong to (a reshape's output is reported at the layer or merge that produced it)."""
         import networkx as nx
         from networkx.algorithms.flow import boykov_kolmogorov
 
         if not self.gradients:
-            return 0, []
+            return 0, [], []
         value, (reachable, _) = nx.minimum_cut(self.graph, SOURCE, SINK, flow_func=boykov_kolmogorov)
-        cut = [label for (tail, head), label in self.labels.items() if tail in reachable and head not in reachable]
-        return int(value), cut
+        cut = [edge for edge in self.labels if edge[0] in reachable and edge[1] not in reachable]
+        nodes = dict.fromkeys(self._visible(self.owners[edge]) for edge in cut)
+        return int(value), [self.labels[edge] for edge in cut], list(nodes)
+
+    def _visible(self, node_id: str) -> str:
+        """The nearest node at or above node_id that a report draws: the input, a layer or a merge."""
+        record = self.traced.record(node_id)
+        while (node_id != self.traced.input_id and record.counting.role not in (Role.LAYER, Role.ADD, Role.CAT)
+               and record.inputs):
+            node_id = record.inputs[0]
+            record = self.traced.record(node_id)
+        return node_id
 
 
 def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
@@ -133,9 +146,10 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
     """rank(∂g/∂x) <= max flow; the verdict is `protected` only with a certified deficit (spec §9)."""
     unknowns = batch_size * traced.record(traced.input_id).output_numel
     network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
-    rank_bound, bottleneck = network.min_cut()
+    rank_bound, bottleneck, cut_nodes = network.min_cut()
     rank_bound = min(rank_bound, unknowns)
     deficit = unknowns - rank_bound
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=deficit,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
-                           bottleneck=bottleneck, verdict="protected" if deficit > 0 else "exposed")
+                           bottleneck=bottleneck, verdict="protected" if deficit > 0 else "exposed",
+                           cut_nodes=cut_nodes)

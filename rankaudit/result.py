@@ -107,6 +107,48 @@ class Identifiability:
     recoverable_fraction: float     # R / n, capped at 1
     bottleneck: list[str]           # tensors and gradients on the min cut
     verdict: str                    # protected (certified deficit > 0) | exposed
+    cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
+
+
+@dataclass
+class InputInfo:
+    """One tensor fed to forward() and where its unknowns start (none for masks and position ids)."""
+
+    name: str
+    shape: tuple[int, ...]            # per sample
+    dtype: str                        # int64, float32
+    role: str                         # data | tokens | mask | ids
+    unknowns_at: str | None = None    # the record where its unknowns start: itself, or its token embedding
+    unknowns: int = 0                 # per sample, at that record (B·n·d for a token embedding at batch B: ×B)
+
+
+@dataclass
+class EmbeddingExposure:
+    """Does this token embedding's shared gradient reveal which tokens the batch holds?"""
+
+    name: str                         # module: transformer.wte
+    weight: str                       # its table: transformer.wte.weight
+    vocab_size: int
+    dim: int
+    shared: bool                      # its gradient is sent (not withheld)
+    trainable: bool                   # requires_grad: frozen tables (LoRA) send nothing
+    tied_with: list[str]              # other ops reading the same table (a tied output layer)
+    exposed: bool
+    reason: str
+    source: str | None = None         # file:line of the lookup
+
+
+@dataclass
+class TokenLeakage:
+    """The embedding table's gradient is non-zero in the rows of the tokens used: the batch's token set."""
+
+    exposed: bool
+    tokens_per_batch: int             # B·n: the most distinct tokens one batch can mark
+    embeddings: list[EmbeddingExposure]
+
+    @property
+    def exposing(self) -> list[str]:
+        return [embedding.name for embedding in self.embeddings if embedding.exposed]
 
 
 @dataclass
@@ -141,6 +183,10 @@ class Result:
     # Filled by the verifier: {"rgap": {...}, "gdbr": {...}} in the JSON shapes the README documents.
     verification: dict = field(default_factory=dict)
     seconds: float = 0.0
+    inputs: list[InputInfo] = field(default_factory=list)    # every input fed to forward(), masks included
+    token_leakage: TokenLeakage | None = None                 # None: the model reads no token ids
+    build: str = ""                     # how the model was built: meta-parameters | meta (see load.py)
+    call_notes: list[str] = field(default_factory=list)      # keyword arguments forward() was called with
 
     @property
     def critical_row(self) -> LayerRow | None:

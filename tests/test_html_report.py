@@ -98,14 +98,24 @@ def test_verdict_and_critical_layer_lead_the_page(results, pages, name):
 def test_verdicts_have_distinct_colours(results):
     css = (files("rankaudit.templates") / "report.css").read_text(encoding="utf-8")
     colours = {}
-    for verdict in ("exposed", "boundary", "protected"):
+    for verdict in ("exposed", "protected"):
         match = re.search(rf"\.v-{verdict} \.badge \{{ background: var\(--([\w-]+)\)", css)
         assert match, verdict
         colours[verdict] = re.search(rf"--{match.group(1)}: (#[0-9a-f]+)", css).group(1)
-    assert len(set(colours.values())) == 3
-    boundary = copy.deepcopy(results["fig2_e"])
-    boundary.verdict, boundary.ra_i = "boundary", 0
-    assert 'class="summary card v-boundary"' in html.render([boundary])
+    assert len(set(colours.values())) == 2
+    assert 'class="summary card v-protected"' in html.render([results["fig2_e"]])
+
+
+def test_the_bound_and_its_min_cut_are_drawn(results):
+    """fig2-e: the bound's bar says 3,056 of 3,072, and the three layers whose gradients form the cut are ringed."""
+    document = html.render([results["fig2_e"]])
+    bound = _section(document, "card bound-card")
+    assert "rank ≤ 3,056 (99.5%)" in bound and "certified deficit 16 of 3,072" in bound
+    assert "∇conv1, ∇conv2, ∇fc" in bound
+    graph = document[document.index('id="m1-graph"'):]
+    assert graph.count('<rect class="cut"') == 3
+    exposed = html.render([results["cnn6"]])
+    assert exposed.count('<rect class="cut"') == 1 and "no certified deficit" in exposed
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)

@@ -25,9 +25,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything huge is not one of ours
 
 HEADLINES = {
-    "exposed": "A server that sees one shared gradient can reconstruct this input.",
-    "boundary": "On the edge: the critical layer has exactly as many constraints as unknowns.",
-    "protected": "One shared gradient does not pin this input down completely.",
+    "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
+    "protected": "One shared gradient cannot pin this input down completely: a deficit is certified.",
 }
 
 BLOCKED_BECAUSE = {
@@ -198,6 +197,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,
         "chart": Markup(svg.ra_chart(result, prefix=f"{prefix}c")),
+        "bound_bar": Markup(svg.bound_bar(result, prefix=f"{prefix}b")),
         "graph": Markup(svg.architecture_graph(result, prefix=f"{prefix}g")),
         "leakage": _leakage(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,

@@ -22,6 +22,7 @@ RA_BAR = "#334155"
 WARN = "#c2410c"            # the critical layer, everywhere
 WARN_LIGHT = "#ffedd5"
 DENSE = "#94a3b8"
+CUT = "#7c3aed"              # the identifiability bound's min cut
 SERIES = (                  # (LayerRow field, symbol, meaning, colour of its faint bar)
     ("inputs", "|x|", "unknowns", "#2563eb"),
     ("weights", "|W|", "gradient constraints", "#7c3aed"),
@@ -382,11 +383,21 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
         out.append(f'<path d="{d}" fill="none" stroke="{MUTED}" stroke-width="1.4" '
                    f'marker-end="url(#{prefix}-arrow)"/>')
 
-    # Nodes.
+    # Nodes; those on the bound's min cut get a dashed ring first, so the node draws over its inner half.
     label_chars = int((NODE_W - 14) / (12 * MONO_CHAR))
+    bound = result.identifiability
+    on_cut = set(bound.cut_nodes) if bound is not None else set()
     for node_id in sorted(graph, key=lambda n: (rank[n], order[n])):
         node = nodes[node_id]
         px_, py_ = cx(node_id), cy(node_id)
+        if node_id in on_cut:
+            names = ", ".join(label for label in bound.bottleneck)
+            half_w = (CIRCLE_R if node.kind in ("add", "cat") else NODE_W / 2) + 5
+            half_h = half_height(node_id) + 5
+            out.append(f'<rect class="cut" x="{_f(px_ - half_w)}" y="{_f(py_ - half_h)}" width="{_f(2 * half_w)}" '
+                       f'height="{_f(2 * half_h)}" rx="8" fill="none" stroke="{CUT}" stroke-width="2" '
+                       f'stroke-dasharray="5 3"><title>{x(f"on the min cut of the identifiability bound ({names})")}'
+                       f'</title></rect>')
         row = rows.get(node_id) or (by_name.get(node.name) if node.kind == "layer" else None)
         if node.kind in ("add", "cat"):
             symbol = "+" if node.kind == "add" else "cat"
@@ -429,6 +440,30 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
                    f'{x(_truncate(node.name, label_chars))}</text>'
                    f'<text x="{_f(px_)}" y="{_f(upper + 29)}" text-anchor="middle" font-size="10" '
                    f'fill="{WARN if critical else MUTED}">{x(_truncate(detail, 34))}</text></g>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def bound_bar(result: Result, prefix: str = "b") -> str:
+    """One bar of n unknowns: the part the gradient may determine (rank bound R) and the certified deficit."""
+    bound = result.identifiability
+    if bound is None or not bound.unknowns:
+        return ""
+    width, height, bar_y, bar_h = 560, 64, 8, 26
+    recoverable = width * bound.rank_bound / bound.unknowns
+    out = [_svg_open(width, height, f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns", "bound", 280,
+                     grow=2.0)]
+    out.append(f'<rect x="0" y="{bar_y}" width="{width}" height="{bar_h}" rx="4" fill="{GRID}"/>')
+    out.append(f'<rect x="0" y="{bar_y}" width="{_f(recoverable)}" height="{bar_h}" rx="4" fill="{WARN}">'
+               f'<title>{x(f"up to {bound.rank_bound:,} input directions the gradient may determine")}</title></rect>')
+    if bound.certified_deficit:
+        out.append(f'<rect x="{_f(recoverable)}" y="{bar_y}" width="{_f(width - recoverable)}" height="{bar_h}" '
+                   f'fill="#15803d"><title>{x(f"{bound.certified_deficit:,} directions no gradient sees")}</title>'
+                   f'</rect>')
+    out.append(f'<text x="4" y="{bar_y + bar_h + 18}" font-size="12" fill="{INK}">rank ≤ {fmt_int(bound.rank_bound)} '
+               f'({bound.recoverable_fraction:.1%})</text>')
+    out.append(f'<text x="{width - 4}" y="{bar_y + bar_h + 18}" font-size="12" text-anchor="end" fill="{INK}">'
+               f'certified deficit {fmt_int(bound.certified_deficit)} of {fmt_int(bound.unknowns)}</text>')
     out.append("</svg>")
     return "".join(out)
 
