@@ -228,17 +228,27 @@ def certifying_withheld(traced: TracedModel, batch_size: int) -> list[str] | Non
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
     a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.
     """
-    names = list(dict.fromkeys(traced.record(n).name.split("#")[0] for n in traced.order
-                               if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights))
+    capacity: dict[str, int] = {}
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        if record.counting.role is Role.LAYER and record.counting.weights:
+            capacity[record.name.split("#")[0]] = record.counting.weights
+    names = list(capacity)
     withheld: list[str] = []
     bound = identifiability(traced, batch_size)
     while not bound.certified_deficit:
         candidates = [name for name in names if name not in withheld]
         if not candidates:
             return None
-        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name]), name) for name in candidates]
-        bound, best = min(trials, key=lambda trial: trial[0].rank_bound)
+        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name]), capacity[name], name)
+                  for name in candidates]
+        # Where no single layer lowers the bound yet (the input itself is the cut), take the most gradient away.
+        bound, _, best = min(trials, key=lambda trial: (trial[0].rank_bound, -trial[1]))
         withheld.append(best)
+    for name in sorted(withheld, key=capacity.__getitem__):   # then share again what the certificate can spare
+        rest = [other for other in withheld if other != name]
+        if identifiability(traced, batch_size, withheld_layers=rest).certified_deficit:
+            withheld = rest
     return withheld
 
 

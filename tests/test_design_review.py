@@ -28,8 +28,8 @@ def test_resnet_top_skip_cut_is_block_3_and_block_8_changes_nothing(resnet_repor
     assert not block8.crosses_verdict and block8.delta_params == 0
 
 
-def test_ranking_is_by_the_ra_i_reached(resnet_report):
-    reached = [s.ra_i for s in resnet_report.suggestions]
+def test_ranking_is_by_the_certified_deficit_then_the_ra_i_reached(resnet_report):
+    reached = [(s.certified_deficit, s.ra_i) for s in resnet_report.suggestions]
     assert reached == sorted(reached, reverse=True)
     batch = by(resnet_report, "batch-size", "batch")
     assert batch.crosses_verdict and batch.verdict == "protected" and batch.detail.endswith(
@@ -126,3 +126,21 @@ def test_suggest_html_is_a_section_of_the_report(run_cli, tmp_path):
     assert code == 0 and "Design suggestions" in text and "Accuracy is not measured" in text
     assert text.count("<code>layer2.0</code>") == 1 and "-7808" in text and "http" not in text
     assert "RA_i per layer" in text  # the rest of the model's report is there too
+
+
+def test_certifying_batch_size_and_withheld_layers():
+    # fig2-a holds 192 + 3364 = 3556 gradient values: two samples (6144 unknowns) exceed them, one does not.
+    report = suggest(str(EXAMPLES / "fig2_a.py"))
+    assert (report.rank_bound, report.certified_deficit, report.certifying_batch) == (3072, 0, 2)
+    assert by(report, "batch-size", "batch").certified_deficit == 6144 - 3556
+    # Keeping fc's gradient local leaves conv1's 192 values: a deficit of 2880.
+    assert report.certifying_withheld == ["fc"]
+    assert audit(str(EXAMPLES / "fig2_a.py"), withheld_layers=["fc"]).identifiability.certified_deficit == 2880
+
+
+def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
+    # Every one of ResNet-18-w16's 701,466 parameters is reachable: the bound certifies once B·3072 exceeds them.
+    assert resnet_report.certifying_batch == 701_466 // 3072 + 1 == 229
+    withheld = resnet_report.certifying_withheld
+    assert withheld and "fc" not in withheld and "conv1" not in withheld
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).verdict == "protected"
