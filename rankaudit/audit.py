@@ -19,6 +19,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
         raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
     names = [traced.record(n).name for n in traced.order
              if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights]
+    names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
     named = list(shared_layers or withheld_layers or [])
     unknown = [name for name in named if name not in names]
     if unknown:
@@ -33,16 +34,19 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
 
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
           fail_on: str = "exposed", min_ra: int | None = None, shared_layers: list[str] | None = None,
-          withheld_layers: list[str] | None = None, max_recoverable: float | None = None) -> Result:
+          withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
+          input_dtype=None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device."""
     if batch_size < 1:
         raise UsageError(f"batch size {batch_size} is not positive", "give --batch-size 1 or more")
     if fail_on not in findings.FAIL_ON_CHOICES:
         raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(findings.FAIL_ON_CHOICES))
     started = time.perf_counter()
-    loaded = load_model(spec, input_shape, device="meta")
-    traced = trace_model(loaded.module, loaded.input_shape)
-    result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=loaded.input_shape)
+    loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype)
+    traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
+                         forward_kwargs=loaded.forward_kwargs)
+    result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
+    findings.describe_inputs(result, traced, loaded)
     if not result.layers:
         raise ModelLoadError(f"found no layer to count in {spec} (no conv, linear, pooling or similar op "
                              "depends on the input)", "check that forward() uses the input tensor")
@@ -52,6 +56,7 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     shared = _shared_set(traced, shared_layers, withheld_layers)
     result.identifiability = identifiability(traced, batch_size, shared_layers=shared_layers,
                                              withheld_layers=withheld_layers)
+    result.token_leakage = findings.token_leakage(traced, batch_size, shared)
     findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
                             max_recoverable=max_recoverable)
     result.seconds = time.perf_counter() - started

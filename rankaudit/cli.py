@@ -44,6 +44,14 @@ def _parse_shape(ctx, param, value):
     return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
 
 
+def _parse_dtype(ctx, param, value):
+    if value is None:
+        return None
+    from rankaudit.load import parse_input_dtype
+
+    return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
+
+
 def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
@@ -52,6 +60,9 @@ def _names(value: str | None) -> list[str] | None:
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
               help="Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE).")
+@click.option("--input-dtype", callback=_parse_dtype, metavar="DTYPE",
+              help="Input dtype: int64 for token ids (unknowns start at the embedding), or NAME=DTYPE pairs for "
+                   "several inputs (default: INPUT_DTYPE, else float32).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples summed into one shared gradient (spec §6).")
 @click.option("--format", "output_format", type=click.Choice(FORMATS), default="table", show_default=True)
@@ -95,7 +106,7 @@ def _names(value: str | None) -> list[str] | None:
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, skip_non_models, debug):
+          class_dist, aux, defenses, skip_non_models, debug, input_dtype):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -120,7 +131,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                            batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=pick("withheld_layers", withheld_layers))
+                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)
             if verify:
                 _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
                                steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,

@@ -1,9 +1,12 @@
 """Verdict, policy and model-level caveats from the counted Result."""
 from __future__ import annotations
 
+import math
+
 from rankaudit.bound import identifiability
 from rankaudit.ops import Role
-from rankaudit.result import Caveat, Identifiability, LabelLeakage, LayerBridge, PolicyOutcome, Result
+from rankaudit.result import (Caveat, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
+                              PolicyOutcome, Result, TokenLeakage)
 from rankaudit.trace import TracedModel
 
 FAIL_ON_CHOICES = ("never", "exposed", "boundary")
@@ -78,6 +81,10 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
     if min_ra is not None and (result.ra_i is None or result.ra_i < min_ra):
         shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
         reasons.append(f"RA-i {shown} is below the required minimum {min_ra} (--min-ra)")
+    tokens = result.token_leakage
+    if tokens is not None and tokens.exposed and fail_on != "never":
+        reasons.append(f"the token set is exposed by the gradient of {', '.join(tokens.exposing)} (--fail-on {fail_on}; "
+                       "withhold or freeze the embedding to pass)")
     return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
                          max_recoverable=max_recoverable)
 
@@ -170,3 +177,51 @@ def label_leakage(traced: TracedModel, result: Result, shared: set[str] | None) 
         bridges.append(LayerBridge(record.name, is_shared, bridge, direct, blocked_by, kind, reason))
     risk = "high" if any(b.shared and b.bridge for b in bridges) else "low"
     return LabelLeakage(risk, bridges)
+
+
+def describe_inputs(result: Result, traced: TracedModel, loaded) -> None:
+    """Which inputs forward() got, where their unknowns start, how the model was built and called."""
+    infos = []
+    for spec in traced.inputs:
+        start = traced.input_starts.get(spec.same_as or spec.name)
+        record = traced.records.get(start) if start else None
+        # An input fed the same ids as another (decoder_input_ids) adds no unknowns of its own.
+        unknowns = record.output_numel if record is not None and not spec.same_as else 0
+        infos.append(InputInfo(spec.name, tuple(spec.shape), str(spec.dtype).removeprefix("torch."), spec.role,
+                               record.name if record is not None else None, unknowns))
+    result.inputs = infos
+    result.build = loaded.build
+    result.call_notes = list(traced.call_notes)
+
+
+def token_leakage(traced: TracedModel, batch_size: int, shared: set[str] | None) -> TokenLeakage | None:
+    """A shared, trainable token embedding's gradient is non-zero exactly in the rows of the tokens the loss
+    depends on: the server reads the batch's token set off it (FILM; DAGER's first step). None without tokens."""
+    if not traced.token_embeddings:
+        return None
+    lengths = {spec.name: math.prod(spec.shape) for spec in traced.inputs}
+    tokens_per_batch = batch_size * max((lengths.get(e.token_input, 0) for e in traced.token_embeddings), default=0)
+    exposures = []
+    for embedding in traced.token_embeddings:
+        is_shared = shared is None or embedding.name in shared
+        exposed = is_shared and embedding.trainable
+        shape = f"{embedding.vocab_size} x {embedding.dim}"
+        if not embedding.trainable:
+            reason = f"{embedding.name} ({shape}) is frozen (requires_grad=False): no gradient is sent for it"
+        elif not is_shared:
+            reason = f"{embedding.name}'s gradient is withheld: the server never sees it"
+        elif embedding.tied_with:
+            tied = ", ".join(embedding.tied_with)
+            reason = (f"{embedding.name} ({shape}) is tied with {tied}: every row of the shared gradient also holds "
+                      f"{tied}'s softmax-weighted term, yet the rows of the batch's tokens stand out by their norm "
+                      "(by about two orders of magnitude at random weights); tokens the model predicts with high "
+                      "probability stand out too")
+        else:
+            reason = (f"the gradient of {embedding.name} ({shape}) is non-zero exactly in the rows of the tokens the "
+                      f"loss depends on: the server reads the batch's token set (at most {tokens_per_batch} distinct "
+                      f"of {embedding.vocab_size}) off its non-zero rows")
+        record = traced.records.get(embedding.record)
+        exposures.append(EmbeddingExposure(embedding.name, embedding.weight, embedding.vocab_size, embedding.dim,
+                                           is_shared, embedding.trainable, list(embedding.tied_with), exposed, reason,
+                                           record.source if record else None))
+    return TokenLeakage(any(e.exposed for e in exposures), tokens_per_batch, exposures)

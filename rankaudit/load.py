@@ -7,7 +7,7 @@ import inspect
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,34 +26,114 @@ _INITIALISERS = frozenset({
     "cauchy_", "random_", "erfinv_", "clamp_", "clamp_min_", "clamp_max_", "mul_", "add_", "sub_", "div_",
     "copy_", "fmod_", "abs_", "sqrt_", "exp_", "neg_",
 })
+# Factories torch.nn's own layers call for their weights and buffers (torch.empty(out, in) in nn.Linear).
+_FACTORIES = frozenset({"empty", "zeros", "ones", "full", "rand", "randn", "tensor"})
+_TORCH_NN_DIR = str(Path(nn.__file__).resolve().parent)
+
+# How a model was built, as -v and the JSON's `build` say it.
+BUILD_META_PARAMETERS = "meta-parameters"
+BUILD_META = "meta"
+BUILD_DEVICE = "device"
 
 
 class _SkipMetaInitialisation(TorchFunctionMode):
     """While a model is built on meta, initialisers are no-ops (there are no values to initialise)."""
 
+    def __init__(self):
+        super().__init__()
+        self.failed: tuple[str, BaseException] | None = None   # the last torch function that raised, and how
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if (getattr(func, "__name__", "") in _INITIALISERS and args and isinstance(args[0], torch.Tensor)
                 and args[0].is_meta):
             return args[0]
-        return func(*args, **(kwargs or {}))
+        return self._call(func, args, kwargs or {})
+
+    def _call(self, func, args, kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            self.failed = (getattr(func, "__name__", None) or str(func), exc)
+            raise
 
 
-def _building_on(device: str):
-    """The context a model file runs in: the target device, and on meta no initialisation work."""
+class _MetaParametersOnly(_SkipMetaInitialisation):
+    """Parameters live on meta; every other tensor the constructor computes lives on the CPU, for real.
+
+    Constructors compute with tensors (stage widths with torch arithmetic and .tolist(), relative-position
+    tables, rotary frequencies) and need their values, which the meta device does not have. Only parameters
+    are sure never to be read: they move to meta as they are registered (see _parameters_on_meta), and the
+    factories of torch.nn's own layers (torch.empty(out, in) in nn.Linear) go straight to meta, so a
+    10-billion-parameter model never allocates its weights even for a moment.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _INITIALISERS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        if name in _FACTORIES and kwargs.get("device") is None and _called_from_torch_nn():
+            kwargs = {**kwargs, "device": "meta"}
+        return self._call(func, args, kwargs)
+
+
+def _called_from_torch_nn() -> bool:
+    # Frame 0 is _called_from_torch_nn, 1 the mode's __torch_function__, 2 whoever called the factory.
+    caller = sys._getframe(2)
+    return caller.f_code.co_filename.startswith(_TORCH_NN_DIR)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Every parameter registered meanwhile is replaced by a meta copy (the technique of accelerate's
+    init_empty_weights): nn.Module.__setattr__ and register_parameter both end here."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            try:
+                moved = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
+            except TypeError:  # a Parameter subclass with other constructor arguments
+                moved = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            module._parameters[name] = moved
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _building_on(device: str, build: str = BUILD_DEVICE):
+    """The context a model file runs in. On meta: either parameters only on meta (the constructor's own
+    arithmetic on the CPU), or everything on meta; no initialisation work either way."""
     stack = contextlib.ExitStack()
-    stack.enter_context(torch.device(device))
-    if device == "meta":
-        stack.enter_context(_SkipMetaInitialisation())
-    return stack
+    if device != "meta":
+        stack.enter_context(torch.device(device))
+        return stack, None
+    if build == BUILD_META_PARAMETERS:
+        stack.enter_context(_parameters_on_meta())
+        mode = stack.enter_context(_MetaParametersOnly())
+    else:
+        stack.enter_context(torch.device("meta"))
+        mode = stack.enter_context(_SkipMetaInitialisation())
+    return stack, mode
 
 
-@dataclass
-class LoadedModel:
-    module: nn.Module
-    input_shape: tuple[int, ...]
-    name: str  # the class, factory or instance the model came from
-    path: Path
-    spec: str  # what the user typed: PATH or PATH:NAME
+def _everything_to_meta(model: nn.Module) -> None:
+    """After construction, buffers and tensor attributes join the parameters on meta: the trace runs on meta
+    and an op cannot mix devices. Nothing reads their values any more (the constructor has finished)."""
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and not buffer.is_meta:
+                module._buffers[name] = buffer.to("meta")
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and not value.is_meta:
+                setattr(module, name, value.to("meta"))
+    if any(not p.is_meta for p in model.parameters()):
+        # The file loaded real weights (torch.load at import, say); drop them: analysis needs shapes only.
+        model.to("meta")
 
 
 def split_model_spec(spec: str) -> tuple[Path, str | None]:
@@ -85,11 +165,66 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _shape_from_file(value, path: Path) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)) and value and all(isinstance(d, int) and d > 0 for d in value):
+_DTYPES = {"int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+           "int16": torch.int16, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool,
+           "float32": torch.float32, "float": torch.float32, "float64": torch.float64, "double": torch.float64,
+           "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_input_dtype(text: str) -> torch.dtype | dict[str, torch.dtype]:
+    """'int64' (every input) or 'input_ids=int64,attention_mask=int64' (per named input) -> dtypes."""
+    def one(word: str) -> torch.dtype:
+        key = word.strip().lower().removeprefix("torch.")
+        if key not in _DTYPES:
+            raise UsageError(f"unknown input dtype '{word.strip()}'",
+                             "give one of " + ", ".join(sorted(_DTYPES)) + ", e.g. --input-dtype int64")
+        return _DTYPES[key]
+
+    if "=" not in text:
+        return one(text)
+    dtypes = {}
+    for part in text.split(","):
+        name, sep, word = part.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"malformed input dtype '{text}'",
+                             "give one dtype (--input-dtype int64) or NAME=DTYPE pairs "
+                             "(--input-dtype input_ids=int64,attention_mask=int64)")
+        dtypes[name.strip()] = one(word)
+    return dtypes
+
+
+def _shape_from_file(value, path: Path) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    def valid(shape) -> bool:
+        return isinstance(shape, (tuple, list)) and bool(shape) and all(isinstance(d, int) and d > 0 for d in shape)
+
+    if valid(value):
         return tuple(value)
+    if isinstance(value, dict) and value and all(isinstance(k, str) and valid(v) for k, v in value.items()):
+        return {name: tuple(shape) for name, shape in value.items()}
     raise UsageError(f"INPUT_SHAPE in {path} is {value!r}, not a tuple of positive integers",
-                     "set INPUT_SHAPE = (C, H, W) per sample, without the batch dimension")
+                     "set INPUT_SHAPE = (C, H, W) per sample, without the batch dimension, or a dict "
+                     "{\"input_ids\": (128,), \"attention_mask\": (128,)} for a model with several inputs")
+
+
+def _dtype_from_file(value, path: Path) -> torch.dtype | dict[str, torch.dtype] | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        return parse_input_dtype(value)
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (torch.dtype, str)) for k, v in value.items()):
+        return {k: v if isinstance(v, torch.dtype) else parse_input_dtype(v) for k, v in value.items()}
+    raise UsageError(f"INPUT_DTYPE in {path} is {value!r}, not a torch dtype",
+                     "set INPUT_DTYPE = torch.long for token ids (or a dict of dtypes per input name)")
+
+
+def _combine_shapes(given, from_file):
+    """A shape from the command line replaces the file's; for a file with several inputs it replaces each
+    input's shape (they usually share the sequence length: --input-shape 16 for ids and mask alike)."""
+    if given is None:
+        return from_file
+    if isinstance(given, tuple) and isinstance(from_file, dict):
+        return {name: given for name in from_file}
+    return given
 
 
 def _user_frame(exc: BaseException, path: Path) -> str:
@@ -109,7 +244,31 @@ def _describe_exception(exc: BaseException, path: Path) -> str:
     return f"{text} (at {where})" if where else text
 
 
-def _execute_file(path: Path, device: str):
+class _ConstructionFailed(Exception):
+    """One construction strategy failed; carries what the user needs to hear if every strategy fails."""
+
+    def __init__(self, phase: str, error: BaseException, failed_op: str | None):
+        super().__init__(str(error))
+        self.phase = phase          # "import" or "build"
+        self.error = error
+        self.failed_op = failed_op
+
+
+def _failing_op(mode, exc: BaseException) -> str | None:
+    """The torch function that raised `exc`, when one did (not a ValueError of the user's own)."""
+    if mode is None or mode.failed is None:
+        return None
+    name, raised = mode.failed
+    chain, current = set(), exc
+    while current is not None and id(current) not in chain:
+        chain.add(id(current))
+        if current is raised:
+            return name
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     module_name = "rankaudit_model_" + re.sub(r"\W", "_", path.stem)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -119,8 +278,10 @@ def _execute_file(path: Path, device: str):
     directory = str(path.resolve().parent)
     # A model file may import its neighbours, as it would when run as a script.
     sys.path.insert(0, directory)
+    mode = None
     try:
-        with _building_on(device):
+        context, mode = _building_on(device, build)
+        with context:
             spec.loader.exec_module(module)
     except (KeyboardInterrupt, GeneratorExit):
         raise
@@ -128,8 +289,7 @@ def _execute_file(path: Path, device: str):
         raise ModelLoadError(f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})",
                              "fix the syntax error in the model file") from exc
     except BaseException as exc:  # the user's file can raise anything, SystemExit included
-        raise ModelLoadError(f"{path} raised on import: {_describe_exception(exc, path)}",
-                             "make the file importable on its own (run `python " + str(path) + "`)") from exc
+        raise _ConstructionFailed("import", exc, _failing_op(mode, exc)) from exc
     finally:
         if sys.path and sys.path[0] == directory:
             sys.path.pop(0)
@@ -158,25 +318,89 @@ def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     return instances, classes
 
 
-def _build(obj, attr: str, path: Path, device: str) -> nn.Module:
+def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE) -> nn.Module:
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):
         raise UsageError(f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
                          f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME")
+    mode = None
     try:
-        with _building_on(device):
+        context, mode = _building_on(device, build)
+        with context:
             built = obj()
     except (KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as exc:
-        raise ModelLoadError(f"could not build {attr}() from {path}: {_describe_exception(exc, path)}",
-                             f"give {attr} defaults for every argument, or add a zero-argument factory "
-                             f"function and pass {path}:factory") from exc
+        raise _ConstructionFailed("build", exc, _failing_op(mode, exc)) from exc
     if not isinstance(built, nn.Module):
         raise ModelLoadError(f"{attr}() in {path} returned a {type(built).__name__}, not an nn.Module",
                              "make the factory return the model")
     return built
+
+
+_STANDALONE_CHECK = """
+import resource, runpy, sys
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+sys.path.insert(0, sys.argv[2])
+namespace = runpy.run_path(sys.argv[1], run_name="rankaudit_standalone_check")
+if len(sys.argv) > 4:
+    import torch.nn
+    obj = namespace[sys.argv[4]]
+    if not isinstance(obj, torch.nn.Module):
+        obj()
+"""
+_CHECK_MEMORY = 6 * 1024 ** 3
+_CHECK_SECONDS = 120
+
+
+def _runs_on_its_own(path: Path, attr: str | None) -> tuple[bool | None, str]:
+    """Does the file import (and, with `attr`, build) with plain PyTorch on the CPU, in a fresh process?
+
+    (True, ""), (False, its error) or (None, why it could not be told). A separate process with a memory cap:
+    a real build may be large, and the user's file should not run inside rankaudit with real weights.
+    """
+    import subprocess
+
+    command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(path.resolve().parent), str(_CHECK_MEMORY)]
+    if attr is not None:
+        command.append(attr)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_CHECK_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None, f"running it took over {_CHECK_SECONDS} s"
+    if done.returncode == 0:
+        return True, ""
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit status {done.returncode}"
+    if "MemoryError" in last or "std::bad_alloc" in last or "DefaultCPUAllocator" in last:
+        return None, f"it needs more than {_CHECK_MEMORY // 1024 ** 3} GB with real weights"
+    return False, last
+
+
+def _construction_error(path: Path, attr: str | None, failure: _ConstructionFailed) -> ModelLoadError:
+    """The one-line error when no construction worked: what failed, where, and whether the file runs on its own."""
+    what = _describe_exception(failure.error, path)
+    if failure.failed_op:
+        what += f" in torch's {failure.failed_op}()"
+    head = (f"{path} raised on import: {what}" if failure.phase == "import"
+            else f"could not build {attr}() from {path}: {what}")
+    runs, detail = _runs_on_its_own(path, attr if failure.phase == "build" else None)
+    command = f"python {path}"
+    if runs is False:
+        fix = ("make the file importable on its own (`" + command + "` fails the same way)" if failure.phase == "import"
+               else f"make {attr}() build with plain PyTorch, or add a zero-argument factory function and pass "
+                    f"{path}:factory")
+        return ModelLoadError(f"{head}; it fails with plain PyTorch too ({detail})", fix)
+    if runs is True:
+        where = "imports" if failure.phase == "import" else f"imports and {attr}() builds"
+        return ModelLoadError(f"{head}; the file {where} with plain PyTorch on the CPU, so what fails is building "
+                              "without weights (parameters on the meta device)",
+                              "compute sizes from Python numbers or CPU tensors rather than from parameter values "
+                              "while building, or report this model to rankaudit with the line above")
+    return ModelLoadError(f"{head}; whether the file runs on its own could not be checked ({detail})",
+                          f"check that `{command}` runs, then report the model to rankaudit if it does")
 
 
 def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
@@ -208,20 +432,71 @@ def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
                          "define the model class in that file, or name it with PATH:NAME")
 
 
-def load_model(spec: str, input_shape: tuple[int, ...] | None = None, device: str = "meta") -> LoadedModel:
-    """Execute the model file and build its model on `device` ("meta" for analysis: nothing is allocated)."""
+@dataclass
+class LoadedModel:
+    module: nn.Module
+    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]]   # per sample; a dict for several named inputs
+    name: str  # the class, factory or instance the model came from
+    path: Path
+    spec: str  # what the user typed: PATH or PATH:NAME
+    input_dtype: torch.dtype | dict[str, torch.dtype] | None = None   # None: float32
+    forward_kwargs: dict = field(default_factory=dict)   # FORWARD_KWARGS: switches the file asks forward() for
+    vocab_size: int | None = None   # VOCAB_SIZE, else the first nn.Embedding's rows
+    build: str = BUILD_DEVICE       # which construction worked: meta-parameters, meta or device
+
+
+def _vocabulary(namespace, model: nn.Module, path: Path) -> int | None:
+    declared = getattr(namespace, "VOCAB_SIZE", None)
+    if declared is not None:
+        if not isinstance(declared, int) or declared <= 0:
+            raise UsageError(f"VOCAB_SIZE in {path} is {declared!r}, not a positive integer",
+                             "set VOCAB_SIZE to the number of token ids, or leave it out to use the first nn.Embedding")
+        return declared
+    return next((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), None)
+
+
+def _construct(path: Path, name: str | None, device: str):
+    """Run the file and build its model; on meta, first with parameters only on meta, then all on meta."""
+    builds = (BUILD_META_PARAMETERS, BUILD_META) if device == "meta" else (BUILD_DEVICE,)
+    first_failure, attr = None, name
+    for build in builds:
+        try:
+            namespace = _execute_file(path, device, build)
+            attr, obj = _pick(namespace, name, path)
+            return namespace, attr, _build(obj, attr, path, device, build), build
+        except _ConstructionFailed as failure:
+            first_failure = first_failure or failure
+    if device != "meta":  # the verifier's real build: its error is the file's own
+        what = _describe_exception(first_failure.error, path)
+        if first_failure.phase == "import":
+            raise ModelLoadError(f"{path} raised on import: {what}",
+                                 f"make the file importable on its own (run `python {path}`)") from first_failure.error
+        raise ModelLoadError(f"could not build {attr}() from {path}: {what}",
+                             f"give {attr} defaults for every argument, or add a zero-argument factory function and "
+                             f"pass {path}:factory") from first_failure.error
+    raise _construction_error(path, attr, first_failure) from first_failure.error
+
+
+def load_model(spec: str, input_shape: tuple[int, ...] | dict | None = None, device: str = "meta",
+               input_dtype: torch.dtype | dict | None = None) -> LoadedModel:
+    """Execute the model file and build its model on `device` ("meta" for analysis: no weight is allocated)."""
     path, name = split_model_spec(spec)
     if path.suffix != ".py":
         raise UsageError(f"'{path}' is not a .py file", "give the Python file that defines the model")
-    module = _execute_file(path, device)
-    attr, obj = _pick(module, name, path)
-    model = _build(obj, attr, path, device)
-    if device == "meta" and any(not p.is_meta for p in model.parameters()):
-        # The file loaded real weights (torch.load at import, say); drop them: analysis needs shapes only.
-        model = model.to("meta")
+    namespace, attr, model, build = _construct(path, name, device)
+    if device == "meta":
+        _everything_to_meta(model)
+    from_file = _shape_from_file(namespace.INPUT_SHAPE, path) if hasattr(namespace, "INPUT_SHAPE") else None
+    input_shape = _combine_shapes(input_shape, from_file)
     if input_shape is None:
-        if not hasattr(module, "INPUT_SHAPE"):
-            raise UsageError(f"no input shape for {path}",
-                             "pass --input-shape C,H,W or set INPUT_SHAPE = (C, H, W) in the model file")
-        input_shape = _shape_from_file(module.INPUT_SHAPE, path)
-    return LoadedModel(module=model, input_shape=tuple(input_shape), name=attr, path=path, spec=spec)
+        raise UsageError(f"no input shape for {path}",
+                         "pass --input-shape C,H,W or set INPUT_SHAPE = (C, H, W) in the model file")
+    if input_dtype is None:
+        input_dtype = _dtype_from_file(getattr(namespace, "INPUT_DTYPE", None), path)
+    forward_kwargs = getattr(namespace, "FORWARD_KWARGS", None) or {}
+    if not isinstance(forward_kwargs, dict) or not all(isinstance(k, str) for k in forward_kwargs):
+        raise UsageError(f"FORWARD_KWARGS in {path} is {forward_kwargs!r}, not a dict of keyword arguments",
+                         "set FORWARD_KWARGS = {\"output_attentions\": False} or leave it out")
+    return LoadedModel(module=model, input_shape=input_shape, name=attr, path=path, spec=spec,
+                       input_dtype=input_dtype, forward_kwargs=dict(forward_kwargs),
+                       vocab_size=_vocabulary(namespace, model, path), build=build)

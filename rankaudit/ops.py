@@ -245,6 +245,38 @@ def _attention(f: OpFacts) -> Counting:
 
 
 
+def _with_parameter_operand(f: OpFacts) -> tuple[torch.Tensor | None, int]:
+    """The parameter among a product's operands (x @ W, addmm(b, x, W)), and its position among them."""
+    operands = [a for a in f.args if isinstance(a, torch.Tensor)]
+    for position, operand in enumerate(operands):
+        if isinstance(operand, nn.Parameter) and operand.dim() == 2:
+            return operand, position
+    return None, -1
+
+
+def _matmul(f: OpFacts) -> Counting:
+    """x @ W with W a parameter is a Linear (GPT-2's Conv1D is addmm(b, x, W)); two data tensors are a product."""
+    weight, position = _with_parameter_operand(f)
+    if weight is None or len(f.traced_inputs) != 1:
+        return not_modelled(f, f"product of two activations ({f.op}) is not modelled")
+    operands = [a for a in f.args if isinstance(a, torch.Tensor)]
+    # x @ W contracts W's rows; W @ x its columns.
+    weight_first = operands[-1] is not weight
+    in_features = weight.shape[1] if weight_first else weight.shape[0]
+    out_features = weight.shape[0] if weight_first else weight.shape[1]
+    positions = f.input_numel // in_features if in_features else 0
+    bias = sum(a.numel() for a in operands if isinstance(a, nn.Parameter) and a is not weight and a.requires_grad)
+    return Counting(Role.LAYER, weights=f.trainable, frozen_params=f.frozen, bias_params=bias,
+                    dense_candidate=positions == 1, out_features=out_features)
+
+
+def _reduction(f: OpFacts) -> Counting:
+    """A mean or sum over some dimensions: a linear map without weights, like average pooling (|W| = 0)."""
+    if f.traced_inputs and f.output_numel == f.input_numel:
+        return Counting(Role.TRANSPARENT)
+    return Counting(Role.LAYER, frozen_params=f.frozen)
+
+
 # ---- shape rules ---------------------------------------------------------------------------------------
 
 
@@ -431,6 +463,22 @@ def _cat_shape(target, args, kwargs):
     dim = dim % len(first)
     return first[:dim] + (sum(t.shape[dim] for t in tensors),) + first[dim + 1:]
 
+def _reduction_shape(target, args, kwargs):
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor):
+        return None
+    dims = _arg(args, kwargs, 1, "dim")
+    keepdim = _arg(args, kwargs, 2, "keepdim", False)
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return (1,) * x.dim() if keepdim else ()
+    if not isinstance(dims, (list, tuple)):
+        dims = (dims,)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    reduced = {d % x.dim() for d in dims} if x.dim() else set()
+    return tuple(1 if i in reduced else size for i, size in enumerate(x.shape) if keepdim or i not in reduced)
+
+
 # ---- the families -------------------------------------------------------------------------------------
 
 register("linear", _linear, shape=_linear_shape, modules=(nn.Linear, nn.LazyLinear), functions=(F.linear,), aten=("linear",))
@@ -513,6 +561,43 @@ register("attention", _attention, shape=lambda target, args, kwargs: tuple(args[
          aten=("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
                "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention"))
 
+register("embedding", _unmodelled, input_dependent_jacobian=False,
+         modules=(nn.Embedding, nn.EmbeddingBag), functions=(F.embedding, F.embedding_bag),
+         aten=("embedding", "embedding_bag", "_embedding_bag"))
+register("layer_norm", _unmodelled, shape=same_shape, input_dependent_jacobian=True,
+         modules=(nn.LayerNorm, nn.LocalResponseNorm, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())),
+         functions=(F.layer_norm, torch.layer_norm, F.local_response_norm,
+                    *((F.rms_norm,) if hasattr(F, "rms_norm") else ())),
+         aten=("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"))
+register("smooth_activation", _unmodelled, shape=same_shape, input_dependent_jacobian=True,
+         modules=(nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Softmax2d,
+                  nn.Tanhshrink, nn.Softshrink, nn.Hardshrink),
+         functions=(F.gelu, F.silu, F.mish, F.hardswish, F.softmax, F.log_softmax, F.softmin, torch.softmax,
+                    torch.log_softmax, F.tanhshrink),
+         methods=("softmax", "log_softmax"),
+         aten=("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "_softmax", "softmax",
+               "_log_softmax", "log_softmax", "_safe_softmax"))
+register("monotonic_smooth", _transparent, shape=same_shape, input_dependent_jacobian=True,
+         modules=(nn.SELU, nn.CELU, nn.Softsign, nn.LogSigmoid), functions=(F.selu, F.celu, F.softsign, F.logsigmoid),
+         aten=("selu", "selu_", "celu", "celu_", "log_sigmoid_forward"))
+register("matmul", _matmul, input_dependent_jacobian=True,
+         functions=(torch.matmul, operator.matmul, torch.bmm, torch.mm, torch.einsum, torch.baddbmm),
+         methods=("matmul", "bmm", "mm", "__matmul__"), aten=("matmul", "bmm", "mm", "einsum", "baddbmm"))
+register("addmm", _matmul, functions=(torch.addmm,), methods=("addmm",), aten=("addmm",))
+# x @ W with a parameter W: the matmul family's calls that turn out to be Linear layers (constant Jacobian).
+register("matmul_param", _matmul)
+# Copies of entries (broadcast, repeat_kv in grouped-query attention): no new unknowns, a constant Jacobian.
+register("replicate", _transparent,
+         functions=(torch.broadcast_to, torch.tile, torch.repeat_interleave),
+         methods=("expand", "expand_as", "repeat", "repeat_interleave", "tile", "broadcast_to"),
+         aten=("expand", "expand_as", "repeat", "repeat_interleave", "tile", "broadcast_to"))
+# Several views of one tensor; each piece picked from the tuple is a row-free view too.
+register("split", _transparent, functions=(torch.split, torch.chunk, torch.unbind, torch.tensor_split),
+         methods=("split", "chunk", "unbind", "tensor_split"),
+         aten=("split", "split_with_sizes", "chunk", "unbind", "tensor_split"))
+register("reduction", _reduction, shape=_reduction_shape,
+         functions=(torch.mean, torch.sum), methods=("mean", "sum"), aten=("mean", "sum"))
+
 UNMODELLED = OpFamily("not_modelled", _unmodelled, input_dependent_jacobian=True)
 FAMILIES[UNMODELLED.key] = UNMODELLED
 
@@ -520,7 +605,14 @@ FAMILIES[UNMODELLED.key] = UNMODELLED
 def family_of(kind: str, target: Any) -> OpFamily:
     """The family for a call: kind is "module" (target: the module), "function", "method" or "aten"."""
     if kind == "module":
-        return MODULES.get(type(target), UNMODELLED)
+        family = MODULES.get(type(target))
+        if family is None:
+            # A subclass of a registered module (timm's LayerNorm2d), else another library's norm or activation.
+            family = next((MODULES[base] for base in type(target).__mro__[1:] if base in MODULES), None)
+        if family is None:
+            family = {"norm": FAMILIES["layer_norm"], "activation": FAMILIES["smooth_activation"]}.get(
+                atomic_kind(target), UNMODELLED)
+        return family
     if kind == "function":
         return FUNCTIONS.get(target, UNMODELLED)
     if kind == "method":
@@ -528,3 +620,30 @@ def family_of(kind: str, target: Any) -> OpFamily:
     if kind == "aten":
         return ATEN.get(target, UNMODELLED)
     return UNMODELLED
+
+
+_ACTIVATION_SUFFIXES = ("activation", "gelu", "silu", "swish", "mish", "quickgelu")
+
+
+def atomic_kind(module: nn.Module) -> str | None:
+    """'norm' or 'activation' for another library's normalisation or activation module (LlamaRMSNorm,
+    T5LayerNorm, NewGELUActivation), told by its class name: a module without submodules whose name ends in
+    Norm, or a parameter-free one whose name ends in Activation, GELU, SiLU, Swish or Mish. The tracer treats
+    it as one op: its pow/mean/rsqrt inside are the norm, not layers of their own."""
+    if type(module).__module__.startswith("torch.nn.") or next(module.children(), None) is not None:
+        return None
+    name = type(module).__name__.lower()
+    if name.endswith("norm"):
+        return "norm"
+    if name.endswith(_ACTIVATION_SUFFIXES) and next(module.parameters(), None) is None:
+        return "activation"
+    return None
+
+
+def refine_family(family: OpFamily, counting: Counting) -> OpFamily:
+    """A product that turned out to read a weight matrix (x @ W) is a Linear: its Jacobian does not depend on x."""
+    if family.key in ("matmul", "addmm") and counting.role is Role.LAYER and (counting.weights or counting.frozen_params):
+        return FAMILIES["matmul_param"]
+    if family.key == "addmm":
+        return FAMILIES["matmul"]
+    return family

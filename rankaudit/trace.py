@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import logging
 import math
@@ -18,7 +19,7 @@ import torch.fx as fx
 from torch import nn
 
 from rankaudit import ops
-from rankaudit.errors import TraceError
+from rankaudit.errors import TraceError, UsageError
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -44,16 +45,62 @@ class NodeRecord:
     direct_params: list[tuple[str, int]] = field(default_factory=list)
 
 
+# What an input of forward() carries. Token ids are no continuous unknowns: the unknowns start at the
+# embedding's output. Masks and other ids (positions, segment types) carry none.
+ROLE_DATA, ROLE_TOKENS, ROLE_MASK, ROLE_IDS = "data", "tokens", "mask", "ids"
+
+
+@dataclass
+class InputSpec:
+    """One tensor the trace feeds to forward(), per sample (the batch dimension is added)."""
+
+    name: str                        # forward()'s parameter name
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    role: str                        # data | tokens | mask | ids
+    positional: bool = False         # the single unnamed input: passed positionally
+    same_as: str | None = None       # fed the same ids as another input (an encoder-decoder's decoder_input_ids)
+
+    @property
+    def carries_unknowns(self) -> bool:
+        return self.role in (ROLE_DATA, ROLE_TOKENS)
+
+
+@dataclass
+class TokenEmbedding:
+    """An embedding lookup of the token ids: the continuous unknowns start at its output."""
+
+    record: str                      # the input record it produces
+    name: str                        # the module (transformer.wte) or the op
+    weight: str                      # the table's qualified parameter name
+    vocab_size: int
+    dim: int
+    trainable: bool
+    token_input: str                 # the forward() input whose ids it reads
+    tied_with: list[str] = field(default_factory=list)  # other traced ops reading the same table (a tied head)
+
+
 @dataclass
 class TracedModel:
     records: dict[str, NodeRecord]   # node id -> record, for every traced call that depends on the input
     successors: dict[str, list[str]] # node id -> the records that read its output: edges follow the data
     order: list[str]                 # execution order (a topological order)
-    input_id: str
-    output_ids: list[str]
+    input_id: str                    # the primary source of unknowns: the input tensor, or its token embedding
+    output_ids: list[str]            # the tensor the loss reads: the logits (first output, or one named logits)
     tracer: str                      # "torch.fx" or "torch.export"
     fallback_reason: str | None      # why torch.fx was not used
     parameters: int                  # all parameters of the model, trainable or not
+    # Every record where unknowns start, input_id first: float inputs and token embeddings. Records with no
+    # inputs that are not listed here (none today) would carry no unknowns.
+    input_ids: list[str] = field(default_factory=list)
+    inputs: list[InputSpec] = field(default_factory=list)
+    token_embeddings: list[TokenEmbedding] = field(default_factory=list)
+    call_notes: list[str] = field(default_factory=list)  # how forward() was called: use_cache=False, ...
+    input_starts: dict[str, str] = field(default_factory=dict)  # forward() input -> the record its unknowns start at
+
+    def __post_init__(self):
+        if not self.input_ids:
+            self.input_ids = [self.input_id]
 
     def record(self, node_id: str) -> NodeRecord:
         return self.records[node_id]
@@ -135,6 +182,10 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return found
 
 
+# Families whose output is a rearrangement of their input's entries: token ids stay token ids through them.
+_ID_PRESERVING = {"reshape", "slice", "cat", "stack"}
+
+
 class _GraphBuilder:
     """Collects NodeRecords and their edges, whichever tracer produced the calls."""
 
@@ -147,22 +198,47 @@ class _GraphBuilder:
         self.traced: set[str] = set()
         self.names_used: dict[str, int] = {}
         self.input_id: str | None = None
+        self.input_ids: list[str] = []
         self.output_ids: list[str] = []
+        # Nodes computed from integer or mask inputs alone: no unknowns. Value: the token input whose ids the
+        # node still holds (through views and slices), else None (a mask, a comparison, a cumsum of positions).
+        self.discrete: dict[str, str | None] = {}
+        self.embeddings: dict[tuple, str] = {}           # (table, token input, shape) -> the input record
+        self.token_embeddings: list[TokenEmbedding] = []
+        self.atomic_calls_seen: set[str] = set()
+        self.input_starts: dict[str, str] = {}
 
     def unique_name(self, name: str) -> str:
         count = self.names_used.get(name, 0) + 1
         self.names_used[name] = count
         return name if count == 1 else f"{name}#{count}"
 
-    def add_input(self, node_id: str, value: torch.Tensor):
+    def add_input(self, node_id: str, value: torch.Tensor, name: str = "input", op: str = "input",
+                  source: str | None = None, direct: list[tuple[str, int]] | None = None):
         shape = tuple(value.shape)
-        record = NodeRecord(node_id, "input", "input", "input", ops.Counting(ops.Role.TRANSPARENT),
-                            math.prod(shape), shape, [])
+        record = NodeRecord(node_id, self.unique_name(name) if name != "input" else name, op, "input",
+                            ops.Counting(ops.Role.TRANSPARENT), math.prod(shape), shape, [], source, direct or [])
         self._add(record)
-        self.input_id = node_id
+        self.input_ids.append(node_id)
+        if self.input_id is None:
+            self.input_id = node_id
+
+    def add_placeholder(self, node: fx.Node, value: Any, spec: InputSpec | None):
+        """A forward() input: float data starts the unknowns here; ids and masks are followed, not counted."""
+        if spec is None or not isinstance(value, torch.Tensor):
+            return
+        if spec.role == ROLE_DATA:
+            self.add_input(node.name, value)
+            self.input_starts[spec.name] = node.name
+        else:
+            self.discrete[node.name] = (spec.same_as or spec.name) if spec.role == ROLE_TOKENS else None
 
     def direct_params(self, node: fx.Node, own: list[tuple[str, nn.Parameter]] = ()) -> list[tuple[str, int]]:
         """Parameters reaching `node` without passing through a traced op: `own` first, then the untraced chains."""
+        found = {name: param for name, param in self._direct_parameters(node, own)}
+        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
+
+    def _direct_parameters(self, node: fx.Node, own=()) -> list[tuple[str, nn.Parameter]]:
         found = {name: param for name, param in own}
         seen, frontier = set(), list(node.all_input_nodes)
         while frontier:
@@ -173,14 +249,56 @@ class _GraphBuilder:
             for name, param in self.parameters_at(current):
                 found.setdefault(name, param)
             frontier.extend(current.all_input_nodes)
-        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
+        return list(found.items())
+
+    def _follow_ids(self, node: fx.Node, family: ops.OpFamily, name: str, display: str, value: Any,
+                    own_params, source: str | None):
+        """An op on ids or masks alone: an embedding of token ids starts the unknowns; others pass ids on."""
+        discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
+        if not discrete_args:
+            return
+        tokens = [self.discrete[a.name] for a in discrete_args if self.discrete[a.name] is not None]
+        if (family.key == "embedding" and tokens and isinstance(value, torch.Tensor)
+                and value.is_floating_point()):
+            self._add_token_embedding(node, name, display, value, own_params, tokens[0], source)
+        elif family.key in _ID_PRESERVING and tokens:
+            self.discrete[node.name] = tokens[0]
+        else:
+            self.discrete[node.name] = None
+
+    def _add_token_embedding(self, node: fx.Node, name: str, display: str, value: torch.Tensor, own_params,
+                             token_input: str, source: str | None):
+        tables = [(n, p) for n, p in self._direct_parameters(node, own_params) if p.dim() == 2]
+        direct = self.direct_params(node, own_params)
+        table_name, table = tables[0] if tables else (name, None)
+        key = (table_name, token_input, tuple(value.shape))
+        if key in self.embeddings:
+            # The same table looked up with the same ids (a decoder fed the encoder's ids): the same tensor, so
+            # the same unknowns; a view of the first lookup, whose table gets both gradients.
+            record = NodeRecord(node.name, self.unique_name(name), display, "embedding",
+                                ops.Counting(ops.Role.TRANSPARENT), value.numel(), tuple(value.shape),
+                                [self.embeddings[key]], source, direct)
+            self._add(record)
+            return
+        self.add_input(node.name, value, name=name, op=display, source=source, direct=direct)
+        self.embeddings[key] = node.name
+        self.input_starts.setdefault(token_input, node.name)
+        if table is not None:
+            self.token_embeddings.append(TokenEmbedding(node.name, self.records[node.name].name, table_name,
+                                                        table.shape[0], table.shape[1], table.requires_grad,
+                                                        token_input))
 
     def add_call(self, node: fx.Node, kind: str, target: Any, display: str, name: str, module: nn.Module | None,
                  args: tuple, kwargs: dict, value: Any, params: list[nn.Parameter], source: str | None,
-                 own_params: list[tuple[str, nn.Parameter]] = ()):
+                 own_params: list[tuple[str, nn.Parameter]] = (), atomic: tuple[str, str, nn.Module] | None = None):
+        """One call. `atomic`: (call key, qualified name, module) when the op is part of a norm or activation
+        module that export decomposed (LlamaRMSNorm's pow, mean, rsqrt, mul): counted as that one module."""
+        family = ops.family_of("module", atomic[2]) if atomic else ops.family_of(kind, target)
         traced_args = [a for a in node.all_input_nodes if a.name in self.traced]
         if not traced_args:
-            return  # depends on constants and parameters only: not part of the input's flow
+            # Depends on constants, parameters, ids or masks only: not part of the unknowns' flow.
+            self._follow_ids(node, family, name, display, value, own_params, source)
+            return
         tensors = _tensors_in(value)
         if not tensors:
             self.traced.add(node.name)  # e.g. x.size(0): traced, but no tensor to count
@@ -196,12 +314,34 @@ class _GraphBuilder:
             output_shape, output_numel = None, sum(t.numel() for t in tensors)
         facts = ops.OpFacts(display, module, args, kwargs, operand_shapes,
                             torch.Size(output_shape) if output_shape is not None else None, output_numel, params)
-        family = ops.family_of(kind, target)
-        counting = family.handler(facts)
+        direct = self.direct_params(node, own_params)
+        if atomic:
+            call_key, name, atomic_module = atomic
+            display = type(atomic_module).__name__
+            counting = self._atomic_counting(call_key, display, direct,
+                                             sum(p.numel() for p in atomic_module.parameters()))
+        else:
+            counting = family.handler(facts)
+            family = ops.refine_family(family, counting)
         inputs = [a.name for a in traced_args if a.name in self.records]
         record = NodeRecord(node.name, self.unique_name(name), display, family.key, counting,
-                            output_numel, output_shape, inputs, source, self.direct_params(node, own_params))
+                            output_numel, output_shape, inputs, source, direct)
         self._add(record)
+
+    def _atomic_counting(self, call_key: str, display: str, direct: list[tuple[str, int]],
+                         module_params: int) -> ops.Counting:
+        # One caveat per module call, on its first op; every op inside keeps the count (norms and activations
+        # keep the size), whatever the single op does (mean, rsqrt). Parameters are reported where they are read.
+        params = sum(numel for _, numel in direct)
+        first = call_key not in self.atomic_calls_seen
+        self.atomic_calls_seen.add(call_key)
+        caveat = None
+        if first:
+            caveat = f"{display} is not modelled by the rank analysis"
+            if module_params:
+                caveat += f"; its {module_params} parameters are not counted"
+            caveat += "; counted as transparent (same size in and out)"
+        return ops.Counting(ops.Role.TRANSPARENT, reported_params=params, caveat=caveat)
 
     def _add(self, record: NodeRecord):
         self.records[record.id] = record
@@ -238,9 +378,10 @@ def _parameters_in(values: Any) -> list[nn.Parameter]:
 class _MetaShapeRecorder(fx.Interpreter):
     """Runs a symbolically traced module on meta tensors and records each call's counting facts."""
 
-    def __init__(self, module: fx.GraphModule, builder: _GraphBuilder):
+    def __init__(self, module: fx.GraphModule, builder: _GraphBuilder, specs: dict[str, InputSpec]):
         super().__init__(module)
         self.builder = builder
+        self.specs = specs
         self.calls: dict[str, int] = {}
         # A tied parameter has one name however many modules hold it: the first, as named_parameters() gives it.
         self.canonical = {id(p): name for name, p in module.named_parameters()}
@@ -287,8 +428,7 @@ class _MetaShapeRecorder(fx.Interpreter):
             raise TraceError(f"shape propagation failed at {label}: {_first_line(exc)}{_where(exc)}",
                              "check the input shape (--input-shape or INPUT_SHAPE) against the model's first layer")
         if n.op == "placeholder":
-            if self.builder.input_id is None:
-                self.builder.add_input(n.name, value)
+            self.builder.add_placeholder(n, value, self.specs.get(n.name))
         elif n.op in ("call_module", "call_function", "call_method"):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             source = n.meta.get("rankaudit_source")
@@ -306,18 +446,38 @@ class _MetaShapeRecorder(fx.Interpreter):
                 self.builder.add_call(n, "method", n.target, n.target, n.name, None, args, kwargs, value,
                                       _parameters_in((args, kwargs)), source)
         elif n.op == "output":
-            self.builder.output_ids = [a.name for a in n.all_input_nodes if a.name in self.builder.records]
+            self.builder.output_ids = _output_choice(n.args[0] if n.args else None, self.builder.records)
         return value
 
 
-def _placeholders_without_default(graph: fx.Graph) -> list[str]:
-    return [n.name for n in graph.nodes if n.op == "placeholder" and not n.args]
+def _output_choice(structure: Any, records: dict[str, NodeRecord]) -> list[str]:
+    """The logits among forward()'s outputs: an entry named `logits` (dict, ModelOutput), else the first
+    traced tensor; caches and hidden states beside them carry no loss."""
+    leaves: list[tuple[str | None, Any]] = []
+
+    def walk(value, key=None):
+        if isinstance(value, fx.Node):
+            leaves.append((key, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, k)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v, key if len(value) == 1 else None)
+
+    walk(structure)
+    traced = [(key, node.name) for key, node in leaves if node.name in records]
+    named = [name for key, name in traced if key == "logits"]
+    if named:
+        return named[:1]
+    return [traced[0][1]] if traced else []
 
 
 class _SourceRecordingTracer(fx.Tracer):
     """torch.fx's tracer, noting for each node the model-code line that created it.
 
     fx's own record_stack_traces imports much of torch on first use (over a second); a frame walk is enough.
+    Norm and activation modules of other libraries (LlamaRMSNorm, NewGELUActivation) are leaves, like torch.nn's.
     """
 
     def create_node(self, *args, **kwargs) -> fx.Node:
@@ -329,43 +489,123 @@ class _SourceRecordingTracer(fx.Tracer):
             node.meta["rankaudit_source"] = f"{_relative(frame.f_code.co_filename)}:{frame.f_lineno}"
         return node
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) or ops.atomic_kind(m) is not None
 
-def _trace_fx(model: nn.Module, example: torch.Tensor) -> _GraphBuilder:
+
+_CONCRETE_SUFFIX = re.compile(r"_\d+$")
+
+
+def _trace_fx(model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor],
+              switches: dict[str, Any]) -> _GraphBuilder:
     tracer = _SourceRecordingTracer()
-    graph = tracer.trace(model)
+    graph = tracer.trace(model, concrete_args=switches or None)
     module = fx.GraphModule(tracer.root, graph)
-    _check_single_input(_placeholders_without_default(graph))
+    by_name = {spec.name: spec for spec in specs}
+    positional = [spec for spec in specs if spec.positional]
+    values, placeholder_specs, missing = [], {}, []
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        target = str(node.target)
+        if positional and not values:
+            spec = positional[0]
+        else:
+            spec = by_name.get(target)
+        if spec is not None:
+            values.append(examples[spec.name])
+            placeholder_specs[node.name] = spec
+        elif target in switches or _CONCRETE_SUFFIX.sub("", target) in switches:
+            values.append(switches.get(target, switches.get(_CONCRETE_SUFFIX.sub("", target))))
+        elif node.args:
+            values.append(node.args[0])
+        elif target.startswith("*"):
+            continue
+        else:
+            missing.append(target)
+            values.append(None)
+    _check_inputs_given(missing, specs)
     builder = _GraphBuilder()
-    _MetaShapeRecorder(module, builder).run(example)
+    _MetaShapeRecorder(module, builder, placeholder_specs).run(*values)
     return builder
 
 
-def _check_single_input(required: list[str]):
-    if len(required) > 1:
-        raise TraceError(f"forward() takes {len(required)} inputs ({', '.join(required)}); "
-                         "rankaudit analyses the gradient of one input tensor",
-                         "wrap the model in a module whose forward takes one tensor")
+def _check_inputs_given(missing: list[str], specs: list[InputSpec]):
+    if not missing:
+        return
+    given = ", ".join(spec.name for spec in specs)
+    shapes = ", ".join(f'"{name}": (...)' for name in [s.name for s in specs] + missing)
+    raise TraceError(f"forward() also needs {', '.join(missing)} (rankaudit feeds {given})",
+                     f"set INPUT_SHAPE to a dict naming every input, e.g. {{{shapes}}}, with INPUT_DTYPE for the "
+                     "integer ones, or wrap the model in a module whose forward takes one tensor")
 
 
-def _export_quietly(model: nn.Module, example: torch.Tensor):
+def _export_quietly(model: nn.Module, args: tuple, kwargs: dict):
     """torch.export logs warnings and graph dumps when it fails; the user gets our one-line error instead."""
     logging.disable(logging.CRITICAL)
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            return torch.export.export(model, (example,), strict=False)
+            return torch.export.export(model, args, kwargs, strict=False)
     finally:
         logging.disable(logging.NOTSET)
 
 
-def _trace_export(model: nn.Module, example: torch.Tensor) -> _GraphBuilder:
-    exported = _export_quietly(model, example)
+_CALL_INDEX = re.compile(r"@\d+$")
+
+
+class _ModuleStack:
+    """Reads export's nn_module_stack: which module an aten op belongs to."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.cache: dict[str, nn.Module | None] = {}
+
+    def module(self, path: str) -> nn.Module | None:
+        path = _CALL_INDEX.sub("", path)
+        if path not in self.cache:
+            try:
+                self.cache[path] = self.model.get_submodule(path) if path else self.model
+            except (AttributeError, ValueError):
+                self.cache[path] = None
+        return self.cache[path]
+
+    def atomic(self, stack: dict) -> tuple[str, str, nn.Module] | None:
+        """The outermost norm or activation module (not torch.nn's own: those are single aten ops) around the op."""
+        for key, (path, type_name) in stack.items():
+            if type_name.startswith("torch.nn.modules."):
+                continue
+            module = self.module(path)
+            if module is not None and ops.atomic_kind(module) is not None:
+                return key, _CALL_INDEX.sub("", path), module
+        return None
+
+
+def _trace_export(model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor],
+                  switches: dict[str, Any]) -> _GraphBuilder:
+    positional = [spec for spec in specs if spec.positional]
+    args = tuple(examples[spec.name] for spec in positional)
+    kwargs = {**{spec.name: examples[spec.name] for spec in specs if not spec.positional}, **switches}
+    exported = _export_quietly(model, args, kwargs)
     signature = exported.graph_signature
     parameter_of = dict(signature.inputs_to_parameters)
-    user_inputs = list(signature.user_inputs)
-    _check_single_input(user_inputs)
-    named = dict(model.named_parameters())
-    builder = _GraphBuilder(lambda node: [(parameter_of[node.name], named[parameter_of[node.name]])]
-                            if node.op == "placeholder" and node.name in parameter_of else [])
+    spec_of_tensor = {id(examples[spec.name]): spec for spec in specs}
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    user_specs = [s for s in signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    placeholder_specs = {}
+    for leaf, input_spec in zip(leaves, user_specs):
+        if isinstance(input_spec.arg, torch.export.graph_signature.TensorArgument) and id(leaf) in spec_of_tensor:
+            placeholder_specs[input_spec.arg.name] = spec_of_tensor[id(leaf)]
+    named = dict(model.named_parameters(remove_duplicate=False))
+    canonical = {id(p): name for name, p in model.named_parameters()}  # a tied parameter: its first name
+
+    def parameters_at(node: fx.Node) -> list[tuple[str, nn.Parameter]]:
+        if node.op != "placeholder" or node.name not in parameter_of:
+            return []
+        parameter = named[parameter_of[node.name]]
+        return [(canonical.get(id(parameter), parameter_of[node.name]), parameter)]
+
+    builder = _GraphBuilder(parameters_at)
+    stacks = _ModuleStack(model)
     values: dict[str, Any] = {}
     for n in exported.graph_module.graph.nodes:
         if n.op == "placeholder":
@@ -373,11 +613,10 @@ def _trace_export(model: nn.Module, example: torch.Tensor) -> _GraphBuilder:
                 values[n.name] = named[parameter_of[n.name]]
             else:
                 values[n.name] = n.meta.get("val")
-                if n.name == user_inputs[0]:
-                    builder.add_input(n.name, values[n.name])
+                builder.add_placeholder(n, values[n.name], placeholder_specs.get(n.name))
         elif n.op == "call_function":
-            args = fx.node.map_arg(n.args, lambda a: values.get(a.name))
-            kwargs = fx.node.map_arg(n.kwargs, lambda a: values.get(a.name))
+            args_ = fx.node.map_arg(n.args, lambda a: values.get(a.name))
+            kwargs_ = fx.node.map_arg(n.kwargs, lambda a: values.get(a.name))
             value = n.meta.get("val")
             values[n.name] = value
             if isinstance(n.target, torch._ops.OpOverload):
@@ -386,30 +625,197 @@ def _trace_export(model: nn.Module, example: torch.Tensor) -> _GraphBuilder:
                 kind, target = "function", n.target
             display, name = getattr(target, "__name__", str(target)), n.name
             stack = n.meta.get("nn_module_stack") or {}
-            if stack:
+            atomic = stacks.atomic(stack)
+            if stack and atomic is None:
                 qualname, type_name = list(stack.values())[-1]
+                qualname = _CALL_INDEX.sub("", qualname)
                 if type_name.startswith("torch.nn.modules.") and qualname:
                     display, name = type_name.rsplit(".", 1)[-1], qualname
-            builder.add_call(n, kind, target, display, name, None, args, kwargs, value,
-                             _parameters_in((args, kwargs)), _source_from_stack(n.meta.get("stack_trace")))
+                elif qualname and _reads_own_parameters(builder, n, qualname):
+                    # A layer of another library (GPT-2's Conv1D is one addmm): named after its module.
+                    display, name = type_name.rsplit(".", 1)[-1], qualname
+            builder.add_call(n, kind, target, display, name, None, args_, kwargs_, value,
+                             _parameters_in((args_, kwargs_)), _source_from_stack(n.meta.get("stack_trace")),
+                             atomic=atomic)
         elif n.op == "output":
-            builder.output_ids = [a.name for a in n.all_input_nodes if a.name in builder.records]
+            outputs = list(n.args[0]) if n.args and isinstance(n.args[0], (tuple, list)) else list(n.all_input_nodes)
+            builder.output_ids = _export_output_choice(outputs, exported, builder.records)
     return builder
 
 
-def trace_model(model: nn.Module, input_shape: tuple[int, ...]) -> TracedModel:
-    """Trace with torch.fx; where symbolic tracing fails, with torch.export (non-strict). All on meta."""
+def _reads_own_parameters(builder: _GraphBuilder, node: fx.Node, qualname: str) -> bool:
+    return any(name.startswith(qualname + ".") and name.count(".") == qualname.count(".") + 1
+               for name, _ in builder._direct_parameters(node))
+
+
+def _export_output_choice(outputs: list, exported, records: dict[str, NodeRecord]) -> list[str]:
+    """The output leaf named `logits` in export's output tree (a ModelOutput's keys), else the first traced one."""
+    index = None
+    try:
+        index = _leaf_named(exported.call_spec.out_spec, "logits")
+    except (AttributeError, TypeError):
+        pass
+    if index is not None and index < len(outputs) and isinstance(outputs[index], fx.Node) \
+            and outputs[index].name in records:
+        return [outputs[index].name]
+    traced = [o.name for o in outputs if isinstance(o, fx.Node) and o.name in records]
+    return traced[:1]
+
+
+def _leaf_named(spec, wanted: str) -> int | None:
+    """Position, among the leaves of a pytree spec, of the leaf under the key `wanted`."""
+    def walk(node, offset: int) -> tuple[int | None, int]:
+        if node.is_leaf():
+            return None, offset + 1
+        keys = node.context if isinstance(node.context, (list, tuple)) else None
+        children = node.children() if hasattr(node, "children") else node.children_specs
+        for i, child in enumerate(children):
+            if keys is not None and i < len(keys) and keys[i] == wanted and child.is_leaf():
+                return offset, offset + 1
+            found, offset = walk(child, offset)
+            if found is not None:
+                return found, offset
+        return None, offset
+
+    return walk(spec, 0)[0]
+
+
+def _forward_parameters(model: nn.Module) -> tuple[dict[str, inspect.Parameter], bool]:
+    """forward()'s named parameters, and whether it takes **kwargs."""
+    try:
+        parameters = dict(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {}, True
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    return {n: p for n, p in parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}, var_keyword
+
+
+_POSITION_IDS = ("position_ids", "token_type_ids", "cache_position", "type_ids")
+
+
+def _role(name: str, dtype: torch.dtype) -> str:
+    lowered = name.lower()
+    if "mask" in lowered:
+        return ROLE_MASK
+    if dtype.is_floating_point or dtype.is_complex:
+        return ROLE_DATA
+    if lowered.endswith(_POSITION_IDS):
+        return ROLE_IDS
+    return ROLE_TOKENS
+
+
+def input_specs(model: nn.Module, input_shape, input_dtype=None) -> list[InputSpec]:
+    """What to feed forward(): one spec per input, from INPUT_SHAPE / INPUT_DTYPE (or the command line)."""
+    parameters, var_keyword = _forward_parameters(model)
+
+    def dtype_for(name: str) -> torch.dtype:
+        if isinstance(input_dtype, dict):
+            return input_dtype.get(name, torch.float32)
+        return input_dtype or torch.float32  # one dtype: every input has it
+
+    if isinstance(input_shape, dict):
+        unknown = [name for name in input_shape if name not in parameters and not var_keyword]
+        if unknown:
+            raise UsageError(f"INPUT_SHAPE names {', '.join(unknown)}, which forward() does not take "
+                             f"(it takes {', '.join(parameters) or 'nothing'})",
+                             "name the inputs as forward()'s parameters are named")
+        if isinstance(input_dtype, dict):
+            stray = [name for name in input_dtype if name not in input_shape]
+            if stray:
+                raise UsageError(f"INPUT_DTYPE names {', '.join(stray)}, which INPUT_SHAPE does not",
+                                 "give a dtype for inputs that INPUT_SHAPE lists")
+        specs = [InputSpec(name, tuple(shape), dtype_for(name), _role(name, dtype_for(name)))
+                 for name, shape in input_shape.items()]
+    else:
+        name = next(iter(parameters), "input")
+        dtype = (next(iter(input_dtype.values()), torch.float32) if isinstance(input_dtype, dict)
+                 else input_dtype or torch.float32)
+        role = ROLE_TOKENS if not (dtype.is_floating_point or dtype.is_complex) else ROLE_DATA
+        specs = [InputSpec(name, tuple(input_shape), dtype, role, positional=True)]
+    if not any(spec.carries_unknowns for spec in specs):
+        raise UsageError("no input carries unknowns (" + ", ".join(f"{s.name}: {s.role}" for s in specs) + ")",
+                         "give the data input a float dtype, or the token ids an integer dtype and a name other than "
+                         "a mask's")
+    tokens = next((spec for spec in specs if spec.role == ROLE_TOKENS), None)
+    config = getattr(model, "config", None)
+    if (tokens is not None and "decoder_input_ids" in parameters and "decoder_input_ids" not in [s.name for s in specs]
+            and getattr(config, "is_encoder_decoder", False)):
+        # An encoder-decoder needs decoder inputs: the same ids, so the decoder's lookup is the encoder's.
+        specs.append(InputSpec("decoder_input_ids", tokens.shape, tokens.dtype, ROLE_TOKENS, same_as=tokens.name))
+    return specs
+
+
+def _switches(model: nn.Module, forward_kwargs: dict | None) -> tuple[dict[str, Any], list[str]]:
+    """Keyword arguments for forward(): no cache (only the logits carry the loss), named outputs, then the
+    model file's FORWARD_KWARGS, which win."""
+    parameters, _ = _forward_parameters(model)
+    switches: dict[str, Any] = {}
+    if "use_cache" in parameters:
+        switches["use_cache"] = False
+    if "return_dict" in parameters:
+        switches["return_dict"] = True
+    switches.update(forward_kwargs or {})
+    return switches, [f"{key}={value!r}" for key, value in switches.items()]
+
+
+def _example(spec: InputSpec) -> torch.Tensor:
+    return torch.empty((1,) + tuple(spec.shape), dtype=spec.dtype, device="meta")
+
+
+def _tied_tables(builder: _GraphBuilder):
+    for embedding in builder.token_embeddings:
+        embedding.tied_with = [record.name for record in builder.records.values()
+                               if record.id != embedding.record and record.family != "embedding"
+                               and any(name == embedding.weight for name, _ in record.direct_params)]
+
+
+def _prune_to_outputs(builder: _GraphBuilder):
+    """Keep the records the logits depend on: a cache, an auxiliary head or hidden states beside the logits
+    receive no gradient from the loss."""
+    if not builder.output_ids:
+        return
+    alive, frontier = set(), list(builder.output_ids)
+    while frontier:
+        node = frontier.pop()
+        if node not in alive and node in builder.records:
+            alive.add(node)
+            frontier.extend(builder.records[node].inputs)
+    builder.order = [n for n in builder.order if n in alive]
+    builder.records = {n: builder.records[n] for n in builder.order}
+    builder.successors = {source: [t for t in targets if t in alive]
+                          for source, targets in builder.successors.items() if source in alive}
+    builder.input_ids = [n for n in builder.input_ids if n in alive]
+    if builder.input_id not in alive:
+        builder.input_id = builder.input_ids[0] if builder.input_ids else None
+    builder.token_embeddings = [e for e in builder.token_embeddings if e.record in alive]
+    builder.input_starts = {name: node for name, node in builder.input_starts.items() if node in alive}
+
+
+def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwargs: dict | None = None) -> TracedModel:
+    """Trace with torch.fx; where symbolic tracing fails, with torch.export (non-strict). All on meta.
+
+    `input_shape` is one per-sample shape, or a dict of them by forward() parameter name (INPUT_SHAPE);
+    `input_dtype` a dtype or a dict of them (INPUT_DTYPE; integer inputs are ids or masks).
+    """
     model.eval()  # batch statistics need more than one sample; the counts do not depend on the mode
-    example = torch.empty((1,) + tuple(input_shape), device="meta")
+    specs = input_specs(model, input_shape, input_dtype)
+    switches, notes = _switches(model, forward_kwargs)
+    if any(spec.same_as for spec in specs):
+        notes += [f"{spec.name}={spec.same_as}" for spec in specs if spec.same_as]
+    parameters, _ = _forward_parameters(model)
+    given = {spec.name for spec in specs} | set(switches)
+    required = [name for name, p in parameters.items() if p.default is p.empty and name not in given]
+    _check_inputs_given(required, specs)
+    examples = {spec.name: _example(spec) for spec in specs}
     fallback_reason = None
     try:
-        builder, tracer = _trace_fx(model, example), "torch.fx"
+        builder, tracer = _trace_fx(model, specs, examples, switches), "torch.fx"
     except TraceError:
         raise
     except Exception as fx_error:
         fallback_reason = f"torch.fx: {_first_line(fx_error)}{_where(fx_error)}"
         try:
-            builder, tracer = _trace_export(model, example), "torch.export"
+            builder, tracer = _trace_export(model, specs, examples, switches), "torch.export"
         except TraceError:
             raise
         except Exception as export_error:
@@ -417,8 +823,17 @@ def trace_model(model: nn.Module, input_shape: tuple[int, ...]) -> TracedModel:
                              f"torch.export: {_first_line(export_error)}{_where(export_error)}",
                              "remove data-dependent control flow from forward() (branches on tensor values), "
                              "or move it into a function marked with torch.fx.wrap") from export_error
+    _prune_to_outputs(builder)
     if builder.input_id is None:
-        raise TraceError("the model's forward() takes no input tensor", "give forward() one input tensor")
+        tokens = [spec.name for spec in specs if spec.role == ROLE_TOKENS]
+        if tokens and not builder.token_embeddings:
+            raise TraceError(f"no embedding reads the token ids {', '.join(tokens)}, so no unknowns start anywhere",
+                             "feed token ids to an nn.Embedding (or F.embedding), or give the input a float dtype "
+                             "if it is data (--input-dtype float32)")
+        raise TraceError("the model's output does not depend on its input", "give forward() an input it uses")
+    _tied_tables(builder)
     parameters = sum(p.numel() for p in model.parameters())
     return TracedModel(builder.records, builder.successors, builder.order, builder.input_id, builder.output_ids, tracer,
-                       fallback_reason, parameters)
+                       fallback_reason, parameters, input_ids=list(builder.input_ids), inputs=specs,
+                       token_embeddings=builder.token_embeddings, call_notes=notes,
+                       input_starts=builder.input_starts)

@@ -13,7 +13,7 @@ def to_dict(result: Result) -> dict:
         "rankaudit_version": __version__,
         "model": result.model,
         "model_name": result.model_name,
-        "input_shape": list(result.input_shape),
+        "input_shape": _input_shape(result),
         "batch_size": result.batch_size,
         "tracer": result.tracer,
         "ra_i": result.ra_i,
@@ -38,7 +38,18 @@ def to_dict(result: Result) -> dict:
         "label_leakage": _label_leakage(result),
         "verification": result.verification,
         "seconds": round(result.seconds, 4),
+        "inputs": [asdict(info) for info in result.inputs],
+        "token_leakage": asdict(result.token_leakage) if result.token_leakage else None,
+        "build": result.build or None,
+        "forward_kwargs": result.call_notes,
     }
+
+
+def _input_shape(result: Result) -> list[int] | dict[str, list[int]]:
+    """The per-sample shape; a dict by input name when forward() was fed several tensors."""
+    if len(result.inputs) > 1:
+        return {info.name: list(info.shape) for info in result.inputs}
+    return list(result.input_shape)
 
 
 def _label_leakage(result: Result) -> dict | None:

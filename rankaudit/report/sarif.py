@@ -19,6 +19,8 @@ RULES = {
               "warning", "6.5"),
     "RA004": ("no-certified-deficit", "No cut through the traced graph stops one shared gradient from determining "
               "the input (identifiability bound: rank bound = unknowns)", "error", "8.0"),
+    "RA005": ("token-set-exposed", "The token embedding's shared gradient reveals which tokens the batch holds "
+              "(its non-zero rows)", "error", "7.5"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 reads the identifiability bound, which gives the verdict.
@@ -91,6 +93,14 @@ def _results_for(result: Result) -> list[dict]:
                                           "the batch's labels (GDBR gradient bridge / iDLG)."},
                       "locations": [_location(result, first.source if first else None)],
                       "properties": {"layers": leaking}})
+    tokens = result.token_leakage
+    if tokens is not None and tokens.exposed:
+        exposing = [e for e in tokens.embeddings if e.exposed]
+        found.append({"ruleId": "RA005", "level": RULES["RA005"][2],
+                      "message": {"text": f"{result.model}: " + "; ".join(e.reason for e in exposing) + "."},
+                      "locations": [_location(result, exposing[0].source)],
+                      "properties": {"embeddings": [e.name for e in exposing],
+                                     "tokens_per_batch": tokens.tokens_per_batch}})
     for caveat in result.caveats:
         found.append({"ruleId": caveat.code, "level": "note",
                       "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
@@ -101,7 +111,7 @@ def _results_for(result: Result) -> list[dict]:
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
     used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003"})
+                  | {"RA003", "RA005"})
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

@@ -74,9 +74,51 @@ def _label_lines(result: Result) -> list[str]:
     return lines
 
 
+def _input_text(result: Result) -> str:
+    """3x32x32 for one float input; token ids and several inputs say what each one is."""
+    if len(result.inputs) <= 1 and all(info.role == "data" for info in result.inputs):
+        return _shape(result.input_shape)
+    parts = []
+    for info in result.inputs:
+        what = {"tokens": "token ids", "mask": "mask", "ids": "ids"}.get(info.role, info.dtype)
+        name = f"{info.name} " if len(result.inputs) > 1 else ""
+        parts.append(f"{name}{_shape(info.shape)} {what} ({info.dtype})")
+    return ", ".join(parts)
+
+
+def _input_rows(result: Result) -> list[tuple[str, ...]]:
+    """Token inputs start their unknowns at the embedding: a row that says so, above the counted layers."""
+    rows = []
+    for info in result.inputs:
+        if info.role == "tokens" and info.unknowns_at and info.unknowns:
+            rows.append(("", info.unknowns_at, "Embedding", "-", "-", f"{result.batch_size * info.unknowns}", "-", "-",
+                         f"input: {info.name} -> unknowns start here"))
+    return rows
+
+
+_BUILDS = {"meta-parameters": "parameters on the meta device, the constructor's own arithmetic on the CPU",
+           "meta": "everything on the meta device (building with CPU arithmetic failed)"}
+
+
+def _token_lines(result: Result) -> list[str]:
+    tokens = result.token_leakage
+    if tokens is None:
+        return []
+    if tokens.exposed:
+        head = f"Token leakage: exposed. {'; '.join(e.reason for e in tokens.embeddings if e.exposed)}."
+    else:
+        head = "Token leakage: not through the embedding. " + "; ".join(e.reason for e in tokens.embeddings) + "."
+    return ["", head]
+
+
 def _verbose_lines(result: Result) -> list[str]:
     lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {len(result.layers)} counted layers, "
              f"{len(result.blocks)} residual blocks."]
+    if result.build in _BUILDS:
+        lines.append(f"Built with {_BUILDS[result.build]}.")
+    if result.call_notes:
+        lines.append(f"forward() called with {', '.join(result.call_notes)} (the logits carry the loss; caches "
+                     "and other outputs are not counted).")
     for block in result.blocks:
         shortcut = ", ".join(block.shortcut_layers) or "identity"
         lines.append(f"  block {block.name}: main {', '.join(block.main_layers)}; shortcut {shortcut} ({block.kind})")
@@ -175,10 +217,11 @@ def _defense_lines(result: Result) -> list[str]:
 
 
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
-    lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_shape(result.input_shape)}  "
+    lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
-    cells = [HEADERS] + [(">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}",
-                          f"{row.outputs}", f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
+    cells = [HEADERS] + _input_rows(result) + [
+        (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
+         f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
     warn = VERDICT_COLOR.get(result.verdict, "0")
     for index, line in enumerate(cells):
@@ -194,6 +237,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
+    lines.extend(_token_lines(result))
     lines.extend(_verification_lines(result))
     lines.extend(_defense_lines(result))
     if result.caveats:
