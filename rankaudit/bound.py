@@ -83,9 +83,17 @@ class FlowNetwork:
             size = B * record.output_numel
             self._split(f"t:{node_id}", size, record.name, node_id)
             self._split(f"d:{node_id}", size, f"δ{record.name}", node_id)
-        self.graph.add_edge(SOURCE, f"t:{traced.input_id}:in")
+        sources = set(traced.input_ids)
+        for input_id in traced.input_ids:
+            self.graph.add_edge(SOURCE, f"t:{input_id}:in")
+        for embedding in traced.token_embeddings:
+            # A shared embedding table's gradient is δ of its output, scattered into the rows of the tokens used.
+            table = GradientSource(embedding.weight, embedding.vocab_size * embedding.dim, embedding.name, False)
+            if embedding.trainable and is_shared(table):
+                self._gradient(table, embedding.record)
+                self._edge(f"d:{embedding.record}", f"g:{table.name}")
         for node_id in traced.order:
-            if node_id == traced.input_id:
+            if node_id in sources:
                 continue
             record = traced.record(node_id)
             inputs = list(dict.fromkeys(record.inputs))
@@ -106,17 +114,22 @@ class FlowNetwork:
             for source in gradient_sources(record):
                 if not is_shared(source):
                     continue
-                vertex = f"g:{source.name}"
-                if vertex not in self.gradients:
-                    self.gradients[vertex] = source.numel
-                    self._split(vertex, source.numel, f"∇{source.name}", node_id)
-                    self.graph.add_edge(vertex + ":out", SINK)
+                vertex = self._gradient(source, node_id)
                 self._edge(f"d:{node_id}", vertex)
                 if not additive:
                     for operand in inputs[:1] if source.owner_is_layer else inputs:
                         self._edge(f"t:{operand}", vertex)
         for output_id in traced.output_ids:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
+
+    def _gradient(self, source: GradientSource, node_id: str) -> str:
+        """The vertex of one shared gradient, created on first use (a tied parameter is one gradient)."""
+        vertex = f"g:{source.name}"
+        if vertex not in self.gradients:
+            self.gradients[vertex] = source.numel
+            self._split(vertex, source.numel, f"∇{source.name}", node_id)
+            self.graph.add_edge(vertex + ":out", SINK)
+        return vertex
 
     def min_cut(self) -> tuple[int, list[str], list[str]]:
         """Max flow from the input to the gradients; the tensors and gradients on one minimum cut, and the traced
@@ -134,7 +147,7 @@ class FlowNetwork:
     def _visible(self, node_id: str) -> str:
         """The nearest node at or above node_id that a report draws: the input, a layer or a merge."""
         record = self.traced.record(node_id)
-        while (node_id != self.traced.input_id and record.counting.role not in (Role.LAYER, Role.ADD, Role.CAT)
+        while (node_id not in self.traced.input_ids and record.counting.role not in (Role.LAYER, Role.ADD, Role.CAT)
                and record.inputs):
             node_id = record.inputs[0]
             record = self.traced.record(node_id)
@@ -144,7 +157,7 @@ class FlowNetwork:
 def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
                     withheld_layers: list[str] | None = None) -> Identifiability:
     """rank(∂g/∂x) <= max flow; the verdict is `protected` only with a certified deficit (spec §9)."""
-    unknowns = batch_size * traced.record(traced.input_id).output_numel
+    unknowns = batch_size * sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
     rank_bound, bottleneck, cut_nodes = network.min_cut()
     rank_bound = min(rank_bound, unknowns)

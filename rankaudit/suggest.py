@@ -208,7 +208,7 @@ def smallest_certified_batch(traced: TracedModel, start: int = 1) -> int:
     Each extra sample adds |x| unknowns and at most |x| flow, so the deficit never shrinks as B grows: a
     bisection finds the first B. Once B·|x| exceeds every shared gradient's size, the deficit is certain.
     """
-    per_sample = traced.record(traced.input_id).output_numel
+    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     if identifiability(traced, start).certified_deficit:
         return start
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
