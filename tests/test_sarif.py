@@ -96,3 +96,20 @@ def test_caveats_become_note_results_with_their_own_rules(run_cli, tmp_path):
     notes = [r for r in log["runs"][0]["results"] if r["ruleId"] == "RA101"]
     assert len(notes) == 1 and notes[0]["level"] == "note" and "GELU" in notes[0]["message"]["text"]
     assert notes[0]["locations"][0]["physicalLocation"]["region"]["startLine"] == 10
+
+
+def test_no_certified_deficit_is_its_own_rule(run_cli):
+    # ViT-tiny: R-GAP's index is positive (its closed form stops at the class token), yet nothing certifies a
+    # deficit: RA004 fires with the bound's numbers, RA001 (RA-i < 0) does not.
+    code, log = sarif_of(run_cli, EXAMPLES / "vit_tiny.py")
+    run = log["runs"][0]
+    by_rule = {}
+    for result in run["results"]:
+        by_rule.setdefault(result["ruleId"], []).append(result)
+    assert code == 1 and len(by_rule["RA004"]) == 1 and "RA001" not in by_rule
+    assert by_rule["RA004"][0]["properties"]["rank_bound"] == by_rule["RA004"][0]["properties"]["unknowns"] == 768
+    rules = {rule["id"]: rule for rule in run["tool"]["driver"]["rules"]}
+    assert rules["RA004"]["name"] == "no-certified-deficit" and rules["RA004"]["defaultConfiguration"]["level"] == "error"
+    # A certified model (fig2-b, deficit 405) gets neither.
+    _, log = sarif_of(run_cli, EXAMPLES / "fig2_b.py")
+    assert not [r for r in log["runs"][0]["results"] if r["ruleId"] in ("RA001", "RA004")]
