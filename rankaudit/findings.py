@@ -6,7 +6,7 @@ import math
 from rankaudit.bound import identifiability
 from rankaudit.ops import Role
 from rankaudit.result import (Caveat, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
-                              PolicyOutcome, Result, TokenLeakage)
+                              PolicyOutcome, Result, SpanExposure, TokenLeakage)
 from rankaudit.trace import TracedModel
 
 FAIL_ON_CHOICES = ("never", "exposed", "boundary")
@@ -85,6 +85,13 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
     if tokens is not None and tokens.exposed and fail_on != "never":
         reasons.append(f"the token set is exposed by the gradient of {', '.join(tokens.exposing)} (--fail-on {fail_on}; "
                        "withhold or freeze the embedding to pass)")
+    if tokens is not None and tokens.span_exposed and fail_on != "never":
+        exposing = [layer for layer in tokens.layers if layer.exposed]
+        first = exposing[0]
+        reasons.append(f"the batch's tokens can be read from the gradient of {', '.join(l.name for l in exposing)} by "
+                       f"a span test (B·n = {first.tokens_per_batch} < d_in = {first.d_in}; DAGER) (--fail-on "
+                       f"{fail_on}; send at least {tokens.safe_tokens_per_batch} tokens per gradient, e.g. batch "
+                       f"{tokens.safe_batch_size}, or withhold those layers' gradients to pass)")
     return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
                          max_recoverable=max_recoverable)
 
@@ -224,4 +231,108 @@ def token_leakage(traced: TracedModel, batch_size: int, shared: set[str] | None)
         exposures.append(EmbeddingExposure(embedding.name, embedding.weight, embedding.vocab_size, embedding.dim,
                                            is_shared, embedding.trainable, list(embedding.tied_with), exposed, reason,
                                            record.source if record else None))
-    return TokenLeakage(any(e.exposed for e in exposures), tokens_per_batch, exposures)
+    layers = span_exposures(traced, batch_size, shared)
+    safe_tokens, safe_batch = safe_token_budget(layers)
+    return TokenLeakage(any(e.exposed for e in exposures), tokens_per_batch, exposures, layers,
+                        any(layer.exposed for layer in layers), safe_tokens, safe_batch)
+
+
+# Ops that act on each token position alone, so a per-token input stays per-token through them. Norms over the
+# feature dimension (LayerNorm, RMSNorm) belong here; batch norms (statistics over positions) and attention do not.
+_PER_TOKEN_FAMILIES = {"input", "embedding", "reshape", "layer_norm", "monotonic", "relu_family", "smooth_activation",
+                       "monotonic_smooth", "add", "scale", "slice", "split", "reduction", "linear", "matmul_param"}
+_SPAN_LAYER_FAMILIES = {"linear", "matmul_param"}
+# Reshapes that move axes: they can put the positions where the features were.
+_AXIS_MOVES = {"transpose", "permute", "t", "movedim", "swapaxes", "swapdims", "mT", "numpy_T"}
+
+
+def _positions(record) -> int | None:
+    """Token positions per sample if the last dimension is the feature dimension: numel / last dimension."""
+    shape = record.output_shape
+    if not shape or not shape[-1]:
+        return None
+    return record.output_numel // shape[-1]
+
+
+def per_token_tensors(traced: TracedModel) -> dict[str, tuple[int, bool]]:
+    """Records whose every position is a function of that position's token (and the position) alone, starting
+    at the token embeddings: node id -> (positions per sample, position-dependent).
+
+    Followed through element-wise ops, norms over the features, views that keep the last dimension, sums and
+    products of per-token tensors and Linears on the last dimension; anything that can mix positions (attention,
+    axis moves, a reduction over positions, a batch norm, an op rankaudit does not model) ends it. Adding a tensor
+    that is not traced (a position embedding, a segment embedding) makes the vectors position-dependent."""
+    per_token: dict[str, tuple[int, bool]] = {}
+    starts = {embedding.record for embedding in traced.token_embeddings}
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        if node_id in starts:
+            positions = _positions(record)
+            if positions:
+                per_token[node_id] = (positions, False)
+            continue
+        inputs = list(dict.fromkeys(record.inputs))
+        if (not inputs or any(i not in per_token for i in inputs) or record.family not in _PER_TOKEN_FAMILIES
+                or record.op in _AXIS_MOVES or "softm" in record.op.lower()):
+            continue
+        positions = {per_token[i][0] for i in inputs}
+        if len(positions) != 1:
+            continue
+        count = positions.pop()
+        if record.output_shape is not None and _positions(record) != count:
+            continue  # the positions were regrouped (heads split off the features, a flatten, a slice of positions)
+        added = record.family == "add" and record.counting.role is Role.TRANSPARENT
+        per_token[node_id] = (count, added or any(per_token[i][1] for i in inputs))
+    return per_token
+
+
+def span_exposures(traced: TracedModel, batch_size: int, shared: set[str] | None) -> list[SpanExposure]:
+    """DAGER's condition (Petrov et al., NeurIPS 2024) on every Linear that reads per-token vectors."""
+    per_token = per_token_tensors(traced)
+    vocabulary = max((embedding.vocab_size for embedding in traced.token_embeddings), default=0)
+    layers = []
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        if (record.family not in _SPAN_LAYER_FAMILIES or record.counting.role is not Role.LAYER
+                or node_id not in per_token or not record.inputs):
+            continue
+        d_in = traced.record(record.inputs[0]).output_shape[-1]
+        d_out = record.output_shape[-1]
+        if record.counting.out_features not in (None, d_out):
+            continue  # W @ x contracts the positions, not the features
+        positions, position_dependent = per_token[node_id]
+        tokens = batch_size * positions
+        trainable = any(numel == d_in * d_out for _, numel in record.direct_params)
+        is_shared = shared is None or record.name in shared
+        exposed = is_shared and trainable and tokens < d_in and tokens <= d_out
+        what = "the token and its position" if position_dependent else "the token alone"
+        candidates = vocabulary * (positions if position_dependent else 1)
+        if not trainable:
+            reason = f"{record.name}'s weight is frozen (requires_grad=False): no gradient is sent for it"
+        elif not is_shared:
+            reason = f"{record.name}'s gradient is withheld: the server never sees it"
+        elif tokens >= d_in:
+            reason = (f"B·n = {tokens} >= d_in = {d_in}: the gradient's row space can fill every direction "
+                      f"{record.name} reads, so a span test accepts every candidate")
+        elif tokens > d_out:
+            reason = (f"B·n = {tokens} > d_out = {d_out}: the gradient (rank <= {d_out}) keeps only part of the "
+                      "span of the batch's vectors, so the tokens' vectors are not in it and the exact span test "
+                      "fails (optimisation attacks may still recover them)")
+        else:
+            reason = (f"{record.name} reads per-token vectors of width d_in = {d_in}, a function of {what}; its "
+                      f"gradient has rank at most B·n = {tokens} < d_in: the token set of the batch can be read "
+                      f"from this layer's gradient by a span test ({candidates:,} candidate vectors, DAGER)")
+        layers.append(SpanExposure(record.name, record.op, d_in, d_out, positions, tokens, min(tokens, d_in, d_out), is_shared,
+                                   trainable, position_dependent, candidates, min(d_in, d_out + 1), exposed, reason,
+                                   record.source))
+    return layers
+
+
+def safe_token_budget(layers: list[SpanExposure]) -> tuple[int | None, int | None]:
+    """The smallest B·n at which no shared, trainable layer passes the span test, and the smallest batch size
+    that reaches it at this sequence length; (None, None) when no such layer is shared."""
+    sent = [layer for layer in layers if layer.shared and layer.trainable]
+    if not sent:
+        return None, None
+    safe = max(layer.safe_from for layer in sent)
+    return safe, -(-safe // max(1, max(layer.positions for layer in sent)))

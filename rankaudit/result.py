@@ -139,16 +139,53 @@ class EmbeddingExposure:
 
 
 @dataclass
+class SpanExposure:
+    """DAGER's condition on one Linear applied over token positions whose input is a per-token function of the
+    token (and its position): ∇W = Σ_t δ_t x_tᵀ has rank at most B·n, and when B·n < d_in (and B·n <= d_out, so
+    that the δ_t are independent) its row space is exactly span{x_t}: each candidate token's vector can be tested
+    for membership."""
+
+    name: str                         # the layer: transformer.h.0.attn.c_attn, ...lora_A.default
+    op: str                           # Linear, Conv1D
+    d_in: int                         # the width of the per-token vectors it reads
+    d_out: int
+    positions: int                    # n: token positions per sequence it reads
+    tokens_per_batch: int             # B·n: the vectors summed into its gradient
+    rank_bound: int                   # min(B·n, d_in, d_out)
+    shared: bool                      # its gradient is sent (not withheld)
+    trainable: bool                   # its weight has requires_grad (LoRA's base weights do not)
+    position_dependent: bool          # a position embedding (or another added tensor) enters before it
+    candidates: int                   # vectors a span test checks: vocabulary, times positions if position-dependent
+    safe_from: int                    # the smallest B·n at which the span test fails: min(d_in, d_out + 1)
+    exposed: bool
+    reason: str
+    source: str | None = None         # file:line of the call
+
+
+@dataclass
 class TokenLeakage:
-    """The embedding table's gradient is non-zero in the rows of the tokens used: the batch's token set."""
+    """The embedding table's gradient is non-zero in the rows of the tokens used: the batch's token set.
+
+    `exposed` is the embedding table's finding; `span_exposed` DAGER's span test on the layers in `layers`.
+    """
 
     exposed: bool
     tokens_per_batch: int             # B·n: the most distinct tokens one batch can mark
     embeddings: list[EmbeddingExposure]
+    layers: list[SpanExposure] = field(default_factory=list)   # Linears reading per-token vectors
+    span_exposed: bool = False        # some shared layer's gradient passes DAGER's span test
+    # The smallest B·n at which no shared layer passes the span test (None: no such layer is shared), and the
+    # smallest batch size reaching it at this sequence length.
+    safe_tokens_per_batch: int | None = None
+    safe_batch_size: int | None = None
 
     @property
     def exposing(self) -> list[str]:
         return [embedding.name for embedding in self.embeddings if embedding.exposed]
+
+    @property
+    def span_exposing(self) -> list[str]:
+        return [layer.name for layer in self.layers if layer.exposed]
 
 
 @dataclass

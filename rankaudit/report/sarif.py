@@ -21,6 +21,8 @@ RULES = {
               "the input (identifiability bound: rank bound = unknowns)", "error", "8.0"),
     "RA005": ("token-set-exposed", "The token embedding's shared gradient reveals which tokens the batch holds "
               "(its non-zero rows)", "error", "7.5"),
+    "RA006": ("token-set-span-test", "A shared gradient of a layer reading per-token vectors has rank below its "
+              "input width, so a span test over the vocabulary reads the batch's token set (DAGER)", "error", "7.5"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 reads the identifiability bound, which gives the verdict.
@@ -101,6 +103,15 @@ def _results_for(result: Result) -> list[dict]:
                       "locations": [_location(result, exposing[0].source)],
                       "properties": {"embeddings": [e.name for e in exposing],
                                      "tokens_per_batch": tokens.tokens_per_batch}})
+    if tokens is not None and tokens.span_exposed:
+        exposing = [layer for layer in tokens.layers if layer.exposed]
+        found.append({"ruleId": "RA006", "level": RULES["RA006"][2],
+                      "message": {"text": f"{result.model}: {exposing[0].reason}; safe from "
+                                          f"{tokens.safe_tokens_per_batch} tokens per shared gradient."},
+                      "locations": [_location(result, exposing[0].source)],
+                      "properties": {"layers": [layer.name for layer in exposing],
+                                     "tokens_per_batch": exposing[0].tokens_per_batch, "d_in": exposing[0].d_in,
+                                     "safe_tokens_per_batch": tokens.safe_tokens_per_batch}})
     for caveat in result.caveats:
         found.append({"ruleId": caveat.code, "level": "note",
                       "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
@@ -111,7 +122,7 @@ def _results_for(result: Result) -> list[dict]:
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
     used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003", "RA005"})
+                  | {"RA003", "RA005", "RA006"})
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

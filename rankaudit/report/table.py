@@ -111,6 +111,35 @@ def _token_lines(result: Result) -> list[str]:
     return ["", head]
 
 
+def _span_lines(result: Result) -> list[str]:
+    tokens = result.token_leakage
+    if tokens is None or not tokens.layers:
+        return []
+    state = "exposed" if tokens.span_exposed else "not exposed"
+    lines = ["", f"Token leakage through the layers reading per-token vectors (DAGER's span test): {state}."]
+    cells = [("layer", "d_in", "d_out", "B·n", "candidates", "")]
+    for layer in tokens.layers:
+        status = "exposed" if layer.exposed else ("frozen" if not layer.trainable else
+                                                  "withheld" if not layer.shared else "safe")
+        cells.append((layer.name, str(layer.d_in), str(layer.d_out), str(layer.tokens_per_batch),
+                      f"{layer.candidates:,}", status))
+    widths = [max(len(row[i]) for row in cells) for i in range(6)]
+    for row in cells:
+        lines.append("  " + "  ".join(cell.rjust(widths[i]) if 0 < i < 5 else cell.ljust(widths[i])
+                                      for i, cell in enumerate(row)).rstrip())
+    exposing = [layer for layer in tokens.layers if layer.exposed]
+    if exposing:
+        lines.append(f"  {exposing[0].reason}.")
+    if tokens.safe_tokens_per_batch is not None:
+        lines.append(f"  Safe budget: at least {tokens.safe_tokens_per_batch} tokens per shared gradient (batch "
+                     f"{tokens.safe_batch_size} at {max(l.positions for l in tokens.layers)} tokens per sequence): "
+                     "from there the exact span test fails on every shared layer; optimisation attacks that go "
+                     "past the rank condition are not ruled out.")
+    else:
+        lines.append("  No such layer's gradient is sent.")
+    return lines
+
+
 def _verbose_lines(result: Result) -> list[str]:
     lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {len(result.layers)} counted layers, "
              f"{len(result.blocks)} residual blocks."]
@@ -238,6 +267,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
     lines.extend(_token_lines(result))
+    lines.extend(_span_lines(result))
     lines.extend(_verification_lines(result))
     lines.extend(_defense_lines(result))
     if result.caveats:
