@@ -70,7 +70,8 @@ def _names(value: str | None) -> list[str] | None:
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
               help="Also write the self-contained HTML report here, next to the chosen format.")
 @click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
-              show_default=True, help="Exit 1 when the verdict is this bad or worse.")
+              show_default=True, help="exposed: exit 1 without a certified deficit; boundary: also unless R-GAP's "
+                                      "closed form stops (RA-i > 0); never: only other rules fail.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
 @click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
               help="Exit 1 when the bound lets more than this fraction of the input's directions be recovered "
