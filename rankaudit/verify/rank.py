@@ -1,0 +1,601 @@
+"""--verify rank: the numerical rank of J = ∂g/∂x, the shared gradient's Jacobian in the input (spec §10).
+
+The exact answer to "does one gradient determine the input?" for any differentiable model: rank(J) = n means it
+does (to first order, up to isolated points); a deficit n - rank(J) counts input directions the gradient cannot
+see. Computed in float64 from a Gaussian sketch S = R·J with n + 16 rows, each row rᵀJ = ∂/∂x ⟨r, g(x)⟩ a second
+derivative, batched over rows:
+
+- forward-over-reverse (``torch.func``): rᵀJ is the directional derivative, along r in parameter space, of the
+  input gradient ∂L/∂x; ``vmap`` carries a whole chunk of rows through one pass. About twice as fast as
+- reverse-over-reverse (plain autograd, ``is_grads_batched``): the fallback for models ``torch.func`` rejects
+  (an old-style custom ``autograd.Function``, which has no forward-mode rule).
+
+Then the rank counts the singular values of S above σ_max · max(rows, n) · eps (LAPACK's rule, the one R-GAP's
+layer check uses), and ``gap`` says how clear the cut is: σ_last_kept / σ_first_dropped, or at full rank
+σ_min / tolerance. Full rank is shown from a QR factor when σ_min clears the tolerance by RELIABLE_GAP (a third of
+an SVD's cost); every other case gets the full SVD.
+
+For callers other than the CLI (benchmarks, notebooks)::
+
+    from rankaudit.verify import rank
+    m = rank.measure(model, images, labels, device="cuda", seed=0)   # images: B x C x H x W, labels: B
+    m.rank, m.unknowns, m.deficit, m.gap, m.seconds
+
+``shared`` (parameter names, default every trainable parameter) chooses what the client sends;
+:func:`shared_parameter_names` turns --shared-layers / --withheld-layers into it.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rankaudit.errors import ModelLoadError, UsageError
+
+# Issue 9: the sketch is (n + 16) x n in float64; 16,384 unknowns (3x64x64 at B = 1) is a 2 GiB sketch and an
+# SVD that a GPU finishes in about a minute; beyond that neither the memory nor the SVD is reasonable.
+MAX_UNKNOWNS = 16_384
+# Extra rows over n: a Gaussian sketch with n + p rows has rank(S) = rank(J) with probability 1 for p >= 0, and
+# p = 16 keeps the smallest kept singular value of S close to the one of J (a square Gaussian is ill-conditioned).
+OVERSAMPLING = 16
+# A rank whose last kept and first dropped singular values are less than three orders of magnitude apart
+# depends on where the tolerance falls: flag it.
+RELIABLE_GAP = 1e3
+MAX_DIRECTIONS = 16
+# On a CPU there is no allocator to ask; one chunk of rows may take about this much memory.
+CPU_CHUNK_BYTES = 1536 * 2 ** 20
+# On CUDA, a chunk may take this share of the memory that is free after a probe chunk.
+CUDA_FREE_SHARE = 0.5
+# Beyond this many rows per pass, a larger batch no longer makes the kernels more efficient.
+MAX_CHUNK_ROWS = 1024
+PROBE_ROWS = 8
+TOLERANCE_RULE = "sigma_max * max(rows, n) * eps(float64)"
+LOSSES = ("cross-entropy", "logistic")
+
+
+@dataclass
+class RankMeasurement:
+    """One sketch: the rank of ∂g/∂x at one input (a batch of B samples counts as one input of B·|x| values)."""
+
+    unknowns: int                  # n = B·|x|
+    rank: int
+    deficit: int                   # n - rank: input directions the shared gradient cannot see
+    tolerance: float               # singular values of S at or below this are dropped
+    gap: float | None              # σ_last_kept / σ_first_dropped; at full rank σ_min / tolerance; None at rank 0
+    reliable: bool                 # gap >= RELIABLE_GAP
+    sigma_max: float
+    sigma_min_kept: float | None
+    singular_values: np.ndarray | None  # of S, descending, when a full SVD ran (not when QR showed full rank)
+    spectrum: str                  # how: svd | qr+inverse-iteration
+    seconds: float                 # sketch and SVD
+    sketch_seconds: float
+    spectrum_seconds: float
+    device: str
+    method: str                    # forward-over-reverse | reverse-over-reverse
+    loss: str
+    sketch_rows: int
+    chunk_rows: int
+    shared_gradient_size: int      # m: entries of the shared gradient g
+    shared_parameters: list[str] = field(default_factory=list)
+    # Right singular vectors of the smallest dropped singular values, shaped like the input batch (up to
+    # `directions` of them, smallest first), with their singular values; empty at full rank.
+    directions: np.ndarray | None = None
+    direction_singular_values: list[float] = field(default_factory=list)
+
+
+def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
+                           withheld_layers: Iterable[str] | None = None) -> list[str]:
+    """The trainable parameters whose gradients the client sends.
+
+    Default: all of them, the ones a layer applies and the ones an op reads directly (class token, position
+    embedding, norm scales). ``shared_layers``: only the parameters of those layers (a name is a module's
+    qualified name, or a parameter's own); ``withheld_layers``: every parameter except theirs. Frozen
+    parameters (``requires_grad=False``) share nothing.
+    """
+    trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+    if shared_layers and withheld_layers:
+        raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
+    named = list(shared_layers or withheld_layers or [])
+
+    def owned_by(parameter: str, layer: str) -> bool:
+        return parameter == layer or parameter.startswith(layer + ".")
+
+    unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable)]
+    if unmatched:
+        raise UsageError(f"no trainable parameter belongs to {', '.join(unmatched)} in the model with real weights",
+                         "name modules that own parameters (e.g. conv1) or parameters themselves (e.g. cls_token)")
+    if shared_layers:
+        return [p for p in trainable if any(owned_by(p, layer) for layer in named)]
+    if withheld_layers:
+        return [p for p in trainable if not any(owned_by(p, layer) for layer in named)]
+    return trainable
+
+
+def check_size(unknowns: int, input_shape: tuple[int, ...], batch_size: int):
+    """Refuse sketches beyond MAX_UNKNOWNS, before any work."""
+    if unknowns > MAX_UNKNOWNS:
+        shape = "x".join(str(d) for d in input_shape)
+        raise UsageError(
+            f"--verify rank needs an (n + {OVERSAMPLING}) x n float64 sketch and its SVD, and n = {batch_size} x "
+            f"{shape} = {unknowns:,} unknowns is above the {MAX_UNKNOWNS:,} it supports",
+            "a convolutional or patch-based model is resolution-independent: check it at a lower resolution with "
+            "--input-shape (e.g. 3,64,64 at batch size 1, 3,32,32 up to batch size 5), or lower --batch-size")
+
+
+def loss_name_for(logits_per_sample: int) -> str:
+    """The convention of the other attacks: one logit -> the logistic loss, several -> cross-entropy."""
+    return "logistic" if logits_per_sample == 1 else "cross-entropy"
+
+
+def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
+    """Seeded labels as R-GAP draws them: ±1 for the logistic loss, a class index for cross-entropy."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = []
+    for _ in range(count):
+        if loss == "logistic":
+            labels.append(1 if torch.rand((), generator=generator) < 0.5 else -1)
+        else:
+            labels.append(int(torch.randint(classes, (), generator=generator)))
+    return torch.tensor(labels, dtype=torch.long)
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.Tensor:
+    logits = logits.reshape(labels.shape[0], -1)
+    if loss == "logistic":
+        return F.softplus(-labels.to(logits.dtype) * logits[:, 0]).mean()
+    return F.cross_entropy(logits, labels)
+
+
+def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared: Iterable[str] | None = None, *,
+            device: str | torch.device = "cpu", seed: int = 0, loss: str | None = None, directions: int = 0,
+            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None) -> RankMeasurement:
+    """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
+
+    g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
+    every trainable one). ``loss``: "cross-entropy" or "logistic" (default: logistic for a single logit).
+    The model is copied, moved to ``device`` in float64 and put in eval mode (BatchNorm uses its running
+    statistics, as the other verifiers do); attention runs under the math SDPA backend, the only one with a
+    double backward. ``directions``: also return up to that many right singular vectors of dropped singular
+    values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
+    to the device's free memory). ``progress(done, total)`` runs after each chunk of rows.
+
+    Raises UsageError beyond MAX_UNKNOWNS and ModelLoadError (exit 3) when an op has no double backward.
+    """
+    device = torch.device(device)
+    unknowns = int(images.numel())
+    check_size(unknowns, tuple(images.shape[1:]), int(images.shape[0]))
+    if labels.shape[0] != images.shape[0]:
+        raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
+    started = time.perf_counter()
+    net = copy.deepcopy(model).to(device=device, dtype=torch.float64).eval()
+    x = images.detach().to(device=device, dtype=torch.float64)
+    labels = labels.to(device)
+    if loss is None:
+        with torch.no_grad(), _math_attention():
+            loss = loss_name_for(net(x[:1]).numel())
+    if loss not in LOSSES:
+        raise UsageError(f"unknown loss {loss!r}", "use cross-entropy or logistic")
+    trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}
+    names = list(trainable) if shared is None else list(dict.fromkeys(shared))
+    missing = [name for name in names if name not in trainable]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
+                         "name parameters from model.named_parameters() that require grad")
+    m = sum(trainable[name].numel() for name in names)
+    rows = unknowns + OVERSAMPLING
+    sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
+    method, used_chunk = "none", 0
+    if names:
+        with _math_attention():
+            method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
+                                              progress=progress)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    sketched = time.perf_counter()
+    spectrum = _spectrum(sketch, want_vectors=directions > 0)
+    rank, found, found_values = spectrum.rank, None, []
+    if spectrum.right_vectors is not None and rank < unknowns:
+        # Rows of Vh past the rank span the null space of S, which is the null space of J.
+        take = min(directions, unknowns - rank)
+        found = spectrum.right_vectors[unknowns - take:].flip(0).reshape(take, *images.shape).cpu().numpy()
+        padded = np.concatenate([spectrum.values, np.zeros(max(0, unknowns - spectrum.values.size))])
+        found_values = [float(v) for v in padded[unknowns - take:][::-1]]   # smallest first
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return RankMeasurement(
+        unknowns=unknowns, rank=rank, deficit=unknowns - rank, tolerance=spectrum.tolerance, gap=spectrum.gap,
+        reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP, sigma_max=spectrum.sigma_max,
+        sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values, spectrum=spectrum.how,
+        seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
+        spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
+        chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
+        direction_singular_values=found_values)
+
+
+@dataclass
+class _Spectrum:
+    rank: int
+    tolerance: float
+    gap: float | None
+    sigma_max: float
+    sigma_min_kept: float | None
+    values: np.ndarray | None             # every singular value, when a full SVD ran
+    right_vectors: torch.Tensor | None    # rows of Vh, when asked for
+    how: str                              # svd | qr+inverse-iteration
+
+
+def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
+    return sigma_max * max(sketch.shape) * float(np.finfo(np.float64).eps)
+
+
+def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
+    """Rank, tolerance and gap of the sketch.
+
+    An SVD of an (n + 16) x n matrix costs about 8n³/3 flops, half of them memory-bound; a QR costs a
+    third of that in matrix products and has the same singular values in its n x n factor R. So full rank is
+    first tried cheaply: power iteration gives σ_max, inverse iteration with two triangular solves per step
+    gives σ_min (its estimate only ever errs high, by a factor near 1 after INVERSE_STEPS steps); when σ_min
+    clears the tolerance by RELIABLE_GAP, the sketch has full rank. Anything else gets the full SVD.
+    """
+    with _lapack_threads(sketch.device):
+        quick = _full_rank_by_qr(sketch)
+        if quick is not None:
+            return quick   # full rank: no dropped values, no invisible directions to show
+        if want_vectors:
+            _, values, vh = torch.linalg.svd(sketch, full_matrices=False)
+        else:
+            values, vh = torch.linalg.svdvals(sketch), None
+    values = values.cpu().numpy()
+    sigma_max = float(values[0]) if values.size else 0.0
+    tolerance = _tolerance(sigma_max, sketch)
+    rank = int(np.count_nonzero(values > tolerance)) if sigma_max > 0 else 0
+    if rank == 0:
+        gap = None
+    elif rank < values.size:
+        gap = math.inf if values[rank] == 0 else float(values[rank - 1] / values[rank])
+    else:
+        gap = math.inf if tolerance == 0 else float(values[rank - 1]) / tolerance
+    return _Spectrum(rank, tolerance, gap, sigma_max, float(values[rank - 1]) if rank else None, values, vh, "svd")
+
+
+POWER_STEPS = 30
+INVERSE_STEPS = 30
+
+
+def _full_rank_by_qr(sketch: torch.Tensor) -> _Spectrum | None:
+    """Full rank with a clear margin, shown from the triangular factor alone; None when that is not shown."""
+    rows, n = sketch.shape
+    if rows < n:
+        return None
+    _, triangular = torch.linalg.qr(sketch, mode="r")
+    generator = torch.Generator(device=sketch.device).manual_seed(0)
+    vector = torch.randn((n, 1), generator=generator, dtype=sketch.dtype, device=sketch.device)
+    for _ in range(POWER_STEPS):
+        vector = triangular.T @ (triangular @ vector)
+        vector = vector / vector.norm()
+    sigma_max = float((triangular @ vector).norm())
+    if not math.isfinite(sigma_max) or sigma_max == 0:
+        return None
+    vector = torch.randn((n, 1), generator=generator, dtype=sketch.dtype, device=sketch.device)
+    for _ in range(INVERSE_STEPS):
+        vector = torch.linalg.solve_triangular(triangular.T, vector, upper=False)
+        vector = torch.linalg.solve_triangular(triangular, vector, upper=True)
+        norm = vector.norm()
+        if not torch.isfinite(norm) or norm == 0:
+            return None
+        vector = vector / norm
+    sigma_min = float((triangular @ vector).norm())
+    tolerance = _tolerance(sigma_max, sketch)
+    if not math.isfinite(sigma_min) or sigma_min < RELIABLE_GAP * tolerance:
+        return None
+    return _Spectrum(n, tolerance, sigma_min / tolerance, sigma_max, sigma_min, None, None, "qr+inverse-iteration")
+
+
+class _lapack_threads:
+    """One thread for the CPU factorisations: they are memory-bound, and OpenMP's spin-waiting made an SVD
+    16x slower with two threads than with one on a shared 2-core machine (1,536², 32 s against 1.9 s)."""
+
+    def __init__(self, device: torch.device):
+        self.cpu = device.type == "cpu"
+
+    def __enter__(self):
+        if self.cpu:
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.cpu:
+            torch.set_num_threads(self._threads)
+
+
+class _math_attention:
+    """Fused attention kernels have no double backward; the math backend has."""
+
+    def __enter__(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self._context = sdpa_kernel(SDPBackend.MATH)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+
+# ---- the sketch ----------------------------------------------------------------------------------------------
+
+
+def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str],
+                 sketch: torch.Tensor, *, seed: int, chunk_rows: int | None,
+                 progress: Callable[[int, int], None] | None) -> tuple[str, int]:
+    """Write R·J into ``sketch`` chunk by chunk; returns the method used and the chunk size."""
+    device = sketch.device
+    rows = sketch.shape[0]
+    shapes = [tuple(dict(net.named_parameters())[name].shape) for name in names]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    fast = _ForwardOverReverse(net, x, labels, loss, names)
+    slow: _ReverseOverReverse | None = None
+    method = "forward-over-reverse"
+    size = chunk_rows or (min(PROBE_ROWS, rows) if device.type == "cuda" else
+                          _cpu_chunk(sum(math.prod(s) for s in shapes), _activation_numel(net, x, labels, loss), rows))
+    size = max(1, min(size, rows))
+    done, sized = 0, chunk_rows is not None or device.type != "cuda"
+    while done < rows:
+        count = min(size, rows - done)
+        state = generator.get_state()
+        if device.type == "cuda" and not sized:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        directions = [torch.randn((count, *shape), generator=generator, device=device, dtype=torch.float64)
+                      for shape in shapes]
+        try:
+            if slow is None:
+                try:
+                    block = fast(directions)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as unsupported:  # torch.func refuses the model: plain autograd can still do it
+                    slow = _ReverseOverReverse(net, x, labels, loss, names, why=unsupported)
+                    method = "reverse-over-reverse"
+                    block = slow(directions)
+            else:
+                block = slow(directions)
+        except torch.cuda.OutOfMemoryError:
+            del directions
+            torch.cuda.empty_cache()
+            if count == 1:
+                raise UsageError("one row of the rank sketch does not fit in the GPU's free memory",
+                                 "use --device cpu, or a lower --input-shape / --batch-size") from None
+            generator.set_state(state)
+            size, sized = max(1, count // 2), True
+            continue
+        sketch[done:done + count] = block.reshape(count, -1)
+        done += count
+        if not sized:
+            # The probe chunk measured what one row costs; size the rest to the memory that is free now.
+            per_row = max(torch.cuda.max_memory_allocated(device) - before, 1) / count
+            free = torch.cuda.mem_get_info(device)[0]
+            size, sized = int(max(1, min(MAX_CHUNK_ROWS, CUDA_FREE_SHARE * free / per_row))), True
+        del directions, block
+        if progress is not None:
+            progress(done, rows)
+    return method, size
+
+
+def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
+    # Per row: the random direction and the tangents it induces in the parameters (about 2m), and tangents of
+    # every saved activation through the forward and backward passes (a generous 8 per activation entry).
+    per_row = 8 * (2 * shared_numel + 8 * activation_numel)
+    return int(max(1, min(rows, MAX_CHUNK_ROWS, CPU_CHUNK_BYTES // max(per_row, 1))))
+
+
+def _activation_numel(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str) -> int:
+    """Entries autograd saves for one forward pass and loss: the activations a row's tangents mirror."""
+    total = [0]
+
+    def pack(tensor):
+        total[0] += tensor.numel()
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        _loss(net(x.clone().requires_grad_()), labels, loss)
+    return total[0]
+
+
+class _ForwardOverReverse:
+    """rᵀJ = d/dε ∂L/∂x (θ + ε r): jvp of the input gradient along r, vmapped over a chunk of r."""
+
+    def __init__(self, net, x, labels, loss, names):
+        from torch.func import functional_call, grad, jvp, vmap
+
+        parameters = {name: p.detach() for name, p in net.named_parameters()}
+        buffers = {name: b.detach() for name, b in net.named_buffers()}
+        shared = {name: parameters[name] for name in names}
+        fixed = {name: p for name, p in parameters.items() if name not in shared}
+        self.names = names
+
+        def loss_of(shared_values, inputs):
+            logits = functional_call(net, ({**fixed, **shared_values}, buffers), (inputs,))
+            return _loss(logits, labels, loss)
+
+        input_gradient = grad(loss_of, argnums=1)
+
+        def row(direction):
+            return jvp(lambda values: input_gradient(values, x), (shared,), (direction,))[1]
+
+        self._rows = vmap(row)
+
+    def __call__(self, directions: list[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            return self._rows(dict(zip(self.names, directions)))
+
+
+class _ReverseOverReverse:
+    """rᵀJ = ∂/∂x ⟨r, g(x)⟩ by a double backward through plain autograd, batched with is_grads_batched."""
+
+    def __init__(self, net, x, labels, loss, names, why: Exception):
+        self.x = x.clone().requires_grad_()
+        named = dict(net.named_parameters())
+        parameters = [named[name] for name in names]
+        with torch.enable_grad():
+            objective = _loss(net(self.x), labels, loss)
+            custom = _custom_functions(objective.grad_fn)
+            severed: list[str] = []
+            hooks = [node.register_hook(_severance_check(node, severed)) for node in custom]
+            try:
+                gradients = torch.autograd.grad(objective, parameters, create_graph=True, allow_unused=True)
+            except RuntimeError as exc:
+                raise _no_double_backward(exc, custom) from exc
+            finally:
+                for hook in hooks:
+                    hook.remove()
+        if severed:
+            raise ModelLoadError(
+                f"{severed[0]} has no double backward: its backward returns gradients that do not depend on its "
+                "inputs differentiably (computed outside autograd), so ∂g/∂x cannot be taken through it",
+                "write its backward with differentiable torch operations, or give the autograd.Function "
+                "setup_context and jvp so torch.func can use it")
+        self.pieces = [(g, p) for g, p in zip(gradients, parameters)]
+        differentiable = [g.reshape(-1) for g, _ in self.pieces if g is not None and g.requires_grad]
+        self.flat = torch.cat(differentiable) if differentiable else None
+        # Which entries of R meet a gradient that depends on x: the rest multiply a constant and drop out.
+        self.mask = [g is not None and g.requires_grad for g, _ in self.pieces]
+        self.custom = custom
+        self.why = why
+
+    def __call__(self, directions: list[torch.Tensor]) -> torch.Tensor:
+        count = directions[0].shape[0]
+        if self.flat is None:
+            return torch.zeros((count, *self.x.shape), dtype=self.x.dtype, device=self.x.device)
+        cotangent = torch.cat([d.reshape(count, -1) for d, keep in zip(directions, self.mask) if keep], dim=1)
+        try:
+            (block,) = torch.autograd.grad(self.flat, self.x, grad_outputs=cotangent, retain_graph=True,
+                                           is_grads_batched=True, allow_unused=True)
+        except RuntimeError as exc:
+            raise _no_double_backward(exc, self.custom) from exc
+        if block is None:
+            return torch.zeros((count, *self.x.shape), dtype=self.x.dtype, device=self.x.device)
+        return block.detach()
+
+
+def _custom_functions(root) -> list:
+    """The custom autograd.Function nodes in a backward graph."""
+    seen, stack, found = set(), [root], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "_forward_cls"):
+            found.append(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _function_name(node) -> str:
+    cls = node._forward_cls
+    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ not in ("__main__", None) else cls.__qualname__
+
+
+def _severance_check(node, severed: list[str]):
+    """A backward that reads data depending on x must return gradients that depend on it too (create_graph)."""
+
+    def hook(grad_inputs, grad_outputs):
+        incoming = any(g is not None and g.requires_grad for g in grad_outputs)
+        outgoing = [g for g in grad_inputs if g is not None]
+        if incoming and outgoing and not any(g.requires_grad for g in outgoing):
+            severed.append(_function_name(node))
+
+    return hook
+
+
+def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    fix = ("write the backward with differentiable torch operations (not @once_differentiable), or replace the op "
+           "for this check")
+    if "once_differentiable" in message:
+        marked = [_function_name(n) for n in custom if hasattr(n._forward_cls.backward, "__wrapped__")]
+        name = marked[0] if marked else (_function_name(custom[0]) if custom else "a custom autograd.Function")
+        return ModelLoadError(f"{name} has no double backward: its backward is marked @once_differentiable, so "
+                              "∂g/∂x cannot be taken through it", fix)
+    op = re.search(r"derivative for ['\"]?([\w.:]+)['\"]? is not implemented", message)
+    if op:
+        return ModelLoadError(f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it",
+                              fix)
+    return ModelLoadError(f"the shared gradient cannot be differentiated with respect to the input: {message}", fix)
+
+
+# ---- against the static verdict -----------------------------------------------------------------------------
+
+
+def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str]:
+    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `protected`; `boundary`
+    has nothing to agree with (confirms None). `agreement` is the short form the table prints."""
+    deficit = unknowns - rank
+    measured = ("one gradient determines the input" if deficit == 0 else
+                f"{deficit} input directions are invisible to the gradient")
+    detail = (f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}" if deficit == 0 else
+              f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}")
+    if verdict in ("exposed", "protected"):
+        confirms = (deficit == 0) == (verdict == "exposed")
+        if confirms:
+            return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"
+        return False, f"disagrees with {verdict} ({measured})", f"disagrees: the analysis says {verdict}, but {detail}"
+    return None, f"no verdict to compare with ({measured})", f"no verdict to compare with ({verdict or 'none'}): {detail}"
+
+
+def bound_check(identifiability, rank: int) -> dict | None:
+    """The measured rank against the static upper bound of spec §9; a rank above it means the bound is wrong."""
+    if identifiability is None:
+        return None
+    bound = int(identifiability.rank_bound)
+    consistent = rank <= bound
+    check = {"rank_bound": bound, "certified_deficit": int(identifiability.certified_deficit),
+             "consistent": consistent}
+    if not consistent:
+        check["internal_error"] = (
+            f"internal error: the measured rank {rank} exceeds the static upper bound {bound} (spec §9): the static "
+            "bound is wrong for this model; please report it with this model file")
+    return check
+
+
+def save_directions(directory, measurement: RankMeasurement) -> list[dict]:
+    """The invisible input directions as .npy (raw, unit norm) and PNG (scaled to ±max|v| around mid-grey)."""
+    from pathlib import Path
+
+    if measurement.directions is None:
+        return []
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for index, (direction, value) in enumerate(zip(measurement.directions, measurement.direction_singular_values)):
+        npy = directory / f"invisible_direction_{index}.npy"
+        np.save(npy, direction)
+        png = _save_direction_png(directory / f"invisible_direction_{index}.png", direction)
+        saved.append({"index": index, "singular_value": value, "npy": str(npy), "png": png})
+    return saved
+
+
+def _save_direction_png(target, direction: np.ndarray) -> str | None:
+    """One PNG per direction, the batch's samples side by side; None for inputs that are not images."""
+    from PIL import Image
+
+    if direction.ndim != 4 or direction.shape[1] not in (1, 3):
+        return None
+    peak = float(np.abs(direction).max()) or 1.0
+    # Signed values around grey: the direction's sign is arbitrary, its pattern is the point.
+    scaled = np.clip(0.5 + 0.5 * direction / peak, 0.0, 1.0)
+    tiles = [np.transpose(sample, (1, 2, 0)) for sample in scaled]
+    separator = np.ones((tiles[0].shape[0], 1, tiles[0].shape[2]))
+    strip = np.concatenate([piece for tile in tiles for piece in (tile, separator)][:-1], axis=1)
+    pixels = (strip * 255.0 + 0.5).astype(np.uint8)
+    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(target)
+    return str(target)
