@@ -82,9 +82,10 @@ def _names(value: str | None) -> list[str] | None:
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
-@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr"]),
-              help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go) "
-                   "or gdbr (label recovery from one shared hidden layer). Needs the [verify] extra.")
+@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr", "rank"]),
+              help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
+                   "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
+                   "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra.")
 @click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Images to attack.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -136,7 +137,9 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             if verify:
                 _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
                                steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
-                               defenses=defenses, several=len(models) > 1, show_progress=not quiet)
+                               defenses=defenses, several=len(models) > 1, show_progress=not quiet,
+                               shared_layers=pick("shared_layers", shared_layers),
+                               withheld_layers=pick("withheld_layers", withheld_layers))
         except RankauditError as exc:
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
@@ -222,7 +225,10 @@ def _write(text: str, output: str | None):
 
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
-                   defenses, several, show_progress):
+                   defenses, several, show_progress, shared_layers=None, withheld_layers=None):
+    if defenses and not {"rgap", "gdbr"} & set(attacks):
+        raise UsageError("--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended "
+                         "gradient", "add --verify rgap and/or --verify gdbr, or drop --defense")
     try:
         from rankaudit.verify import runner
         import PIL  # noqa: F401 - the verifier's images need Pillow
@@ -243,6 +249,9 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
     if "gdbr" in attacks:
         runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
                              show_progress=show_progress, defenses=parsed)
+    if "rank" in attacks:
+        runner.verify_rank(result, spec, samples=samples, seed=seed, device=device, data=data, artifacts=artifacts,
+                           show_progress=show_progress, shared_layers=shared_layers, withheld_layers=withheld_layers)
     if parsed:
         runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
 

@@ -186,6 +186,36 @@ def _verification_lines(result: Result) -> list[str]:
                   "batches: " + ("GDBR beats it." if gdbr["beats_chance"] else
                                  "GDBR does no better, so this run does not show label leakage."),
                   f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
+    lines.extend(_rank_lines(result.verification.get("rank")))
+    return lines
+
+
+def _rank_gap(rank: dict) -> str:
+    if rank["gap"] is not None:
+        return _number(rank["gap"])
+    return "n/a" if rank["rank"] == 0 else "inf"  # JSON has no infinity: None stands for it above rank 0
+
+
+def _rank_lines(rank: dict | None) -> list[str]:
+    """--verify rank: one line, and a line for each warning that applies."""
+    if not rank:
+        return []
+    samples = len(rank["samples"])
+    inputs = (f"{samples} image{'s' if samples != 1 else ''}" if rank["batch_size"] == 1
+              else f"one batch of {rank['batch_size']}")
+    lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
+                 f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
+                 f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
+    if rank.get("internal_error"):
+        lines.append(f"  {rank['internal_error']}")
+    if not rank["reliable"]:
+        lines.append("  the gap is under 1e3: this rank depends on the tolerance and is not reliable")
+    if len({sample["rank"] for sample in rank["samples"]}) > 1:
+        lines.append("  ranks per image: " + ", ".join(str(sample["rank"]) for sample in rank["samples"])
+                     + " (the headline is the largest, the generic rank)")
+    if rank.get("directions"):
+        lines.append(f"  {len(rank['directions'])} invisible input directions saved, e.g. "
+                     f"{rank['directions'][0]['png'] or rank['directions'][0]['npy']}")
     return lines
 
 

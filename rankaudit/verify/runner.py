@@ -326,6 +326,94 @@ def verify_labels(result: Result, spec: str, *, trials: int = 5, class_dist: str
     return verification
 
 
+# --------------------------------------------------------------------------- --verify rank: rank of ∂g/∂x (spec §10)
+
+
+def _rank_inputs(result: Result, data: str | None, count: int, seed: int) -> tuple[torch.Tensor, str]:
+    """Real images where the input is one (1 or 3 channels, or --data given); seeded uniform values otherwise."""
+    from rankaudit.verify import data as image_data
+
+    shape = tuple(result.input_shape)
+    if data is not None or (len(shape) == 3 and shape[0] in (1, 3)):
+        try:
+            images, source = image_data.load_images(data, shape, count, seed)
+        except image_data.DataError as exc:
+            raise UsageError(str(exc)) from exc
+        return images.to(torch.float64), source
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand((count, *shape), generator=generator, dtype=torch.float64),
+            f"{count} seeded uniform random inputs on [0, 1] (the input is not an image; --data gives real ones)")
+
+
+def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
+                data: str | None = None, artifacts: str | None = None, show_progress: bool = True,
+                shared_layers: list[str] | None = None, withheld_layers: list[str] | None = None) -> dict:
+    """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank); fill result.verification['rank'].
+
+    Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
+    an image can only lose rank to a coincidence such as a dead unit). Batch size B > 1: one sketch of one
+    batch of B images. Compares the headline with the verdict and with the static bound (spec §9).
+    """
+    from rankaudit.verify import rank
+
+    batch = result.batch_size
+    unknowns = batch * math.prod(result.input_shape)
+    rank.check_size(unknowns, tuple(result.input_shape), batch)
+    device = resolve_device(device)
+    model, weights = build_real_model(spec, result.input_shape, seed)
+    shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
+    images, source = _rank_inputs(result, data, samples if batch == 1 else batch, seed)
+    with torch.no_grad():
+        logits = model(images[:1]).numel()
+    loss = rank.loss_name_for(logits)
+    labels = rank.draw_labels(len(images), loss, logits, seed)
+    batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
+    measurements = []
+    with ProgressBar((unknowns + rank.OVERSAMPLING) * len(batches), "rank sketch", enabled=show_progress) as bar:
+        for number, part in enumerate(batches):
+            offset = number * (unknowns + rank.OVERSAMPLING)
+            measurements.append(rank.measure(
+                model, images[part], labels[part], shared, device=device, seed=seed + number, loss=loss,
+                directions=rank.MAX_DIRECTIONS if artifacts else 0,
+                progress=lambda done, total, offset=offset: bar(offset + done)))
+    headline = max(measurements, key=lambda m: m.rank)
+    confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
+    bound = rank.bound_check(result.identifiability, headline.rank)
+    notes = [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
+             f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
+             f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in float64, "
+             f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}"]
+    if not headline.reliable:
+        notes.append(f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
+                     "depends on where the tolerance falls")
+    if len({m.rank for m in measurements}) > 1:
+        notes.append("ranks differ between images: " + ", ".join(str(m.rank) for m in measurements)
+                     + "; the headline is the largest (the generic rank)")
+    saved = rank.save_directions(artifacts, headline) if artifacts else []
+    verification = {
+        "unknowns": headline.unknowns, "rank": headline.rank, "deficit": headline.deficit,
+        "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE, "gap": _finite(headline.gap or math.nan),
+        "reliable": headline.reliable, "sigma_max": headline.sigma_max, "sigma_min_kept": headline.sigma_min_kept,
+        "seconds": round(sum(m.seconds for m in measurements), 3), "device": headline.device,
+        "method": headline.method, "spectrum": headline.spectrum, "sketch_rows": headline.sketch_rows,
+        "chunk_rows": headline.chunk_rows, "shared_gradient_size": headline.shared_gradient_size,
+        "shared_parameters": shared, "batch_size": batch, "loss": loss, "weights": weights, "inputs": source,
+        "headline": "the largest rank over the samples (the generic rank)" if batch == 1 else "one batch",
+        "samples": [{"index": i, "rank": m.rank, "deficit": m.deficit, "gap": _finite(m.gap or math.nan),
+                     "reliable": m.reliable, "seconds": round(m.seconds, 3)} for i, m in enumerate(measurements)],
+        "confirms": confirms, "agreement": agreement, "judgement": judgement, "verdict": result.verdict,
+        "bound": bound,
+        "internal_error": bound.get("internal_error") if bound else None,
+        "directions": saved, "notes": notes,
+    }
+    result.verification["rank"] = verification
+    return verification
+
+
+def _gap_text(gap: float | None) -> str:
+    return "undefined (rank 0)" if gap is None else f"{gap:.3g}"
+
+
 # --------------------------------------------------------------------------- --defense: the attacks against defenses
 
 # An input attack is degraded when its median MSE at least doubles and leaves the near-perfect zone; it fails when
