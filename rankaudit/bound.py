@@ -17,9 +17,9 @@ _ADDITIVE_FAMILIES = ("add", "cat", "stack")
 
 @dataclass(frozen=True)
 class GradientSource:
-    """One shared gradient the server receives: a parameter (or, without parameter names, a layer's weights)."""
+    """One shared gradient the server receives: a layer's weights, or a parameter another op uses directly."""
 
-    name: str          # qualified parameter name: conv1.weight, cls_token
+    name: str          # the layer (conv1) or the qualified parameter name (cls_token, norm.weight)
     numel: int
     owner: str         # the record name of the op that reads it
     owner_is_layer: bool
@@ -33,12 +33,7 @@ def gradient_sources(record: NodeRecord) -> list[GradientSource]:
     if counting.role is Role.LAYER:
         name = record.name.split("#")[0]
         return [GradientSource(name, counting.weights, name, True)] if counting.weights else []
-    direct = getattr(record, "direct_params", None)
-    if direct is not None:
-        return [GradientSource(name, numel, record.name, False) for name, numel in direct if numel]
-    # Without parameter names: every trainable parameter the op reports, as one vertex.
-    numel = counting.reported_params - counting.frozen_params
-    return [GradientSource(record.name, numel, record.name, False)] if numel > 0 else []
+    return [GradientSource(name, numel, record.name, False) for name, numel in record.direct_params if numel]
 
 
 def shared_predicate(shared_layers: list[str] | None, withheld_layers: list[str] | None) -> Callable[[GradientSource], bool]:
