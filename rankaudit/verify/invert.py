@@ -1,9 +1,10 @@
-"""Recover one training input from its gradient by optimisation ("Inverting Gradients", Geiping et al. 2020)."""
+"""Recover training inputs from their gradients by one batched optimisation ("Inverting Gradients", Geiping et al. 2020)."""
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -149,28 +150,38 @@ def find_output_linear(model: nn.Module, probe: torch.Tensor) -> tuple[str, str 
     return f"{prefix}weight", bias_name
 
 
-def gradient_distance(dummy_grads: Sequence[torch.Tensor], target_grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """1 - cosine similarity of the two gradients, each taken as one flattened vector over all layers.
+def gradient_distances(dummy_grads: Sequence[torch.Tensor], unit_targets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per candidate, 1 - cosine similarity of its gradient and its target, each taken as one vector over all layers.
 
-    Computed as half the squared distance between the two unit vectors, which is
-    the same number whenever both gradients are nonzero.  Written as ``1 - dot``
-    it cancels catastrophically near a match: in float32 it reads 0 once the
-    gradients agree to about 3e-4, and the attack stops getting a signal long
-    before the input is pinned down.
+    Every tensor carries the candidates along dimension 0; ``unit_targets`` are
+    already scaled to unit length (:func:`unit_gradient`).  Computed as half the
+    squared distance between the two unit vectors, which is the same number
+    whenever both gradients are nonzero.  Written as ``1 - dot`` it cancels
+    catastrophically near a match: in float32 it reads 0 once the gradients
+    agree to about 3e-4, and the attack stops getting a signal long before the
+    input is pinned down.
     """
-    dummy_norm = torch.sqrt(sum(g.pow(2).sum() for g in dummy_grads))
-    target_norm = torch.sqrt(sum(t.pow(2).sum() for t in target_grads))
-    # The floors keep the objective finite and differentiable at an all-zero gradient.
+    dummy_norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in dummy_grads))
+    # The floor keeps the objective finite and differentiable at an all-zero gradient.
     dummy_scale = 1.0 / dummy_norm.clamp_min(1e-30)
-    target_scale = 1.0 / target_norm.clamp_min(1e-30)
-    squared = sum((g * dummy_scale - t * target_scale).pow(2).sum() for g, t in zip(dummy_grads, target_grads))
+    squared = sum(
+        (g * dummy_scale.view((-1,) + (1,) * (g.dim() - 1)) - t).pow(2).flatten(1).sum(1)
+        for g, t in zip(dummy_grads, unit_targets)
+    )
     return 0.5 * squared
 
 
-def total_variation(image: torch.Tensor) -> torch.Tensor:
-    """Mean absolute difference between vertically and horizontally adjacent pixels of a [C, H, W] image."""
-    vertical = (image[..., 1:, :] - image[..., :-1, :]).abs().mean()
-    horizontal = (image[..., :, 1:] - image[..., :, :-1]).abs().mean()
+def unit_gradient(target_grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """One sample's gradient scaled to unit length over all its layers (left at zero when it is all zero)."""
+    norm = torch.sqrt(sum(t.pow(2).sum() for t in target_grads))
+    scale = 1.0 / norm.clamp_min(1e-30)
+    return [t * scale for t in target_grads]
+
+
+def total_variations(images: torch.Tensor) -> torch.Tensor:
+    """Per image of a [K, C, H, W] batch, the mean absolute difference between vertically and horizontally adjacent pixels."""
+    vertical = (images[..., 1:, :] - images[..., :-1, :]).abs().flatten(1).mean(1)
+    horizontal = (images[..., :, 1:] - images[..., :, :-1]).abs().flatten(1).mean(1)
     return vertical + horizontal
 
 
@@ -181,17 +192,28 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
+# How the per-candidate gradients were computed: one vectorised call for the whole batch, or one call per candidate
+# (for models torch.func.vmap cannot batch, such as ones with data-dependent Python control flow).
+VECTORISED = "vmap"
+LOOPED = "loop"
+
+
 @dataclass
 class InvertOutcome:
     """What one attack on one sample produced.
 
     ``final_loss`` is the gradient distance (1 - cosine, without the TV term) at
     ``x_hat``; ``restart_losses`` holds that distance for every full restart, in
-    the order run; ``initial_loss`` is the distance at the winning restart's
-    starting point.  ``steps_run`` counts every optimisation step taken,
-    label probes included.  ``candidate_labels`` are the labels attacked in full
-    (one unless the label could not be settled), ``probe_losses`` the distances
-    the label probe reached for each possible sign (empty when none was needed).
+    the order (label, restart); ``initial_loss`` is the distance at the winning
+    restart's starting point.  ``steps_run`` counts every optimisation step taken
+    by this sample's candidates (restarts and label probes included; candidates
+    that run side by side each count their own steps).  ``seconds`` is the wall
+    time of the batch this sample ran in, divided by the number of samples in it.
+    ``candidate_labels`` are the labels attacked in full (one unless the label
+    could not be settled), ``probe_losses`` the distances the label probe reached
+    for each possible sign (empty when none was needed).  ``per_sample_gradients``
+    says whether the candidates' gradients came from one vectorised call
+    (``"vmap"``) or one call per candidate (``"loop"``).
     """
 
     x_hat: torch.Tensor
@@ -203,6 +225,19 @@ class InvertOutcome:
     label: int | None = None
     candidate_labels: list[int] = field(default_factory=list)
     probe_losses: list[float] = field(default_factory=list)
+    per_sample_gradients: str = VECTORISED
+
+
+@dataclass(frozen=True)
+class _Settings:
+    steps: int
+    restarts: int
+    lr: float
+    tv_weight: float
+    tv_until: float
+    bounds: tuple[float, float]
+    signed_gradients: bool
+    tolerance: float
 
 
 def invert_gradients(
@@ -239,7 +274,9 @@ def invert_gradients(
     swinging over orders of magnitude along the way.  TV applies only to inputs
     shaped [C, H, W].  Each restart keeps its best iterate; the restart with the
     smallest gradient distance wins.  A restart stops early once the distance is
-    at most ``tolerance`` (0 disables this).
+    at most ``tolerance`` (0 disables this).  All restarts run side by side as one
+    batched optimisation (see :func:`run_inverting`); Adam acts element-wise, so
+    each restart follows the same path it would follow alone.
 
     One departure from Geiping et al.: the TV term is applied for the first
     ``tv_until`` fraction of the steps only (``tv_until=1.0`` is the original).
@@ -259,7 +296,9 @@ def invert_gradients(
     per-sample renormalisation; eval mode models a client whose BN layers are
     affine maps known to the server, the setting the static analysis reasons
     about.  The simulated client in :func:`run_inverting` uses eval mode too, so
-    attacker and client agree.
+    attacker and client agree.  Eval mode is also what lets the candidates be
+    batched: each candidate's forward pass reads the running statistics and
+    never writes them, so no candidate sees another.
 
     Labels: cross-entropy labels come from :func:`infer_label_idlg`, logistic
     ones from :func:`infer_label_logistic`.  When the logistic label cannot be
@@ -270,106 +309,59 @@ def invert_gradients(
     the wrong sign stalls at a distance of 0.9 to 2 against below 0.01 for the
     right one, so the probe settles it in practice; pass the label to skip it.
 
-    ``progress(done, total)`` is called after every step; ``total`` is the step
-    budget, and grows if a label probe cannot settle the sign.  Deterministic on
-    the CPU for a given ``seed``.
+    ``progress(done, total)`` is called after every batched step with the
+    candidate steps done so far (a step of two restarts side by side counts 2);
+    ``total`` is the step budget, and grows if a label probe cannot settle the
+    sign.  Deterministic on the CPU for a given ``seed``.
     """
-    if steps < 1 or restarts < 1:
-        raise ValueError(f"steps and restarts must be at least 1, got {steps} and {restarts}")
+    _check_budget(steps, restarts)
     spec = as_loss_spec(label_or_loss_spec)
     sample_shape = tuple(int(d) for d in input_shape)
     run_device = resolve_device(device)
-    low, high = float(bounds[0]), float(bounds[1])
+    settings = _Settings(steps, restarts, lr, tv_weight, tv_until, (float(bounds[0]), float(bounds[1])),
+                         signed_gradients, tolerance)
     started = time.perf_counter()
-
     attacked_model = _model_on(model, run_device)
-    names = [name for name, _ in attacked_model.named_parameters() if name in target_grads]
-    unknown = sorted(set(target_grads) - set(names))
-    if unknown:
-        raise KeyError(f"target_grads names parameters the model does not have: {unknown[:5]}")
-    if not names:
-        raise ValueError("target_grads shares no parameter with the model")
-    parameters_by_name = dict(attacked_model.named_parameters())
-    parameters = [parameters_by_name[name] for name in names]
-    dtype = parameters[0].dtype
-    targets = [target_grads[name].detach().to(device=run_device, dtype=dtype) for name in names]
-    for name, parameter, target in zip(names, parameters, targets):
-        if parameter.shape != target.shape:
-            raise ValueError(
-                f"gradient for {name} has shape {tuple(target.shape)}, the parameter {tuple(parameter.shape)}"
-            )
-
+    names = _shared_names(attacked_model, target_grads)
+    dtype = dict(attacked_model.named_parameters())[names[0]].dtype
     was_training = attacked_model.training
     attacked_model.eval()
     try:
-        candidates = _candidate_labels(attacked_model, target_grads, spec, sample_shape, run_device, dtype)
-        probe_steps = min(steps, max(_MIN_PROBE_STEPS, steps // 8)) if len(candidates) > 1 else 0
-        counter = _StepCounter(progress, probe_steps * len(candidates) + steps * restarts)
-
-        def attack_from(restart: int, label: int, budget: int) -> tuple[torch.Tensor, float, float]:
-            # One generator per restart, seeded from (seed, restart) alone, so a restart's start
-            # does not depend on what ran before it or on the global RNG state.
-            generator = torch.Generator().manual_seed(_mix_seed(seed, restart))
-            start = torch.rand(sample_shape, generator=generator, dtype=dtype) * (high - low) + low
-            return _optimise(
-                attacked_model, parameters, targets, start.to(run_device), label, spec.kind,
-                budget, lr, tv_weight, tv_until, (low, high), signed_gradients, tolerance, counter,
-            )
-
-        probe_losses: list[float] = []
-        if probe_steps:
-            # The wrong logistic sign leaves the fit far off (distance near 1 against near 0 for the
-            # right one), so a short run per sign usually settles it; only a close call pays for both.
-            probe_losses = [attack_from(0, label, probe_steps)[1] for label in candidates]
-            ranked = sorted(zip(probe_losses, candidates))
-            if ranked[0][0] * _PROBE_MARGIN < ranked[1][0]:
-                candidates = [ranked[0][1]]
-            else:
-                counter.total += steps * restarts * (len(candidates) - 1)
-
-        restart_losses: list[float] = []
-        best: tuple[float, torch.Tensor, float, int] | None = None
-        for label in candidates:
-            for restart in range(restarts):
-                x_hat, distance, initial = attack_from(restart, label, steps)
-                restart_losses.append(distance)
-                if best is None or distance < best[0]:
-                    best = (distance, x_hat, initial, label)
-        assert best is not None
+        labels = _candidate_labels(attacked_model, target_grads, spec, sample_shape, run_device, dtype)
+        image = _Image(_unit_targets(target_grads, names, run_device, dtype), labels, seed)
+        counter = _StepCounter(progress, 0)
+        (outcome,) = _invert_images(attacked_model, names, [image], spec.kind, sample_shape, settings, counter)
     finally:
         attacked_model.train(was_training)
-
-    distance, x_hat, initial, label = best
     counter.finish()
-    return InvertOutcome(
-        x_hat=x_hat.cpu(),
-        final_loss=distance,
-        steps_run=counter.done,
-        seconds=time.perf_counter() - started,
-        restart_losses=restart_losses,
-        initial_loss=initial,
-        label=label,
-        candidate_labels=list(candidates),
-        probe_losses=probe_losses,
-    )
+    outcome.seconds = time.perf_counter() - started
+    return outcome
 
 
 # A sign probe runs 1/8 of the step budget, and never fewer than this many steps.
 _MIN_PROBE_STEPS = 20
 # The probe keeps one sign only when the other fits at least this many times worse.
 _PROBE_MARGIN = 4.0
+# A host sync every few steps is cheap enough for the early-stop check.
+_CHECK_EVERY = 10
+# Bytes one candidate holds during a step, in units of (shared parameters + activations) x element size: its
+# per-sample gradient, the double-backward graph's saved tensors and their gradients.  Measured peak on CNN6 and
+# a ResNet-18 in float64 stays under this; it only sizes the groups a large batch is split into.
+_COPIES_PER_CANDIDATE = 8
+# The share of free memory a batch may take (the rest stays for the allocator's slack and other users).
+_MEMORY_SHARE = 0.5
 
 
 class _StepCounter:
-    """Counts optimisation steps and forwards them to a ``(done, total)`` progress callback."""
+    """Counts candidate steps and forwards them to a ``(done, total)`` progress callback."""
 
     def __init__(self, progress: ProgressCallback | None, total: int) -> None:
         self.progress = progress
         self.total = total
         self.done = 0
 
-    def tick(self) -> None:
-        self.done += 1
+    def tick(self, candidates: int) -> None:
+        self.done += candidates
         if self.progress is not None:
             self.progress(self.done, self.total)
 
@@ -379,74 +371,297 @@ class _StepCounter:
             self.progress(self.total, self.total)
 
 
-@torch.enable_grad()  # the attack differentiates twice, so it must work even when called under torch.no_grad()
-def _optimise(
+@dataclass
+class _Image:
+    """One sample under attack: its target gradient at unit length (one tensor per shared parameter), the labels
+    still in question, and the seed its restarts start from."""
+
+    unit_targets: list[torch.Tensor]
+    labels: list[int]
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    image: int
+    label: int
+    restart: int
+
+
+@dataclass
+class _Runs:
+    """Per candidate of one batched optimisation: its best iterate, that iterate's distance, the starting distance
+    and the steps it took."""
+
+    x: torch.Tensor
+    distances: list[float]
+    initial: list[float]
+    steps: list[int]
+
+
+def _invert_images(
     model: nn.Module,
-    parameters: list[torch.Tensor],
-    targets: list[torch.Tensor],
-    start: torch.Tensor,
-    label: int,
+    names: list[str],
+    images: list[_Image],
     kind: str,
-    steps: int,
-    lr: float,
-    tv_weight: float,
-    tv_until: float,
-    bounds: tuple[float, float],
-    signed_gradients: bool,
-    tolerance: float,
+    sample_shape: tuple[int, ...],
+    settings: _Settings,
     counter: _StepCounter,
-) -> tuple[torch.Tensor, float, float]:
-    """One Adam run from ``start``; returns (best x, its gradient distance, the starting distance)."""
-    x_hat = start.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([x_hat], lr=lr)
-    milestones = sorted({max(1, int(steps * fraction)) for fraction in (3 / 8, 5 / 8, 7 / 8)})
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-    use_tv = tv_weight > 0 and x_hat.dim() == 3
-    tv_steps = int(round(tv_until * steps))
-    # The best iterate is tracked on the device so the loop never waits on a host sync on the GPU.
-    best_x = x_hat.detach().clone()
-    best_distance = torch.full((), math.inf, device=x_hat.device, dtype=x_hat.dtype)
-    initial_distance = math.nan
-    # A host sync every few steps is cheap enough for the early-stop check.
-    check_every = 10
-    for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        output = model(x_hat.unsqueeze(0))
-        loss = client_loss(output, label, kind)
-        # create_graph: the objective is a function of this gradient and must be differentiated again.
-        dummy_grads = torch.autograd.grad(loss, parameters, create_graph=True, allow_unused=True)
-        dummy_grads = [torch.zeros_like(p) if g is None else g for g, p in zip(dummy_grads, parameters)]
-        distance = gradient_distance(dummy_grads, targets)
-        tv_now = use_tv and step < tv_steps
-        objective = distance + tv_weight * total_variation(x_hat) if tv_now else distance
-        (input_grad,) = torch.autograd.grad(objective, x_hat)
-        if signed_gradients:
-            input_grad = input_grad.sign()
-        x_hat.grad = input_grad
+) -> list[InvertOutcome]:
+    """Attack every image at once: label probes as one batch, then every (image, label, restart) as one batch."""
+    inversion = _BatchedInversion(model, names, kind, sample_shape, settings, counter)
+    steps, restarts = settings.steps, settings.restarts
+    probing = [index for index, image in enumerate(images) if len(image.labels) > 1]
+    probe_steps = min(steps, max(_MIN_PROBE_STEPS, steps // 8))
+    counter.total += probe_steps * sum(len(images[i].labels) for i in probing) + steps * restarts * len(images)
+    probe_losses: dict[int, list[float]] = {}
+    probe_steps_taken = [0] * len(images)
+    if probing:
+        # The wrong logistic sign leaves the fit far off (distance near 1 against near 0 for the right one), so a
+        # short run per sign usually settles it; only a close call pays for both.
+        probes = [_Candidate(i, label, 0) for i in probing for label in images[i].labels]
+        runs = inversion.optimise(probes, images, probe_steps)
+        for candidate, distance, taken in zip(probes, runs.distances, runs.steps):
+            probe_losses.setdefault(candidate.image, []).append(distance)
+            probe_steps_taken[candidate.image] += taken
+        for index in probing:
+            ranked = sorted(zip(probe_losses[index], images[index].labels))
+            if ranked[0][0] * _PROBE_MARGIN < ranked[1][0]:
+                images[index].labels = [ranked[0][1]]
+            else:
+                counter.total += steps * restarts * (len(images[index].labels) - 1)
 
-        current = distance.detach()
-        if step == 0:
-            initial_distance = float(current)
-        improved = current < best_distance
-        best_x = torch.where(improved, x_hat.detach(), best_x)
-        best_distance = torch.where(improved, current, best_distance)
+    candidates = [_Candidate(i, label, restart) for i, image in enumerate(images)
+                  for label in image.labels for restart in range(restarts)]
+    runs = inversion.optimise(candidates, images, steps)
+    outcomes = []
+    for index, image in enumerate(images):
+        mine = [k for k, candidate in enumerate(candidates) if candidate.image == index]
+        # The first of equal distances wins, as when the restarts ran one after another.
+        best = min(mine, key=lambda k: runs.distances[k])
+        outcomes.append(InvertOutcome(
+            x_hat=runs.x[best].cpu(),
+            final_loss=runs.distances[best],
+            steps_run=probe_steps_taken[index] + sum(runs.steps[k] for k in mine),
+            seconds=math.nan,
+            restart_losses=[runs.distances[k] for k in mine],
+            initial_loss=runs.initial[best],
+            label=candidates[best].label,
+            candidate_labels=list(image.labels),
+            probe_losses=probe_losses.get(index, []),
+            per_sample_gradients=VECTORISED if inversion.vectorised else LOOPED,
+        ))
+    return outcomes
 
-        optimizer.step()
-        scheduler.step()
+
+class _BatchedInversion:
+    """Optimises many candidate inputs at once, each matched against its own image's target gradient.
+
+    The candidates' parameter gradients come from ``torch.func``: ``vmap`` over
+    ``grad`` of a ``functional_call``, so one call yields every candidate's own
+    gradient, and ``grad`` of the summed objective then yields every candidate's
+    input gradient (candidates do not interact, so the sum separates).
+    """
+
+    def __init__(self, model: nn.Module, names: list[str], kind: str, sample_shape: tuple[int, ...],
+                 settings: _Settings, counter: _StepCounter) -> None:
+        parameters = dict(model.named_parameters())
+        # Parameters outside `names` (not shared, or frozen) and buffers are read from the module itself.
+        self.shared = {name: parameters[name].detach() for name in names}
+        first = self.shared[names[0]]
+        self.model, self.names, self.kind, self.sample_shape = model, names, kind, sample_shape
+        self.settings, self.counter = settings, counter
+        self.device, self.dtype = first.device, first.dtype
+        self.classes, activations = _probe_sizes(model, sample_shape, self.device, self.dtype)
+        if kind == LOGISTIC and self.classes != 1:
+            raise ValueError(f"the logistic loss needs a single logit, the model gave {self.classes}")
+        shared_numel = sum(t.numel() for t in self.shared.values())
+        self.group_size = _group_size(
+            _COPIES_PER_CANDIDATE * (shared_numel + activations) * first.element_size(), self.device)
+        self.vectorised = True
+        self.use_tv = settings.tv_weight > 0 and len(sample_shape) == 3
+        self._objective_and_input_grad = torch.func.grad(self._objective, has_aux=True)
+
+    def optimise(self, candidates: list[_Candidate], images: list[_Image], budget: int) -> _Runs:
+        """Run ``budget`` steps for every candidate, in groups small enough for the device's free memory."""
+        parts = [self._optimise_group(candidates[start:start + self.group_size], images, budget)
+                 for start in range(0, len(candidates), self.group_size)]
+        return _Runs(torch.cat([p.x for p in parts]), [d for p in parts for d in p.distances],
+                     [d for p in parts for d in p.initial], [s for p in parts for s in p.steps])
+
+    def per_sample_gradients(self, x: torch.Tensor, codes: torch.Tensor) -> list[torch.Tensor]:
+        """Each candidate's gradient of the client's loss, one [K, *parameter shape] tensor per shared parameter."""
+        gradient_of = torch.func.grad(self._sample_loss)
+        if self.vectorised:
+            try:
+                grads = torch.func.vmap(gradient_of, in_dims=(None, 0, 0))(self.shared, x, codes)
+                return [grads[name] for name in self.names]
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, NotImplementedError):
+                # vmap refuses data-dependent control flow and ops without a batching rule; the same gradient,
+                # one candidate at a time, is still exact. A genuine fault in the model raises again below.
+                self.vectorised = False
+        rows = [gradient_of(self.shared, x[k], codes[k]) for k in range(x.shape[0])]
+        return [torch.stack([row[name] for row in rows]) for name in self.names]
+
+    def _sample_loss(self, shared: dict[str, torch.Tensor], x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+        output = torch.func.functional_call(self.model, shared, (x.unsqueeze(0),))
+        return _coded_loss(output, code, self.kind)
+
+    def _objective(self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor],
+                   with_tv: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        distances = gradient_distances(self.per_sample_gradients(x, codes), unit_targets)
+        total = distances.sum()
+        if with_tv:
+            total = total + self.settings.tv_weight * total_variations(x).sum()
+        return total, distances
+
+    def _codes(self, labels: list[int]) -> torch.Tensor:
+        # Labels enter the vectorised loss as data: a one-hot row for cross-entropy, the sign for the logistic loss.
+        if self.kind == CROSS_ENTROPY:
+            index = torch.tensor(labels, device=self.device)
+            return F.one_hot(index, self.classes).to(self.dtype)
+        return torch.tensor([float(label) for label in labels], device=self.device, dtype=self.dtype)
+
+    def _starts(self, candidates: list[_Candidate], images: list[_Image]) -> torch.Tensor:
+        low, high = self.settings.bounds
+        starts = []
+        for candidate in candidates:
+            # One generator per restart, seeded from (seed, restart) alone, so a restart's start does not depend
+            # on what runs beside it or on the global RNG state.
+            generator = torch.Generator().manual_seed(_mix_seed(images[candidate.image].seed, candidate.restart))
+            starts.append(torch.rand(self.sample_shape, generator=generator, dtype=self.dtype) * (high - low) + low)
+        return torch.stack(starts).to(self.device)
+
+    # The attack differentiates twice through torch.func, which ignores the caller's grad mode; no_grad keeps
+    # ordinary autograd from also recording a graph for the module's own parameters.
+    @torch.no_grad()
+    def _optimise_group(self, candidates: list[_Candidate], images: list[_Image], budget: int) -> _Runs:
+        settings = self.settings
+        count = len(candidates)
+        x = self._starts(candidates, images)
+        codes = self._codes([candidate.label for candidate in candidates])
+        unit_targets = [torch.stack([images[c.image].unit_targets[i] for c in candidates])
+                        for i in range(len(self.names))]
+        optimizer = torch.optim.Adam([x], lr=settings.lr)
+        milestones = sorted({max(1, int(budget * fraction)) for fraction in (3 / 8, 5 / 8, 7 / 8)})
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+        tv_steps = int(round(settings.tv_until * budget))
+        per_candidate = (-1,) + (1,) * len(self.sample_shape)
+        # Everything below stays on the device; the loop syncs with the host only for the early-stop check.
+        best_x = x.clone()
+        best_distance = torch.full((count,), math.inf, device=self.device, dtype=self.dtype)
+        initial = best_distance
+        active = torch.ones(count, dtype=torch.bool, device=self.device)
+        steps_taken = torch.zeros(count, dtype=torch.long, device=self.device)
+        active_count = count
+        with _math_attention():
+            for step in range(budget):
+                input_grad, distances = self._objective_and_input_grad(
+                    x, codes, unit_targets, self.use_tv and step < tv_steps)
+                if settings.signed_gradients:
+                    input_grad = input_grad.sign()
+                if step == 0:
+                    initial = distances.clone()
+                improved = (distances < best_distance) & active
+                best_x = torch.where(improved.view(per_candidate), x, best_x)
+                best_distance = torch.where(improved, distances, best_distance)
+
+                before = x.clone() if active_count < count else None
+                x.grad = input_grad
+                optimizer.step()
+                scheduler.step()
+                x.clamp_(*settings.bounds)
+                if before is not None:
+                    # A finished candidate stays where it stopped.
+                    x.copy_(torch.where(active.view(per_candidate), x, before))
+                steps_taken += active
+                self.counter.tick(active_count)
+                if settings.tolerance > 0 and (step + 1) % _CHECK_EVERY == 0:
+                    active &= best_distance > settings.tolerance
+                    active_count = int(active.sum())
+                    if active_count == 0:
+                        break
+            # The final projected iterate was never scored inside the loop.
+            final = gradient_distances(self.per_sample_gradients(x, codes), unit_targets)
+        improved = (final < best_distance) & active
+        best_x = torch.where(improved.view(per_candidate), x, best_x)
+        best_distance = torch.where(improved, final, best_distance)
+        return _Runs(best_x, best_distance.tolist(), initial.tolist(), steps_taken.tolist())
+
+
+def _coded_loss(output: torch.Tensor, code: torch.Tensor, kind: str) -> torch.Tensor:
+    """:func:`client_loss` with the label given as data (see ``_BatchedInversion._codes``), so it can be vmapped."""
+    if kind == CROSS_ENTROPY:
+        return -(F.log_softmax(output.reshape(-1), dim=0) * code).sum()
+    # softplus(-y*mu) is log(1 + exp(-y*mu)) without overflow for large margins.
+    return F.softplus(-code * output.reshape(()))
+
+
+def _math_attention():
+    """Fused attention kernels have no double backward; the attack differentiates through the gradient."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def _probe_sizes(model: nn.Module, sample_shape: tuple[int, ...], device: torch.device,
+                 dtype: torch.dtype) -> tuple[int, int]:
+    """(output values for one sample, values all leaf modules produce for it), from one forward pass on zeros."""
+    produced = [0]
+
+    def count(_module: nn.Module, _inputs, output) -> None:
+        if isinstance(output, torch.Tensor):
+            produced[0] += output.numel()
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
         with torch.no_grad():
-            x_hat.clamp_(*bounds)
-        counter.tick()
-        if tolerance > 0 and (step + 1) % check_every == 0 and float(best_distance) <= tolerance:
-            break
+            output = model(torch.zeros((1,) + sample_shape, device=device, dtype=dtype))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return output.numel(), max(produced[0], int(math.prod(sample_shape)))
 
-    # The final projected iterate was never scored inside the loop.
-    output = model(x_hat.detach().unsqueeze(0))
-    final_grads = torch.autograd.grad(client_loss(output, label, kind), parameters, allow_unused=True)
-    final_grads = [torch.zeros_like(p) if g is None else g for g, p in zip(final_grads, parameters)]
-    final_distance = gradient_distance(final_grads, targets).detach()
-    if final_distance < best_distance:
-        best_x, best_distance = x_hat.detach().clone(), final_distance
-    return best_x.detach(), float(best_distance), initial_distance
+
+def _group_size(bytes_per_candidate: int, device: torch.device) -> int:
+    """How many candidates fit in one batch within a share of the device's free memory (at least one)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # no sysconf (Windows): assume a modest machine
+            free = 4 << 30
+    return max(1, int(free * _MEMORY_SHARE) // max(1, bytes_per_candidate))
+
+
+def _check_budget(steps: int, restarts: int) -> None:
+    if steps < 1 or restarts < 1:
+        raise ValueError(f"steps and restarts must be at least 1, got {steps} and {restarts}")
+
+
+def _shared_names(model: nn.Module, target_grads: dict[str, torch.Tensor]) -> list[str]:
+    """The model's parameters that ``target_grads`` covers, in the model's order; shapes checked."""
+    parameters = dict(model.named_parameters())
+    unknown = sorted(set(target_grads) - set(parameters))
+    if unknown:
+        raise KeyError(f"target_grads names parameters the model does not have: {unknown[:5]}")
+    names = [name for name in parameters if name in target_grads]
+    if not names:
+        raise ValueError("target_grads shares no parameter with the model")
+    for name in names:
+        if parameters[name].shape != target_grads[name].shape:
+            raise ValueError(f"gradient for {name} has shape {tuple(target_grads[name].shape)}, "
+                             f"the parameter {tuple(parameters[name].shape)}")
+    return names
+
+
+def _unit_targets(target_grads: dict[str, torch.Tensor], names: list[str], device: torch.device,
+                  dtype: torch.dtype) -> list[torch.Tensor]:
+    return unit_gradient([target_grads[name].detach().to(device=device, dtype=dtype) for name in names])
 
 
 def _candidate_labels(
@@ -555,19 +770,24 @@ def run_inverting(
     tv_until: float = DEFAULT_TV_UNTIL,
     defense: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> InvertResult:
-    """Attack every image of ``images`` ([N, C, H, W] in [0, 1]) one at a time and score the reconstructions.
+    """Attack every image of ``images`` ([N, C, H, W] in [0, 1]) and score the reconstructions.
 
     Each image plays a client with one sample: its gradient is computed here
-    from the true image, and the attack sees only that gradient, the weights and
-    the loss (plus the label when ``infer_labels`` is false).  Without
-    ``labels``, each image gets a label drawn from ``seed`` (a class index for
-    cross-entropy, -1/+1 for logistic).  ``progress(i, N)`` reports finished
-    images, ``step_progress(done, total)`` the steps within the current image.
+    from the true image, and the attack on it sees only that gradient, the
+    weights and the loss (plus the label when ``infer_labels`` is false).
+    Without ``labels``, each image gets a label drawn from ``seed`` (a class
+    index for cross-entropy, -1/+1 for logistic).  All images and restarts run as
+    one batched optimisation (:func:`invert_gradients` on each image, image ``i``
+    seeded with ``seed + i``, gives the same reconstructions one at a time), so
+    each image's ``seconds`` is the run's wall time divided by N.
+    ``step_progress(done, total)`` reports candidate steps over all images,
+    ``progress(i, N)`` the images finished (all at the end of the batch).
     ``defense`` (grads -> grads) is applied by the client before sharing; the
     attack matches its output as if it were the gradient (it is not told).
     """
     if images.dim() != 4:
         raise ValueError(f"images must be [N, C, H, W], got shape {tuple(images.shape)}")
+    _check_budget(steps, restarts)
     kind = as_loss_spec(loss).kind
     run_device = resolve_device(device)
     attacked_model = _model_on(model, run_device)
@@ -575,23 +795,39 @@ def run_inverting(
     count = images.shape[0]
     sample_shape = tuple(images.shape[1:])
     true_labels = _client_labels(attacked_model, kind, count, sample_shape, seed, run_device, dtype, labels)
+    settings = _Settings(steps, restarts, lr, tv_weight, tv_until, (0.0, 1.0), True, 0.0)
 
     started = time.perf_counter()
     outcomes: list[InvertOutcome] = []
-    for index in range(count):
-        truth = images[index].to(device=run_device, dtype=dtype)
-        target = client_gradient(attacked_model, truth, true_labels[index], kind)
-        if defense is not None:
-            target = {name: g.to(device=run_device, dtype=dtype) for name, g in defense(target).items()}
-        spec = LossSpec(kind=kind, label=None if infer_labels else true_labels[index])
-        outcome = invert_gradients(
-            attacked_model, target, sample_shape, spec, steps=steps, restarts=restarts, lr=lr,
-            tv_weight=tv_weight, tv_until=tv_until, device=run_device, seed=seed + index,
-            progress=step_progress,
-        )
-        outcomes.append(outcome)
-        if progress is not None:
-            progress(index + 1, count)
+    if count:
+        targets = []
+        for index in range(count):
+            truth = images[index].to(device=run_device, dtype=dtype)
+            target = client_gradient(attacked_model, truth, true_labels[index], kind)
+            if defense is not None:
+                target = {name: g.to(device=run_device, dtype=dtype) for name, g in defense(target).items()}
+            targets.append(target)
+        names = _shared_names(attacked_model, targets[0])
+        if any(set(target) != set(targets[0]) for target in targets):
+            raise ValueError("the defense shared different parameters for different images; the batch needs one set")
+        was_training = attacked_model.training
+        attacked_model.eval()
+        try:
+            attacked = []
+            for index, target in enumerate(targets):
+                spec = LossSpec(kind=kind, label=None if infer_labels else true_labels[index])
+                candidates = _candidate_labels(attacked_model, target, spec, sample_shape, run_device, dtype)
+                attacked.append(_Image(_unit_targets(target, names, run_device, dtype), candidates, seed + index))
+            counter = _StepCounter(step_progress, 0)
+            outcomes = _invert_images(attacked_model, names, attacked, kind, sample_shape, settings, counter)
+        finally:
+            attacked_model.train(was_training)
+        counter.finish()
+        share = (time.perf_counter() - started) / count
+        for index, outcome in enumerate(outcomes):
+            outcome.seconds = share
+            if progress is not None:
+                progress(index + 1, count)
 
     reconstructions = torch.stack([o.x_hat for o in outcomes]) if outcomes else images.new_zeros(images.shape)
     truths = images.detach().to(device="cpu", dtype=reconstructions.dtype)
