@@ -82,10 +82,12 @@ def _names(value: str | None) -> list[str] | None:
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
-@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr", "rank"]),
+@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr", "rank", "dager"]),
               help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
                    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
-                   "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra.")
+                   "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
+                   "dager: a language model's token set from the span of a first-block projection's gradient "
+                   "(DAGER's test; random token batches of the vocabulary).")
 @click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Images to attack.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -229,6 +231,17 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
     if defenses and not {"rgap", "gdbr"} & set(attacks):
         raise UsageError("--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended "
                          "gradient", "add --verify rgap and/or --verify gdbr, or drop --defense")
+    if "dager" in attacks:
+        # Token batches need neither images nor Pillow: DAGER runs before the image attacks' extras are checked.
+        if data:
+            raise UsageError("--verify dager draws random token batches from the vocabulary and reads no --data",
+                             "leave out --data with --verify dager")
+        from rankaudit.verify import runner
+
+        runner.verify_tokens(result, spec, seed=seed, device=device, show_progress=show_progress)
+        attacks = [attack for attack in attacks if attack != "dager"]
+        if not attacks:
+            return
     try:
         from rankaudit.verify import runner
         import PIL  # noqa: F401 - the verifier's images need Pillow

@@ -287,10 +287,13 @@ def per_token_tensors(traced: TracedModel) -> dict[str, tuple[int, bool]]:
 
 
 def span_exposures(traced: TracedModel, batch_size: int, shared: set[str] | None) -> list[SpanExposure]:
-    """DAGER's condition (Petrov et al., NeurIPS 2024) on every Linear that reads per-token vectors."""
+    """DAGER's condition (Petrov et al., NeurIPS 2024) on every Linear that reads per-token vectors.
+
+    Layers reading the same vectors (q, k, v; LoRA adapters on each) pool their sent gradients: stacked, their
+    rank reaches min(B·n, d_in, Σ d_out), so three rank-8 adapters expose what one alone would not."""
     per_token = per_token_tensors(traced)
     vocabulary = max((embedding.vocab_size for embedding in traced.token_embeddings), default=0)
-    layers = []
+    found = []
     for node_id in traced.order:
         record = traced.record(node_id)
         if (record.family not in _SPAN_LAYER_FAMILIES or record.counting.role is not Role.LAYER
@@ -300,11 +303,20 @@ def span_exposures(traced: TracedModel, batch_size: int, shared: set[str] | None
         d_out = record.output_shape[-1]
         if record.counting.out_features not in (None, d_out):
             continue  # W @ x contracts the positions, not the features
-        positions, position_dependent = per_token[node_id]
-        tokens = batch_size * positions
         trainable = any(numel == d_in * d_out for _, numel in record.direct_params)
         is_shared = shared is None or record.name in shared
-        exposed = is_shared and trainable and tokens < d_in and tokens <= d_out
+        reads = traced.record(_through_views(traced, record.inputs[0])).name
+        found.append((record, d_in, d_out, trainable, is_shared, reads))
+    pooled: dict[str, int] = {}
+    for _, _, d_out, trainable, is_shared, reads in found:
+        if trainable and is_shared:
+            pooled[reads] = pooled.get(reads, 0) + d_out
+    layers = []
+    for record, d_in, d_out, trainable, is_shared, reads in found:
+        positions, position_dependent = per_token[record.id]
+        tokens = batch_size * positions
+        widths = pooled.get(reads, d_out) if trainable and is_shared else d_out
+        exposed = is_shared and trainable and tokens < d_in and tokens <= widths
         what = "the token and its position" if position_dependent else "the token alone"
         candidates = vocabulary * (positions if position_dependent else 1)
         if not trainable:
@@ -314,18 +326,28 @@ def span_exposures(traced: TracedModel, batch_size: int, shared: set[str] | None
         elif tokens >= d_in:
             reason = (f"B·n = {tokens} >= d_in = {d_in}: the gradient's row space can fill every direction "
                       f"{record.name} reads, so a span test accepts every candidate")
-        elif tokens > d_out:
-            reason = (f"B·n = {tokens} > d_out = {d_out}: the gradient (rank <= {d_out}) keeps only part of the "
-                      "span of the batch's vectors, so the tokens' vectors are not in it and the exact span test "
-                      "fails (optimisation attacks may still recover them)")
+        elif tokens > widths:
+            reason = (f"B·n = {tokens} > {widths}, the output width of the sent layers reading {reads}: their "
+                      "gradients keep only part of the span of the batch's vectors, so the tokens' vectors are not in "
+                      "it and the exact span test fails (optimisation attacks may still recover them)")
         else:
+            pooling = f" (with the other sent layers reading {reads}: {widths} outputs)" if widths != d_out else ""
             reason = (f"{record.name} reads per-token vectors of width d_in = {d_in}, a function of {what}; its "
-                      f"gradient has rank at most B·n = {tokens} < d_in: the token set of the batch can be read "
-                      f"from this layer's gradient by a span test ({candidates:,} candidate vectors, DAGER)")
-        layers.append(SpanExposure(record.name, record.op, d_in, d_out, positions, tokens, min(tokens, d_in, d_out), is_shared,
-                                   trainable, position_dependent, candidates, min(d_in, d_out + 1), exposed, reason,
-                                   record.source))
+                      f"gradient{pooling} has rank up to B·n = {tokens} < d_in: the token set of the batch can be "
+                      f"read from this layer's gradient by a span test ({candidates:,} candidate vectors, DAGER)")
+        layers.append(SpanExposure(record.name, record.op, d_in, d_out, positions, tokens, min(tokens, d_in, d_out),
+                                   is_shared, trainable, position_dependent, candidates, min(d_in, widths + 1), exposed,
+                                   reason, record.source, reads))
     return layers
+
+
+def _through_views(traced: TracedModel, node_id: str) -> str:
+    """The tensor a view chain starts from: GPT-2's c_attn reads a view of ln_1's output, its LoRA adapter ln_1's."""
+    record = traced.record(node_id)
+    while record.family == "reshape" and len(record.inputs) == 1 and \
+            traced.record(record.inputs[0]).output_numel == record.output_numel:
+        record = traced.record(record.inputs[0])
+    return record.id
 
 
 def safe_token_budget(layers: list[SpanExposure]) -> tuple[int | None, int | None]:

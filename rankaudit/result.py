@@ -160,6 +160,7 @@ class SpanExposure:
     exposed: bool
     reason: str
     source: str | None = None         # file:line of the call
+    reads: str = ""                   # the traced tensor it reads (views looked through): q, k and v share one
 
 
 @dataclass

@@ -187,6 +187,30 @@ def _verification_lines(result: Result) -> list[str]:
                                  "GDBR does no better, so this run does not show label leakage."),
                   f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
     lines.extend(_rank_lines(result.verification.get("rank")))
+    lines.extend(_dager_lines(result.verification.get("dager")))
+    return lines
+
+
+def _dager_lines(dager: dict | None) -> list[str]:
+    """--verify dager: the token set recovered from one layer's gradient, then the decoder's sequences."""
+    if not dager:
+        return []
+    layers = ", ".join(dager.get("layers") or [dager["layer"]])
+    lines = ["", f"Verification (DAGER's span test on the gradient of {layers}, batch {dager['batch_size']} x "
+                 f"{dager['positions']} tokens, {dager['device']}, {dager['seconds']:.1f} s): rank {dager['rank']} "
+                 f"of d_in {dager['d_in']}; token precision {dager['token_precision']:.3f}, recall "
+                 f"{dager['token_recall']:.3f} ({dager['recovered_tokens']} recovered, {dager['true_tokens']} true, "
+                 f"{dager['candidates_tested']:,} candidates in {dager['span_seconds']:.2f} s); {dager['judgement']}."]
+    extension = dager.get("extension")
+    if extension and extension.get("sequences"):
+        lines.append(f"  Decoder: greedy extension with the gradient of {extension['layer']}: "
+                     f"{extension['exact_sequences']} of {extension['sequences']} sequences recovered exactly "
+                     f"({extension['note']}).")
+    elif extension:
+        lines.append(f"  Decoder: {extension['note']}.")
+    elif not dager["decoder"]:
+        lines.append("  Encoder: the token set only (DAGER's search for an encoder's sequences is not implemented).")
+    lines += [f"  {note}" for note in dager["notes"]]
     return lines
 
 
