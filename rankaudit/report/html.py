@@ -182,6 +182,25 @@ def _leakage(result: Result) -> dict | None:
             "withheld": [b.name for b in leakage.layers if not b.shared], "layers": leakage.layers}
 
 
+def _tokens(result: Result) -> dict | None:
+    """Token leakage: the embedding table's rows, DAGER's span test per layer, and --verify dager's run."""
+    tokens = result.token_leakage
+    if tokens is None:
+        return None
+    dager = (result.verification or {}).get("dager")
+    dager = dager if isinstance(dager, dict) else None
+    if dager is not None:
+        dager = {**dager, "judgement": _sentence(dager.get("judgement")),
+                 "precision_text": _fraction(dager.get("token_precision")),
+                 "recall_text": _fraction(dager.get("token_recall")),
+                 "extension": dager.get("extension") if isinstance(dager.get("extension"), dict) else None}
+    rows = [{"layer": layer, "status": "exposed" if layer.exposed else "frozen" if not layer.trainable
+             else "withheld" if not layer.shared else "safe"} for layer in tokens.layers]
+    return {"t": tokens, "rows": rows, "exposed": tokens.exposed or tokens.span_exposed,
+            "reason": next((layer.reason for layer in tokens.layers if layer.exposed), None),
+            "positions": max((layer.positions for layer in tokens.layers), default=0), "dager": dager}
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -200,6 +219,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "bound_bar": Markup(svg.bound_bar(result, prefix=f"{prefix}b")),
         "graph": Markup(svg.architecture_graph(result, prefix=f"{prefix}g")),
         "leakage": _leakage(result),
+        "tokens": _tokens(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
         "defenses": _defenses(verification),
