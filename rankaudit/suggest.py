@@ -10,6 +10,7 @@ from torch import nn
 from rankaudit.analysis import analyze
 from rankaudit.bound import gradient_sources, identifiability
 from rankaudit.errors import RankauditError
+from rankaudit.findings import token_leakage
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
 from rankaudit.result import Result
@@ -49,6 +50,11 @@ class SuggestReport:
     certified_deficit: int = 0
     certifying_batch: int | None = None        # smallest batch size with a certified deficit
     certifying_withheld: list[str] | None = None  # layers whose gradients, kept back, give a certificate
+    # Language models: DAGER's span test on the layers reading per-token vectors (all gradients shared).
+    token_span_exposed: list[str] = field(default_factory=list)  # layers whose gradient passes it at this B·n
+    tokens_per_batch: int | None = None                  # B·n now
+    safe_tokens_per_batch: int | None = None             # the smallest B·n at which it fails on every layer
+    safe_token_batch: int | None = None                  # the smallest batch size reaching it at this length
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
 
@@ -257,7 +263,8 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     then by the RA-i it reaches."""
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
-    traced = trace_model(loaded.module, loaded.input_shape)
+    traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
+                         forward_kwargs=loaded.forward_kwargs)
     base = analyze(traced, batch_size)
     base_bound = identifiability(traced, batch_size)
     skipped: list[str] = []
@@ -283,8 +290,12 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
         add("batch-size", "batch", f"batch size {batch_size} -> {certifying_batch} (samples per shared gradient)",
             traced, 0, batch=certifying_batch)
     suggestions.sort(key=lambda s: (-s.certified_deficit, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
+    tokens = token_leakage(traced, batch_size, None)
+    span = {"token_span_exposed": tokens.span_exposing, "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
+            "safe_token_batch": tokens.safe_batch_size,
+            "tokens_per_batch": tokens.layers[0].tokens_per_batch if tokens.layers else None} if tokens else {}
     return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_bound.verdict,
                          suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
                          certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
                          certifying_withheld=certifying_withheld(traced, batch_size),
-                         seconds=time.perf_counter() - started)
+                         seconds=time.perf_counter() - started, **span)

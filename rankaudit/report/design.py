@@ -20,6 +20,8 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "verdict": report.verdict, "unknowns": report.unknowns, "rank_bound": report.rank_bound,
             "certified_deficit": report.certified_deficit, "certifying_batch": report.certifying_batch,
             "certifying_withheld": report.certifying_withheld, "note": report.note, "skipped": report.skipped,
+            "token_span_exposed": report.token_span_exposed, "tokens_per_batch": report.tokens_per_batch,
+            "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
             "seconds": round(report.seconds, 3),
             "suggestions": [asdict(s) for s in report.suggestions[:top]]}
 
@@ -35,7 +37,19 @@ def _certificates(report: SuggestReport) -> list[str]:
     else:
         lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
                      "gives a certified deficit (found greedily: a certificate, not proven the smallest set).")
+    lines.extend(_token_budget(report))
     return lines
+
+
+def _token_budget(report: SuggestReport) -> list[str]:
+    """DAGER's span test: the batch x sequence-length budget from which no shared layer passes it."""
+    if report.safe_tokens_per_batch is None:
+        return []
+    per_sequence = -(-report.tokens_per_batch // report.batch_size) if report.tokens_per_batch else None
+    now = (f"exposed now through {', '.join(report.token_span_exposed)} at B·n = {report.tokens_per_batch}"
+           if report.token_span_exposed else f"not exposed at B·n = {report.tokens_per_batch}")
+    return [f"Token set (DAGER's span test): {now}; safe from {report.safe_tokens_per_batch} tokens per shared "
+            f"gradient (batch {report.safe_token_batch} at {per_sequence} tokens per sequence)."]
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
