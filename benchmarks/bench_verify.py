@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""Benchmark of the verifier: R-GAP vs the optimisation attack on CNN6, side by side; GDBR at batch 64.
+"""Benchmark of the verifier: R-GAP vs the optimisation attack, the rank check, and the GPU against the CPU.
 
 Run from the repository root:
 
-    python benchmarks/bench_verify.py [--images 2] [--device auto] [--out benchmarks/verify_results.json]
+    python benchmarks/bench_verify.py [--images 2] [--attack-images 8] [--device auto]
+                                      [--out benchmarks/verify_results.json]
 
-Targets (issues 3 and 4), on these 2-core CPUs:
-  1. one CNN6 R-GAP reconstruction in under 10 s;
+Targets (issues 3, 4 and 9):
+  1. one CNN6 R-GAP reconstruction in under 10 s (CPU);
   2. R-GAP at least 50x faster than the optimisation attack (inverting gradients) on the same images, counted only
      where the optimisation attack's MSE is the same or worse than R-GAP's;
-  3. GDBR at batch 64 on the 6-layer MLP in under 2 s per batch.
-Both attacks run in one process, on the same images and weights, with the same thread count. This is a benchmark,
-not a test: it exits 0 and prints PASS/FAIL per target.
+  3. GDBR at batch 64 on the 6-layer MLP in under 2 s per batch;
+  4. the rank check (--verify rank) of CNN6, n = 3072, in under 60 s on the CPU;
+  5. on a GPU, the rank check of a ResNet-18 (11.2 M parameters, 3x32x32) in under 30 s;
+  6. the optimisation attack on 8 CNN6 images (1000 steps x 2 restarts) at least 10x faster on the GPU than on the
+     CPU of the same machine.
+Targets 1-3 run on --device; 4 and the CPU side of 6 on the CPU; 5 and the GPU side of 6 only where CUDA is present
+(their rows say "no GPU" elsewhere). Both sides of each comparison run in one process, on the same images and
+weights; every timed attack is preceded by a short untimed run on its device (CUDA context, kernel selection, lazy
+imports). This is a benchmark, not a test: it exits 0 and prints PASS/FAIL per target.
 """
 from __future__ import annotations
 
@@ -32,6 +39,11 @@ sys.path.insert(0, str(REPO))
 
 from rankaudit.verify import data, gdbr, invert, rgap  # noqa: E402
 from rankaudit.verify.runner import resolve_device  # noqa: E402
+
+try:
+    from rankaudit.verify import rank  # noqa: E402
+except ImportError:  # a tree from before --verify rank: its rows say so
+    rank = None
 
 
 def example(file_name: str, class_name: str) -> torch.nn.Module:
@@ -80,38 +92,143 @@ def bench_gdbr(device: str, trials: int, seed: int) -> dict:
             "cls_acc": outcome.cls_acc, "device": outcome.device}
 
 
+PARTS = ("rgap", "gdbr", "rank", "devices")
+
+
+def cuda_present() -> bool:
+    return torch.cuda.is_available()
+
+
+def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int) -> dict:
+    """One rank check at batch size 1 on a real image, as `--verify rank` runs it."""
+    if rank is None:
+        return {"model": label, "skipped": "rankaudit.verify.rank is not in this tree"}
+    image, source = data.load_images(None, (3, 32, 32), 1, seed)
+    with torch.no_grad():
+        classes = model(image.to(next(model.parameters()).dtype)).numel()
+    loss = rank.loss_name_for(classes)
+    labels = rank.draw_labels(1, loss, classes, seed)
+    if device == "cuda":
+        rank.measure(model, image, labels, device=device, seed=seed, chunk_rows=4)  # warm-up, untimed
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    measured = rank.measure(model, image, labels, device=device, seed=seed)
+    wall = time.perf_counter() - started
+    return {"model": label, "images": source, "device": measured.device, "parameters": measured.shared_gradient_size,
+            "unknowns": measured.unknowns, "rank": measured.rank, "deficit": measured.deficit, "gap": measured.gap,
+            "method": measured.method, "chunk_rows": measured.chunk_rows, "seconds": measured.seconds, "wall": wall}
+
+
+def bench_inverting_devices(images: int, steps: int, seed: int) -> dict:
+    """The optimisation attack on the same CNN6 images and weights on the CPU and, where present, on the GPU."""
+    torch.manual_seed(seed)
+    model = example("cnn6.py", "CNN6").double().eval()
+    batch, source = data.load_images(None, (3, 32, 32), images, seed)
+    batch = batch.to(torch.float64)
+    sides = {}
+    for device in ("cpu", "cuda") if cuda_present() else ("cpu",):
+        invert.run_inverting(model, batch[:1], loss="logistic", steps=3, restarts=1, device=device, seed=seed)
+        started = time.perf_counter()
+        result = invert.run_inverting(model, batch, loss="logistic", steps=steps, restarts=2, device=device,
+                                      seed=seed)
+        wall = time.perf_counter() - started
+        sides[device] = {"wall": wall, "median_mse": result.median_mse, "mse": result.mse,
+                         "candidate_steps": sum(result.steps_run), "device": result.device,
+                         "per_sample_gradients": result.outcomes[0].per_sample_gradients,
+                         "threads": torch.get_num_threads()}
+    gpu = sides.get("cuda")
+    return {"model": "examples/cnn6.py", "images": source, "count": images, "steps": steps, "restarts": 2,
+            "cpu": sides["cpu"], "cuda": gpu, "speedup": sides["cpu"]["wall"] / gpu["wall"] if gpu else None,
+            "gpu_name": torch.cuda.get_device_name(0) if gpu else None}
+
+
+def rank_row(name: str, target_seconds: float, measured: dict | None) -> tuple[str, bool | None, str]:
+    if measured is None:
+        return name, None, "no GPU"
+    if "skipped" in measured:
+        return name, None, measured["skipped"]
+    return (name, measured["seconds"] < target_seconds,
+            f"{measured['seconds']:.1f} s on {measured['device']}: rank {measured['rank']} of {measured['unknowns']}"
+            f" (deficit {measured['deficit']}, gap {measured['gap']:.1e}, {measured['parameters']:,} parameters, "
+            f"{measured['method']}, {measured['chunk_rows']} rows per pass)")
+
+
+def attack_row(devices: dict) -> tuple[str, bool | None, str]:
+    name = (f"optimisation attack, {devices['count']} CNN6 images x {devices['steps']} steps x 2 restarts: "
+            "GPU >= 10x faster than CPU")
+    cpu = devices["cpu"]
+    cpu_figure = f"CPU {cpu['wall']:.1f} s ({cpu['threads']} threads, median MSE {cpu['median_mse']:.1e})"
+    if devices["cuda"] is None:
+        return name, None, f"no GPU; {cpu_figure}"
+    gpu = devices["cuda"]
+    return (name, devices["speedup"] >= 10,
+            f"{devices['speedup']:.1f}x: GPU {gpu['wall']:.1f} s (median MSE {gpu['median_mse']:.1e}) vs {cpu_figure}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1000, help="optimisation attack budget (its default)")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--attack-images", type=int, default=8, help="images for the GPU-vs-CPU attack comparison")
+    parser.add_argument("--attack-steps", type=int, default=1000, help="steps of the GPU-vs-CPU attack comparison")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma-separated subset of: rgap (targets 1-2), gdbr (3), rank (4-5), devices (6)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "verify_results.json"))
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    unknown = parts - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {','.join(PARTS)}")
     device = resolve_device(args.device)
     load = os.getloadavg()
-    comparison = bench_rgap_vs_inverting(args.images, device, args.steps, args.seed)
-    labels = bench_gdbr(device, args.trials, args.seed)
-    speedup = comparison["median_speedup_at_same_or_worse_mse"]
-    targets = [
-        ("CNN6 R-GAP reconstruction < 10 s", comparison["rgap_median_seconds"] < 10,
-         f"{comparison['rgap_median_seconds']:.2f} s (MSE {comparison['rgap_median_mse']:.2e})"),
-        ("R-GAP >= 50x faster than inverting gradients at same-or-worse MSE", speedup is not None and speedup >= 50,
-         "n/a (the optimisation attack beat R-GAP's MSE)" if speedup is None else
-         f"{speedup:.0f}x ({comparison['inverting_median_seconds']:.1f} s, MSE {comparison['inverting_median_mse']:.2e}"
-         f" vs {comparison['rgap_median_seconds']:.2f} s, MSE {comparison['rgap_median_mse']:.2e})"),
-        ("GDBR batch 64 on MLP6 < 2 s", labels["median_seconds_per_batch"] < 2,
-         f"{labels['median_seconds_per_batch']:.2f} s (InsAcc {labels['ins_acc']:.1%}, ClsAcc {labels['cls_acc']:.1%})"),
-    ]
-    print(f"device {device}, torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
-          f"load {load[0]:.2f}")
+    report: dict = {}
+    targets: list[tuple[str, bool | None, str]] = []
+    if "rgap" in parts:
+        comparison = report["rgap_vs_inverting"] = bench_rgap_vs_inverting(args.images, device, args.steps, args.seed)
+        speedup = comparison["median_speedup_at_same_or_worse_mse"]
+        targets += [
+            ("CNN6 R-GAP reconstruction < 10 s", comparison["rgap_median_seconds"] < 10,
+             f"{comparison['rgap_median_seconds']:.2f} s (MSE {comparison['rgap_median_mse']:.2e})"),
+            ("R-GAP >= 50x faster than inverting gradients at same-or-worse MSE", speedup is not None and speedup >= 50,
+             "n/a (the optimisation attack beat R-GAP's MSE)" if speedup is None else
+             f"{speedup:.0f}x ({comparison['inverting_median_seconds']:.1f} s, MSE "
+             f"{comparison['inverting_median_mse']:.2e} vs {comparison['rgap_median_seconds']:.2f} s, MSE "
+             f"{comparison['rgap_median_mse']:.2e})"),
+        ]
+    if "gdbr" in parts:
+        labels = report["gdbr"] = bench_gdbr(device, args.trials, args.seed)
+        targets.append(("GDBR batch 64 on MLP6 < 2 s", labels["median_seconds_per_batch"] < 2,
+                        f"{labels['median_seconds_per_batch']:.2f} s (InsAcc {labels['ins_acc']:.1%}, "
+                        f"ClsAcc {labels['cls_acc']:.1%})"))
+    if "rank" in parts:
+        rank_cnn6 = report["rank_cnn6_cpu"] = bench_rank(example("cnn6.py", "CNN6").double().eval(),
+                                                         "examples/cnn6.py", "cpu", args.seed)
+        rank_resnet18 = None
+        if cuda_present():
+            sys.path.insert(0, str(REPO / "benchmarks" / "models"))
+            from resnet18 import ResNet18
+
+            torch.manual_seed(args.seed)
+            rank_resnet18 = bench_rank(ResNet18().eval(), "benchmarks/models/resnet18.py", "cuda", args.seed)
+        report["rank_resnet18_gpu"] = rank_resnet18
+        targets += [rank_row("rank check of CNN6 (n = 3072) on the CPU < 60 s", 60, rank_cnn6),
+                    rank_row("rank check of ResNet-18 (3x32x32) on the GPU < 30 s", 30, rank_resnet18)]
+    if "devices" in parts:
+        devices = report["inverting_gpu_vs_cpu"] = bench_inverting_devices(args.attack_images, args.attack_steps,
+                                                                           args.seed)
+        targets.append(attack_row(devices))
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if cuda_present() else ", no GPU"
+    print(f"device {device}{gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} "
+          f"threads, load {load[0]:.2f}")
     for name, passed, figure in targets:
-        print(f"{'PASS' if passed else 'FAIL'}  {name}: {figure}")
+        print(f"{'n/a ' if passed is None else 'PASS' if passed else 'FAIL'}  {name}: {figure}")
     report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "load_before": load, "load_after": os.getloadavg()},
-              "rgap_vs_inverting": comparison, "gdbr": labels,
-              "targets": [{"target": n, "pass": p, "figure": f} for n, p, f in targets]}
+                          "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if cuda_present() else None,
+                          "load_before": load, "load_after": os.getloadavg()},
+              **report, "targets": [{"target": n, "pass": p, "figure": f} for n, p, f in targets]}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
