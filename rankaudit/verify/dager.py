@@ -140,18 +140,20 @@ def row_space_input(module: nn.Module, gradient: torch.Tensor, d_in: int) -> tor
 
 
 def is_causal(call: LanguageModelCall, vocab_size: int, positions: int, device) -> bool:
-    """A decoder: changing the last token leaves the first position's output unchanged."""
+    """A decoder: changing the last token leaves the first position's output unchanged, while changing the first
+    token changes the last position's (a model that treats each position alone is no decoder)."""
     if positions < 2:
         return False
     generator = torch.Generator().manual_seed(12345)
     ids = torch.randint(vocab_size, (1, positions), generator=generator).to(device)
-    changed = ids.clone()
-    changed[0, -1] = (changed[0, -1] + 1) % vocab_size
+    last_changed, first_changed = ids.clone(), ids.clone()
+    last_changed[0, -1] = (last_changed[0, -1] + 1) % vocab_size
+    first_changed[0, 0] = (first_changed[0, 0] + 1) % vocab_size
     with torch.no_grad():
-        first, second = call.logits(ids), call.logits(changed)
-    if first.dim() < 3 or first.shape[1] != positions:
+        logits, after_last, after_first = (call.logits(x) for x in (ids, last_changed, first_changed))
+    if logits.dim() < 3 or logits.shape[1] != positions:
         return False
-    return bool(torch.equal(first[:, 0], second[:, 0]))
+    return bool(torch.equal(logits[:, 0], after_last[:, 0]) and not torch.equal(logits[:, -1], after_first[:, -1]))
 
 
 def next_block(name: str, model: nn.Module) -> str | None:
