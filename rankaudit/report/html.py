@@ -129,6 +129,19 @@ def _gdbr(data: dict, prefix: str) -> dict:
             "svg": Markup(svg.label_counts(recovered, true, prefix=prefix))}
 
 
+def _rank(data: dict, base_dir: Path | None) -> dict:
+    """--verify rank: the measured rank beside the verdict, and the input directions the gradient cannot see."""
+    directions = [{"index": d.get("index", i), "singular_value": d.get("singular_value"),
+                   "image": _image(d.get("png"), base_dir) if d.get("png") else None, "npy": d.get("npy")}
+                  for i, d in enumerate(data.get("directions") or []) if isinstance(d, dict)]
+    return {"rank": data.get("rank"), "unknowns": data.get("unknowns"), "deficit": data.get("deficit"),
+            "gap": data.get("gap"), "reliable": data.get("reliable"), "tolerance": data.get("tolerance"),
+            "seconds": data.get("seconds"), "device": data.get("device"), "confirms": data.get("confirms"),
+            "judgement": _sentence(data.get("judgement")), "internal_error": _sentence(data.get("internal_error")),
+            "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)], "directions": directions,
+            "batch_size": data.get("batch_size")}
+
+
 ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
 
 
@@ -222,6 +235,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "tokens": _tokens(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
+        "rank": _rank(verification["rank"], base_dir) if isinstance(verification.get("rank"), dict) else None,
         "defenses": _defenses(verification),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),

@@ -1,0 +1,332 @@
+"""--verify rank (spec §10): the measured rank of ∂g/∂x on R-GAP's reference nets and the modern examples, against
+the exact Jacobian of a small model, with batches, withheld and frozen layers; the CLI line, JSON, artifacts, HTML
+and the errors."""
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import EXAMPLES, measured_rank
+from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify import rank
+
+MODERN_EXAMPLES = ["densenet_tiny", "inception_tiny", "se_tiny", "convnext_tiny", "mixer_tiny", "vit_tiny"]
+
+# A 73-parameter MLP on 1x4x4 grey images: 16 unknowns per sample, so the shared gradient's 73 values cannot
+# determine a batch of 8 (128 unknowns), while one sample's 16 are fully determined.
+TINY_SOURCE = textwrap.dedent('''
+    """A 16-4-1 MLP for the rank tests."""
+    import torch
+    import torch.nn as nn
+
+    INPUT_SHAPE = (1, 4, 4)
+
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.flatten = nn.Flatten()
+            self.fc1 = nn.Linear(16, 4)
+            self.act = nn.Tanh()
+            self.fc2 = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(self.flatten(x))))
+''')
+TINY_PARAMETERS = 16 * 4 + 4 + 4 + 1
+
+
+class Tiny(nn.Module):
+    def __init__(self, activation=None):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 4)
+        self.act = activation or nn.Tanh()
+        self.fc2 = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x.flatten(1))))
+
+
+def _tiny(seed=0, activation=None):
+    torch.manual_seed(seed)
+    return Tiny(activation).double()
+
+
+def _batch(count, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.rand((count, 1, 4, 4), generator=generator, dtype=torch.float64)
+    return images, rank.draw_labels(count, "logistic", 1, seed)
+
+
+def _exact_jacobian(model, images, labels, names):
+    """J = ∂g/∂x built column by column with plain autograd: the reference the sketch must agree with."""
+    parameters = dict(model.named_parameters())
+
+    def shared_gradient(x):
+        loss = F.softplus(-labels.double() * model(x)[:, 0]).mean()
+        grads = torch.autograd.grad(loss, [parameters[n] for n in names], create_graph=True)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    return torch.autograd.functional.jacobian(shared_gradient, images).reshape(-1, images.numel())
+
+
+# ---- the reference nets (spec §8, §10), uniform random inputs, seed 0 --------------------------------------------
+
+
+@pytest.mark.parametrize("example", ["fig2_a", "fig2_d", "cnn6"])
+def test_full_rank_reference_nets(example):
+    # Measured: fig2-a 3072 (gap 2.3e7), fig2-d 3072, CNN6 3072: one gradient determines the input.
+    _, measured = measured_rank(example)
+    assert (measured.unknowns, measured.rank, measured.deficit) == (3072, 3072, 0)
+    assert measured.reliable and measured.gap > 1e6
+
+
+@pytest.mark.parametrize("example, at_least", [("fig2_b", 405), ("fig2_c", 405), ("fig2_e", 16)])
+def test_figure2_deficits(example, at_least):
+    # The counts give 405 (b, c) and 16 (e); R-GAP's out_channels² relations (§7) add more. Measured here:
+    # b and c rank 2658 (deficit 414 = 405 + 3²), e rank 3036 (deficit 36), as in spec §10; gaps 1e9 to 1e12.
+    _, measured = measured_rank(example)
+    assert measured.unknowns == 3072 and measured.deficit >= at_least
+    assert measured.reliable and measured.gap > 1e6
+
+
+@pytest.mark.parametrize("example", MODERN_EXAMPLES)
+def test_modern_examples_are_fully_determined_by_one_gradient(example):
+    # Measured at 3x16x16 (768 unknowns): every one full rank, gaps (σ_min over the tolerance) 4e7 to 2e9.
+    _, measured = measured_rank(example)
+    assert (measured.unknowns, measured.rank) == (768, 768)
+    assert measured.reliable
+
+
+# ---- the method against the exact Jacobian --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_sketch_rank_equals_the_exact_jacobian_rank(batch):
+    model = _tiny()
+    images, labels = _batch(batch)
+    names = [n for n, _ in model.named_parameters()]
+    exact = torch.linalg.matrix_rank(_exact_jacobian(model, images, labels, names)).item()
+    measured = rank.measure(model, images, labels, seed=3, directions=rank.MAX_DIRECTIONS)
+    assert measured.rank == exact and measured.method == "forward-over-reverse"
+    assert measured.shared_gradient_size == TINY_PARAMETERS and measured.unknowns == 16 * batch
+
+
+def test_invisible_directions_leave_the_gradient_unchanged():
+    model = _tiny()
+    images, labels = _batch(8)
+    names = [n for n, _ in model.named_parameters()]
+    jacobian = _exact_jacobian(model, images, labels, names)
+    measured = rank.measure(model, images, labels, directions=rank.MAX_DIRECTIONS)
+    assert measured.directions.shape == (16, 8, 1, 4, 4)
+    for direction in measured.directions:
+        v = torch.from_numpy(direction).reshape(-1)
+        assert abs(v.norm().item() - 1) < 1e-9
+        assert (jacobian @ v).norm() < 1e-10 * torch.linalg.matrix_norm(jacobian, 2)
+
+
+def test_a_deficit_appears_once_the_batch_outgrows_the_parameters():
+    """B·|x| against the parameters: 16 unknowns for 73 gradient values at B = 1 (full rank), 128 at B = 8
+    (rank at most 73). Measured: rank 16 at B = 1; rank 63 at B = 8, a deficit of 65 >= 128 - 73."""
+    model = _tiny()
+    one = rank.measure(model, *_batch(1))
+    eight = rank.measure(model, *_batch(8))
+    assert (one.rank, one.deficit) == (16, 0)
+    assert eight.deficit >= 8 * 16 - TINY_PARAMETERS and eight.rank <= TINY_PARAMETERS
+
+
+def test_withheld_and_frozen_layers_lower_the_rank():
+    model = _tiny()
+    images, labels = _batch(1)
+    withheld = rank.shared_parameter_names(model, withheld_layers=["fc1"])
+    assert withheld == ["fc2.weight", "fc2.bias"]
+    everything = rank.measure(model, images, labels)
+    without_fc1 = rank.measure(model, images, labels, withheld)
+    assert everything.rank == 16 and without_fc1.rank <= 5
+    model.fc1.requires_grad_(False)        # frozen: the client sends nothing for fc1 either
+    assert rank.measure(model, images, labels).rank == without_fc1.rank
+    assert rank.shared_parameter_names(model, shared_layers=["fc2"]) == ["fc2.weight", "fc2.bias"]
+    with pytest.raises(UsageError, match="no trainable parameter belongs to fc9"):
+        rank.shared_parameter_names(model, withheld_layers=["fc9"])
+
+
+def test_chunking_does_not_change_the_answer():
+    model = _tiny()
+    images, labels = _batch(8)
+    whole = rank.measure(model, images, labels, seed=1)
+    pieces = rank.measure(model, images, labels, seed=1, chunk_rows=7)
+    assert pieces.chunk_rows == 7 and whole.chunk_rows > 7
+    assert pieces.rank == whole.rank
+    np.testing.assert_allclose(pieces.singular_values[:whole.rank], whole.singular_values[:whole.rank], rtol=1e-9)
+
+
+# ---- custom autograd.Functions: torch.func refuses them, plain autograd differentiates them twice -----------------
+
+
+class _TanhByHand(torch.autograd.Function):
+    """Old-style (ctx in forward): torch.func cannot run it; its backward is differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * (1 - y * y)
+
+
+class _OnceDifferentiableTanh(_TanhByHand):
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * (1 - y * y)
+
+
+class _NumpyTanh(_TanhByHand):
+    """A backward computed outside autograd: its result no longer depends on anything."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return torch.from_numpy(grad.detach().numpy() * (1 - y.detach().numpy() ** 2))
+
+
+class _Apply(nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function.apply(x)
+
+
+def test_a_custom_function_with_a_differentiable_backward_falls_back_to_autograd():
+    images, labels = _batch(8)
+    reference = rank.measure(_tiny(), images, labels)
+    by_hand = rank.measure(_tiny(activation=_Apply(_TanhByHand)), images, labels)
+    assert by_hand.method == "reverse-over-reverse" and reference.method == "forward-over-reverse"
+    assert by_hand.rank == reference.rank
+    kept = reference.rank   # the dropped values are rounding noise, different on each path
+    np.testing.assert_allclose(by_hand.singular_values[:kept], reference.singular_values[:kept], rtol=1e-8)
+
+
+@pytest.mark.parametrize("function, why", [(_OnceDifferentiableTanh, "@once_differentiable"),
+                                           (_NumpyTanh, "outside autograd")])
+def test_an_op_without_double_backward_is_named(function, why):
+    images, labels = _batch(1)
+    with pytest.raises(ModelLoadError, match=function.__qualname__) as error:
+        rank.measure(_tiny(activation=_Apply(function)), images, labels)
+    assert why in str(error.value) and error.value.exit_code == 3
+
+
+# ---- the command line -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_file(tmp_path):
+    path = tmp_path / "tiny_model.py"
+    path.write_text(TINY_SOURCE)
+    return path
+
+
+RANK_KEYS = {"unknowns", "rank", "deficit", "tolerance", "gap", "seconds", "device", "samples", "confirms",
+             "judgement", "bound", "internal_error", "directions", "reliable", "method"}
+
+
+def test_cli_json_per_image_samples_and_the_static_verdict(run_cli, tiny_file):
+    code, out, err = run_cli(tiny_file, "--verify", "rank", "--samples", "3", "--format", "json")
+    payload = json.loads(out)
+    verification = payload["verification"]["rank"]
+    assert RANK_KEYS <= verification.keys()
+    assert (verification["unknowns"], verification["rank"], verification["deficit"]) == (16, 16, 0)
+    assert [s["rank"] for s in verification["samples"]] == [16, 16, 16]
+    assert verification["device"] == "cpu" and verification["reliable"]
+    assert "photographs" in verification["inputs"] and verification["loss"] == "logistic"
+    # Exposed and full rank agree; the bound (16 here) holds.
+    assert payload["verdict"] == "exposed" and verification["confirms"] is True
+    assert verification["bound"]["consistent"] and verification["internal_error"] is None
+
+
+def test_cli_batch_withheld_layers_artifacts_and_html(run_cli, tiny_file, tmp_path):
+    art, page = tmp_path / "art", tmp_path / "report.html"
+    code, out, err = run_cli(tiny_file, "--verify", "rank", "--batch-size", "8", "--artifacts", art, "--html", page)
+    line = next(line for line in out.splitlines() if line.startswith("Rank check"))
+    assert line.startswith("Rank check (∂g/∂x, one batch of 8): rank ") and "/ 128 unknowns, deficit " in line
+    assert " s on cpu: " in line
+    pngs, npys = sorted(art.glob("invisible_direction_*.png")), sorted(art.glob("invisible_direction_*.npy"))
+    assert len(pngs) == len(npys) == 16
+    assert np.load(npys[0]).shape == (8, 1, 4, 4)
+    html = page.read_text()
+    assert "Measured: rank" in html and "Input directions the gradient cannot see" in html
+    assert html.count('alt="invisible input direction') == 16
+    code, out, err = run_cli(tiny_file, "--verify", "rank", "--withheld-layers", "fc1", "--samples", "1",
+                             "--format", "json")
+    verification = json.loads(out)["verification"]["rank"]
+    assert verification["rank"] <= 5 and verification["shared_parameters"] == ["fc2.weight", "fc2.bias"]
+
+
+def test_vit_tiny_line(run_cli):
+    code, out, err = run_cli(EXAMPLES / "vit_tiny.py", "--verify", "rank", "--samples", "1")
+    line = next(line for line in out.splitlines() if line.startswith("Rank check"))
+    assert line.startswith("Rank check (∂g/∂x, 1 image): rank 768 / 768 unknowns, deficit 0, gap ")
+    assert line.endswith("(one gradient determines the input).")
+    assert "confirms exposed" in line   # the bound (spec §9) finds no cut: exposed, as measured
+
+
+def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
+    from rankaudit.audit import audit
+    from rankaudit.report import table
+    from rankaudit.result import Identifiability
+    from rankaudit.verify.runner import verify_rank
+
+    result = audit(str(tiny_file))
+    result.identifiability = Identifiability(unknowns=16, rank_bound=3, certified_deficit=13,
+                                             recoverable_fraction=3 / 16, bottleneck=["fc2"], verdict="protected")
+    verification = verify_rank(result, str(tiny_file), samples=1, show_progress=False)
+    assert verification["bound"] == {"rank_bound": 3, "certified_deficit": 13, "consistent": False,
+                                     "internal_error": verification["internal_error"]}
+    assert "the static bound is wrong" in verification["internal_error"]
+    assert "the static bound is wrong" in table.render([result])
+
+
+def test_size_limit_is_refused_before_any_work(run_cli):
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6")
+    assert code == 2 and "18,432 unknowns" in err and "16,384" in err and "--input-shape" in err
+    assert err.count("\n") == 1
+
+
+def test_a_defense_needs_an_attack_it_applies_to(run_cli, tiny_file):
+    code, _, err = run_cli(tiny_file, "--verify", "rank", "--defense", "noise:0.1")
+    assert code == 2 and "--verify rank measures the undefended gradient" in err
+
+
+def test_an_op_without_double_backward_exits_3_from_the_cli(run_cli, tmp_path):
+    path = tmp_path / "once_model.py"
+    path.write_text(TINY_SOURCE.replace("import torch.nn as nn\n", textwrap.dedent('''
+        import torch.nn as nn
+        from torch.autograd.function import once_differentiable
+
+
+        class FastTanh(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = torch.tanh(x)
+                ctx.save_for_backward(y)
+                return y
+
+            @staticmethod
+            @once_differentiable
+            def backward(ctx, grad):
+                (y,) = ctx.saved_tensors
+                return grad * (1 - y * y)
+    ''')).replace("return self.fc2(self.act(", "return self.fc2(FastTanh.apply("))
+    code, _, err = run_cli(path, "--verify", "rank", "--samples", "1")
+    assert code == 3 and "FastTanh has no double backward" in err and err.count("\n") == 1
