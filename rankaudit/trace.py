@@ -426,6 +426,7 @@ class _MetaShapeRecorder(fx.Interpreter):
         except Exception as exc:
             label = n.target if n.op == "call_module" else n.name
             raise TraceError(f"shape propagation failed at {label}: {_first_line(exc)}{_where(exc)}",
+                             _TOKEN_DTYPE_FIX if _wants_token_ids(exc) else
                              "check the input shape (--input-shape or INPUT_SHAPE) against the model's first layer")
         if n.op == "placeholder":
             self.builder.add_placeholder(n, value, self.specs.get(n.name))
@@ -758,6 +759,14 @@ def _switches(model: nn.Module, forward_kwargs: dict | None) -> tuple[dict[str, 
     return switches, [f"{key}={value!r}" for key, value in switches.items()]
 
 
+_TOKEN_DTYPE_FIX = ("an embedding got float input: token ids need an integer dtype; set INPUT_DTYPE = torch.long "
+                    "in the model file or pass --input-dtype int64")
+
+
+def _wants_token_ids(exc: BaseException) -> bool:
+    return "'indices'" in str(exc) and ("Long" in str(exc) or "Int" in str(exc))
+
+
 def _example(spec: InputSpec) -> torch.Tensor:
     return torch.empty((1,) + tuple(spec.shape), dtype=spec.dtype, device="meta")
 
@@ -821,6 +830,7 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
         except Exception as export_error:
             raise TraceError(f"could not trace the model. {fallback_reason}; "
                              f"torch.export: {_first_line(export_error)}{_where(export_error)}",
+                             _TOKEN_DTYPE_FIX if _wants_token_ids(export_error) else
                              "remove data-dependent control flow from forward() (branches on tensor values), "
                              "or move it into a function marked with torch.fx.wrap") from export_error
     _prune_to_outputs(builder)

@@ -307,3 +307,72 @@ def test_ten_billion_parameter_benchmark_model_builds_without_weights():
     build, parameters, all_meta, max_rss_kib = done.stdout.split()
     assert build == "meta-parameters" and int(parameters) > 10_000_000_000 and all_meta == "True"
     assert int(max_rss_kib) < 1.5 * 1024 * 1024
+
+
+TOKEN_MODEL = """
+import torch
+import torch.nn as nn
+INPUT_SHAPE = (6,)
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.position = nn.Parameter(torch.zeros(1, 6, 8))
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 3)
+    def forward(self, ids):
+        return self.fc(self.norm(self.embed(ids) + self.position))
+"""
+
+
+def test_input_dtype_option_on_the_fx_path(run_cli, tmp_path):
+    path = tmp_path / "tagger.py"
+    path.write_text(TOKEN_MODEL)
+    code, _, err = run_cli(path)
+    assert code == 3 and "--input-dtype int64" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(path, "--input-dtype", "int64", "--format", "json", "-b", "3")
+    payload = json.loads(out)
+    assert payload["tracer"] == "torch.fx" and payload["inputs"][0]["unknowns_at"] == "embed"
+    fc = next(row for row in payload["layers"] if row["name"] == "fc")
+    assert (fc["inputs"], fc["weights"], fc["outputs"]) == (3 * 6 * 8, 27, 3 * 6 * 3)
+    leakage = payload["token_leakage"]
+    assert leakage["exposed"] and leakage["tokens_per_batch"] == 18
+    assert leakage["embeddings"][0]["vocab_size"] == 50 and leakage["embeddings"][0]["tied_with"] == []
+
+
+def test_sarif_has_the_token_rule(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "gpt2_tiny.py", "--format", "sarif")
+    run = json.loads(out)["runs"][0]
+    rules = {rule["id"]: rule for rule in run["tool"]["driver"]["rules"]}
+    assert rules["RA005"]["name"] == "token-set-exposed"
+    token = [r for r in run["results"] if r["ruleId"] == "RA005"]
+    assert len(token) == 1 and token[0]["properties"]["embeddings"] == ["transformer.wte"]
+
+
+def test_direct_params_name_what_each_op_reads():
+    from rankaudit.trace import trace_model
+
+    class ClassToken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 8)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
+            self.pos_embed = nn.Parameter(torch.zeros(1, 4, 8))
+            self.norm = nn.LayerNorm(8)
+            self.scale = nn.Parameter(torch.ones(8), requires_grad=False)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = self.proj(x)
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
+            return self.head((self.norm(x) * self.scale)[:, 0])
+
+    with torch.device("meta"):
+        model = ClassToken()
+    traced = trace_model(model, (3, 4))
+    direct = {record.op: record.direct_params for record in traced.records.values()}
+    assert direct["cat"] == [("cls_token", 8)]          # through the untraced expand
+    assert direct["add"] == [("pos_embed", 32)]
+    assert direct["LayerNorm"] == [("norm.weight", 8), ("norm.bias", 8)]
+    assert direct["mul"] == [("scale", 0)]               # frozen: no gradient to share
+    assert traced.input_ids == [traced.input_id]
