@@ -2,8 +2,8 @@
 
 The exact answer to "does one gradient determine the input?" for any differentiable model: rank(J) = n means it
 does (to first order, up to isolated points); a deficit n - rank(J) counts input directions the gradient cannot
-see. Computed in float64 from a Gaussian sketch S = R·J with n + 16 rows, each row rᵀJ = ∂/∂x ⟨r, g(x)⟩ a second
-derivative, batched over rows:
+see. Computed in float64 from a Gaussian sketch S = R·J with min(m, n) + 16 rows (m shared gradient values), each
+row rᵀJ = ∂/∂x ⟨r, g(x)⟩ a second derivative, batched over rows:
 
 - forward-over-reverse (``torch.func``): rᵀJ is the directional derivative, along r in parameter space, of the
   input gradient ∂L/∂x; ``vmap`` carries a whole chunk of rows through one pass. About twice as fast as
@@ -40,11 +40,12 @@ from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
 
-# Issue 9: the sketch is (n + 16) x n in float64; 16,384 unknowns (3x64x64 at B = 1) is a 2 GiB sketch and an
-# SVD that a GPU finishes in about a minute; beyond that neither the memory nor the SVD is reasonable.
+# Issue 9: the sketch is at most (n + 16) x n in float64 and its SVD about 8n³/3 flops; 16,384 unknowns (3x64x64 at
+# B = 1) is a 2 GiB sketch and 1.2e13 flops; beyond that neither the memory nor the SVD is reasonable.
 MAX_UNKNOWNS = 16_384
-# Extra rows over n: a Gaussian sketch with n + p rows has rank(S) = rank(J) with probability 1 for p >= 0, and
-# p = 16 keeps the smallest kept singular value of S close to the one of J (a square Gaussian is ill-conditioned).
+# Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
+# for any p >= 0; p = 16 keeps the smallest kept singular value of S close to J's (a square Gaussian is
+# ill-conditioned).
 OVERSAMPLING = 16
 # A rank whose last kept and first dropped singular values are less than three orders of magnitude apart
 # depends on where the tolerance falls: flag it.
@@ -102,7 +103,8 @@ def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None
     """
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     if shared_layers and withheld_layers:
-        raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
+        raise UsageError("both --shared-layers and --withheld-layers given",
+                         "name either the shared or the withheld ones")
     named = list(shared_layers or withheld_layers or [])
 
     def owned_by(parameter: str, layer: str) -> bool:
@@ -190,7 +192,9 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         raise UsageError(f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
                          "name parameters from model.named_parameters() that require grad")
     m = sum(trainable[name].numel() for name in names)
-    rows = unknowns + OVERSAMPLING
+    # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
+    # gradient values than unknowns, m + 16 rows are enough.
+    rows = min(m, unknowns) + OVERSAMPLING
     sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
     method, used_chunk = "none", 0
     if names:
@@ -250,7 +254,8 @@ def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
         if quick is not None:
             return quick   # full rank: no dropped values, no invisible directions to show
         if want_vectors:
-            _, values, vh = torch.linalg.svd(sketch, full_matrices=False)
+            # With fewer rows than unknowns, the reduced Vh misses part of the null space: ask for all of it.
+            _, values, vh = torch.linalg.svd(sketch, full_matrices=sketch.shape[0] < sketch.shape[1])
         else:
             values, vh = torch.linalg.svdvals(sketch), None
     values = values.cpu().numpy()
@@ -393,11 +398,14 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
 def _gaussian_rows(first: int, count: int, width: int, seed: int, generator: torch.Generator) -> torch.Tensor:
     """Rows first .. first + count - 1 of R. Each row has its own seed, so R is the same however it is chunked
     (the CPU's normal sampler fills blocks of 16, so one stream cut at other places gives other numbers)."""
-    rows = torch.empty((count, width), device=generator.device, dtype=torch.float64)
+    # Drawn in float32, then widened: every entry is still an exact float64 Gaussian sample (at float32
+    # resolution, which changes nothing about rank(R·J) = rank(J)), and PyTorch's CPU sampler is 5x faster for
+    # float32: R is rows x m numbers, 3.9e9 for Figure 2(c)'s 1.26M parameters, and drawing them dominated.
+    rows = torch.empty((count, width), device=generator.device, dtype=torch.float32)
     for offset in range(count):
         generator.manual_seed((seed * 2 ** 24 + first + offset) % 2 ** 63)
         rows[offset].normal_(generator=generator)
-    return rows
+    return rows.to(torch.float64)
 
 
 def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
@@ -551,8 +559,8 @@ def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
                               "∂g/∂x cannot be taken through it", fix)
     op = re.search(r"derivative for ['\"]?([\w.:]+)['\"]? is not implemented", message)
     if op:
-        return ModelLoadError(f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it",
-                              fix)
+        return ModelLoadError(
+            f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it", fix)
     return ModelLoadError(f"the shared gradient cannot be differentiated with respect to the input: {message}", fix)
 
 
@@ -572,7 +580,8 @@ def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str
         if confirms:
             return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"
         return False, f"disagrees with {verdict} ({measured})", f"disagrees: the analysis says {verdict}, but {detail}"
-    return None, f"no verdict to compare with ({measured})", f"no verdict to compare with ({verdict or 'none'}): {detail}"
+    return (None, f"no verdict to compare with ({measured})",
+            f"no verdict to compare with ({verdict or 'none'}): {detail}")
 
 
 def bound_check(identifiability, rank: int) -> dict | None:

@@ -263,7 +263,7 @@ def verify_tokens(result: Result, spec: str, *, seed: int = 0, device: str = "au
         with ProgressBar(rows, f"DAGER span test over {vocabulary:,} tokens", enabled=show_progress) as bar:
             outcome = dager.run_dager(call, [layer.name for layer in group], batch_size=result.batch_size, positions=target.positions,
                                       vocab_size=vocabulary, position_dependent=target.position_dependent,
-                                      device=device, seed=seed, extend=extend, progress=bar)
+                                      device=device, seed=seed, extend=extend, norm=target.reads, progress=bar)
     except AttackUnsupported as exc:
         raise ModelLoadError(f"DAGER cannot read {exc.layer}: {exc.reason}",
                              "share the first block's projections, or skip --verify dager") from exc
@@ -299,13 +299,12 @@ def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str
                      f"recall {recall:.3f}" if confirms else
                      "disagrees: the finding says not exposed, yet the span test recovered the token set exactly")
     basis = outcome.basis
-    tested = "every (token, position) pair" if outcome.position_dependent else "every token once (its vector does "         "not depend on the position)"
     notes = [f"weights: {weights}", f"loss: {outcome.loss}",
              f"numerical rank: singular values of the gradient{'s' if len(group) > 1 else ''} ({outcome.d_in} rows"
              f"{', each layer scaled to unit norm' if len(group) > 1 else ''}) above σ_1 · max(rows, columns) · ε "
              f"(float64) = {basis.tolerance:.3g}",
              f"a candidate is in the span when its distance to it is below {dager.DISTANCE_THRESHOLD:g} of its norm; "
-             f"tested {tested}, {outcome.candidates_tested:,} vectors"] + outcome.notes
+             f"tested {outcome.method}, {outcome.candidates_tested:,} vectors"] + outcome.notes
     if outcome.nearest_rejected is not None:
         notes.append(f"the nearest rejected candidate lay at {outcome.nearest_rejected:.3g} of its norm")
     return {
@@ -485,13 +484,12 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     labels = rank.draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
     measurements = []
-    with ProgressBar((unknowns + rank.OVERSAMPLING) * len(batches), "rank sketch", enabled=show_progress) as bar:
+    with ProgressBar(len(batches), "rank sketch", enabled=show_progress) as bar:
         for number, part in enumerate(batches):
-            offset = number * (unknowns + rank.OVERSAMPLING)
             measurements.append(rank.measure(
                 model, images[part], labels[part], shared, device=device, seed=seed + number, loss=loss,
                 directions=rank.MAX_DIRECTIONS if artifacts else 0,
-                progress=lambda done, total, offset=offset: bar(offset + done)))
+                progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows)))
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
     bound = rank.bound_check(result.identifiability, headline.rank)
