@@ -25,3 +25,33 @@ def test_gdbr_and_the_optimisation_attack_on_cuda(run_cli):
     code, out, _ = run_cli(EXAMPLES / "resnet18_w16.py", "--verify", "rgap", "--device", "cuda", "--samples", "1",
                            "--steps", "20", "--format", "json")
     assert json.loads(out)["verification"]["rgap"]["device"].startswith("cuda")
+
+
+def _rank_on(device, example):
+    from rankaudit.audit import audit
+    from rankaudit.verify import rank
+    from rankaudit.verify.runner import build_real_model
+
+    spec = str(EXAMPLES / f"{example}.py")
+    result = audit(spec)
+    model, _ = build_real_model(spec, result.input_shape, 0)
+    images = torch.rand((1, *result.input_shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        logits = model(images).numel()
+    loss = rank.loss_name_for(logits)
+    return rank.measure(model, images, rank.draw_labels(1, loss, logits, 0), device=device, seed=0, loss=loss)
+
+
+@pytest.mark.parametrize("example, expected", [("fig2_e", 3036), ("vit_tiny", 768)])
+def test_rank_sketch_on_cuda(example, expected):
+    """The same ranks as on the CPU (tests/test_rank.py), with chunks sized from the GPU's free memory."""
+    measured = _rank_on("cuda", example)
+    assert measured.device.startswith("cuda") and measured.rank == expected and measured.reliable
+    assert measured.chunk_rows > 8   # the probe chunk's measured memory made the later chunks larger
+
+
+def test_verify_rank_on_cuda_from_the_cli(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "vit_tiny.py", "--verify", "rank", "--device", "cuda", "--samples", "2",
+                           "--format", "json")
+    verification = json.loads(out)["verification"]["rank"]
+    assert verification["device"].startswith("cuda") and verification["rank"] == verification["unknowns"] == 768
