@@ -221,3 +221,56 @@ def test_sarif_table_and_policy_follow_the_finding():
     assert not any("span test" in reason for reason in withheld.policy.reasons)
     with pytest.raises(UsageError, match="no shared, trainable layer reads per-token vectors"):
         runner.verify_tokens(withheld, GPT2, show_progress=False)
+
+
+def _basis_for(subject: Subject, layer: str, batch_size: int = 2):
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(subject.vocabulary, (batch_size, SEQUENCE), generator=generator)
+    module = subject.call.model.get_submodule(layer)
+    subject.call.model.zero_grad(set_to_none=True)
+    logits = subject.call.logits(ids)
+    logits.pow(2).mean().backward()
+    gradient, _ = dager.group_gradient(subject.call, [module], [layer], ids)
+    subject.call.model.zero_grad(set_to_none=True)
+    return module, dager.span_basis(gradient).basis, ids
+
+
+def test_layer_norm_shortcut_matches_running_each_pair_through_the_model(gpt2):
+    module, basis, ids = _basis_for(gpt2, "transformer.h.0.attn.c_attn")
+    norm = gpt2.call.model.get_submodule("transformer.h.0.ln_1")
+    tests = [dager.span_test_vocabulary(gpt2.call, module, basis, vocab_size=gpt2.vocabulary, positions=SEQUENCE,
+                                        position_dependent=True, device="cpu", norm=given) for given in (norm, None)]
+    assert "closed form" in tests[0].method and "through the model" in tests[1].method
+    pairs = [{(token, position) for token, position, _ in test.accepted} for test in tests]
+    true = {(int(token), position) for row in ids for position, token in enumerate(row.tolist())}
+    assert pairs[0] == pairs[1] and true <= pairs[0]
+    # Token 1840 sits at position 2 of one sequence and 6 of the other: with ln_1's bias at zero (its
+    # initialisation) LayerNorm only rescales a centred sum, so LN(e_v + p_6) lies in the span of LN(e_v + p_2),
+    # LN(e_1840 + p_6), LN(e_1840 + p_2) for the batch's v at position 2 or 6. The extra pairs carry true tokens.
+    assert {token for token, _ in pairs[0]} == {token for token, _ in true}
+    assert tests[0].nearest_rejected == pytest.approx(tests[1].nearest_rejected, rel=1e-9)
+
+
+class TanhBeforeNorm(nn.Module):
+    """Not a LayerNorm of (token part + position part): tanh sits between the sum and the norm."""
+
+    def __init__(self, vocabulary: int = 200, width: int = 24, length: int = 4):
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, width)
+        self.position = nn.Parameter(torch.randn(length, width))
+        self.norm = nn.LayerNorm(width)
+        self.q = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, ids):
+        return self.head(self.q(self.norm(torch.tanh(self.embedding(ids) + self.position))))
+
+
+def test_the_shortcut_declines_when_its_check_fails():
+    torch.manual_seed(0)
+    model = TanhBeforeNorm().double()
+    call = dager.LanguageModelCall(model, "ids", True)
+    outcome = dager.run_dager(call, ["q"], batch_size=1, positions=4, vocab_size=200, position_dependent=True,
+                              device="cpu", norm="norm")
+    assert "through the model" in outcome.method
+    assert {(t, p) for t, p, _ in outcome.passed} == outcome.true_pairs

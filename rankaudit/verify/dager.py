@@ -227,6 +227,7 @@ class DagerOutcome:
     extension: dict | None = None
     notes: list[str] = field(default_factory=list)
     nearest_rejected: float | None = None      # the smallest distance among the candidates the test rejected
+    method: str = ""                           # how the candidates' vectors were obtained
 
 
 def _candidate_layout(vocab_size: int, positions: int, position_dependent: bool):
@@ -247,13 +248,35 @@ def _candidate_layout(vocab_size: int, positions: int, position_dependent: bool)
     return rows, tokens
 
 
+@dataclass
+class SpanTest:
+    """The span test over the vocabulary: what passed, how many vectors were tested, and how."""
+
+    accepted: list[tuple[int, int, float]]    # (token, position, relative distance) below the threshold
+    tested: int
+    nearest_rejected: float | None            # the smallest distance among the rejected: the margin left
+    method: str                               # how the candidates' vectors were obtained
+
+
 def span_test_vocabulary(call: LanguageModelCall, module: nn.Module, basis: torch.Tensor, *, vocab_size: int,
                          positions: int, position_dependent: bool, device, threshold: float = DISTANCE_THRESHOLD,
-                         progress=None) -> tuple[list[tuple[int, int, float]], int, float | None]:
-    """Run every candidate through the model up to `module` and test its input vector against the span.
+                         norm: nn.Module | None = None, progress=None) -> SpanTest:
+    """Test every candidate's input vector to `module` against the span.
 
-    Returns the accepted (token, position, distance), how many vectors were tested, and the smallest distance
-    among the rejected ones (how far the nearest wrong candidate stayed from the threshold)."""
+    With `norm` (the LayerNorm the layer reads) and position-dependent vectors, first try the exact shortcut of
+    `layer_norm_shortcut`; otherwise, or when its checks fail, run every candidate through the model."""
+    if norm is not None and position_dependent and isinstance(norm, nn.LayerNorm):
+        shortcut = layer_norm_shortcut(call, module, norm, basis, vocab_size=vocab_size, positions=positions,
+                                       device=device, threshold=threshold, progress=progress)
+        if shortcut is not None:
+            return shortcut
+    return _span_test_through_model(call, module, basis, vocab_size=vocab_size, positions=positions,
+                                    position_dependent=position_dependent, device=device, threshold=threshold,
+                                    progress=progress)
+
+
+def _span_test_through_model(call, module, basis, *, vocab_size, positions, position_dependent, device, threshold,
+                             progress) -> SpanTest:
     rows, tokens = _candidate_layout(vocab_size, positions, position_dependent)
     d_in = basis.shape[0]
     chunk = max(1, CHUNK_ELEMENTS // max(1, positions * d_in))
@@ -282,7 +305,91 @@ def span_test_vocabulary(call: LanguageModelCall, module: nn.Module, basis: torc
             nearest_rejected = min(nearest_rejected, float(flat_distances[~hits].min()))
         if progress is not None:
             progress(stop, rows)
-    return accepted, tested, (None if nearest_rejected == math.inf else nearest_rejected)
+    what = "every (token, position) pair" if position_dependent else "every token once"
+    return SpanTest(accepted, tested, None if nearest_rejected == math.inf else nearest_rejected,
+                    f"{what} run through the model up to the layer")
+
+
+# The shortcut's checks: pairs drawn at random, and the largest relative difference allowed from the model's own
+# layer input (float64 arithmetic in a different order differs by about 1e-15).
+SHORTCUT_CHECKS = 256
+SHORTCUT_AGREEMENT = 1e-9
+
+
+def layer_norm_shortcut(call: LanguageModelCall, module: nn.Module, norm: nn.LayerNorm, basis: torch.Tensor, *,
+                        vocab_size: int, positions: int, device, threshold: float = DISTANCE_THRESHOLD,
+                        progress=None) -> SpanTest | None:
+    """The span test for x = LayerNorm(a_v + c_p) without forming the V·n vectors: the distance of x to the span
+    expands into inner products of the centred, scaled a_v and c_p (V x n matrix products), as GPT-2 and BERT add
+    a position embedding to the token's before the norm.
+
+    a_v and c_p are read off the model (the norm's input for each token at position 0, and for one token at every
+    position); the shortcut is used only if, on SHORTCUT_CHECKS random (token, position) pairs, a_v + c_p is the
+    norm's input and LayerNorm(a_v + c_p) the layer's input to within SHORTCUT_AGREEMENT. None otherwise."""
+    if tuple(norm.normalized_shape) != (basis.shape[0],):
+        return None
+    dtype = basis.dtype
+    first = [layer_input(call, norm, torch.arange(start, min(vocab_size, start + 4096)).unsqueeze(1).to(device))
+             for start in range(0, vocab_size, 4096)]
+    token_part = torch.cat([x.reshape(-1, x.shape[-1]) for x in first]).to(dtype)              # a_v + c_0
+    along = layer_input(call, norm, torch.zeros((1, positions), dtype=torch.long, device=device))
+    offsets = (along.reshape(positions, -1).to(dtype) - along.reshape(positions, -1)[0].to(dtype))  # c_p - c_0
+    if not _shortcut_agrees(call, module, norm, token_part, offsets, vocab_size, positions, device):
+        return None
+    d = basis.shape[0]
+    gamma = (norm.weight.detach().to(dtype) if norm.weight is not None else torch.ones(d, dtype=dtype, device=device))
+    beta = (norm.bias.detach().to(dtype) if getattr(norm, "bias", None) is not None
+            else torch.zeros(d, dtype=dtype, device=device))
+
+    def complement(v):  # v minus its projection on the span
+        return v - (v @ basis) @ basis.T
+
+    w = offsets - offsets.mean(dim=1, keepdim=True)                     # centred c_p
+    scaled_w, beta_out = gamma * w, complement(beta)
+    w_out = complement(scaled_w)
+    w_sq, scaled_w_sq, w_out_sq = (w * w).sum(1), (scaled_w * scaled_w).sum(1), (w_out * w_out).sum(1)
+    accepted: list[tuple[int, int, float]] = []
+    nearest_rejected = math.inf
+    chunk = max(1, CHUNK_ELEMENTS // max(1, d + positions))
+    for start in range(0, vocab_size, chunk):
+        u = token_part[start:start + chunk]
+        u = u - u.mean(dim=1, keepdim=True)                             # centred a_v
+        scaled_u = gamma * u
+        u_out = complement(scaled_u)
+        variance = ((u * u).sum(1, keepdim=True) + 2 * u @ w.T + w_sq) / d + norm.eps
+        sigma = variance.sqrt()
+        full = (((scaled_u * scaled_u).sum(1, keepdim=True) + 2 * scaled_u @ scaled_w.T + scaled_w_sq) / variance
+                + 2 * ((scaled_u @ beta).unsqueeze(1) + scaled_w @ beta) / sigma + beta @ beta)
+        outside = (((u_out * u_out).sum(1, keepdim=True) + 2 * u_out @ w_out.T + w_out_sq) / variance
+                   + 2 * ((u_out @ beta_out).unsqueeze(1) + w_out @ beta_out) / sigma + beta_out @ beta_out)
+        distance = (outside.clamp_min(0) / full.clamp_min(torch.finfo(dtype).tiny)).sqrt().cpu()
+        hits = distance < threshold
+        for token, position in hits.nonzero().tolist():
+            accepted.append((start + token, position, float(distance[token, position])))
+        if (~hits).any():
+            nearest_rejected = min(nearest_rejected, float(distance[~hits].min()))
+        if progress is not None:
+            progress(min(vocab_size, start + chunk), vocab_size)
+    return SpanTest(accepted, vocab_size * positions, None if nearest_rejected == math.inf else nearest_rejected,
+                    f"every (token, position) pair, through LayerNorm(token part + position part) in closed form "
+                    f"(checked against the model's own layer input on {SHORTCUT_CHECKS} random pairs)")
+
+
+def _shortcut_agrees(call, module, norm, token_part, offsets, vocab_size, positions, device) -> bool:
+    generator = torch.Generator().manual_seed(2024)
+    ids = torch.randint(vocab_size, (-(-SHORTCUT_CHECKS // positions), positions), generator=generator).to(device)
+    inside = layer_input(call, norm, ids).reshape(-1, token_part.shape[1]).to(token_part.dtype)
+    predicted = token_part[ids.reshape(-1)] + offsets.repeat(ids.shape[0], 1)
+    if not _close(inside, predicted):
+        return False
+    with torch.no_grad():
+        normed = norm(predicted.to(norm.weight.dtype if norm.weight is not None else predicted.dtype))
+    reached = layer_input(call, module, ids).reshape(-1, token_part.shape[1])
+    return _close(reached.to(token_part.dtype), normed.to(token_part.dtype))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(((a - b).norm(dim=1) <= SHORTCUT_AGREEMENT * b.norm(dim=1).clamp_min(1e-30)).all())
 
 
 def extend_sequences(call: LanguageModelCall, module: nn.Module, basis: torch.Tensor, per_position: list[list[int]],
@@ -313,6 +420,16 @@ def extend_sequences(call: LanguageModelCall, module: nn.Module, basis: torch.Te
         if not prefixes:
             return [], f"no prefix passed the second layer's test at position {position}"
     return prefixes, f"kept at most {keep} prefixes per step ({MAX_PREFIXES_PER_SEQUENCE} per sequence)"
+
+
+def _norm_module(model: nn.Module, name: str | None) -> nn.Module | None:
+    """The norm the attacked layers read, by the traced name (an op of a decomposed norm carries a #k suffix)."""
+    if not name:
+        return None
+    try:
+        return model.get_submodule(re.sub(r"#\d+$", "", name))
+    except AttributeError:
+        return None
 
 
 def _module(model: nn.Module, name: str) -> nn.Module:
@@ -358,7 +475,7 @@ def _weighted(names: list[str], model: nn.Module) -> list[nn.Module]:
 def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, positions: int, vocab_size: int,
               position_dependent: bool, device, seed: int = 0, extend: bool = True,
               threshold: float = DISTANCE_THRESHOLD, ids: torch.Tensor | None = None,
-              progress=None) -> DagerOutcome:
+              norm: str | None = None, progress=None) -> DagerOutcome:
     """One client batch (random tokens unless `ids` is given), its real gradient, the span test of every
     candidate against the gradients of `layers` (layers reading the same per-token vectors) and, for a decoder,
     the greedy extension with the same layers of the next block."""
@@ -386,19 +503,19 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
         except AttackUnsupported:
             second_basis = None
     model.zero_grad(set_to_none=True)
-    passed, tested, nearest_rejected = span_test_vocabulary(
-        call, modules[0], basis.basis.to(device), vocab_size=vocab_size, positions=positions,
-        position_dependent=position_dependent, device=device, threshold=threshold, progress=progress)
+    test = span_test_vocabulary(call, modules[0], basis.basis.to(device), vocab_size=vocab_size, positions=positions,
+                                position_dependent=position_dependent, device=device, threshold=threshold,
+                                norm=_norm_module(model, norm), progress=progress)
     span_seconds = time.perf_counter() - started
     true_pairs = {(int(t), p) for row in inputs.cpu() for p, t in enumerate(row.tolist())}
-    outcome = DagerOutcome(list(layers), d_in, basis, true_pairs, passed, tested, position_dependent, causal,
-                           loss_name, span_seconds, [tuple(row) for row in inputs.cpu().tolist()], notes=[],
-                           nearest_rejected=nearest_rejected)
+    outcome = DagerOutcome(list(layers), d_in, basis, true_pairs, test.accepted, test.tested, position_dependent,
+                           causal, loss_name, span_seconds, [tuple(row) for row in inputs.cpu().tolist()], notes=[],
+                           nearest_rejected=test.nearest_rejected, method=test.method)
     if woken:
         outcome.notes.append(f"peft initialises LoRA's B to zero, which makes the first round's ∇A zero; drew "
                              f"{', '.join(woken)} at random, as after some rounds of training")
     if causal and extend:
-        outcome.extension = _extension(call, model, second, second_basis, passed, outcome, batch_size, positions,
+        outcome.extension = _extension(call, model, second, second_basis, test.accepted, outcome, batch_size, positions,
                                        position_dependent, device, threshold)
     return outcome
 
