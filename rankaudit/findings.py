@@ -90,8 +90,8 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
         first = exposing[0]
         reasons.append(f"the batch's tokens can be read from the gradient of {', '.join(l.name for l in exposing)} by "
                        f"a span test (B·n = {first.tokens_per_batch} < d_in = {first.d_in}; DAGER) (--fail-on "
-                       f"{fail_on}; send at least {tokens.safe_tokens_per_batch} tokens per gradient, e.g. batch "
-                       f"{tokens.safe_batch_size}, or withhold those layers' gradients to pass)")
+                       f"{fail_on}; send at least {tokens.safe_tokens_per_batch} distinct tokens per gradient, e.g. "
+                       f"batch {tokens.safe_batch_size}, or withhold those layers' gradients to pass)")
     return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
                          max_recoverable=max_recoverable)
 

@@ -156,7 +156,9 @@ class SpanExposure:
     trainable: bool                   # its weight has requires_grad (LoRA's base weights do not)
     position_dependent: bool          # a position embedding (or another added tensor) enters before it
     candidates: int                   # vectors a span test checks: vocabulary, times positions if position-dependent
-    safe_from: int                    # the smallest B·n at which the span test fails: min(d_in, d_out + 1)
+    # The fewest distinct vectors at which the span test fails: min(d_in, pooled d_out + 1). Repeated vectors
+    # count once (a token repeated anywhere, for position-free vectors; at the same position otherwise).
+    safe_from: int
     exposed: bool
     reason: str
     source: str | None = None         # file:line of the call
@@ -176,7 +178,8 @@ class TokenLeakage:
     layers: list[SpanExposure] = field(default_factory=list)   # Linears reading per-token vectors
     span_exposed: bool = False        # some shared layer's gradient passes DAGER's span test
     # The smallest B·n at which no shared layer passes the span test (None: no such layer is shared), and the
-    # smallest batch size reaching it at this sequence length.
+    # smallest batch size reaching it at this sequence length. Necessary, not sufficient: the test fails only if
+    # the batch holds that many distinct vectors, and real text repeats tokens.
     safe_tokens_per_batch: int | None = None
     safe_batch_size: int | None = None
 

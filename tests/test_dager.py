@@ -65,6 +65,11 @@ def bert():
     return Subject(BERT)
 
 
+@pytest.fixture(scope="module")
+def llama():
+    return Subject(LLAMA)
+
+
 def test_gpt2_finding_names_the_fused_projection_with_its_budget(gpt2):
     tokens = gpt2.finding(2)
     (layer,) = tokens.layers  # c_proj and the MLP read attention's output: no per-token function of the token
@@ -128,11 +133,11 @@ def test_lora_adapters_alone_expose_the_tokens():
     assert not withheld.span_exposed
 
 
-def test_llama_position_free_vectors_and_pooled_projections():
+def test_llama_position_free_vectors_and_pooled_projections(llama):
     """Llama adds no position embedding: one candidate per token. k_proj and v_proj (128 -> 64, grouped-query
     attention) are exposed at B·n = 80 only together with q_proj; the query at position 0 attends to itself alone,
     so ∇W_q misses each sequence's first token and the pooled test needs k and v."""
-    subject = Subject(str(EXAMPLES / "llama_tiny.py"))
+    subject = llama
     tokens = subject.finding(5)
     assert {layer.name.rsplit(".", 1)[-1]: layer.exposed for layer in tokens.layers} == \
         {"q_proj": True, "k_proj": True, "v_proj": True}
@@ -142,6 +147,21 @@ def test_llama_position_free_vectors_and_pooled_projections():
     outcome, precision, recall = subject.attack(2, extend=True)
     assert (precision, recall) == (1.0, 1.0) and outcome.candidates_tested == 2000
     assert outcome.extension["exact_sequence_rate"] == 1.0
+
+
+def test_repeated_tokens_keep_a_position_free_batch_exposed_at_b_n_equal_d(llama):
+    """B·n = 128 = d: the finding says not exposed, if the 128 vectors are distinct. Position-free vectors repeat
+    with every repeated token; this seed's batch holds fewer than 128 distinct tokens, so the test still reads the
+    token set exactly, and the verification explains the agreement."""
+    subject = llama
+    tokens = subject.finding(8)
+    assert not tokens.span_exposed and tokens.safe_tokens_per_batch == D_MODEL
+    outcome, precision, recall = subject.attack(8)
+    distinct = len({token for token, _ in outcome.true_pairs})
+    assert distinct < D_MODEL and outcome.basis.rank == distinct and (precision, recall) == (1.0, 1.0)
+    summary = runner.dager_summary(outcome, [layer for layer in tokens.layers], 8, 2000, "random", "cpu", 0.0)
+    assert summary["expected_exposed"] and summary["confirms"] and summary["distinct_vectors"] == distinct
+    assert summary["pair_precision"] is None  # positions carry nothing here
 
 
 class ThreeAdapters(nn.Module):

@@ -49,7 +49,8 @@ def _token_budget(report: SuggestReport) -> list[str]:
     now = (f"exposed now through {', '.join(report.token_span_exposed)} at B·n = {report.tokens_per_batch}"
            if report.token_span_exposed else f"not exposed at B·n = {report.tokens_per_batch}")
     return [f"Token set (DAGER's span test): {now}; safe from {report.safe_tokens_per_batch} tokens per shared "
-            f"gradient (batch {report.safe_token_batch} at {per_sequence} tokens per sequence)."]
+            f"gradient (batch {report.safe_token_batch} at {per_sequence} tokens per sequence), if they give as many distinct "
+            "vectors (repeated tokens lower the count)."]
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:

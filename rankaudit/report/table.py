@@ -132,9 +132,12 @@ def _span_lines(result: Result) -> list[str]:
         lines.append(f"  {exposing[0].reason}.")
     if tokens.safe_tokens_per_batch is not None:
         lines.append(f"  Safe budget: at least {tokens.safe_tokens_per_batch} tokens per shared gradient (batch "
-                     f"{tokens.safe_batch_size} at {max(l.positions for l in tokens.layers)} tokens per sequence): "
-                     "from there the exact span test fails on every shared layer; optimisation attacks that go "
-                     "past the rank condition are not ruled out.")
+                     f"{tokens.safe_batch_size} at {max(l.positions for l in tokens.layers)} tokens per sequence), "
+                     f"and only if they give {tokens.safe_tokens_per_batch} distinct vectors ("
+                     + ("repeated tokens count once" if not any(l.position_dependent for l in tokens.layers)
+                        else "a token repeated at the same position counts once")
+                     + "): from there the exact span test fails on every shared layer; optimisation attacks that "
+                     "go past the rank condition are not ruled out.")
     else:
         lines.append("  No such layer's gradient is sent.")
     return lines
@@ -202,7 +205,7 @@ def _dager_lines(dager: dict | None) -> list[str]:
                  f"{dager['token_recall']:.3f} ({dager['recovered_tokens']} recovered, {dager['true_tokens']} true, "
                  f"{dager['candidates_tested']:,} candidates in {dager['span_seconds']:.2f} s); {dager['judgement']}."]
     extension = dager.get("extension")
-    if extension and extension.get("sequences"):
+    if extension and "seconds" in extension:
         lines.append(f"  Decoder: greedy extension with the gradient of {extension['layer']}: "
                      f"{extension['exact_sequences']} of {extension['sequences']} sequences recovered exactly "
                      f"({extension['note']}).")

@@ -530,6 +530,9 @@ def _extension(call, model, second: list[str], second_basis, passed, outcome, ba
         return {"layer": shown, "note": f"the gradient of {shown} is zero or missing: no extension"}
     summary = {"layer": shown, "rank": second_basis.rank, "tolerance": second_basis.tolerance,
                "sequences": sequences, "exact_sequences": 0, "exact_sequence_rate": 0.0, "recovered_sequences": 0}
+    if second_basis.rank >= second_basis.basis.shape[0] - 1:
+        return {**summary, "note": (f"not attempted: the second layer's gradient has rank {second_basis.rank} of "
+                                    f"{second_basis.basis.shape[0]}, so its span test cannot tell prefixes apart")}
     if len(passed) > MAX_PREFIXES_PER_SEQUENCE * len(outcome.true_pairs):
         return {**summary, "note": (f"not attempted: the first layer's test accepted {len(passed):,} candidates for "
                                     f"{len(outcome.true_pairs)} token positions, so it narrowed nothing down")}

@@ -289,14 +289,21 @@ def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str
     found_pairs = {(token, position) for token, position, _ in outcome.passed}
     pair_hits = len(outcome.true_pairs & found_pairs)
     exact = precision == 1.0 and recall == 1.0
-    if target.exposed:
+    # The condition holds on distinct vectors: a token repeated (at the same position, when vectors depend on it)
+    # adds nothing to the span, so a batch of B·n >= d_in tokens can still fall short of d_in distinct vectors.
+    distinct = len(outcome.true_pairs) if outcome.position_dependent else len(true_tokens)
+    expected = distinct < target.safe_from
+    fewer = (f"; the batch held {distinct} distinct vectors for B·n = {target.tokens_per_batch} (repeats count once), "
+             f"fewer than the {target.safe_from} the test needs to fail" if expected and not target.exposed else "")
+    if expected:
         confirms = exact
         judgement = ("confirms exposed: the span test recovered the batch's token set exactly" if confirms else
                      f"disagrees: the finding says exposed, but token precision {precision:.3f}, recall {recall:.3f}")
+        judgement += fewer
     else:
         confirms = not exact
-        judgement = (f"confirms not exposed at B·n = {target.tokens_per_batch}: token precision {precision:.3f}, "
-                     f"recall {recall:.3f}" if confirms else
+        judgement = (f"confirms not exposed at {distinct} distinct vectors (B·n = {target.tokens_per_batch}): token "
+                     f"precision {precision:.3f}, recall {recall:.3f}" if confirms else
                      "disagrees: the finding says not exposed, yet the span test recovered the token set exactly")
     basis = outcome.basis
     notes = [f"weights: {weights}", f"loss: {outcome.loss}",
@@ -315,8 +322,10 @@ def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str
         "position_dependent": outcome.position_dependent, "candidates_tested": outcome.candidates_tested,
         "true_tokens": len(true_tokens), "recovered_tokens": len(found_tokens),
         "token_precision": precision, "token_recall": recall,
-        "pair_precision": pair_hits / len(found_pairs) if found_pairs else 0.0,
-        "pair_recall": pair_hits / len(outcome.true_pairs) if outcome.true_pairs else 0.0,
+        "pair_precision": (pair_hits / len(found_pairs) if found_pairs else 0.0) if outcome.position_dependent else None,
+        "pair_recall": (pair_hits / len(outcome.true_pairs) if outcome.true_pairs else 0.0)
+        if outcome.position_dependent else None,
+        "distinct_vectors": distinct, "expected_exposed": expected,
         "decoder": outcome.causal, "extension": outcome.extension,
         "exact_sequence_rate": (outcome.extension or {}).get("exact_sequence_rate"),
         "static_exposed": target.exposed, "confirms": confirms, "judgement": judgement,
