@@ -132,8 +132,12 @@ def timm_entries(limit: int) -> list[Entry]:
     for name in timm.list_models():
         family = name.split("_")[0].rstrip("0123456789")
         by_family.setdefault(family, name)
+    families = sorted(by_family.values())
+    # Spread over the alphabet (every k-th family), not the first `limit` of it: a broad sample.
+    step = max(1, len(families) / max(1, limit))
+    chosen = sorted({families[int(i * step)] for i in range(min(limit, len(families)))})
     entries = []
-    for name in sorted(by_family.values())[:limit]:
+    for name in chosen:
         code = (f"import timm\nmodel = timm.create_model({name!r}, pretrained=False)\n"
                 "INPUT_SHAPE = tuple(model.pretrained_cfg.get('input_size', (3, 224, 224)))\n")
         entries.append(Entry(f"timm/{name}", "timm", code))
@@ -193,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per model")
     parser.add_argument("--only", choices=("hf", "torchvision", "timm"), action="append")
-    parser.add_argument("--timm-max", type=int, default=80, help="timm families sampled (first model of each)")
+    parser.add_argument("--timm-max", type=int, default=80,
+                        help="timm families sampled, evenly over the sorted list (first model of each)")
     parser.add_argument("--match", help="only models whose name contains this text")
     parser.add_argument("--out", help="also write every outcome as JSON here")
     args = parser.parse_args(argv)
