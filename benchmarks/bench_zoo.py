@@ -161,7 +161,8 @@ def run_one(entry: Entry, directory: str, timeout: float) -> Outcome:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                               env={**os.environ, "NO_COLOR": "1", "TOKENIZERS_PARALLELISM": "false"})
     except subprocess.TimeoutExpired:
-        return Outcome(entry.name, entry.source, None, time.perf_counter() - started, error=f"timeout after {timeout:.0f} s")
+        return Outcome(entry.name, entry.source, None, time.perf_counter() - started,
+                       error=f"timeout after {timeout:.0f} s")
     seconds = time.perf_counter() - started
     outcome = Outcome(entry.name, entry.source, done.returncode, seconds)
     if done.returncode in (0, 1):

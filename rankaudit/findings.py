@@ -83,8 +83,8 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
         reasons.append(f"RA-i {shown} is below the required minimum {min_ra} (--min-ra)")
     tokens = result.token_leakage
     if tokens is not None and tokens.exposed and fail_on != "never":
-        reasons.append(f"the token set is exposed by the gradient of {', '.join(tokens.exposing)} (--fail-on {fail_on}; "
-                       "withhold or freeze the embedding to pass)")
+        reasons.append(f"the token set is exposed by the gradient of {', '.join(tokens.exposing)} "
+                       f"(--fail-on {fail_on}; withhold or freeze the embedding to pass)")
     if tokens is not None and tokens.span_exposed and fail_on != "never":
         exposing = [layer for layer in tokens.layers if layer.exposed]
         first = exposing[0]

@@ -211,7 +211,8 @@ def _dtype_from_file(value, path: Path) -> torch.dtype | dict[str, torch.dtype] 
         return value
     if isinstance(value, str):
         return parse_input_dtype(value)
-    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (torch.dtype, str)) for k, v in value.items()):
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (torch.dtype, str))
+                                       for k, v in value.items()):
         return {k: v if isinstance(v, torch.dtype) else parse_input_dtype(v) for k, v in value.items()}
     raise UsageError(f"INPUT_DTYPE in {path} is {value!r}, not a torch dtype",
                      "set INPUT_DTYPE = torch.long for token ids (or a dict of dtypes per input name)")

@@ -642,7 +642,8 @@ def atomic_kind(module: nn.Module) -> str | None:
 
 def refine_family(family: OpFamily, counting: Counting) -> OpFamily:
     """A product that turned out to read a weight matrix (x @ W) is a Linear: its Jacobian does not depend on x."""
-    if family.key in ("matmul", "addmm") and counting.role is Role.LAYER and (counting.weights or counting.frozen_params):
+    reads_weights = counting.role is Role.LAYER and (counting.weights or counting.frozen_params)
+    if family.key in ("matmul", "addmm") and reads_weights:
         return FAMILIES["matmul_param"]
     if family.key == "addmm":
         return FAMILIES["matmul"]

@@ -214,7 +214,8 @@ def test_tied_embedding_rows_of_the_batch_stand_out_on_a_real_gradient():
 def test_several_inputs_with_a_mask_that_carries_no_unknowns(run_cli, tmp_path):
     path = _model_file(tmp_path, "bert")
     with open(path) as handle:
-        text = handle.read().replace("INPUT_SHAPE = (16,)", 'INPUT_SHAPE = {"input_ids": (16,), "attention_mask": (16,)}')
+        text = handle.read().replace("INPUT_SHAPE = (16,)",
+                                     'INPUT_SHAPE = {"input_ids": (16,), "attention_mask": (16,)}')
     with open(path, "w") as handle:
         handle.write(text)
     _, payload = _analyse(run_cli, path)
@@ -242,7 +243,8 @@ def test_regnet_style_constructor_computes_with_tensors(run_cli):
             module.register_forward_hook(lambda m, i, o, n=module_name: measured[n].append(
                 (i[0].numel() // REAL_BATCH, sum(p.numel() for p in m.parameters()), o.numel() // REAL_BATCH)))
     model(torch.rand(REAL_BATCH, 3, 32, 32))
-    rows = {r["name"]: (r["inputs"], r["own_weights"], r["outputs"]) for r in payload["layers"] if r["op"] in COUNTED_OPS}
+    rows = {r["name"]: (r["inputs"], r["own_weights"], r["outputs"])
+            for r in payload["layers"] if r["op"] in COUNTED_OPS}
     projections = {name for name in measured if name.endswith(".proj.0")}  # folded into their block's first layer
     assert rows == {name: calls[0] for name, calls in measured.items() if name not in projections}
 
@@ -300,7 +302,8 @@ def test_forward_kwargs_from_the_model_file_reach_forward(run_cli, tmp_path):
 def test_ten_billion_parameter_benchmark_model_builds_without_weights():
     probe = ("import resource, sys\nfrom rankaudit.load import load_model\n"
              "m = load_model('benchmarks/models/mlp_10b.py')\n"
-             "print(m.build, sum(p.numel() for p in m.module.parameters()), all(p.is_meta for p in m.module.parameters()),"
+             "parameters = list(m.module.parameters())\n"
+             "print(m.build, sum(p.numel() for p in parameters), all(p.is_meta for p in parameters),"
              " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
