@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -305,11 +306,11 @@ def _full_rank_by_qr(sketch: torch.Tensor) -> _Spectrum | None:
 
 
 class _lapack_threads:
-    """One thread for the CPU factorisations: they are memory-bound, and OpenMP's spin-waiting made an SVD
-    16x slower with two threads than with one on a shared 2-core machine (1,536², 32 s against 1.9 s)."""
+    """One thread for the CPU factorisations when the cores are already busy: OpenMP's spin-waiting made an SVD
+    16x slower with two threads than with one on a shared 2-core machine at load 10 (1,536², 32 s against 1.9 s)."""
 
     def __init__(self, device: torch.device):
-        self.cpu = device.type == "cpu"
+        self.cpu = device.type == "cpu" and os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5
 
     def __enter__(self):
         if self.cpu:
@@ -359,9 +360,7 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-        rows_of_r = _gaussian_rows(done, count, sum(sizes), seed, generator)
-        directions = [piece.reshape(count, *shape) for piece, shape in zip(rows_of_r.split(sizes, dim=1), shapes)]
-        del rows_of_r
+        directions = _gaussian_rows(done, count, shapes, seed, generator)
         try:
             if slow is None:
                 try:
@@ -395,21 +394,28 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
     return method, size
 
 
-def _gaussian_rows(first: int, count: int, width: int, seed: int, generator: torch.Generator) -> torch.Tensor:
-    """Rows first .. first + count - 1 of R. Each row has its own seed, so R is the same however it is chunked
-    (the CPU's normal sampler fills blocks of 16, so one stream cut at other places gives other numbers)."""
-    # Drawn in float32, then widened: every entry is still an exact float64 Gaussian sample (at float32
-    # resolution, which changes nothing about rank(R·J) = rank(J)), and PyTorch's CPU sampler is 5x faster for
-    # float32: R is rows x m numbers, 3.9e9 for Figure 2(c)'s 1.26M parameters, and drawing them dominated.
-    rows = torch.empty((count, width), device=generator.device, dtype=torch.float32)
+def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: int,
+                   generator: torch.Generator) -> list[torch.Tensor]:
+    """Rows first .. first + count - 1 of R, cut into one (count, *shape) float64 tensor per shared parameter.
+
+    Each row has its own seed, so R is the same however it is chunked (the CPU's normal sampler fills blocks of
+    16: one stream cut at other places gives other numbers). Drawn in float32, then widened: every entry is still
+    an exact float64 Gaussian sample (at float32 resolution, which changes nothing about rank(R·J) = rank(J)), and
+    PyTorch's CPU sampler is 5x faster for float32; R has rows x m entries, 3.9e9 for Figure 2(c)'s 1.26M
+    parameters, and drawing them dominated its sketch.
+    """
+    sizes = [math.prod(shape) for shape in shapes]
+    drawn = torch.empty((count, sum(sizes)), device=generator.device, dtype=torch.float32)
     for offset in range(count):
         generator.manual_seed((seed * 2 ** 24 + first + offset) % 2 ** 63)
-        rows[offset].normal_(generator=generator)
-    return rows.to(torch.float64)
+        drawn[offset].normal_(generator=generator)
+    # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
+    return [torch.empty((count, *shape), device=drawn.device, dtype=torch.float64).copy_(block.view(count, *shape))
+            for block, shape in zip(drawn.split(sizes, dim=1), shapes)]
 
 
 def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
-    # Per row: the random direction, drawn whole and then cut into parameters (2m while both exist), and a tangent
+    # Per row: the random direction (float32 draws and their float64 copy: 1.5m, counted as 2m), and a tangent
     # of every saved activation in the forward and in the backward pass (2 per entry). Measured peak memory on
     # CNN6 and the DenseNet example at 3x16x16 lies within 10 % of this.
     per_row = 8 * (2 * shared_numel + 2 * activation_numel)
