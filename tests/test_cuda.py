@@ -27,6 +27,38 @@ def test_gdbr_and_the_optimisation_attack_on_cuda(run_cli):
     assert json.loads(out)["verification"]["rgap"]["device"].startswith("cuda")
 
 
+def _inverting_on(device, monkeypatch=None, graphs=True):
+    from test_invert import over_determined_net, photo_patches
+
+    from rankaudit.verify import invert
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(invert, "_CUDA_GRAPHS", graphs)
+    # Over-determined (64 unknowns against a 64x256 first-layer gradient): every image is recovered.
+    model = over_determined_net().double()
+    images = photo_patches(1, 8, 3).double()
+    return invert.run_inverting(model, images, "cross-entropy", steps=300, restarts=2, device=device, seed=0)
+
+
+def test_the_batched_attack_replays_a_cuda_graph_and_matches_plain_launches(monkeypatch):
+    graphed = _inverting_on("cuda", monkeypatch, graphs=True)
+    plain = _inverting_on("cuda", monkeypatch, graphs=False)
+    assert [o.cuda_graph for o in graphed.outcomes] == [True] * 3
+    assert [o.cuda_graph for o in plain.outcomes] == [False] * 3
+    assert all(o.per_sample_gradients == "vmap" for o in graphed.outcomes)
+    assert graphed.steps_run == plain.steps_run == [600] * 3
+    assert torch.allclose(graphed.x_hat, plain.x_hat, atol=1e-9, rtol=0)
+    assert max(graphed.mse) < 1e-6, graphed.mse
+
+
+def test_the_batched_attack_on_cuda_recovers_what_it_recovers_on_cpu():
+    on_gpu = _inverting_on("cuda")
+    on_cpu = _inverting_on("cpu")
+    assert on_gpu.device.startswith("cuda") and on_cpu.device == "cpu"
+    assert on_gpu.recovered_labels == on_cpu.recovered_labels == on_cpu.labels
+    assert max(on_gpu.mse) < 1e-6 and max(on_cpu.mse) < 1e-6, (on_gpu.mse, on_cpu.mse)
+
+
 def _rank_on(device, example):
     from rankaudit.audit import audit
     from rankaudit.verify import rank

@@ -213,7 +213,8 @@ class InvertOutcome:
     could not be settled), ``probe_losses`` the distances the label probe reached
     for each possible sign (empty when none was needed).  ``per_sample_gradients``
     says whether the candidates' gradients came from one vectorised call
-    (``"vmap"``) or one call per candidate (``"loop"``).
+    (``"vmap"``) or one call per candidate (``"loop"``); ``cuda_graph`` whether
+    the steps were replayed from a captured CUDA graph.
     """
 
     x_hat: torch.Tensor
@@ -226,6 +227,7 @@ class InvertOutcome:
     candidate_labels: list[int] = field(default_factory=list)
     probe_losses: list[float] = field(default_factory=list)
     per_sample_gradients: str = VECTORISED
+    cuda_graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -450,6 +452,7 @@ def _invert_images(
             candidate_labels=list(image.labels),
             probe_losses=probe_losses.get(index, []),
             per_sample_gradients=VECTORISED if inversion.vectorised else LOOPED,
+            cuda_graph=inversion.graphed,
         ))
     return outcomes
 
@@ -479,6 +482,7 @@ class _BatchedInversion:
         self.group_size = _group_size(
             _COPIES_PER_CANDIDATE * (shared_numel + activations) * first.element_size(), self.device)
         self.vectorised = True
+        self.graphed = False
         self.use_tv = settings.tv_weight > 0 and len(sample_shape) == 3
         self._objective_and_input_grad = torch.func.grad(self._objective, has_aux=True)
 
@@ -509,12 +513,17 @@ class _BatchedInversion:
         output = torch.func.functional_call(self.model, shared, (x.unsqueeze(0),))
         return _coded_loss(output, code, self.kind)
 
+    def objective_and_input_grad(self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor],
+                                 tv_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d objective / d x for every candidate, every candidate's gradient distance)."""
+        return self._objective_and_input_grad(x, codes, unit_targets, tv_weight)
+
     def _objective(self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor],
-                   with_tv: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   tv_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         distances = gradient_distances(self.per_sample_gradients(x, codes), unit_targets)
         total = distances.sum()
-        if with_tv:
-            total = total + self.settings.tv_weight * total_variations(x).sum()
+        if tv_weight is not None:
+            total = total + tv_weight * total_variations(x).sum()
         return total, distances
 
     def _codes(self, labels: list[int]) -> torch.Tensor:
@@ -539,56 +548,171 @@ class _BatchedInversion:
     @torch.no_grad()
     def _optimise_group(self, candidates: list[_Candidate], images: list[_Image], budget: int) -> _Runs:
         settings = self.settings
-        count = len(candidates)
-        x = self._starts(candidates, images)
-        codes = self._codes([candidate.label for candidate in candidates])
-        unit_targets = [torch.stack([images[c.image].unit_targets[i] for c in candidates])
-                        for i in range(len(self.names))]
-        optimizer = torch.optim.Adam([x], lr=settings.lr)
+        group = _Group(self, self._starts(candidates, images), self._codes([c.label for c in candidates]),
+                       [torch.stack([images[c.image].unit_targets[i] for c in candidates])
+                        for i in range(len(self.names))])
         milestones = sorted({max(1, int(budget * fraction)) for fraction in (3 / 8, 5 / 8, 7 / 8)})
-        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
         tv_steps = int(round(settings.tv_until * budget))
-        per_candidate = (-1,) + (1,) * len(self.sample_shape)
-        # Everything below stays on the device; the loop syncs with the host only for the early-stop check.
-        best_x = x.clone()
-        best_distance = torch.full((count,), math.inf, device=self.device, dtype=self.dtype)
-        initial = best_distance
-        active = torch.ones(count, dtype=torch.bool, device=self.device)
-        steps_taken = torch.zeros(count, dtype=torch.long, device=self.device)
-        active_count = count
+        replay = _CudaGraphStep(group.step, group.written()) if self.device.type == "cuda" and _CUDA_GRAPHS else None
+        active_count = len(candidates)
+        initial = group.best_distance
+        # Nothing below waits on the device except the early-stop check; the host queues steps ahead.
         with _math_attention():
             for step in range(budget):
-                input_grad, distances = self._objective_and_input_grad(
-                    x, codes, unit_targets, self.use_tv and step < tv_steps)
-                if settings.signed_gradients:
-                    input_grad = input_grad.sign()
+                if step in milestones:
+                    group.lr.mul_(0.1)
+                if step == tv_steps and group.tv_weight is not None:
+                    group.tv_weight.zero_()
+                if replay is not None:
+                    replay()
+                else:
+                    group.step()
                 if step == 0:
-                    initial = distances.clone()
-                improved = (distances < best_distance) & active
-                best_x = torch.where(improved.view(per_candidate), x, best_x)
-                best_distance = torch.where(improved, distances, best_distance)
-
-                before = x.clone() if active_count < count else None
-                x.grad = input_grad
-                optimizer.step()
-                scheduler.step()
-                x.clamp_(*settings.bounds)
-                if before is not None:
-                    # A finished candidate stays where it stopped.
-                    x.copy_(torch.where(active.view(per_candidate), x, before))
-                steps_taken += active
+                    initial = group.distances.clone()
                 self.counter.tick(active_count)
                 if settings.tolerance > 0 and (step + 1) % _CHECK_EVERY == 0:
-                    active &= best_distance > settings.tolerance
-                    active_count = int(active.sum())
+                    group.active &= group.best_distance > settings.tolerance
+                    active_count = int(group.active.sum())
                     if active_count == 0:
                         break
             # The final projected iterate was never scored inside the loop.
-            final = gradient_distances(self.per_sample_gradients(x, codes), unit_targets)
-        improved = (final < best_distance) & active
-        best_x = torch.where(improved.view(per_candidate), x, best_x)
-        best_distance = torch.where(improved, final, best_distance)
-        return _Runs(best_x, best_distance.tolist(), initial.tolist(), steps_taken.tolist())
+            final = gradient_distances(self.per_sample_gradients(group.x, group.codes), group.unit_targets)
+        if replay is not None:
+            self.graphed = replay.captured
+        improved = (final < group.best_distance) & group.active
+        best_x = torch.where(improved.view(group.per_candidate), group.x, group.best_x)
+        best_distance = torch.where(improved, final, group.best_distance)
+        return _Runs(best_x, best_distance.tolist(), initial.tolist(), group.steps_taken.tolist())
+
+
+# Whether CUDA runs replay each step from a captured graph (tests switch it off to compare with plain launches).
+_CUDA_GRAPHS = True
+
+
+class _Group:
+    """Candidates in flight: every tensor one step reads or writes, at fixed addresses, so that the step can be
+    captured once as a CUDA graph and replayed (hyperparameters that change are tensors updated in place).
+
+    A step scores the current iterates, keeps each candidate's best, and moves the active ones by one Adam step
+    (Kingma & Ba, torch's default constants, bias-corrected; fed the sign of the input gradient, Geiping et al.)
+    projected back into the bounds.  Adam acts element-wise, so every candidate follows the path it would follow
+    alone.
+    """
+
+    BETAS = (0.9, 0.999)
+    EPS = 1e-8
+
+    def __init__(self, inversion: _BatchedInversion, x: torch.Tensor, codes: torch.Tensor,
+                 unit_targets: list[torch.Tensor]) -> None:
+        settings = inversion.settings
+        count, device, dtype = x.shape[0], x.device, x.dtype
+        self.inversion, self.settings = inversion, settings
+        self.x, self.codes, self.unit_targets = x, codes, unit_targets
+        self.per_candidate = (-1,) + (1,) * (x.dim() - 1)
+        self.first_moment = torch.zeros_like(x)
+        self.second_moment = torch.zeros_like(x)
+        self.steps_done = torch.zeros((), device=device, dtype=dtype)
+        self.lr = torch.full((), settings.lr, device=device, dtype=dtype)
+        self.tv_weight = torch.full((), settings.tv_weight, device=device, dtype=dtype) if inversion.use_tv else None
+        self.best_x = x.clone()
+        self.best_distance = torch.full((count,), math.inf, device=device, dtype=dtype)
+        self.distances = torch.full((count,), math.nan, device=device, dtype=dtype)
+        self.active = torch.ones(count, dtype=torch.bool, device=device)
+        self.steps_taken = torch.zeros(count, dtype=torch.long, device=device)
+
+    def written(self) -> list[torch.Tensor]:
+        """Every tensor :meth:`step` writes."""
+        return [self.x, self.first_moment, self.second_moment, self.steps_done, self.best_x, self.best_distance,
+                self.distances, self.steps_taken]
+
+    def step(self) -> None:
+        input_grad, distances = self.inversion.objective_and_input_grad(
+            self.x, self.codes, self.unit_targets, self.tv_weight)
+        if self.settings.signed_gradients:
+            input_grad = input_grad.sign()
+        self.distances.copy_(distances)
+        improved = (distances < self.best_distance) & self.active
+        self.best_x.copy_(torch.where(improved.view(self.per_candidate), self.x, self.best_x))
+        self.best_distance.copy_(torch.where(improved, distances, self.best_distance))
+        moved = adam_update(self.x, input_grad, self.first_moment, self.second_moment, self.steps_done, self.lr,
+                            self.BETAS, self.EPS)
+        # A candidate that met the tolerance stays where it stopped.
+        self.x.copy_(torch.where(self.active.view(self.per_candidate), moved.clamp_(*self.settings.bounds), self.x))
+        self.steps_taken += self.active
+
+
+def adam_update(x: torch.Tensor, gradient: torch.Tensor, first_moment: torch.Tensor, second_moment: torch.Tensor,
+                steps_done: torch.Tensor, lr: torch.Tensor, betas: tuple[float, float], eps: float) -> torch.Tensor:
+    """One Adam step: updates the moments and the step count in place and returns the moved ``x``.
+
+    The same arithmetic as ``torch.optim.Adam`` (no weight decay, no AMSGrad), with the step count and learning
+    rate as tensors so a captured CUDA graph can replay it.
+    """
+    beta1, beta2 = betas
+    steps_done += 1
+    first_moment.lerp_(gradient, 1 - beta1)
+    second_moment.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
+    step_size = lr / (1 - beta1 ** steps_done)
+    denominator = (second_moment.sqrt() / (1 - beta2 ** steps_done).sqrt()).add_(eps)
+    return x - step_size * first_moment / denominator
+
+
+class _CudaGraphStep:
+    """Runs a step function as one CUDA graph replay: per step, one launch instead of the hundreds of kernels a
+    double backward through a vmapped model issues, whose launch cost otherwise dominates on a GPU.
+
+    The first ``WARMUP`` calls run eagerly on a side stream (lazy initialisation, kernel selection), as CUDA graph
+    capture requires.  The next call captures the step, and checks it before trusting it: the step runs eagerly
+    from a copy of ``state`` (every tensor the step writes), the state is put back, the graph is replayed, and the
+    two results must agree.  Every later call replays the graph.  A step that cannot be captured (an op in the
+    model that waits on the host, say) or whose replay disagrees keeps running eagerly.
+    """
+
+    WARMUP = 3
+
+    def __init__(self, step: Callable[[], None], state: list[torch.Tensor]) -> None:
+        self.step, self.state = step, state
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.captured = False
+        self.failed = False
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.failed:
+            self.step()
+        elif self.calls <= self.WARMUP:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.step()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            self._capture()
+
+    def _capture(self) -> None:
+        before = [tensor.clone() for tensor in self.state]
+        self.step()
+        expected = [tensor.clone() for tensor in self.state]
+        for tensor, saved in zip(self.state, before):
+            tensor.copy_(saved)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.step()
+            graph.replay()
+            agrees = all(torch.allclose(tensor, wanted, rtol=1e-5, atol=1e-12)
+                         for tensor, wanted in zip(self.state, expected))
+        except RuntimeError:
+            agrees = False
+        if agrees:
+            self.graph, self.captured = graph, True
+            return
+        self.failed = True
+        for tensor, wanted in zip(self.state, expected):
+            tensor.copy_(wanted)
 
 
 def _coded_loss(output: torch.Tensor, code: torch.Tensor, kind: str) -> torch.Tensor:
