@@ -331,3 +331,23 @@ def test_an_op_without_double_backward_exits_3_from_the_cli(run_cli, tmp_path):
     ''')).replace("return self.fc2(self.act(", "return self.fc2(FastTanh.apply("))
     code, _, err = run_cli(path, "--verify", "rank", "--samples", "1")
     assert code == 3 and "FastTanh has no double backward" in err and err.count("\n") == 1
+
+
+def test_token_ids_are_refused(run_cli):
+    code, _, err = run_cli(EXAMPLES / "gpt2_tiny.py", "--verify", "rank", "--quiet")
+    assert code == 2 and "input_ids (tokens, int64)" in err and "token ids are discrete" in err
+
+
+def test_model_outputs_with_logits_attributes_and_tuples():
+    class Wrapped(nn.Module):
+        def __init__(self, as_tuple):
+            super().__init__()
+            self.inner, self.as_tuple = _tiny(), as_tuple
+
+        def forward(self, x):
+            logits = self.inner(x)
+            return (logits, x.sum()) if self.as_tuple else type("Output", (), {"logits": logits})()
+
+    images, labels = _batch(1)
+    assert rank.measure(Wrapped(True).double(), images, labels).rank == 16
+    assert rank.measure(Wrapped(False).double(), images, labels).rank == 16

@@ -150,8 +150,20 @@ def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
     return torch.tensor(labels, dtype=torch.long)
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.Tensor:
-    logits = logits.reshape(labels.shape[0], -1)
+def logits_of(output) -> torch.Tensor:
+    """The logits of a forward pass: the tensor itself, a model output's .logits, or a tuple's first element."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise UsageError(f"the model returns {type(output).__name__}, not logits",
+                     "return the logits tensor (or an object with .logits) from forward()")
+
+
+def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
+    logits = logits_of(output).reshape(labels.shape[0], -1)
     if loss == "logistic":
         return F.softplus(-labels.to(logits.dtype) * logits[:, 0]).mean()
     return F.cross_entropy(logits, labels)
@@ -183,7 +195,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     labels = labels.to(device)
     if loss is None:
         with torch.no_grad(), _math_attention():
-            loss = loss_name_for(net(x[:1]).numel())
+            loss = loss_name_for(logits_of(net(x[:1])).numel())
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r}", "use cross-entropy or logistic")
     trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}

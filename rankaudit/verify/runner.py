@@ -480,6 +480,12 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     """
     from rankaudit.verify import rank
 
+    if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
+        fed = ", ".join(f"{info.name} ({info.role}, {info.dtype})" for info in result.inputs)
+        raise UsageError(f"--verify rank differentiates the gradient with respect to one real-valued input; this "
+                         f"model takes {fed}",
+                         "token ids are discrete: the token-leakage finding covers them; use --verify rank on "
+                         "models with a single float input")
     batch = result.batch_size
     unknowns = batch * math.prod(result.input_shape)
     rank.check_size(unknowns, tuple(result.input_shape), batch)
@@ -488,7 +494,7 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     images, source = _rank_inputs(result, data, samples if batch == 1 else batch, seed)
     with torch.no_grad():
-        logits = model(images[:1]).numel()
+        logits = rank.logits_of(model(images[:1])).numel()
     loss = rank.loss_name_for(logits)
     labels = rank.draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
@@ -509,6 +515,8 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     if not headline.reliable:
         notes.append(f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
                      "depends on where the tolerance falls")
+    if batch > 1:
+        notes.append(f"one batch of {batch} images (--samples applies at batch size 1)")
     if len({m.rank for m in measurements}) > 1:
         notes.append("ranks differ between images: " + ", ".join(str(m.rank) for m in measurements)
                      + "; the headline is the largest (the generic rank)")
