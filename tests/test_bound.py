@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import EXAMPLES, analyse_module, row
-from rankaudit.bound import identifiability
+from rankaudit.bound import SINK, SOURCE, FlowNetwork, identifiability, shared_predicate
 from rankaudit.load import load_model
 from rankaudit.trace import trace_model
 
@@ -30,6 +30,21 @@ def test_spec_hand_values(name, rank_bound, deficit, verdict):
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit, bound.verdict) == \
         (3072, rank_bound, deficit, verdict)
     assert bound.recoverable_fraction == pytest.approx(rank_bound / 3072)
+
+
+def _networkx_max_flow(traced, batch_size=1, **sharing):
+    import networkx as nx
+
+    network = FlowNetwork(traced, batch_size, shared_predicate(sharing.get("shared"), sharing.get("withheld")))
+    return nx.maximum_flow_value(network.to_networkx(), SOURCE, SINK)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.py")
+                                        if p.stem not in {"bert_tiny", "gpt2_tiny", "gpt2_lora_tiny", "llama_tiny"}))
+@pytest.mark.parametrize("batch_size", [1, 7])
+def test_own_max_flow_agrees_with_networkx(name, batch_size):
+    traced = traced_example(name)
+    assert identifiability(traced, batch_size).rank_bound == _networkx_max_flow(traced, batch_size)
 
 
 def test_min_cut_names_the_bottleneck():
@@ -248,3 +263,10 @@ def test_random_branching_nets_have_finite_bounded_indices(plan):
     bound = result.identifiability
     assert 0 <= bound.rank_bound <= bound.unknowns == 108
     assert bound.rank_bound <= result.parameters
+    traced = trace_model(_meta(lambda: _RandomBranching(plan)), (3, 6, 6))
+    assert bound.rank_bound == _networkx_max_flow(traced)
+
+
+def _meta(build):
+    with torch.device("meta"):
+        return build()
