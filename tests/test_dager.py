@@ -294,3 +294,12 @@ def test_the_shortcut_declines_when_its_check_fails():
                               device="cpu", norm="norm")
     assert "through the model" in outcome.method
     assert {(t, p) for t, p, _ in outcome.passed} == outcome.true_pairs
+
+
+def test_suggest_lists_the_safe_token_budget(run_cli):
+    code, out, err = run_cli("suggest", GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--top", "1",
+                             "--format", "json")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["token_span_exposed"] == ["transformer.h.0.attn.c_attn"]
+    assert (payload["tokens_per_batch"], payload["safe_tokens_per_batch"], payload["safe_token_batch"]) == (32, 128, 8)
