@@ -6,8 +6,9 @@ see. Computed in float64 from a Gaussian sketch S = R·J with min(m, n) + 16 row
 row rᵀJ = ∂/∂x ⟨r, g(x)⟩ a second derivative, batched over rows:
 
 - forward-over-reverse (``torch.func``): rᵀJ is the directional derivative, along r in parameter space, of the
-  input gradient ∂L/∂x; ``vmap`` carries a whole chunk of rows through one pass. About twice as fast as
-- reverse-over-reverse (plain autograd, ``is_grads_batched``): the fallback for models ``torch.func`` rejects
+  input gradient ∂L/∂x; ``vmap`` carries a whole chunk of rows through one pass. Faster than
+- reverse-over-reverse (plain autograd, ``is_grads_batched``; 128 rows of CNN6 on two CPU cores: 9 s against
+  201 s, whose batched conv double backward runs row by row), the fallback for models ``torch.func`` rejects
   (an old-style custom ``autograd.Function``, which has no forward-mode rule).
 
 Then the rank counts the singular values of S above σ_max · max(rows, n) · eps (LAPACK's rule, the one R-GAP's
