@@ -75,5 +75,5 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
     blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
     output = blocked.stdout + blocked.stderr
     assert blocked.returncode != 0
-    assert "Failed" in output and "exposed_model.py: RA-i -484 at conv1: exposed" in output
+    assert "Failed" in output and "exposed_model.py: Rank bound 3,072 of 3,072 unknowns: exposed" in output
     assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land
