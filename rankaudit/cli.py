@@ -263,8 +263,11 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
         runner.verify_labels(result, spec, trials=trials, class_dist=class_dist, aux=aux, device=device, seed=seed,
                              show_progress=show_progress, defenses=parsed)
     if "rank" in attacks:
-        runner.verify_rank(result, spec, samples=samples, seed=seed, device=device, data=data, artifacts=artifacts,
-                           show_progress=show_progress, shared_layers=shared_layers, withheld_layers=withheld_layers)
+        measured = runner.verify_rank(result, spec, samples=samples, seed=seed, device=device, data=data,
+                                      artifacts=artifacts, show_progress=show_progress, shared_layers=shared_layers,
+                                      withheld_layers=withheld_layers)
+        if measured.get("internal_error"):
+            _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
     if parsed:
         runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
 

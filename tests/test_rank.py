@@ -299,6 +299,24 @@ def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
     assert "the static bound is wrong" in table.render([result])
 
 
+def test_the_internal_error_reaches_stderr_even_with_quiet(run_cli, tiny_file, monkeypatch):
+    from rankaudit import audit as audit_module
+    from rankaudit.result import Identifiability
+
+    real_audit = audit_module.audit
+
+    def audit_with_a_wrong_bound(*args, **kwargs):
+        result = real_audit(*args, **kwargs)
+        result.identifiability = Identifiability(unknowns=16, rank_bound=3, certified_deficit=13,
+                                                 recoverable_fraction=3 / 16, bottleneck=["fc2"], verdict="protected")
+        return result
+
+    monkeypatch.setattr(audit_module, "audit", audit_with_a_wrong_bound)
+    code, out, err = run_cli(tiny_file, "--verify", "rank", "--samples", "1", "--quiet")
+    assert "internal error: the measured rank 16 exceeds the static upper bound 3" in err
+    assert "the static bound is wrong" in err
+
+
 def test_size_limit_is_refused_before_any_work(run_cli):
     code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6")
     assert code == 2 and "18,432 unknowns" in err and "16,384" in err and "--input-shape" in err
