@@ -212,8 +212,10 @@ def test_span_test_distances_and_rank_tolerance():
     assert dager.span_distances(basis.basis, outside.T).min() > 0.3
 
 
-def test_cli_reports_the_finding_and_the_verification(run_cli):
-    code, out, err = run_cli(GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--verify", "dager", "--format", "json")
+def test_cli_reports_the_finding_and_the_verification(run_cli, tmp_path):
+    report = tmp_path / "report.html"
+    code, out, err = run_cli(GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--verify", "dager", "--format", "json",
+                             "--html", report)
     assert code == 1, err
     payload = json.loads(out)
     tokens = payload["token_leakage"]
@@ -224,6 +226,9 @@ def test_cli_reports_the_finding_and_the_verification(run_cli):
     assert (result["token_precision"], result["token_recall"], result["exact_sequence_rate"]) == (1.0, 1.0, 1.0)
     assert result["confirms"] and result["rank"] == 32 and result["device"] == "cpu"
     assert result["candidates_tested"] == 2000 * SEQUENCE
+    page = report.read_text()
+    assert 'id="m0-tokens"' in page and "Verification: DAGER on the gradient of" in page
+    assert "<dd>100.0%</dd>" in page and "<dd>2 / 2</dd>" in page  # precision, recall; exact sequences
 
 
 def test_sarif_table_and_policy_follow_the_finding():
