@@ -227,7 +227,7 @@ def test_cli_reports_the_finding_and_the_verification(run_cli, tmp_path):
     assert result["confirms"] and result["rank"] == 32 and result["device"] == "cpu"
     assert result["candidates_tested"] == 2000 * SEQUENCE
     page = report.read_text()
-    assert 'id="m0-tokens"' in page and "Verification: DAGER on the gradient of" in page
+    assert '-tokens">Token leakage' in page and "Verification: DAGER on the gradient of" in page
     assert "<dd>100.0%</dd>" in page and "<dd>2 / 2</dd>" in page  # precision, recall; exact sequences
 
 
