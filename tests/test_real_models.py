@@ -192,7 +192,7 @@ def test_gpt2_example_prints_rows_from_the_token_embedding_and_the_finding(run_c
     assert lines[header + 1].split()[:2] == ["transformer.wte", "Embedding"]
     assert "unknowns start here" in lines[header + 1] and lines[header + 1].split()[4] == str(32 * 128)
     assert "input 32 token ids (int64)" in lines[0]
-    assert "Token leakage: exposed." in out and "use_cache=False" in out
+    assert "Token leakage: exposed by the embedding's gradient: transformer.wte" in out and "use_cache=False" in out
     assert "Built with parameters on the meta device" in out
 
 

@@ -105,9 +105,9 @@ def _token_lines(result: Result) -> list[str]:
     if tokens is None:
         return []
     if tokens.exposed:
-        head = f"Token leakage: exposed. {'; '.join(e.reason for e in tokens.embeddings if e.exposed)}."
+        head = f"Token leakage: exposed by the embedding's gradient: {'; '.join(e.reason for e in tokens.embeddings if e.exposed)}."
     else:
-        head = "Token leakage: not through the embedding. " + "; ".join(e.reason for e in tokens.embeddings) + "."
+        head = f"Token leakage: not through the embedding: {'; '.join(e.reason for e in tokens.embeddings)}."
     return ["", head]
 
 
