@@ -749,7 +749,13 @@ def input_specs(model: nn.Module, input_shape, input_dtype=None) -> list[InputSp
 def _switches(model: nn.Module, forward_kwargs: dict | None) -> tuple[dict[str, Any], list[str]]:
     """Keyword arguments for forward(): no cache (only the logits carry the loss), named outputs, then the
     model file's FORWARD_KWARGS, which win."""
-    parameters, _ = _forward_parameters(model)
+    parameters, var_keyword = _forward_parameters(model)
+    wrapped = model
+    while var_keyword and callable(getattr(wrapped, "get_base_model", None)) and wrapped.get_base_model() is not wrapped:
+        # A wrapper that passes **kwargs on (peft's PeftModel): the switches are the wrapped model's.
+        wrapped = wrapped.get_base_model()
+        inner, var_keyword = _forward_parameters(wrapped)
+        parameters = {**inner, **parameters}
     switches: dict[str, Any] = {}
     if "use_cache" in parameters:
         switches["use_cache"] = False

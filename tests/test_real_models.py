@@ -379,3 +379,21 @@ def test_direct_params_name_what_each_op_reads():
     assert direct["LayerNorm"] == [("norm.weight", 8), ("norm.bias", 8)]
     assert direct["mul"] == [("scale", 0)]               # frozen: no gradient to share
     assert traced.input_ids == [traced.input_id]
+
+
+def test_a_peft_wrapper_gets_the_wrapped_models_switches(run_cli, tmp_path):
+    """PeftModel.forward takes **kwargs: use_cache=False must still reach GPT-2 underneath, without FORWARD_KWARGS."""
+    model = tmp_path / "lora.py"
+    model.write_text(
+        "import torch\nfrom peft import LoraConfig, get_peft_model\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "INPUT_SHAPE = (16,)\nINPUT_DTYPE = torch.long\n"
+        "def build():\n"
+        "    base = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=32, vocab_size=100,\n"
+        "                                      bos_token_id=0, eos_token_id=0))\n"
+        "    return get_peft_model(base, LoraConfig(r=4, target_modules=['c_attn'], fan_in_fan_out=True))\n")
+    code, out, err = run_cli(f"{model}:build", "--format", "json")
+    assert code in (0, 1), err
+    payload = json.loads(out)
+    assert payload["forward_kwargs"] == ["use_cache=False"]
+    assert payload["identifiability"]["unknowns"] == 16 * 32
