@@ -35,10 +35,11 @@ def test_models_are_built_on_meta():
 def test_ten_billion_parameters_analysed_within_1_5_gb(tmp_path):
     path = tmp_path / "huge.py"
     path.write_text(textwrap.dedent(TEN_BILLION))
-    probe = ("import json, resource, sys\nfrom rankaudit.cli import main\n"
+    # VmHWM (this process image's own peak), not ru_maxrss, which Linux carries over from the parent at exec.
+    probe = ("import json, re, sys\nfrom rankaudit.cli import main\n"
              "try:\n    main([sys.argv[1], '--format', 'json', '-o', sys.argv[2]])\nexcept SystemExit as e:\n"
-             "    code = e.code\nprint(json.dumps({'code': code, "
-             "'max_rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+             "    code = e.code\npeak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())\n"
+             "print(json.dumps({'code': code, 'max_rss_kib': int(peak.group(1))}))\n")
     report = tmp_path / "huge.json"
     done = subprocess.run([sys.executable, "-c", probe, str(path), str(report)], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
