@@ -40,7 +40,7 @@ def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str 
     return "no cut through the graph stops the shared gradient from determining the input: a server can reconstruct it"
 
 
-def _ra_sentence(result: Result) -> str:
+def ra_sentence(result: Result) -> str:
     if result.ra_i is None:
         return f"RA-i undefined: {ALL_DENSE_MEANING}."
     return f"RA-i {result.ra_i} at {result.critical_layer}: {RA_MEANING[ra_verdict(result.ra_i)]}."
@@ -112,7 +112,7 @@ def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = "expos
     result.meaning = bound_meaning(bound, result.ra_i, result.critical_layer)
     meaning = result.meaning[:1].upper() + result.meaning[1:]
     result.summary = (f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. {meaning}. "
-                      + _ra_sentence(result))
+                      + ra_sentence(result))
     result.caveats = _model_caveats(result, non_injective, traced.fallback_reason) + result.caveats
     result.label_leakage = label_leakage(traced, result, shared_layers)
     result.policy = evaluate_policy(result, fail_on, min_ra, max_recoverable)

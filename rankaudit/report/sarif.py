@@ -66,7 +66,7 @@ def _rule(rule_id: str) -> dict:
 
 
 def _results_for(result: Result) -> list[dict]:
-    from rankaudit.findings import _ra_sentence, ra_verdict
+    from rankaudit.findings import ra_sentence, ra_verdict
 
     found = []
     row = result.critical_row
@@ -81,7 +81,7 @@ def _results_for(result: Result) -> list[dict]:
     rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
     if rule_id:
         found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
-                      "message": {"text": f"{result.model}: {_ra_sentence(result)}"},
+                      "message": {"text": f"{result.model}: {ra_sentence(result)}"},
                       "locations": [_location(result, row.source if row else None)],
                       "properties": {"ra_i": result.ra_i, "critical_layer": result.critical_layer,
                                      "batch_size": result.batch_size}})

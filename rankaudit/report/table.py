@@ -28,7 +28,7 @@ def _notes(row: LayerRow) -> str:
 
 def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
-    from rankaudit.findings import _ra_sentence
+    from rankaudit.findings import ra_sentence
 
     bound = result.identifiability
     if bound is None:
@@ -37,7 +37,7 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
     head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns (min cut: {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
-    return [head, _ra_sentence(result)]
+    return [head, ra_sentence(result)]
 
 
 def _shape(shape: tuple[int, ...]) -> str:
