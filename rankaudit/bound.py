@@ -57,7 +57,7 @@ class FlowNetwork:
         self.edges: dict[tuple[str, str], int | None] = {}  # (tail, head) -> capacity; None: unbounded
         self.labels: dict[tuple[str, str], str] = {}   # split edge -> what the report calls it
         self.owners: dict[tuple[str, str], str] = {}   # split edge -> the traced node it belongs to
-        self.gradients: dict[str, int] = {}            # gradient vertex -> capacity
+        self.gradients: set[str] = set()               # gradient vertices created so far
         self._build(is_shared)
 
     # Vertex names: "t:<id>" forward tensor, "d:<id>" its backward twin δ, "g:<param>" a shared gradient.
@@ -119,7 +119,7 @@ class FlowNetwork:
         """The vertex of one shared gradient, created on first use (a tied parameter is one gradient)."""
         vertex = f"g:{source.name}"
         if vertex not in self.gradients:
-            self.gradients[vertex] = source.numel
+            self.gradients.add(vertex)
             self._split(vertex, source.numel, f"∇{source.name}", node_id)
             self.edges[(vertex + ":out", SINK)] = None
         return vertex

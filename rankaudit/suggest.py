@@ -13,7 +13,7 @@ from rankaudit.errors import RankauditError
 from rankaudit.findings import token_leakage
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
-from rankaudit.result import Result
+from rankaudit.result import Identifiability, Result
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
@@ -208,14 +208,14 @@ def _stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tu
     return edits
 
 
-def smallest_certified_batch(traced: TracedModel, start: int = 1) -> int:
+def smallest_certified_batch(traced: TracedModel, start: int = 1, at_start: Identifiability | None = None) -> int:
     """Smallest B >= start with a certified deficit (spec §9).
 
     Each extra sample adds |x| unknowns and at most |x| flow, so the deficit never shrinks as B grows: a
     bisection finds the first B. Once B·|x| exceeds every shared gradient's size, the deficit is certain.
     """
     per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
-    if identifiability(traced, start).certified_deficit:
+    if (at_start or identifiability(traced, start)).certified_deficit:
         return start
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
     low, high = start, max(start + 1, capacity // max(per_sample, 1) + 1)
@@ -228,7 +228,8 @@ def smallest_certified_batch(traced: TracedModel, start: int = 1) -> int:
     return high
 
 
-def certifying_withheld(traced: TracedModel, batch_size: int) -> list[str] | None:
+def certifying_withheld(traced: TracedModel, batch_size: int,
+                        all_shared: Identifiability | None = None) -> list[str] | None:
     """A small set of layers whose gradients, withheld, give a certified deficit; None if even all do not.
 
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
@@ -241,7 +242,7 @@ def certifying_withheld(traced: TracedModel, batch_size: int) -> list[str] | Non
             capacity[record.name.split("#")[0]] = record.counting.weights
     names = list(capacity)
     withheld: list[str] = []
-    bound = identifiability(traced, batch_size)
+    bound = all_shared or identifiability(traced, batch_size)
     while not bound.certified_deficit:
         candidates = [name for name in names if name not in withheld]
         if not candidates:
@@ -285,7 +286,7 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
         add("stride", target, detail, edited, delta)
     for target, detail, edited, delta in _remove_bias_edits(traced):
         add("remove-bias", target, detail, edited, delta)
-    certifying_batch = smallest_certified_batch(traced, batch_size)
+    certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
     if certifying_batch != batch_size:
         add("batch-size", "batch", f"batch size {batch_size} -> {certifying_batch} (samples per shared gradient)",
             traced, 0, batch=certifying_batch)
@@ -297,5 +298,5 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_bound.verdict,
                          suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
                          certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
-                         certifying_withheld=certifying_withheld(traced, batch_size),
+                         certifying_withheld=certifying_withheld(traced, batch_size, base_bound),
                          seconds=time.perf_counter() - started, **span)
