@@ -10,6 +10,17 @@ from rankaudit.result import (Caveat, EmbeddingExposure, Identifiability, InputI
 from rankaudit.trace import TracedModel
 
 FAIL_ON_CHOICES = ("never", "exposed", "boundary")
+# Spec §11: the verdict levels, weakest protection first, and the default ceiling on the recoverable fraction.
+VERDICT_LEVELS = ("exposed", "partial", "protected")
+DEFAULT_MAX_RECOVERABLE = 0.5
+
+
+def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> str:
+    """Spec §11: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
+    ρ = R/n is at most `max_recoverable`; `partial` in between (some directions hidden, most still visible)."""
+    if unknowns <= 0 or rank_bound >= unknowns:
+        return "exposed"
+    return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
 
 # R-GAP's index (spec §4): where its closed-form recursion stops. It no longer gives the verdict.
 RA_MEANING = {
