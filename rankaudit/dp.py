@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rankaudit.errors import UsageError
-from rankaudit.result import DPBound
+from rankaudit.result import DPBound, DPNoiseSuggestion
 from rankaudit.round import DP_LEVELS, DPSettings
 
 # The priors every DP section reports, as JSON keys; the user's --prior is added beside them.
 REPORTED_PRIORS = ("0.1", "0.01", "0.001")
 # κ values of the curve the HTML card draws: log-spaced, from one in ten thousand to even odds.
-CURVE_PRIORS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5)
+CURVE_PRIORS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 0.5)
 # The PLD's loss grid. 1e-3 keeps T = 10,000 steps a fraction of a second; its pessimistic rounding moves the
 # spec's reference bounds (computed at 1e-4) by under 0.5 % relative, always upwards.
 DEFAULT_DISCRETIZATION = 1e-3
@@ -128,30 +128,69 @@ def reconstruction_bound(profile: PrivacyProfile, prior: float) -> float:
     return min(max(best, prior), 1.0)
 
 
+# The DP options: config key in [tool.rankaudit.dp] -> (DPSettings field, type, test, what a valid value is).
+# The flag is --dp-KEY, except --prior and --max-reconstruction. One table for the flags, the config and validate().
+OPTION_RULES = {
+    "noise": ("noise_multiplier", float, lambda v: v > 0, "a number above 0", "1.0"),
+    "clip": ("clip", float, lambda v: v > 0, "a number above 0", "1.0"),
+    "sample-rate": ("sample_rate", float, lambda v: 0 < v <= 1,
+                    "a rate in (0, 1] (batch size over dataset size; 1 for full batches)", "0.01"),
+    "steps": ("steps", int, lambda v: v >= 1, "an integer >= 1", "1000"),
+    "delta": ("delta", float, lambda v: 0 < v < 1, "a probability in (0, 1)", "1e-5"),
+    "level": ("level", str, lambda v: v in DP_LEVELS, " or ".join(DP_LEVELS), "sample"),
+    "prior": ("prior", float, lambda v: 0 < v < 1,
+              "a probability in (0, 1) (an attack's success without the update)", "0.01"),
+    "max-reconstruction": ("max_reconstruction", float, lambda v: 0 < v <= 1, "a probability in (0, 1]", "0.05"),
+}
+# Without a noise multiplier there is no mechanism; these keys only make sense with one.
+_NEEDS_NOISE = ("clip", "sample-rate", "steps", "delta", "level", "max-reconstruction")
+
+
+def flag_name(key: str) -> str:
+    return f"--{key}" if key in ("prior", "max-reconstruction") else f"--dp-{key}"
+
+
+def check_option(key: str, value, where: str | None = None):
+    """`value` for option `key`, or a one-line UsageError naming it (`where`: the config file, else the flag)."""
+    field, kind, test, expected, example = OPTION_RULES[key]
+    name = f"{where}: [tool.rankaudit.dp] {key}" if where else flag_name(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    valid = isinstance(value, kind) and not isinstance(value, bool)
+    if valid and kind is float:
+        valid = math.isfinite(value)
+    if not valid or not test(value):
+        written = f'"{example}"' if kind is str else example      # as TOML writes it
+        fix = f"set e.g. {key} = {written} in {where}" if where else f"pass e.g. {flag_name(key)} {example}"
+        raise UsageError(f"{name} must be {expected}, got {value!r}", fix)
+    return value
+
+
+def settings_from(options: dict) -> DPSettings | None:
+    """DPSettings from checked option values keyed as in OPTION_RULES (flags already merged over the config);
+    None without a noise multiplier. DP keys other than --prior without a noise multiplier are an error."""
+    if "noise" not in options:
+        orphans = [flag_name(key) for key in _NEEDS_NOISE if key in options]
+        if orphans:
+            raise UsageError(f"{', '.join(orphans)} given without a noise multiplier: no DP mechanism to bound",
+                             "add --dp-noise σ (or noise = σ in [tool.rankaudit.dp])")
+        return None
+    settings = DPSettings(**{OPTION_RULES[key][0]: value for key, value in options.items()})
+    validate(settings)
+    return settings
+
+
 def validate(settings: DPSettings) -> None:
-    """One-line errors for settings no accountant can take; the CLI and the config reader both call this."""
-    checks = [
-        (math.isfinite(settings.noise_multiplier) and settings.noise_multiplier > 0,
-         f"the noise multiplier must be positive, got {settings.noise_multiplier:g}", "pass --dp-noise > 0, e.g. 1.0"),
-        (math.isfinite(settings.clip) and settings.clip > 0,
-         f"the clip norm must be positive, got {settings.clip:g}", "pass --dp-clip > 0, e.g. 1.0"),
-        (0 < settings.sample_rate <= 1,
-         f"the sample rate must lie in (0, 1], got {settings.sample_rate:g}",
-         "pass --dp-sample-rate q with 0 < q <= 1 (batch size over dataset size; 1 for full batches)"),
-        (settings.steps >= 1, f"the number of steps must be at least 1, got {settings.steps}", "pass --dp-steps >= 1"),
-        (0 < settings.delta < 1, f"δ must lie in (0, 1), got {settings.delta:g}",
-         "pass --dp-delta below one over the number of units, e.g. 1e-5"),
-        (settings.level in DP_LEVELS, f"unknown DP level {settings.level!r}",
-         "pass --dp-level " + " or ".join(DP_LEVELS)),
-        (0 < settings.prior < 1, f"the prior κ must lie in (0, 1), got {settings.prior:g}",
-         "pass --prior as an attack's success probability without the update, e.g. 0.01"),
-        (settings.max_reconstruction is None or 0 < settings.max_reconstruction <= 1,
-         f"--max-reconstruction must lie in (0, 1], got {settings.max_reconstruction}",
-         "pass the highest acceptable success probability of a reconstruction, e.g. 0.05"),
-    ]
-    for ok, problem, fix in checks:
-        if not ok:
-            raise UsageError(problem, fix)
+    """One-line errors for settings no accountant can take (every field by OPTION_RULES, and the prior below the
+    ceiling); the CLI, the config reader and the library calls share it."""
+    for key, (field, *_) in OPTION_RULES.items():
+        value = getattr(settings, field)
+        if value is not None:
+            check_option(key, value)
+    if settings.max_reconstruction is not None and settings.max_reconstruction <= settings.prior:
+        raise UsageError(f"--max-reconstruction {settings.max_reconstruction:g} is not above the prior "
+                         f"{settings.prior:g}: no amount of noise brings an attack below guessing",
+                         "raise --max-reconstruction above --prior")
 
 
 def mechanism_of(settings: DPSettings) -> SubsampledGaussian:
@@ -163,6 +202,8 @@ def dp_bound(settings: DPSettings, accountant: Accountant | None = None, curve: 
     """ε at the user's δ and B(κ) for the reported priors, the user's prior and (for the HTML card) a curve."""
     validate(settings)
     accountant = accountant or PLDAccountant()
+    if isinstance(accountant, PLDAccountant):
+        _import_pld()     # its import (scipy's, mostly) takes a second or more: not part of the computation's time
     start = time.perf_counter()
     profile = accountant.profile(mechanism_of(settings))
     epsilon = profile.epsilon(settings.delta)
@@ -195,57 +236,47 @@ NOISE_CEILING = 256.0
 NOISE_RELATIVE_TOLERANCE = 0.005
 
 
-@dataclass(frozen=True)
-class NoiseSuggestion:
-    noise_multiplier: float | None    # the least σ found meeting the target; None: none up to NOISE_CEILING
-    epsilon: float | None             # ε at δ of that σ
-    bound: float | None               # B(κ) at that σ
-    at_floor: bool                    # NOISE_FLOOR already meets the target: less noise may too
-    evaluations: int
-
-
-def least_noise(target: float, prior: float, sample_rate: float, steps: int, delta: float,
-                accountant: Accountant | None = None) -> NoiseSuggestion:
+def least_noise(target: float, prior: float, sample_rate: float, steps: int, delta: float, level: str = "sample",
+                accountant: Accountant | None = None) -> DPNoiseSuggestion:
     """The least noise multiplier σ with B(κ) <= target at this q and T, by bisection on log σ.
 
-    B(κ) falls as σ grows (more noise, a dominated mechanism), so the set of σ meeting the target is an interval
-    [σ*, ∞); the answer is the upper end of the final bracket, rounded up, so it always meets the target.
+    B(κ) falls as σ grows (more noise, a dominated mechanism), so the σ meeting the target form an interval
+    [σ*, ∞); the answer is the upper end of the final bracket rounded up to 3 decimals, so it always meets it.
     """
     if not prior < target <= 1:
         raise UsageError(f"--max-reconstruction {target:g} is not above the prior {prior:g}: no amount of noise "
                          "brings an attack below guessing", "raise --max-reconstruction above --prior")
     accountant = accountant or PLDAccountant()
-    evaluations = 0
+    start = time.perf_counter()
+    search = (f"bisection on log σ over [{NOISE_FLOOR:g}, {NOISE_CEILING:g}] to {NOISE_RELATIVE_TOLERANCE:.1%} "
+              "relative, rounded up to 0.001")
 
     def meets(sigma: float) -> bool:
-        nonlocal evaluations
-        evaluations += 1
         return bound_at(sigma, sample_rate, steps, prior, accountant) <= target
+
+    def answer(sigma: float | None, at_floor: bool = False) -> DPNoiseSuggestion:
+        epsilon = bound = None
+        if sigma is not None:
+            profile = accountant.profile(SubsampledGaussian(sigma, sample_rate, steps))
+            epsilon, bound = profile.epsilon(delta), reconstruction_bound(profile, prior)
+            epsilon = epsilon if math.isfinite(epsilon) else None
+        return DPNoiseSuggestion(target, prior, sample_rate, steps, delta, level, accountant.name, sigma, epsilon,
+                                 bound, at_floor, search, round(time.perf_counter() - start, 3))
 
     low, high = NOISE_FLOOR, 1.0
     if meets(high):
         if meets(low):
-            return _suggestion(low, delta, sample_rate, steps, prior, accountant, True, evaluations)
+            return answer(low, at_floor=True)
     else:
-        low = high
         while not meets(high * 2):
             high *= 2
-            low = high
             if high * 2 > NOISE_CEILING:
-                return NoiseSuggestion(None, None, None, False, evaluations)
-        high *= 2
+                return answer(None)
+        low, high = high, high * 2
     while high / low > 1 + NOISE_RELATIVE_TOLERANCE:
         middle = math.sqrt(low * high)
         if meets(middle):
             high = middle
         else:
             low = middle
-    sigma = math.ceil(high * 1000) / 1000
-    return _suggestion(sigma, delta, sample_rate, steps, prior, accountant, False, evaluations)
-
-
-def _suggestion(sigma, delta, sample_rate, steps, prior, accountant, at_floor, evaluations) -> NoiseSuggestion:
-    profile = accountant.profile(SubsampledGaussian(sigma, sample_rate, steps))
-    epsilon = profile.epsilon(delta)
-    return NoiseSuggestion(sigma, epsilon if math.isfinite(epsilon) else None,
-                           reconstruction_bound(profile, prior), at_floor, evaluations)
+    return answer(math.ceil(high * 1000) / 1000)

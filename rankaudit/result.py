@@ -230,6 +230,25 @@ class DPBound:
 
 
 @dataclass
+class DPNoiseSuggestion:
+    """`suggest` with DP options: the least noise multiplier whose B(κ) meets --max-reconstruction at q and T."""
+
+    target: float                       # the ceiling on B(κ)
+    prior: float
+    sample_rate: float
+    steps: int
+    delta: float
+    level: str
+    accountant: str
+    noise_multiplier: float | None      # the least σ found (bisection on log σ); None: none up to the ceiling
+    epsilon: float | None               # ε at δ of that σ (None: infinite, or no σ found)
+    bound: float | None                 # B(κ) at that σ
+    at_floor: bool                      # the search floor already meets the target: less noise may too
+    search: str                         # the interval and tolerance searched, in words
+    seconds: float = 0.0
+
+
+@dataclass
 class Result:
     model: str                          # as the user named it: path or path:name
     model_name: str                     # the class, factory or instance

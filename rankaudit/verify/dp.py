@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -181,7 +180,6 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         internal_error = (f"internal error: the attack's success rate {rate:.3f} (95 % interval [{low:.3f}, "
                           f"{high:.3f}]) lies above the certified bound B(1/{candidates}) = {bound:.3f}: the bound or "
                           "the simulated mechanism is wrong")
-        print(f"rankaudit: {internal_error}", file=sys.stderr)
     unit = "sample" if settings.level == "sample" else f"client's update over {per_unit} samples"
     verification = {
         "candidates": candidates, "trials": outcome.trials, "successes": outcome.successes,
