@@ -2,7 +2,13 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import json
 import math
+import re
+import shutil
+import textwrap
+import xml.dom.minidom
 
 import numpy as np
 import pytest
@@ -102,19 +108,22 @@ def test_the_missing_extra_is_one_line_with_the_install_command(monkeypatch):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(noise_multiplier=0.0), "noise multiplier must be positive"),
-    (dict(noise_multiplier=1.0, clip=-1.0), "clip norm must be positive"),
-    (dict(noise_multiplier=1.0, sample_rate=0.0), r"sample rate must lie in \(0, 1\]"),
-    (dict(noise_multiplier=1.0, sample_rate=1.5), r"sample rate must lie in \(0, 1\]"),
-    (dict(noise_multiplier=1.0, steps=0), "steps must be at least 1"),
-    (dict(noise_multiplier=1.0, delta=0.0), r"δ must lie in \(0, 1\)"),
-    (dict(noise_multiplier=1.0, prior=1.0), r"prior κ must lie in \(0, 1\)"),
-    (dict(noise_multiplier=1.0, level="user"), "unknown DP level"),
-    (dict(noise_multiplier=1.0, max_reconstruction=1.5), "--max-reconstruction must lie in"),
+    (dict(noise_multiplier=0.0), "--dp-noise must be a number above 0, got 0.0"),
+    (dict(noise_multiplier=1.0, clip=-1.0), "--dp-clip must be a number above 0"),
+    (dict(noise_multiplier=1.0, sample_rate=0.0), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+    (dict(noise_multiplier=1.0, sample_rate=1.5), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+    (dict(noise_multiplier=1.0, steps=0), "--dp-steps must be an integer >= 1"),
+    (dict(noise_multiplier=1.0, delta=0.0), r"--dp-delta must be a probability in \(0, 1\)"),
+    (dict(noise_multiplier=1.0, prior=1.0), r"--prior must be a probability in \(0, 1\)"),
+    (dict(noise_multiplier=1.0, level="user"), "--dp-level must be sample or client"),
+    (dict(noise_multiplier=1.0, max_reconstruction=1.5), "--max-reconstruction must be a probability"),
+    (dict(noise_multiplier=1.0, max_reconstruction=0.01, prior=0.01), "is not above the prior"),
+    (dict(noise_multiplier=float("nan")), "--dp-noise must be a number above 0, got nan"),
 ])
 def test_settings_no_accountant_can_take_are_refused(settings, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=message) as error:
         dp.validate(DPSettings(**settings))
+    assert "; fix: " in str(error.value) and "\n" not in str(error.value)
 
 
 # --- the attack -------------------------------------------------------------------------------------------------
@@ -178,3 +187,149 @@ def test_the_attack_on_real_clipped_gradients_stays_below_the_bound(lenet_result
     assert measured["success_rate"] > 0.1      # the noise does not hide everything: above the prior
     assert measured["internal_error"] is None
     assert lenet_result.verification["dp"] is measured
+
+
+# --- the command line, the configuration and the reports ----------------------------------------------------------
+
+DP_FLAGS = ("--dp-noise", "1.0", "--dp-clip", "1.0", "--dp-sample-rate", "0.01", "--dp-steps", "1000")
+
+
+def test_the_issue_example_prints_the_verdict_and_the_spec_bound(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "cnn6.py", *DP_FLAGS, "--fail-on", "never")
+    assert code == 0
+    assert "exposed" in out                                   # the structural verdict stays
+    assert "DP-SGD: ε 1.83 at δ 1e-05; any reconstruction succeeds with probability at most 0.0292 when its " \
+           "prior baseline is 0.01." in out
+    assert "0.194   0.0292  0.00407" in out
+
+
+@pytest.mark.parametrize("ceiling, code", [("0.05", 0), ("0.02", 1)])
+def test_max_reconstruction_sets_the_exit_code(run_cli, ceiling, code):
+    got, out, _ = run_cli(EXAMPLES / "cnn6.py", *DP_FLAGS, "--fail-on", "never", "--max-reconstruction", ceiling,
+                          "--prior", "0.01", "--format", "json")
+    payload = json.loads(out)
+    assert got == code and payload["policy"]["passed"] is (code == 0)
+    section = payload["dp"]
+    assert set(section) >= {"level", "noise_multiplier", "clip", "sample_rate", "steps", "delta", "epsilon", "prior",
+                            "reconstruction_bound", "bounds", "accountant"}
+    assert section["bounds"]["0.01"] == pytest.approx(0.0291, rel=0.02) and section["epsilon"] == pytest.approx(1.83,
+                                                                                                               rel=0.02)
+    assert section["max_reconstruction"] == float(ceiling)
+    if code:
+        assert any("--max-reconstruction" in reason for reason in payload["policy"]["reasons"])
+
+
+def test_without_dp_options_nothing_changes(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "fig2_a.py", "--format", "json")
+    assert json.loads(out)["dp"] is None
+    code_table, table, _ = run_cli(EXAMPLES / "fig2_a.py")
+    assert code_table == code and "DP-SGD" not in table and "DP-FedAvg" not in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--dp-noise", "-1"), "--dp-noise must be a number above 0"),
+    (("--dp-noise", "1", "--dp-sample-rate", "0"), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+    (("--dp-noise", "1", "--dp-steps", "0"), "--dp-steps must be an integer >= 1"),
+    (("--dp-noise", "1", "--prior", "1.5"), r"--prior must be a probability in \(0, 1\)"),
+    (("--dp-noise", "1", "--dp-level", "user"), "--dp-level must be sample or client"),
+    (("--dp-sample-rate", "0.01",), "given without a noise multiplier"),
+    (("--max-reconstruction", "0.05",), "given without a noise multiplier"),
+    (("--verify", "dp"), "no noise multiplier is given"),
+    (("--dp-noise", "1", "--dp-candidates", "5"), "--dp-candidates sets the candidates of --verify dp"),
+])
+def test_bad_dp_flags_are_one_line_exit_2(run_cli, args, message):
+    code, _, err = run_cli(EXAMPLES / "fig2_a.py", *args)
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1
+
+
+def _project(tmp_path, table: str):
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nfail-on = \"never\"\n\n[tool.rankaudit.dp]\n"
+                                             + textwrap.dedent(table))
+    model = tmp_path / "net.py"
+    shutil.copy(EXAMPLES / "fig2_a.py", model)
+    return model
+
+
+def test_the_config_table_applies_and_flags_win(run_cli, tmp_path):
+    model = _project(tmp_path, """
+        noise = 4.0
+        sample-rate = 1
+        level = "client"
+        max-reconstruction = 0.05
+    """)
+    code, out, _ = run_cli(model, "--format", "json")
+    section = json.loads(out)["dp"]
+    assert code == 0 and section["level"] == "client" and section["noise_multiplier"] == 4.0
+    assert section["reconstruction_bound"] == pytest.approx(0.0189, abs=1e-3)      # below the config's 0.05
+    code, out, _ = run_cli(model, "--format", "json", "--dp-noise", "1.0")         # the flag wins: B = 0.0924
+    assert code == 1 and json.loads(out)["dp"]["reconstruction_bound"] == pytest.approx(0.0924, abs=1e-3)
+
+
+@pytest.mark.parametrize("table, message", [
+    ("noise = 0\n", r"\[tool.rankaudit.dp\] noise must be a number above 0, got 0.0; fix: set e.g. noise = 1.0"),
+    ("noise = 1.0\nsteps = 2.5\n", r"\[tool.rankaudit.dp\] steps must be an integer >= 1"),
+    ("noise = 1.0\nlevel = 3\n", r"\[tool.rankaudit.dp\] level must be sample or client.*level = \"sample\""),
+    ("noise = 1.0\nsigma = 2\n", r"unknown key sigma in \[tool.rankaudit.dp\]"),
+])
+def test_config_errors_name_the_key(run_cli, tmp_path, table, message):
+    code, _, err = run_cli(_project(tmp_path, table))
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1
+
+
+def test_sarif_ra009_when_the_bound_is_above_the_ceiling(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "fig2_a.py", "--dp-noise", "1", "--max-reconstruction", "0.05", "--format",
+                           "sarif", "--fail-on", "never")
+    log = json.loads(out)
+    found = [r for r in log["runs"][0]["results"] if r["ruleId"] == "RA009"]
+    assert code == 1 and len(found) == 1 and found[0]["level"] == "error"
+    assert found[0]["properties"]["reconstruction_bound"] == pytest.approx(0.0924, abs=1e-3)
+    assert "RA009" in {rule["id"] for rule in log["runs"][0]["tool"]["driver"]["rules"]}
+    _, out, _ = run_cli(EXAMPLES / "fig2_a.py", "--dp-noise", "4", "--max-reconstruction", "0.05", "--format",
+                        "sarif", "--fail-on", "never")
+    assert not [r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA009"]
+
+
+def test_html_card_draws_the_curve_and_the_measured_attack(run_cli, tmp_path):
+    page = tmp_path / "r.html"
+    code, _, _ = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "1", "--verify", "dp", "--samples", "300",
+                         "--fail-on", "never", "--html", page, "-q")
+    text = page.read_text()
+    assert code == 0 and "Differential privacy" in text
+    curve = re.search(r'<svg class="dpcurve".*?</svg>', text, re.S).group(0)
+    xml.dom.minidom.parseString(curve)                               # XML-valid
+    assert "http" not in curve and curve.count("<circle") == len(dp.CURVE_PRIORS) + 1
+    assert "measured attack success" in curve                        # the --verify dp point with its interval
+
+
+def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):
+    code, out, err = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "400",
+                             "--dp-candidates", "5", "--format", "json", "--fail-on", "never")
+    attack = json.loads(out)["verification"]["dp"]
+    assert code == 0 and "internal error" not in err
+    assert set(attack) >= {"candidates", "trials", "success_rate", "interval", "bound", "seconds", "device"}
+    assert attack["candidates"] == 5 and attack["trials"] == 400
+    assert attack["bound"] == pytest.approx(norm.cdf(norm.ppf(0.2) + 0.5), abs=1e-3)
+    assert attack["interval"][0] <= attack["bound"]
+
+
+def test_an_interval_above_the_bound_is_an_internal_error_on_stderr(run_cli, monkeypatch):
+    from rankaudit.verify import dp as attack_module
+
+    real = attack_module.informed_attack
+    monkeypatch.setattr(attack_module, "informed_attack", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), successes=k["trials"]))     # a mechanism that leaks everything
+    code, out, err = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "50", "-q",
+                             "--fail-on", "never")
+    assert "internal error: the attack's success rate 1.000" in err and "lies above the certified bound" in err
+
+
+def test_suggest_names_the_least_noise(run_cli):
+    code, out, _ = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01", "--dp-steps", "1000",
+                           "--max-reconstruction", "0.05", "--format", "json")
+    noise = json.loads(out)["dp_noise"]
+    assert code == 0 and noise["noise_multiplier"] == pytest.approx(0.78, abs=0.01) and noise["bound"] <= 0.05
+    _, table, _ = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01", "--dp-steps", "1000",
+                          "--max-reconstruction", "0.05", "--top", "1")
+    assert "the least noise multiplier meeting it is σ = 0.78" in table
+    code, _, err = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01")
+    assert code == 2 and "add --max-reconstruction" in err
