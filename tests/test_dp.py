@@ -301,6 +301,21 @@ def test_html_card_draws_the_curve_and_the_measured_attack(run_cli, tmp_path):
     assert "measured attack success" in curve                        # the --verify dp point with its interval
 
 
+def test_client_level_units_are_whole_updates():
+    """DP-FedAvg at the client level: a candidate is a client's batch of B samples, the other clients are known."""
+    from rankaudit.audit import audit
+    from rankaudit.verify.dp import KNOWN_CLIENTS, verify_dp
+
+    result = audit(str(EXAMPLES / "lenet.py"), batch_size=2)
+    measured = verify_dp(result, str(EXAMPLES / "lenet.py"),
+                         DPSettings(noise_multiplier=0.5, sample_rate=0.5, steps=4, level="client"),
+                         candidates=4, trials=400, seed=2, device="cpu")
+    assert measured["level"] == "client" and measured["candidates"] == 4
+    assert f"unit: a client's update over 2 samples; {KNOWN_CLIENTS} other units known" in " ".join(measured["notes"])
+    assert measured["bound"] == pytest.approx(dp.bound_at(0.5, 0.5, 4, 0.25), abs=1e-9)
+    assert measured["interval"][0] <= measured["bound"] and measured["success_rate"] > 0.25
+
+
 def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):
     code, out, err = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "400",
                              "--dp-candidates", "5", "--format", "json", "--fail-on", "never")
