@@ -110,23 +110,9 @@ def _dp_settings(options: dict, configured: dict | None):
 
 def _noise_suggestion(options: dict, configured: dict | None):
     """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T (None without DP options)."""
-    from rankaudit.dp import OPTION_RULES, least_noise
-    from rankaudit.round import DPSettings
+    from rankaudit.dp import noise_search
 
-    values = _dp_values(options, configured)
-    if not values:
-        return None
-    if "max-reconstruction" not in values:
-        raise UsageError("suggest with DP options searches the least noise meeting a ceiling, but none is given",
-                         "add --max-reconstruction P (e.g. 0.05)")
-    defaults = DPSettings(noise_multiplier=1.0)
-    get = lambda key: values.get(key, getattr(defaults, OPTION_RULES[key][0]))  # noqa: E731
-    if values["max-reconstruction"] <= get("prior"):
-        raise UsageError(f"--max-reconstruction {values['max-reconstruction']:g} is not above the prior "
-                         f"{get('prior'):g}: no amount of noise brings an attack below guessing",
-                         "raise --max-reconstruction above --prior")
-    return least_noise(values["max-reconstruction"], get("prior"), get("sample-rate"), get("steps"), get("delta"),
-                       get("level"))
+    return noise_search(_dp_values(options, configured))
 
 
 @cli.command()
@@ -389,7 +375,7 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         from rankaudit.report import table
 
         if quiet:
-            text = "".join(f"{result.model}: {result.summary}\n" for result in results)
+            text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
         else:
             color = output is None and _use_color(sys.stdout)
             text = table.render(results, color=color, verbose=verbose)
@@ -405,6 +391,15 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
                 click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
     else:
         click.echo(text, nl=False, color=True)  # the renderer already decided about colour
+
+
+def _dp_clause(result) -> str:
+    """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
+    if result.dp is None:
+        return ""
+    from rankaudit.findings import dp_sentence
+
+    return f" {dp_sentence(result.dp)}."
 
 
 def _error(message: str):

@@ -205,6 +205,21 @@ def settings_from(options: dict) -> DPSettings | None:
     return settings
 
 
+def noise_search(options: dict) -> DPNoiseSuggestion | None:
+    """`suggest`'s DP request from checked options (keyed as OPTION_RULES): None without any; the least noise
+    meeting max-reconstruction otherwise, at the given (or default) q, T, δ and prior. The noise itself is ignored:
+    it is what is searched."""
+    if not options:
+        return None
+    if "max-reconstruction" not in options:
+        raise UsageError("suggest with DP options searches the least noise meeting a ceiling, but none is given",
+                         "add --max-reconstruction P (e.g. 0.05)")
+    defaults = DPSettings(noise_multiplier=1.0)
+    value = {key: options.get(key, getattr(defaults, field)) for key, (field, *_) in OPTION_RULES.items()}
+    return least_noise(value["max-reconstruction"], value["prior"], value["sample-rate"], value["steps"],
+                       value["delta"], value["level"])
+
+
 def validate(settings: DPSettings) -> None:
     """One-line errors for settings no accountant can take (every field by OPTION_RULES, and the prior below the
     ceiling); the CLI, the config reader and the library calls share it."""
@@ -212,10 +227,15 @@ def validate(settings: DPSettings) -> None:
         value = getattr(settings, field)
         if value is not None:
             check_option(key, value)
-    if settings.max_reconstruction is not None and settings.max_reconstruction <= settings.prior:
-        raise UsageError(f"--max-reconstruction {settings.max_reconstruction:g} is not above the prior "
-                         f"{settings.prior:g}: no amount of noise brings an attack below guessing",
-                         "raise --max-reconstruction above --prior")
+    if settings.max_reconstruction is not None:
+        _check_ceiling(settings.max_reconstruction, settings.prior)
+
+
+def _check_ceiling(ceiling: float, prior: float) -> None:
+    """B(κ) >= κ for every mechanism: a ceiling at or below the prior can never be met."""
+    if not prior < ceiling <= 1:
+        raise UsageError(f"--max-reconstruction {ceiling:g} is not above the prior {prior:g}: no amount of noise "
+                         "brings an attack below guessing", "raise --max-reconstruction above --prior")
 
 
 def mechanism_of(settings: DPSettings) -> SubsampledGaussian:
@@ -267,9 +287,7 @@ def least_noise(target: float, prior: float, sample_rate: float, steps: int, del
     B(κ) falls as σ grows (more noise, a dominated mechanism), so the σ meeting the target form an interval
     [σ*, ∞); the answer is the upper end of the final bracket rounded up to 3 decimals, so it always meets it.
     """
-    if not prior < target <= 1:
-        raise UsageError(f"--max-reconstruction {target:g} is not above the prior {prior:g}: no amount of noise "
-                         "brings an attack below guessing", "raise --max-reconstruction above --prior")
+    _check_ceiling(target, prior)
     accountant = accountant or PLDAccountant()
     start = time.perf_counter()
     search = (f"bisection on log σ over [{NOISE_FLOOR:g}, {NOISE_CEILING:g}] to {NOISE_RELATIVE_TOLERANCE:.1%} "

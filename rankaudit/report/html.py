@@ -223,7 +223,7 @@ def _dp(result: Result) -> dict | None:
     attack = (result.verification or {}).get("dp")
     attack = attack if isinstance(attack, dict) else None
     return {"d": result.dp, "sentence": _sentence(dp_sentence(result.dp)), "attack": attack,
-            "curve": Markup(svg.dp_curve(result.dp, attack, prefix=f"m{id(result) % 10_000}d"))}
+            "curve": Markup(svg.dp_curve(result.dp, attack))}
 
 
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:

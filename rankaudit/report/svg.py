@@ -530,9 +530,10 @@ DP_CURVE = "#2563eb"
 DP_BASELINE = "#94a3b8"
 
 
-def dp_curve(dp: DPBound, attack: dict | None = None, prefix: str = "d") -> str:
+def dp_curve(dp: DPBound, attack: dict | None = None) -> str:
     """B(κ) against κ on log-log axes (1e-4 to 1), the guessing baseline B = κ dashed, the user's prior marked,
-    --max-reconstruction as a horizontal line, and --verify dp's measured success with its interval at κ = 1/M."""
+    --max-reconstruction as a horizontal line, and --verify dp's measured success with its interval at κ = 1/M.
+    It defines no ids, so it needs no prefix."""
     points = [(k, b) for k, b in dp.curve if k > 0 and b > 0]
     if not points:
         return ""
