@@ -76,8 +76,8 @@ def _dp_options(command):
         click.option("--prior", type=float, metavar="KAPPA",
                      help="An attack's success probability without the update, κ (default 0.01)."),
         click.option("--max-reconstruction", type=float, metavar="P",
-                     help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least noise "
-                          "meeting P."),
+                     help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least "
+                          "noise meeting P."),
         click.option("--dp-candidates", type=int, default=None, metavar="M",
                      help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10)."),
     ]
@@ -141,7 +141,8 @@ def _noise_suggestion(options: dict, configured: dict | None):
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
-@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp"]),
+@click.option("--verify", "verify", multiple=True,
+              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp"]),
               help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
                    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
                    "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
@@ -185,7 +186,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     if defenses and not set(verify) - {"dp"}:
         raise UsageError("--defense needs an attack to defend against", "add --verify rgap and/or --verify gdbr")
     if dp_candidates is not None and "dp" not in verify:
-        raise UsageError("--dp-candidates sets the candidates of --verify dp", "add --verify dp or drop --dp-candidates")
+        raise UsageError("--dp-candidates sets the candidates of --verify dp",
+                         "add --verify dp or drop --dp-candidates")
     given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "max_recoverable", "shared_layers",
                                "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
@@ -207,8 +209,9 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                trials=samples if ctx.get_parameter_source("samples")
                                is click.core.ParameterSource.COMMANDLINE else None)
             if set(verify) - {"dp"}:
-                _run_verifiers(result, spec, [a for a in verify if a != "dp"], samples=samples, seed=seed, device=device, data=data,
-                               steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
+                _run_verifiers(result, spec, [attack for attack in verify if attack != "dp"], samples=samples,
+                               seed=seed, device=device, data=data, steps=steps, artifacts=artifacts, trials=trials,
+                               class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
                                shared_layers=pick("shared_layers", shared_layers),
                                withheld_layers=pick("withheld_layers", withheld_layers))

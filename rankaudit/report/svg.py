@@ -579,17 +579,17 @@ def dp_curve(dp: DPBound, attack: dict | None = None) -> str:
     for kappa, bound in points:
         out.append(f'<circle cx="{_f(px(kappa))}" cy="{_f(py(bound))}" r="3" fill="{DP_CURVE}">'
                    f'<title>{x(f"B({kappa:g}) = {bound:.3g}")}</title></circle>')
+    yours = f"your prior {dp.prior:g}: B = {dp.reconstruction_bound:.3g}"
     out.append(f'<circle cx="{_f(px(dp.prior))}" cy="{_f(py(dp.reconstruction_bound))}" r="6" fill="none" '
-               f'stroke="{INK}" stroke-width="2"><title>{x(f"your prior {dp.prior:g}: B = {dp.reconstruction_bound:.3g}")}'
-               f'</title></circle>')
+               f'stroke="{INK}" stroke-width="2"><title>{x(yours)}</title></circle>')
     if attack and attack.get("candidates"):
         kappa = 1.0 / attack["candidates"]
         low, high = attack["interval"]
         cx = px(kappa) + 8
         rate, candidates = attack["success_rate"], attack["candidates"]
         tip = f"measured attack success {rate:.3f}, 95 % interval [{low:.3f}, {high:.3f}], at κ = 1/{candidates}"
-        out.append(f'<g><title>{x(tip)}</title><line x1="{_f(cx)}" y1="{_f(py(low))}" x2="{_f(cx)}" y2="{_f(py(high))}" '
-                   f'stroke="{WARN}" stroke-width="2"/><rect x="{_f(cx - 4)}" y="{_f(py(rate) - 4)}" '
-                   f'width="8" height="8" fill="{WARN}"/></g>')
+        out.append(f'<g><title>{x(tip)}</title><line x1="{_f(cx)}" y1="{_f(py(low))}" x2="{_f(cx)}" '
+                   f'y2="{_f(py(high))}" stroke="{WARN}" stroke-width="2"/><rect x="{_f(cx - 4)}" '
+                   f'y="{_f(py(rate) - 4)}" width="8" height="8" fill="{WARN}"/></g>')
     out.append("</svg>")
     return "".join(out)

@@ -169,9 +169,9 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
     shape = tuple(inputs.shape[1:])
     gradients = unit_gradients(model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit),
                                loss, settings.clip, device)
-    outcome = informed_attack(gradients[:candidates], gradients[candidates:], noise_multiplier=settings.noise_multiplier,
-                              clip=settings.clip, sample_rate=settings.sample_rate, steps=settings.steps,
-                              trials=trials, seed=seed)
+    outcome = informed_attack(gradients[:candidates], gradients[candidates:],
+                              noise_multiplier=settings.noise_multiplier, clip=settings.clip,
+                              sample_rate=settings.sample_rate, steps=settings.steps, trials=trials, seed=seed)
     rate = outcome.successes / outcome.trials
     low, high = clopper_pearson(outcome.successes, outcome.trials)
     bound = dp.bound_at(settings.noise_multiplier, settings.sample_rate, settings.steps, 1.0 / candidates)
