@@ -168,7 +168,7 @@ OPTION_RULES = {
     "max-reconstruction": ("max_reconstruction", float, lambda v: 0 < v <= 1, "a probability in (0, 1]", "0.05"),
 }
 # Without a noise multiplier there is no mechanism; these keys only make sense with one.
-_NEEDS_NOISE = ("clip", "sample-rate", "steps", "delta", "level", "max-reconstruction")
+_NEEDS_NOISE = ("clip", "sample-rate", "steps", "delta", "level", "prior", "max-reconstruction")
 
 
 def flag_name(key: str) -> str:
@@ -193,7 +193,7 @@ def check_option(key: str, value, where: str | None = None):
 
 def settings_from(options: dict) -> DPSettings | None:
     """DPSettings from checked option values keyed as in OPTION_RULES (flags already merged over the config);
-    None without a noise multiplier. DP keys other than --prior without a noise multiplier are an error."""
+    None without any. DP keys without a noise multiplier are an error: there is no mechanism to bound."""
     if "noise" not in options:
         orphans = [flag_name(key) for key in _NEEDS_NOISE if key in options]
         if orphans:

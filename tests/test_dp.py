@@ -241,6 +241,7 @@ def test_without_dp_options_nothing_changes(run_cli):
     (("--dp-noise", "1", "--dp-level", "user"), "--dp-level must be sample or client"),
     (("--dp-sample-rate", "0.01",), "given without a noise multiplier"),
     (("--max-reconstruction", "0.05",), "given without a noise multiplier"),
+    (("--prior", "0.1",), "--prior given without a noise multiplier"),
     (("--verify", "dp"), "no noise multiplier is given"),
     (("--dp-noise", "1", "--dp-candidates", "5"), "--dp-candidates sets the candidates of --verify dp"),
 ])
