@@ -26,7 +26,8 @@ MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything 
 
 HEADLINES = {
     "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
-    "protected": "One shared gradient cannot pin this input down completely: a deficit is certified.",
+    "partial": "A deficit is certified, but one shared gradient still shows most of this input: not protection.",
+    "protected": "At least the required share of this input's directions is invisible to one shared gradient.",
 }
 
 BLOCKED_BECAUSE = {

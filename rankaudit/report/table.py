@@ -6,7 +6,7 @@ from rankaudit.result import LayerRow, Result
 
 HEADERS = ("", "layer", "op", "|x|", "|W|", "|z|", "V", "RA_i", "")
 RIGHT_ALIGNED = {3, 4, 5, 6, 7}
-VERDICT_COLOR = {"exposed": "31", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
+VERDICT_COLOR = {"exposed": "31", "partial": "33", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -29,13 +29,15 @@ def _notes(row: LayerRow) -> str:
 def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
     from rankaudit.findings import ra_sentence
+    from rankaudit.levels import percent
 
     bound = result.identifiability
     if bound is None:
         return [result.summary]
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
-    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns (min cut: {cut}): {verdict}. "
+    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
+            f"({percent(bound.recoverable_fraction)} recoverable, protected at most {percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
     return [head, ra_sentence(result)]
 

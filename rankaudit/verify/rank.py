@@ -587,14 +587,15 @@ def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
 
 
 def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str]:
-    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `protected`; `boundary`
-    has nothing to agree with (confirms None). `agreement` is the short form the table prints."""
+    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `partial` and `protected`
+    (spec §11; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
+    agree with (confirms None). `agreement` is the short form the table prints."""
     deficit = unknowns - rank
     measured = ("one gradient determines the input" if deficit == 0 else
                 f"{deficit} input directions are invisible to the gradient")
     detail = (f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}" if deficit == 0 else
               f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}")
-    if verdict in ("exposed", "protected"):
+    if verdict in ("exposed", "partial", "protected"):
         confirms = (deficit == 0) == (verdict == "exposed")
         if confirms:
             return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"

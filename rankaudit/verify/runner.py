@@ -63,6 +63,11 @@ def _confirms(verdict: str, median_mse: float) -> tuple[bool, str]:
         return ok, (f"confirms protected: median MSE {median_mse:.3g} > {CONFIRM_PROTECTED_ABOVE:g}" if ok else
                     f"disagrees: the analysis says protected, but the attack reached median MSE {median_mse:.3g} "
                     f"(<= {CONFIRM_PROTECTED_ABOVE:g})")
+    if verdict == "partial":
+        # A partial verdict rules out only an exact reconstruction; a near-perfect one is what it predicts for a
+        # small deficit, a poor one may be the attack's weakness: neither outcome confirms or refutes it.
+        return False, (f"partial verdict: no threshold to confirm against (median MSE {median_mse:.3g}); "
+                       "--verify rank measures what the gradient shows")
     return False, f"boundary verdict: no threshold to confirm against (median MSE {median_mse:.3g})"
 
 
