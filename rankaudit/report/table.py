@@ -225,6 +225,26 @@ def _rank_gap(rank: dict) -> str:
     return "n/a" if rank["rank"] == 0 else "inf"  # JSON has no infinity: None stands for it above rank 0
 
 
+def _hidden_lines(rank: dict) -> list[str]:
+    """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
+    from rankaudit.levels import percent
+
+    inputs = [entry for sample in rank.get("samples", []) for entry in sample.get("inputs", [])]
+    if not inputs or rank.get("hidden_energy_median") is None:
+        return []
+    what = "the images'" if any(entry.get("visible_ssim") is not None for entry in inputs) else "the inputs'"
+    psnr = rank.get("visible_psnr_median")
+    ssim = rank.get("visible_ssim_median")
+    shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
+    shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+    line = (f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
+            f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)")
+    if len(inputs) > 1:
+        line += "; per input: " + ", ".join(
+            "n/a" if e.get("hidden_energy") is None else percent(e["hidden_energy"]) for e in inputs)
+    return [line]
+
+
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
     if not rank:
@@ -235,6 +255,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
     lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
+    lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")
     if not rank["reliable"]:
