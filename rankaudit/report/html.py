@@ -27,7 +27,8 @@ MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything 
 
 HEADLINES = {
     "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
-    "partial": "A deficit is certified, but one shared gradient still shows most of this input: not protection.",
+    "partial": "A deficit is certified, but one shared gradient still sees more of this input than the ceiling allows: "
+               "not protection.",
     "protected": "At least the required share of this input's directions is invisible to one shared gradient.",
 }
 
