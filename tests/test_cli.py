@@ -245,6 +245,7 @@ def test_fig2_e_is_partial_and_fails_by_default_but_passes_the_old_gate(run_cli)
     assert code == 1 and payload["verdict"] == "partial"
     assert payload["identifiability"]["max_recoverable"] == 0.5 and payload["policy"]["fail_on"] == "partial"
     assert payload["identifiability"]["rank_bound"] == 3056
+    assert payload["identifiability"]["hidden_estimate"] == pytest.approx(16 / 3072)
     code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--fail-on", "exposed", "--quiet")
     assert code == 0 and "fig2_e.py: Rank bound 3,056 of 3,072 unknowns: partial." in out
 
