@@ -47,6 +47,9 @@ def test_full_rank_hides_nothing_and_reports_no_infinity():
     assert hidden.median([first.visible_psnr, second.visible_psnr], none_is_infinite=True) is None
     assert hidden.median([12.0, None, 30.0], none_is_infinite=True) == 30.0
     assert hidden.reading([None, None], None) == "the gradient shows the image"
+    assert hidden.reading([29.8], 29.8) == "the gradient shows the image"
+    assert hidden.reading([20.0], 20.0) == "the gradient shows a degraded image"
+    assert hidden.reading([10.0], 10.0) == "the visible part is a poor picture of the image"
     constant = np.full((1, 1, 4, 4), 0.5)
     assert hidden.shares(constant, np.zeros_like(constant))[0].hidden_energy is None   # no energy to share
 
