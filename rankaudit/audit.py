@@ -33,7 +33,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
 
 
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-          fail_on: str = "exposed", min_ra: int | None = None, shared_layers: list[str] | None = None,
+          fail_on: str = findings.DEFAULT_FAIL_ON, min_ra: int | None = None, shared_layers: list[str] | None = None,
           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
           input_dtype=None, dp=None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device; `dp` (round.DPSettings) adds
@@ -56,7 +56,7 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
                          "give a number between 0 and 1, e.g. --max-recoverable 0.5")
     shared = _shared_set(traced, shared_layers, withheld_layers)
     result.identifiability = identifiability(traced, batch_size, shared_layers=shared_layers,
-                                             withheld_layers=withheld_layers)
+                                             withheld_layers=withheld_layers, max_recoverable=max_recoverable)
     result.token_leakage = findings.token_leakage(traced, batch_size, shared)
     findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
                             max_recoverable=max_recoverable)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rankaudit import ops
+from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, verdict_level
 from rankaudit.ops import Role
 from rankaudit.result import Identifiability
 from rankaudit.trace import NodeRecord, TracedModel
@@ -248,8 +249,11 @@ def _blocking_flow(adjacency, heads, capacity, level, s, t) -> int:
 
 
 def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
-                    withheld_layers: list[str] | None = None) -> Identifiability:
-    """rank(∂g/∂x) <= max flow; the verdict is `protected` only with a certified deficit (spec §9)."""
+                    withheld_layers: list[str] | None = None, max_recoverable: float | None = None) -> Identifiability:
+    """rank(∂g/∂x) <= max flow; the verdict is spec §11's level at the recoverable-fraction ceiling
+    `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
+    seen, `partial` with a smaller certified deficit, `exposed` without one."""
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     unknowns = batch_size * sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
     rank_bound, bottleneck, cut_nodes = network.min_cut()
@@ -257,5 +261,5 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
     deficit = unknowns - rank_bound
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=deficit,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
-                           bottleneck=bottleneck, verdict="protected" if deficit > 0 else "exposed",
-                           cut_nodes=cut_nodes)
+                           bottleneck=bottleneck, verdict=verdict_level(rank_bound, unknowns, ceiling),
+                           cut_nodes=cut_nodes, max_recoverable=ceiling)

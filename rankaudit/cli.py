@@ -11,6 +11,7 @@ import click
 
 from rankaudit import __version__
 from rankaudit.errors import NoModelInFile, RankauditError, UsageError
+from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
@@ -128,13 +129,14 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report here.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
               help="Also write the self-contained HTML report here, next to the chosen format.")
-@click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
-              show_default=True, help="exposed: exit 1 without a certified deficit; boundary: also unless R-GAP's "
-                                      "closed form stops (RA-i > 0); never: only other rules fail.")
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=DEFAULT_FAIL_ON,
+              show_default=True, help="partial: exit 1 unless the verdict is protected; exposed: the old, weaker "
+                                      "gate (exit 1 only without a certified deficit); boundary: partial, and also "
+                                      "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
 @click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
-              help="Exit 1 when the bound lets more than this fraction of the input's directions be recovered "
-                   "(rank bound / unknowns).")
+              help="The ceiling on the recoverable fraction (rank bound / unknowns) for the verdict protected; "
+                   "above it a certified deficit is only partial (default 0.5).")
 @click.option("--shared-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="Only these layers' gradients are sent (label-leakage finding); default: all.")
 @click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
@@ -244,14 +246,18 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
+@click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
+              help="The ceiling on the recoverable fraction for protected (default 0.5).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "html"]), default="table",
               show_default=True, help="html: the model's full report with the suggestions as a section.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
 @_dp_options
-def suggest_command(model, input_shape, batch_size, top, output_format, output, debug, dp_candidates, **dp_options):
-    """Single architectural edits that raise RA-i, re-counted and ranked (accuracy is not measured); with DP
-    options and --max-reconstruction, also the least noise multiplier that meets it."""
+def suggest_command(model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates,
+                    **dp_options):
+    """Single architectural edits, re-bounded and ranked by the recoverable fraction they reach; the smallest batch
+    sizes with a certified deficit and with the verdict protected (accuracy is not measured); with DP options and
+    --max-reconstruction, also the least noise multiplier that meets it."""
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
@@ -261,12 +267,13 @@ def suggest_command(model, input_shape, batch_size, top, output_format, output, 
         raise UsageError("--dp-candidates sets the candidates of --verify dp, which suggest does not run",
                          "drop --dp-candidates")
     noise = _noise_suggestion(dp_options, load_settings(split_model_spec(model)[0]).dp)
-    report = dataclasses.replace(suggest(model, input_shape=input_shape, batch_size=batch_size), noise=noise)
+    report = dataclasses.replace(suggest(model, input_shape=input_shape, batch_size=batch_size,
+                                         max_recoverable=max_recoverable), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
 
-        result = audit(model, input_shape=input_shape, batch_size=batch_size)
+        result = audit(model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable)
         shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
         text = html.render([result], suggestions={result.model: shown})
     else:
@@ -281,18 +288,21 @@ def suggest_command(model, input_shape, batch_size, top, output_format, output, 
 @click.argument("second", metavar="B.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed", show_default=True)
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=DEFAULT_FAIL_ON, show_default=True)
 @click.option("--min-ra", type=int, default=None)
+@click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
+              help="The ceiling on the recoverable fraction for protected (default 0.5).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
-def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, output_format, output, debug):
+def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
+                    debug):
     """Two designs side by side; the exit code is the policy applied to the second (B)."""
     from rankaudit.audit import audit
     from rankaudit.report import design
 
-    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra)
-               for spec in (first, second)]
+    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
+                     max_recoverable=max_recoverable) for spec in (first, second)]
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
             else design.compare_table(*results))
     _write(text, output)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankaudit.errors import UsageError
-from rankaudit.findings import FAIL_ON_CHOICES
+from rankaudit.levels import FAIL_ON_CHOICES
 
 if sys.version_info >= (3, 11):
     import tomllib

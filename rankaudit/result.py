@@ -106,8 +106,15 @@ class Identifiability:
     certified_deficit: int          # max(n - R, 0): input directions no gradient can see, to first order
     recoverable_fraction: float     # R / n, capped at 1
     bottleneck: list[str]           # tensors and gradients on the min cut
-    verdict: str                    # protected (certified deficit > 0) | exposed
+    verdict: str                    # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
+    max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
+
+    @property
+    def hidden_estimate(self) -> float:
+        """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
+        about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
+        return self.certified_deficit / self.unknowns if self.unknowns else 0.0
 
 
 @dataclass
@@ -275,6 +282,9 @@ class Result:
     token_leakage: TokenLeakage | None = None                 # None: the model reads no token ids
     build: str = ""                     # how the model was built: meta-parameters | meta (see load.py)
     call_notes: list[str] = field(default_factory=list)      # keyword arguments forward() was called with
+    # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose
+    # numbers describe them.
+    images: dict[str, bytes] = field(default_factory=dict)
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
 
     @property

@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.levels import percent
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
 from rankaudit.suggest import SuggestReport
@@ -19,6 +20,9 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
             "verdict": report.verdict, "unknowns": report.unknowns, "rank_bound": report.rank_bound,
             "certified_deficit": report.certified_deficit, "certifying_batch": report.certifying_batch,
+            "protecting_batch": report.protecting_batch, "deficit_withheld": report.deficit_withheld,
+            "max_recoverable": report.max_recoverable,
+            "recoverable_fraction": report.recoverable_fraction,
             "certifying_withheld": report.certifying_withheld, "note": report.note, "skipped": report.skipped,
             "token_span_exposed": report.token_span_exposed, "tokens_per_batch": report.tokens_per_batch,
             "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
@@ -43,16 +47,24 @@ def _noise_lines(report: SuggestReport) -> list[str]:
 
 
 def _certificates(report: SuggestReport) -> list[str]:
+    current = lambda batch: " (the current one)" if batch == report.batch_size else ""  # noqa: E731
+    ceiling = f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
+    protecting = (f"{report.protecting_batch}{current(report.protecting_batch)}"
+                  if report.protecting_batch is not None else "none (the ceiling is 0)")
     lines = [f"Smallest batch size with a certified deficit: {report.certifying_batch}"
-             + (" (the current one)." if report.certifying_batch == report.batch_size else ".")]
+             f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}."]
     if report.certifying_withheld is None:
-        lines.append("Withholding gradients: even with every layer's gradient withheld, no deficit is certified "
-                     "(parameters used outside layers still carry the input).")
+        partial = (f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
+                   if report.deficit_withheld else "")
+        lines.append(f"Withholding gradients: even with every layer's gradient withheld, the verdict is not "
+                     f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
+                     f"input).{partial}")
     elif not report.certifying_withheld:
-        lines.append("Withholding gradients: none needed, the model is already certified.")
+        lines.append("Withholding gradients: none needed, the model is already protected.")
     else:
         lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
-                     "gives a certified deficit (found greedily: a certificate, not proven the smallest set).")
+                     f"makes the verdict protected ({ceiling}; found greedily: a certificate, not proven the "
+                     "smallest set).")
     lines.extend(_token_budget(report))
     return lines
 
@@ -71,16 +83,19 @@ def _token_budget(report: SuggestReport) -> list[str]:
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: rank bound "
-             f"{report.rank_bound:,} of {report.unknowns:,} unknowns, {report.verdict}; RA-i "
+             f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
+             f"({percent(report.recoverable_fraction)} recoverable), "
+             f"{report.verdict}; RA-i "
              f"{_shown(report.ra_i)} at {report.critical_layer}", ""]
-    header = ("edit", "target", "detail", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
-    cells = [header] + [(s.edit, s.target, s.detail, f"{s.certified_deficit:,}", _shown(s.ra_i),
+    header = ("edit", "target", "detail", "recoverable", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
+    cells = [header] + [(s.edit, s.target, s.detail, percent(s.recoverable_fraction), f"{s.certified_deficit:,}",
+                         _shown(s.ra_i),
                          s.critical_layer or "-", f"{s.delta_params:+d}",
                          s.verdict + (" (crosses)" if s.crosses_verdict else ""))
                         for s in report.suggestions[:top]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 6) else cell.ljust(widths[i])
+        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip())
     lines += ["", *_certificates(report), *_noise_lines(report),
               f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
@@ -106,7 +121,8 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    return f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,})"
+    return (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
+            f"{percent(bound.recoverable_fraction)} recoverable)")
 
 
 def compare_table(first: Result, second: Result) -> str:

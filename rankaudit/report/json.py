@@ -19,7 +19,9 @@ def to_dict(result: Result) -> dict:
         "ra_i": result.ra_i,
         "critical_layer": result.critical_layer,
         "verdict": result.verdict,
-        "identifiability": asdict(result.identifiability) if result.identifiability else None,
+        "identifiability": ({**asdict(result.identifiability),
+                             "hidden_estimate": result.identifiability.hidden_estimate}
+                            if result.identifiability else None),
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,

@@ -6,7 +6,7 @@ from rankaudit.result import LayerRow, Result
 
 HEADERS = ("", "layer", "op", "|x|", "|W|", "|z|", "V", "RA_i", "")
 RIGHT_ALIGNED = {3, 4, 5, 6, 7}
-VERDICT_COLOR = {"exposed": "31", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
+VERDICT_COLOR = {"exposed": "31", "partial": "33", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -29,13 +29,15 @@ def _notes(row: LayerRow) -> str:
 def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
     from rankaudit.findings import ra_sentence
+    from rankaudit.levels import percent
 
     bound = result.identifiability
     if bound is None:
         return [result.summary]
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
-    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns (min cut: {cut}): {verdict}. "
+    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
+            f"({percent(bound.recoverable_fraction)} recoverable, protected at most {percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
     return [head, ra_sentence(result)]
 
@@ -260,6 +262,26 @@ def _rank_gap(rank: dict) -> str:
     return "n/a" if rank["rank"] == 0 else "inf"  # JSON has no infinity: None stands for it above rank 0
 
 
+def _hidden_lines(rank: dict) -> list[str]:
+    """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
+    from rankaudit.levels import percent
+
+    inputs = [entry for sample in rank.get("samples", []) for entry in sample.get("inputs", [])]
+    if not inputs or rank.get("hidden_energy_median") is None:
+        return []
+    what = "the images'" if any(entry.get("visible_ssim") is not None for entry in inputs) else "the inputs'"
+    psnr = rank.get("visible_psnr_median")
+    ssim = rank.get("visible_ssim_median")
+    shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
+    shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+    line = (f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
+            f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)")
+    if len(inputs) > 1:
+        line += "; per input: " + ", ".join(
+            "n/a" if e.get("hidden_energy") is None else percent(e["hidden_energy"]) for e in inputs)
+    return [line]
+
+
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
     if not rank:
@@ -270,6 +292,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
     lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
+    lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")
     if not rank["reliable"]:
