@@ -14,7 +14,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models"}
+TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
+            "dp"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -31,6 +32,7 @@ class Settings:
     withheld_layers: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
+    dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -113,6 +115,8 @@ def load_settings(model_path: Path) -> Settings:
         settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    if "dp" in table:
+        settings.dp = _dp_table(pyproject, table["dp"])
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
         _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
@@ -127,3 +131,16 @@ def load_settings(model_path: Path) -> Settings:
         if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
             settings.input_shape, settings.matched_model = shape, entry["path"]
     return settings
+
+
+def _dp_table(path: Path, table) -> dict:
+    """[tool.rankaudit.dp]: the DP options under their flag names without --dp- (noise, sample-rate, prior, ...)."""
+    from rankaudit.dp import OPTION_RULES, check_option
+
+    if not isinstance(table, dict):
+        _bad(path, "dp", "a table: [tool.rankaudit.dp] noise = 1.0 ...")
+    unknown = sorted(set(table) - set(OPTION_RULES))
+    if unknown:
+        raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.dp]",
+                         "use " + ", ".join(OPTION_RULES))
+    return {key: check_option(key, value, str(path)) for key, value in table.items()}

@@ -8,7 +8,7 @@ from rankaudit.bound import identifiability
 from rankaudit.levels import (DEFAULT_FAIL_ON, DEFAULT_MAX_RECOVERABLE, FAIL_ON_CHOICES, FAILING_VERDICTS,  # noqa: F401
                               VERDICT_LEVELS, percent, verdict_level)
 from rankaudit.ops import Role
-from rankaudit.result import (Caveat, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
+from rankaudit.result import (Caveat, DPBound, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
                               PolicyOutcome, Result, SpanExposure, TokenLeakage)
 from rankaudit.trace import TracedModel
 
@@ -383,3 +383,31 @@ def safe_token_budget(layers: list[SpanExposure]) -> tuple[int | None, int | Non
         return None, None
     safe = max(layer.safe_from for layer in sent)
     return safe, -(-safe // max(1, max(layer.positions for layer in sent)))
+
+
+# --- differential privacy (spec §13): a section beside the structural verdict, and its policy rule -------------
+
+DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
+
+
+def dp_sentence(dp: DPBound) -> str:
+    """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
+    epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
+    return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
+            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
+
+
+def apply_dp(result: Result, settings) -> Result:
+    """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
+    B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
+    structural exposure."""
+    from rankaudit.dp import dp_bound
+
+    result.dp = dp_bound(settings)
+    if result.dp.within_limit is False and result.policy is not None:
+        result.policy.reasons.append(
+            f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
+            f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
+            f"`rankaudit suggest` with the same DP options names the least noise that meets it)")
+        result.policy.passed = False
+    return result

@@ -14,7 +14,7 @@ from rankaudit.findings import token_leakage
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
-from rankaudit.result import Identifiability, Result
+from rankaudit.result import DPNoiseSuggestion, Identifiability, Result
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
@@ -65,6 +65,7 @@ class SuggestReport:
     safe_token_batch: int | None = None                  # the smallest batch size reaching it at this length
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
+    noise: DPNoiseSuggestion | None = None     # with DP options: the least noise meeting --max-reconstruction
 
 
 def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[str]) -> TracedModel:

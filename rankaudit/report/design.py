@@ -27,7 +27,23 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "token_span_exposed": report.token_span_exposed, "tokens_per_batch": report.tokens_per_batch,
             "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
             "seconds": round(report.seconds, 3),
-            "suggestions": [asdict(s) for s in report.suggestions[:top]]}
+            "suggestions": [asdict(s) for s in report.suggestions[:top]],
+            "dp_noise": asdict(report.noise) if report.noise else None}
+
+
+def _noise_lines(report: SuggestReport) -> list[str]:
+    """suggest with DP options: the least noise multiplier meeting --max-reconstruction, and its ε."""
+    noise = report.noise
+    if noise is None:
+        return []
+    setting = (f"q {noise.sample_rate:g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
+               f"{noise.target:g}")
+    if noise.noise_multiplier is None:
+        return [f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search})."]
+    epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
+    floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
+    return [f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
+            f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant})."]
 
 
 def _certificates(report: SuggestReport) -> list[str]:
@@ -81,7 +97,7 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     for row in cells:
         lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip())
-    lines += ["", *_certificates(report),
+    lines += ["", *_certificates(report), *_noise_lines(report),
               f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
               + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
               report.note]

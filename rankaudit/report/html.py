@@ -243,6 +243,18 @@ def _tokens(result: Result) -> dict | None:
             "positions": max((layer.positions for layer in tokens.layers), default=0), "dager": dager}
 
 
+def _dp(result: Result) -> dict | None:
+    """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
+    from rankaudit.findings import dp_sentence
+
+    if result.dp is None:
+        return None
+    attack = (result.verification or {}).get("dp")
+    attack = attack if isinstance(attack, dict) else None
+    return {"d": result.dp, "sentence": _sentence(dp_sentence(result.dp)), "attack": attack,
+            "curve": Markup(svg.dp_curve(result.dp, attack))}
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -267,6 +279,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
                  else None),
         "defenses": _defenses(verification),
+        "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
         "has_projection": any(n.kind == "projection"

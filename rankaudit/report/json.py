@@ -44,7 +44,17 @@ def to_dict(result: Result) -> dict:
         "token_leakage": asdict(result.token_leakage) if result.token_leakage else None,
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
+        "dp": _dp(result),
     }
+
+
+def _dp(result: Result) -> dict | None:
+    """Spec §13's DP section; the HTML card's curve stays out of the contract."""
+    if result.dp is None:
+        return None
+    section = asdict(result.dp)
+    section.pop("curve")
+    return section
 
 
 def _input_shape(result: Result) -> list[int] | dict[str, list[int]]:

@@ -25,6 +25,8 @@ RULES = {
               "input width, so a span test over the vocabulary reads the batch's token set (DAGER)", "error", "7.5"),
     "RA007": ("input-partial", "A deficit is certified, but more of the input's directions than the allowed ceiling "
               "(--max-recoverable) can be recovered from one shared gradient: not protection", "warning", "6.5"),
+    "RA009": ("dp-reconstruction-bound", "The DP noise bounds a reconstruction's success only above the allowed "
+              "ceiling: B(κ) > --max-reconstruction (spec §13)", "error", "7.0"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
@@ -117,6 +119,19 @@ def _results_for(result: Result) -> list[dict]:
                       "properties": {"layers": [layer.name for layer in exposing],
                                      "tokens_per_batch": exposing[0].tokens_per_batch, "d_in": exposing[0].d_in,
                                      "safe_tokens_per_batch": tokens.safe_tokens_per_batch}})
+    dp = result.dp
+    if dp is not None and dp.within_limit is False:
+        from rankaudit.findings import dp_sentence
+
+        found.append({"ruleId": "RA009", "level": RULES["RA009"][2],
+                      "message": {"text": f"{result.model}: {dp_sentence(dp)}, above the allowed "
+                                          f"{dp.max_reconstruction:g}."},
+                      "locations": [_location(result, None)],
+                      "properties": {"level": dp.level, "noise_multiplier": dp.noise_multiplier,
+                                     "sample_rate": dp.sample_rate, "steps": dp.steps, "epsilon": dp.epsilon,
+                                     "delta": dp.delta, "prior": dp.prior,
+                                     "reconstruction_bound": dp.reconstruction_bound,
+                                     "max_reconstruction": dp.max_reconstruction}})
     for caveat in result.caveats:
         found.append({"ruleId": caveat.code, "level": "note",
                       "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
@@ -127,7 +142,7 @@ def _results_for(result: Result) -> list[dict]:
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
     used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003", "RA005", "RA006"})
+                  | {"RA003", "RA005", "RA006"} | ({"RA009"} if any(r.dp for r in results) else set()))
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

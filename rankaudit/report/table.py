@@ -193,7 +193,44 @@ def _verification_lines(result: Result) -> list[str]:
                   f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
     lines.extend(_rank_lines(result.verification.get("rank")))
     lines.extend(_dager_lines(result.verification.get("dager")))
+    lines.extend(_dp_attack_lines(result.verification.get("dp")))
     return lines
+
+
+def _dp_lines(result: Result) -> list[str]:
+    """The DP section (spec §13): what the noise bounds, beside (not instead of) the structural verdict."""
+    from rankaudit.findings import dp_sentence
+
+    dp = result.dp
+    if dp is None:
+        return []
+    unit = "a sample" if dp.level == "sample" else "a client's update"
+    lines = ["", f"{dp_sentence(dp)}.",
+             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}, sample rate {dp.sample_rate:g}, {dp.steps:,} steps; the "
+             f"unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
+             "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values())]
+    if dp.max_reconstruction is not None:
+        verdict = "within" if dp.within_limit else "ABOVE"
+        lines.append(f"  B({dp.prior:g}) = {dp.reconstruction_bound:.3g}: {verdict} --max-reconstruction "
+                     f"{dp.max_reconstruction:g}")
+    return lines
+
+
+def _dp_attack_lines(attack: dict | None) -> list[str]:
+    """--verify dp: the informed attack's success rate beside the bound it must not exceed."""
+    if not attack:
+        return []
+    low, high = attack["interval"]
+    where = ("at or below the bound" if attack["below_bound"] else
+             "the interval straddles the bound" if not attack["internal_error"] else "ABOVE the bound")
+    lines = ["", f"Verification (informed attack on the DP noise, {attack['candidates']} candidates, "
+                 f"{attack['trials']:,} trials, {attack['device']}, {attack['seconds']:.1f} s): success "
+                 f"{attack['success_rate']:.3f} (95 % interval [{low:.3f}, {high:.3f}]) against the bound "
+                 f"B(1/{attack['candidates']}) = {attack['bound']:.3f} and the prior {attack['prior']:.3g}: {where}."]
+    if attack["internal_error"]:
+        lines.append(f"  {attack['internal_error']}")
+    return lines + [f"  {note}" for note in attack["notes"]]
 
 
 def _dager_lines(dager: dict | None) -> list[str]:
@@ -348,6 +385,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     lines.extend(_label_lines(result))
     lines.extend(_token_lines(result))
     lines.extend(_span_lines(result))
+    lines.extend(_dp_lines(result))
     lines.extend(_verification_lines(result))
     lines.extend(_defense_lines(result))
     if result.caveats:
