@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify.substitute import differentiable_ops
 
 # Issue 9: the sketch is at most (n + 16) x n in float64 and its SVD about 8n³/3 flops; 16,384 unknowns (3x64x64 at
 # B = 1) is a 2 GiB sketch and 1.2e13 flops; beyond that neither the memory nor the SVD is reasonable.
@@ -212,7 +213,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
     method, used_chunk = "none", 0
     if names:
-        with _math_attention():
+        with _math_attention(), differentiable_ops():
             method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
                                               progress=progress)
     if device.type == "cuda":
