@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rankaudit.verify import finite
+
 ProgressCallback = Callable[[int, int], None]
 
 CROSS_ENTROPY = "cross-entropy"
@@ -865,9 +867,17 @@ def client_gradient(model: nn.Module, x: torch.Tensor, label: int, kind: str) ->
     model.eval()
     try:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+        def output_and_loss():
+            output = model(x.unsqueeze(0))
+            return output, client_loss(output, label, kind)
+
         with torch.enable_grad():
-            loss = client_loss(model(x.unsqueeze(0)), label, kind)
+            output, loss = output_and_loss()
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        # The attack would match a NaN target and still report an MSE: refuse, naming the op that made it.
+        finite.require_finite("--verify rgap (inverting gradients)", (output, loss), grads, model=model,
+                              rerun=output_and_loss, parameters=[p for _, p in named], inputs=x)
     finally:
         model.train(was_training)
     return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify import finite
 from rankaudit.verify.substitute import differentiable_ops
 
 # Issue 9: the sketch is at most (n + 16) x n in float64 and its SVD about 8n³/3 flops; 16,384 unknowns (3x64x64 at
@@ -210,12 +211,15 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
     # gradient values than unknowns, m + 16 rows are enough.
     rows = min(m, unknowns) + OVERSAMPLING
+    _require_finite_gradient(net, x, labels, loss, [trainable[name] for name in names])
     sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
     method, used_chunk = "none", 0
     if names:
         with _math_attention(), differentiable_ops():
             method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
                                               progress=progress)
+    if not finite.all_finite(sketch):
+        raise finite.sketch_error("--verify rank")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     sketched = time.perf_counter()
@@ -237,6 +241,21 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
         chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
         direction_singular_values=found_values)
+
+
+def _require_finite_gradient(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str,
+                             parameters: list[torch.Tensor]):
+    """The output and the shared gradient at x must be finite before anything is sketched (spec: no figure from
+    non-finite numbers); finite.py names the op that broke them."""
+    def rerun():
+        output = net(x)
+        return output, _loss(output, labels, loss)
+
+    with torch.enable_grad(), _math_attention(), differentiable_ops():
+        output, objective = rerun()
+        gradients = torch.autograd.grad(objective, parameters, allow_unused=True) if parameters else ()
+        finite.require_finite("--verify rank", (output, objective), gradients, model=net, rerun=rerun,
+                              parameters=parameters, inputs=x)
 
 
 @dataclass
