@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rankaudit.verify import finite
+from rankaudit.verify.substitute import differentiable_ops
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -954,7 +955,9 @@ def run_inverting(
                 candidates = _candidate_labels(attacked_model, target, spec, sample_shape, run_device, dtype)
                 attacked.append(_Image(_unit_targets(target, names, run_device, dtype), candidates, seed + index))
             counter = _StepCounter(step_progress, 0)
-            outcomes = _invert_images(attacked_model, names, attacked, kind, sample_shape, settings, counter)
+            # The attack differentiates the gradient again: ops without a double backward get their stand-ins.
+            with differentiable_ops():
+                outcomes = _invert_images(attacked_model, names, attacked, kind, sample_shape, settings, counter)
         finally:
             attacked_model.train(was_training)
         counter.finish()

@@ -4,8 +4,8 @@ The rank check (spec §10) and the inverting-gradients attack differentiate the 
 the model needs a derivative of its backward. A few built-in ops have none; a user cannot rewrite an op inside a
 zoo model, so while those verifiers run, :class:`differentiable_ops` (a ``TorchFunctionMode``) answers each call of
 an op in :data:`SUBSTITUTES` with a composition of ops that have one. Each composition equals the op's output and
-its first derivative everywhere except on a set of measure zero (the kinks of piecewise-linear functions, where
-autograd picks a one-sided value); tests/test_substitute.py checks both on random inputs.
+its first derivative (ATen's hardsigmoid_backward multiplies by a float32 1/6 even in float64, 3e-8 off; the
+composition's slope is exact), the kinks included; tests/test_substitute.py checks both on random inputs.
 
 Found by running forward-over-reverse and reverse-over-reverse through the activation, normalisation, pooling,
 resampling and attention families torchvision, timm and transformers use (torch 2.13, float64; see
