@@ -44,9 +44,12 @@ from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.verify import finite
 from rankaudit.verify.substitute import differentiable_ops
 
-# Issue 9: the sketch is at most (n + 16) x n in float64 and its SVD about 8n³/3 flops; 16,384 unknowns (3x64x64 at
-# B = 1) is a 2 GiB sketch and 1.2e13 flops; beyond that neither the memory nor the SVD is reasonable.
-MAX_UNKNOWNS = 16_384
+# Issue 16: how large a sketch may be follows the device's memory, not a constant. On a CPU the sketch, its
+# factorisation and the chunks of rows may take this share of the physical RAM (or of a cgroup's limit, when lower):
+# the rest is the operating system's and the other jobs'.
+CPU_RAM_SHARE = 0.5
+# On CUDA they may take this share of the memory free when the check starts (the allocator needs slack).
+CUDA_SKETCH_SHARE = 0.8
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
 # for any p >= 0; p = 16 keeps the smallest kept singular value of S close to J's (a square Gaussian is
 # ill-conditioned).
@@ -125,15 +128,89 @@ def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None
     return trainable
 
 
-def check_size(unknowns: int, input_shape: tuple[int, ...], batch_size: int):
-    """Refuse sketches beyond MAX_UNKNOWNS, before any work."""
-    if unknowns > MAX_UNKNOWNS:
-        shape = "x".join(str(d) for d in input_shape)
-        raise UsageError(
-            f"--verify rank needs an (n + {OVERSAMPLING}) x n float64 sketch and its SVD, and n = {batch_size} x "
-            f"{shape} = {unknowns:,} unknowns is above the {MAX_UNKNOWNS:,} it supports",
-            "a convolutional or patch-based model is resolution-independent: check it at a lower resolution with "
-            "--input-shape (e.g. 3,64,64 at batch size 1, 3,32,32 up to batch size 5), or lower --batch-size")
+def sketch_bytes(rows: int, unknowns: int, *, vectors: bool = False) -> int:
+    """Bytes the float64 sketch and its factorisation hold at once.
+
+    The rows x n sketch, and the column-major copy LAPACK's QR or SVD factors (16 bytes per entry); with the
+    invisible directions asked for (--artifacts), also the SVD's n x n right and rows x min(rows, n) left vectors
+    and gesdd's workspace of about 3·min(rows, n)² values.
+    """
+    total = 16 * rows * unknowns
+    if vectors:
+        smaller = min(rows, unknowns)
+        total += 8 * (unknowns * unknowns + rows * smaller + 3 * smaller * smaller)
+    return total
+
+
+def memory_budget(device: str | torch.device) -> tuple[int, str]:
+    """(bytes the rank check may use on ``device``, how that figure was reached)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(CUDA_SKETCH_SHARE * free), f"{CUDA_SKETCH_SHARE:.0%} of the GPU's {free / 2 ** 30:.1f} GiB free"
+    physical, where = _physical_memory()
+    # The chunks of rows take up to CPU_CHUNK_BYTES besides the sketch.
+    return (max(0, int(CPU_RAM_SHARE * physical) - CPU_CHUNK_BYTES),
+            f"{CPU_RAM_SHARE:.0%} of the {physical / 2 ** 30:.1f} GiB of {where}, less "
+            f"{CPU_CHUNK_BYTES / 2 ** 30:.1f} GiB for the chunks of rows")
+
+
+def _physical_memory() -> tuple[int, str]:
+    """The machine's RAM, or a cgroup's memory limit when that is lower (containers, CI runners)."""
+    try:
+        physical, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM"
+    except (AttributeError, ValueError, OSError):
+        try:
+            import psutil
+        except ImportError:
+            raise UsageError("cannot tell how much RAM this machine has (no os.sysconf, no psutil)",
+                             'pip install "rankaudit[bench]" (psutil), or run --verify rank with --device cuda') \
+                from None
+        physical, where = int(psutil.virtual_memory().total), "RAM"
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < physical:
+            physical, where = int(text), "this container's memory limit"
+        break
+    return physical, where
+
+
+def check_size(unknowns: int, rows: int, input_shape: tuple[int, ...], batch_size: int, *,
+               device: str | torch.device = "cpu", vectors: bool = False):
+    """Refuse a sketch whose float64 matrix and factorisation do not fit the device's memory budget, before any
+    work; the message gives both figures and the fixes."""
+    needed = sketch_bytes(rows, unknowns, vectors=vectors)
+    budget, rule = memory_budget(device)
+    if needed <= budget:
+        return
+    shape = "x".join(str(d) for d in input_shape)
+    device = torch.device(device)
+    fixes = ("check it at a lower resolution with --input-shape (a convolutional or patch-based model is "
+             "resolution-independent), or lower --batch-size")
+    if device.type == "cpu":
+        fixes += "; or use --device cuda on a machine whose GPU has the memory"
+    raise UsageError(
+        f"--verify rank needs {needed / 2 ** 30:.1f} GiB for its {rows:,} x {unknowns:,} float64 sketch and its "
+        f"{'SVD with vectors' if vectors else 'factorisation'} (n = {batch_size} x {shape} = {unknowns:,} unknowns), "
+        f"more than the {budget / 2 ** 30:.1f} GiB it may use on {device.type} ({rule})", fixes)
+
+
+def largest_unknowns(budget: int, *, vectors: bool = False) -> int:
+    """The most unknowns whose sketch (n + 16 rows, the most it ever has) fits ``budget`` bytes (README's table)."""
+    low, high = 0, 1
+    while sketch_bytes(high + OVERSAMPLING, high, vectors=vectors) <= budget:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if sketch_bytes(middle + OVERSAMPLING, middle, vectors=vectors) <= budget:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def loss_name_for(logits_per_sample: int) -> str:
@@ -185,11 +262,10 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows.
 
-    Raises UsageError beyond MAX_UNKNOWNS and ModelLoadError (exit 3) when an op has no double backward.
+    Raises UsageError when the sketch does not fit the device's memory (check_size) and ModelLoadError (exit 3) when an op has no double backward.
     """
     device = torch.device(device)
     unknowns = int(images.numel())
-    check_size(unknowns, tuple(images.shape[1:]), int(images.shape[0]))
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
     started = time.perf_counter()
@@ -211,6 +287,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
     # gradient values than unknowns, m + 16 rows are enough.
     rows = min(m, unknowns) + OVERSAMPLING
+    check_size(unknowns, rows, tuple(images.shape[1:]), int(images.shape[0]), device=device, vectors=directions > 0)
     _require_finite_gradient(net, x, labels, loss, [trainable[name] for name in names])
     sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
     method, used_chunk = "none", 0

@@ -487,8 +487,6 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
                          "token ids are discrete: the token-leakage finding covers them; use --verify rank on "
                          "models with a single float input")
     batch = result.batch_size
-    unknowns = batch * math.prod(result.input_shape)
-    rank.check_size(unknowns, tuple(result.input_shape), batch)
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
