@@ -384,3 +384,54 @@ def test_model_outputs_with_logits_attributes_and_tuples():
     images, labels = _batch(1)
     assert rank.measure(Wrapped(True).double(), images, labels).rank == 16
     assert rank.measure(Wrapped(False).double(), images, labels).rank == 16
+
+
+class NearlyDependent(nn.Module):
+    """x -> a frozen mixing matrix with singular values 1, 1, 1, `small` -> tanh MLP. The direction scaled by `small`
+    reaches the shared gradients (hidden, out) only through that factor, so it sets σ_min(J) ≈ small·σ_max."""
+
+    def __init__(self, small: float):
+        super().__init__()
+        q, _ = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+        self.mix = nn.Linear(4, 4, bias=False)
+        scales = torch.tensor([1.0, 1.0, 1.0, small], dtype=torch.float64)
+        self.mix.weight.data = (q @ torch.diag(scales) @ q.T).float()
+        self.mix.weight.requires_grad_(False)
+        self.hidden = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(self.mix(x))))
+
+
+@pytest.mark.parametrize("small, precision, why", [
+    (1.0, "float32", "float32: full rank with σ_min"),
+    # σ_min about 3x float32's error floor: full rank in float32 too, but inside the margin of 10.
+    (1e-5, "float64", "is only"),
+    # σ_min below float32's tolerance: float32 shows rank 3, float64 resolves the fourth direction (gap ~1e7).
+    (1e-7, "float64", "showed rank 3 of 4"),
+], ids=["well-conditioned", "inside-the-margin", "below-float32"])
+def test_precision_float32_is_kept_only_when_it_shows_full_rank_with_a_margin(small, precision, why):
+    torch.manual_seed(0)
+    model = NearlyDependent(small)
+    x = torch.rand(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    chosen = rank.measure(model, x, torch.tensor([1]), precision="auto")
+    reference = rank.measure(model, x, torch.tensor([1]), precision="float64")
+    assert (chosen.rank, reference.rank) == (4, 4) and chosen.reliable and reference.reliable
+    assert chosen.precision == precision and why in chosen.precision_note
+    assert reference.precision == "float64" and reference.precision_note == "float64 asked for"
+    if precision == "float32":
+        # Stated in float64's terms: the gap is a lower bound of the float64 sketch's gap.
+        assert chosen.tolerance == pytest.approx(reference.tolerance, rel=1e-3)
+        assert 0.9 * reference.gap <= chosen.gap <= reference.gap
+    else:
+        assert chosen.gap == reference.gap
+
+
+def test_the_rank_line_and_json_say_which_precision_settled_the_rank(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--format", "json")
+    verification = json.loads(out)["verification"]["rank"]
+    assert verification["precision"] == "float32" and verification["rank"] == 784
+    assert verification["precision_note"].startswith("float32: full rank")
+    code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--rank-precision", "float64")
+    assert "rank 784 / 784 unknowns" in out and " on cpu in float64: " in out

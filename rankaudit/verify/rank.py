@@ -58,6 +58,11 @@ OVERSAMPLING = 16
 # depends on where the tolerance falls: flag it.
 RELIABLE_GAP = 1e3
 MAX_DIRECTIONS = 16
+# --verify rank's precision choice (see _float32_attempt): a float32 sketch shows full rank when its σ_min clears
+# float32's error floor this many times over; PRECISION_PROBE_ROWS rows recomputed in float64 measure that error.
+PRECISIONS = ("auto", "float64", "float32")
+FLOAT32_MARGIN = 10.0
+PRECISION_PROBE_ROWS = 8
 # On a CPU there is no allocator to ask; one chunk of rows may take about this much memory.
 CPU_CHUNK_BYTES = 1536 * 2 ** 20
 # On CUDA, a chunk may take this share of the memory that is free after a probe chunk.
@@ -97,6 +102,8 @@ class RankMeasurement:
     # `directions` of them, smallest first), with their singular values; empty at full rank.
     directions: np.ndarray | None = None
     direction_singular_values: list[float] = field(default_factory=list)
+    precision: str = "float64"     # the sketch whose spectrum gave the rank: float32 (accepted) | float64
+    precision_note: str = ""       # why that precision
 
 
 def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
@@ -251,7 +258,8 @@ def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
 
 def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared: Iterable[str] | None = None, *,
             device: str | torch.device = "cpu", seed: int = 0, loss: str | None = None, directions: int = 0,
-            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None) -> RankMeasurement:
+            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None,
+            precision: str = "float64") -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
     g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
@@ -260,7 +268,10 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     statistics, as the other verifiers do); attention runs under the math SDPA backend, the only one with a
     double backward. ``directions``: also return up to that many right singular vectors of dropped singular
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
-    to the device's free memory). ``progress(done, total)`` runs after each chunk of rows.
+    to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``precision``:
+    "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
+    least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see
+    _float32_attempt) or "float32" (unchecked; for benchmarks).
 
     Raises UsageError when the sketch does not fit the device's memory (check_size) and ModelLoadError (exit 3) when an op has no double backward.
     """
@@ -289,18 +300,28 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     rows = min(m, unknowns) + OVERSAMPLING
     check_size(unknowns, rows, tuple(images.shape[1:]), int(images.shape[0]), device=device, vectors=directions > 0)
     _require_finite_gradient(net, x, labels, loss, [trainable[name] for name in names])
-    sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
-    method, used_chunk = "none", 0
-    if names:
-        with _math_attention(), differentiable_ops():
-            method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
-                                              progress=progress)
-    if not finite.all_finite(sketch):
-        raise finite.sketch_error("--verify rank")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    sketched = time.perf_counter()
-    spectrum = _spectrum(sketch, want_vectors=directions > 0)
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(PRECISIONS)}")
+    accepted, precision_note = None, "float64 asked for"
+    if names and precision != "float64":
+        accepted, precision_note = _float32_attempt(net, x, labels, loss, names, rows, seed=seed,
+                                                    chunk_rows=chunk_rows, progress=progress,
+                                                    checked=precision == "auto")
+    if accepted is not None:
+        method, used_chunk, spectrum, sketched = accepted
+    else:
+        sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
+        method, used_chunk = "none", 0
+        if names:
+            with _math_attention(), differentiable_ops():
+                method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed,
+                                                  chunk_rows=chunk_rows, progress=progress)
+        if not finite.all_finite(sketch):
+            raise finite.sketch_error("--verify rank")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        sketched = time.perf_counter()
+        spectrum = _spectrum(sketch, want_vectors=directions > 0)
     rank, found, found_values = spectrum.rank, None, []
     if spectrum.right_vectors is not None and rank < unknowns:
         # Rows of Vh past the rank span the null space of S, which is the null space of J.
@@ -317,7 +338,63 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
         chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
-        direction_singular_values=found_values)
+        direction_singular_values=found_values, precision="float32" if accepted is not None else "float64",
+        precision_note=precision_note)
+
+
+def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str], rows: int, *,
+                     seed: int, chunk_rows: int | None, progress, checked: bool):
+    """((method, chunk rows, spectrum, time sketched) when the float32 sketch settles the rank, else None; why).
+
+    A float32 sketch S32 = S + E can only show full rank: by Weyl's inequality σ_min(S) >= σ_min(S32) - ‖E‖₂, so
+    σ_min(S32) well above ‖E‖₂ means S (and J) has full rank too; a float32 deficit proves nothing, because float64
+    resolves directions twelve orders of magnitude below σ_max and float32 only about six. ‖E‖₂ is bounded two
+    ways and the larger taken: float32's tolerance (the LAPACK rule with float32's eps) and the measured error,
+    PRECISION_PROBE_ROWS rows recomputed in float64 (same Gaussian rows): their relative error times ‖S32‖_F.
+    Accepted when σ_min(S32) >= FLOAT32_MARGIN times that; otherwise the caller recomputes in float64. An accepted
+    spectrum is stated in float64's terms: float64's tolerance, and the gap σ_min(S)'s lower bound over it.
+    """
+    started = time.perf_counter()
+    unknowns = x.numel()
+    single, x32 = copy.deepcopy(net).float(), x.float()
+    sketch = torch.zeros(rows, unknowns, dtype=torch.float32, device=x.device)
+    with _math_attention(), differentiable_ops():
+        method, used_chunk = _fill_sketch(single, x32, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
+                                          progress=progress)
+    if not finite.all_finite(sketch):
+        return None, "the float32 sketch overflowed, so the rank was computed in float64"
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+    sketched = time.perf_counter()
+    spectrum = _spectrum(sketch, want_vectors=False)
+    if not checked:
+        return (method, used_chunk, spectrum, sketched), "float32 asked for (not checked against float64)"
+    seconds = f"{time.perf_counter() - started:.1f} s"
+    if spectrum.rank < unknowns or spectrum.sigma_min_kept is None:
+        return None, (f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; a deficit needs "
+                      "float64's resolution, so the rank was computed in float64")
+    probe = min(PRECISION_PROBE_ROWS, rows)
+    exact = torch.zeros(probe, unknowns, dtype=torch.float64, device=x.device)
+    with _math_attention(), differentiable_ops():
+        _fill_sketch(net, x, labels, loss, names, exact, seed=seed, chunk_rows=chunk_rows, progress=None)
+    relative = float((sketch[:probe].double() - exact).norm() / exact.norm().clamp_min(1e-300))
+    error = relative * float(sketch.double().norm())
+    single_tolerance = spectrum.tolerance
+    floor = max(single_tolerance, error)
+    clearance = spectrum.sigma_min_kept / floor if floor > 0 else math.inf
+    if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
+        # Reported in float64's terms, so the gap means what it means for a float64 sketch: float64's tolerance,
+        # and the smallest σ_min(S) that Weyl's inequality allows (σ_min(S32) less the error floor).
+        tolerance = spectrum.sigma_max * max(sketch.shape) * float(torch.finfo(torch.float64).eps)
+        spectrum = _Spectrum(spectrum.rank, tolerance, (spectrum.sigma_min_kept - floor) / tolerance,
+                             spectrum.sigma_max, spectrum.sigma_min_kept, spectrum.values, None, spectrum.how)
+        return (method, used_chunk, spectrum, sketched), (
+            f"float32: full rank with σ_min {spectrum.sigma_min_kept:.3g}, {clearance:.3g}x above float32's floor "
+            f"{floor:.3g} (the larger of its tolerance {single_tolerance:.3g} and its measured error {error:.3g}, "
+            f"{relative:.2g} of the sketch over {probe} rows recomputed in float64); margin {FLOAT32_MARGIN:g}")
+    return None, (f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
+                  f"{clearance:.3g}x above float32's floor {floor:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
+                  "computed in float64")
 
 
 def _require_finite_gradient(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str,
@@ -348,7 +425,7 @@ class _Spectrum:
 
 
 def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
-    return sigma_max * max(sketch.shape) * float(np.finfo(np.float64).eps)
+    return sigma_max * max(sketch.shape) * float(torch.finfo(sketch.dtype).eps)
 
 
 def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
@@ -470,7 +547,7 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-        directions = _gaussian_rows(done, count, shapes, seed, generator)
+        directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype)
         try:
             if slow is None:
                 try:
@@ -505,8 +582,9 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
 
 
 def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: int,
-                   generator: torch.Generator) -> list[torch.Tensor]:
-    """Rows first .. first + count - 1 of R, cut into one (count, *shape) float64 tensor per shared parameter.
+                   generator: torch.Generator, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
+    """Rows first .. first + count - 1 of R, cut into one (count, *shape) tensor of ``dtype`` per shared parameter
+    (the float32 and the float64 sketch use the same R).
 
     Each row has its own seed, so R is the same however it is chunked (the CPU's normal sampler fills blocks of
     16: one stream cut at other places gives other numbers). Drawn in float32, then widened: every entry is still
@@ -520,7 +598,7 @@ def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: 
         generator.manual_seed((seed * 2 ** 24 + first + offset) % 2 ** 63)
         drawn[offset].normal_(generator=generator)
     # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
-    return [torch.empty((count, *shape), device=drawn.device, dtype=torch.float64).copy_(block.view(count, *shape))
+    return [torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
             for block, shape in zip(drawn.split(sizes, dim=1), shapes)]
 
 

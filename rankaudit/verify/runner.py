@@ -471,7 +471,8 @@ def _rank_inputs(result: Result, data: str | None, count: int, seed: int) -> tup
 
 def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
                 data: str | None = None, artifacts: str | None = None, show_progress: bool = True,
-                shared_layers: list[str] | None = None, withheld_layers: list[str] | None = None) -> dict:
+                shared_layers: list[str] | None = None, withheld_layers: list[str] | None = None,
+                precision: str = "auto") -> dict:
     """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank); fill result.verification['rank'].
 
     Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
@@ -501,15 +502,16 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         for number, part in enumerate(batches):
             measurements.append(rank.measure(
                 model, images[part], labels[part], shared, device=device, seed=seed + number, loss=loss,
-                directions=rank.MAX_DIRECTIONS if artifacts else 0,
+                directions=rank.MAX_DIRECTIONS if artifacts else 0, precision=precision,
                 progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows)))
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
     bound = rank.bound_check(result.identifiability, headline.rank)
     notes = [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
              f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
-             f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in float64, "
+             f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in {headline.precision}, "
              f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}"]
+    notes.append(f"precision: {headline.precision_note}")
     if not headline.reliable:
         notes.append(f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
                      "depends on where the tolerance falls")
@@ -521,7 +523,9 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     saved = rank.save_directions(artifacts, headline) if artifacts else []
     verification = {
         "unknowns": headline.unknowns, "rank": headline.rank, "deficit": headline.deficit,
-        "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE, "gap": _finite(headline.gap or math.nan),
+        "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE,
+        "precision": headline.precision, "precision_note": headline.precision_note,
+        "precisions": [m.precision for m in measurements], "gap": _finite(headline.gap or math.nan),
         "reliable": headline.reliable, "sigma_max": headline.sigma_max, "sigma_min_kept": headline.sigma_min_kept,
         "seconds": round(sum(m.seconds for m in measurements), 3), "device": headline.device,
         "method": headline.method, "spectrum": headline.spectrum, "sketch_rows": headline.sketch_rows,
