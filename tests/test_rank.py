@@ -395,6 +395,8 @@ class NearlyDependent(nn.Module):
         q, _ = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
         self.mix = nn.Linear(4, 4, bias=False)
         scales = torch.tensor([1.0, 1.0, 1.0, small], dtype=torch.float64)
+        if small == 0:
+            q = torch.eye(4, dtype=torch.float64)   # an exactly dependent direction: x's last entry is never read
         self.mix.weight.data = (q @ torch.diag(scales) @ q.T).float()
         self.mix.weight.requires_grad_(False)
         self.hidden = nn.Linear(4, 6)
@@ -404,20 +406,21 @@ class NearlyDependent(nn.Module):
         return self.out(torch.tanh(self.hidden(self.mix(x))))
 
 
-@pytest.mark.parametrize("small, precision, why", [
-    (1.0, "float32", "float32: full rank with σ_min"),
-    # σ_min about 3x float32's error floor: full rank in float32 too, but inside the margin of 10.
-    (1e-5, "float64", "is only"),
-    # σ_min below float32's tolerance: float32 shows rank 3, float64 resolves the fourth direction (gap ~1e7).
-    (1e-7, "float64", "showed rank 3 of 4"),
-], ids=["well-conditioned", "inside-the-margin", "below-float32"])
-def test_precision_float32_is_kept_only_when_it_shows_full_rank_with_a_margin(small, precision, why):
+@pytest.mark.parametrize("small, precision, why, expected", [
+    (1.0, "float32", "float32 rows: full rank with σ_min", 4),
+    # σ_min ≈ 3e-6 against float32 rows off by about 1e-6: full rank in float32 too, but inside the margin of 10.
+    (1e-6, "float64", "is only", 4),
+    # Exactly dependent (the last input is never read): the float32 sketch shows the deficit too, and a deficit is
+    # only ever settled in float64.
+    (0.0, "float64", "showed rank 3 of 4", 3),
+], ids=["well-conditioned", "inside-the-margin", "dependent"])
+def test_precision_float32_is_kept_only_when_it_shows_full_rank_with_a_margin(small, precision, why, expected):
     torch.manual_seed(0)
     model = NearlyDependent(small)
     x = torch.rand(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     chosen = rank.measure(model, x, torch.tensor([1]), precision="auto")
     reference = rank.measure(model, x, torch.tensor([1]), precision="float64")
-    assert (chosen.rank, reference.rank) == (4, 4) and chosen.reliable and reference.reliable
+    assert (chosen.rank, reference.rank) == (expected, expected) and chosen.reliable and reference.reliable
     assert chosen.precision == precision and why in chosen.precision_note
     assert reference.precision == "float64" and reference.precision_note == "float64 asked for"
     if precision == "float32":
@@ -432,6 +435,6 @@ def test_the_rank_line_and_json_say_which_precision_settled_the_rank(run_cli):
     code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--format", "json")
     verification = json.loads(out)["verification"]["rank"]
     assert verification["precision"] == "float32" and verification["rank"] == 784
-    assert verification["precision_note"].startswith("float32: full rank")
+    assert verification["precision_note"].startswith("float32 rows: full rank")
     code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--rank-precision", "float64")
     assert "rank 784 / 784 unknowns" in out and " on cpu in float64: " in out

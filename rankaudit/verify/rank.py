@@ -344,56 +344,57 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
 
 def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str], rows: int, *,
                      seed: int, chunk_rows: int | None, progress, checked: bool):
-    """((method, chunk rows, spectrum, time sketched) when the float32 sketch settles the rank, else None; why).
+    """((method, chunk rows, spectrum, time sketched) when a float32 sketch settles the rank, else None; why).
 
-    A float32 sketch S32 = S + E can only show full rank: by Weyl's inequality σ_min(S) >= σ_min(S32) - ‖E‖₂, so
-    σ_min(S32) well above ‖E‖₂ means S (and J) has full rank too; a float32 deficit proves nothing, because float64
-    resolves directions twelve orders of magnitude below σ_max and float32 only about six. ‖E‖₂ is bounded two
-    ways and the larger taken: float32's tolerance (the LAPACK rule with float32's eps) and the measured error,
-    PRECISION_PROBE_ROWS rows recomputed in float64 (same Gaussian rows): their relative error times ‖S32‖_F.
-    Accepted when σ_min(S32) >= FLOAT32_MARGIN times that; otherwise the caller recomputes in float64. An accepted
-    spectrum is stated in float64's terms: float64's tolerance, and the gap σ_min(S)'s lower bound over it.
+    The rows (the double backward, where the time goes) run in float32; the factorisation runs in float64 on the
+    widened sketch S32 = S + E, so the only float32 error is E. Such a sketch can only show full rank: by Weyl's
+    inequality σ_min(S) >= σ_min(S32) - ‖E‖₂, so σ_min(S32) well above ‖E‖₂ means S (and J) has full rank too; a
+    deficit seen in float32 proves nothing (float64 resolves directions twelve orders of magnitude below σ_max,
+    float32 about six). ‖E‖₂ <= ‖E‖_F is estimated from PRECISION_PROBE_ROWS rows recomputed in float64 (the same
+    Gaussian rows): the largest relative error of a row times ‖S32‖_F. Accepted when σ_min(S32) >= FLOAT32_MARGIN
+    times that estimate (and above float64's tolerance); otherwise the caller recomputes in float64. The gap of an
+    accepted sketch is σ_min(S)'s lower bound σ_min(S32) - ‖E‖ over float64's tolerance.
     """
     started = time.perf_counter()
     unknowns = x.numel()
-    single, x32 = copy.deepcopy(net).float(), x.float()
+    single = copy.deepcopy(net).float()
     sketch = torch.zeros(rows, unknowns, dtype=torch.float32, device=x.device)
     with _math_attention(), differentiable_ops():
-        method, used_chunk = _fill_sketch(single, x32, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
-                                          progress=progress)
+        method, used_chunk = _fill_sketch(single, x.float(), labels, loss, names, sketch, seed=seed,
+                                          chunk_rows=chunk_rows, progress=progress)
+    del single
     if not finite.all_finite(sketch):
         return None, "the float32 sketch overflowed, so the rank was computed in float64"
+    wide = sketch.double()
+    del sketch
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
     sketched = time.perf_counter()
-    spectrum = _spectrum(sketch, want_vectors=False)
+    spectrum = _spectrum(wide, want_vectors=False)
     if not checked:
-        return (method, used_chunk, spectrum, sketched), "float32 asked for (not checked against float64)"
+        return (method, used_chunk, spectrum, sketched), "float32 rows asked for (not checked against float64)"
     seconds = f"{time.perf_counter() - started:.1f} s"
     if spectrum.rank < unknowns or spectrum.sigma_min_kept is None:
-        return None, (f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; a deficit needs "
-                      "float64's resolution, so the rank was computed in float64")
+        return None, (f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; only float64 can "
+                      "settle a deficit, so the rank was computed in float64")
     probe = min(PRECISION_PROBE_ROWS, rows)
     exact = torch.zeros(probe, unknowns, dtype=torch.float64, device=x.device)
     with _math_attention(), differentiable_ops():
         _fill_sketch(net, x, labels, loss, names, exact, seed=seed, chunk_rows=chunk_rows, progress=None)
-    relative = float((sketch[:probe].double() - exact).norm() / exact.norm().clamp_min(1e-300))
-    error = relative * float(sketch.double().norm())
-    single_tolerance = spectrum.tolerance
-    floor = max(single_tolerance, error)
-    clearance = spectrum.sigma_min_kept / floor if floor > 0 else math.inf
+    row_errors = (wide[:probe] - exact).norm(dim=1) / exact.norm(dim=1).clamp_min(1e-300)
+    relative = float(row_errors.max())
+    error = relative * float(wide.norm())
+    clearance = spectrum.sigma_min_kept / error if error > 0 else math.inf
     if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
-        # Reported in float64's terms, so the gap means what it means for a float64 sketch: float64's tolerance,
-        # and the smallest σ_min(S) that Weyl's inequality allows (σ_min(S32) less the error floor).
-        tolerance = spectrum.sigma_max * max(sketch.shape) * float(torch.finfo(torch.float64).eps)
-        spectrum = _Spectrum(spectrum.rank, tolerance, (spectrum.sigma_min_kept - floor) / tolerance,
-                             spectrum.sigma_max, spectrum.sigma_min_kept, spectrum.values, None, spectrum.how)
+        lower = spectrum.sigma_min_kept - error
+        spectrum = _Spectrum(spectrum.rank, spectrum.tolerance, lower / spectrum.tolerance if spectrum.tolerance
+                             else math.inf, spectrum.sigma_max, lower, spectrum.values, None, spectrum.how)
         return (method, used_chunk, spectrum, sketched), (
-            f"float32: full rank with σ_min {spectrum.sigma_min_kept:.3g}, {clearance:.3g}x above float32's floor "
-            f"{floor:.3g} (the larger of its tolerance {single_tolerance:.3g} and its measured error {error:.3g}, "
-            f"{relative:.2g} of the sketch over {probe} rows recomputed in float64); margin {FLOAT32_MARGIN:g}")
+            f"float32 rows: full rank with σ_min {spectrum.sigma_min_kept + error:.3g}, {clearance:.3g}x the "
+            f"float32 error {error:.3g} (rows off by up to {relative:.2g} of their norm against {probe} rows "
+            f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}")
     return None, (f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
-                  f"{clearance:.3g}x above float32's floor {floor:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
+                  f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
                   "computed in float64")
 
 
