@@ -107,10 +107,10 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
 
 
 def test_device_memory_budget_and_non_finite_refusal_on_cuda(run_cli, tmp_path):
-    from rankaudit.verify import rank
+    from rankaudit.verify import budget
 
-    budget, rule = rank.memory_budget("cuda")
-    assert budget > 0 and "free" in rule
+    available, rule = budget.memory_budget("cuda")
+    assert available > 0 and "free" in rule
     path = tmp_path / "net.py"
     path.write_text("import torch\nimport torch.nn as nn\nINPUT_SHAPE = (1, 4, 4)\n\n\nclass Net(nn.Module):\n"
                     "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(16, 4)\n\n"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from conftest import EXAMPLES, measured_rank
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.verify import rank
+from rankaudit.verify import budget, rank
 
 MODERN_EXAMPLES = ["densenet_tiny", "inception_tiny", "se_tiny", "convnext_tiny", "mixer_tiny", "vit_tiny"]
 
@@ -320,7 +320,7 @@ def test_the_internal_error_reaches_stderr_even_with_quiet(run_cli, tiny_file, m
 def test_a_sketch_beyond_the_devices_memory_is_refused_with_the_figures(run_cli, monkeypatch):
     """A 4 GiB machine: half of it, less 1.5 GiB for the chunks, is 0.5 GiB; CNN6 at B = 6 needs 18,448 x 18,432
     float64 values twice over, 5.1 GiB."""
-    monkeypatch.setattr(rank, "_physical_memory", lambda: (4 * 2 ** 30, "RAM"))
+    monkeypatch.setattr(budget, "_physical_memory", lambda: (4 * 2 ** 30, "RAM"))
     code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6", "--device", "cpu")
     assert code == 2 and err.count("\n") == 1
     assert ("needs 5.1 GiB for its 18,448 x 18,432 float64 sketch and its factorisation (n = 6 x 3x32x32 = 18,432 "
@@ -330,11 +330,12 @@ def test_a_sketch_beyond_the_devices_memory_is_refused_with_the_figures(run_cli,
 
 def test_the_memory_formula_and_the_readme_table_agree():
     """README's sizes: a 24 GB CPU machine, an 80 GB and a 141 GB GPU (all of it free)."""
-    cpu = int(rank.CPU_RAM_SHARE * 24e9) - rank.CPU_CHUNK_BYTES
-    gpu80, gpu141 = (int(rank.CUDA_SKETCH_SHARE * size) for size in (80e9, 141e9))
-    assert [rank.largest_unknowns(b) for b in (cpu, gpu80, gpu141)] == [25_474, 63_237, 83_956]
-    assert [rank.largest_unknowns(b, vectors=True) for b in (cpu, gpu80, gpu141)] == [13_617, 33_802, 44_877]
-    assert rank.sketch_bytes(3088, 3072) == 16 * 3088 * 3072
+    cpu = int(budget.CPU_RAM_SHARE * 24e9) - budget.CPU_CHUNK_BYTES
+    gpu80, gpu141 = (int(budget.CUDA_SKETCH_SHARE * size) for size in (80e9, 141e9))
+    extra = rank.OVERSAMPLING
+    assert [budget.largest_unknowns(b, extra) for b in (cpu, gpu80, gpu141)] == [25_474, 63_237, 83_956]
+    assert [budget.largest_unknowns(b, extra, vectors=True) for b in (cpu, gpu80, gpu141)] == [13_617, 33_802, 44_877]
+    assert budget.sketch_bytes(3088, 3072) == 16 * 3088 * 3072
 
 
 def test_a_defense_needs_an_attack_it_applies_to(run_cli, tiny_file):

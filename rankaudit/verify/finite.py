@@ -9,7 +9,7 @@ is named in a one-line :class:`NonFiniteError` (exit 3). Found by re-running wit
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
