@@ -14,7 +14,10 @@ Targets (issues 3, 4 and 9):
   4. the rank check (--verify rank) of CNN6, n = 3072, in under 60 s on the CPU;
   5. on a GPU, the rank check of a ResNet-18 (11.2 M parameters, 3x32x32) in under 30 s;
   6. the optimisation attack on 8 CNN6 images (1000 steps x 2 restarts) at least 10x faster on the GPU than on the
-     CPU of the same machine.
+     CPU of the same machine;
+  7. (issue 16, part "mobile") depthwise-heavy nets: on a GPU the rank check of the MobileNetV2-style network
+     (benchmarks/models/mobilenetv2_32.py, 3x32x32) in under 60 s with --rank-precision auto; on the CPU, the cost
+     per sketch row in float64 and float32 rows, and the share of the convolutions in a profiled chunk.
 Targets 1-3 run on --device; 4 and the CPU side of 6 on the CPU; 5 and the GPU side of 6 only where CUDA is present
 (their rows say "no GPU" elsewhere). Both sides of each comparison run in one process, on the same images and
 weights; every timed attack is preceded by a short untimed run on its device (CUDA context, kernel selection, lazy
@@ -92,14 +95,14 @@ def bench_gdbr(device: str, trials: int, seed: int) -> dict:
             "cls_acc": outcome.cls_acc, "device": outcome.device}
 
 
-PARTS = ("rgap", "gdbr", "rank", "devices")
+PARTS = ("rgap", "gdbr", "rank", "devices", "mobile")
 
 
 def cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
-def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int) -> dict:
+def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int, precision: str = "float64") -> dict:
     """One rank check at batch size 1 on a real image, as `--verify rank` runs it."""
     if rank is None:
         return {"model": label, "skipped": "rankaudit.verify.rank is not in this tree"}
@@ -112,11 +115,12 @@ def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int) -> di
         rank.measure(model, image, labels, device=device, seed=seed, chunk_rows=4)  # warm-up, untimed
         torch.cuda.synchronize()
     started = time.perf_counter()
-    measured = rank.measure(model, image, labels, device=device, seed=seed)
+    measured = rank.measure(model, image, labels, device=device, seed=seed, precision=precision)
     wall = time.perf_counter() - started
     return {"model": label, "images": source, "device": measured.device, "parameters": measured.shared_gradient_size,
             "unknowns": measured.unknowns, "rank": measured.rank, "deficit": measured.deficit, "gap": measured.gap,
-            "method": measured.method, "chunk_rows": measured.chunk_rows, "seconds": measured.seconds, "wall": wall}
+            "method": measured.method, "chunk_rows": measured.chunk_rows, "seconds": measured.seconds, "wall": wall,
+            "precision": measured.precision}
 
 
 def bench_inverting_devices(images: int, steps: int, seed: int) -> dict:
@@ -140,6 +144,41 @@ def bench_inverting_devices(images: int, steps: int, seed: int) -> dict:
     return {"model": "examples/cnn6.py", "images": source, "count": images, "steps": steps, "restarts": 2,
             "cpu": sides["cpu"], "cuda": gpu, "speedup": sides["cpu"]["wall"] / gpu["wall"] if gpu else None,
             "gpu_name": torch.cuda.get_device_name(0) if gpu else None}
+
+
+def bench_mobile_rows(seed: int, rows: int = 16) -> dict:
+    """Per-row cost of the rank sketch (forward-over-reverse, one chunk of `rows`) of the MobileNetV2-style network
+    on the CPU, float64 against float32, and the share of convolution kernels in a profile of the float64 chunk."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(REPO / "benchmarks" / "models"))
+    from mobilenetv2_32 import MobileNetV2Narrow
+
+    from rankaudit.verify.substitute import differentiable_ops
+
+    torch.manual_seed(seed)
+    model = MobileNetV2Narrow().eval()
+    image = torch.rand((1, 3, 32, 32), generator=torch.Generator().manual_seed(seed))
+    out: dict = {"model": "benchmarks/models/mobilenetv2_32.py", "rows": rows,
+                 "parameters": sum(p.numel() for p in model.parameters())}
+    for dtype in (torch.float64, torch.float32):
+        net = model.to(dtype)
+        names = [name for name, _ in net.named_parameters()]
+        sketch_rows = rank._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
+        directions = [torch.randn((rows, *p.shape), dtype=dtype) for p in net.parameters()]
+        with differentiable_ops():
+            sketch_rows([d[:2] for d in directions])    # warm-up, untimed
+            started = time.perf_counter()
+            sketch_rows(directions)
+            out[f"{dtype}".replace("torch.", "") + "_ms_per_row"] = 1000 * (time.perf_counter() - started) / rows
+            if dtype == torch.float64:
+                with profile(activities=[ProfilerActivity.CPU]) as profiled:
+                    sketch_rows(directions)
+                events = profiled.key_averages()
+                total = sum(e.self_cpu_time_total for e in events)
+                conv = sum(e.self_cpu_time_total for e in events if "conv" in e.key)
+                out["conv_share_float64"] = conv / total if total else None
+    return out
 
 
 def rank_row(name: str, target_seconds: float, measured: dict | None) -> tuple[str, bool | None, str]:
@@ -173,7 +212,8 @@ def main() -> int:
     parser.add_argument("--attack-images", type=int, default=8, help="images for the GPU-vs-CPU attack comparison")
     parser.add_argument("--attack-steps", type=int, default=1000, help="steps of the GPU-vs-CPU attack comparison")
     parser.add_argument("--parts", default=",".join(PARTS),
-                        help="comma-separated subset of: rgap (targets 1-2), gdbr (3), rank (4-5), devices (6)")
+                        help="comma-separated subset of: rgap (targets 1-2), gdbr (3), rank (4-5), devices (6), "
+                             "mobile (7)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "verify_results.json"))
@@ -216,6 +256,23 @@ def main() -> int:
         report["rank_resnet18_gpu"] = rank_resnet18
         targets += [rank_row("rank check of CNN6 (n = 3072) on the CPU < 60 s", 60, rank_cnn6),
                     rank_row("rank check of ResNet-18 (3x32x32) on the GPU < 30 s", 30, rank_resnet18)]
+    if "mobile" in parts:
+        mobile = report["mobile_rows_cpu"] = bench_mobile_rows(args.seed)
+        targets.append(("MobileNetV2-style sketch rows on the CPU (no target: the figures for the README)", None,
+                        f"{mobile['float64_ms_per_row']:.0f} ms/row in float64, {mobile['float32_ms_per_row']:.0f} "
+                        f"ms/row in float32 rows; convolution kernels {mobile['conv_share_float64']:.0%} of the "
+                        f"float64 chunk's CPU time ({mobile['parameters']:,} parameters, {mobile['rows']} rows)"))
+        mobile_gpu = None
+        if cuda_present():
+            sys.path.insert(0, str(REPO / "benchmarks" / "models"))
+            from mobilenetv2_32 import MobileNetV2Narrow
+
+            torch.manual_seed(args.seed)
+            mobile_gpu = bench_rank(MobileNetV2Narrow().eval(), "benchmarks/models/mobilenetv2_32.py", "cuda",
+                                    args.seed, precision="auto")
+        report["rank_mobilenetv2_gpu"] = mobile_gpu
+        targets.append(rank_row("rank check of the MobileNetV2-style net (3x32x32) on the GPU < 60 s", 60,
+                                mobile_gpu))
     if "devices" in parts:
         devices = report["inverting_gpu_vs_cpu"] = bench_inverting_devices(args.attack_images, args.attack_steps,
                                                                            args.seed)

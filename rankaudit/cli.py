@@ -168,6 +168,9 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.option("--defense", "defenses", multiple=True, metavar="NAME[:PARAM]",
               help="Also run the --verify attacks against a defended gradient: noise[:sigma], prune[:fraction], "
                    "adadefense[:beta2|eps]. Repeatable.")
+@click.option("--rank-precision", type=click.Choice(["auto", "float64", "float32"]), default="auto", show_default=True,
+              help="--verify rank's arithmetic. auto: a float32 sketch, kept only when it shows full rank clearly "
+                   "above float32's error, else float64. float64: the reference. float32: unchecked.")
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
@@ -175,7 +178,8 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, skip_non_models, debug, input_dtype, dp_candidates, **dp_options):
+          class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates,
+          **dp_options):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -216,7 +220,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
                                shared_layers=pick("shared_layers", shared_layers),
-                               withheld_layers=pick("withheld_layers", withheld_layers))
+                               withheld_layers=pick("withheld_layers", withheld_layers),
+                               rank_precision=rank_precision)
         except RankauditError as exc:
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
@@ -333,7 +338,7 @@ def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data,
 
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
-                   defenses, several, show_progress, shared_layers=None, withheld_layers=None):
+                   defenses, several, show_progress, shared_layers=None, withheld_layers=None, rank_precision="auto"):
     if defenses and not {"rgap", "gdbr"} & set(attacks):
         raise UsageError("--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended "
                          "gradient", "add --verify rgap and/or --verify gdbr, or drop --defense")
@@ -371,7 +376,7 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
     if "rank" in attacks:
         measured = runner.verify_rank(result, spec, samples=samples, seed=seed, device=device, data=data,
                                       artifacts=artifacts, show_progress=show_progress, shared_layers=shared_layers,
-                                      withheld_layers=withheld_layers)
+                                      withheld_layers=withheld_layers, precision=rank_precision)
         if measured.get("internal_error"):
             _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
     if parsed:

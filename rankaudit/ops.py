@@ -535,11 +535,14 @@ register("monotonic", _transparent, shape=same_shape, input_dependent_jacobian=T
          methods=("sigmoid", "tanh", "sigmoid_", "tanh_"),
          aten=("leaky_relu", "leaky_relu_", "elu", "elu_", "softplus", "sigmoid", "sigmoid_", "tanh", "tanh_",
                "prelu", "_prelu_kernel"))
+# Hardsigmoid = relu6(x + 3) / 6: a clamp, piecewise linear (MobileNetV3's and LCNet's squeeze-excitation gate).
 register("relu_family", _non_injective, shape=same_shape,
-         modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh),
-         functions=(F.relu, torch.relu, F.relu6, F.hardtanh, F.relu_, torch.relu_, torch.clamp, torch.clip),
+         modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardsigmoid),
+         functions=(F.relu, torch.relu, F.relu6, F.hardtanh, F.relu_, torch.relu_, torch.clamp, torch.clip,
+                    F.hardsigmoid),
          methods=("relu", "relu_", "clamp", "clamp_", "clip"),
-         aten=("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "clamp", "clamp_", "clamp_min", "clip"))
+         aten=("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "clamp", "clamp_", "clamp_min", "clip",
+               "hardsigmoid", "hardsigmoid_"))
 register("norm", _transparent, shape=same_shape, input_dependent_jacobian=True,
          modules=(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                   nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.GroupNorm),

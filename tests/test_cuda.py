@@ -96,3 +96,33 @@ def test_the_dp_attack_on_cuda_stays_below_the_bound(run_cli):
     attack = json.loads(out)["verification"]["dp"]
     assert code == 0 and attack["device"].startswith("cuda") and attack["draw"] == "full"
     assert attack["interval"][0] <= attack["bound"] and attack["success_rate"] > attack["prior"]
+
+
+def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
+    """Issue 16: hardsigmoid's stand-in, float32 rows and the device-sized sketch on the GPU; same rank as the CPU's
+    664 of 768."""
+    from conftest import measured_rank
+    from rankaudit.verify import rank
+    from rankaudit.verify.runner import build_real_model
+
+    for example in ("mobilenetv3_tiny", "lcnet_tiny"):
+        result, on_cpu = measured_rank(example)
+        model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), result.input_shape, 0)
+        images = torch.rand((1, *result.input_shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        labels = rank.draw_labels(1, "cross-entropy", 10, 0)
+        on_gpu = rank.measure(model, images, labels, device="cuda", seed=0, loss="cross-entropy", precision="auto")
+        assert on_gpu.device.startswith("cuda") and on_gpu.rank == on_cpu.rank == 664
+        assert on_gpu.precision == "float64"   # a deficit is always settled in float64
+
+
+def test_device_memory_budget_and_non_finite_refusal_on_cuda(run_cli, tmp_path):
+    from rankaudit.verify import budget
+
+    available, rule = budget.memory_budget("cuda")
+    assert available > 0 and "free" in rule
+    path = tmp_path / "net.py"
+    path.write_text("import torch\nimport torch.nn as nn\nINPUT_SHAPE = (1, 4, 4)\n\n\nclass Net(nn.Module):\n"
+                    "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(16, 4)\n\n"
+                    "    def forward(self, x):\n        return self.fc(torch.log(x.flatten(1) - 2.0))\n")
+    code, _, err = run_cli(path, "--verify", "rank", "--device", "cuda", "--samples", "1")
+    assert code == 3 and "first NaN/Inf from torch.log" in err

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from conftest import EXAMPLES, measured_rank
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.verify import rank
+from rankaudit.verify import budget, rank
 
 MODERN_EXAMPLES = ["densenet_tiny", "inception_tiny", "se_tiny", "convnext_tiny", "mixer_tiny", "vit_tiny"]
 
@@ -264,7 +264,7 @@ def test_cli_batch_withheld_layers_artifacts_and_html(run_cli, tiny_file, tmp_pa
     code, out, err = run_cli(tiny_file, "--verify", "rank", "--batch-size", "8", "--artifacts", art, "--html", page)
     line = next(line for line in out.splitlines() if line.startswith("Rank check"))
     assert line.startswith("Rank check (∂g/∂x, one batch of 8): rank ") and "/ 128 unknowns, deficit " in line
-    assert " s on cpu: " in line
+    assert " s on cpu in float64: " in line   # a deficit is always settled in float64
     pngs, npys = sorted(art.glob("invisible_direction_*.png")), sorted(art.glob("invisible_direction_*.npy"))
     assert len(pngs) == len(npys) == 16
     assert np.load(npys[0]).shape == (8, 1, 4, 4)
@@ -319,10 +319,25 @@ def test_the_internal_error_reaches_stderr_even_with_quiet(run_cli, tiny_file, m
     assert "the static bound is wrong" in err
 
 
-def test_size_limit_is_refused_before_any_work(run_cli):
-    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6")
-    assert code == 2 and "18,432 unknowns" in err and "16,384" in err and "--input-shape" in err
-    assert err.count("\n") == 1
+def test_a_sketch_beyond_the_devices_memory_is_refused_with_the_figures(run_cli, monkeypatch):
+    """A 4 GiB machine: half of it, less 1.5 GiB for the chunks, is 0.5 GiB; CNN6 at B = 6 needs 18,448 x 18,432
+    float64 values twice over, 5.1 GiB."""
+    monkeypatch.setattr(budget, "_physical_memory", lambda: (4 * 2 ** 30, "RAM"))
+    code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6", "--device", "cpu")
+    assert code == 2 and err.count("\n") == 1
+    assert ("needs 5.1 GiB for its 18,448 x 18,432 float64 sketch and its factorisation (n = 6 x 3x32x32 = 18,432 "
+            "unknowns), more than the 0.5 GiB it may use on cpu (50% of the 4.0 GiB of RAM") in err
+    assert "--input-shape" in err and "--device cuda" in err
+
+
+def test_the_memory_formula_and_the_readme_table_agree():
+    """README's sizes: a 24 GB CPU machine, an 80 GB and a 141 GB GPU (all of it free)."""
+    cpu = int(budget.CPU_RAM_SHARE * 24e9) - budget.CPU_CHUNK_BYTES
+    gpu80, gpu141 = (int(budget.CUDA_SKETCH_SHARE * size) for size in (80e9, 141e9))
+    extra = rank.OVERSAMPLING
+    assert [budget.largest_unknowns(b, extra) for b in (cpu, gpu80, gpu141)] == [25_474, 63_237, 83_956]
+    assert [budget.largest_unknowns(b, extra, vectors=True) for b in (cpu, gpu80, gpu141)] == [13_617, 33_802, 44_877]
+    assert budget.sketch_bytes(3088, 3072) == 16 * 3088 * 3072
 
 
 def test_a_defense_needs_an_attack_it_applies_to(run_cli, tiny_file):
@@ -420,3 +435,57 @@ def test_full_rank_hides_nothing(run_cli, tiny_file):
     assert rank_check["deficit"] == 0
     assert rank_check["samples"][0]["inputs"][0]["hidden_energy"] == 0.0
     assert rank_check["visible_psnr_median"] is None and rank_check["samples"][0]["inputs"][0]["visible_psnr"] is None
+
+
+class NearlyDependent(nn.Module):
+    """x -> a frozen mixing matrix with singular values 1, 1, 1, `small` -> tanh MLP. The direction scaled by `small`
+    reaches the shared gradients (hidden, out) only through that factor, so it sets σ_min(J) ≈ small·σ_max."""
+
+    def __init__(self, small: float):
+        super().__init__()
+        q, _ = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+        self.mix = nn.Linear(4, 4, bias=False)
+        scales = torch.tensor([1.0, 1.0, 1.0, small], dtype=torch.float64)
+        if small == 0:
+            q = torch.eye(4, dtype=torch.float64)   # an exactly dependent direction: x's last entry is never read
+        self.mix.weight.data = (q @ torch.diag(scales) @ q.T).float()
+        self.mix.weight.requires_grad_(False)
+        self.hidden = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(self.mix(x))))
+
+
+@pytest.mark.parametrize("small, precision, why, expected", [
+    (1.0, "float32", "float32 rows: full rank with σ_min", 4),
+    # σ_min ≈ 3e-6 against float32 rows off by about 1e-6: full rank in float32 too, but inside the margin of 10.
+    (1e-6, "float64", "is only", 4),
+    # Exactly dependent (the last input is never read): the float32 sketch shows the deficit too, and a deficit is
+    # only ever settled in float64.
+    (0.0, "float64", "showed rank 3 of 4", 3),
+], ids=["well-conditioned", "inside-the-margin", "dependent"])
+def test_precision_float32_is_kept_only_when_it_shows_full_rank_with_a_margin(small, precision, why, expected):
+    torch.manual_seed(0)
+    model = NearlyDependent(small)
+    x = torch.rand(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    chosen = rank.measure(model, x, torch.tensor([1]), precision="auto")
+    reference = rank.measure(model, x, torch.tensor([1]), precision="float64")
+    assert (chosen.rank, reference.rank) == (expected, expected) and chosen.reliable and reference.reliable
+    assert chosen.precision == precision and why in chosen.precision_note
+    assert reference.precision == "float64" and reference.precision_note == "float64 asked for"
+    if precision == "float32":
+        # Stated in float64's terms: the gap is a lower bound of the float64 sketch's gap.
+        assert chosen.tolerance == pytest.approx(reference.tolerance, rel=1e-3)
+        assert 0.9 * reference.gap <= chosen.gap <= reference.gap
+    else:
+        assert chosen.gap == reference.gap
+
+
+def test_the_rank_line_and_json_say_which_precision_settled_the_rank(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--format", "json")
+    verification = json.loads(out)["verification"]["rank"]
+    assert verification["precision"] == "float32" and verification["rank"] == 784
+    assert verification["precision_note"].startswith("float32 rows: full rank")
+    code, out, _ = run_cli(EXAMPLES / "lenet.py", "--verify", "rank", "--samples", "1", "--rank-precision", "float64")
+    assert "rank 784 / 784 unknowns" in out and " on cpu in float64: " in out

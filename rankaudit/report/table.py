@@ -282,6 +282,12 @@ def _hidden_lines(rank: dict) -> list[str]:
     return [line]
 
 
+def _rank_precision(rank: dict) -> str:
+    """Which arithmetic settled the rank (issue 16): float32 only when it showed full rank with a margin."""
+    used = set(rank.get("precisions") or [rank.get("precision")]) - {None}
+    return f" in {' and '.join(sorted(used))}" if used else ""
+
+
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
     if not rank:
@@ -291,7 +297,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
               else f"one batch of {rank['batch_size']}")
     lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
-                 f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
+                 f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}."]
     lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")

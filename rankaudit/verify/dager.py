@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rankaudit.verify import AttackUnsupported
+from rankaudit.verify import AttackUnsupported, finite
 
 # A candidate is in the gradient's row space when its distance to it is below this fraction of its own norm. In
 # float64 the batch's own vectors sit near 1e-8 (the floor of ||x||² - ||Qᵀx||²), the others at sqrt(1 - r/d).
@@ -491,8 +491,14 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
     woken = wake_lora(model, layers + second, seed)
     model.zero_grad(set_to_none=True)
     with torch.enable_grad():
-        loss, loss_name = _loss(call.logits(inputs), inputs, targets, causal, vocab_size, generator)
+        logits = call.logits(inputs)
+        loss, loss_name = _loss(logits, inputs, targets, causal, vocab_size, generator)
         loss.backward()
+    # The span test on a NaN gradient would accept or reject tokens at random: refuse, naming the op that broke it.
+    sent = [p for p in model.parameters() if p.requires_grad]
+    finite.require_finite("--verify dager", (logits, loss), [p.grad for p in sent if p.grad is not None],
+                          model=model, parameters=sent,
+                          rerun=lambda: _logits_and_loss(call, inputs, targets, causal, vocab_size, seed))
     started = time.perf_counter()
     gradient, d_in = group_gradient(call, modules, layers, inputs)
     basis = span_basis(gradient)
@@ -518,6 +524,11 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
         outcome.extension = _extension(call, model, second, second_basis, test.accepted, outcome, batch_size, positions,
                                        position_dependent, device, threshold)
     return outcome
+
+
+def _logits_and_loss(call, inputs, targets, causal, vocab_size, seed):
+    logits = call.logits(inputs)
+    return logits, _loss(logits, inputs, targets, causal, vocab_size, torch.Generator().manual_seed(seed))[0]
 
 
 def _extension(call, model, second: list[str], second_basis, passed, outcome, batch_size, positions,

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rankaudit.verify import AttackUnsupported
+from rankaudit.verify import AttackUnsupported, finite
 
 __all__ = [
     "CLASS_DISTRIBUTIONS",
@@ -199,9 +199,17 @@ def client_gradient(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
     model.eval()
     try:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+        def output_and_loss():
+            output = model(images)
+            return output, F.cross_entropy(output, labels)
+
         with torch.enable_grad():
-            loss = F.cross_entropy(model(images), labels)
+            output, loss = output_and_loss()
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        # Label counts read off a NaN gradient are not a result: refuse, naming the op that made it.
+        finite.require_finite("--verify gdbr", (output, loss), grads, model=model, rerun=output_and_loss,
+                              parameters=[p for _, p in named], inputs=images)
     finally:
         model.train(was_training)
     return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}

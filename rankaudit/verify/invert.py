@@ -14,6 +14,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rankaudit.verify import finite
+from rankaudit.verify.substitute import differentiable_ops
+
 ProgressCallback = Callable[[int, int], None]
 
 CROSS_ENTROPY = "cross-entropy"
@@ -865,9 +868,17 @@ def client_gradient(model: nn.Module, x: torch.Tensor, label: int, kind: str) ->
     model.eval()
     try:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+        def output_and_loss():
+            output = model(x.unsqueeze(0))
+            return output, client_loss(output, label, kind)
+
         with torch.enable_grad():
-            loss = client_loss(model(x.unsqueeze(0)), label, kind)
+            output, loss = output_and_loss()
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        # The attack would match a NaN target and still report an MSE: refuse, naming the op that made it.
+        finite.require_finite("--verify rgap (inverting gradients)", (output, loss), grads, model=model,
+                              rerun=output_and_loss, parameters=[p for _, p in named], inputs=x)
     finally:
         model.train(was_training)
     return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}
@@ -944,7 +955,9 @@ def run_inverting(
                 candidates = _candidate_labels(attacked_model, target, spec, sample_shape, run_device, dtype)
                 attacked.append(_Image(_unit_targets(target, names, run_device, dtype), candidates, seed + index))
             counter = _StepCounter(step_progress, 0)
-            outcomes = _invert_images(attacked_model, names, attacked, kind, sample_shape, settings, counter)
+            # The attack differentiates the gradient again: ops without a double backward get their stand-ins.
+            with differentiable_ops():
+                outcomes = _invert_images(attacked_model, names, attacked, kind, sample_shape, settings, counter)
         finally:
             attacked_model.train(was_training)
         counter.finish()

@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify import finite
+from rankaudit.verify.budget import CPU_CHUNK_BYTES, check_size, memory_budget, sketch_bytes
+from rankaudit.verify.substitute import differentiable_ops
 
-# Issue 9: the sketch is at most (n + 16) x n in float64 and its SVD about 8n³/3 flops; 16,384 unknowns (3x64x64 at
-# B = 1) is a 2 GiB sketch and 1.2e13 flops; beyond that neither the memory nor the SVD is reasonable.
-MAX_UNKNOWNS = 16_384
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
 # for any p >= 0; p = 16 keeps the smallest kept singular value of S close to J's (a square Gaussian is
 # ill-conditioned).
@@ -53,8 +53,11 @@ OVERSAMPLING = 16
 # depends on where the tolerance falls: flag it.
 RELIABLE_GAP = 1e3
 MAX_DIRECTIONS = 16
-# On a CPU there is no allocator to ask; one chunk of rows may take about this much memory.
-CPU_CHUNK_BYTES = 1536 * 2 ** 20
+# --verify rank's precision choice (see _float32_attempt): a float32 sketch shows full rank when its σ_min clears
+# float32's error floor this many times over; PRECISION_PROBE_ROWS rows recomputed in float64 measure that error.
+PRECISIONS = ("auto", "float64", "float32")
+FLOAT32_MARGIN = 10.0
+PRECISION_PROBE_ROWS = 8
 # On CUDA, a chunk may take this share of the memory that is free after a probe chunk.
 CUDA_FREE_SHARE = 0.5
 # Beyond this many rows per pass, a larger batch no longer makes the kernels more efficient.
@@ -95,6 +98,8 @@ class RankMeasurement:
     # With hidden=True: P c, the batch with each sample's mean removed, projected onto the whole measured
     # invisible subspace (all n - rank dropped directions), shaped like the batch; zeros at full rank.
     invisible: np.ndarray | None = None
+    precision: str = "float64"     # the sketch whose spectrum gave the rank: float32 (accepted) | float64
+    precision_note: str = ""       # why that precision
 
 
 def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
@@ -124,17 +129,6 @@ def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None
     if withheld_layers:
         return [p for p in trainable if not any(owned_by(p, layer) for layer in named)]
     return trainable
-
-
-def check_size(unknowns: int, input_shape: tuple[int, ...], batch_size: int):
-    """Refuse sketches beyond MAX_UNKNOWNS, before any work."""
-    if unknowns > MAX_UNKNOWNS:
-        shape = "x".join(str(d) for d in input_shape)
-        raise UsageError(
-            f"--verify rank needs an (n + {OVERSAMPLING}) x n float64 sketch and its SVD, and n = {batch_size} x "
-            f"{shape} = {unknowns:,} unknowns is above the {MAX_UNKNOWNS:,} it supports",
-            "a convolutional or patch-based model is resolution-independent: check it at a lower resolution with "
-            "--input-shape (e.g. 3,64,64 at batch size 1, 3,32,32 up to batch size 5), or lower --batch-size")
 
 
 def loss_name_for(logits_per_sample: int) -> str:
@@ -176,7 +170,7 @@ def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
 def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared: Iterable[str] | None = None, *,
             device: str | torch.device = "cpu", seed: int = 0, loss: str | None = None, directions: int = 0,
             chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None,
-            hidden: bool = False) -> RankMeasurement:
+            hidden: bool = False, precision: str = "float64") -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
     g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
@@ -187,13 +181,16 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
     return P c, the batch's mean-removed input projected onto the whole invisible subspace (spec §11; a full SVD
-    with vectors unless QR shows full rank), for :mod:`rankaudit.verify.hidden`.
+    with vectors unless the rank is full), for :mod:`rankaudit.verify.hidden`. ``precision``:
+    "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
+    least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see
+    _float32_attempt) or "float32" (unchecked; for benchmarks).
 
-    Raises UsageError beyond MAX_UNKNOWNS and ModelLoadError (exit 3) when an op has no double backward.
+    Raises UsageError when the sketch does not fit the device's memory (check_size) and ModelLoadError (exit 3)
+    when an op has no double backward.
     """
     device = torch.device(device)
     unknowns = int(images.numel())
-    check_size(unknowns, tuple(images.shape[1:]), int(images.shape[0]))
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
     started = time.perf_counter()
@@ -215,16 +212,33 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
     # gradient values than unknowns, m + 16 rows are enough.
     rows = min(m, unknowns) + OVERSAMPLING
-    sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
-    method, used_chunk = "none", 0
-    if names:
-        with _math_attention():
-            method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows,
-                                              progress=progress)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    sketched = time.perf_counter()
-    spectrum = _spectrum(sketch, want_vectors=directions > 0 or hidden)
+    check_size(unknowns, rows, tuple(images.shape[1:]), int(images.shape[0]), device=device, vectors=directions > 0)
+    # The hidden-energy measurement needs the SVD's vectors; where they do not fit, the rank is still measured and
+    # the hidden part is reported as unmeasured (invisible stays None below a full rank).
+    want_vectors = directions > 0 or (hidden and sketch_bytes(rows, unknowns, vectors=True) <= memory_budget(device)[0])
+    _require_finite_gradient(net, x, labels, loss, [trainable[name] for name in names])
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(PRECISIONS)}")
+    accepted, precision_note = None, "float64 asked for"
+    if names and precision != "float64":
+        accepted, precision_note = _float32_attempt(net, x, labels, loss, names, rows, seed=seed,
+                                                    chunk_rows=chunk_rows, progress=progress,
+                                                    checked=precision == "auto")
+    if accepted is not None:
+        method, used_chunk, spectrum, sketched = accepted
+    else:
+        sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
+        method, used_chunk = "none", 0
+        if names:
+            with _math_attention(), differentiable_ops():
+                method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed,
+                                                  chunk_rows=chunk_rows, progress=progress)
+        if not finite.all_finite(sketch):
+            raise finite.sketch_error("--verify rank")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        sketched = time.perf_counter()
+        spectrum = _spectrum(sketch, want_vectors=want_vectors)
     rank, found, found_values = spectrum.rank, None, []
     if spectrum.right_vectors is not None and rank < unknowns:
         # Rows of Vh past the rank span the null space of S, which is the null space of J.
@@ -236,8 +250,12 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     if hidden:
         from rankaudit.verify import hidden as hidden_part
 
-        invisible = (np.zeros(tuple(images.shape)) if spectrum.right_vectors is None else
-                     hidden_part.invisible_component(x, spectrum.right_vectors, rank))
+        if spectrum.right_vectors is not None:
+            invisible = hidden_part.invisible_component(x, spectrum.right_vectors, rank)
+        elif rank == unknowns:
+            invisible = np.zeros(tuple(images.shape))   # full rank (shown by QR or float32 rows): nothing hidden
+        # else the SVD's vectors did not fit the device, or an unchecked float32 sketch showed a deficit:
+        # the hidden part stays unmeasured
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return RankMeasurement(
@@ -247,7 +265,79 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
         chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
-        direction_singular_values=found_values, invisible=invisible)
+        direction_singular_values=found_values, invisible=invisible,
+        precision="float32" if accepted is not None else "float64", precision_note=precision_note)
+
+
+def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str], rows: int, *,
+                     seed: int, chunk_rows: int | None, progress, checked: bool):
+    """((method, chunk rows, spectrum, time sketched) when a float32 sketch settles the rank, else None; why).
+
+    The rows (the double backward, where the time goes) run in float32; the factorisation runs in float64 on the
+    widened sketch S32 = S + E, so the only float32 error is E. Such a sketch can only show full rank: by Weyl's
+    inequality σ_min(S) >= σ_min(S32) - ‖E‖₂, so σ_min(S32) well above ‖E‖₂ means S (and J) has full rank too; a
+    deficit seen in float32 proves nothing (float64 resolves directions twelve orders of magnitude below σ_max,
+    float32 about six). ‖E‖₂ <= ‖E‖_F is estimated from PRECISION_PROBE_ROWS rows recomputed in float64 (the same
+    Gaussian rows): the largest relative error of a row times ‖S32‖_F. Accepted when σ_min(S32) >= FLOAT32_MARGIN
+    times that estimate (and above float64's tolerance); otherwise the caller recomputes in float64. The gap of an
+    accepted sketch is σ_min(S)'s lower bound σ_min(S32) - ‖E‖ over float64's tolerance.
+    """
+    started = time.perf_counter()
+    unknowns = x.numel()
+    single = copy.deepcopy(net).float()
+    sketch = torch.zeros(rows, unknowns, dtype=torch.float32, device=x.device)
+    with _math_attention(), differentiable_ops():
+        method, used_chunk = _fill_sketch(single, x.float(), labels, loss, names, sketch, seed=seed,
+                                          chunk_rows=chunk_rows, progress=progress)
+    del single
+    if not finite.all_finite(sketch):
+        return None, "the float32 sketch overflowed, so the rank was computed in float64"
+    wide = sketch.double()
+    del sketch
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+    sketched = time.perf_counter()
+    spectrum = _spectrum(wide, want_vectors=False)
+    if not checked:
+        return (method, used_chunk, spectrum, sketched), "float32 rows asked for (not checked against float64)"
+    seconds = f"{time.perf_counter() - started:.1f} s"
+    if spectrum.rank < unknowns or spectrum.sigma_min_kept is None:
+        return None, (f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; only float64 can "
+                      "settle a deficit, so the rank was computed in float64")
+    probe = min(PRECISION_PROBE_ROWS, rows)
+    exact = torch.zeros(probe, unknowns, dtype=torch.float64, device=x.device)
+    with _math_attention(), differentiable_ops():
+        _fill_sketch(net, x, labels, loss, names, exact, seed=seed, chunk_rows=chunk_rows, progress=None)
+    row_errors = (wide[:probe] - exact).norm(dim=1) / exact.norm(dim=1).clamp_min(1e-300)
+    relative = float(row_errors.max())
+    error = relative * float(wide.norm())
+    clearance = spectrum.sigma_min_kept / error if error > 0 else math.inf
+    if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
+        lower = spectrum.sigma_min_kept - error
+        spectrum = _Spectrum(spectrum.rank, spectrum.tolerance, lower / spectrum.tolerance if spectrum.tolerance
+                             else math.inf, spectrum.sigma_max, lower, spectrum.values, None, spectrum.how)
+        return (method, used_chunk, spectrum, sketched), (
+            f"float32 rows: full rank with σ_min {spectrum.sigma_min_kept + error:.3g}, {clearance:.3g}x the "
+            f"float32 error {error:.3g} (rows off by up to {relative:.2g} of their norm against {probe} rows "
+            f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}")
+    return None, (f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
+                  f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
+                  "computed in float64")
+
+
+def _require_finite_gradient(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str,
+                             parameters: list[torch.Tensor]):
+    """The output and the shared gradient at x must be finite before anything is sketched (spec: no figure from
+    non-finite numbers); finite.py names the op that broke them."""
+    def rerun():
+        output = net(x)
+        return output, _loss(output, labels, loss)
+
+    with torch.enable_grad(), _math_attention(), differentiable_ops():
+        output, objective = rerun()
+        gradients = torch.autograd.grad(objective, parameters, allow_unused=True) if parameters else ()
+        finite.require_finite("--verify rank", (output, objective), gradients, model=net, rerun=rerun,
+                              parameters=parameters, inputs=x)
 
 
 @dataclass
@@ -263,7 +353,7 @@ class _Spectrum:
 
 
 def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
-    return sigma_max * max(sketch.shape) * float(np.finfo(np.float64).eps)
+    return sigma_max * max(sketch.shape) * float(torch.finfo(sketch.dtype).eps)
 
 
 def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
@@ -385,7 +475,7 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-        directions = _gaussian_rows(done, count, shapes, seed, generator)
+        directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype)
         try:
             if slow is None:
                 try:
@@ -420,8 +510,9 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
 
 
 def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: int,
-                   generator: torch.Generator) -> list[torch.Tensor]:
-    """Rows first .. first + count - 1 of R, cut into one (count, *shape) float64 tensor per shared parameter.
+                   generator: torch.Generator, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
+    """Rows first .. first + count - 1 of R, cut into one (count, *shape) tensor of ``dtype`` per shared parameter
+    (the float32 and the float64 sketch use the same R).
 
     Each row has its own seed, so R is the same however it is chunked (the CPU's normal sampler fills blocks of
     16: one stream cut at other places gives other numbers). Drawn in float32, then widened: every entry is still
@@ -435,7 +526,7 @@ def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: 
         generator.manual_seed((seed * 2 ** 24 + first + offset) % 2 ** 63)
         drawn[offset].normal_(generator=generator)
     # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
-    return [torch.empty((count, *shape), device=drawn.device, dtype=torch.float64).copy_(block.view(count, *shape))
+    return [torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
             for block, shape in zip(drawn.split(sizes, dim=1), shapes)]
 
 

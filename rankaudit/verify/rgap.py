@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
-from rankaudit.verify import AttackUnsupported
+from rankaudit.verify import AttackUnsupported, finite
 
 __all__ = [
     "RGapUnsupported",
@@ -531,17 +531,24 @@ def client_gradients(model: nn.Module, x: torch.Tensor, y: int, loss: str = "log
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     p0 = next(iter(model.parameters()))
-    out = model(x.to(device=p0.device, dtype=p0.dtype)[None])
-    if loss == "logistic":
-        if out.numel() != 1:
-            raise ValueError(f"logistic loss needs a single logit, the model returns {tuple(out.shape)}")
-        if y not in (-1, 1):
-            raise ValueError("logistic loss needs y in {-1, +1}")
-        ell = F.softplus(-y * out.reshape(()))
-    else:
-        ell = F.cross_entropy(out.reshape(1, -1), torch.tensor([int(y)], device=out.device))
+    x = x.to(device=p0.device, dtype=p0.dtype)
+
+    def output_and_loss():
+        out = model(x[None])
+        if loss == "logistic":
+            if out.numel() != 1:
+                raise ValueError(f"logistic loss needs a single logit, the model returns {tuple(out.shape)}")
+            if y not in (-1, 1):
+                raise ValueError("logistic loss needs y in {-1, +1}")
+            return out, F.softplus(-y * out.reshape(()))
+        return out, F.cross_entropy(out.reshape(1, -1), torch.tensor([int(y)], device=out.device))
+
+    out, ell = output_and_loss()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(ell, [p for _, p in named], allow_unused=True)
+    # No reconstruction (and no MSE) from a NaN gradient: name the op that made it.
+    finite.require_finite("--verify rgap (R-GAP)", (out, ell), grads, model=model, rerun=output_and_loss,
+                          parameters=[p for _, p in named], inputs=x)
     return {n: (torch.zeros_like(p) if g is None else g.detach()) for (n, p), g in zip(named, grads)}
 
 

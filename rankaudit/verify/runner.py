@@ -476,7 +476,8 @@ def _rank_inputs(result: Result, data: str | None, count: int, seed: int) -> tup
 
 def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, device: str = "auto",
                 data: str | None = None, artifacts: str | None = None, show_progress: bool = True,
-                shared_layers: list[str] | None = None, withheld_layers: list[str] | None = None) -> dict:
+                shared_layers: list[str] | None = None, withheld_layers: list[str] | None = None,
+                precision: str = "auto") -> dict:
     """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank); fill result.verification['rank'].
 
     Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
@@ -492,8 +493,6 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
                          "token ids are discrete: the token-leakage finding covers them; use --verify rank on "
                          "models with a single float input")
     batch = result.batch_size
-    unknowns = batch * math.prod(result.input_shape)
-    rank.check_size(unknowns, tuple(result.input_shape), batch)
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
@@ -508,15 +507,16 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         for number, part in enumerate(batches):
             measurements.append(rank.measure(
                 model, images[part], labels[part], shared, device=device, seed=seed + number, loss=loss,
-                directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True,
+                directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True, precision=precision,
                 progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows)))
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
     bound = rank.bound_check(result.identifiability, headline.rank)
     notes = [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
              f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
-             f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in float64, "
+             f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in {headline.precision}, "
              f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}"]
+    notes.append(f"precision: {headline.precision_note}")
     if not headline.reliable:
         notes.append(f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
                      "depends on where the tolerance falls")
@@ -525,11 +525,16 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     if len({m.rank for m in measurements}) > 1:
         notes.append("ranks differ between images: " + ", ".join(str(m.rank) for m in measurements)
                      + "; the headline is the largest (the generic rank)")
+    if any(m.invisible is None for m in measurements):
+        notes.append("hidden energy not measured for a deficient batch: the SVD's vectors it needs did not fit the "
+                     "device's memory (or --rank-precision float32 skipped them); lower --input-shape to measure it")
     saved = rank.save_directions(artifacts, headline) if artifacts else []
     seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts)
     verification = {
         "unknowns": headline.unknowns, "rank": headline.rank, "deficit": headline.deficit,
-        "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE, "gap": _finite(headline.gap or math.nan),
+        "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE,
+        "precision": headline.precision, "precision_note": headline.precision_note,
+        "precisions": [m.precision for m in measurements], "gap": _finite(headline.gap or math.nan),
         "reliable": headline.reliable, "sigma_max": headline.sigma_max, "sigma_min_kept": headline.sigma_min_kept,
         "seconds": round(sum(m.seconds for m in measurements), 3), "device": headline.device,
         "method": headline.method, "spectrum": headline.spectrum, "sketch_rows": headline.sketch_rows,
@@ -560,6 +565,12 @@ def _what_the_gradient_shows(result: Result, images: torch.Tensor, batches: list
     per_sample, every = [], []
     for number, (part, measurement) in enumerate(zip(batches, measurements)):
         batch = images[part].detach().to(torch.float64).cpu().numpy()
+        if measurement.invisible is None:
+            # A deficit without the SVD's vectors (they did not fit the device's memory, or --rank-precision
+            # float32 skipped them): the hidden part is not measured, and the notes say so.
+            per_sample.append([{"index": part.start + offset, "hidden_energy": None, "visible_psnr": None,
+                                "visible_ssim": None} for offset in range(len(batch))])
+            continue
         visible = hidden.visible_parts(batch, measurement.invisible)
         inputs = []
         for offset, share in enumerate(hidden.shares(batch, measurement.invisible)):
