@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankaudit.round import Round
+
 # Stable caveat codes, like a linter's rule ids: never renumber, only add.
 CAVEAT_CODES = {
     "RA101": ("op-not-modelled", "op not modelled by the rank analysis"),
@@ -108,6 +110,31 @@ class Identifiability:
     bottleneck: list[str]           # tensors and gradients on the min cut
     verdict: str                    # protected (certified deficit > 0) | exposed
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
+    round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
+
+
+@dataclass
+class StepBound:
+    """One kind of local step in a round: §9's bound for one step at this batch size, and how many steps of a
+    client's round are of this kind."""
+
+    batch_size: int
+    steps: int                # steps per client of this kind
+    rank_bound: int           # R(B_k), at most B_k·|x|
+    every_gradient: bool      # a step before the last: all trainable gradients carry on (later steps read the weights)
+    bottleneck: list[str] = field(default_factory=list)   # the step's min cut
+
+
+@dataclass
+class RoundBound:
+    """Spec §12: R_round <= min(n, |θ_s|, Σ_c Σ_k R(B_k)), and which of the three binds."""
+
+    unknowns: int             # n = C·N·|x|
+    update_values: int        # |θ_s|: the values of the (aggregated) update the server sees
+    steps_bound: int          # Σ_c Σ_k R(B_k)
+    terms: list[StepBound]
+    binding: str              # unknowns (no deficit) | update-values | steps
+    explanation: str          # the cap that binds, in one sentence
 
 
 @dataclass
@@ -228,6 +255,7 @@ class Result:
     token_leakage: TokenLeakage | None = None                 # None: the model reads no token ids
     build: str = ""                     # how the model was built: meta-parameters | meta (see load.py)
     call_notes: list[str] = field(default_factory=list)      # keyword arguments forward() was called with
+    round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
 
     @property
     def critical_row(self) -> LayerRow | None:
