@@ -56,6 +56,34 @@ def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
+# ---- the federated round (spec §12): flags, then [tool.rankaudit.round], validated by round.build_round ----------
+_ROUND_OPTIONS = [
+    click.option("--local-samples", type=int, default=None, metavar="N",
+                 help="Samples each client trains on per round (default: the batch size: FedSGD)."),
+    click.option("--local-epochs", type=int, default=None, metavar="E", help="Local epochs per round (default 1)."),
+    click.option("--lr", type=float, default=None, metavar="F", help="Local learning rate (default 0.1)."),
+    click.option("--optimizer", type=str, default=None, metavar="sgd|adam", help="Local optimizer (default sgd)."),
+    click.option("--momentum", type=float, default=None, metavar="F", help="SGD momentum in [0, 1) (default 0)."),
+    click.option("--clients", type=int, default=None, metavar="C",
+                 help="Clients summed by secure aggregation (default 1: none); the server sees only the sum."),
+]
+ROUND_FLAGS = ("local_samples", "local_epochs", "lr", "optimizer", "momentum", "clients")
+
+
+def _round_options(command):
+    for option in reversed(_ROUND_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _round(ctx: click.Context, batch_size: int, configured: dict | None):
+    """The round from this command's flags and the configuration's table (flags win)."""
+    from rankaudit.round import build_round
+
+    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
+    return build_round({**flags, "batch_size": batch_size}, configured)
+
+
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
@@ -107,10 +135,11 @@ def _names(value: str | None) -> list[str] | None:
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@_round_options
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, skip_non_models, debug, input_dtype):
+          class_dist, aux, defenses, skip_non_models, debug, input_dtype, **round_flags):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -131,8 +160,9 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             settings = load_settings(split_model_spec(spec)[0])
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
-            result = audit(spec, input_shape=pick("input_shape", input_shape),
-                           batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
+            round_ = _round(ctx, pick("batch_size", batch_size), settings.round)
+            result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
+                           batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
                            withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)

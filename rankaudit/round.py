@@ -139,8 +139,11 @@ def validate_round(round_: Round) -> Round:
 
 def describe(round_: Round) -> str:
     """The round in one line, as the table's header and the reports name it."""
-    if round_.fedsgd:
-        return f"FedSGD: one gradient of a batch of {round_.batch_size}"
+    if round_.steps == 1:
+        text = f"FedSGD: one gradient of a batch of {round_.batch_size}"
+        if round_.secure_aggregation:
+            text += f", summed over C = {round_.clients} clients by secure aggregation"
+        return text
     text = (f"FedAvg round: N = {round_.samples} local samples, batch {round_.batch_size}, "
             f"{round_.local_epochs} local epoch{'s' if round_.local_epochs != 1 else ''}, K = {round_.steps} "
             f"step{'s' if round_.steps != 1 else ''} of {round_.optimizer}"

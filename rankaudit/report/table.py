@@ -40,6 +40,24 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     return [head, ra_sentence(result)]
 
 
+def _round_header(result: Result) -> str:
+    """The round on the header line; nothing for FedSGD, whose header the batch size already says."""
+    from rankaudit.round import describe
+
+    return "" if result.round is None or result.round.fedsgd else f"  {describe(result.round)}"
+
+
+def _round_lines(result: Result) -> list[str]:
+    """The round's three caps (spec §12) and which one binds."""
+    bound = result.identifiability
+    if bound is None or bound.round is None:
+        return []
+    caps = bound.round
+    return [f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
+            f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {bound.recoverable_fraction:.3f}: "
+            f"{caps.explanation}."]
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
@@ -304,7 +322,8 @@ def _defense_lines(result: Result) -> list[str]:
 
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
-             f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
+             f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
+             + _round_header(result), ""]
     cells = [HEADERS] + _input_rows(result) + [
         (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
          f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
@@ -320,6 +339,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         lines.append(text)
     lines.append("")
     lines.extend(_conclusion_lines(result, warn, color))
+    lines.extend(_round_lines(result))
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
