@@ -328,5 +328,6 @@ def _binding(round_: Round, unknowns: int, update_values: int, steps_bound: int,
         cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
         return ("steps", f"the {round_.steps} local steps' gradients carry at most {steps_bound:,} independent values "
                 f"({per_step}{clients}) for {unknowns:,} unknowns", cut)
+    cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
     return ("unknowns", f"no cap falls below the {unknowns:,} unknowns: the steps' gradients can carry "
-            f"{steps_bound:,} values ({per_step}{clients}) and the update has {update_values:,}", [])
+            f"{steps_bound:,} values ({per_step}{clients}) and the update has {update_values:,}", cut)

@@ -258,6 +258,12 @@ def _write(text: str, output: str | None):
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
                    defenses, several, show_progress, shared_layers=None, withheld_layers=None):
+    round_ = result.round
+    if round_ is not None and not round_.fedsgd:
+        _verify_round(result, spec, attacks, seed=seed, device=device, data=data, steps=steps, artifacts=artifacts,
+                      defenses=defenses, show_progress=show_progress, shared_layers=shared_layers,
+                      withheld_layers=withheld_layers)
+        return
     if defenses and not {"rgap", "gdbr"} & set(attacks):
         raise UsageError("--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended "
                          "gradient", "add --verify rgap and/or --verify gdbr, or drop --defense")
@@ -300,6 +306,34 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
             _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
     if parsed:
         runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
+
+
+def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts, defenses, show_progress,
+                  shared_layers, withheld_layers):
+    """A round that is not FedSGD: the rank of its update and the FedAvg inversion; the one-gradient attacks refuse."""
+    single = [attack for attack in attacks if attack in ("gdbr", "dager")]
+    if single or defenses:
+        what = f"--verify {single[0]}" if single else "--defense"
+        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of {result.round.steps} "
+                         f"local step(s) from {result.round.clients} client(s)",
+                         "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the "
+                         "round's flags to check one gradient")
+    try:
+        from rankaudit.verify import round_runner
+        import PIL  # noqa: F401 - the verifier's images need Pillow
+        import scipy  # noqa: F401 - the attack matches reconstructions to originals
+    except ImportError as exc:
+        raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
+                         'pip install "rankaudit[verify]"') from exc
+    if "rgap" in attacks:
+        round_runner.verify_round_inputs(result, spec, seed=seed, device=device, data=data, steps=steps,
+                                         artifacts=artifacts, show_progress=show_progress)
+    if "rank" in attacks:
+        measured = round_runner.verify_round_rank(result, spec, seed=seed, device=device, data=data,
+                                                  artifacts=artifacts, show_progress=show_progress,
+                                                  shared_layers=shared_layers, withheld_layers=withheld_layers)
+        if measured.get("internal_error"):
+            _error(f"{spec}: {measured['internal_error']}")
 
 
 def _use_color(stream) -> bool:

@@ -186,7 +186,7 @@ def _verification_lines(result: Result) -> list[str]:
     lines = []
     rgap = result.verification.get("rgap")
     if rgap:
-        name = "R-GAP" if rgap["attack"] == "rgap" else "inverting gradients"
+        name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
         lines += ["", f"Verification ({name}, {len(rgap['samples'])} images, {rgap['device']}, {rgap['seconds']:.1f} s): "
                   f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
                   f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
@@ -196,8 +196,11 @@ def _verification_lines(result: Result) -> list[str]:
                 lines.append(f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
                              f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
         for sample in rgap["samples"]:
-            lines.append(f"  image {sample['index']}: MSE {_number(sample['mse'])}, PSNR {_number(sample['psnr'])} dB, "
-                         f"{sample['seconds']:.2f} s")
+            client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
+            lines.append(f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
+                         f"{_number(sample['psnr'])} dB, {sample['seconds']:.2f} s")
+        for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
+            lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
     gdbr = result.verification.get("gdbr")
     if gdbr:
         lines += ["", f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
@@ -248,7 +251,13 @@ def _rank_lines(rank: dict | None) -> list[str]:
     samples = len(rank["samples"])
     inputs = (f"{samples} image{'s' if samples != 1 else ''}" if rank["batch_size"] == 1
               else f"one batch of {rank['batch_size']}")
-    lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
+    if rank.get("round"):
+        shown = rank["round"]
+        inputs = (f"∂u/∂X, the update of {shown['steps']} local steps over {shown['clients']} x "
+                  f"{shown['local_samples']} samples")
+    else:
+        inputs = f"∂g/∂x, {inputs}"
+    lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
     if rank.get("internal_error"):
