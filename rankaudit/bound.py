@@ -271,7 +271,7 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
 
 def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
                           withheld_layers: list[str] | None = None,
-                          max_recoverable: float | None = None) -> Identifiability:
+                          max_recoverable: float | None = None, cache: dict | None = None) -> Identifiability:
     """rank(∂u/∂X) <= min(n, |θ_s|, Σ_c Σ_k R(B_k)) for the update u of a round (spec §12).
 
     Every influence of a step's samples on u leaves that step through its gradient, so rank(∂u/∂X) is at most the
@@ -283,6 +283,9 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
 
     Hand-checkable (one-sample input 3x32x32, |x| = 3,072): N = B = 1, C = 2 doubles n to 6,144 and the steps'
     term to 2·R(1); N = 3, B = 2, E = 2 runs steps at batch sizes 2, 1, 2, 1, so Σ R = 2·R(2) + 2·R(1).
+
+    `cache` (a dict the caller keeps) holds §9's per-step bounds and |θ_s| between calls on the same traced model
+    and shared set, so that a design review can try many rounds for the price of a few max flows.
     """
     if round_.fedsgd:
         return identifiability(traced, round_.batch_size, shared_layers=shared_layers, withheld_layers=withheld_layers)
@@ -291,28 +294,47 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     unknowns = round_.clients * round_.samples * per_sample
     shared = shared_predicate(shared_layers, withheld_layers)
-    update_values = FlowNetwork(traced, 1, shared).gradient_values()
-    partial = bool(shared_layers or withheld_layers)
-    kinds: dict[tuple[int, bool], int] = {}
-    sizes = round_.step_batch_sizes
-    for index, size in enumerate(sizes):
-        every = partial and index < len(sizes) - 1
-        kinds[(size, every)] = kinds.get((size, every), 0) + 1
-    terms, bounds = [], {}
+    cache = {} if cache is None else cache
+    if "update_values" not in cache:
+        cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
+    update_values = cache["update_values"]
+    kinds = _step_kinds(round_, partial=bool(shared_layers or withheld_layers))
+    last = round_.samples % round_.batch_size or round_.batch_size
+    terms, bounds = [], cache
     for (size, every), count in kinds.items():   # §9's network once per distinct kind of step
-        bounds[(size, every)] = step = (
-            identifiability(traced, size) if every else
-            identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers))
+        if (size, every) not in bounds:
+            bounds[(size, every)] = (
+                identifiability(traced, size) if every else
+                identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers))
+        step = bounds[(size, every)]
         terms.append(StepBound(size, count, step.rank_bound, every, step.bottleneck))
     steps_bound = round_.clients * sum(term.rank_bound * term.steps for term in terms)
     rank_bound = min(unknowns, update_values, steps_bound)
     binding, explanation, bottleneck = _binding(round_, unknowns, update_values, steps_bound, terms)
     threshold = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
-    cut_nodes = [] if binding == "update-values" else bounds[(sizes[-1], False)].cut_nodes
+    cut_nodes = [] if binding == "update-values" else bounds[(last, False)].cut_nodes
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=unknowns - rank_bound,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
                            verdict=verdict_level(rank_bound, unknowns, threshold), cut_nodes=cut_nodes,
                            round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation))
+
+
+def _step_kinds(round_: Round, *, partial: bool) -> dict[tuple[int, bool], int]:
+    """(batch size, every gradient carries on) -> steps per client of that kind, counted without listing the steps:
+    each epoch runs ⌊N/B⌋ full batches and one short batch of N mod B. With part of the gradients withheld, the
+    last step (whose withheld gradients reach nothing the server sees) is a kind of its own."""
+    full, rest = divmod(round_.samples, round_.batch_size)
+    kinds: dict[tuple[int, bool], int] = {}
+    for size, count in ((round_.batch_size, full), (rest, 1 if rest else 0)):
+        if count:
+            kinds[(size, partial)] = count * round_.local_epochs
+    if partial:
+        last = (rest or round_.batch_size, True)
+        kinds[last] -= 1
+        if not kinds[last]:
+            del kinds[last]
+        kinds[(last[0], False)] = 1
+    return kinds
 
 
 def _binding(round_: Round, unknowns: int, update_values: int, steps_bound: int,

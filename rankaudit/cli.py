@@ -205,12 +205,23 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
               show_default=True, help="html: the model's full report with the suggestions as a section.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
-def suggest_command(model, input_shape, batch_size, top, output_format, output, debug):
-    """Single architectural edits that raise RA-i, re-counted and ranked (accuracy is not measured)."""
+@_round_options
+@click.pass_context
+def suggest_command(ctx, model, input_shape, batch_size, top, output_format, output, debug, **round_flags):
+    """Single architectural edits that raise RA-i, re-counted and ranked (accuracy is not measured).
+
+    With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the smallest N,
+    the largest E and the smallest C at which the round is protected.
+    """
+    from rankaudit.config import load_settings
+    from rankaudit.load import split_model_spec
     from rankaudit.report import design
     from rankaudit.suggest import suggest
 
-    report = suggest(model, input_shape=input_shape, batch_size=batch_size)
+    configured = load_settings(split_model_spec(model)[0]).round
+    given = any(value is not None for value in round_flags.values()) or configured
+    round_ = _round(ctx, batch_size, configured) if given else None
+    report = suggest(model, input_shape=input_shape, batch_size=batch_size, round_=round_)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
