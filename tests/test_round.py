@@ -303,3 +303,125 @@ def test_fedavg_attack_on_an_aggregate_reports_each_client():
     assert len(attack.client_median_psnr) == 2 and len(attack.psnr[1]) == 2
     assert all(value > 20 for value in attack.client_median_psnr)
     assert attack.reconstructions.shape == (2, 2, 3, 8, 8)
+
+
+# ---- the command line and the reports -----------------------------------------------------------------------------
+
+CNN6 = EXAMPLES / "cnn6.py"
+
+
+def test_cli_round_reaches_json_table_and_sarif(run_cli):
+    import json
+
+    code, out, _ = run_cli(CNN6, "--local-samples", 64, "--batch-size", 4, "--format", "json")
+    payload = json.loads(out)
+    assert payload["round"] == {"local_samples": 64, "batch_size": 4, "local_epochs": 1, "steps": 16, "lr": 0.1,
+                                "optimizer": "sgd", "momentum": 0.0, "clients": 1, "secure_aggregation": False,
+                                "fedsgd": False}
+    assert payload["verdict"] == "partial" and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
+    assert payload["identifiability"]["round"]["binding"] == "update-values"
+    code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--clients", 3)
+    header = out.splitlines()[0]
+    assert header.endswith("FedAvg round: N = 4 local samples, batch 2, 2 local epochs, K = 4 steps of sgd, lr 0.1; "
+                           "secure aggregation over C = 3 clients")
+    assert "Round: rank <= min(n = 36,864 unknowns, |θ_s| = 125,456 update values" in out
+    assert "R-GAP has no multi-step form" in out and code == 1
+    code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--format", "sarif")
+    verdict = next(r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA004")
+    assert verdict["properties"]["round"]["steps"] == 4 and verdict["properties"]["binding_cap"] == "unknowns"
+
+
+def test_cli_fedsgd_output_has_no_round_lines(run_cli):
+    _, plain, _ = run_cli(CNN6)
+    _, explicit, _ = run_cli(CNN6, "--local-samples", 1, "--local-epochs", 1, "--clients", 1)
+    assert plain == explicit and "Round:" not in plain and "FedAvg" not in plain
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--local-samples", 1, "--batch-size", 2], "local samples N = 1 is below the batch size B = 2"),
+    (["--local-epochs", 0], "local epochs E = 0 is not an integer >= 1"),
+    (["--clients", -1], "clients C = -1 is not an integer >= 1"),
+    (["--lr", "inf"], "learning rate inf is not a finite number above 0"),
+    (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
+    (["--momentum", 0.9, "--optimizer", "adam"], "momentum 0.9 given with the adam optimizer"),
+])
+def test_cli_round_errors_exit_2_in_one_line(run_cli, args, message):
+    code, out, err = run_cli(CNN6, *args)
+    assert code == 2 and message in err and "fix:" in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
+    import json
+    import shutil
+
+    shutil.copy(CNN6, tmp_path / "cnn6.py")
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit.round]\nlocal-samples = 64\nbatch-size = 4\n"
+                                             "clients = 2\n", encoding="utf-8")
+    _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json")
+    assert json.loads(out)["round"]["clients"] == 2 and json.loads(out)["verdict"] == "protected"
+    _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
+    shown = json.loads(out)["round"]
+    assert (shown["clients"], shown["local_samples"], shown["batch_size"]) == (1, 8, 4)
+
+
+def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
+    """cnn6, N = 4, B = 2, E = 2 (exposed): protected from N = 82 (|θ_s| = 125,456 <= 0.5 x 82 x 3,072 = 125,952;
+    81 gives 124,416) or C = 21 (21 x 4 x 3,072 = 258,048 >= 250,912); no number of epochs protects it."""
+    import json
+
+    code, out, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2,
+                           "--format", "json")
+    settings = {s["knob"]: s for s in json.loads(out)["round_review"]["settings"]}
+    assert settings["local-samples"]["value"] == 82 and settings["local-samples"]["rank_bound"] == CNN6_PARAMETERS
+    assert settings["clients"]["value"] == 21 and settings["clients"]["unknowns"] == 258_048
+    assert settings["local-epochs"]["value"] is None and not settings["local-epochs"]["unbounded"]
+    _, table, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2)
+    assert "Smallest number of securely aggregated clients C for protected: 21" in table
+
+
+def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
+    """fig2_b has R(1) = 2,667 = |θ_s| per step (spec §9); with N = 8, B = 1 (24,576 unknowns) the |θ_s| cap keeps
+    ρ = 2,667 / 24,576 = 0.11 whatever E: any number of epochs. With N = 1 and C = 1 (FedSGD at E = 1) ρ = 0.87."""
+    from rankaudit.suggest import round_review
+
+    fig2_b = traced_example("fig2_b")
+    review = round_review(fig2_b, build_round({"batch_size": 1, "local_samples": 8}))
+    epochs = next(s for s in review.settings if s.knob == "local-epochs")
+    assert epochs.unbounded and review.verdict == "protected"
+    review = round_review(fig2_b, build_round({"batch_size": 1}))
+    assert review.verdict == "partial"
+    assert next(s for s in review.settings if s.knob == "local-samples").value == 2
+
+
+def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
+    import json
+
+    model = tmp_path / "res.py"
+    model.write_text((EXAMPLES / "resnet2_tiny.py").read_text(encoding="utf-8").replace(
+        "INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)").replace("width: int = 8", "width: int = 4"),
+        encoding="utf-8")
+    code, out, err = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--local-epochs", 2, "--verify", "rank",
+                             "--verify", "rgap", "--steps", 20, "--format", "json", "-q")
+    payload = json.loads(out)
+    rank = payload["verification"]["rank"]
+    assert (rank["rank"], rank["unknowns"], rank["round"]["steps"]) == (384, 384, 4)
+    assert rank["bound"]["consistent"] and "the update determines the input" in rank["agreement"]
+    attack = payload["verification"]["rgap"]
+    assert attack["attack"] == "fedavg-inversion" and len(attack["samples"]) == 2
+    assert any("R-GAP has no multi-step form" in note for note in attack["notes"])
+    code, _, err = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--verify", "gdbr")
+    assert code == 2 and "--verify gdbr reads one shared gradient" in err
+
+
+def test_html_round_card_names_the_round_and_its_cap():
+    from rankaudit.audit import audit
+    from rankaudit.report import html
+
+    result = audit(str(CNN6), round_=build_round({"batch_size": 4, "local_samples": 64, "clients": 2}))
+    page = html.render([result])
+    card = page[page.index("Federated round"):]
+    card = card[:card.index("</section>")]
+    for shown in ("64", "16", "393,216", "125,456", "update-values", "0.319",
+                  "The update has only 125,456 values for 393,216 unknowns"):
+        assert shown in card
+    assert "Federated round" not in html.render([audit(str(CNN6))])
