@@ -292,8 +292,8 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
 
 
 def test_fedavg_attack_on_an_aggregate_reports_each_client():
-    """Measured: 2 clients x 2 images under secure aggregation, 150 steps x 2 restarts: per-client median PSNR
-    around 25-30 dB, every image matched to an original of its label."""
+    """Measured: 2 clients x 2 images under secure aggregation, 150 steps x 2 restarts: PSNR 28.0, 30.8 (client 0)
+    and 28.3, 24.8 dB (client 1), medians 29.4 and 26.5 dB; every image matched to an original of its label."""
     from rankaudit.verify import fedavg
 
     torch.manual_seed(0)
