@@ -361,7 +361,8 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
             break
     settings.append(_setting("clients", *found) if found else
                     _setting("clients", None, None, f"no C up to {MAX_ROUND_SEARCH:,} protects this round"))
-    return RoundReview(round_, verdict_level(base.rank_bound, base.unknowns, ceiling), base.rank_bound, base.unknowns, base.recoverable_fraction, ceiling,
+    return RoundReview(round_, verdict_level(base.rank_bound, base.unknowns, ceiling), base.rank_bound,
+                       base.unknowns, base.recoverable_fraction, ceiling,
                        settings)
 
 

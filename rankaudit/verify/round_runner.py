@@ -1,4 +1,4 @@
-"""--verify rank|rgap for a federated round that is not FedSGD -> Result.verification, in the FedSGD fields plus the round.
+"""--verify rank|rgap for a round that is not FedSGD -> Result.verification: the FedSGD fields plus the round.
 
 `rank`: rank(∂u/∂X) of the round's (aggregated) update over all C·N·|x| inputs (rankaudit.verify.round_rank).
 `rgap`: R-GAP has no multi-step form, so the FedAvg inversion attack runs instead (rankaudit.verify.fedavg).
@@ -136,7 +136,8 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
     notes = [f"weights: {weights}", f"images: {source}",
              "R-GAP has no multi-step form (its closed form inverts one gradient layer by layer): the FedAvg "
              f"inversion attack simulates the {round_.steps} local steps from θ₀ instead", *attack.notes]
-    samples = [{"index": c * round_.samples + i, "client": c, "mse": attack.mse[c][i], "psnr": _finite(attack.psnr[c][i]),
+    samples = [{"index": c * round_.samples + i, "client": c, "mse": attack.mse[c][i],
+                "psnr": _finite(attack.psnr[c][i]),
                 "seconds": round(attack.seconds / len(flat_originals), 3),
                 "original_png": saved[c * round_.samples + i][0],
                 "reconstruction_png": saved[c * round_.samples + i][1]}
