@@ -328,7 +328,8 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     # Local samples N: past |θ_s| / (ρ_max·C·|x|) the |θ_s| cap alone protects the round.
     enough = math.ceil(values / max(ceiling * round_.clients * per_sample, 1e-300)) if ceiling > 0 else None
     found = None
-    for samples in range(round_.batch_size, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH) + 1):
+    last = max(round_.batch_size, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH))   # N >= B: one full batch
+    for samples in range(round_.batch_size, last + 1):
         bound = judged(dataclasses.replace(round_, local_samples=samples))
         if protected(bound):
             found = (samples, bound)

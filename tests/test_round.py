@@ -393,6 +393,15 @@ def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
     assert next(s for s in review.settings if s.knob == "local-samples").value == 2
 
 
+def test_suggest_smallest_samples_is_one_batch_when_the_cap_already_protects():
+    """resnet2_tiny (|θ_s| = 5,140, |x| = 768) at B = 32: one batch is 24,576 unknowns, ρ = 0.21: N = 32."""
+    from rankaudit.suggest import round_review
+
+    review = round_review(traced_example("resnet2_tiny"), build_round({"batch_size": 32, "local_samples": 500}))
+    samples = next(s for s in review.settings if s.knob == "local-samples")
+    assert (samples.value, samples.rank_bound, samples.unknowns) == (32, 5140, 24_576)
+
+
 def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
     import json
 
