@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rankaudit import ops
+from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, verdict_level
 from rankaudit.ops import Role
 from rankaudit.result import Identifiability, RoundBound, StepBound
 from rankaudit.round import Round
@@ -253,8 +254,11 @@ def _blocking_flow(adjacency, heads, capacity, level, s, t) -> int:
 
 
 def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
-                    withheld_layers: list[str] | None = None) -> Identifiability:
-    """rank(∂g/∂x) <= max flow; the verdict is `protected` only with a certified deficit (spec §9)."""
+                    withheld_layers: list[str] | None = None, max_recoverable: float | None = None) -> Identifiability:
+    """rank(∂g/∂x) <= max flow; the verdict is spec §11's level at the recoverable-fraction ceiling
+    `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
+    seen, `partial` with a smaller certified deficit, `exposed` without one."""
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     unknowns = batch_size * sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
     rank_bound, bottleneck, cut_nodes = network.min_cut()
@@ -262,8 +266,8 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
     deficit = unknowns - rank_bound
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=deficit,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
-                           bottleneck=bottleneck, verdict="protected" if deficit > 0 else "exposed",
-                           cut_nodes=cut_nodes)
+                           bottleneck=bottleneck, verdict=verdict_level(rank_bound, unknowns, ceiling),
+                           cut_nodes=cut_nodes, max_recoverable=ceiling)
 
 
 # ---- the federated round (spec §12) --------------------------------------------------------------------------------
@@ -288,9 +292,8 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     and shared set, so that a design review can try many rounds for the price of a few max flows.
     """
     if round_.fedsgd:
-        return identifiability(traced, round_.batch_size, shared_layers=shared_layers, withheld_layers=withheld_layers)
-    from rankaudit.findings import DEFAULT_MAX_RECOVERABLE, verdict_level   # findings imports this module
-
+        return identifiability(traced, round_.batch_size, shared_layers=shared_layers, withheld_layers=withheld_layers,
+                               max_recoverable=max_recoverable)
     per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     unknowns = round_.clients * round_.samples * per_sample
     shared = shared_predicate(shared_layers, withheld_layers)
@@ -311,11 +314,12 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     steps_bound = round_.clients * sum(term.rank_bound * term.steps for term in terms)
     rank_bound = min(unknowns, update_values, steps_bound)
     binding, explanation, bottleneck = _binding(round_, unknowns, update_values, steps_bound, terms)
-    threshold = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     cut_nodes = [] if binding == "update-values" else bounds[(last, False)].cut_nodes
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=unknowns - rank_bound,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
-                           verdict=verdict_level(rank_bound, unknowns, threshold), cut_nodes=cut_nodes,
+                           verdict=verdict_level(rank_bound, unknowns, ceiling), cut_nodes=cut_nodes,
+                           max_recoverable=ceiling,
                            round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation))
 
 

@@ -11,6 +11,7 @@ import click
 
 from rankaudit import __version__
 from rankaudit.errors import NoModelInFile, RankauditError, UsageError
+from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
@@ -76,12 +77,71 @@ def _round_options(command):
     return command
 
 
+# --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
+
+def _dp_options(command):
+    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.dp.check_option
+    (one-line errors, exit 2); the names mirror [tool.rankaudit.dp] (without the --dp- prefix)."""
+    options = [
+        click.option("--dp-noise", type=float, metavar="SIGMA",
+                     help="DP noise multiplier σ: noise std over the clip norm. Adds the DP section (spec §13)."),
+        click.option("--dp-clip", type=float, metavar="C", help="DP clip norm c (default 1.0)."),
+        click.option("--dp-sample-rate", type=float, metavar="Q",
+                     help="Poisson sampling rate of a unit per step (default 1: every step)."),
+        click.option("--dp-steps", type=int, metavar="T", help="Steps (rounds at the client level) a unit can take "
+                                                              "part in (default 1)."),
+        click.option("--dp-delta", type=float, metavar="DELTA", help="δ at which ε is reported (default 1e-5)."),
+        click.option("--dp-level", type=str, metavar="sample|client",
+                     help="sample: DP-SGD, the unit is a sample; client: DP-FedAvg, the unit is a client's update "
+                          "(default sample)."),
+        click.option("--prior", type=float, metavar="KAPPA",
+                     help="An attack's success probability without the update, κ (default 0.01)."),
+        click.option("--max-reconstruction", type=float, metavar="P",
+                     help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least "
+                          "noise meeting P."),
+        click.option("--dp-candidates", type=int, default=None, metavar="M",
+                     help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def _round(ctx: click.Context, batch_size: int, configured: dict | None):
     """The round from this command's flags and the configuration's table (flags win)."""
     from rankaudit.round import build_round
 
     flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
     return build_round({**flags, "batch_size": batch_size}, configured)
+
+
+_DP_FLAGS = {"noise": "dp_noise", "clip": "dp_clip", "sample-rate": "dp_sample_rate", "steps": "dp_steps",
+             "delta": "dp_delta", "level": "dp_level", "prior": "prior", "max-reconstruction": "max_reconstruction"}
+
+
+def _dp_values(options: dict, configured: dict | None) -> dict:
+    """The DP options keyed as in [tool.rankaudit.dp]: the config's, then the flags' over them (flags win)."""
+    from rankaudit.dp import check_option
+
+    merged = dict(configured or {})
+    for key, parameter in _DP_FLAGS.items():
+        if options.get(parameter) is not None:
+            merged[key] = check_option(key, options[parameter])
+    return merged
+
+
+def _dp_settings(options: dict, configured: dict | None):
+    """round.DPSettings from the flags over [tool.rankaudit.dp], or None without a noise multiplier."""
+    from rankaudit.dp import settings_from
+
+    return settings_from(_dp_values(options, configured))
+
+
+def _noise_suggestion(options: dict, configured: dict | None):
+    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T (None without DP options)."""
+    from rankaudit.dp import noise_search
+
+    return noise_search(_dp_values(options, configured))
 
 
 @cli.command()
@@ -97,26 +157,30 @@ def _round(ctx: click.Context, batch_size: int, configured: dict | None):
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report here.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
               help="Also write the self-contained HTML report here, next to the chosen format.")
-@click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed",
-              show_default=True, help="exposed: exit 1 without a certified deficit; boundary: also unless R-GAP's "
-                                      "closed form stops (RA-i > 0); never: only other rules fail.")
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=DEFAULT_FAIL_ON,
+              show_default=True, help="partial: exit 1 unless the verdict is protected; exposed: the old, weaker "
+                                      "gate (exit 1 only without a certified deficit); boundary: partial, and also "
+                                      "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
 @click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
-              help="Exit 1 when the bound lets more than this fraction of the input's directions be recovered "
-                   "(rank bound / unknowns).")
+              help="The ceiling on the recoverable fraction (rank bound / unknowns) for the verdict protected; "
+                   "above it a certified deficit is only partial (default 0.5).")
 @click.option("--shared-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="Only these layers' gradients are sent (label-leakage finding); default: all.")
 @click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="These layers' gradients are kept back (encrypted or local); the rest are sent.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
-@click.option("--verify", "verify", multiple=True, type=click.Choice(["rgap", "gdbr", "rank", "dager"]),
+@click.option("--verify", "verify", multiple=True,
+              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp"]),
               help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
                    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
                    "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
                    "dager: a language model's token set from the span of a first-block projection's gradient "
-                   "(DAGER's test; random token batches of the vocabulary).")
-@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Images to attack.")
+                   "(DAGER's test; random token batches of the vocabulary). dp: the informed attack on the DP noise "
+                   "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra).")
+@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Images to attack; --verify dp: trials (default 1000 there).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: CUDA when available, else CPU.")
@@ -135,11 +199,12 @@ def _round(ctx: click.Context, batch_size: int, configured: dict | None):
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@_dp_options
 @_round_options
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, skip_non_models, debug, input_dtype, **round_flags):
+          class_dist, aux, defenses, skip_non_models, debug, input_dtype, dp_candidates, **options):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -149,8 +214,11 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec
 
-    if defenses and not verify:
+    if defenses and not set(verify) - {"dp"}:
         raise UsageError("--defense needs an attack to defend against", "add --verify rgap and/or --verify gdbr")
+    if dp_candidates is not None and "dp" not in verify:
+        raise UsageError("--dp-candidates sets the candidates of --verify dp",
+                         "add --verify dp or drop --dp-candidates")
     given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "max_recoverable", "shared_layers",
                                "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
@@ -158,6 +226,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     for spec in models:
         try:
             settings = load_settings(split_model_spec(spec)[0])
+            dp_settings = _dp_settings(options, settings.dp)
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
             round_ = _round(ctx, pick("batch_size", batch_size), settings.round)
@@ -165,10 +234,16 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                            batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)
-            if verify:
-                _run_verifiers(result, spec, verify, samples=samples, seed=seed, device=device, data=data,
-                               steps=steps, artifacts=artifacts, trials=trials, class_dist=class_dist, aux=aux,
+                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype,
+                           dp=dp_settings)
+            if "dp" in verify:
+                _run_dp_attack(result, spec, dp_settings, candidates=dp_candidates, seed=seed, device=device, data=data,
+                               trials=samples if ctx.get_parameter_source("samples")
+                               is click.core.ParameterSource.COMMANDLINE else None)
+            if set(verify) - {"dp"}:
+                _run_verifiers(result, spec, [attack for attack in verify if attack != "dp"], samples=samples,
+                               seed=seed, device=device, data=data, steps=steps, artifacts=artifacts, trials=trials,
+                               class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
                                shared_layers=pick("shared_layers", shared_layers),
                                withheld_layers=pick("withheld_layers", withheld_layers))
@@ -201,14 +276,20 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
+@click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
+              help="The ceiling on the recoverable fraction for protected (default 0.5).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "html"]), default="table",
               show_default=True, help="html: the model's full report with the suggestions as a section.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
+@_dp_options
 @_round_options
 @click.pass_context
-def suggest_command(ctx, model, input_shape, batch_size, top, output_format, output, debug, **round_flags):
-    """Single architectural edits that raise RA-i, re-counted and ranked (accuracy is not measured).
+def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug,
+                    dp_candidates, **options):
+    """Single architectural edits, re-bounded and ranked by the recoverable fraction they reach; the smallest batch
+    sizes with a certified deficit and with the verdict protected (accuracy is not measured); with DP options and
+    --max-reconstruction, also the least noise multiplier that meets it.
 
     With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the smallest N,
     the largest E and the smallest C at which the round is protected.
@@ -218,15 +299,20 @@ def suggest_command(ctx, model, input_shape, batch_size, top, output_format, out
     from rankaudit.report import design
     from rankaudit.suggest import suggest
 
-    configured = load_settings(split_model_spec(model)[0]).round
-    given = any(value is not None for value in round_flags.values()) or configured
-    round_ = _round(ctx, batch_size, configured) if given else None
-    report = suggest(model, input_shape=input_shape, batch_size=batch_size, round_=round_)
+    if dp_candidates is not None:
+        raise UsageError("--dp-candidates sets the candidates of --verify dp, which suggest does not run",
+                         "drop --dp-candidates")
+    settings = load_settings(split_model_spec(model)[0])
+    noise = _noise_suggestion(options, settings.dp)
+    given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
+    round_ = _round(ctx, batch_size, settings.round) if given else None
+    report = dataclasses.replace(suggest(model, input_shape=input_shape, batch_size=batch_size,
+                                         max_recoverable=max_recoverable, round_=round_), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
 
-        result = audit(model, input_shape=input_shape, batch_size=batch_size)
+        result = audit(model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable)
         shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
         text = html.render([result], suggestions={result.model: shown})
     else:
@@ -241,18 +327,21 @@ def suggest_command(ctx, model, input_shape, batch_size, top, output_format, out
 @click.argument("second", metavar="B.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--fail-on", type=click.Choice(["never", "exposed", "boundary"]), default="exposed", show_default=True)
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=DEFAULT_FAIL_ON, show_default=True)
 @click.option("--min-ra", type=int, default=None)
+@click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
+              help="The ceiling on the recoverable fraction for protected (default 0.5).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
-def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, output_format, output, debug):
+def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
+                    debug):
     """Two designs side by side; the exit code is the policy applied to the second (B)."""
     from rankaudit.audit import audit
     from rankaudit.report import design
 
-    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra)
-               for spec in (first, second)]
+    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
+                     max_recoverable=max_recoverable) for spec in (first, second)]
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
             else design.compare_table(*results))
     _write(text, output)
@@ -265,6 +354,21 @@ def _write(text: str, output: str | None):
         click.echo(f"rankaudit: wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data, trials):
+    """--verify dp: the informed attack on the DP noise; the interval above the bound is an internal error."""
+    if dp_settings is None:
+        raise UsageError("--verify dp attacks the DP noise, but no noise multiplier is given",
+                         "add --dp-noise σ (and --dp-clip, --dp-sample-rate, --dp-steps as trained)")
+    from rankaudit.verify import dp as dp_attack
+
+    measured = dp_attack.verify_dp(result, spec, dp_settings,
+                                   candidates=dp_attack.DEFAULT_CANDIDATES if candidates is None else candidates,
+                                   trials=dp_attack.DEFAULT_TRIALS if trials is None else trials, seed=seed,
+                                   device=device, data=data)
+    if measured.get("internal_error"):
+        _error(f"{spec}: {measured['internal_error']}")   # on stderr, never hidden by --quiet or -o
 
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
@@ -357,7 +461,7 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         from rankaudit.report import table
 
         if quiet:
-            text = "".join(f"{result.model}: {result.summary}\n" for result in results)
+            text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
         else:
             color = output is None and _use_color(sys.stdout)
             text = table.render(results, color=color, verbose=verbose)
@@ -373,6 +477,15 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
                 click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
     else:
         click.echo(text, nl=False, color=True)  # the renderer already decided about colour
+
+
+def _dp_clause(result) -> str:
+    """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
+    if result.dp is None:
+        return ""
+    from rankaudit.findings import dp_sentence
+
+    return f" {dp_sentence(result.dp)}."
 
 
 def _error(message: str):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankaudit.errors import UsageError
-from rankaudit.findings import FAIL_ON_CHOICES
+from rankaudit.levels import FAIL_ON_CHOICES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "round"}
+            "dp", "round"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -32,6 +32,7 @@ class Settings:
     withheld_layers: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
+    dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
     round: dict[str, object] | None = None   # [tool.rankaudit.round], keyed by Round field (round.build_round)
 
 
@@ -115,6 +116,8 @@ def load_settings(model_path: Path) -> Settings:
         settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    if "dp" in table:
+        settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:
         settings.round = _round_table(pyproject, table["round"])
         batch = settings.round.pop("batch_size", None)
@@ -136,6 +139,19 @@ def load_settings(model_path: Path) -> Settings:
         if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
             settings.input_shape, settings.matched_model = shape, entry["path"]
     return settings
+
+
+def _dp_table(path: Path, table) -> dict:
+    """[tool.rankaudit.dp]: the DP options under their flag names without --dp- (noise, sample-rate, prior, ...)."""
+    from rankaudit.dp import OPTION_RULES, check_option
+
+    if not isinstance(table, dict):
+        _bad(path, "dp", "a table: [tool.rankaudit.dp] noise = 1.0 ...")
+    unknown = sorted(set(table) - set(OPTION_RULES))
+    if unknown:
+        raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.dp]",
+                         "use " + ", ".join(OPTION_RULES))
+    return {key: check_option(key, value, str(path)) for key, value in table.items()}
 
 
 # ---- [tool.rankaudit.round]: the federated round (spec §12); ranges are checked by round.validate_round ----------

@@ -4,23 +4,16 @@ from __future__ import annotations
 import math
 
 from rankaudit.bound import identifiability
+# The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
+from rankaudit.levels import (DEFAULT_FAIL_ON, DEFAULT_MAX_RECOVERABLE, FAIL_ON_CHOICES, FAILING_VERDICTS,  # noqa: F401
+                              VERDICT_LEVELS, percent, verdict_level)
 from rankaudit.ops import Role
-from rankaudit.result import (Caveat, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
+from rankaudit.result import (Caveat, DPBound, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
                               PolicyOutcome, Result, SpanExposure, TokenLeakage)
 from rankaudit.trace import TracedModel
 
-FAIL_ON_CHOICES = ("never", "exposed", "boundary")
-# Spec §11: the verdict levels, weakest protection first, and the default ceiling on the recoverable fraction.
-VERDICT_LEVELS = ("exposed", "partial", "protected")
-DEFAULT_MAX_RECOVERABLE = 0.5
-
-
-def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> str:
-    """Spec §11: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
-    ρ = R/n is at most `max_recoverable`; `partial` in between (some directions hidden, most still visible)."""
-    if unknowns <= 0 or rank_bound >= unknowns:
-        return "exposed"
-    return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
+# Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.
+NEAR_PERFECT_HIDDEN = 0.05
 
 # R-GAP's index (spec §4): where its closed-form recursion stops. It no longer gives the verdict.
 RA_MEANING = {
@@ -38,13 +31,31 @@ def ra_verdict(ra_i: int | None) -> str:
     return "boundary" if ra_i == 0 else "protected"
 
 
+def hidden_estimate_sentence(bound: Identifiability) -> str:
+    """Spec §11's static estimate of what a deficit hides of a natural image, pointing to the measurement."""
+    if bound.certified_deficit <= 0:
+        return "nothing of the input is certified hidden"
+    hidden = bound.hidden_estimate
+    expect = ("expect a near-perfect reconstruction" if hidden < NEAR_PERFECT_HIDDEN else
+              "expect a recognisable reconstruction" if bound.verdict == "partial" else
+              "expect a degraded reconstruction")
+    return (f"about {percent(hidden)} of an image's energy can be hidden (estimate: deficit / unknowns; --verify rank "
+            f"measures it); {expect}")
+
+
 def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str | None) -> str:
-    """What the verdict means, in one sentence (spec §9)."""
+    """What the verdict means, in one sentence (spec §9, §11)."""
     if bound.verdict == "protected":
         return (f"at least {bound.certified_deficit:,} input directions leave every shared gradient unchanged (to "
-                f"first order), whatever the attack: no complete reconstruction, though up to "
-                f"{bound.recoverable_fraction:.1%} of the input's directions may still be recovered (protected is "
-                "not the same as private)")
+                f"first order), whatever the attack: at most {percent(bound.recoverable_fraction)} of the input's "
+                f"directions can be recovered (ceiling {percent(bound.max_recoverable)}); "
+                f"{hidden_estimate_sentence(bound)} (protected is not the same as private: the visible directions "
+                "still carry part of the image)")
+    if bound.verdict == "partial":
+        return (f"only {bound.certified_deficit:,} input directions are certified invisible: up to "
+                f"{percent(bound.recoverable_fraction)} of the input's directions can still be recovered, above the "
+                f"{percent(bound.max_recoverable)} ceiling; {hidden_estimate_sentence(bound)}. This is not "
+                "protection: only a reconstruction of the whole input is ruled out")
     if ra_i is not None and ra_i > 0:
         return (f"no cut through the graph stops the shared gradient from determining the input; R-GAP's closed "
                 f"form stops at {critical_layer}, but optimisation attacks are not stopped")
@@ -69,11 +80,13 @@ def round_meaning(bound: Identifiability) -> str:
         return (f"no cap stops the round's update from determining the client's samples ({cap}): a server can "
                 "reconstruct them")
     reach = (f"at least {bound.certified_deficit:,} of the {bound.unknowns:,} input directions leave the update "
-             f"unchanged (to first order), whatever the attack, because {cap}; up to {bound.recoverable_fraction:.1%} "
-             "of them may still be recovered")
+             f"unchanged (to first order), whatever the attack, because {cap}; up to "
+             f"{percent(bound.recoverable_fraction)} of them can be recovered")
     if bound.verdict == "partial":
-        return reach + ", more than the ceiling allows: partial"
-    return reach + " (a deficit of the batch as a whole: it does not prove that each sample keeps a hidden part)"
+        return (reach + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection, only a "
+                "reconstruction of every sample in full is ruled out")
+    return (reach + f" (ceiling {percent(bound.max_recoverable)}); a deficit of the round's inputs as a whole, which "
+            "does not prove that each sample keeps a hidden part")
 
 
 def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None]],
@@ -92,22 +105,24 @@ def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None
     return caveats
 
 
-def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None = None,
+def evaluate_policy(result: Result, fail_on: str = DEFAULT_FAIL_ON, min_ra: int | None = None,
                     max_recoverable: float | None = None) -> PolicyOutcome:
-    """Exit-code policy: fail on a verdict at or below `fail_on`, on RA-i below `min_ra`, or on a recoverable
-    fraction bound R/n above `max_recoverable`."""
+    """Exit-code policy: fail on a verdict level `fail_on` names (by default anything short of `protected`), on
+    RA-i below `min_ra`, and on the token findings. `max_recoverable` is the ceiling the verdict level was
+    computed with (spec §11); it is recorded here, the level already applies it."""
     reasons = []
-    failing = {"never": (), "exposed": ("exposed",), "boundary": ("exposed", "boundary")}[fail_on]
-    if result.verdict in failing:
-        reasons.append(f"verdict is {result.verdict} (--fail-on {fail_on})")
-    elif fail_on == "boundary" and ra_verdict(result.ra_i) != "protected":
-        # The bound has no boundary case: the stricter level also asks R-GAP's closed form to stop somewhere.
+    bound = result.identifiability
+    if result.verdict in FAILING_VERDICTS[fail_on]:
+        if result.verdict == "partial" and bound is not None:
+            reasons.append(f"verdict is partial: up to {percent(bound.recoverable_fraction)} of the input's directions "
+                           f"are recoverable, above the allowed {percent(bound.max_recoverable)} (--fail-on {fail_on}; "
+                           "--max-recoverable sets the ceiling, --fail-on exposed keeps the old gate)")
+        else:
+            reasons.append(f"verdict is {result.verdict} (--fail-on {fail_on})")
+    if fail_on == "boundary" and ra_verdict(result.ra_i) != "protected":
+        # The bound has no boundary case: the strictest level also asks R-GAP's closed form to stop somewhere.
         shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
         reasons.append(f"RA-i {shown} <= 0: R-GAP's closed form is not stopped (--fail-on boundary)")
-    bound = result.identifiability
-    if max_recoverable is not None and bound is not None and bound.recoverable_fraction > max_recoverable:
-        reasons.append(f"up to {bound.recoverable_fraction:.2%} of the input's directions are recoverable, above "
-                       f"the allowed {max_recoverable:.2%} (--max-recoverable {max_recoverable:g})")
     if min_ra is not None and (result.ra_i is None or result.ra_i < min_ra):
         shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
         reasons.append(f"RA-i {shown} is below the required minimum {min_ra} (--min-ra)")
@@ -122,21 +137,22 @@ def evaluate_policy(result: Result, fail_on: str = "exposed", min_ra: int | None
                        f"a span test (B·n = {first.tokens_per_batch} < d_in = {first.d_in}; DAGER) (--fail-on "
                        f"{fail_on}; send at least {tokens.safe_tokens_per_batch} distinct tokens per gradient, e.g. "
                        f"batch {tokens.safe_batch_size}, or withhold those layers' gradients to pass)")
+    ceiling = bound.max_recoverable if bound is not None else max_recoverable
     return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
-                         max_recoverable=max_recoverable)
+                         max_recoverable=ceiling)
 
 
-def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = "exposed", min_ra: int | None = None,
+def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = DEFAULT_FAIL_ON, min_ra: int | None = None,
                    shared_layers: set[str] | None = None, max_recoverable: float | None = None) -> Result:
     """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`.
 
-    The verdict follows the identifiability bound (spec §9) in `result.identifiability`, computed here with all
-    gradients shared when the caller did not compute it; RA-i stays R-GAP's index.
+    The verdict is spec §11's level of the identifiability bound (spec §9) in `result.identifiability`, computed
+    here with all gradients shared when the caller did not compute it; RA-i stays R-GAP's index.
     """
     non_injective = [(traced.record(n).name, traced.record(n).source) for n in traced.order
                      if traced.record(n).counting.non_injective]
     if result.identifiability is None:
-        result.identifiability = identifiability(traced, result.batch_size)
+        result.identifiability = identifiability(traced, result.batch_size, max_recoverable=max_recoverable)
     bound = result.identifiability
     result.verdict = bound.verdict
     result.meaning = (round_meaning(bound) if bound.round is not None else
@@ -389,3 +405,31 @@ def safe_token_budget(layers: list[SpanExposure]) -> tuple[int | None, int | Non
         return None, None
     safe = max(layer.safe_from for layer in sent)
     return safe, -(-safe // max(1, max(layer.positions for layer in sent)))
+
+
+# --- differential privacy (spec §13): a section beside the structural verdict, and its policy rule -------------
+
+DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
+
+
+def dp_sentence(dp: DPBound) -> str:
+    """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
+    epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
+    return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
+            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
+
+
+def apply_dp(result: Result, settings) -> Result:
+    """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
+    B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
+    structural exposure."""
+    from rankaudit.dp import dp_bound
+
+    result.dp = dp_bound(settings)
+    if result.dp.within_limit is False and result.policy is not None:
+        result.policy.reasons.append(
+            f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
+            f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
+            f"`rankaudit suggest` with the same DP options names the least noise that meets it)")
+        result.policy.passed = False
+    return result

@@ -108,9 +108,16 @@ class Identifiability:
     certified_deficit: int          # max(n - R, 0): input directions no gradient can see, to first order
     recoverable_fraction: float     # R / n, capped at 1
     bottleneck: list[str]           # tensors and gradients on the min cut
-    verdict: str                    # protected (certified deficit > 0) | exposed
+    verdict: str                    # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
+    max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
     round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
+
+    @property
+    def hidden_estimate(self) -> float:
+        """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
+        about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
+        return self.certified_deficit / self.unknowns if self.unknowns else 0.0
 
 
 @dataclass
@@ -229,6 +236,53 @@ class PolicyOutcome:
 
 
 @dataclass
+class DPBound:
+    """Spec §13: what the DP noise bounds. ε at δ, and B(κ) = inf_ε (e^ε κ + δ(ε)): the most any reconstruction
+    attack whose success without the update is κ can succeed with it."""
+
+    level: str                          # sample (DP-SGD) | client (user-level DP-FedAvg)
+    noise_multiplier: float             # σ: noise standard deviation over the clip norm
+    clip: float                         # c
+    sample_rate: float                  # q: Poisson sampling rate of the unit (a sample, or a client)
+    steps: int                          # T: steps (rounds, at the client level) a unit can take part in
+    delta: float
+    epsilon: float | None               # ε at δ; None when no finite ε reaches δ
+    prior: float                        # κ the user asked about
+    reconstruction_bound: float         # B(κ) at the user's prior
+    bounds: dict[str, float]            # B(κ) at κ = 0.1, 0.01, 0.001, keyed by κ as written
+    accountant: str                     # the library and its discretisation
+    seconds: float = 0.0
+    max_reconstruction: float | None = None   # the policy's ceiling on B(κ); None: no rule
+    curve: list[tuple[float, float]] = field(default_factory=list)   # (κ, B(κ)) for the HTML card
+
+    @property
+    def within_limit(self) -> bool | None:
+        """None without a ceiling; otherwise whether B(κ) <= the ceiling."""
+        if self.max_reconstruction is None:
+            return None
+        return self.reconstruction_bound <= self.max_reconstruction
+
+
+@dataclass
+class DPNoiseSuggestion:
+    """`suggest` with DP options: the least noise multiplier whose B(κ) meets --max-reconstruction at q and T."""
+
+    target: float                       # the ceiling on B(κ)
+    prior: float
+    sample_rate: float
+    steps: int
+    delta: float
+    level: str
+    accountant: str
+    noise_multiplier: float | None      # the least σ found (bisection on log σ); None: none up to the ceiling
+    epsilon: float | None               # ε at δ of that σ (None: infinite, or no σ found)
+    bound: float | None                 # B(κ) at that σ
+    at_floor: bool                      # the search floor already meets the target: less noise may too
+    search: str                         # the interval and tolerance searched, in words
+    seconds: float = 0.0
+
+
+@dataclass
 class Result:
     model: str                          # as the user named it: path or path:name
     model_name: str                     # the class, factory or instance
@@ -255,6 +309,10 @@ class Result:
     token_leakage: TokenLeakage | None = None                 # None: the model reads no token ids
     build: str = ""                     # how the model was built: meta-parameters | meta (see load.py)
     call_notes: list[str] = field(default_factory=list)      # keyword arguments forward() was called with
+    # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose
+    # numbers describe them.
+    images: dict[str, bytes] = field(default_factory=dict)
+    dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
 
     @property

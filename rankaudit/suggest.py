@@ -12,9 +12,10 @@ from rankaudit.analysis import analyze
 from rankaudit.bound import gradient_sources, identifiability, round_identifiability
 from rankaudit.errors import RankauditError
 from rankaudit.findings import token_leakage
+from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
-from rankaudit.result import Identifiability, Result
+from rankaudit.result import DPNoiseSuggestion, Identifiability, Result
 from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
@@ -30,11 +31,12 @@ class Suggestion:
     detail: str                # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str               # the identifiability bound's verdict on the edited model (spec §9)
+    verdict: str               # the identifiability bound's verdict level on the edited model (spec §9, §11)
     delta_params: int
     crosses_verdict: bool      # the verdict differs from the unedited model's
     rank_bound: int = 0
     certified_deficit: int = 0
+    recoverable_fraction: float = 1.0   # R/n of the edited model: the edits are ranked by it
 
 
 @dataclass
@@ -78,7 +80,13 @@ class SuggestReport:
     rank_bound: int = 0
     certified_deficit: int = 0
     certifying_batch: int | None = None        # smallest batch size with a certified deficit
-    certifying_withheld: list[str] | None = None  # layers whose gradients, kept back, give a certificate
+    protecting_batch: int | None = None        # smallest batch size whose verdict is protected (None: none is)
+    max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # the ceiling on R/n that protected asks for
+    recoverable_fraction: float = 1.0          # R/n of the model as it is
+    certifying_withheld: list[str] | None = None  # layers whose gradients, kept back, make the verdict protected
+    # Where no set of layers reaches protected (norms and other directly used parameters still send enough):
+    # layers whose gradients, kept back, give at least a certified deficit (partial).
+    deficit_withheld: list[str] | None = None
     # Language models: DAGER's span test on the layers reading per-token vectors (all gradients shared).
     token_span_exposed: list[str] = field(default_factory=list)  # layers whose gradient passes it at this B·n
     tokens_per_batch: int | None = None                  # B·n now
@@ -87,6 +95,7 @@ class SuggestReport:
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
     round_review: RoundReview | None = None   # with a round: the N, E and C that make it protected
+    noise: DPNoiseSuggestion | None = None     # with DP options: the least noise meeting --max-reconstruction
 
 
 def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[str]) -> TracedModel:
@@ -258,9 +267,41 @@ def smallest_certified_batch(traced: TracedModel, start: int = 1, at_start: Iden
     return high
 
 
-def certifying_withheld(traced: TracedModel, batch_size: int,
-                        all_shared: Identifiability | None = None) -> list[str] | None:
-    """A small set of layers whose gradients, withheld, give a certified deficit; None if even all do not.
+def smallest_protected_batch(traced: TracedModel, start: int = 1, at_start: Identifiability | None = None,
+                             max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> int | None:
+    """Smallest B >= start whose verdict is `protected` (R/n <= max_recoverable, spec §11); None if no B is.
+
+    Every cut's capacity is a + B·b (gradients a, tensors B·b, both >= 0), so R(B) is their minimum and
+    R(B)/(B·|x|) = min(a/B + b)/|x| never grows with B: a bisection finds the first B. The cut through every
+    shared gradient has b = 0, so from B·|x|·max_recoverable >= their total size on, the verdict is protected.
+    """
+    def protected(batch: int, bound: Identifiability | None = None) -> bool:
+        bound = bound or identifiability(traced, batch, max_recoverable=max_recoverable)
+        return bound.verdict == "protected"
+
+    if protected(start, at_start):
+        return start
+    if max_recoverable <= 0:
+        return None
+    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
+    capacity += sum(e.vocab_size * e.dim for e in traced.token_embeddings)
+    low, high = start, max(start + 1, int(capacity / (max_recoverable * max(per_sample, 1))) + 1)
+    if not protected(high):
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if protected(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def certifying_withheld(traced: TracedModel, batch_size: int, all_shared: Identifiability | None = None,
+                        max_recoverable: float = DEFAULT_MAX_RECOVERABLE, aim: str = "protected") -> list[str] | None:
+    """A small set of layers whose gradients, withheld, reach the verdict level `aim` (spec §11: `protected`, or
+    `partial` for any certified deficit); None if even withholding all of them does not.
 
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
     a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.
@@ -272,19 +313,22 @@ def certifying_withheld(traced: TracedModel, batch_size: int,
             capacity[record.name.split("#")[0]] = record.counting.weights
     names = list(capacity)
     withheld: list[str] = []
-    bound = all_shared or identifiability(traced, batch_size)
-    while not bound.certified_deficit:
+    reached = VERDICT_LEVELS[VERDICT_LEVELS.index(aim):]
+    bound = all_shared or identifiability(traced, batch_size, max_recoverable=max_recoverable)
+    while bound.verdict not in reached:
         candidates = [name for name in names if name not in withheld]
         if not candidates:
             return None
-        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name]), capacity[name], name)
+        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name],
+                                   max_recoverable=max_recoverable), capacity[name], name)
                   for name in candidates]
         # Where no single layer lowers the bound yet (the input itself is the cut), take the most gradient away.
         bound, _, best = min(trials, key=lambda trial: (trial[0].rank_bound, -trial[1]))
         withheld.append(best)
     for name in sorted(withheld, key=capacity.__getitem__):   # then share again what the certificate can spare
         rest = [other for other in withheld if other != name]
-        if identifiability(traced, batch_size, withheld_layers=rest).certified_deficit:
+        if identifiability(traced, batch_size, withheld_layers=rest,
+                           max_recoverable=max_recoverable).verdict in reached:
             withheld = rest
     return withheld
 
@@ -310,8 +354,6 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     hurt. N and C are scanned upward to where |θ_s|/n reaches the ceiling (every round past it is protected);
     E upward while the round stays protected. Each try costs arithmetic: §9's max flows are cached per batch size.
     """
-    from rankaudit.findings import DEFAULT_MAX_RECOVERABLE, verdict_level
-
     ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     cache: dict = {}
 
@@ -368,24 +410,26 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
 
 
 def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-            round_: Round | None = None, max_recoverable: float | None = None) -> SuggestReport:
-    """Every single edit of EDITS that applies to the model, re-counted and ranked by the certified deficit,
-    then by the RA-i it reaches."""
+            max_recoverable: float | None = None, round_: Round | None = None) -> SuggestReport:
+    """Every single edit of EDITS that applies to the model, re-counted and ranked by the recoverable fraction
+    R/n it reaches (the verdict level follows it, spec §11), then by the RA-i; with a round, also the N, E and C
+    at which it is protected."""
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
     traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
                          forward_kwargs=loaded.forward_kwargs)
     base = analyze(traced, batch_size)
-    base_bound = identifiability(traced, batch_size)
+    base_bound = identifiability(traced, batch_size, max_recoverable=ceiling)
     skipped: list[str] = []
     suggestions = []
 
     def add(edit, target, detail, edited, delta, batch=batch_size):
         result = analyze(edited, batch)
-        bound = identifiability(edited, batch)
+        bound = identifiability(edited, batch, max_recoverable=ceiling)
         suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, bound.verdict, delta,
                                       bound.verdict != base_bound.verdict, bound.rank_bound,
-                                      bound.certified_deficit))
+                                      bound.certified_deficit, bound.recoverable_fraction))
 
     for target, detail, edited, delta in _cut_skips(traced, base):
         add("cut-skip", target, detail, edited, delta)
@@ -396,10 +440,15 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     for target, detail, edited, delta in _remove_bias_edits(traced):
         add("remove-bias", target, detail, edited, delta)
     certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
-    if certifying_batch != batch_size:
-        add("batch-size", "batch", f"batch size {batch_size} -> {certifying_batch} (samples per shared gradient)",
-            traced, 0, batch=certifying_batch)
-    suggestions.sort(key=lambda s: (-s.certified_deficit, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
+    protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling)
+    for batch in dict.fromkeys((certifying_batch, protecting_batch)):
+        if batch is not None and batch != batch_size:
+            add("batch-size", "batch", f"batch size {batch_size} -> {batch} (samples per shared gradient)",
+                traced, 0, batch=batch)
+    suggestions.sort(key=lambda s: (s.recoverable_fraction, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
+    protecting = certifying_withheld(traced, batch_size, base_bound, ceiling)
+    deficit_only = None if protecting is not None else certifying_withheld(traced, batch_size, base_bound, ceiling,
+                                                                            aim="partial")
     tokens = token_leakage(traced, batch_size, None)
     span = {"token_span_exposed": tokens.span_exposing, "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
             "safe_token_batch": tokens.safe_batch_size,
@@ -407,6 +456,8 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_bound.verdict,
                          suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
                          certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
-                         certifying_withheld=certifying_withheld(traced, batch_size, base_bound),
-                         round_review=round_review(traced, round_, max_recoverable) if round_ is not None else None,
+                         protecting_batch=protecting_batch, max_recoverable=ceiling,
+                         recoverable_fraction=base_bound.recoverable_fraction,
+                         certifying_withheld=protecting, deficit_withheld=deficit_only,
+                         round_review=round_review(traced, round_, ceiling) if round_ is not None else None,
                          seconds=time.perf_counter() - started, **span)

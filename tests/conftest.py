@@ -51,6 +51,27 @@ def measured_rank(example: str, batch_size: int = 1, seed: int = 0):
     return _MEASURED[key]
 
 
+_RANK_CHECKS: dict[tuple, tuple] = {}
+
+
+def rank_check(example: str, *args: str):
+    """`rankaudit EXAMPLE --verify rank ARGS` once per test session, with the JSON and the HTML report written to
+    a session folder: (exit code, JSON payload, path of the HTML page). The sketch of a 3x32x32 model with its
+    full SVD takes about a minute on two cores; the hidden-energy test and the browser test share it."""
+    import json
+    import tempfile
+
+    key = (example, *args)
+    if key not in _RANK_CHECKS:
+        folder = Path(tempfile.mkdtemp(prefix="rankaudit-rank-check-"))
+        report, page = folder / "report.json", folder / "report.html"
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(EXAMPLES / f"{example}.py"), "--verify", "rank", "--format", "json", "-o", str(report),
+                  "--html", str(page), "--quiet", *args])
+        _RANK_CHECKS[key] = exit_info.value.code, json.loads(report.read_text(encoding="utf-8")), page
+    return _RANK_CHECKS[key]
+
+
 def row(result: Result, name: str):
     matches = [r for r in result.layers if r.name == name]
     assert matches, f"no row {name}; rows: {[r.name for r in result.layers]}"

@@ -20,16 +20,27 @@ def traced_example(name: str):
 
 @pytest.mark.parametrize("name, rank_bound, deficit, verdict", [
     ("fig2_a", 3072, 0, "exposed"),
-    ("fig2_b", 2667, 405, "protected"),
-    ("fig2_c", 2667, 405, "protected"),
+    ("fig2_b", 2667, 405, "partial"),
+    ("fig2_c", 2667, 405, "partial"),
     ("fig2_d", 3072, 0, "exposed"),
-    ("fig2_e", 3056, 16, "protected"),
+    ("fig2_e", 3056, 16, "partial"),
+    ("strided_stem", 452, 2620, "protected"),
 ])
 def test_spec_hand_values(name, rank_bound, deficit, verdict):
     bound = identifiability(traced_example(name))
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit, bound.verdict) == \
         (3072, rank_bound, deficit, verdict)
     assert bound.recoverable_fraction == pytest.approx(rank_bound / 3072)
+    assert bound.max_recoverable == 0.5
+
+
+def test_the_ceiling_moves_the_level_not_the_bound():
+    traced = traced_example("fig2_e")   # R/n = 3056/3072 = 0.9948
+    assert identifiability(traced, max_recoverable=0.995).verdict == "protected"
+    assert identifiability(traced, max_recoverable=0.994).verdict == "partial"
+    strict = identifiability(traced_example("strided_stem"), max_recoverable=0.1)   # R/n = 452/3072 = 0.147
+    assert (strict.rank_bound, strict.verdict, strict.max_recoverable) == (452, "partial", 0.1)
+    assert identifiability(traced_example("fig2_a"), max_recoverable=1.0).verdict == "exposed"
 
 
 def _networkx_max_flow(traced, batch_size=1, **sharing):
@@ -61,7 +72,7 @@ def test_batch_size_scales_tensors_but_not_gradients():
     # B = 2: 6144 unknowns; the gradients hold 192 + 3364 = 3556 values, all reachable.
     bound = identifiability(traced, 2)
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit) == (6144, 3556, 2588)
-    assert bound.verdict == "protected"
+    assert bound.verdict == "partial"   # 3556 / 6144 = 58 % of the directions still recoverable
 
 
 def test_withheld_gradients_lower_the_bound():

@@ -151,3 +151,36 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
         colours, spread = _not_blank(png)
         assert colours > 20 and spread > 20, f"blank-looking screenshot at {label}: {colours} colours, sd {spread}"
         context.close()
+
+
+def test_the_visible_parts_stand_beside_the_verdict(browser):
+    """--verify rank on Figure 2(e): the verdict card shows the photograph beside its visible part (spec §11),
+    embedded in the file, loaded, and labelled with the measured share."""
+    from conftest import rank_check
+
+    _, payload, page_file = rank_check("fig2_e", "--samples", "1")
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, offline=True)
+    page = context.new_page()
+    errors = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(page_file.as_uri(), wait_until="load")
+    assert errors == []
+    assert page.inner_text(".summary .badge").strip().lower() == "partial" == payload["verdict"]
+    pictures = page.locator(".summary .visible-parts img")
+    assert pictures.count() == 2
+    assert [pictures.nth(i).get_attribute("alt") for i in range(2)] == ["input 0", "visible part of input 0"]
+    assert page.evaluate("[...document.querySelectorAll('.visible-parts img')]"
+                         ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32)")
+    caption = page.inner_text(".visible-pair figcaption")
+    assert "hidden 2 %" in caption and " dB" in caption and "SSIM 0.99" in caption
+    assert "the gradient shows the image" in page.inner_text(".what-it-shows")
+    shot = page.locator(".summary .visible-parts").screenshot()
+    colours, spread = _not_blank(shot)
+    assert colours > 20 and spread > 10, f"blank-looking visible parts: {colours} colours, sd {spread}"
+    try:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "fig2_e_verify_rank-1280x900.png"))
+    except OSError:
+        pass
+    context.close()

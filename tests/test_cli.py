@@ -142,12 +142,14 @@ def test_shape_dependent_control_flow_falls_back_to_torch_export(run_cli, tmp_pa
 
 
 def test_policy_exit_codes(run_cli):
-    exposed, protected = EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py"
+    exposed, partial = EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py"
     assert run_cli(exposed)[0] == 1
     assert run_cli(exposed, "--fail-on", "never")[0] == 0
-    assert run_cli(protected)[0] == 0
-    assert run_cli(protected, "--min-ra", "405")[0] == 0
-    code, out, _ = run_cli(protected, "--min-ra", "406")
+    assert run_cli(exposed, "--fail-on", "exposed")[0] == 1
+    assert run_cli(partial)[0] == 1                      # 2,667 of 3,072 recoverable: not protected
+    assert run_cli(partial, "--fail-on", "exposed")[0] == 0
+    assert run_cli(partial, "--fail-on", "exposed", "--min-ra", "405")[0] == 0
+    code, out, _ = run_cli(partial, "--fail-on", "exposed", "--min-ra", "406")
     assert code == 1 and "below the required minimum 406" in out
     assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-500")[0] == 0
     assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-400")[0] == 1
@@ -163,12 +165,17 @@ def test_boundary_policy(run_cli, tmp_path):
     path = write(tmp_path, "edge.py", body)
     code, out, _ = run_cli(path, "--format", "json")
     payload = json.loads(out)
-    # The bound certifies a deficit: 5 gradient values (weight and bias) cannot pin 9 unknowns, so the verdict is
-    # protected; R-GAP's index sits at its boundary, which --fail-on boundary refuses.
-    assert code == 0 and payload["verdict"] == "protected" and payload["ra_i"] == 0
+    # The bound certifies a deficit: 5 gradient values (weight and bias) cannot pin 9 unknowns, but 5/9 = 56 % of
+    # the directions stay recoverable: partial at the default ceiling of 50 %.
+    assert code == 1 and payload["verdict"] == "partial" and payload["ra_i"] == 0
     assert payload["identifiability"]["rank_bound"] == 5 and payload["identifiability"]["certified_deficit"] == 4
-    code, out, _ = run_cli(path, "--fail-on", "boundary")
-    assert code == 1 and "RA-i 0 <= 0" in out
+    # At a ceiling of 60 % it is protected; R-GAP's index sits at its boundary, which --fail-on boundary refuses.
+    code, out, _ = run_cli(path, "--max-recoverable", "0.6", "--format", "json")
+    assert code == 0 and json.loads(out)["verdict"] == "protected"
+    code, out, _ = run_cli(path, "--max-recoverable", "0.6", "--fail-on", "boundary")
+    assert code == 1 and "RA-i 0 <= 0" in out and "verdict is" not in out
+    code, out, _ = run_cli(path, "--fail-on", "boundary")   # partial and RA-i 0: both reasons
+    assert code == 1 and "RA-i 0 <= 0" in out and "verdict is partial" in out
 
 
 JSON_LAYER_KEYS = {"name", "op", "inputs", "weights", "outputs", "virtual", "ra_i", "dense", "critical", "block"}
@@ -197,7 +204,7 @@ def test_several_models_exit_with_the_worst(run_cli, tmp_path):
     assert code == 1 and out.count("rankaudit 0.1.0") == 2
     code, out, err = run_cli(EXAMPLES / "fig2_b.py", tmp_path / "missing.py")
     assert code == 2 and "fig2_b.py" in out and "does not exist" in err
-    code, out, _ = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_e.py", "--format", "json")
+    code, out, _ = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_e.py", "--format", "json", "--fail-on", "exposed")
     assert code == 0 and [m["ra_i"] for m in json.loads(out)] == [405, 316]
 
 
@@ -207,8 +214,11 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
     critical = [line for line in lines if line.startswith(">")]
     assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
     closing = lines[lines.index(critical[0]) + 3:][:2]  # after the table: the bound's line, then RA-i's
-    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (min cut: ∇conv1, ∇conv2, ∇fc): protected.")
-    assert "At least 16 input directions leave every shared gradient unchanged" in closing[0]
+    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable, protected at most "
+                                 "50 %; min cut: ∇conv1, ∇conv2, ∇fc): partial.")
+    assert "Only 16 input directions are certified invisible" in closing[0]
+    assert "about 0.5 % of an image's energy can be hidden" in closing[0]
+    assert "expect a near-perfect reconstruction" in closing[0] and "This is not protection" in closing[0]
     assert closing[1] == ("RA-i 316 at conv2: R-GAP's closed-form recursion stops at the critical layer (more unknowns "
                           "than constraints there).")
 
@@ -227,3 +237,23 @@ def test_debug_shows_the_traceback():
     done = subprocess.run(["rankaudit", str(EXAMPLES / "cnn6.py"), "--input-shape", "3,8,8", "--debug"],
                           capture_output=True, text=True)
     assert done.returncode != 0 and "Traceback" in done.stderr
+
+
+def test_fig2_e_is_partial_and_fails_by_default_but_passes_the_old_gate(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["verdict"] == "partial"
+    assert payload["identifiability"]["max_recoverable"] == 0.5 and payload["policy"]["fail_on"] == "partial"
+    assert payload["identifiability"]["rank_bound"] == 3056
+    assert payload["identifiability"]["hidden_estimate"] == pytest.approx(16 / 3072)
+    code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--fail-on", "exposed", "--quiet")
+    assert code == 0 and "fig2_e.py: Rank bound 3,056 of 3,072 unknowns: partial." in out
+
+
+def test_a_large_certified_deficit_is_protected_and_passes(run_cli):
+    code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--format", "json")
+    payload = json.loads(out)
+    assert code == 0 and payload["verdict"] == "protected" and payload["policy"]["passed"]
+    assert (payload["identifiability"]["rank_bound"], payload["identifiability"]["unknowns"]) == (452, 3072)
+    code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--max-recoverable", "0.1")
+    assert code == 1 and "verdict is partial" in out and "allowed 10 %" in out

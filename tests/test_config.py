@@ -107,3 +107,26 @@ def test_a_pyproject_without_the_table_is_passed_over(run_cli, tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nfail-on = 'never'\n")
     shutil.copy(EXAMPLES / "fig2_a.py", inner / "exposed.py")
     assert run_cli(inner / "exposed.py")[0] == 0
+
+
+def test_max_recoverable_from_config_sets_the_ceiling_of_protected(run_cli, project):
+    models = project("""
+        [tool.rankaudit]
+        max-recoverable = 0.999
+    """)
+    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")   # R/n = 3056/3072 = 0.9948
+    code, out, _ = run_cli(models / "fig2_e.py", "--format", "json")
+    payload = json.loads(out)
+    assert code == 0 and payload["verdict"] == "protected" and payload["identifiability"]["max_recoverable"] == 0.999
+    code, out, _ = run_cli(models / "fig2_e.py", "--max-recoverable", "0.5", "--format", "json")  # the flag wins
+    assert code == 1 and json.loads(out)["verdict"] == "partial"
+    models = project("[tool.rankaudit]\nmax-recoverable = 2\n")
+    code, _, err = run_cli(models / "fig2_e.py")
+    assert code == 2 and "max-recoverable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fail_on_partial_and_exposed_from_config(run_cli, project):
+    models = project('[tool.rankaudit]\nfail-on = "exposed"\n')
+    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")
+    assert run_cli(models / "fig2_e.py")[0] == 0
+    assert run_cli(models / "fig2_e.py", "--fail-on", "partial")[0] == 1

@@ -87,3 +87,12 @@ def test_verify_rank_on_cuda_from_the_cli(run_cli):
                            "--format", "json")
     verification = json.loads(out)["verification"]["rank"]
     assert verification["device"].startswith("cuda") and verification["rank"] == verification["unknowns"] == 768
+
+
+def test_the_dp_attack_on_cuda_stays_below_the_bound(run_cli):
+    pytest.importorskip("dp_accounting")
+    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--dp-noise", "1", "--dp-clip", "0.01", "--verify", "dp",
+                           "--samples", "2000", "--device", "cuda", "--format", "json", "--fail-on", "never")
+    attack = json.loads(out)["verification"]["dp"]
+    assert code == 0 and attack["device"].startswith("cuda") and attack["draw"] == "full"
+    assert attack["interval"][0] <= attack["bound"] and attack["success_rate"] > attack["prior"]

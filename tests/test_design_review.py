@@ -28,15 +28,21 @@ def test_resnet_top_skip_cut_is_block_3_and_block_8_changes_nothing(resnet_repor
     assert not block8.crosses_verdict and block8.delta_params == 0
 
 
-def test_ranking_is_by_the_certified_deficit_then_the_ra_i_reached(resnet_report):
-    reached = [(s.certified_deficit, s.ra_i) for s in resnet_report.suggestions]
-    assert reached == sorted(reached, reverse=True)
-    batch = by(resnet_report, "batch-size", "batch")
-    assert batch.crosses_verdict and batch.verdict == "protected" and batch.detail.endswith(
-        "(samples per shared gradient)")
-    smallest = int(batch.detail.split("-> ")[1].split()[0])
-    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest).verdict == "protected"
-    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest - 1).verdict != "protected"
+def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_report):
+    reached = [(s.recoverable_fraction, -s.ra_i) for s in resnet_report.suggestions]
+    assert reached == sorted(reached)
+    batches = {s.detail: s for s in resnet_report.suggestions if s.edit == "batch-size"}
+    assert len(batches) == 2 and all(d.endswith("(samples per shared gradient)") for d in batches)
+    # Two batch sizes: the first with any certified deficit (partial), the first that is protected.
+    smallest = {s.verdict: int(d.split("-> ")[1].split()[0]) for d, s in batches.items()}
+    assert smallest["partial"] == resnet_report.certifying_batch == 229
+    assert smallest["protected"] == resnet_report.protecting_batch
+    for verdict, batch in smallest.items():
+        assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch).verdict == verdict
+        assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch - 1).verdict != verdict
+    # The protected batch size lies where R/(B·3072) first reaches 1/2: B·1536 >= the rank bound.
+    bound = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"]).identifiability
+    assert bound.rank_bound <= smallest["protected"] * 1536 and bound.recoverable_fraction <= 0.5
 
 
 NARROW_FIG2_D = """
@@ -69,7 +75,7 @@ def test_narrowing_a_two_conv_net_matches_the_narrowed_model(tmp_path):
     narrowed = audit(write_model(tmp_path, "n1.py", c1=3, c2=4, bias=False))
     assert (conv1.ra_i, conv1.critical_layer) == (narrowed.ra_i, narrowed.critical_layer) == (291, "conv1")
     assert conv1.delta_params == narrowed.parameters - (108 + 144 + 3136) == -27 - 36
-    assert conv1.crosses_verdict and conv1.verdict == "protected"
+    assert conv1.crosses_verdict and conv1.verdict == "partial"   # 2,781 of 3,072 directions still recoverable
     # conv2 is already locally deficient (3600 - 144 - 3136 = 320 > 0; only V makes its RA_i negative).
     assert not [s for s in report.suggestions if s.edit == "narrow" and s.target == "conv2"]
     assert not [s for s in report.suggestions if s.edit == "stride"]  # every stride change breaks fc's input
@@ -93,7 +99,9 @@ def test_suggest_cli_json_and_top(run_cli):
         payload["suggestions"][0].keys()
     assert "Accuracy is not measured" in payload["note"]
     code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
-    assert "Accuracy is not measured" in out and out.count("cut-skip") == 1
+    # Ranked by the recoverable fraction: the two batch sizes (certified deficit, protected) come first.
+    assert "Accuracy is not measured" in out and out.count("batch-size") == 2 and "cut-skip" not in out
+    assert "smallest with protected (at most 50 % of the input's directions recoverable): " in out
 
 
 def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
@@ -104,7 +112,12 @@ def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
     avgpool = next(layer for layer in payload["layers"] if layer["name"] == "avgpool")
     assert (avgpool["a"], avgpool["b"], avgpool["b_critical"]) == (-11392, -7808, True)
     code, out, _ = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py")
-    assert code == 0 and "RA-i -484 -> 405 (+889); verdict exposed -> protected" in out
+    # Figure 2(b) has a certified deficit, but 2,667 of 3,072 directions stay recoverable: partial, exit 1.
+    assert code == 1 and "RA-i -484 -> 405 (+889); verdict exposed -> partial" in out
+    assert "A  " in out and "exposed, rank bound 3,072 of 3,072 (deficit 0, 100 % recoverable)" in out
+    assert "partial, rank bound 2,667 of 3,072 (deficit 405, 86.8 % recoverable)" in out
+    code, out, _ = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py", "--fail-on", "exposed")
+    assert code == 0
     code, _, err = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "nope.py")
     assert code == 2 and "does not exist" in err
 
@@ -114,8 +127,8 @@ def test_narrowing_fig2_a_gives_fig2_b():
     edit = by(suggest(str(EXAMPLES / "fig2_a.py")), "narrow", "conv1")
     fig2_b = audit(str(EXAMPLES / "fig2_b.py"))
     assert edit.detail == "out_features 4 -> 3"
-    assert (edit.ra_i, edit.critical_layer, edit.verdict) == (fig2_b.ra_i, fig2_b.critical_layer, "protected") == \
-        (405, "conv1", "protected")
+    assert (edit.ra_i, edit.critical_layer, edit.verdict) == (fig2_b.ra_i, fig2_b.critical_layer, "partial") == \
+        (405, "conv1", "partial")
     assert edit.delta_params == fig2_b.parameters - audit(str(EXAMPLES / "fig2_a.py")).parameters
 
 
@@ -132,15 +145,22 @@ def test_certifying_batch_size_and_withheld_layers():
     # fig2-a holds 192 + 3364 = 3556 gradient values: two samples (6144 unknowns) exceed them, one does not.
     report = suggest(str(EXAMPLES / "fig2_a.py"))
     assert (report.rank_bound, report.certified_deficit, report.certifying_batch) == (3072, 0, 2)
-    assert by(report, "batch-size", "batch").certified_deficit == 6144 - 3556
-    # Keeping fc's gradient local leaves conv1's 192 values: a deficit of 2880.
+    batches = [s for s in report.suggestions if s.edit == "batch-size"]
+    # Ranked by R/n: B = 3 (3556 / 9216 = 39 %, protected) before B = 2 (3556 / 6144 = 58 %, partial).
+    assert [(s.detail.split("-> ")[1][0], s.certified_deficit, s.verdict) for s in batches] == \
+        [("3", 9216 - 3556, "protected"), ("2", 6144 - 3556, "partial")]
+    # Keeping fc's gradient local leaves conv1's 192 values: a deficit of 2880, 6 % recoverable: protected.
     assert report.certifying_withheld == ["fc"]
+    assert report.protecting_batch == 3
     assert audit(str(EXAMPLES / "fig2_a.py"), withheld_layers=["fc"]).identifiability.certified_deficit == 2880
 
 
 def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     # Every one of ResNet-18-w16's 701,466 parameters is reachable: the bound certifies once B·3072 exceeds them.
     assert resnet_report.certifying_batch == 701_466 // 3072 + 1 == 229
-    withheld = resnet_report.certifying_withheld
+    # No set of layers reaches protected: the norms' 2,400 directly used parameters are sent whatever is withheld
+    # (78 % of 3,072); a set that certifies a deficit is reported instead.
+    assert resnet_report.certifying_withheld is None
+    withheld = resnet_report.deficit_withheld
     assert withheld and "fc" not in withheld and "conv1" not in withheld
-    assert audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).verdict == "protected"
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).verdict == "partial"

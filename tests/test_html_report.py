@@ -98,12 +98,14 @@ def test_verdict_and_critical_layer_lead_the_page(results, pages, name):
 def test_verdicts_have_distinct_colours(results):
     css = (files("rankaudit.templates") / "report.css").read_text(encoding="utf-8")
     colours = {}
-    for verdict in ("exposed", "protected"):
+    for verdict in ("exposed", "partial", "protected"):
         match = re.search(rf"\.v-{verdict} \.badge \{{ background: var\(--([\w-]+)\)", css)
         assert match, verdict
         colours[verdict] = re.search(rf"--{match.group(1)}: (#[0-9a-f]+)", css).group(1)
-    assert len(set(colours.values())) == 2
-    assert 'class="summary card v-protected"' in html.render([results["fig2_e"]])
+    assert len(set(colours.values())) == 3
+    page = html.render([results["fig2_e"]])
+    assert 'class="summary card v-partial"' in page and "not protection" in page
+    assert '<li class="partial current"><b>partial</b>' in page
 
 
 def test_the_bound_and_its_min_cut_are_drawn(results):

@@ -63,7 +63,7 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
     _git(project, "add", ".pre-commit-config.yaml", env=env)
     _git(project, "commit", "--quiet", "--no-verify", "-m", "config", env=env)
 
-    shutil.copy(EXAMPLES / "fig2_b.py", project / "protected_model.py")
+    shutil.copy(EXAMPLES / "strided_stem.py", project / "protected_model.py")
     (project / "helpers_model.py").write_text("SCALE = 2\n")  # no model in it: skipped, not an error
     _git(project, "add", "protected_model.py", "helpers_model.py", env=env)
     passed = _git(project, "commit", "-m", "protected model", check=False, env=env)

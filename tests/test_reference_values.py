@@ -8,10 +8,10 @@ from rankaudit.audit import audit
 
 FIGURE_2 = [
     ("fig2_a.py", -484, "conv1", "exposed"),
-    ("fig2_b.py", 405, "conv1", "protected"),
-    ("fig2_c.py", 405, "conv1", "protected"),
+    ("fig2_b.py", 405, "conv1", "partial"),
+    ("fig2_c.py", 405, "conv1", "partial"),
     ("fig2_d.py", -208, "conv2", "exposed"),
-    ("fig2_e.py", 316, "conv2", "protected"),
+    ("fig2_e.py", 316, "conv2", "partial"),
 ]
 
 
@@ -26,6 +26,8 @@ def test_figure_2_through_the_json_contract(run_cli, filename, ra_i, critical, v
     code, out, _ = run_cli(EXAMPLES / filename, "--format", "json")
     payload = json.loads(out)
     assert (payload["ra_i"], payload["critical_layer"], payload["verdict"]) == (ra_i, critical, verdict)
+    assert code == 1   # none is protected: exposed, or partial with most directions still recoverable (spec §11)
+    code, _, _ = run_cli(EXAMPLES / filename, "--fail-on", "exposed")
     assert code == (1 if verdict == "exposed" else 0)
 
 

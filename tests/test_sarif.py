@@ -79,11 +79,23 @@ def test_exposed_model_result_points_at_the_critical_layer_line(run_cli):
 
 
 def test_protected_model_has_no_exposure_result_and_stable_rule_ids(run_cli):
-    code, log = sarif_of(run_cli, EXAMPLES / "fig2_b.py")
+    code, log = sarif_of(run_cli, EXAMPLES / "strided_stem.py")
     results = log["runs"][0]["results"]
-    assert code == 0 and not [r for r in results if r["ruleId"] in ("RA001", "RA002")]
+    assert code == 0 and not [r for r in results if r["ruleId"] in ("RA001", "RA002", "RA004", "RA007")]
     ids = [rule["id"] for rule in log["runs"][0]["tool"]["driver"]["rules"]]
-    assert ids[:3] == ["RA001", "RA002", "RA003"]
+    assert ids[:3] == ["RA001", "RA002", "RA003"] and "RA007" in ids
+
+
+def test_partial_is_its_own_rule(run_cli):
+    # Figure 2(b): a certified deficit of 405, but 2,667 of 3,072 directions recoverable: RA007, not RA004.
+    code, log = sarif_of(run_cli, EXAMPLES / "fig2_b.py")
+    run = log["runs"][0]
+    partial = [r for r in run["results"] if r["ruleId"] == "RA007"]
+    assert code == 1 and len(partial) == 1 and not [r for r in run["results"] if r["ruleId"] == "RA004"]
+    assert partial[0]["level"] == "warning" and ": partial." in partial[0]["message"]["text"]
+    assert (partial[0]["properties"]["rank_bound"], partial[0]["properties"]["max_recoverable"]) == (2667, 0.5)
+    rule = next(rule for rule in run["tool"]["driver"]["rules"] if rule["id"] == "RA007")
+    assert rule["name"] == "input-partial"
 
 
 def test_caveats_become_note_results_with_their_own_rules(run_cli, tmp_path):

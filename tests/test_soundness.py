@@ -1,5 +1,5 @@
 """The identifiability bound against the exact answer: the measured rank never exceeds it, and no model whose input
-one gradient determines is called protected (spec §9 against §10)."""
+one gradient determines is called partial or protected (spec §9 against §10)."""
 import pytest
 import torch
 
@@ -43,7 +43,7 @@ def test_measured_rank_never_exceeds_the_bound(example):
     assert measured.reliable, f"{example}: gap {measured.gap} between kept and dropped singular values"
     assert measured.rank <= bound.rank_bound, (example, measured.rank, bound.rank_bound)
     if measured.deficit == 0:
-        assert result.verdict == "exposed", f"{example} is fully determined by one gradient but called protected"
+        assert result.verdict == "exposed", f"{example} is fully determined by one gradient but called {result.verdict}"
     if result.verdict == "exposed" and measured.deficit:
         assert KNOWN_GAPS.get(example) == (bound.rank_bound, measured.rank)
 

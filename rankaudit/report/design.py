@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.levels import percent
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
 from rankaudit.suggest import SuggestReport
@@ -19,12 +20,31 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
             "verdict": report.verdict, "unknowns": report.unknowns, "rank_bound": report.rank_bound,
             "certified_deficit": report.certified_deficit, "certifying_batch": report.certifying_batch,
+            "protecting_batch": report.protecting_batch, "deficit_withheld": report.deficit_withheld,
+            "max_recoverable": report.max_recoverable,
+            "recoverable_fraction": report.recoverable_fraction,
             "certifying_withheld": report.certifying_withheld, "note": report.note, "skipped": report.skipped,
             "token_span_exposed": report.token_span_exposed, "tokens_per_batch": report.tokens_per_batch,
             "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
             "seconds": round(report.seconds, 3),
             "suggestions": [asdict(s) for s in report.suggestions[:top]],
-            "round_review": _round_review_dict(report)}
+            "round_review": _round_review_dict(report),
+            "dp_noise": asdict(report.noise) if report.noise else None}
+
+
+def _noise_lines(report: SuggestReport) -> list[str]:
+    """suggest with DP options: the least noise multiplier meeting --max-reconstruction, and its ε."""
+    noise = report.noise
+    if noise is None:
+        return []
+    setting = (f"q {noise.sample_rate:g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
+               f"{noise.target:g}")
+    if noise.noise_multiplier is None:
+        return [f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search})."]
+    epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
+    floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
+    return [f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
+            f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant})."]
 
 
 def _round_review_dict(report: SuggestReport) -> dict | None:
@@ -65,16 +85,24 @@ def _round_lines(report: SuggestReport) -> list[str]:
 
 
 def _certificates(report: SuggestReport) -> list[str]:
+    current = lambda batch: " (the current one)" if batch == report.batch_size else ""  # noqa: E731
+    ceiling = f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
+    protecting = (f"{report.protecting_batch}{current(report.protecting_batch)}"
+                  if report.protecting_batch is not None else "none (the ceiling is 0)")
     lines = [f"Smallest batch size with a certified deficit: {report.certifying_batch}"
-             + (" (the current one)." if report.certifying_batch == report.batch_size else ".")]
+             f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}."]
     if report.certifying_withheld is None:
-        lines.append("Withholding gradients: even with every layer's gradient withheld, no deficit is certified "
-                     "(parameters used outside layers still carry the input).")
+        partial = (f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
+                   if report.deficit_withheld else "")
+        lines.append(f"Withholding gradients: even with every layer's gradient withheld, the verdict is not "
+                     f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
+                     f"input).{partial}")
     elif not report.certifying_withheld:
-        lines.append("Withholding gradients: none needed, the model is already certified.")
+        lines.append("Withholding gradients: none needed, the model is already protected.")
     else:
         lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
-                     "gives a certified deficit (found greedily: a certificate, not proven the smallest set).")
+                     f"makes the verdict protected ({ceiling}; found greedily: a certificate, not proven the "
+                     "smallest set).")
     lines.extend(_token_budget(report))
     return lines
 
@@ -93,18 +121,21 @@ def _token_budget(report: SuggestReport) -> list[str]:
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: rank bound "
-             f"{report.rank_bound:,} of {report.unknowns:,} unknowns, {report.verdict}; RA-i "
+             f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
+             f"({percent(report.recoverable_fraction)} recoverable), "
+             f"{report.verdict}; RA-i "
              f"{_shown(report.ra_i)} at {report.critical_layer}", ""]
-    header = ("edit", "target", "detail", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
-    cells = [header] + [(s.edit, s.target, s.detail, f"{s.certified_deficit:,}", _shown(s.ra_i),
+    header = ("edit", "target", "detail", "recoverable", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
+    cells = [header] + [(s.edit, s.target, s.detail, percent(s.recoverable_fraction), f"{s.certified_deficit:,}",
+                         _shown(s.ra_i),
                          s.critical_layer or "-", f"{s.delta_params:+d}",
                          s.verdict + (" (crosses)" if s.crosses_verdict else ""))
                         for s in report.suggestions[:top]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 6) else cell.ljust(widths[i])
+        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip())
-    lines += [*_round_lines(report), "", *_certificates(report),
+    lines += [*_round_lines(report), "", *_certificates(report), *_noise_lines(report),
               f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
               + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
               report.note]
@@ -128,7 +159,8 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    return f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,})"
+    return (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
+            f"{percent(bound.recoverable_fraction)} recoverable)")
 
 
 def compare_table(first: Result, second: Result) -> str:

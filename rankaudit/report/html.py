@@ -17,6 +17,7 @@ import jinja2
 from markupsafe import Markup
 
 from rankaudit import __version__
+from rankaudit.levels import percent
 from rankaudit.report import svg
 from rankaudit.result import Result
 
@@ -26,7 +27,9 @@ MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything 
 
 HEADLINES = {
     "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
-    "protected": "One shared gradient cannot pin this input down completely: a deficit is certified.",
+    "partial": "A deficit is certified, but one shared gradient still sees more of this input than the ceiling allows: "
+               "not protection.",
+    "protected": "At least the required share of this input's directions is invisible to one shared gradient.",
 }
 
 BLOCKED_BECAUSE = {
@@ -129,8 +132,31 @@ def _gdbr(data: dict, prefix: str) -> dict:
             "svg": Markup(svg.label_counts(recovered, true, prefix=prefix))}
 
 
-def _rank(data: dict, base_dir: Path | None) -> dict:
-    """--verify rank: the measured rank beside the verdict, and the input directions the gradient cannot see."""
+def _embedded(png: bytes | None) -> str | None:
+    """PNG bytes a verifier kept in the Result as a data: URI (None when it made none for this input)."""
+    if not png or not png.startswith(PNG_SIGNATURE) or len(png) > MAX_IMAGE_BYTES:
+        return None
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _visible_parts(data: dict, images: dict[str, bytes]) -> list[dict]:
+    """Spec §11: each checked input beside its visible part (what the gradient shows to first order)."""
+    shown = []
+    for sample in data.get("samples") or []:
+        for entry in (sample.get("inputs") or []) if isinstance(sample, dict) else []:
+            index = entry.get("index")
+            hidden, psnr, ssim = entry.get("hidden_energy"), entry.get("visible_psnr"), entry.get("visible_ssim")
+            shown.append({"index": index, "original": _embedded(images.get(f"rank/original_{index}")),
+                          "visible": _embedded(images.get(f"rank/visible_{index}")),
+                          "hidden": "n/a" if hidden is None else percent(hidden),
+                          "psnr": "∞" if psnr is None else f"{psnr:.1f}",
+                          "ssim": None if ssim is None else f"{ssim:.3f}", "npy": entry.get("visible_npy")})
+    return shown
+
+
+def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = None) -> dict:
+    """--verify rank: the measured rank beside the verdict, what the gradient shows of each input, and the input
+    directions it cannot see."""
     directions = [{"index": d.get("index", i), "singular_value": d.get("singular_value"),
                    "image": _image(d.get("png"), base_dir) if d.get("png") else None, "npy": d.get("npy")}
                   for i, d in enumerate(data.get("directions") or []) if isinstance(d, dict)]
@@ -139,7 +165,10 @@ def _rank(data: dict, base_dir: Path | None) -> dict:
             "seconds": data.get("seconds"), "device": data.get("device"), "confirms": data.get("confirms"),
             "judgement": _sentence(data.get("judgement")), "internal_error": _sentence(data.get("internal_error")),
             "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)], "directions": directions,
-            "batch_size": data.get("batch_size")}
+            "batch_size": data.get("batch_size"), "visible_parts": _visible_parts(data, images or {}),
+            "hidden_median": None if data.get("hidden_energy_median") is None
+            else percent(data["hidden_energy_median"]),
+            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading")}
 
 
 ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
@@ -232,6 +261,18 @@ def _round_card(result: Result) -> dict | None:
             "rho": bound.recoverable_fraction if bound is not None else None}
 
 
+def _dp(result: Result) -> dict | None:
+    """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
+    from rankaudit.findings import dp_sentence
+
+    if result.dp is None:
+        return None
+    attack = (result.verification or {}).get("dp")
+    attack = attack if isinstance(attack, dict) else None
+    return {"d": result.dp, "sentence": _sentence(dp_sentence(result.dp)), "attack": attack,
+            "curve": Markup(svg.dp_curve(result.dp, attack))}
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -253,9 +294,11 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "tokens": _tokens(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
-        "rank": _rank(verification["rank"], base_dir) if isinstance(verification.get("rank"), dict) else None,
+        "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
+                 else None),
         "defenses": _defenses(verification),
         "round": _round_card(result),
+        "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
         "has_projection": any(n.kind == "projection"

@@ -19,7 +19,9 @@ def to_dict(result: Result) -> dict:
         "ra_i": result.ra_i,
         "critical_layer": result.critical_layer,
         "verdict": result.verdict,
-        "identifiability": asdict(result.identifiability) if result.identifiability else None,
+        "identifiability": ({**asdict(result.identifiability),
+                             "hidden_estimate": result.identifiability.hidden_estimate}
+                            if result.identifiability else None),
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,
@@ -43,7 +45,17 @@ def to_dict(result: Result) -> dict:
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
         "round": round_dict(result),
+        "dp": _dp(result),
     }
+
+
+def _dp(result: Result) -> dict | None:
+    """Spec §13's DP section; the HTML card's curve stays out of the contract."""
+    if result.dp is None:
+        return None
+    section = asdict(result.dp)
+    section.pop("curve")
+    return section
 
 
 def round_dict(result: Result) -> dict | None:

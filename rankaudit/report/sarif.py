@@ -23,11 +23,16 @@ RULES = {
               "(its non-zero rows)", "error", "7.5"),
     "RA006": ("token-set-span-test", "A shared gradient of a layer reading per-token vectors has rank below its "
               "input width, so a span test over the vocabulary reads the batch's token set (DAGER)", "error", "7.5"),
+    "RA007": ("input-partial", "A deficit is certified, but more of the input's directions than the allowed ceiling "
+              "(--max-recoverable) can be recovered from one shared gradient: not protection", "warning", "6.5"),
+    "RA009": ("dp-reconstruction-bound", "The DP noise bounds a reconstruction's success only above the allowed "
+              "ceiling: B(κ) > --max-reconstruction (spec §13)", "error", "7.0"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
-# RA001/RA002 read R-GAP's index (RA-i); RA004 reads the identifiability bound, which gives the verdict.
+# RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
+# verdict level (spec §11).
 _RA_RULE = {"exposed": "RA001", "boundary": "RA002"}
-_VERDICT_RULE = {"exposed": "RA004"}
+_VERDICT_RULE = {"exposed": "RA004", "partial": "RA007"}
 
 
 def _model_path(result: Result) -> str:
@@ -72,11 +77,13 @@ def _results_for(result: Result) -> list[dict]:
     row = result.critical_row
     bound = result.identifiability
     if bound is not None and _VERDICT_RULE.get(result.verdict):
-        found.append({"ruleId": _VERDICT_RULE[result.verdict], "level": RULES["RA004"][2],
+        verdict_rule = _VERDICT_RULE[result.verdict]
+        found.append({"ruleId": verdict_rule, "level": RULES[verdict_rule][2],
                       "message": {"text": f"{result.model}: {result.summary}"},
                       "locations": [_location(result, None)],
                       "properties": {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns,
                                      "recoverable_fraction": bound.recoverable_fraction,
+                                     "max_recoverable": bound.max_recoverable, "verdict": result.verdict,
                                      "bottleneck": bound.bottleneck, "batch_size": result.batch_size,
                                      **_round_properties(result)}})
     rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
@@ -113,6 +120,19 @@ def _results_for(result: Result) -> list[dict]:
                       "properties": {"layers": [layer.name for layer in exposing],
                                      "tokens_per_batch": exposing[0].tokens_per_batch, "d_in": exposing[0].d_in,
                                      "safe_tokens_per_batch": tokens.safe_tokens_per_batch}})
+    dp = result.dp
+    if dp is not None and dp.within_limit is False:
+        from rankaudit.findings import dp_sentence
+
+        found.append({"ruleId": "RA009", "level": RULES["RA009"][2],
+                      "message": {"text": f"{result.model}: {dp_sentence(dp)}, above the allowed "
+                                          f"{dp.max_reconstruction:g}."},
+                      "locations": [_location(result, None)],
+                      "properties": {"level": dp.level, "noise_multiplier": dp.noise_multiplier,
+                                     "sample_rate": dp.sample_rate, "steps": dp.steps, "epsilon": dp.epsilon,
+                                     "delta": dp.delta, "prior": dp.prior,
+                                     "reconstruction_bound": dp.reconstruction_bound,
+                                     "max_reconstruction": dp.max_reconstruction}})
     for caveat in result.caveats:
         found.append({"ruleId": caveat.code, "level": "note",
                       "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
@@ -134,7 +154,7 @@ def _round_properties(result: Result) -> dict:
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
     used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003", "RA005", "RA006"})
+                  | {"RA003", "RA005", "RA006"} | ({"RA009"} if any(r.dp for r in results) else set()))
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

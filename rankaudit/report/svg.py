@@ -1,4 +1,4 @@
-"""SVG drawings for the HTML report: the per-layer RA_i chart, the architecture graph, GDBR label counts.
+"""SVG drawings for the HTML report: the per-layer RA_i chart, the architecture graph, GDBR label counts, DP bound.
 
 Each function returns one `<svg>` element as a string: XML-valid (every text and attribute escaped, no HTML-only
 entities), without xmlns (inline SVG in HTML5 needs none, so the page holds no URL at all), sized by its viewBox
@@ -12,7 +12,7 @@ from html import escape
 
 import networkx as nx
 
-from rankaudit.result import Architecture, LayerRow, Result
+from rankaudit.result import Architecture, DPBound, LayerRow, Result
 
 # Palette shared with report.css (kept in step by hand; contrast checked against white).
 INK = "#0f172a"
@@ -518,5 +518,78 @@ def label_counts(recovered: dict, true: dict, prefix: str = "l") -> str:
                f'stroke="{INK}"/>')
     out.append(f'<text x="{_f(left + (width - left - right) / 2)}" y="{_f(height - 2)}" text-anchor="middle" '
                f'font-size="10" fill="{MUTED}">class (red: recovered count differs, by the amount shown)</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Differential privacy: the bound B(κ) over the prior κ
+# ---------------------------------------------------------------------------------------------------------------
+
+DP_CURVE = "#2563eb"
+DP_BASELINE = "#94a3b8"
+
+
+def dp_curve(dp: DPBound, attack: dict | None = None) -> str:
+    """B(κ) against κ on log-log axes (1e-4 to 1), the guessing baseline B = κ dashed, the user's prior marked,
+    --max-reconstruction as a horizontal line, and --verify dp's measured success with its interval at κ = 1/M.
+    It defines no ids, so it needs no prefix."""
+    points = [(k, b) for k, b in dp.curve if k > 0 and b > 0]
+    if not points:
+        return ""
+    width, height = 560, 300
+    left, right, top, bottom = 56, 16, 14, 46
+    low_exp, high_exp = -4, 0
+
+    def px(kappa: float) -> float:
+        share = (math.log10(kappa) - low_exp) / (high_exp - low_exp)
+        return left + min(max(share, 0.0), 1.0) * (width - left - right)
+
+    def py(value: float) -> float:
+        share = (math.log10(max(value, 10.0 ** low_exp)) - low_exp) / (high_exp - low_exp)
+        return top + (1 - min(max(share, 0.0), 1.0)) * (height - top - bottom)
+
+    label = (f"DP bound B(κ) over the prior κ: {len(points)} points, B({dp.prior:g}) = "
+             f"{dp.reconstruction_bound:.3g}")
+    out = [_svg_open(width, height, label, "dpcurve", 300, grow=1.5)]
+    for exponent in range(low_exp, high_exp + 1):
+        value = 10.0 ** exponent
+        out.append(f'<line x1="{_f(px(value))}" y1="{top}" x2="{_f(px(value))}" y2="{height - bottom}" '
+                   f'stroke="{GRID}"/><line x1="{left}" y1="{_f(py(value))}" x2="{width - right}" '
+                   f'y2="{_f(py(value))}" stroke="{GRID}"/>'
+                   f'<text x="{_f(px(value))}" y="{height - bottom + 16}" text-anchor="middle" font-size="11" '
+                   f'fill="{MUTED}">{x(f"{value:g}")}</text>'
+                   f'<text x="{left - 6}" y="{_f(py(value) + 4)}" text-anchor="end" font-size="11" '
+                   f'fill="{MUTED}">{x(f"{value:g}")}</text>')
+    out.append(f'<text x="{_f(left + (width - left - right) / 2)}" y="{height - 6}" text-anchor="middle" '
+               f'font-size="11" fill="{INK}">prior κ: an attack\'s success without the update</text>')
+    out.append(f'<text x="14" y="{_f(top + (height - top - bottom) / 2)}" text-anchor="middle" font-size="11" '
+               f'fill="{INK}" transform="rotate(-90 14 {_f(top + (height - top - bottom) / 2)})">bound B(κ)</text>')
+    out.append(f'<line x1="{_f(px(1e-4))}" y1="{_f(py(1e-4))}" x2="{_f(px(1))}" y2="{_f(py(1))}" '
+               f'stroke="{DP_BASELINE}" stroke-dasharray="5 4"><title>B = κ: guessing, what no noise can go below'
+               f'</title></line>')
+    if dp.max_reconstruction is not None:
+        ceiling = py(dp.max_reconstruction)
+        out.append(f'<line x1="{left}" y1="{_f(ceiling)}" x2="{width - right}" y2="{_f(ceiling)}" stroke="{WARN}" '
+                   f'stroke-dasharray="2 3"><title>{x(f"--max-reconstruction {dp.max_reconstruction:g}")}</title>'
+                   f'</line><text x="{width - right - 4}" y="{_f(ceiling - 5)}" text-anchor="end" font-size="11" '
+                   f'fill="{WARN}">{x(f"max {dp.max_reconstruction:g}")}</text>')
+    path = " ".join(f"{'M' if i == 0 else 'L'}{_f(px(k))} {_f(py(b))}" for i, (k, b) in enumerate(points))
+    out.append(f'<path d="{path}" fill="none" stroke="{DP_CURVE}" stroke-width="2.5"/>')
+    for kappa, bound in points:
+        out.append(f'<circle cx="{_f(px(kappa))}" cy="{_f(py(bound))}" r="3" fill="{DP_CURVE}">'
+                   f'<title>{x(f"B({kappa:g}) = {bound:.3g}")}</title></circle>')
+    yours = f"your prior {dp.prior:g}: B = {dp.reconstruction_bound:.3g}"
+    out.append(f'<circle cx="{_f(px(dp.prior))}" cy="{_f(py(dp.reconstruction_bound))}" r="6" fill="none" '
+               f'stroke="{INK}" stroke-width="2"><title>{x(yours)}</title></circle>')
+    if attack and attack.get("candidates"):
+        kappa = 1.0 / attack["candidates"]
+        low, high = attack["interval"]
+        cx = px(kappa) + 8
+        rate, candidates = attack["success_rate"], attack["candidates"]
+        tip = f"measured attack success {rate:.3f}, 95 % interval [{low:.3f}, {high:.3f}], at κ = 1/{candidates}"
+        out.append(f'<g><title>{x(tip)}</title><line x1="{_f(cx)}" y1="{_f(py(low))}" x2="{_f(cx)}" '
+                   f'y2="{_f(py(high))}" stroke="{WARN}" stroke-width="2"/><rect x="{_f(cx - 4)}" '
+                   f'y="{_f(py(rate) - 4)}" width="8" height="8" fill="{WARN}"/></g>')
     out.append("</svg>")
     return "".join(out)

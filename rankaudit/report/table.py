@@ -6,7 +6,7 @@ from rankaudit.result import LayerRow, Result
 
 HEADERS = ("", "layer", "op", "|x|", "|W|", "|z|", "V", "RA_i", "")
 RIGHT_ALIGNED = {3, 4, 5, 6, 7}
-VERDICT_COLOR = {"exposed": "31", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
+VERDICT_COLOR = {"exposed": "31", "partial": "33", "boundary": "33", "protected": "32"}  # ANSI red, yellow, green
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -29,13 +29,15 @@ def _notes(row: LayerRow) -> str:
 def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
     from rankaudit.findings import ra_sentence
+    from rankaudit.levels import percent
 
     bound = result.identifiability
     if bound is None:
         return [result.summary]
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
-    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns (min cut: {cut}): {verdict}. "
+    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
+            f"({percent(bound.recoverable_fraction)} recoverable, protected at most {percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
     return [head, ra_sentence(result)]
 
@@ -212,7 +214,44 @@ def _verification_lines(result: Result) -> list[str]:
                   f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
     lines.extend(_rank_lines(result.verification.get("rank")))
     lines.extend(_dager_lines(result.verification.get("dager")))
+    lines.extend(_dp_attack_lines(result.verification.get("dp")))
     return lines
+
+
+def _dp_lines(result: Result) -> list[str]:
+    """The DP section (spec §13): what the noise bounds, beside (not instead of) the structural verdict."""
+    from rankaudit.findings import dp_sentence
+
+    dp = result.dp
+    if dp is None:
+        return []
+    unit = "a sample" if dp.level == "sample" else "a client's update"
+    lines = ["", f"{dp_sentence(dp)}.",
+             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}, sample rate {dp.sample_rate:g}, {dp.steps:,} steps; the "
+             f"unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
+             "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values())]
+    if dp.max_reconstruction is not None:
+        verdict = "within" if dp.within_limit else "ABOVE"
+        lines.append(f"  B({dp.prior:g}) = {dp.reconstruction_bound:.3g}: {verdict} --max-reconstruction "
+                     f"{dp.max_reconstruction:g}")
+    return lines
+
+
+def _dp_attack_lines(attack: dict | None) -> list[str]:
+    """--verify dp: the informed attack's success rate beside the bound it must not exceed."""
+    if not attack:
+        return []
+    low, high = attack["interval"]
+    where = ("at or below the bound" if attack["below_bound"] else
+             "the interval straddles the bound" if not attack["internal_error"] else "ABOVE the bound")
+    lines = ["", f"Verification (informed attack on the DP noise, {attack['candidates']} candidates, "
+                 f"{attack['trials']:,} trials, {attack['device']}, {attack['seconds']:.1f} s): success "
+                 f"{attack['success_rate']:.3f} (95 % interval [{low:.3f}, {high:.3f}]) against the bound "
+                 f"B(1/{attack['candidates']}) = {attack['bound']:.3f} and the prior {attack['prior']:.3g}: {where}."]
+    if attack["internal_error"]:
+        lines.append(f"  {attack['internal_error']}")
+    return lines + [f"  {note}" for note in attack["notes"]]
 
 
 def _dager_lines(dager: dict | None) -> list[str]:
@@ -244,6 +283,26 @@ def _rank_gap(rank: dict) -> str:
     return "n/a" if rank["rank"] == 0 else "inf"  # JSON has no infinity: None stands for it above rank 0
 
 
+def _hidden_lines(rank: dict) -> list[str]:
+    """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
+    from rankaudit.levels import percent
+
+    inputs = [entry for sample in rank.get("samples", []) for entry in sample.get("inputs", [])]
+    if not inputs or rank.get("hidden_energy_median") is None:
+        return []
+    what = "the images'" if any(entry.get("visible_ssim") is not None for entry in inputs) else "the inputs'"
+    psnr = rank.get("visible_psnr_median")
+    ssim = rank.get("visible_ssim_median")
+    shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
+    shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+    line = (f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
+            f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)")
+    if len(inputs) > 1:
+        line += "; per input: " + ", ".join(
+            "n/a" if e.get("hidden_energy") is None else percent(e["hidden_energy"]) for e in inputs)
+    return [line]
+
+
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
     if not rank:
@@ -260,6 +319,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
     lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}: {rank['agreement']}."]
+    lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")
     if not rank["reliable"]:
@@ -354,6 +414,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     lines.extend(_label_lines(result))
     lines.extend(_token_lines(result))
     lines.extend(_span_lines(result))
+    lines.extend(_dp_lines(result))
     lines.extend(_verification_lines(result))
     lines.extend(_defense_lines(result))
     if result.caveats:

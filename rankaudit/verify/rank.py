@@ -92,6 +92,9 @@ class RankMeasurement:
     # `directions` of them, smallest first), with their singular values; empty at full rank.
     directions: np.ndarray | None = None
     direction_singular_values: list[float] = field(default_factory=list)
+    # With hidden=True: P c, the batch with each sample's mean removed, projected onto the whole measured
+    # invisible subspace (all n - rank dropped directions), shaped like the batch; zeros at full rank.
+    invisible: np.ndarray | None = None
 
 
 def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
@@ -172,7 +175,8 @@ def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
 
 def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared: Iterable[str] | None = None, *,
             device: str | torch.device = "cpu", seed: int = 0, loss: str | None = None, directions: int = 0,
-            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None) -> RankMeasurement:
+            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None,
+            hidden: bool = False) -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
     g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
@@ -181,7 +185,9 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     statistics, as the other verifiers do); attention runs under the math SDPA backend, the only one with a
     double backward. ``directions``: also return up to that many right singular vectors of dropped singular
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
-    to the device's free memory). ``progress(done, total)`` runs after each chunk of rows.
+    to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
+    return P c, the batch's mean-removed input projected onto the whole invisible subspace (spec §11; a full SVD
+    with vectors unless QR shows full rank), for :mod:`rankaudit.verify.hidden`.
 
     Raises UsageError beyond MAX_UNKNOWNS and ModelLoadError (exit 3) when an op has no double backward.
     """
@@ -218,7 +224,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     sketched = time.perf_counter()
-    spectrum = _spectrum(sketch, want_vectors=directions > 0)
+    spectrum = _spectrum(sketch, want_vectors=directions > 0 or hidden)
     rank, found, found_values = spectrum.rank, None, []
     if spectrum.right_vectors is not None and rank < unknowns:
         # Rows of Vh past the rank span the null space of S, which is the null space of J.
@@ -226,6 +232,12 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         found = spectrum.right_vectors[unknowns - take:].flip(0).reshape(take, *images.shape).cpu().numpy()
         padded = np.concatenate([spectrum.values, np.zeros(max(0, unknowns - spectrum.values.size))])
         found_values = [float(v) for v in padded[unknowns - take:][::-1]]   # smallest first
+    invisible = None
+    if hidden:
+        from rankaudit.verify import hidden as hidden_part
+
+        invisible = (np.zeros(tuple(images.shape)) if spectrum.right_vectors is None else
+                     hidden_part.invisible_component(x, spectrum.right_vectors, rank))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return RankMeasurement(
@@ -235,7 +247,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
         chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
-        direction_singular_values=found_values)
+        direction_singular_values=found_values, invisible=invisible)
 
 
 @dataclass
@@ -587,14 +599,15 @@ def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
 
 
 def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str]:
-    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `protected`; `boundary`
-    has nothing to agree with (confirms None). `agreement` is the short form the table prints."""
+    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `partial` and `protected`
+    (spec §11; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
+    agree with (confirms None). `agreement` is the short form the table prints."""
     deficit = unknowns - rank
     measured = ("one gradient determines the input" if deficit == 0 else
                 f"{deficit} input directions are invisible to the gradient")
     detail = (f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}" if deficit == 0 else
               f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}")
-    if verdict in ("exposed", "protected"):
+    if verdict in ("exposed", "partial", "protected"):
         confirms = (deficit == 0) == (verdict == "exposed")
         if confirms:
             return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"

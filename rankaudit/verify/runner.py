@@ -63,6 +63,11 @@ def _confirms(verdict: str, median_mse: float) -> tuple[bool, str]:
         return ok, (f"confirms protected: median MSE {median_mse:.3g} > {CONFIRM_PROTECTED_ABOVE:g}" if ok else
                     f"disagrees: the analysis says protected, but the attack reached median MSE {median_mse:.3g} "
                     f"(<= {CONFIRM_PROTECTED_ABOVE:g})")
+    if verdict == "partial":
+        # A partial verdict rules out only an exact reconstruction; a near-perfect one is what it predicts for a
+        # small deficit, a poor one may be the attack's weakness: neither outcome confirms or refutes it.
+        return False, (f"partial verdict: no threshold to confirm against (median MSE {median_mse:.3g}); "
+                       "--verify rank measures what the gradient shows")
     return False, f"boundary verdict: no threshold to confirm against (median MSE {median_mse:.3g})"
 
 
@@ -503,7 +508,7 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         for number, part in enumerate(batches):
             measurements.append(rank.measure(
                 model, images[part], labels[part], shared, device=device, seed=seed + number, loss=loss,
-                directions=rank.MAX_DIRECTIONS if artifacts else 0,
+                directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True,
                 progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows)))
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
@@ -521,6 +526,7 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         notes.append("ranks differ between images: " + ", ".join(str(m.rank) for m in measurements)
                      + "; the headline is the largest (the generic rank)")
     saved = rank.save_directions(artifacts, headline) if artifacts else []
+    seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts)
     verification = {
         "unknowns": headline.unknowns, "rank": headline.rank, "deficit": headline.deficit,
         "tolerance": headline.tolerance, "tolerance_rule": rank.TOLERANCE_RULE, "gap": _finite(headline.gap or math.nan),
@@ -531,7 +537,10 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         "shared_parameters": shared, "batch_size": batch, "loss": loss, "weights": weights, "inputs": source,
         "headline": "the largest rank over the samples (the generic rank)" if batch == 1 else "one batch",
         "samples": [{"index": i, "rank": m.rank, "deficit": m.deficit, "gap": _finite(m.gap or math.nan),
-                     "reliable": m.reliable, "seconds": round(m.seconds, 3)} for i, m in enumerate(measurements)],
+                     "reliable": m.reliable, "seconds": round(m.seconds, 3), "inputs": inputs}
+                    for i, (m, inputs) in enumerate(zip(measurements, seen["inputs"]))],
+        "hidden_energy_median": seen["hidden_energy_median"], "visible_psnr_median": seen["visible_psnr_median"],
+        "visible_ssim_median": seen["visible_ssim_median"], "visible_reading": seen["reading"],
         "confirms": confirms, "agreement": agreement, "judgement": judgement, "verdict": result.verdict,
         "bound": bound,
         "internal_error": bound.get("internal_error") if bound else None,
@@ -539,6 +548,61 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
     }
     result.verification["rank"] = verification
     return verification
+
+
+def _what_the_gradient_shows(result: Result, images: torch.Tensor, batches: list[slice], measurements: list,
+                             artifacts: str | None) -> dict:
+    """Spec §11, measured: each input's hidden energy and visible part (rankaudit.verify.hidden), the medians
+    over all inputs, PNGs of the originals and visible parts for the HTML report (result.images), and with
+    --artifacts the visible parts as .npy and PNG."""
+    from rankaudit.verify import hidden
+
+    per_sample, every = [], []
+    for number, (part, measurement) in enumerate(zip(batches, measurements)):
+        batch = images[part].detach().to(torch.float64).cpu().numpy()
+        visible = hidden.visible_parts(batch, measurement.invisible)
+        inputs = []
+        for offset, share in enumerate(hidden.shares(batch, measurement.invisible)):
+            index = part.start + offset
+            entry = {"index": index, "hidden_energy": share.hidden_energy, "visible_psnr": share.visible_psnr,
+                     "visible_ssim": share.visible_ssim}
+            for kind, picture in (("original", batch[offset]), ("visible", visible[offset])):
+                png = _png_bytes(picture)
+                if png is not None:
+                    result.images[f"rank/{kind}_{index}"] = png
+            if artifacts:
+                directory = Path(artifacts)
+                directory.mkdir(parents=True, exist_ok=True)
+                np.save(directory / f"visible_part_{index}.npy", visible[offset])
+                entry["visible_npy"] = str(directory / f"visible_part_{index}.npy")
+                png = result.images.get(f"rank/visible_{index}")
+                if png is not None:
+                    (directory / f"visible_part_{index}.png").write_bytes(png)
+                entry["visible_png"] = str(directory / f"visible_part_{index}.png") if png is not None else None
+            inputs.append(entry)
+            every.append(share)
+        per_sample.append(inputs)
+    psnr_median = hidden.median([s.visible_psnr for s in every], none_is_infinite=True)
+    return {"inputs": per_sample,
+            "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
+            "visible_psnr_median": psnr_median,
+            "visible_ssim_median": hidden.median([s.visible_ssim for s in every]),
+            "reading": hidden.reading([s.visible_psnr for s in every], psnr_median)}
+
+
+def _png_bytes(picture: np.ndarray) -> bytes | None:
+    """An image (C x H x W, 1 or 3 channels, [0, 1]) as PNG bytes, clipped to the range; None for other inputs."""
+    import io
+
+    from PIL import Image
+
+    if picture.ndim != 3 or picture.shape[0] not in (1, 3) or not np.all(np.isfinite(picture)):
+        return None
+    pixels = (np.clip(picture, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    pixels = pixels[0] if pixels.shape[0] == 1 else np.transpose(pixels, (1, 2, 0))
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def _gap_text(gap: float | None) -> str:

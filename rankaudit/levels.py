@@ -1,0 +1,26 @@
+"""Spec §11's verdict levels and the --fail-on gates over them (no torch: the CLI names them at startup)."""
+from __future__ import annotations
+
+# Weakest protection first, and the default ceiling on the recoverable fraction R/n for `protected`.
+VERDICT_LEVELS = ("exposed", "partial", "protected")
+DEFAULT_MAX_RECOVERABLE = 0.5
+
+# --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before spec §11);
+# partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).
+FAIL_ON_CHOICES = ("never", "exposed", "partial", "boundary")
+DEFAULT_FAIL_ON = "partial"
+FAILING_VERDICTS = {"never": (), "exposed": ("exposed",), "partial": ("exposed", "partial"),
+                    "boundary": ("exposed", "partial")}
+
+
+def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> str:
+    """Spec §11: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
+    ρ = R/n is at most `max_recoverable`; `partial` in between (some directions hidden, most still visible)."""
+    if unknowns <= 0 or rank_bound >= unknowns:
+        return "exposed"
+    return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
+
+
+def percent(fraction: float) -> str:
+    """A share as the reports write it: 99.5 %, 50 %, 0.5 % (one decimal at most)."""
+    return f"{round(fraction * 100, 1):g} %"
