@@ -434,3 +434,24 @@ def test_html_round_card_names_the_round_and_its_cap():
                   "The update has only 125,456 values for 393,216 unknowns"):
         assert shown in card
     assert "Federated round" not in html.render([audit(str(CNN6))])
+
+
+def test_round_rank_with_a_withheld_layer_stays_under_the_bound():
+    """Flatten, Linear(12, 3), Tanh, Linear(3, 2) with the last layer's gradient withheld; N = 4, B = 2, E = 2:
+    48 unknowns, an update of the first layer's 39 values (the withheld layer still trains locally)."""
+    from rankaudit.verify.rank import shared_parameter_names
+    from rankaudit.verify.round_rank import measure_round
+
+    def build():
+        return nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2))
+
+    torch.manual_seed(0)
+    net = build()
+    with torch.device("meta"):
+        traced = trace_model(build(), (1, 3, 4))
+    round_ = build_round({"local_samples": 4, "batch_size": 2, "local_epochs": 2})
+    bound = round_identifiability(traced, round_, withheld_layers=["3"])
+    x = torch.rand((1, 4, 1, 3, 4), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    measured = measure_round(net, x, torch.tensor([[0, 1, 1, 0]]), round_, shared_parameter_names(net, None, ["3"]))
+    assert (bound.unknowns, bound.round.update_values, measured.shared_gradient_size) == (48, 39, 39)
+    assert 0 < measured.rank <= bound.rank_bound <= 39
