@@ -5,11 +5,12 @@ import time
 
 from rankaudit import findings
 from rankaudit.analysis import analyze
-from rankaudit.bound import identifiability
+from rankaudit.bound import round_identifiability
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
 from rankaudit.ops import Role
 from rankaudit.result import Result
+from rankaudit.round import Round, validate_round
 from rankaudit.trace import trace_model
 
 
@@ -35,9 +36,15 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
           fail_on: str = findings.DEFAULT_FAIL_ON, min_ra: int | None = None, shared_layers: list[str] | None = None,
           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
-          input_dtype=None, dp=None) -> Result:
+          input_dtype=None, dp=None, round_: Round | None = None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device; `dp` (round.DPSettings) adds
-    the DP section and its policy rule."""
+    the DP section and its policy rule.
+
+    `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size. None:
+    FedSGD, one gradient of a batch of `batch_size`.
+    """
+    if round_ is not None:
+        batch_size = validate_round(round_).batch_size
     if batch_size < 1:
         raise UsageError(f"batch size {batch_size} is not positive", "give --batch-size 1 or more")
     if fail_on not in findings.FAIL_ON_CHOICES:
@@ -55,8 +62,9 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
         raise UsageError(f"--max-recoverable {max_recoverable:g} is not a fraction",
                          "give a number between 0 and 1, e.g. --max-recoverable 0.5")
     shared = _shared_set(traced, shared_layers, withheld_layers)
-    result.identifiability = identifiability(traced, batch_size, shared_layers=shared_layers,
-                                             withheld_layers=withheld_layers, max_recoverable=max_recoverable)
+    result.round = round_ if round_ is not None else Round(batch_size=batch_size)
+    result.identifiability = round_identifiability(traced, result.round, shared_layers=shared_layers,
+                                                   withheld_layers=withheld_layers, max_recoverable=max_recoverable)
     result.token_leakage = findings.token_leakage(traced, batch_size, shared)
     findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
                             max_recoverable=max_recoverable)

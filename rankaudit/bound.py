@@ -7,7 +7,8 @@ from typing import Callable
 from rankaudit import ops
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, verdict_level
 from rankaudit.ops import Role
-from rankaudit.result import Identifiability
+from rankaudit.result import Identifiability, RoundBound, StepBound
+from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel
 
 SOURCE, SINK = "source", "sink"
@@ -124,6 +125,10 @@ class FlowNetwork:
             self._split(vertex, source.numel, f"∇{source.name}", node_id)
             self.edges[(vertex + ":out", SINK)] = None
         return vertex
+
+    def gradient_values(self) -> int:
+        """|θ_s|: the entries of every shared gradient (each tied parameter once)."""
+        return sum(self.edges[(vertex + ":in", vertex + ":out")] for vertex in self.gradients)
 
     def to_networkx(self):
         """The same network as a networkx DiGraph (an edge without `capacity` is unbounded there)."""
@@ -263,3 +268,92 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
                            bottleneck=bottleneck, verdict=verdict_level(rank_bound, unknowns, ceiling),
                            cut_nodes=cut_nodes, max_recoverable=ceiling)
+
+
+# ---- the federated round (spec §12) --------------------------------------------------------------------------------
+
+
+def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
+                          withheld_layers: list[str] | None = None,
+                          max_recoverable: float | None = None, cache: dict | None = None) -> Identifiability:
+    """rank(∂u/∂X) <= min(n, |θ_s|, Σ_c Σ_k R(B_k)) for the update u of a round (spec §12).
+
+    Every influence of a step's samples on u leaves that step through its gradient, so rank(∂u/∂X) is at most the
+    sum over the steps of rank(∂g_k/∂x_k) <= R(B_k), §9's bound at that step's batch size (a sample read in every
+    epoch counts once per step that reads it). Before the last step every trainable gradient carries influence
+    on, withheld ones too: they move weights that later steps read; the last step's withheld gradients go
+    nowhere the server sees. All of it ends in the |θ_s| values of the update, and with secure aggregation the
+    C clients' rounds add up: n = C·N·|x|. FedSGD (one step, one client) is §9's bound itself.
+
+    Hand-checkable (one-sample input 3x32x32, |x| = 3,072): N = B = 1, C = 2 doubles n to 6,144 and the steps'
+    term to 2·R(1); N = 3, B = 2, E = 2 runs steps at batch sizes 2, 1, 2, 1, so Σ R = 2·R(2) + 2·R(1).
+
+    `cache` (a dict the caller keeps) holds §9's per-step bounds and |θ_s| between calls on the same traced model
+    and shared set, so that a design review can try many rounds for the price of a few max flows.
+    """
+    if round_.fedsgd:
+        return identifiability(traced, round_.batch_size, shared_layers=shared_layers, withheld_layers=withheld_layers,
+                               max_recoverable=max_recoverable)
+    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    unknowns = round_.clients * round_.samples * per_sample
+    shared = shared_predicate(shared_layers, withheld_layers)
+    cache = {} if cache is None else cache
+    if "update_values" not in cache:
+        cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
+    update_values = cache["update_values"]
+    kinds = _step_kinds(round_, partial=bool(shared_layers or withheld_layers))
+    last = round_.samples % round_.batch_size or round_.batch_size
+    terms, bounds = [], cache
+    for (size, every), count in kinds.items():   # §9's network once per distinct kind of step
+        if (size, every) not in bounds:
+            bounds[(size, every)] = (
+                identifiability(traced, size) if every else
+                identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers))
+        step = bounds[(size, every)]
+        terms.append(StepBound(size, count, step.rank_bound, every, step.bottleneck))
+    steps_bound = round_.clients * sum(term.rank_bound * term.steps for term in terms)
+    rank_bound = min(unknowns, update_values, steps_bound)
+    binding, explanation, bottleneck = _binding(round_, unknowns, update_values, steps_bound, terms)
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    cut_nodes = [] if binding == "update-values" else bounds[(last, False)].cut_nodes
+    return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=unknowns - rank_bound,
+                           recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
+                           verdict=verdict_level(rank_bound, unknowns, ceiling), cut_nodes=cut_nodes,
+                           max_recoverable=ceiling,
+                           round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation))
+
+
+def _step_kinds(round_: Round, *, partial: bool) -> dict[tuple[int, bool], int]:
+    """(batch size, every gradient carries on) -> steps per client of that kind, counted without listing the steps:
+    each epoch runs ⌊N/B⌋ full batches and one short batch of N mod B. With part of the gradients withheld, the
+    last step (whose withheld gradients reach nothing the server sees) is a kind of its own."""
+    full, rest = divmod(round_.samples, round_.batch_size)
+    kinds: dict[tuple[int, bool], int] = {}
+    for size, count in ((round_.batch_size, full), (rest, 1 if rest else 0)):
+        if count:
+            kinds[(size, partial)] = count * round_.local_epochs
+    if partial:
+        last = (rest or round_.batch_size, True)
+        kinds[last] -= 1
+        if not kinds[last]:
+            del kinds[last]
+        kinds[(last[0], False)] = 1
+    return kinds
+
+
+def _binding(round_: Round, unknowns: int, update_values: int, steps_bound: int,
+             terms: list[StepBound]) -> tuple[str, str, list[str]]:
+    """Which of the round's three caps is the bound, the sentence that names it, and the cut it stands for."""
+    clients = f" x {round_.clients} clients" if round_.clients > 1 else ""
+    per_step = " + ".join(f"{term.steps} x R({term.batch_size}) = {term.steps} x {term.rank_bound:,}"
+                          for term in terms)
+    if update_values < min(unknowns, steps_bound):
+        return ("update-values", f"the update has only {update_values:,} values for {unknowns:,} unknowns",
+                [f"the update's {update_values:,} values"])
+    if steps_bound < unknowns:
+        cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
+        return ("steps", f"the {round_.steps} local steps' gradients carry at most {steps_bound:,} independent values "
+                f"({per_step}{clients}) for {unknowns:,} unknowns", cut)
+    cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
+    return ("unknowns", f"no cap falls below the {unknowns:,} unknowns: the steps' gradients can carry "
+            f"{steps_bound:,} values ({per_step}{clients}) and the update has {update_values:,}", cut)

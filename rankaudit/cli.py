@@ -57,6 +57,26 @@ def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
+# ---- the federated round (spec §12): flags, then [tool.rankaudit.round], validated by round.build_round ----------
+_ROUND_OPTIONS = [
+    click.option("--local-samples", type=int, default=None, metavar="N",
+                 help="Samples each client trains on per round (default: the batch size: FedSGD)."),
+    click.option("--local-epochs", type=int, default=None, metavar="E", help="Local epochs per round (default 1)."),
+    click.option("--lr", type=float, default=None, metavar="F", help="Local learning rate (default 0.1)."),
+    click.option("--optimizer", type=str, default=None, metavar="sgd|adam", help="Local optimizer (default sgd)."),
+    click.option("--momentum", type=float, default=None, metavar="F", help="SGD momentum in [0, 1) (default 0)."),
+    click.option("--clients", type=int, default=None, metavar="C",
+                 help="Clients summed by secure aggregation (default 1: none); the server sees only the sum."),
+]
+ROUND_FLAGS = ("local_samples", "local_epochs", "lr", "optimizer", "momentum", "clients")
+
+
+def _round_options(command):
+    for option in reversed(_ROUND_OPTIONS):
+        command = option(command)
+    return command
+
+
 # --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
 
 def _dp_options(command):
@@ -85,6 +105,14 @@ def _dp_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _round(ctx: click.Context, batch_size: int, configured: dict | None):
+    """The round from this command's flags and the configuration's table (flags win)."""
+    from rankaudit.round import build_round
+
+    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
+    return build_round({**flags, "batch_size": batch_size}, configured)
 
 
 _DP_FLAGS = {"noise": "dp_noise", "clip": "dp_clip", "sample-rate": "dp_sample_rate", "steps": "dp_steps",
@@ -175,11 +203,12 @@ def _noise_suggestion(options: dict, configured: dict | None):
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @_dp_options
+@_round_options
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
           class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates,
-          **dp_options):
+          **options):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
@@ -201,11 +230,12 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     for spec in models:
         try:
             settings = load_settings(split_model_spec(spec)[0])
-            dp_settings = _dp_settings(dp_options, settings.dp)
+            dp_settings = _dp_settings(options, settings.dp)
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
-            result = audit(spec, input_shape=pick("input_shape", input_shape),
-                           batch_size=pick("batch_size", batch_size), fail_on=pick("fail_on", fail_on),
+            round_ = _round(ctx, pick("batch_size", batch_size), settings.round)
+            result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
+                           batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
                            withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype,
@@ -258,11 +288,17 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
 @_dp_options
-def suggest_command(model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates,
-                    **dp_options):
+@_round_options
+@click.pass_context
+def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug,
+                    dp_candidates, **options):
     """Single architectural edits, re-bounded and ranked by the recoverable fraction they reach; the smallest batch
     sizes with a certified deficit and with the verdict protected (accuracy is not measured); with DP options and
-    --max-reconstruction, also the least noise multiplier that meets it."""
+    --max-reconstruction, also the least noise multiplier that meets it.
+
+    With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the smallest N,
+    the largest E and the smallest C at which the round is protected.
+    """
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
@@ -271,9 +307,12 @@ def suggest_command(model, input_shape, batch_size, top, max_recoverable, output
     if dp_candidates is not None:
         raise UsageError("--dp-candidates sets the candidates of --verify dp, which suggest does not run",
                          "drop --dp-candidates")
-    noise = _noise_suggestion(dp_options, load_settings(split_model_spec(model)[0]).dp)
+    settings = load_settings(split_model_spec(model)[0])
+    noise = _noise_suggestion(options, settings.dp)
+    given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
+    round_ = _round(ctx, batch_size, settings.round) if given else None
     report = dataclasses.replace(suggest(model, input_shape=input_shape, batch_size=batch_size,
-                                         max_recoverable=max_recoverable), noise=noise)
+                                         max_recoverable=max_recoverable, round_=round_), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
@@ -338,7 +377,14 @@ def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data,
 
 
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
-                   defenses, several, show_progress, shared_layers=None, withheld_layers=None, rank_precision="auto"):
+                   defenses, several, show_progress, shared_layers=None, withheld_layers=None,
+                   rank_precision="auto"):
+    round_ = result.round
+    if round_ is not None and not round_.fedsgd:
+        _verify_round(result, spec, attacks, seed=seed, device=device, data=data, steps=steps, artifacts=artifacts,
+                      defenses=defenses, show_progress=show_progress, shared_layers=shared_layers,
+                      withheld_layers=withheld_layers)
+        return
     if defenses and not {"rgap", "gdbr"} & set(attacks):
         raise UsageError("--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended "
                          "gradient", "add --verify rgap and/or --verify gdbr, or drop --defense")
@@ -381,6 +427,34 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
             _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
     if parsed:
         runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
+
+
+def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts, defenses, show_progress,
+                  shared_layers, withheld_layers):
+    """A round that is not FedSGD: the rank of its update and the FedAvg inversion; the one-gradient attacks refuse."""
+    single = [attack for attack in attacks if attack in ("gdbr", "dager")]
+    if single or defenses:
+        what = f"--verify {single[0]}" if single else "--defense"
+        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of {result.round.steps} "
+                         f"local step(s) from {result.round.clients} client(s)",
+                         "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the "
+                         "round's flags to check one gradient")
+    try:
+        from rankaudit.verify import round_runner
+        import PIL  # noqa: F401 - the verifier's images need Pillow
+        import scipy  # noqa: F401 - the attack matches reconstructions to originals
+    except ImportError as exc:
+        raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
+                         'pip install "rankaudit[verify]"') from exc
+    if "rgap" in attacks:
+        round_runner.verify_round_inputs(result, spec, seed=seed, device=device, data=data, steps=steps,
+                                         artifacts=artifacts, show_progress=show_progress)
+    if "rank" in attacks:
+        measured = round_runner.verify_round_rank(result, spec, seed=seed, device=device, data=data,
+                                                  artifacts=artifacts, show_progress=show_progress,
+                                                  shared_layers=shared_layers, withheld_layers=withheld_layers)
+        if measured.get("internal_error"):
+            _error(f"{spec}: {measured['internal_error']}")
 
 
 def _use_color(stream) -> bool:

@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "dp"}
+            "dp", "round"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -33,6 +33,7 @@ class Settings:
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
     dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
+    round: dict[str, object] | None = None   # [tool.rankaudit.round], keyed by Round field (round.build_round)
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -117,6 +118,13 @@ def load_settings(model_path: Path) -> Settings:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
+    if "round" in table:
+        settings.round = _round_table(pyproject, table["round"])
+        batch = settings.round.pop("batch_size", None)
+        if batch is not None and settings.batch_size not in (None, batch):
+            raise UsageError(f"{pyproject}: batch-size is {settings.batch_size} in [tool.rankaudit] but {batch} in "
+                             "[tool.rankaudit.round]", "give batch-size once, in either table")
+        settings.batch_size = batch if batch is not None else settings.batch_size
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
         _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
@@ -144,3 +152,33 @@ def _dp_table(path: Path, table) -> dict:
         raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.dp]",
                          "use " + ", ".join(OPTION_RULES))
     return {key: check_option(key, value, str(path)) for key, value in table.items()}
+
+
+# ---- [tool.rankaudit.round]: the federated round (spec §12); ranges are checked by round.validate_round ----------
+
+
+def _round_table(path: Path, table) -> dict[str, object]:
+    """[tool.rankaudit.round] -> Round field values, each of the right type (a UsageError names the key)."""
+    from rankaudit.round import ROUND_KEYS
+
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [tool.rankaudit] round must be a table",
+                         "write it as [tool.rankaudit.round] with local-samples, batch-size, local-epochs, ...")
+    unknown = sorted(set(table) - set(ROUND_KEYS))
+    if unknown:
+        raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.round]",
+                         "use " + ", ".join(ROUND_KEYS))
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        field = ROUND_KEYS[key]
+        if key in ("local-samples", "batch-size", "local-epochs", "clients"):
+            values[field] = _positive_int(path, f"round.{key}", value, minimum=1)
+        elif key == "optimizer":
+            if not isinstance(value, str):
+                _bad(path, "round.optimizer", 'a string, e.g. "sgd" or "adam"')
+            values[field] = value
+        else:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                _bad(path, f"round.{key}", "a number")
+            values[field] = float(value)
+    return values

@@ -64,8 +64,29 @@ def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str 
 
 def ra_sentence(result: Result) -> str:
     if result.ra_i is None:
-        return f"RA-i undefined: {ALL_DENSE_MEANING}."
-    return f"RA-i {result.ra_i} at {result.critical_layer}: {RA_MEANING[ra_verdict(result.ra_i)]}."
+        text = f"RA-i undefined: {ALL_DENSE_MEANING}."
+    else:
+        text = f"RA-i {result.ra_i} at {result.critical_layer}: {RA_MEANING[ra_verdict(result.ra_i)]}."
+    if result.round is not None and result.round.steps > 1:
+        text += (f" RA-i reads one gradient of one batch of {result.batch_size} (FedSGD): R-GAP has no multi-step "
+                 "form, so it says nothing about this round's update.")
+    return text
+
+
+def round_meaning(bound: Identifiability) -> str:
+    """What the round's verdict means, in one sentence (spec §12)."""
+    cap = bound.round.explanation
+    if not bound.certified_deficit:
+        return (f"no cap stops the round's update from determining the client's samples ({cap}): a server can "
+                "reconstruct them")
+    reach = (f"at least {bound.certified_deficit:,} of the {bound.unknowns:,} input directions leave the update "
+             f"unchanged (to first order), whatever the attack, because {cap}; up to "
+             f"{percent(bound.recoverable_fraction)} of them can be recovered")
+    if bound.verdict == "partial":
+        return (reach + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection, only a "
+                "reconstruction of every sample in full is ruled out")
+    return (reach + f" (ceiling {percent(bound.max_recoverable)}); a deficit of the round's inputs as a whole, which "
+            "does not prove that each sample keeps a hidden part")
 
 
 def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None]],
@@ -134,7 +155,8 @@ def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = DEFAUL
         result.identifiability = identifiability(traced, result.batch_size, max_recoverable=max_recoverable)
     bound = result.identifiability
     result.verdict = bound.verdict
-    result.meaning = bound_meaning(bound, result.ra_i, result.critical_layer)
+    result.meaning = (round_meaning(bound) if bound.round is not None else
+                      bound_meaning(bound, result.ra_i, result.critical_layer))
     meaning = result.meaning[:1].upper() + result.meaning[1:]
     result.summary = (f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. {meaning}. "
                       + ra_sentence(result))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankaudit.round import Round
+
 # Stable caveat codes, like a linter's rule ids: never renumber, only add.
 CAVEAT_CODES = {
     "RA101": ("op-not-modelled", "op not modelled by the rank analysis"),
@@ -109,12 +111,37 @@ class Identifiability:
     verdict: str                    # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
     max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
+    round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
 
     @property
     def hidden_estimate(self) -> float:
         """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
         about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
         return self.certified_deficit / self.unknowns if self.unknowns else 0.0
+
+
+@dataclass
+class StepBound:
+    """One kind of local step in a round: §9's bound for one step at this batch size, and how many steps of a
+    client's round are of this kind."""
+
+    batch_size: int
+    steps: int                # steps per client of this kind
+    rank_bound: int           # R(B_k), at most B_k·|x|
+    every_gradient: bool      # a step before the last: all trainable gradients carry on (later steps read the weights)
+    bottleneck: list[str] = field(default_factory=list)   # the step's min cut
+
+
+@dataclass
+class RoundBound:
+    """Spec §12: R_round <= min(n, |θ_s|, Σ_c Σ_k R(B_k)), and which of the three binds."""
+
+    unknowns: int             # n = C·N·|x|
+    update_values: int        # |θ_s|: the values of the (aggregated) update the server sees
+    steps_bound: int          # Σ_c Σ_k R(B_k)
+    terms: list[StepBound]
+    binding: str              # unknowns (no deficit) | update-values | steps
+    explanation: str          # the cap that binds, in one sentence
 
 
 @dataclass
@@ -286,6 +313,7 @@ class Result:
     # numbers describe them.
     images: dict[str, bytes] = field(default_factory=dict)
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
+    round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rankaudit.errors import UsageError
+
 OPTIMIZERS = ("sgd", "adam")
 DP_LEVELS = ("sample", "client")
 
@@ -76,3 +78,76 @@ class Round:
 
 
 FEDSGD = Round()
+
+
+# ---- building and validating a round: the one place that knows what a valid round is ------------------------------
+
+# [tool.rankaudit.round] key -> Round field; the command-line flag is the key with two dashes.
+ROUND_KEYS = {"local-samples": "local_samples", "batch-size": "batch_size", "local-epochs": "local_epochs",
+              "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients"}
+_FLAG = {field: f"--{key} (`{key}` in [tool.rankaudit.round])" for key, field in ROUND_KEYS.items()}
+
+
+def build_round(flags: dict[str, object], config: dict[str, object] | None = None,
+                dp: DPSettings | None = None) -> Round:
+    """The round from the command line's values (`flags`, None where not given) and the configuration's
+    [tool.rankaudit.round] values (`config`, same field names); flags win. Validated: a UsageError otherwise."""
+    values = {}
+    for field in ROUND_KEYS.values():
+        given = flags.get(field)
+        if given is None and config:
+            given = config.get(field)
+        if given is not None:
+            values[field] = given
+    return validate_round(Round(**values, dp=dp))
+
+
+def validate_round(round_: Round) -> Round:
+    """One-line UsageErrors for a round no client can run; the round itself when it is valid."""
+    def whole(field: str, value, minimum: int, what: str):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UsageError(f"{what} {value!r} is not an integer >= {minimum}",
+                             f"give {_FLAG[field]} as a whole number of at least {minimum}")
+
+    whole("batch_size", round_.batch_size, 1, "batch size B =")
+    whole("local_epochs", round_.local_epochs, 1, "local epochs E =")
+    whole("clients", round_.clients, 1, "clients C =")
+    if round_.local_samples is not None:
+        whole("local_samples", round_.local_samples, 1, "local samples N =")
+        if round_.local_samples < round_.batch_size:
+            raise UsageError(f"local samples N = {round_.local_samples} is below the batch size B = "
+                             f"{round_.batch_size}: the client cannot fill one batch",
+                             f"give {_FLAG['local_samples']} of at least {round_.batch_size}, or a smaller "
+                             "--batch-size")
+    lr = round_.lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise UsageError(f"learning rate {lr!r} is not a finite number above 0",
+                         f"give {_FLAG['lr']} as a positive number, e.g. 0.05")
+    if round_.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {round_.optimizer!r}",
+                         f"give {_FLAG['optimizer']} as one of {', '.join(OPTIMIZERS)}")
+    momentum = round_.momentum
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        raise UsageError(f"momentum {momentum!r} is outside [0, 1)",
+                         f"give {_FLAG['momentum']} between 0 (plain SGD) and just below 1, e.g. 0.9")
+    if momentum and round_.optimizer != "sgd":
+        raise UsageError(f"momentum {momentum:g} given with the {round_.optimizer} optimizer",
+                         "momentum applies to SGD (Adam keeps its own moment estimates): drop --momentum or use "
+                         "--optimizer sgd")
+    return round_
+
+
+def describe(round_: Round) -> str:
+    """The round in one line, as the table's header and the reports name it."""
+    if round_.steps == 1:
+        text = f"FedSGD: one gradient of a batch of {round_.batch_size}"
+        if round_.secure_aggregation:
+            text += f", summed over C = {round_.clients} clients by secure aggregation"
+        return text
+    text = (f"FedAvg round: N = {round_.samples} local samples, batch {round_.batch_size}, "
+            f"{round_.local_epochs} local epoch{'s' if round_.local_epochs != 1 else ''}, K = {round_.steps} "
+            f"step{'s' if round_.steps != 1 else ''} of {round_.optimizer}"
+            + (f" (momentum {round_.momentum:g})" if round_.momentum else "") + f", lr {round_.lr:g}")
+    if round_.secure_aggregation:
+        text += f"; secure aggregation over C = {round_.clients} clients"
+    return text

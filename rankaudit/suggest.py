@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
 from torch import nn
 
 from rankaudit.analysis import analyze
-from rankaudit.bound import gradient_sources, identifiability
+from rankaudit.bound import gradient_sources, identifiability, round_identifiability
 from rankaudit.errors import RankauditError
 from rankaudit.findings import token_leakage
-from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
+from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
 from rankaudit.result import DPNoiseSuggestion, Identifiability, Result
+from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
@@ -35,6 +37,33 @@ class Suggestion:
     rank_bound: int = 0
     certified_deficit: int = 0
     recoverable_fraction: float = 1.0   # R/n of the edited model: the edits are ranked by it
+
+
+@dataclass
+class RoundSetting:
+    """One knob of the round moved to where the round becomes `protected` (spec §11-§12), with its bound."""
+
+    knob: str                      # local-samples | local-epochs | clients
+    value: int | None              # the value found; None: no value in the range searched protects the round
+    unbounded: bool                # local-epochs only: every number of epochs is protected (the |θ_s| cap binds)
+    rank_bound: int = 0
+    unknowns: int = 0
+    recoverable_fraction: float = 1.0
+    binding: str = ""
+    explanation: str = ""          # why, or why no value was found
+
+
+@dataclass
+class RoundReview:
+    """The round as given and the three single changes that make it `protected`."""
+
+    round: Round
+    verdict: str
+    rank_bound: int
+    unknowns: int
+    recoverable_fraction: float
+    max_recoverable: float
+    settings: list[RoundSetting]
 
 
 @dataclass
@@ -65,6 +94,7 @@ class SuggestReport:
     safe_token_batch: int | None = None                  # the smallest batch size reaching it at this length
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
+    round_review: RoundReview | None = None   # with a round: the N, E and C that make it protected
     noise: DPNoiseSuggestion | None = None     # with DP options: the least noise meeting --max-reconstruction
 
 
@@ -303,10 +333,87 @@ def certifying_withheld(traced: TracedModel, batch_size: int, all_shared: Identi
     return withheld
 
 
+# Searches stop here: a round that needs more local samples or clients than this is reported as not found.
+MAX_ROUND_SEARCH = 1_000_000
+
+
+def _setting(knob: str, value: int | None, bound: Identifiability | None, why: str = "",
+             unbounded: bool = False) -> RoundSetting:
+    if bound is None:
+        return RoundSetting(knob, value, unbounded, explanation=why)
+    caps = bound.round
+    return RoundSetting(knob, value, unbounded, bound.rank_bound, bound.unknowns, bound.recoverable_fraction,
+                        caps.binding if caps else "cut", why or (caps.explanation if caps else "§9's min cut"))
+
+
+def round_review(traced: TracedModel, round_: Round, max_recoverable: float | None = None) -> RoundReview:
+    """The smallest N, the largest E and the smallest C at which the round is `protected`, one knob at a time.
+
+    ρ = min(n, |θ_s|, Σ) / n with n = C·N·|x|: the |θ_s| term falls as N or C grow and the steps' term Σ/n is
+    about E·R(B)/(B·|x|), so more samples or clients can only help through the |θ_s| cap and more epochs only
+    hurt. N and C are scanned upward to where |θ_s|/n reaches the ceiling (every round past it is protected);
+    E upward while the round stays protected. Each try costs arithmetic: §9's max flows are cached per batch size.
+    """
+    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    cache: dict = {}
+
+    def judged(changed: Round) -> Identifiability:
+        return round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache)
+
+    def protected(bound: Identifiability) -> bool:   # FedSGD's bound included: spec §11's level at this ceiling
+        return verdict_level(bound.rank_bound, bound.unknowns, ceiling) == "protected"
+
+    base = judged(round_)
+    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    values = cache.get("update_values") or identifiability(traced, 1).rank_bound
+    settings = []
+    # Local samples N: past |θ_s| / (ρ_max·C·|x|) the |θ_s| cap alone protects the round.
+    enough = math.ceil(values / max(ceiling * round_.clients * per_sample, 1e-300)) if ceiling > 0 else None
+    found = None
+    last = max(round_.batch_size, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH))   # N >= B: one full batch
+    for samples in range(round_.batch_size, last + 1):
+        bound = judged(dataclasses.replace(round_, local_samples=samples))
+        if protected(bound):
+            found = (samples, bound)
+            break
+    settings.append(_setting("local-samples", *found) if found else
+                    _setting("local-samples", None, None, f"no N up to {MAX_ROUND_SEARCH:,} protects this round"))
+    # Local epochs E: the steps' term grows with E, the other caps do not change.
+    if not protected(judged(dataclasses.replace(round_, local_epochs=1))):
+        settings.append(_setting("local-epochs", None, None, "even one local epoch is not protected: more epochs "
+                                 "only add equations"))
+    else:
+        epochs, bound = 1, judged(dataclasses.replace(round_, local_epochs=1))
+        if values <= ceiling * bound.unknowns:
+            settings.append(_setting("local-epochs", None, bound, "any number of epochs: the update's |θ_s| values "
+                                     "cap the round whatever the steps carry", unbounded=True))
+        else:
+            while epochs < MAX_ROUND_SEARCH:
+                following = judged(dataclasses.replace(round_, local_epochs=epochs + 1))
+                if not protected(following):
+                    break
+                epochs, bound = epochs + 1, following
+            settings.append(_setting("local-epochs", epochs, bound))
+    # Clients C under secure aggregation: the |θ_s| cap over C·N·|x| unknowns.
+    enough = math.ceil(values / max(ceiling * round_.samples * per_sample, 1e-300)) if ceiling > 0 else None
+    found = None
+    for clients in range(1, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH) + 1):
+        bound = judged(dataclasses.replace(round_, clients=clients))
+        if protected(bound):
+            found = (clients, bound)
+            break
+    settings.append(_setting("clients", *found) if found else
+                    _setting("clients", None, None, f"no C up to {MAX_ROUND_SEARCH:,} protects this round"))
+    return RoundReview(round_, verdict_level(base.rank_bound, base.unknowns, ceiling), base.rank_bound,
+                       base.unknowns, base.recoverable_fraction, ceiling,
+                       settings)
+
+
 def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-            max_recoverable: float | None = None) -> SuggestReport:
+            max_recoverable: float | None = None, round_: Round | None = None) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the recoverable fraction
-    R/n it reaches (the verdict level follows it, spec §11), then by the RA-i."""
+    R/n it reaches (the verdict level follows it, spec §11), then by the RA-i; with a round, also the N, E and C
+    at which it is protected."""
     ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
@@ -352,4 +459,5 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
                          protecting_batch=protecting_batch, max_recoverable=ceiling,
                          recoverable_fraction=base_bound.recoverable_fraction,
                          certifying_withheld=protecting, deficit_withheld=deficit_only,
+                         round_review=round_review(traced, round_, ceiling) if round_ is not None else None,
                          seconds=time.perf_counter() - started, **span)

@@ -28,6 +28,7 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
             "seconds": round(report.seconds, 3),
             "suggestions": [asdict(s) for s in report.suggestions[:top]],
+            "round_review": _round_review_dict(report),
             "dp_noise": asdict(report.noise) if report.noise else None}
 
 
@@ -44,6 +45,43 @@ def _noise_lines(report: SuggestReport) -> list[str]:
     floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
     return [f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
             f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant})."]
+
+
+def _round_review_dict(report: SuggestReport) -> dict | None:
+    review = report.round_review
+    if review is None:
+        return None
+    shown = asdict(review)
+    shown["round"] = {"local_samples": review.round.samples, "batch_size": review.round.batch_size,
+                      "local_epochs": review.round.local_epochs, "steps": review.round.steps,
+                      "clients": review.round.clients}
+    return shown
+
+
+_KNOB_TEXT = {"local-samples": "Smallest local dataset N", "local-epochs": "Largest number of local epochs E",
+              "clients": "Smallest number of securely aggregated clients C"}
+
+
+def _round_lines(report: SuggestReport) -> list[str]:
+    """With a round: the N, E and C at which it is protected, each with its bound (spec §12)."""
+    review = report.round_review
+    if review is None:
+        return []
+    from rankaudit.round import describe
+
+    lines = ["", f"Round: {describe(review.round)}: rank bound {review.rank_bound:,} of {review.unknowns:,} unknowns, "
+                 f"ρ = {review.recoverable_fraction:.3f}, {review.verdict} (protected at ρ <= {review.max_recoverable:g})."]
+    for setting in review.settings:
+        head = f"  {_KNOB_TEXT[setting.knob]} for protected: "
+        if setting.value is None and not setting.unbounded:
+            lines.append(head + f"none ({setting.explanation}).")
+        elif setting.unbounded:
+            lines.append(head + f"any ({setting.explanation}).")
+        else:
+            lines.append(head + f"{setting.value:,}: rank bound {setting.rank_bound:,} of {setting.unknowns:,}, "
+                                f"ρ = {setting.recoverable_fraction:.3f} ({setting.explanation}).")
+    lines.append("  Each knob is moved alone, the others as given.")
+    return lines
 
 
 def _certificates(report: SuggestReport) -> list[str]:
@@ -97,7 +135,7 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     for row in cells:
         lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip())
-    lines += ["", *_certificates(report), *_noise_lines(report),
+    lines += [*_round_lines(report), "", *_certificates(report), *_noise_lines(report),
               f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
               + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
               report.note]

@@ -243,6 +243,24 @@ def _tokens(result: Result) -> dict | None:
             "positions": max((layer.positions for layer in tokens.layers), default=0), "dager": dager}
 
 
+def _round_card(result: Result) -> dict | None:
+    """The federated round (spec §12): N, B, E, K, C, the cap that binds and ρ; None for FedSGD."""
+    from rankaudit.round import describe
+
+    round_ = result.round
+    if round_ is None or round_.fedsgd:
+        return None
+    bound = result.identifiability
+    caps = bound.round if bound is not None else None
+    return {"description": describe(round_), "samples": round_.samples, "batch_size": round_.batch_size,
+            "epochs": round_.local_epochs, "steps": round_.steps, "clients": round_.clients,
+            "optimizer": round_.optimizer, "lr": round_.lr, "momentum": round_.momentum,
+            "unknowns": caps.unknowns if caps else None, "update_values": caps.update_values if caps else None,
+            "steps_bound": caps.steps_bound if caps else None, "binding": caps.binding if caps else None,
+            "explanation": _sentence(caps.explanation) if caps else "",
+            "rho": bound.recoverable_fraction if bound is not None else None}
+
+
 def _dp(result: Result) -> dict | None:
     """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
     from rankaudit.findings import dp_sentence
@@ -279,6 +297,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
                  else None),
         "defenses": _defenses(verification),
+        "round": _round_card(result),
         "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),

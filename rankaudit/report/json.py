@@ -44,6 +44,7 @@ def to_dict(result: Result) -> dict:
         "token_leakage": asdict(result.token_leakage) if result.token_leakage else None,
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
+        "round": round_dict(result),
         "dp": _dp(result),
     }
 
@@ -55,6 +56,16 @@ def _dp(result: Result) -> dict | None:
     section = asdict(result.dp)
     section.pop("curve")
     return section
+
+
+def round_dict(result: Result) -> dict | None:
+    """The round judged (spec §12): FedSGD is local_samples = batch_size, one epoch, one client."""
+    round_ = result.round
+    if round_ is None:
+        return None
+    return {"local_samples": round_.samples, "batch_size": round_.batch_size, "local_epochs": round_.local_epochs,
+            "steps": round_.steps, "lr": round_.lr, "optimizer": round_.optimizer, "momentum": round_.momentum,
+            "clients": round_.clients, "secure_aggregation": round_.secure_aggregation, "fedsgd": round_.fedsgd}
 
 
 def _input_shape(result: Result) -> list[int] | dict[str, list[int]]:

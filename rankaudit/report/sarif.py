@@ -84,7 +84,8 @@ def _results_for(result: Result) -> list[dict]:
                       "properties": {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns,
                                      "recoverable_fraction": bound.recoverable_fraction,
                                      "max_recoverable": bound.max_recoverable, "verdict": result.verdict,
-                                     "bottleneck": bound.bottleneck, "batch_size": result.batch_size}})
+                                     "bottleneck": bound.bottleneck, "batch_size": result.batch_size,
+                                     **_round_properties(result)}})
     rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
     if rule_id:
         found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
@@ -137,6 +138,17 @@ def _results_for(result: Result) -> list[dict]:
                       "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
                       "locations": [_location(result, caveat.source)]})
     return found
+
+
+def _round_properties(result: Result) -> dict:
+    """The round behind a verdict (spec §12), for a round that is not FedSGD."""
+    from rankaudit.report.json import round_dict
+
+    if result.round is None or result.round.fedsgd:
+        return {}
+    caps = result.identifiability.round
+    return {"round": round_dict(result), "binding_cap": caps.binding if caps else None,
+            "binding_explanation": caps.explanation if caps else None}
 
 
 def to_sarif(results: list[Result]) -> dict:

@@ -42,6 +42,24 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     return [head, ra_sentence(result)]
 
 
+def _round_header(result: Result) -> str:
+    """The round on the header line; nothing for FedSGD, whose header the batch size already says."""
+    from rankaudit.round import describe
+
+    return "" if result.round is None or result.round.fedsgd else f"  {describe(result.round)}"
+
+
+def _round_lines(result: Result) -> list[str]:
+    """The round's three caps (spec §12) and which one binds."""
+    bound = result.identifiability
+    if bound is None or bound.round is None:
+        return []
+    caps = bound.round
+    return [f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
+            f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {bound.recoverable_fraction:.3f}: "
+            f"{caps.explanation}."]
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
@@ -170,7 +188,7 @@ def _verification_lines(result: Result) -> list[str]:
     lines = []
     rgap = result.verification.get("rgap")
     if rgap:
-        name = "R-GAP" if rgap["attack"] == "rgap" else "inverting gradients"
+        name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
         lines += ["", f"Verification ({name}, {len(rgap['samples'])} images, {rgap['device']}, {rgap['seconds']:.1f} s): "
                   f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
                   f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
@@ -180,8 +198,11 @@ def _verification_lines(result: Result) -> list[str]:
                 lines.append(f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
                              f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
         for sample in rgap["samples"]:
-            lines.append(f"  image {sample['index']}: MSE {_number(sample['mse'])}, PSNR {_number(sample['psnr'])} dB, "
-                         f"{sample['seconds']:.2f} s")
+            client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
+            lines.append(f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
+                         f"{_number(sample['psnr'])} dB, {sample['seconds']:.2f} s")
+        for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
+            lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
     gdbr = result.verification.get("gdbr")
     if gdbr:
         lines += ["", f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
@@ -295,7 +316,13 @@ def _rank_lines(rank: dict | None) -> list[str]:
     samples = len(rank["samples"])
     inputs = (f"{samples} image{'s' if samples != 1 else ''}" if rank["batch_size"] == 1
               else f"one batch of {rank['batch_size']}")
-    lines = ["", f"Rank check (∂g/∂x, {inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
+    if rank.get("round"):
+        shown = rank["round"]
+        inputs = (f"∂u/∂X, the update of {shown['steps']} local steps over {shown['clients']} x "
+                  f"{shown['local_samples']} samples")
+    else:
+        inputs = f"∂g/∂x, {inputs}"
+    lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}."]
     lines.extend(_hidden_lines(rank))
@@ -370,7 +397,8 @@ def _defense_lines(result: Result) -> list[str]:
 
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
-             f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters", ""]
+             f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
+             + _round_header(result), ""]
     cells = [HEADERS] + _input_rows(result) + [
         (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
          f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
@@ -386,6 +414,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         lines.append(text)
     lines.append("")
     lines.extend(_conclusion_lines(result, warn, color))
+    lines.extend(_round_lines(result))
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))

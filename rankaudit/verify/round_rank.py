@@ -1,0 +1,153 @@
+"""--verify rank for a federated round: the numerical rank of J = ∂u/∂X, the update's Jacobian in all C·N·|x| inputs.
+
+Spec §12's exact check, sketched as §10 does the single gradient (rankaudit.verify.rank): S = R·J with
+min(|θ_s|, n) + 16 Gaussian rows, each row rᵀJ = ∂/∂X ⟨r, u(X)⟩ a vector-Jacobian product through the unrolled
+local training (a double backward through every step, and through the weights later steps receive from earlier
+ones); ``torch.func.vjp`` records the training once and ``vmap`` pushes a chunk of rows back through it together.
+Rank, tolerance and gap come from rank.py's spectrum, so the fields mean what they mean there.
+
+Size limits: n = C·N·|x| at most rank.MAX_UNKNOWNS (the sketch and its SVD), and K = E·⌈N/B⌉ local steps at most
+MAX_STEPS (the recorded training keeps every step's activations and their gradients, K times one step's memory,
+for as long as the sketch runs).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from rankaudit.errors import UsageError
+from rankaudit.round import Round
+from rankaudit.verify import rank
+from rankaudit.verify.client import LocalTraining, unknowns_of
+# rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
+from rankaudit.verify.rank import (OVERSAMPLING, PROBE_ROWS, RELIABLE_GAP, RankMeasurement, _activation_numel,
+                                   _cpu_chunk, _gaussian_rows, _math_attention, _spectrum)
+
+MAX_STEPS = 64
+
+
+def check_round_size(round_: Round, sample_shape: tuple[int, ...]):
+    """Refuse a round the sketch cannot hold, before any work."""
+    unknowns = unknowns_of(round_, sample_shape)
+    if unknowns > rank.MAX_UNKNOWNS:
+        shape = "x".join(str(d) for d in sample_shape)
+        raise UsageError(f"--verify rank for the round needs an (n + {OVERSAMPLING}) x n sketch, and n = C·N·|x| = "
+                         f"{round_.clients} x {round_.samples} x {shape} = {unknowns:,} unknowns is above the "
+                         f"{rank.MAX_UNKNOWNS:,} it supports",
+                         "check a smaller round (fewer --local-samples or --clients) or a lower --input-shape")
+    if round_.steps > MAX_STEPS:
+        raise UsageError(f"--verify rank records all {round_.steps} local steps of the round, above the {MAX_STEPS} "
+                         "it supports", "check fewer --local-epochs or a larger --batch-size")
+
+
+def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round_: Round,
+                  shared: list[str] | None = None, *, device: str | torch.device = "cpu", seed: int = 0,
+                  loss: str | None = None, directions: int = 0, chunk_rows: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> RankMeasurement:
+    """rank(∂u/∂X) for the round's update at ``inputs`` (C x N x ...) with ``labels`` (C x N), in float64.
+
+    u is Σ_c (θ_K − θ₀) over the ``shared`` parameters (names; default every trainable one). The same fields as
+    rank.measure; ``unknowns`` is C·N·|x| and ``shared_gradient_size`` the update's |θ_s| values.
+    """
+    device = torch.device(device)
+    if inputs.shape[:2] != (round_.clients, round_.samples) or labels.shape != inputs.shape[:2]:
+        raise UsageError(f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} do not match the round's "
+                         f"{round_.clients} client(s) x {round_.samples} samples",
+                         "give inputs shaped (clients, local samples, *sample) and labels (clients, local samples)")
+    check_round_size(round_, tuple(inputs.shape[2:]))
+    started = time.perf_counter()
+    net = _float64_copy(model, device)
+    x = inputs.detach().to(device=device, dtype=torch.float64)
+    labels = labels.to(device)
+    if loss is None:
+        with torch.no_grad(), _math_attention():
+            loss = rank.loss_name_for(rank.logits_of(net(x[0, :1])).numel())
+    trainable = [name for name, p in net.named_parameters() if p.requires_grad]
+    names = trainable if shared is None else list(dict.fromkeys(shared))
+    missing = [name for name in names if name not in trainable]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
+                         "name parameters from model.named_parameters() that require grad")
+    training = LocalTraining(net, round_, loss, names)
+    unknowns, m = int(x.numel()), training.values
+    rows = min(m, unknowns) + OVERSAMPLING
+    sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
+    used_chunk = 0
+    if names:
+        per_step = _activation_numel(net, x[0, :round_.batch_size], labels[0, :round_.batch_size], loss)
+        with _math_attention():
+            used_chunk = _fill(training, x, labels, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress,
+                               activation_numel=per_step * round_.steps * round_.clients)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    sketched = time.perf_counter()
+    spectrum = _spectrum(sketch, want_vectors=directions > 0)
+    found, found_values = None, []
+    if spectrum.right_vectors is not None and spectrum.rank < unknowns:
+        take = min(directions, unknowns - spectrum.rank)
+        found = spectrum.right_vectors[unknowns - take:].flip(0).reshape(take, *x.shape).cpu().numpy()
+        padded = np.concatenate([spectrum.values, np.zeros(max(0, unknowns - spectrum.values.size))])
+        found_values = [float(v) for v in padded[unknowns - take:][::-1]]
+    return RankMeasurement(
+        unknowns=unknowns, rank=spectrum.rank, deficit=unknowns - spectrum.rank, tolerance=spectrum.tolerance,
+        gap=spectrum.gap, reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP,
+        sigma_max=spectrum.sigma_max, sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values,
+        spectrum=spectrum.how, seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
+        spectrum_seconds=time.perf_counter() - sketched, device=str(device), method="reverse-over-reverse (vmap)",
+        loss=loss, sketch_rows=rows, chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names,
+        directions=found, direction_singular_values=found_values)
+
+
+def _float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).to(device=device, dtype=torch.float64).eval()
+
+
+def _fill(training: LocalTraining, x: torch.Tensor, labels: torch.Tensor, sketch: torch.Tensor, *, seed: int,
+          chunk_rows: int | None, progress, activation_numel: int) -> int:
+    """Write R·J into ``sketch`` a chunk of rows at a time; returns the chunk size used."""
+    from torch.func import vjp, vmap
+
+    device, rows = sketch.device, sketch.shape[0]
+    m = training.values
+    generator = torch.Generator(device=device)
+    with torch.no_grad():   # torch.func records its own graph; plain autograd need not record the module's
+        _, pullback = vjp(lambda inputs: training.update(inputs, labels), x)
+    batched = vmap(pullback)
+    size = chunk_rows or (min(PROBE_ROWS, rows) if device.type == "cuda" else
+                          _cpu_chunk(m, activation_numel, rows))
+    size = max(1, min(size, rows))
+    done, sized = 0, chunk_rows is not None or device.type != "cuda"
+    while done < rows:
+        count = min(size, rows - done)
+        if not sized:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        (directions,) = _gaussian_rows(done, count, [(m,)], seed, generator)
+        try:
+            with torch.no_grad():
+                (block,) = batched(directions)
+        except torch.cuda.OutOfMemoryError:
+            del directions
+            torch.cuda.empty_cache()
+            if count == 1:
+                raise UsageError("one row of the round's rank sketch does not fit in the GPU's free memory",
+                                 "use --device cpu, or a smaller round or --input-shape") from None
+            size, sized = max(1, count // 2), True
+            continue
+        sketch[done:done + count] = block.reshape(count, -1)
+        done += count
+        if not sized:
+            per_row = max(torch.cuda.max_memory_allocated(device) - before, 1) / count
+            free = torch.cuda.mem_get_info(device)[0]
+            size, sized = int(max(1, min(rank.MAX_CHUNK_ROWS, rank.CUDA_FREE_SHARE * free / per_row))), True
+        del directions, block
+        if progress is not None:
+            progress(done, rows)
+    return size
