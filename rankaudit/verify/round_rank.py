@@ -6,7 +6,7 @@ local training (a double backward through every step, and through the weights la
 ones); ``torch.func.vjp`` records the training once and ``vmap`` pushes a chunk of rows back through it together.
 Rank, tolerance and gap come from rank.py's spectrum, so the fields mean what they mean there.
 
-Size limits: n = C·N·|x| at most rank.MAX_UNKNOWNS (the sketch and its SVD), and K = E·⌈N/B⌉ local steps at most
+Size limits: n = C·N·|x| as the device's memory allows (the sketch and its SVD, verify/budget.py's rule), and K = E·⌈N/B⌉ local steps at most
 MAX_STEPS (the recorded training keeps every step's activations and their gradients, K times one step's memory,
 for as long as the sketch runs).
 """
@@ -22,6 +22,7 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
 from rankaudit.verify import rank
+from rankaudit.verify.budget import check_size
 from rankaudit.verify.client import LocalTraining, unknowns_of
 # rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
 from rankaudit.verify.rank import (OVERSAMPLING, PROBE_ROWS, RELIABLE_GAP, RankMeasurement, _activation_numel,
@@ -30,15 +31,12 @@ from rankaudit.verify.rank import (OVERSAMPLING, PROBE_ROWS, RELIABLE_GAP, RankM
 MAX_STEPS = 64
 
 
-def check_round_size(round_: Round, sample_shape: tuple[int, ...]):
-    """Refuse a round the sketch cannot hold, before any work."""
+def check_round_size(round_: Round, sample_shape: tuple[int, ...], device: str | torch.device = "cpu"):
+    """Refuse a round the sketch cannot hold on ``device`` (the single gradient's memory rule, budget.py), or
+    one with more local steps than the recording can keep, before any work."""
     unknowns = unknowns_of(round_, sample_shape)
-    if unknowns > rank.MAX_UNKNOWNS:
-        shape = "x".join(str(d) for d in sample_shape)
-        raise UsageError(f"--verify rank for the round needs an (n + {OVERSAMPLING}) x n sketch, and n = C·N·|x| = "
-                         f"{round_.clients} x {round_.samples} x {shape} = {unknowns:,} unknowns is above the "
-                         f"{rank.MAX_UNKNOWNS:,} it supports",
-                         "check a smaller round (fewer --local-samples or --clients) or a lower --input-shape")
+    # At most n + 16 rows (min(|θ_s|, n) + 16 once the model is known); the vectors only with --artifacts.
+    check_size(unknowns, unknowns + OVERSAMPLING, tuple(sample_shape), round_.clients * round_.samples, device=device)
     if round_.steps > MAX_STEPS:
         raise UsageError(f"--verify rank records all {round_.steps} local steps of the round, above the {MAX_STEPS} "
                          "it supports", "check fewer --local-epochs or a larger --batch-size")
@@ -58,7 +56,7 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
         raise UsageError(f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} do not match the round's "
                          f"{round_.clients} client(s) x {round_.samples} samples",
                          "give inputs shaped (clients, local samples, *sample) and labels (clients, local samples)")
-    check_round_size(round_, tuple(inputs.shape[2:]))
+    check_round_size(round_, tuple(inputs.shape[2:]), device)
     started = time.perf_counter()
     net = _float64_copy(model, device)
     x = inputs.detach().to(device=device, dtype=torch.float64)

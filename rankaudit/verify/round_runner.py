@@ -45,8 +45,8 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
     from rankaudit.verify import rank, round_rank
 
     round_ = result.round
-    round_rank.check_round_size(round_, tuple(result.input_shape))
     device = resolve_device(device)
+    round_rank.check_round_size(round_, tuple(result.input_shape), device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     inputs, source = _inputs(result, data, seed, "rank")
