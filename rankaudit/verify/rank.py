@@ -457,17 +457,43 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
                  sketch: torch.Tensor, *, seed: int, chunk_rows: int | None,
                  progress: Callable[[int, int], None] | None) -> tuple[str, int]:
     """Write R·J into ``sketch`` chunk by chunk; returns the method used and the chunk size."""
+    shapes = [tuple(dict(net.named_parameters())[name].shape) for name in names]
+    fast = _ForwardOverReverse(net, x, labels, loss, names)
+    slow: list[_ReverseOverReverse] = []
+
+    def rows_of(directions: list[torch.Tensor]) -> torch.Tensor:
+        if not slow:
+            try:
+                return fast(directions)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as unsupported:  # torch.func refuses the model: plain autograd can still do it
+                slow.append(_ReverseOverReverse(net, x, labels, loss, names, why=unsupported))
+        return slow[0](directions)
+
+    size = fill_in_chunks(sketch, shapes, rows_of, seed=seed, chunk_rows=chunk_rows, progress=progress,
+                          activation_numel=lambda: _activation_numel(net, x, labels, loss),
+                          too_large="one row of the rank sketch does not fit in the GPU's free memory",
+                          fix="use --device cpu, or a lower --input-shape / --batch-size")
+    return ("reverse-over-reverse" if slow else "forward-over-reverse"), size
+
+
+def fill_in_chunks(sketch: torch.Tensor, shapes: list[tuple[int, ...]],
+                   rows_of: Callable[[list[torch.Tensor]], torch.Tensor], *, seed: int, chunk_rows: int | None,
+                   progress: Callable[[int, int], None] | None, activation_numel: Callable[[], int],
+                   too_large: str, fix: str) -> int:
+    """Write the rows ``rows_of(directions)`` of R·J into ``sketch``, a chunk of Gaussian directions (one tensor per
+    shape in ``shapes``) at a time; returns the chunk size used. The single gradient's sketch and the round's
+    (verify/round_rank.py) share it.
+
+    On a CPU a chunk is sized from the parameters and ``activation_numel()`` (the entries one pass saves); on CUDA
+    a probe chunk measures what a row costs and the rest is sized to the free memory, halving on running out."""
     device = sketch.device
     rows = sketch.shape[0]
-    shapes = [tuple(dict(net.named_parameters())[name].shape) for name in names]
-    sizes = [math.prod(shape) for shape in shapes]
-    generator = torch.Generator(device=device)
-    fast = _ForwardOverReverse(net, x, labels, loss, names)
-    slow: _ReverseOverReverse | None = None
-    method = "forward-over-reverse"
     size = chunk_rows or (min(PROBE_ROWS, rows) if device.type == "cuda" else
-                          _cpu_chunk(sum(sizes), _activation_numel(net, x, labels, loss), rows))
+                          _cpu_chunk(sum(math.prod(shape) for shape in shapes), activation_numel(), rows))
     size = max(1, min(size, rows))
+    generator = torch.Generator(device=device)
     done, sized = 0, chunk_rows is not None or device.type != "cuda"
     while done < rows:
         count = min(size, rows - done)
@@ -477,23 +503,12 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
             before = torch.cuda.memory_allocated(device)
         directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype)
         try:
-            if slow is None:
-                try:
-                    block = fast(directions)
-                except torch.cuda.OutOfMemoryError:
-                    raise
-                except Exception as unsupported:  # torch.func refuses the model: plain autograd can still do it
-                    slow = _ReverseOverReverse(net, x, labels, loss, names, why=unsupported)
-                    method = "reverse-over-reverse"
-                    block = slow(directions)
-            else:
-                block = slow(directions)
+            block = rows_of(directions)
         except torch.cuda.OutOfMemoryError:
             del directions
             torch.cuda.empty_cache()
             if count == 1:
-                raise UsageError("one row of the rank sketch does not fit in the GPU's free memory",
-                                 "use --device cpu, or a lower --input-shape / --batch-size") from None
+                raise UsageError(too_large, fix) from None
             size, sized = max(1, count // 2), True
             continue
         sketch[done:done + count] = block.reshape(count, -1)
@@ -506,7 +521,7 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
         del directions, block
         if progress is not None:
             progress(done, rows)
-    return method, size
+    return size
 
 
 def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: int,

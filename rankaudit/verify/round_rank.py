@@ -21,12 +21,12 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
-from rankaudit.verify import rank
+from rankaudit.verify import finite, rank
 from rankaudit.verify.budget import check_size
 from rankaudit.verify.client import LocalTraining, unknowns_of
 # rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
-from rankaudit.verify.rank import (OVERSAMPLING, PROBE_ROWS, RELIABLE_GAP, RankMeasurement, _activation_numel,
-                                   _cpu_chunk, _gaussian_rows, _math_attention, _spectrum)
+from rankaudit.verify.rank import (OVERSAMPLING, RELIABLE_GAP, RankMeasurement, _activation_numel, _math_attention,
+                                   _spectrum, fill_in_chunks)
 
 MAX_STEPS = 64
 
@@ -80,6 +80,10 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
         with _math_attention():
             used_chunk = _fill(training, x, labels, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress,
                                activation_numel=per_step * round_.steps * round_.clients)
+    if not finite.all_finite(sketch):
+        # No SVD of non-finite numbers: the update or its derivative overflowed somewhere in the local training.
+        raise finite.NonFiniteError("--verify rank for the round: the update's derivative is not finite at the "
+                                    "inputs, so no rank is reported", finite.FIX)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     sketched = time.perf_counter()
@@ -108,44 +112,18 @@ def _float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
 
 def _fill(training: LocalTraining, x: torch.Tensor, labels: torch.Tensor, sketch: torch.Tensor, *, seed: int,
           chunk_rows: int | None, progress, activation_numel: int) -> int:
-    """Write R·J into ``sketch`` a chunk of rows at a time; returns the chunk size used."""
+    """Write R·J into ``sketch`` a chunk of rows at a time (rank.py's chunking); returns the chunk size used."""
     from torch.func import vjp, vmap
 
-    device, rows = sketch.device, sketch.shape[0]
-    m = training.values
-    generator = torch.Generator(device=device)
     with torch.no_grad():   # torch.func records its own graph; plain autograd need not record the module's
         _, pullback = vjp(lambda inputs: training.update(inputs, labels), x)
     batched = vmap(pullback)
-    size = chunk_rows or (min(PROBE_ROWS, rows) if device.type == "cuda" else
-                          _cpu_chunk(m, activation_numel, rows))
-    size = max(1, min(size, rows))
-    done, sized = 0, chunk_rows is not None or device.type != "cuda"
-    while done < rows:
-        count = min(size, rows - done)
-        if not sized:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-        (directions,) = _gaussian_rows(done, count, [(m,)], seed, generator)
-        try:
-            with torch.no_grad():
-                (block,) = batched(directions)
-        except torch.cuda.OutOfMemoryError:
-            del directions
-            torch.cuda.empty_cache()
-            if count == 1:
-                raise UsageError("one row of the round's rank sketch does not fit in the GPU's free memory",
-                                 "use --device cpu, or a smaller round or --input-shape") from None
-            size, sized = max(1, count // 2), True
-            continue
-        sketch[done:done + count] = block.reshape(count, -1)
-        done += count
-        if not sized:
-            per_row = max(torch.cuda.max_memory_allocated(device) - before, 1) / count
-            free = torch.cuda.mem_get_info(device)[0]
-            size, sized = int(max(1, min(rank.MAX_CHUNK_ROWS, rank.CUDA_FREE_SHARE * free / per_row))), True
-        del directions, block
-        if progress is not None:
-            progress(done, rows)
-    return size
+
+    def rows_of(directions: list[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            return batched(directions[0])[0]
+
+    return fill_in_chunks(sketch, [(training.values,)], rows_of, seed=seed, chunk_rows=chunk_rows,
+                          progress=progress, activation_numel=lambda: activation_numel,
+                          too_large="one row of the round's rank sketch does not fit in the GPU's free memory",
+                          fix="use --device cpu, or a smaller round or --input-shape")
