@@ -214,7 +214,7 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
     critical = [line for line in lines if line.startswith(">")]
     assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
     closing = lines[lines.index(critical[0]) + 3:][:2]  # after the table: the bound's line, then RA-i's
-    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable, protected at most "
+    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable; protected needs at most "
                                  "50 %; min cut: ∇conv1, ∇conv2, ∇fc): partial.")
     assert "Only 16 input directions are certified invisible" in closing[0]
     assert "about 0.5 % of an image's energy can be hidden" in closing[0]

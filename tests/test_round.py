@@ -422,6 +422,27 @@ def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
     assert code == 2 and "--verify gdbr reads one shared gradient" in err
 
 
+def test_the_rounds_rank_check_reports_each_samples_hidden_part(run_cli, tmp_path):
+    """Spec §11 over a round's inputs: (N, B, E) = (2, 1, 1) on the 3x8x8, width-4 residual net leaves 81 of 384
+    directions invisible (rank 303); the projection runs over both samples at once and each gets its share."""
+    import json
+
+    model = tmp_path / "res.py"
+    model.write_text((EXAMPLES / "resnet2_tiny.py").read_text(encoding="utf-8").replace(
+        "INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)").replace("width: int = 8", "width: int = 4"),
+        encoding="utf-8")
+    code, out, _ = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--verify", "rank", "--format", "json",
+                           "-q", "--fail-on", "never")
+    rank = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))["verification"]["rank"]
+    assert code == 0 and rank["deficit"] == 384 - rank["rank"] > 0
+    entries = rank["samples"][0]["inputs"]
+    assert [entry["index"] for entry in entries] == [0, 1]
+    assert all(0 < entry["hidden_energy"] < 1 for entry in entries)
+    assert rank["hidden_energy_median"] == pytest.approx(sorted(e["hidden_energy"] for e in entries)[0] / 2
+                                                         + sorted(e["hidden_energy"] for e in entries)[1] / 2)
+    assert rank["visible_reading"]
+
+
 def test_html_round_card_names_the_round_and_its_cap():
     from rankaudit.audit import audit
     from rankaudit.report import html

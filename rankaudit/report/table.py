@@ -37,7 +37,8 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
     head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
-            f"({percent(bound.recoverable_fraction)} recoverable, protected at most {percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
+            f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
+            f"{percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
     return [head, ra_sentence(result)]
 

@@ -55,6 +55,14 @@ def invisible_component(batch: torch.Tensor, right_vectors: torch.Tensor, rank: 
     return part.reshape(batch.shape).cpu().numpy()
 
 
+def measured_invisible(batch: torch.Tensor, right_vectors: torch.Tensor | None, rank: int) -> np.ndarray | None:
+    """P c from a rank measurement: zeros at full rank (nothing hidden, no vectors needed), None when a deficit
+    came without the SVD's vectors (they did not fit the device, or an unchecked float32 sketch): unmeasured."""
+    if rank >= batch.numel():
+        return np.zeros(tuple(batch.shape))
+    return None if right_vectors is None else invisible_component(batch, right_vectors, rank)
+
+
 def visible_parts(batch: np.ndarray, invisible: np.ndarray) -> np.ndarray:
     """x_i − (P c)_i: the input with its invisible component taken out."""
     return batch - invisible

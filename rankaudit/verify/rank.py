@@ -250,12 +250,7 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     if hidden:
         from rankaudit.verify import hidden as hidden_part
 
-        if spectrum.right_vectors is not None:
-            invisible = hidden_part.invisible_component(x, spectrum.right_vectors, rank)
-        elif rank == unknowns:
-            invisible = np.zeros(tuple(images.shape))   # full rank (shown by QR or float32 rows): nothing hidden
-        # else the SVD's vectors did not fit the device, or an unchecked float32 sketch showed a deficit:
-        # the hidden part stays unmeasured
+        invisible = hidden_part.measured_invisible(x, spectrum.right_vectors, rank)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return RankMeasurement(

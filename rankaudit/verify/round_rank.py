@@ -22,7 +22,7 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
 from rankaudit.verify import finite, rank
-from rankaudit.verify.budget import check_size
+from rankaudit.verify.budget import check_size, memory_budget, sketch_bytes
 from rankaudit.verify.client import LocalTraining, unknowns_of
 # rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
 from rankaudit.verify.rank import (OVERSAMPLING, RELIABLE_GAP, RankMeasurement, _activation_numel, _math_attention,
@@ -45,11 +45,12 @@ def check_round_size(round_: Round, sample_shape: tuple[int, ...], device: str |
 def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round_: Round,
                   shared: list[str] | None = None, *, device: str | torch.device = "cpu", seed: int = 0,
                   loss: str | None = None, directions: int = 0, chunk_rows: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> RankMeasurement:
+                  progress: Callable[[int, int], None] | None = None, hidden: bool = False) -> RankMeasurement:
     """rank(∂u/∂X) for the round's update at ``inputs`` (C x N x ...) with ``labels`` (C x N), in float64.
 
     u is Σ_c (θ_K − θ₀) over the ``shared`` parameters (names; default every trainable one). The same fields as
-    rank.measure; ``unknowns`` is C·N·|x| and ``shared_gradient_size`` the update's |θ_s| values.
+    rank.measure; ``unknowns`` is C·N·|x| and ``shared_gradient_size`` the update's |θ_s| values. ``hidden``: also
+    P c over all C·N samples, shaped (C·N, *sample), as rank.measure (spec §11 applies to the round's inputs).
     """
     device = torch.device(device)
     if inputs.shape[:2] != (round_.clients, round_.samples) or labels.shape != inputs.shape[:2]:
@@ -87,13 +88,22 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     sketched = time.perf_counter()
-    spectrum = _spectrum(sketch, want_vectors=directions > 0)
+    # The hidden energy needs the SVD's vectors; where they do not fit, it is reported as unmeasured.
+    fits = sketch_bytes(rows, unknowns, vectors=True) <= memory_budget(device)[0]
+    want_vectors = directions > 0 or (hidden and fits)
+    spectrum = _spectrum(sketch, want_vectors=want_vectors)
     found, found_values = None, []
     if spectrum.right_vectors is not None and spectrum.rank < unknowns:
         take = min(directions, unknowns - spectrum.rank)
         found = spectrum.right_vectors[unknowns - take:].flip(0).reshape(take, *x.shape).cpu().numpy()
         padded = np.concatenate([spectrum.values, np.zeros(max(0, unknowns - spectrum.values.size))])
         found_values = [float(v) for v in padded[unknowns - take:][::-1]]
+    invisible = None
+    if hidden:
+        from rankaudit.verify import hidden as hidden_part
+
+        invisible = hidden_part.measured_invisible(x.reshape(-1, *x.shape[2:]), spectrum.right_vectors,
+                                                   spectrum.rank)
     return RankMeasurement(
         unknowns=unknowns, rank=spectrum.rank, deficit=unknowns - spectrum.rank, tolerance=spectrum.tolerance,
         gap=spectrum.gap, reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP,
@@ -101,7 +111,7 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
         spectrum=spectrum.how, seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method="reverse-over-reverse (vmap)",
         loss=loss, sketch_rows=rows, chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names,
-        directions=found, direction_singular_values=found_values)
+        directions=found, direction_singular_values=found_values, invisible=invisible)
 
 
 def _float64_copy(model: nn.Module, device: torch.device) -> nn.Module:

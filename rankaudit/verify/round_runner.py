@@ -14,8 +14,8 @@ from rankaudit.errors import UsageError
 from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
-from rankaudit.verify.runner import (_confirms, _finite, _gap_text, _rank_inputs, _save_images, build_real_model,
-                                     resolve_device)
+from rankaudit.verify.runner import (_confirms, _finite, _gap_text, _rank_inputs, _save_images,
+                                     _what_the_gradient_shows, build_real_model, resolve_device)
 
 
 def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
@@ -53,7 +53,7 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
     labels, loss = _labels(model, inputs, seed)
     with ProgressBar(1, "round rank sketch", enabled=show_progress) as bar:
         measured = round_rank.measure_round(model, inputs, labels, round_, shared, device=device, seed=seed, loss=loss,
-                                            directions=rank.MAX_DIRECTIONS if artifacts else 0,
+                                            directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True,
                                             progress=lambda done, rows: bar(done, rows))
     if not all(math.isfinite(v) for v in (measured.sigma_max, measured.tolerance)):
         raise UsageError("the round's sketch is not finite (the local training diverged at these weights)",
@@ -75,6 +75,11 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
         notes.append(f"unreliable: the gap {_gap_text(measured.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
                      "depends on where the tolerance falls")
     saved = rank.save_directions(artifacts, _first_client_view(measured)) if artifacts else []
+    # Spec §11 over the round's inputs: every client's samples in one projection, each sample's share reported.
+    flat = inputs.reshape(-1, *inputs.shape[2:])
+    seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts)
+    if measured.invisible is None:
+        notes.append("hidden energy not measured: the SVD's vectors it needs did not fit the device's memory")
     verification = {
         "unknowns": measured.unknowns, "rank": measured.rank, "deficit": measured.deficit,
         "tolerance": measured.tolerance, "tolerance_rule": rank.TOLERANCE_RULE,
@@ -86,7 +91,9 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
         "inputs": source, "headline": "the whole round: every client's samples at once",
         "samples": [{"index": 0, "rank": measured.rank, "deficit": measured.deficit,
                      "gap": _finite(measured.gap or math.nan), "reliable": measured.reliable,
-                     "seconds": round(measured.seconds, 3)}],
+                     "seconds": round(measured.seconds, 3), "inputs": seen["inputs"][0]}],
+        "hidden_energy_median": seen["hidden_energy_median"], "visible_psnr_median": seen["visible_psnr_median"],
+        "visible_ssim_median": seen["visible_ssim_median"], "visible_reading": seen["reading"] and seen["reading"].replace("the gradient", "the update"),
         "confirms": confirms, "agreement": agreement, "judgement": judgement, "verdict": result.verdict,
         "bound": bound, "internal_error": bound.get("internal_error") if bound else None,
         "directions": saved, "notes": notes, "round": round_dict(result),
