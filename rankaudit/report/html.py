@@ -273,6 +273,14 @@ def _dp(result: Result) -> dict | None:
             "curve": Markup(svg.dp_curve(result.dp, attack))}
 
 
+def _headline(result: Result, verdict: str) -> str:
+    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient."""
+    headline = HEADLINES.get(verdict, "")
+    if result.round is not None and not result.round.fedsgd:
+        headline = headline.replace("one shared gradient", "the round's update")
+    return headline
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -283,7 +291,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "r": result,
         "verdict": verdict,
         "verdict_class": verdict if verdict in HEADLINES else "unknown",
-        "headline": HEADLINES.get(verdict, ""),
+        "headline": _headline(result, verdict),
         "meaning": _sentence(result.meaning),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,
