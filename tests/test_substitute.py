@@ -122,6 +122,20 @@ def test_efficientnet_and_mobilenetv2_examples_rank_respects_the_bound(example, 
     assert result.verdict == "partial"
 
 
+@pytest.mark.parametrize("example", ["efficientnet_tiny", "mobilenetv2_tiny"])
+def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
+    """SiLU, sigmoid and ReLU6 have a double backward of their own: the sketch's rows run without the mode."""
+    from rankaudit.verify.runner import build_real_model
+    from conftest import EXAMPLES
+
+    model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), (3, 16, 16), 0)
+    x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    names = [name for name, _ in model.named_parameters()]
+    forward = rank._ForwardOverReverse(model, x, torch.tensor([0]), "cross-entropy", names)
+    directions = [torch.randn(1, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    assert torch.isfinite(forward(directions)).all()
+
+
 def test_without_the_substitutes_the_example_would_fail():
     """The reason for the table: the same sketch without the mode stops at hardsigmoid's backward."""
     from rankaudit.verify.runner import build_real_model
