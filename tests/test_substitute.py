@@ -108,9 +108,9 @@ def test_mobile_examples_are_checkable_and_their_rank_respects_the_bound(example
 
 # Measured at seed 0, uniform inputs, random initialisation, float64 (tests/conftest.py's measured_rank). Both share
 # the stride-2 3x3 stem with 8 channels that bounds MobileNetV3's and LCNet's examples (cut at stem.0: 728). The
-# EfficientNet-style net loses the same 104 directions as those two; the MobileNetV2-style one loses far more, because
-# ReLU6 clamps at 0 and at 6, so the stem's dead and saturated units both cut directions (RA102: the bound is generic
-# in its ReLU-like maps).
+# EfficientNet-style net loses the same 104 directions as those two; the MobileNetV2-style one loses far more: the
+# stem's ReLU6 is flat below 0 (and above 6), so its inactive units cut directions (RA102: the bound is generic in
+# its ReLU-like maps).
 @pytest.mark.parametrize("example, rank_measured", [("efficientnet_tiny", 664), ("mobilenetv2_tiny", 336)])
 def test_efficientnet_and_mobilenetv2_examples_rank_respects_the_bound(example, rank_measured):
     """MBConv with SiLU and a sigmoid-gated SE; ReLU6 inverted residuals without SE (both 3x16x16, depthwise
