@@ -28,7 +28,9 @@ def test_every_cheap_example_is_sound_and_none_is_falsely_protected(capsys):
     rows = bench.main(["--only", "examples", "--max-params", str(CHEAP_PARAMETERS)], measure=cached)
     out = capsys.readouterr().out
     measured = [row for row in rows if row.status != "skipped"]
-    assert len(measured) >= 17 and {"examples/mobilenetv3_tiny", "examples/lcnet_tiny"} <= {r.name for r in measured}
+    mobile = {f"examples/{name}"
+              for name in ("mobilenetv3_tiny", "lcnet_tiny", "efficientnet_tiny", "mobilenetv2_tiny")}
+    assert len(measured) >= 19 and mobile <= {r.name for r in measured}
     assert all(row.reason.startswith(("", "gap under")) for row in measured)
     skipped = [row for row in rows if row.status == "skipped"]
     assert all("above --max-params" in row.reason for row in skipped)

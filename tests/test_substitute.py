@@ -106,6 +106,36 @@ def test_mobile_examples_are_checkable_and_their_rank_respects_the_bound(example
     assert not [c for c in result.caveats if c.code == "RA101" and "hardsigmoid" in c.message.lower()]
 
 
+# Measured at seed 0, uniform inputs, random initialisation, float64 (tests/conftest.py's measured_rank). Both share
+# the stride-2 3x3 stem with 8 channels that bounds MobileNetV3's and LCNet's examples (cut at stem.0: 728). The
+# EfficientNet-style net loses the same 104 directions as those two; the MobileNetV2-style one loses far more: the
+# stem's ReLU6 is flat below 0 (and above 6), so its inactive units cut directions (RA102: the bound is generic in
+# its ReLU-like maps).
+@pytest.mark.parametrize("example, rank_measured", [("efficientnet_tiny", 664), ("mobilenetv2_tiny", 336)])
+def test_efficientnet_and_mobilenetv2_examples_rank_respects_the_bound(example, rank_measured):
+    """MBConv with SiLU and a sigmoid-gated SE; ReLU6 inverted residuals without SE (both 3x16x16, depthwise
+    convs): the measured rank is below the bound 728 and the verdict admits a deficit."""
+    result, measured = measured_rank(example)
+    assert (measured.unknowns, measured.rank) == (768, rank_measured)
+    assert measured.gap > 1e10 and measured.reliable and measured.method == "forward-over-reverse"
+    assert measured.rank <= result.identifiability.rank_bound == 728
+    assert result.verdict == "partial"
+
+
+@pytest.mark.parametrize("example", ["efficientnet_tiny", "mobilenetv2_tiny"])
+def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
+    """SiLU, sigmoid and ReLU6 have a double backward of their own: the sketch's rows run without the mode."""
+    from rankaudit.verify.runner import build_real_model
+    from conftest import EXAMPLES
+
+    model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), (3, 16, 16), 0)
+    x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    names = [name for name, _ in model.named_parameters()]
+    forward = rank._ForwardOverReverse(model, x, torch.tensor([0]), "cross-entropy", names)
+    directions = [torch.randn(1, *p.shape, dtype=torch.float64) for p in model.parameters()]
+    assert torch.isfinite(forward(directions)).all()
+
+
 def test_without_the_substitutes_the_example_would_fail():
     """The reason for the table: the same sketch without the mode stops at hardsigmoid's backward."""
     from rankaudit.verify.runner import build_real_model
