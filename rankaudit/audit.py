@@ -36,12 +36,12 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
           fail_on: str = findings.DEFAULT_FAIL_ON, min_ra: int | None = None, shared_layers: list[str] | None = None,
           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
-          input_dtype=None, dp=None, round_: Round | None = None) -> Result:
-    """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device; `dp` (round.DPSettings) adds
-    the DP section and its policy rule.
+          input_dtype=None, round_: Round | None = None) -> Result:
+    """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
-    `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size. None:
-    FedSGD, one gradient of a batch of `batch_size`.
+    `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
+    `dp` settings (round.DPSettings) add the DP section and its policy rule (spec §13). None: FedSGD, one gradient
+    of a batch of `batch_size`, no DP.
     """
     if round_ is not None:
         batch_size = validate_round(round_).batch_size
@@ -68,7 +68,7 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     result.token_leakage = findings.token_leakage(traced, batch_size, shared)
     findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
                             max_recoverable=max_recoverable)
-    if dp is not None:
-        findings.apply_dp(result, dp)
+    if result.round.dp is not None:
+        findings.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started
     return result

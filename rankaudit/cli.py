@@ -230,18 +230,18 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     for spec in models:
         try:
             settings = load_settings(split_model_spec(spec)[0])
-            dp_settings = _dp_settings(options, settings.dp)
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
-            round_ = _round(ctx, pick("batch_size", batch_size), settings.round)
+            # One value for the whole run: the round, with its DP settings, handed to every step.
+            round_ = dataclasses.replace(_round(ctx, pick("batch_size", batch_size), settings.round),
+                                         dp=_dp_settings(options, settings.dp))
             result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
                            batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype,
-                           dp=dp_settings)
+                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)
             if "dp" in verify:
-                _run_dp_attack(result, spec, dp_settings, candidates=dp_candidates, seed=seed, device=device, data=data,
+                _run_dp_attack(result, spec, round_.dp, candidates=dp_candidates, seed=seed, device=device, data=data,
                                trials=samples if ctx.get_parameter_source("samples")
                                is click.core.ParameterSource.COMMANDLINE else None)
             if set(verify) - {"dp"}:
