@@ -22,5 +22,11 @@ def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAU
 
 
 def percent(fraction: float) -> str:
-    """A share as the reports write it: 99.5 %, 50 %, 0.5 % (one decimal at most)."""
-    return f"{round(fraction * 100, 1):g} %"
+    """A share as the reports write it: 99.5 %, 50 %, 0.5 % (one decimal, more only where rounding would print a
+    share below 100 % as 100 %, or one above 0 % as 0 %: a partial verdict never reads "100 % recoverable")."""
+    value = fraction * 100
+    for digits in (1, 2, 3, 4, 6):
+        shown = round(value, digits)
+        if (shown >= 100) == (value >= 100) and (shown <= 0) == (value <= 0):
+            break
+    return f"{shown:.{digits}f}".rstrip("0").rstrip(".") + " %"

@@ -281,3 +281,11 @@ def test_random_branching_nets_have_finite_bounded_indices(plan):
 def _meta(build):
     with torch.device("meta"):
         return build()
+
+
+def test_a_share_below_one_never_prints_as_100_percent():
+    """A partial verdict with R = n - 1 must not read "100 % recoverable" (nor a sliver of hidden energy "0 %")."""
+    from rankaudit.levels import percent
+
+    assert [percent(x) for x in (0.995, 0.5, 0.005, 1.0, 0.0)] == ["99.5 %", "50 %", "0.5 %", "100 %", "0 %"]
+    assert percent(3071 / 3072) == "99.97 %" and percent(1e-7) == "0.00001 %"
