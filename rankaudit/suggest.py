@@ -369,21 +369,23 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     settings = []
     # Local samples N: past |θ_s| / (ρ_max·C·|x|) the |θ_s| cap alone protects the round.
     enough = math.ceil(values / max(ceiling * round_.clients * per_sample, 1e-300)) if ceiling > 0 else None
-    found = None
+    def first_protected(knob: str, field: str, values: range, symbol: str):
+        """The least value of one round setting whose round is protected (the scan stops at the first)."""
+        for value in values:
+            bound = judged(dataclasses.replace(round_, **{field: value}))
+            if protected(bound):
+                return _setting(knob, value, bound)
+        return _setting(knob, None, None, f"no {symbol} up to {MAX_ROUND_SEARCH:,} protects this round")
+
     last = max(round_.batch_size, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH))   # N >= B: one full batch
-    for samples in range(round_.batch_size, last + 1):
-        bound = judged(dataclasses.replace(round_, local_samples=samples))
-        if protected(bound):
-            found = (samples, bound)
-            break
-    settings.append(_setting("local-samples", *found) if found else
-                    _setting("local-samples", None, None, f"no N up to {MAX_ROUND_SEARCH:,} protects this round"))
+    settings.append(first_protected("local-samples", "local_samples", range(round_.batch_size, last + 1), "N"))
     # Local epochs E: the steps' term grows with E, the other caps do not change.
-    if not protected(judged(dataclasses.replace(round_, local_epochs=1))):
+    one_epoch = judged(dataclasses.replace(round_, local_epochs=1))
+    if not protected(one_epoch):
         settings.append(_setting("local-epochs", None, None, "even one local epoch is not protected: more epochs "
                                  "only add equations"))
     else:
-        epochs, bound = 1, judged(dataclasses.replace(round_, local_epochs=1))
+        epochs, bound = 1, one_epoch
         if values <= ceiling * bound.unknowns:
             settings.append(_setting("local-epochs", None, bound, "any number of epochs: the update's |θ_s| values "
                                      "cap the round whatever the steps carry", unbounded=True))
@@ -396,14 +398,8 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
             settings.append(_setting("local-epochs", epochs, bound))
     # Clients C under secure aggregation: the |θ_s| cap over C·N·|x| unknowns.
     enough = math.ceil(values / max(ceiling * round_.samples * per_sample, 1e-300)) if ceiling > 0 else None
-    found = None
-    for clients in range(1, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH) + 1):
-        bound = judged(dataclasses.replace(round_, clients=clients))
-        if protected(bound):
-            found = (clients, bound)
-            break
-    settings.append(_setting("clients", *found) if found else
-                    _setting("clients", None, None, f"no C up to {MAX_ROUND_SEARCH:,} protects this round"))
+    settings.append(first_protected("clients", "clients", range(1, min(enough or MAX_ROUND_SEARCH,
+                                                                      MAX_ROUND_SEARCH) + 1), "C"))
     return RoundReview(round_, verdict_level(base.rank_bound, base.unknowns, ceiling), base.rank_bound,
                        base.unknowns, base.recoverable_fraction, ceiling,
                        settings)
