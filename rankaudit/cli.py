@@ -99,6 +99,9 @@ def _dp_options(command):
         click.option("--max-reconstruction", type=float, metavar="P",
                      help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least "
                           "noise meeting P."),
+        click.option("--noise-by", type=str, metavar="client|server",
+                     help="Who adds the DP noise (default client). Server-added noise bounds what the released "
+                          "model reveals, not what the server sees."),
         click.option("--dp-candidates", type=int, default=None, metavar="M",
                      help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10)."),
     ]
@@ -116,7 +119,8 @@ def _round(ctx: click.Context, batch_size: int, configured: dict | None):
 
 
 _DP_FLAGS = {"noise": "dp_noise", "clip": "dp_clip", "sample-rate": "dp_sample_rate", "steps": "dp_steps",
-             "delta": "dp_delta", "level": "dp_level", "prior": "prior", "max-reconstruction": "max_reconstruction"}
+             "delta": "dp_delta", "level": "dp_level", "prior": "prior", "max-reconstruction": "max_reconstruction",
+             "noise-by": "noise_by"}
 
 
 def _dp_values(options: dict, configured: dict | None) -> dict:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from rankaudit.errors import UsageError
 from rankaudit.result import DPBound, DPNoiseSuggestion
-from rankaudit.round import DP_LEVELS, DPSettings
+from rankaudit.round import DP_LEVELS, NOISE_BY, DPSettings
 
 # The priors every DP section reports, as JSON keys; the user's --prior is added beside them.
 REPORTED_PRIORS = ("0.1", "0.01", "0.001")
@@ -166,13 +166,14 @@ OPTION_RULES = {
     "prior": ("prior", float, lambda v: 0 < v < 1,
               "a probability in (0, 1) (an attack's success without the update)", "0.01"),
     "max-reconstruction": ("max_reconstruction", float, lambda v: 0 < v <= 1, "a probability in (0, 1]", "0.05"),
+    "noise-by": ("noise_by", str, lambda v: v in NOISE_BY, " or ".join(NOISE_BY), "client"),
 }
 # Without a noise multiplier there is no mechanism; these keys only make sense with one.
-_NEEDS_NOISE = ("clip", "sample-rate", "steps", "delta", "level", "prior", "max-reconstruction")
+_NEEDS_NOISE = ("clip", "sample-rate", "steps", "delta", "level", "prior", "max-reconstruction", "noise-by")
 
 
 def flag_name(key: str) -> str:
-    return f"--{key}" if key in ("prior", "max-reconstruction") else f"--dp-{key}"
+    return f"--{key}" if key in ("prior", "max-reconstruction", "noise-by") else f"--dp-{key}"
 
 
 def check_option(key: str, value, where: str | None = None):

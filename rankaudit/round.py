@@ -8,6 +8,9 @@ from rankaudit.errors import UsageError
 
 OPTIMIZERS = ("sgd", "adam")
 DP_LEVELS = ("sample", "client")
+# Who adds the Gaussian noise. Against the honest-but-curious server only noise the client adds counts: noise the
+# server adds after aggregation bounds what the released model reveals, not what the server sees.
+NOISE_BY = ("client", "server")
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,7 @@ class DPSettings:
     standard deviation noise_multiplier · clip is added to the sum, each unit takes part in a step with
     probability `sample_rate` (Poisson sampling), over `steps` steps. `prior` is κ, an attack's success
     probability without the update; `max_reconstruction` the policy's ceiling on the bound B(κ) (None: no rule).
+    `noise_by`: who adds the noise (NOISE_BY); only `client` noise bounds what the server can reconstruct.
     """
 
     noise_multiplier: float
@@ -28,6 +32,7 @@ class DPSettings:
     level: str = "sample"
     prior: float = 0.01
     max_reconstruction: float | None = None
+    noise_by: str = "client"
 
 
 @dataclass(frozen=True)
