@@ -67,8 +67,13 @@ _ROUND_OPTIONS = [
     click.option("--momentum", type=float, default=None, metavar="F", help="SGD momentum in [0, 1) (default 0)."),
     click.option("--clients", type=int, default=None, metavar="C",
                  help="Clients summed by secure aggregation (default 1: none); the server sees only the sum."),
+    click.option("--server-rounds", type=int, default=None, metavar="R",
+                 help="Rounds of the whole training (default 1); DP composes over them."),
+    click.option("--available-clients", type=int, default=None, metavar="M",
+                 help="Clients the server samples each round's C from (default C); client-level DP's q = C/M."),
 ]
-ROUND_FLAGS = ("local_samples", "local_epochs", "lr", "optimizer", "momentum", "clients")
+ROUND_FLAGS = ("local_samples", "local_epochs", "lr", "optimizer", "momentum", "clients", "server_rounds",
+               "available_clients")
 
 
 def _round_options(command):

@@ -171,7 +171,7 @@ def _round_table(path: Path, table) -> dict[str, object]:
     values: dict[str, object] = {}
     for key, value in table.items():
         field = ROUND_KEYS[key]
-        if key in ("local-samples", "batch-size", "local-epochs", "clients"):
+        if key in ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients"):
             values[field] = _positive_int(path, f"round.{key}", value, minimum=1)
         elif key == "optimizer":
             if not isinstance(value, str):

@@ -49,6 +49,8 @@ class Round:
     optimizer: str = "sgd"                # sgd | adam
     momentum: float = 0.0                 # μ, SGD only
     clients: int = 1                      # C under secure aggregation; 1: none
+    server_rounds: int = 1                # rounds of the whole training (DP composes over them)
+    available_clients: int | None = None  # clients the server samples the C from; None: C (all take part)
     dp: DPSettings | None = None
 
     @property
@@ -73,6 +75,11 @@ class Round:
         return epoch * self.local_epochs
 
     @property
+    def population(self) -> int:
+        """The clients the server samples each round's C from, with the default applied."""
+        return self.clients if self.available_clients is None else self.available_clients
+
+    @property
     def fedsgd(self) -> bool:
         """One gradient of one batch from one client: exactly the single-gradient analysis."""
         return self.steps == 1 and self.clients == 1
@@ -89,7 +96,8 @@ FEDSGD = Round()
 
 # [tool.rankaudit.round] key -> Round field; the command-line flag is the key with two dashes.
 ROUND_KEYS = {"local-samples": "local_samples", "batch-size": "batch_size", "local-epochs": "local_epochs",
-              "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients"}
+              "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients",
+              "server-rounds": "server_rounds", "available-clients": "available_clients"}
 _FLAG = {field: f"--{key} (`{key}` in [tool.rankaudit.round])" for key, field in ROUND_KEYS.items()}
 
 
@@ -117,6 +125,10 @@ def validate_round(round_: Round) -> Round:
     whole("batch_size", round_.batch_size, 1, "batch size B =")
     whole("local_epochs", round_.local_epochs, 1, "local epochs E =")
     whole("clients", round_.clients, 1, "clients C =")
+    whole("server_rounds", round_.server_rounds, 1, "server rounds =")
+    if round_.available_clients is not None:
+        whole("available_clients", round_.available_clients, round_.clients,
+              f"available clients (at least the C = {round_.clients} of a round) =")
     if round_.local_samples is not None:
         whole("local_samples", round_.local_samples, 1, "local samples N =")
         if round_.local_samples < round_.batch_size:
