@@ -415,8 +415,14 @@ DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
 def dp_sentence(dp: DPBound) -> str:
     """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
     epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
-    return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
+    text = (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
             f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
+    return text + (f"; {SERVER_NOISE}" if dp.noise_by == "server" else "")
+
+
+# The threat model of noise the server adds (Flower's central DP): said wherever the DP bound is.
+SERVER_NOISE = ("the server adds this noise after aggregation: it bounds what the released model reveals, not what "
+                "the server sees, and the structural verdict stands alone against the server")
 
 
 def apply_dp(result: Result, settings) -> Result:

@@ -253,6 +253,7 @@ class DPBound:
     accountant: str                     # the library and its discretisation
     seconds: float = 0.0
     max_reconstruction: float | None = None   # the policy's ceiling on B(κ); None: no rule
+    noise_by: str = "client"            # who adds the noise; server noise bounds the released model, not the server
     curve: list[tuple[float, float]] = field(default_factory=list)   # (κ, B(κ)) for the HTML card
 
     @property
@@ -280,6 +281,16 @@ class DPNoiseSuggestion:
     at_floor: bool                      # the search floor already meets the target: less noise may too
     search: str                         # the interval and tolerance searched, in words
     seconds: float = 0.0
+
+
+@dataclass
+class DeploymentRead:
+    """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
+
+    kind: str                                   # flower | nvflare
+    root: str                                   # the app's directory
+    settings: list[tuple[str, str, str]]        # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -314,6 +325,7 @@ class Result:
     images: dict[str, bytes] = field(default_factory=dict)
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
+    deployment: DeploymentRead | None = None   # `rankaudit DIR`: what was read from the app, and from where
 
     @property
     def critical_row(self) -> LayerRow | None:

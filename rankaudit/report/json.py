@@ -46,6 +46,10 @@ def to_dict(result: Result) -> dict:
         "forward_kwargs": result.call_notes,
         "round": round_dict(result),
         "dp": _dp(result),
+        "deployment": None if result.deployment is None else {
+            "kind": result.deployment.kind, "root": result.deployment.root, "notes": result.deployment.notes,
+            "settings": [{"setting": setting, "value": value, "source": source}
+                         for setting, value, source in result.deployment.settings]},
     }
 
 
