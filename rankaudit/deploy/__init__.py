@@ -89,7 +89,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
     model, imported = _model(directory, app, settings)
-    sources.add("model", model.split(":")[-1], _model_source(directory, settings, imported))
+    sources.add("model", model.split(":")[-1], _model_source(directory, settings, imported, kind))
     model_args = _model_args(settings, overrides, config, sources)
     files = _code_files(directory, app)
     found, mechanisms = static.read_code(files, directory, config)
@@ -163,10 +163,11 @@ def _candidates(directory: Path, app) -> list[str]:
     return list(candidates)
 
 
-def _model_source(directory: Path, settings, imported: list[str]) -> str:
+def _model_source(directory: Path, settings, imported: list[str], kind: str) -> str:
     if not imported:
         return f"[tool.rankaudit] model ({_relative(directory, str(directory / settings.model))})"
-    return f"{_relative(directory, imported[0])}, the one nn.Module the client app imports"
+    where = "the client app imports" if kind == "flower" else "in the job"
+    return f"{_relative(directory, imported[0])}, the one nn.Module {where}"
 
 
 def _relative(directory: Path, spec: str) -> str:
