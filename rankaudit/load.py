@@ -397,9 +397,8 @@ def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = Non
     (True, ""), (False, its error) or (None, why it could not be told). A separate process with a memory cap:
     a real build may be large, and the user's file should not run inside rankaudit with real weights.
     """
-    import subprocess
-
     import json
+    import subprocess
 
     root, dotted = package_root(path)
     command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(root), str(_CHECK_MEMORY), dotted or ""]

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from rankaudit.deploy import Overrides, noise_for_epsilon, read_deployment
 from rankaudit.deploy.flower import parse_run_config
 from rankaudit.errors import UsageError
@@ -160,8 +160,8 @@ def test_opacus_make_private_with_epsilon_derives_sigma(tmp_path):
 def test_factory_with_arguments_from_config_and_flags(run_cli, monkeypatch):
     deployment = read_deployment(APPS / "factory")
     assert deployment.model_args == {"num_features": 16, "num_classes": 3}
-    assert _rows(deployment)["model-arg num_classes"] == ("3", "[tool.rankaudit] model-args, "
-                                                               "[tool.flwr.app.config] num-classes")
+    source = "[tool.rankaudit] model-args, [tool.flwr.app.config] num-classes"
+    assert _rows(deployment)["model-arg num_classes"] == ("3", source)
     monkeypatch.chdir(APPS / "factory")
     code, out, err = run_cli(".", "--format", "json")
     assert code == 0, err

@@ -141,7 +141,7 @@ def _model(directory: Path, app, settings) -> tuple[str, list[str]]:
 
 def _shown(spec: str) -> str:
     """The model spec with its path relative to the working directory, as the user would type it."""
-    path, sep, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
+    path, _, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
     return os.path.relpath(path) + (f":{name}" if name else "")
 
 
@@ -257,7 +257,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             value, source = overrides.round[name], f"--{setting}"
         elif table.get(name) is not None:
             value, source = table[name], ROUND_TABLE
-        elif setting in read and not (setting == "available-clients"):
+        elif setting in read and setting != "available-clients":   # nodes count only with secure aggregation
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
         else:
@@ -351,8 +351,8 @@ def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: 
     for key, value in (settings.dp or {}).items():
         merged[key] = (value, DP_TABLE)
     for key, value in overrides.dp.items():
-        merged[key] = (value, f"--{'dp-' if key in ('noise', 'clip', 'sample-rate', 'steps', 'delta', 'level') else ''}"
-                              f"{key}")
+        prefix = "dp-" if key in ("noise", "clip", "sample-rate", "steps", "delta", "level") else ""
+        merged[key] = (value, f"--{prefix}{key}")
     options = {}
     for key, (value, source) in merged.items():
         options[key] = check_option(key, value, source if source.startswith("[") else None)
@@ -382,8 +382,9 @@ def _flower_central(mechanism, read, round_):
     sampled = mechanism.arguments.get("num_sampled_clients")
     nodes = read.get("available-clients")
     if sampled is not None and nodes is not None and isinstance(sampled.value, int) and sampled.value <= nodes.value:
-        found["sample-rate"] = (sampled.value / nodes.value, f"num_sampled_clients {sampled.value} ({sampled.source})"
-                                f" / {nodes.value} nodes ({nodes.source})")
+        found["sample-rate"] = (sampled.value / nodes.value,
+                                f"num_sampled_clients {sampled.value} ({sampled.source}) / {nodes.value} nodes "
+                                f"({nodes.source})")
     else:
         notes.append("client-level q = 1: the number of nodes the server samples from is not stated; set "
                      f"available-clients in {ROUND_TABLE} or options.num-supernodes of the federation")
@@ -432,8 +433,9 @@ def _opacus(mechanism, read, round_):
     target, delta, epochs = (_need(mechanism, name) for name in ("target_epsilon", "target_delta", "epochs"))
     horizon = int(epochs.value) * round_.steps_per_epoch
     sigma = noise_for_epsilon(float(target.value), float(delta.value), q, horizon)
-    found["noise"] = (sigma, f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
-                             f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ slightly)")
+    found["noise"] = (sigma, (f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
+                              f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ "
+                              "slightly)"))
     return found, notes
 
 
