@@ -288,12 +288,15 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             withheld = pick("withheld_layers", withheld_layers)
             if deployment is not None and not withheld and not pick("shared_layers", shared_layers):
                 withheld = deployment.withheld_layers   # NVFlare's ExcludeVars
+            arguments = _model_args(deployment, model_args)
+            if arguments and verify:
+                raise UsageError("--verify builds the model without the factory's arguments (not supported yet)",
+                                 "verify through a zero-argument factory that passes them: PATH:factory")
             result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
                            batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=withheld, input_dtype=input_dtype,
-                           model_args=_model_args(deployment, model_args))
+                           withheld_layers=withheld, input_dtype=input_dtype, model_args=arguments)
             if deployment is not None:
                 from rankaudit.result import DeploymentRead
 

@@ -235,3 +235,37 @@ def test_flowers_own_run_config_parser_agrees():
     config = pytest.importorskip("flwr.common.config")
     text = 'local-epochs=3 lr=0.05 fast=true name="a b" nested.key=2'
     assert parse_run_config(text) == config.parse_config_args([text])
+
+
+def test_a_noise_multiplier_the_code_hides_is_asked_for_then_taken_from_the_config(tmp_path):
+    app = _copy("opacus", tmp_path)
+    client = app / "opacus_app" / "client_app.py"
+    client.write_text(client.read_text().replace("noise_multiplier=1.1,", "noise_multiplier=pick_noise(),"))
+    with pytest.raises(UsageError, match="noise_multiplier is not a literal"):
+        read_deployment(app)
+    dp = read_deployment(app, Overrides(dp={"noise": 0.8})).round.dp
+    assert (dp.noise_multiplier, dp.level, dp.noise_by, dp.sample_rate, dp.steps) == (0.8, "sample", "client",
+                                                                                      32 / 256, 80)
+
+
+def test_learning_rate_sent_by_the_server_and_torchs_default(tmp_path):
+    app = _copy("quickstart", tmp_path)
+    pyproject, server = app / "pyproject.toml", app / "quickstart_app" / "server_app.py"
+    pyproject.write_text(pyproject.read_text().replace("learning-rate = 0.1\n", ""))
+    server.write_text(server.read_text().replace('lr: float = context.run_config["learning-rate"]', "lr = 0.02"))
+    rows = _rows(read_deployment(app))
+    assert rows["lr"] == ("0.02", f"quickstart_app/server_app.py:{_line(server, 'lr = 0.02')} "
+                                  "(ConfigRecord sent to the clients)")
+    rows = _rows(read_deployment(APPS / "opacus"))      # SGD(model.parameters(), lr=0.05): the literal
+    assert rows["lr"][0] == "0.05"
+    task = _copy("central_dp", tmp_path) / "central_dp_app" / "task.py"
+    task.write_text(task.read_text().replace("torch.optim.Adam(net.parameters(), lr=0.01)",
+                                             "torch.optim.Adam(net.parameters())"))
+    rows = _rows(read_deployment(task.parent.parent))
+    assert rows["lr"] == ("0.001", f"Adam's default lr at central_dp_app/task.py:{_line(task, 'Adam(')}")
+
+
+def test_verify_refuses_a_factory_with_arguments(run_cli, monkeypatch):
+    monkeypatch.chdir(APPS / "factory")
+    code, out, err = run_cli(".", "--verify", "rank")
+    assert code == 2 and "factory's arguments" in err

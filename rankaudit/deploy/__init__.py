@@ -345,7 +345,16 @@ def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: 
         mechanism = dp_mechanisms[0]
         reader = {"flower-central": _flower_central, "local-dp": _local_dp, "opacus": _opacus,
                   "opacus-epsilon": _opacus}[mechanism.kind]
-        found, more = reader(mechanism, read, round_)
+        try:
+            found, more = reader(mechanism, read, round_)
+        except _Unread as unread:
+            given = {**(settings.dp or {}), **overrides.dp}
+            if "noise" not in given or unread.key not in given:
+                raise UsageError(f"{mechanism.name} at {mechanism.source}: its {unread.name} is not a literal or a "
+                                 "run-config value rankaudit can read",
+                                 f"set noise = σ and clip = C in {DP_TABLE} of the app's pyproject.toml (or "
+                                 "--dp-noise, --dp-clip)") from None
+            found, more = _unread_mechanism(mechanism, round_)
         notes += more
     merged: dict[str, tuple[object, str]] = dict(found)
     for key, value in (settings.dp or {}).items():
@@ -360,19 +369,43 @@ def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: 
     return settings_from(options), notes
 
 
-def _need(mechanism, name: str):
+class _Unread(Exception):
+    """A mechanism's argument rankaudit cannot read; fatal only when [tool.rankaudit.dp] or a flag does not give
+    the value instead."""
+
+    def __init__(self, mechanism, name: str, key: str):
+        super().__init__(name)
+        self.mechanism, self.name, self.key = mechanism, name, key
+
+
+def _need(mechanism, name: str, key: str = "noise"):
     found = mechanism.arguments.get(name)
     if found is None or isinstance(found.value, (str, list, bool)):
-        raise UsageError(f"{mechanism.name} at {mechanism.source}: its {name} is not a literal or a run-config "
-                         "value rankaudit can read",
-                         f"set it in {DP_TABLE} (noise = σ, clip = C) of the app's pyproject.toml")
+        raise _Unread(mechanism, name, key)
     return found
+
+
+def _unread_mechanism(mechanism, round_):
+    """A mechanism whose σ or clip the config gives: who adds the noise and its level, from the mechanism alone."""
+    where = f"{mechanism.name} at {mechanism.source}"
+    if mechanism.kind == "flower-central":
+        return {"level": ("client", where), "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
+                "steps": (round_.server_rounds, "the round's server-rounds")}, []
+    if mechanism.kind == "local-dp":
+        return {"level": ("client", where), "noise-by": ("client", f"{where} adds the noise on the client"),
+                "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
+                "steps": (round_.server_rounds, "the round's server-rounds")}, []
+    return {"level": ("sample", where), "noise-by": ("client", f"{where}: DP-SGD on the client"),
+            "sample-rate": (round_.batch_size / round_.samples,
+                            f"B/N = {round_.batch_size}/{round_.samples} of the round"),
+            "steps": (round_.steps * round_.server_rounds,
+                      f"E·⌈N/B⌉ × rounds = {round_.steps} × {round_.server_rounds} of the round")}, []
 
 
 def _flower_central(mechanism, read, round_):
     """Flower's central DP: clipped updates, Gaussian noise added by the SERVER to the aggregate. Client level;
     q = sampled / available clients, T = server rounds."""
-    noise, clip = _need(mechanism, "noise_multiplier"), _need(mechanism, "clipping_norm")
+    noise, clip = _need(mechanism, "noise_multiplier"), _need(mechanism, "clipping_norm", "clip")
     found = {"noise": (float(noise.value), noise.source), "clip": (float(clip.value), clip.source),
              "level": ("client", f"{mechanism.name} at {mechanism.source}"),
              "noise-by": ("server", f"{mechanism.name} adds the noise on the server")}
@@ -396,7 +429,7 @@ def _local_dp(mechanism, read, round_):
     """Flower's LocalDpMod: each client clips its update to `clipping_norm` and adds Gaussian noise of standard
     deviation sensitivity·√(2 ln(1.25/δ))/ε itself. The server knows who sent what: no sampling amplification
     against it (q = 1); T = server rounds."""
-    clip, sensitivity = _need(mechanism, "clipping_norm"), _need(mechanism, "sensitivity")
+    clip, sensitivity = _need(mechanism, "clipping_norm", "clip"), _need(mechanism, "sensitivity")
     epsilon, delta = _need(mechanism, "epsilon"), _need(mechanism, "delta")
     if not (epsilon.value > 0 and 0 < delta.value < 1 and clip.value > 0):
         raise UsageError(f"LocalDpMod at {mechanism.source}: epsilon {epsilon.value!r}, delta {delta.value!r} and "
@@ -413,7 +446,7 @@ def _local_dp(mechanism, read, round_):
 
 def _opacus(mechanism, read, round_):
     """Opacus DP-SGD on the client: sample level, q = B/N, T = E·⌈N/B⌉ per round × rounds."""
-    clip = _need(mechanism, "max_grad_norm")
+    clip = _need(mechanism, "max_grad_norm", "clip")
     where = f"{mechanism.name} at {mechanism.source}"
     notes = []
     q = round_.batch_size / round_.samples

@@ -279,6 +279,8 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
         lr = reader.resolved(call, "lr", "lr")
         if lr is not None and _number(lr.value):
             found.append(lr)
+        elif reader.argument(call, "lr") is None:   # torch's default: 1e-3 for SGD, Adam and AdamW alike
+            found.append(Found("lr", 1e-3, f"{name}'s default lr at {reader.where(call)}", call.lineno))
         if momentum is not None and _number(momentum.value):
             found.append(momentum)
     return found
@@ -319,11 +321,30 @@ def _rounds(reader: ModuleReader) -> list[Found]:
             rounds = reader.resolved(call, "num_rounds", "server-rounds")
             if rounds is not None and isinstance(rounds.value, int):
                 found.append(rounds)
+        if name == "ConfigRecord" and call.args and isinstance(call.args[0], ast.Dict):
+            found += _sent_config(reader, call.args[0])
         for keyword, key in (("fraction_fit", "fraction"), ("fraction_train", "fraction"),
                              ("min_fit_clients", "min-clients"), ("min_train_nodes", "min-clients")):
             value = reader.resolved(call, keyword, key)
             if value is not None and _number(value.value):
                 found.append(value)
+    return found
+
+
+# Keys of the config the server sends each round (ConfigRecord({"lr": 0.1})) that the client's training reads.
+_SENT_KEYS = {"lr": "lr", "learning-rate": "lr", "learning_rate": "lr", "local-epochs": "local-epochs",
+              "local_epochs": "local-epochs", "epochs": "local-epochs", "batch-size": "batch-size",
+              "batch_size": "batch-size"}
+
+
+def _sent_config(reader: ModuleReader, table: ast.Dict) -> list[Found]:
+    found = []
+    for key, value in zip(table.keys, table.values):
+        if isinstance(key, ast.Constant) and key.value in _SENT_KEYS:
+            resolved = reader.value(value)
+            if resolved is not None and _number(resolved.value):
+                found.append(Found(_SENT_KEYS[key.value], resolved.value,
+                                   f"{resolved.source} (ConfigRecord sent to the clients)", resolved.line))
     return found
 
 
