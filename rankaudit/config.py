@@ -39,6 +39,7 @@ class Settings:
     model: str | None = None
     model_args: dict[str, object] | None = None
     flower: dict[str, str] | None = None
+    dataset_size: int | None = None   # [tool.rankaudit.round] dataset-size: an app's data over its nodes
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -124,6 +125,10 @@ def load_settings(model_path: Path) -> Settings:
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:
+        if isinstance(table["round"], dict) and "dataset-size" in table["round"]:
+            table["round"] = dict(table["round"])
+            settings.dataset_size = _positive_int(pyproject, "round.dataset-size", table["round"].pop("dataset-size"),
+                                                  minimum=1)
         settings.round = _round_table(pyproject, table["round"])
         batch = settings.round.pop("batch_size", None)
         if batch is not None and settings.batch_size not in (None, batch):

@@ -269,3 +269,17 @@ def test_verify_refuses_a_factory_with_arguments(run_cli, monkeypatch):
     monkeypatch.chdir(APPS / "factory")
     code, out, err = run_cli(".", "--verify", "rank")
     assert code == 2 and "factory's arguments" in err
+
+
+def test_dataset_size_over_the_nodes_gives_the_smallest_partition(tmp_path):
+    app = _copy("quickstart", tmp_path)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("local-samples = 64", "dataset-size = 645"))
+    deployment = read_deployment(app)
+    assert deployment.round.local_samples == 64
+    assert _rows(deployment)["local-samples"] == (
+        "64", "dataset-size 645 ([tool.rankaudit.round]) over 10 nodes ([tool.flwr.federations.local-simulation] "
+              "options.num-supernodes), the smallest partition")
+    pyproject.write_text(pyproject.read_text() + '\n[tool.rankaudit.flower]\nlearning-rate = "lr"\n')
+    with pytest.raises(UsageError, match=r"unknown key learning-rate in \[tool.rankaudit.flower\]"):
+        read_deployment(app)

@@ -251,6 +251,12 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
     table = dict(settings.round or {})
     if settings.batch_size is not None:
         table.setdefault("batch_size", settings.batch_size)
+    nodes = read.get("available-clients")
+    if settings.dataset_size is not None and "local-samples" not in read and nodes is not None:
+        # The smallest partition of an even split: fewer samples per client is the weaker case.
+        read = {**read, "local-samples": Found("local-samples", settings.dataset_size // nodes.value,
+                                               f"dataset-size {settings.dataset_size} ({ROUND_TABLE}) over "
+                                               f"{nodes.value} nodes ({nodes.source}), the smallest partition")}
     values: dict[str, object] = {}
     for setting, name in _ROUND_FIELDS.items():
         if overrides.round.get(name) is not None:
@@ -523,7 +529,8 @@ def _require(directory: Path, model: str, settings, overrides: Overrides, round_
                          f'set input-shape = "C,H,W" in [tool.rankaudit] of {pyproject} (or pass --input-shape)')
     if round_.local_samples is None:
         raise UsageError("the samples each client trains on per round are not stated in the app",
-                         f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N)")
+                         f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N; or "
+                         "dataset-size = D there with the federation's options.num-supernodes)")
 
 
 def _declares_input_shape(model: str) -> bool:

@@ -21,7 +21,7 @@ _POSITIONAL = {
     **{name: ("strategy", "noise_multiplier", "num_sampled_clients", "initial_clipping_norm")
        for name in FLOWER_ADAPTIVE},
 }
-_EVALUATION_WORDS = ("test", "val", "eval")
+_EVALUATION_WORDS = ("test", "val", "eval", "central")   # server-side evaluation data, not a client's
 _DEPTH = 8   # how many assignments a name is followed through
 
 
