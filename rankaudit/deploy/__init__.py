@@ -32,7 +32,9 @@ _ROUND_FIELDS = {"local-samples": "local_samples", "batch-size": "batch_size", "
                  "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients",
                  "server-rounds": "server_rounds", "available-clients": "available_clients"}
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
-FLAGS = "command line"
+# Round settings whose default is shown with its source when the app states none (the others stay silent: one
+# client, no momentum, one available client are what the app says by stating nothing).
+_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
 ROUND_TABLE = "[tool.rankaudit.round]"
 DP_TABLE = "[tool.rankaudit.dp]"
 _FLOWER_MIN_CLIENTS = 2   # FedAvg's min_fit_clients / min_train_nodes default
@@ -266,6 +268,9 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         elif setting in read and setting != "available-clients":   # nodes count only with secure aggregation
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
+        elif setting in _SHOWN_DEFAULTS:   # every setting the round uses has a source, a default too
+            sources.add(setting, _SHOWN_DEFAULTS[setting], "default, not in the app")
+            continue
         else:
             continue
         values[name] = value
