@@ -283,3 +283,12 @@ def test_dataset_size_over_the_nodes_gives_the_smallest_partition(tmp_path):
     pyproject.write_text(pyproject.read_text() + '\n[tool.rankaudit.flower]\nlearning-rate = "lr"\n')
     with pytest.raises(UsageError, match=r"unknown key learning-rate in \[tool.rankaudit.flower\]"):
         read_deployment(app)
+
+
+def test_html_report_lists_what_was_read(run_cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(APPS / "central_dp")
+    page = tmp_path / "report.html"
+    code, out, err = run_cli(".", "-q", "--html", page)
+    assert code in (0, 1), err
+    html = page.read_text()
+    assert "Read from the Flower app ." in html and "[tool.flwr.app.config] noise-multiplier" in html

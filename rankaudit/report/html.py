@@ -306,6 +306,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
                  else None),
         "defenses": _defenses(verification),
         "round": _round_card(result),
+        "deployment": result.deployment,
         "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
