@@ -5,7 +5,7 @@ import ast
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rankaudit.deploy import flower, nvflare, static
@@ -65,14 +65,11 @@ class Deployment:
     notes: list[str] = field(default_factory=list)
 
 
-def is_deployment(path: Path) -> bool:
-    return path.is_dir() and (flower.is_flower_app(path) or nvflare.is_nvflare_job(path))
-
-
 def read_deployment(path: Path, overrides: Overrides | None = None) -> Deployment:
     """Read the app in directory `path`: [tool.flwr.app] (and --run-config), the code, [tool.rankaudit.*];
     flags win over [tool.rankaudit.*], which wins over what is read."""
     from rankaudit.config import load_settings
+    from rankaudit.round import build_round
 
     overrides = overrides or Overrides()
     directory = path.resolve()
@@ -98,10 +95,8 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
-    round_ = _build(values, directory)
+    round_ = build_round(values, None)   # validated: a UsageError names the setting
     dp, notes = _privacy(mechanisms, read, round_, settings, overrides, sources)
-    from dataclasses import replace
-
     round_ = replace(round_, dp=dp)
     withheld = _withheld(directory, mechanisms, settings, sources)
     _require(directory, model, settings, overrides, round_, read)
@@ -331,12 +326,6 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
     if "available_clients" not in values and nodes is not None and values.get("clients", 1) <= nodes.value:
         values["available_clients"] = nodes.value
         sources.add("available-clients", nodes.value, nodes.source)
-
-
-def _build(values: dict[str, object], directory: Path):
-    from rankaudit.round import build_round
-
-    return build_round(values, None)
 
 
 # ---- privacy ---------------------------------------------------------------------------------------------------
