@@ -22,7 +22,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
              if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights]
     names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
     # State-dict keys (`fc1.weight`, `fc1.bias`: NVFlare's ExcludeVars, say) name their layer.
-    named = list(dict.fromkeys(_layer_of(name, names) for name in (shared_layers or withheld_layers or [])))
+    named = list(dict.fromkeys(layer_of(name, names) for name in (shared_layers or withheld_layers or [])))
     unknown = [name for name in named if name not in names]
     if unknown:
         raise UsageError(f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
@@ -34,7 +34,7 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     return None
 
 
-def _layer_of(name: str, layers: list[str]) -> str:
+def layer_of(name: str, layers: list[str]) -> str:
     """A layer name as given, or the layer a state-dict key belongs to (`fc1.weight` -> `fc1`)."""
     if name in layers:
         return name
@@ -47,7 +47,7 @@ def layer_names(names: list[str] | None, traced) -> list[str] | None:
     if not names:
         return names
     layers = [traced.record(n).name for n in traced.order]
-    return list(dict.fromkeys(_layer_of(name, layers) for name in names))
+    return list(dict.fromkeys(layer_of(name, layers) for name in names))
 
 
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,

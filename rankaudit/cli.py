@@ -171,6 +171,14 @@ def _deployment(ctx: click.Context, spec: str, options: dict, run_config: str | 
                                                  input_shape_given=ctx.params.get("input_shape") is not None))
 
 
+def _as_layers(names: list[str] | None, result) -> list[str] | None:
+    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
+    from rankaudit.audit import layer_of
+
+    layers = [row.name for row in result.layers]
+    return [layer_of(name, layers) for name in names] if names else names
+
+
 def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
     """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
     if deployment is not None:
@@ -311,8 +319,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                seed=seed, device=device, data=data, steps=steps, artifacts=artifacts, trials=trials,
                                class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
-                               shared_layers=pick("shared_layers", shared_layers),
-                               withheld_layers=withheld, rank_precision=rank_precision)
+                               shared_layers=_as_layers(pick("shared_layers", shared_layers), result),
+                               withheld_layers=_as_layers(withheld, result), rank_precision=rank_precision)
         except RankauditError as exc:
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
