@@ -37,7 +37,7 @@ def test_quickstart_app_every_value_and_its_source():
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     sgd = _line(task, "torch.optim.SGD")
     assert _rows(deployment) == {
-        "model": ("Net", "quickstart_app/task.py:Net, the one nn.Module the client app imports"),
+        "model": ("Net", "quickstart_app/task.py:Net, the one model candidate the client app imports"),
         "local-samples": ("64", "[tool.rankaudit.round]"),
         "batch-size": ("32", "[tool.flwr.app.config] batch-size"),
         "local-epochs": ("1", "[tool.flwr.app.config] local-epochs"),
@@ -329,3 +329,13 @@ def test_the_app_hook_through_pre_commit(tmp_path):
     output = blocked.stdout + blocked.stderr
     assert blocked.returncode != 0 and "Failed" in output and "quickstart_app/task.py:Net" in output
     assert "partial" in output
+
+
+def test_a_factory_the_client_imports_is_the_model_without_a_class(tmp_path):
+    app = _copy("factory", tmp_path)
+    pyproject, client = app / "pyproject.toml", app / "factory_app" / "client_app.py"
+    pyproject.write_text(pyproject.read_text().replace('model = "factory_app/task.py:LogisticRegression"\n', "")
+                         .replace('num_features = 16, num_classes = "num-classes"', 'num_classes = "num-classes"'))
+    client.write_text(client.read_text().replace("import LogisticRegression, get_model", "import get_model"))
+    deployment = read_deployment(app)
+    assert deployment.model.endswith("factory_app/task.py:get_model") and deployment.model_args == {"num_classes": 3}

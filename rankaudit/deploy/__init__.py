@@ -149,6 +149,7 @@ def _candidates(directory: Path, app) -> list[str]:
     else:
         imports = [(path, None) for path in _python_files(directory)]
     candidates: dict[str, None] = {}
+    factories: dict[str, None] = {}   # only when no class is a candidate: get_model(...) and the like
     for path, names in imports:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -157,14 +158,17 @@ def _candidates(directory: Path, app) -> list[str]:
         for name in static.module_classes(tree):
             if names is None or name in names:
                 candidates[f"{path}:{name}"] = None
-    return list(candidates)
+        for name in static.model_factories(tree):
+            if names is not None and name in names:
+                factories[f"{path}:{name}"] = None
+    return list(candidates or factories)
 
 
 def _model_source(directory: Path, settings, imported: list[str], kind: str) -> str:
     if not imported:
         return f"[tool.rankaudit] model ({_relative(directory, str(directory / settings.model))})"
     where = "the client app imports" if kind == "flower" else "in the job"
-    return f"{_relative(directory, imported[0])}, the one nn.Module {where}"
+    return f"{_relative(directory, imported[0])}, the one model candidate {where}"
 
 
 def _relative(directory: Path, spec: str) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,7 +401,8 @@ def module_classes(tree: ast.Module) -> dict[str, int]:
             return False
         for base in node.bases:
             text = ast.unparse(base)
-            if text in ("nn.Module", "torch.nn.Module", "Module") or is_module(text, seen | {name}):
+            if text in ("nn.Module", "torch.nn.Module", "Module") or text.endswith("LightningModule") \
+                    or is_module(text, seen | {name}):
                 return True
         return False
 
@@ -408,6 +410,15 @@ def module_classes(tree: ast.Module) -> dict[str, int]:
         if is_module(name):
             found[name] = node.lineno
     return found
+
+
+_FACTORY = re.compile(r"^(get|build|create|make|load|init)_(model|net|network)$")
+
+
+def model_factories(tree: ast.Module) -> dict[str, int]:
+    """Module-level functions whose name says they build a model (get_model, build_net, ...): name -> line."""
+    return {node.name: node.lineno for node in tree.body
+            if isinstance(node, ast.FunctionDef) and _FACTORY.match(node.name.lower())}
 
 
 def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
