@@ -339,3 +339,11 @@ def test_a_factory_the_client_imports_is_the_model_without_a_class(tmp_path):
     client.write_text(client.read_text().replace("import LogisticRegression, get_model", "import get_model"))
     deployment = read_deployment(app)
     assert deployment.model.endswith("factory_app/task.py:get_model") and deployment.model_args == {"num_classes": 3}
+
+
+def test_run_config_from_a_toml_file(tmp_path):
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text("local-epochs = 4\n")
+    deployment = read_deployment(APPS / "quickstart", Overrides(run_config=str(overrides)))
+    assert deployment.round.local_epochs == 4
+    assert _rows(deployment)["local-epochs"] == ("4", "--run-config local-epochs=4")

@@ -73,9 +73,15 @@ def flatten(table: dict, prefix: str = "") -> dict[str, object]:
 
 
 def parse_run_config(text: str | None) -> dict[str, object]:
-    """`--run-config "k=v k2=v2"` as `flwr run` parses it: each value is a TOML value (123, 0.1, true, "text")."""
+    """`--run-config "k=v k2=v2"` as `flwr run` parses it: each value is a TOML value (123, 0.1, true, "text");
+    or the path of a .toml file of overrides."""
     if not text or not text.strip():
         return {}
+    if text.strip().endswith(".toml"):
+        path = Path(text.strip()).expanduser()
+        if not path.is_file():
+            raise UsageError(f"--run-config file {text!r} does not exist", "give the path of a TOML file of overrides")
+        return flatten(read_toml(path))
     pairs = _PAIR.findall(text)
     if not pairs:
         raise UsageError(f"--run-config {text!r} holds no key=value pair", 'write e.g. --run-config "local-epochs=3"')
