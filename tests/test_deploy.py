@@ -37,7 +37,7 @@ def test_quickstart_app_every_value_and_its_source():
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     sgd = _line(task, "torch.optim.SGD")
     assert _rows(deployment) == {
-        "model": ("Net", "quickstart_app/task.py:Net, the one model candidate the client app imports"),
+        "model": ("quickstart_app/task.py:Net", "the one model candidate the client app imports"),
         "local-samples": ("64", "[tool.rankaudit.round]"),
         "batch-size": ("32", "[tool.flwr.app.config] batch-size"),
         "local-epochs": ("1", "[tool.flwr.app.config] local-epochs"),

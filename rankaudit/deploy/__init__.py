@@ -88,7 +88,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
     model, imported = _model(directory, app, settings)
-    sources.add("model", model.split(":")[-1], _model_source(directory, settings, imported, kind))
+    sources.add("model", _relative(directory, model), _model_source(imported, kind))
     model_args = _model_args(settings, overrides, config, sources)
     files = _code_files(directory, app)
     found, mechanisms = static.read_code(files, directory, config)
@@ -120,10 +120,11 @@ def _model(directory: Path, app, settings) -> tuple[str, list[str]]:
     """[tool.rankaudit] model, else the one nn.Module class the client app's module imports from the app."""
     if settings.model:
         path_text, _, name = settings.model.partition(":")
-        path = directory / path_text
+        base = settings.source.parent if settings.source is not None else directory   # relative to its pyproject
+        path = base / path_text
         if not path.is_file():
             raise UsageError(f"[tool.rankaudit] model = {settings.model!r}: {path} does not exist",
-                             f"give the model file relative to {directory}, e.g. model = \"pkg/task.py:Net\"")
+                             f"give the model file relative to {base}, e.g. model = \"pkg/task.py:Net\"")
         return _shown(f"{path}:{name}" if name else str(path)), []
     candidates = _candidates(directory, app)
     if len(candidates) == 1:
@@ -164,11 +165,10 @@ def _candidates(directory: Path, app) -> list[str]:
     return list(candidates or factories)
 
 
-def _model_source(directory: Path, settings, imported: list[str], kind: str) -> str:
+def _model_source(imported: list[str], kind: str) -> str:
     if not imported:
-        return f"[tool.rankaudit] model ({_relative(directory, str(directory / settings.model))})"
-    where = "the client app imports" if kind == "flower" else "in the job"
-    return f"{_relative(directory, imported[0])}, the one model candidate {where}"
+        return "[tool.rankaudit] model"
+    return "the one model candidate " + ("the client app imports" if kind == "flower" else "in the job")
 
 
 def _relative(directory: Path, spec: str) -> str:
