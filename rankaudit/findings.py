@@ -583,13 +583,9 @@ def _reads_model_input(traced: TracedModel, node_id: str) -> bool:
     return False
 
 
-def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) -> list[BiasReadoutFinding]:
-    """Every shared layer applied once per sample (a Linear on a vector, a convolution with one output position)
-    with a trainable bias and a ReLU-like activation after it: unit k's update row over its bias update,
-    (∂u/∂W_k)/(∂u/∂b_k), is one sample's input to the layer whenever k fires for that sample alone."""
-    round_ = result.round
-    batch = round_.batch_size if round_ is not None else result.batch_size
-    samples = round_.clients * round_.samples if round_ is not None else batch
+def readout_layers(traced: TracedModel, shared: set[str] | None = None) -> list[tuple[str, str, str, bool]]:
+    """(node id, layer name, activation op, exact) of every shared layer applied once per sample (a Linear on a
+    vector, a convolution with one output position) with a trainable bias and a ReLU-like activation after it."""
     found = []
     for node_id in traced.order:
         record = traced.record(node_id)
@@ -605,15 +601,28 @@ def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) 
             continue
         activation = traced.record(after)
         exact = activation.family in _EXACT_READOUT
-        if not exact and activation.op not in _LEAKY:
-            continue
+        if exact or activation.op in _LEAKY:
+            found.append((node_id, name, activation.op, exact))
+    return found
+
+
+def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) -> list[BiasReadoutFinding]:
+    """Spec §14's static readout finding for every layer of readout_layers: unit k's update row over its bias
+    update, (∂u/∂W_k)/(∂u/∂b_k), is one sample's input to the layer whenever k fires for that sample alone."""
+    round_ = result.round
+    batch = round_.batch_size if round_ is not None else result.batch_size
+    samples = round_.clients * round_.samples if round_ is not None else batch
+    found = []
+    for node_id, name, activation_op, exact in readout_layers(traced, shared):
+        record = traced.record(node_id)
+        counting = record.counting
         units, width = counting.out_features, traced.record(record.inputs[0]).output_numel
         reads_input = _reads_model_input(traced, node_id)
         what = "the sample itself" if reads_input else f"its {width:,} features at this layer"
         faces = (f"a batch of {batch}" if round_ is None or round_.fedsgd else
                  f"batches of {batch} over {samples:,} samples in {round_.steps} steps")
         whole = units >= batch
-        message = (f"{name} ({record.op} with bias, {units:,} units, {activation.op}) reads each sample's "
+        message = (f"{name} ({record.op} with bias, {units:,} units, {activation_op}) reads each sample's "
                    f"{width:,}-value input{' (the model input)' if reads_input else ''} directly: a unit that fires "
                    f"for one sample alone gives {what} {'exactly' if exact else 'up to its negative slope'} as its "
                    f"update row over its bias update (bias readout; Qian et al., Prop. 1); it faces {faces}, and "
@@ -624,6 +633,6 @@ def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) 
                "the exact sample, though a unit's weight row still points along it (the sample up to scale), so the "
                "per-sample bound above, not this fix, says what stays hidden; widening the layer only helps the "
                "attacker: more units than samples is what Qian et al. show reading the whole batch needs")
-        found.append(BiasReadoutFinding(name, record.op, units, width, reads_input, activation.op, exact, batch,
+        found.append(BiasReadoutFinding(name, record.op, units, width, reads_input, activation_op, exact, batch,
                                         samples, whole, message, fix, record.source))
     return found
