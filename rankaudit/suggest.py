@@ -19,7 +19,7 @@ from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleB
 from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
-EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
+EDITS = ("cut-skip", "narrow", "stride", "remove-bias")   # batch sizes protect no sample (spec §14)
 ACCURACY_NOTE = ("Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
                  "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10).")
 
