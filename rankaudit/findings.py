@@ -547,7 +547,12 @@ def apply_dp(result: Result, settings) -> Result:
 def carried_by_sentence(result: Result) -> str:
     """Which of the two carries a passing verdict (spec §14: structure or noise), in one sentence; '' otherwise."""
     policy, dp = result.policy, result.dp
-    if policy is None or not policy.passed or policy.carried_by != "noise" or dp is None:
+    if policy is None or not policy.passed or dp is None:
+        return ""
+    if policy.carried_by == "structure":
+        return (f"carried by the structure: each sample is {result.verdict} by the architecture alone, whatever the "
+                "noise")
+    if policy.carried_by != "noise":
         return ""
     return (f"carried by the noise, not the structure: the architecture leaves each sample {result.verdict}, and the "
             f"noise the client adds bounds any reconstruction of it to probability {dp.reconstruction_bound:.3g} at "

@@ -164,3 +164,20 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     withheld = resnet_report.deficit_withheld
     assert withheld and "fc" not in withheld and "conv1" not in withheld
     assert audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).verdict == "partial"
+
+
+def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report):
+    """Spec §14: no edit, withheld set or batch size brings a ResNet-18-w16 sample within the ceiling (R(1) = |x|;
+    the norms' 2,400 parameters stay shared): the review says noise is the way, with σ when DP options are given."""
+    import dataclasses
+
+    from rankaudit.dp import least_noise
+    from rankaudit.report import design
+
+    assert resnet_report.noise_is_the_way and resnet_report.verdict == "exposed"
+    assert all(s.verdict == "exposed" for s in resnet_report.suggestions)
+    noise = least_noise(0.05, 0.01, 1.0, 1, 1e-5)
+    text = design.suggest_table(dataclasses.replace(resnet_report, noise=noise))
+    assert "No structural edit protects a sample" in text
+    assert f"the least noise multiplier is σ = {noise.noise_multiplier:g}" in text
+    assert "give DP options with --max-reconstruction" in design.suggest_table(resnet_report)
