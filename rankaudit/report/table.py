@@ -185,8 +185,29 @@ def _number(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _bias_lines(readout: dict | None) -> list[str]:
+    """--verify bias (and the readout --verify rgap runs first): the samples the update hands over exactly."""
+    if not readout:
+        return []
+    lines = ["", f"Bias readout ({readout['batch']}, {readout['device']}, {readout['seconds']:.2f} s): "
+                 f"{readout['headline']}; {readout['judgement']}."]
+    if readout.get("internal_error"):
+        lines.append(f"  {readout['internal_error']}")
+    for layer in readout["layers"]:
+        reads = "the input itself" if layer["reads_input"] else "features"
+        lines.append(f"  {layer['name']} ({layer['op']}, {layer['units']} units, {layer['live_units']} live, reads "
+                     f"{reads}): {len(layer['units_read'])} unit(s) read a sample exactly; "
+                     f"{layer['units_firing_for_one_sample']} passed a gradient for one sample alone")
+    psnrs = [s for s in readout["per_sample"] if s["psnr_measured"]]
+    if psnrs:
+        shown = ", ".join(f"{s['index']}: {'exact' if s['read_exactly'] else _number(s['psnr'])}" for s in psnrs)
+        lines.append(f"  nearest ratio per sample, PSNR dB: {shown}")
+    lines += [f"  skipped {entry}" for entry in readout["skipped"]]
+    return lines + [f"  {note}" for note in readout["notes"]] + [f"  inputs: {readout['inputs']}"]
+
+
 def _verification_lines(result: Result) -> list[str]:
-    lines = []
+    lines = _bias_lines(result.verification.get("bias"))
     rgap = result.verification.get("rgap")
     if rgap:
         name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
