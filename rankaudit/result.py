@@ -112,12 +112,32 @@ class Identifiability:
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
     max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
     round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
+    sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
 
     @property
     def hidden_estimate(self) -> float:
         """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
         about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
         return self.certified_deficit / self.unknowns if self.unknowns else 0.0
+
+
+@dataclass
+class SampleBound:
+    """Spec §14: rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i of the batch or round.
+
+    In one step the batch gradient is a sum of per-sample gradients, so one sample's Jacobian is §9's flow at
+    batch size 1; a sample reaches the update only through the E_i steps that read it. Batch size, N and the
+    clients do not enter: mixing samples certifies nothing for any one of them.
+    """
+
+    rank_bound: int                 # R_s
+    unknowns: int                   # |x|: one sample's unknowns
+    recoverable_fraction: float     # ρ_s = R_s / |x|
+    level: str                      # spec §11's level at ρ_s: exposed | partial | protected
+    steps_per_sample: int           # E_i: the local steps that read one sample (E; 1 for FedSGD)
+    single_sample_bound: int        # R(1): §9's bound for one step at batch size 1 (all trainable gradients
+                                    # carry on before the last step; only the shared ones in the last)
+    binding: str                    # which of the three is the minimum: unknowns | update-values | steps
 
 
 @dataclass
