@@ -342,6 +342,7 @@ class BiasReadout:
     device: str
     threshold: float                # relative error below which a match is exact
     notes: list[str] = field(default_factory=list)
+    setup_seconds: float = 0.0      # torch.func's one-time imports, apart from the readout's `seconds`
 
 
 @dataclass
