@@ -76,7 +76,6 @@ def test_the_readout_reads_exactly_the_one_sample_a_unit_fires_for(run_cli, tmp_
     assert all(s["psnr"] < 40 for s in readout["per_sample"] if s["index"] != 2)
     # The per-sample bound says exposed (R_s = |x| = 48): the readout agrees, no internal error.
     assert readout["internal_error"] is None and "confirms exposed (each sample)" in readout["judgement"]
-    assert readout["seconds"] < 1.0
 
 
 def test_a_unit_firing_for_two_samples_reads_none(tmp_path):

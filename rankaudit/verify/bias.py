@@ -114,10 +114,10 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
     import copy
 
     from rankaudit.verify.client import LocalTraining
-    # torch.func's first use in a process imports torch._dynamo (2-3 s on two CPU cores): timed apart from the
-    # readout, which is the closed form's cost.
+    # torch.func's first use in a process imports torch._dynamo and sets up its transforms (2-3 s on two CPU
+    # cores): done on a scalar and timed apart from the readout, which is the closed form's cost.
     importing = time.perf_counter()
-    import torch._dynamo  # noqa: F401
+    torch.func.grad(lambda t: (t * t).sum())(torch.ones(1))
 
     started = time.perf_counter()
     device = torch.device(device)
@@ -130,7 +130,9 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
     with torch.no_grad():
         paths = [training.trajectory(x[c], labels[c]) for c in range(clients)]
     start = paths[0][0]
-    update = {name: sum(path[-1][name] - start[name] for path in paths) for name in shared}
+    # Only the readout layers' updates are read.
+    read = [f"{name}.{kind}" if name else kind for name, _ in layers for kind in ("weight", "bias")]
+    update = {name: sum(path[-1][name] - start[name] for path in paths) for name in read}
     if not all(bool(torch.isfinite(value).all()) for value in update.values()):
         from rankaudit.errors import UsageError
 
@@ -147,7 +149,7 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
     fired: dict[str, dict[int, set[int]]] = {name: {} for name, _ in layers}
     skipped = []
     why_not: dict[str, str] = {}
-    for c in range(clients):
+    for c in range(clients if layers else 0):
         for step, part in enumerate(training.batches()):
             seen = features(paths[c][step], x[c][part], labels[c][part])
             for name, module in layers:
@@ -183,12 +185,10 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
         indices = torch.tensor([entry[0] for entry in table[name]])
         steps = [entry[1] for entry in table[name]]
         vectors = torch.stack([entry[2] for entry in table[name]])
-        norms = vectors.norm(dim=1).clamp_min(1e-300)
-        errors = torch.cdist(candidates, vectors) / norms[None, :] if live else torch.empty(0, len(vectors))
+        closest, errors = _nearest(candidates, vectors)
         read_units = []
         for row, unit in enumerate(live):
-            best = int(torch.argmin(errors[row]))
-            error = float(errors[row, best])
+            best, error = int(closest[row]), float(errors[row])
             if error < EXACT_RELATIVE_ERROR:
                 sample = int(indices[best])
                 read_units.append({"unit": unit, "sample": sample, "relative_error": error,
@@ -229,7 +229,7 @@ def _nearest_psnr(candidates: torch.Tensor, x: torch.Tensor) -> list[tuple[int, 
     if not len(candidates):
         return []
     flat = x.reshape(-1, x[0, 0].numel())
-    nearest = torch.cdist(flat, candidates).argmin(dim=1)
+    nearest, _ = _nearest(flat, candidates, relative_to_rows=True)
     return [(index, psnr(flat[index].cpu().numpy(), candidates[int(nearest[index])].cpu().numpy()))
             for index in range(len(flat))]
 
@@ -275,6 +275,11 @@ def _batch_words(round_: Round) -> str:
             f"({round_.steps} local steps{clients})")
 
 
+def _first_few(values: list[int], shown: int = 6) -> str:
+    text = ", ".join(str(v) for v in values[:shown])
+    return text + (f", ... ({len(values)} in all)" if len(values) > shown else "")
+
+
 def bias_summary(result, readout: BiasReadout) -> dict:
     """The headline, the judgement against the per-sample verdict, and an internal error where they contradict.
 
@@ -286,9 +291,9 @@ def bias_summary(result, readout: BiasReadout) -> dict:
     count = len(readout.samples_read)
     if count:
         where = "; ".join(f"{layer.name} unit{'s' if len(layer.units_read) > 1 else ''} "
-                          + ", ".join(str(entry["unit"]) for entry in layer.units_read)
+                          + _first_few([entry["unit"] for entry in layer.units_read])
                           + f" -> sample{'s' if len(layer.samples_read) > 1 else ''} "
-                          + ", ".join(str(s) for s in layer.samples_read)
+                          + _first_few(layer.samples_read)
                           for layer in readout.layers if layer.units_read)
         headline = (f"{count} of {readout.samples} sample{'s' if readout.samples != 1 else ''} read out exactly "
                     f"({where})")
@@ -322,3 +327,18 @@ def bias_summary(result, readout: BiasReadout) -> dict:
                      "which other data may give; this shows no protection")
     return {"samples_read_count": count, "images_read": images, "features_read": features,
             "headline": headline, "judgement": judgement, "internal_error": internal_error}
+
+
+def _nearest(rows: torch.Tensor, table: torch.Tensor, *, relative_to_rows: bool = False):
+    """For each row, the index of the table entry nearest relative to that entry's norm (to the row's own norm with
+    ``relative_to_rows``, which is then the plain nearest), and that relative error recomputed directly (the
+    expanded square below cancels; the direct difference does not)."""
+    if not len(rows) or not len(table):
+        return torch.zeros(len(rows), dtype=torch.long), torch.full((len(rows),), math.inf, dtype=rows.dtype)
+    squares = (rows * rows).sum(1)[:, None] + (table * table).sum(1)[None, :] - 2 * rows @ table.T
+    scale = torch.ones(len(table), dtype=rows.dtype, device=rows.device) if relative_to_rows else \
+        (table * table).sum(1).clamp_min(1e-300)
+    best = (squares / scale[None, :]).argmin(dim=1)
+    reference = rows if relative_to_rows else table[best]
+    errors = (rows - table[best]).norm(dim=1) / reference.norm(dim=1).clamp_min(1e-300)
+    return best.cpu(), errors.cpu()
