@@ -94,11 +94,13 @@ def test_a_unit_firing_for_two_samples_reads_none(tmp_path):
 
 def test_over_a_round_the_unit_reads_its_sample_from_the_second_step(run_cli, tmp_path):
     model, data, images = _constructed(tmp_path, batch=8, target=5)
+    page = tmp_path / "report.html"
     code, out, err = run_cli(model, "--local-samples", 8, "-b", 4, "--data", data, "--verify", "bias",
-                             "--format", "json")
+                             "--format", "json", "--html", page)
     readout = json.loads(out)["verification"]["bias"]
     assert readout["samples_read"] == [5] and readout["samples"] == 8
     assert "a round of N = 8, B = 4, E = 1 (2 local steps)" == readout["batch"]
+    assert "Bias readout: 1 of 8 samples read out exactly (fc1 unit 0 -&gt; sample 5)" in page.read_text()
 
 
 def test_the_issues_mlp_round_reads_as_many_samples_as_units_isolate_one():

@@ -325,6 +325,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
                  else None),
         "defenses": _defenses(verification),
+        "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
         "dp": _dp(result),
         "suggestions": suggestions,
