@@ -153,8 +153,49 @@ def _noise_suggestion(options: dict, configured: dict | None):
     return noise_search(_dp_values(options, configured))
 
 
+def _deployment(ctx: click.Context, spec: str, options: dict, run_config: str | None, model_args: tuple[str, ...]):
+    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy), this command's flags over them; None for a
+    model file."""
+    if not Path(spec).is_dir():
+        if run_config:
+            raise UsageError("--run-config overrides a Flower app's run config", "give the app's directory, e.g. "
+                             "`rankaudit . --run-config ...`, or drop --run-config")
+        return None
+    from rankaudit.deploy import Overrides, read_deployment
+
+    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
+    if ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE:
+        flags["batch_size"] = ctx.params["batch_size"]
+    return read_deployment(Path(spec), Overrides(round=flags, dp=_dp_values(options, None), run_config=run_config,
+                                                 model_args=model_args,
+                                                 input_shape_given=ctx.params.get("input_shape") is not None))
+
+
+def _as_layers(names: list[str] | None, result) -> list[str] | None:
+    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
+    from rankaudit.audit import layer_of
+
+    layers = [row.name for row in result.layers]
+    return [layer_of(name, layers) for name in names] if names else names
+
+
+def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
+    """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
+    if deployment is not None:
+        return deployment.model_args or None
+    from rankaudit.deploy import parse_value
+
+    parsed = {}
+    for text in model_args:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--model-arg {text!r} is not KEY=VALUE", "write e.g. --model-arg num_classes=10")
+        parsed[key.strip()] = parse_value(value.strip())
+    return parsed or None
+
+
 @cli.command()
-@click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
               help="Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE).")
 @click.option("--input-dtype", callback=_parse_dtype, metavar="DTYPE",
@@ -213,17 +254,23 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--run-config", metavar='"K=V K2=V2"',
+              help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
+                   "run-config key (num_classes=num-classes).")
 @_dp_options
 @_round_options
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates,
-          **options):
+          class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates, run_config,
+          model_args, **options):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
-    model file, else from the defaults.
+    model file, else from the defaults. APP_DIR (a Flower app, an NVFlare job): the model, the round and its DP are
+    read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
     from rankaudit.audit import audit
     from rankaudit.config import load_settings
@@ -240,17 +287,31 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
+            deployment = _deployment(ctx, spec, options, run_config, model_args)
+            spec = deployment.model if deployment is not None else spec
             settings = load_settings(split_model_spec(spec)[0])
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
             # One value for the whole run: the round, with its DP settings, handed to every step.
-            round_ = dataclasses.replace(_round(ctx, pick("batch_size", batch_size), settings.round),
-                                         dp=_dp_settings(options, settings.dp))
+            round_ = deployment.round if deployment is not None else dataclasses.replace(
+                _round(ctx, pick("batch_size", batch_size), settings.round), dp=_dp_settings(options, settings.dp))
+            withheld = pick("withheld_layers", withheld_layers)
+            if deployment is not None and not withheld and not pick("shared_layers", shared_layers):
+                withheld = deployment.withheld_layers   # NVFlare's ExcludeVars
+            arguments = _model_args(deployment, model_args)
+            if arguments and verify:
+                raise UsageError("--verify builds the model without the factory's arguments (not supported yet)",
+                                 "verify through a zero-argument factory that passes them: PATH:factory")
             result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
                            batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)
+                           withheld_layers=withheld, input_dtype=input_dtype, model_args=arguments)
+            if deployment is not None:
+                from rankaudit.result import DeploymentRead
+
+                result.deployment = DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings,
+                                                   deployment.notes)
             if "dp" in verify:
                 _run_dp_attack(result, spec, round_.dp, candidates=dp_candidates, seed=seed, device=device, data=data,
                                trials=samples if ctx.get_parameter_source("samples")
@@ -260,9 +321,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                seed=seed, device=device, data=data, steps=steps, artifacts=artifacts, trials=trials,
                                class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
-                               shared_layers=pick("shared_layers", shared_layers),
-                               withheld_layers=pick("withheld_layers", withheld_layers),
-                               rank_precision=rank_precision)
+                               shared_layers=_as_layers(pick("shared_layers", shared_layers), result),
+                               withheld_layers=_as_layers(withheld, result), rank_precision=rank_precision)
         except RankauditError as exc:
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:

@@ -310,6 +310,16 @@ class DPNoiseSuggestion:
 
 
 @dataclass
+class DeploymentRead:
+    """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
+
+    kind: str                                   # flower | nvflare
+    root: str                                   # the app's directory
+    settings: list[tuple[str, str, str]]        # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class BiasReadoutFinding:
     """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
     the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
@@ -405,6 +415,7 @@ class Result:
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
     bias_readout: list[BiasReadoutFinding] = field(default_factory=list)   # spec §14's static readout finding
+    deployment: DeploymentRead | None = None   # `rankaudit DIR`: what was read from the app, and from where
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -365,6 +365,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "defenses": _defenses(verification),
         "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
+        "deployment": result.deployment,
         "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),

@@ -256,6 +256,23 @@ def _verification_lines(result: Result) -> list[str]:
     return lines
 
 
+def _deployment_lines(result: Result, width: int = 118) -> list[str]:
+    """`rankaudit DIR`: each setting read and its source, wrapped; the reader's notes one per line."""
+    read = result.deployment
+    if read is None:
+        return []
+    items = [f"{setting} {value} ({source})" for setting, value, source in read.settings]
+    lines, line = [], f"Read from the {'Flower app' if read.kind == 'flower' else 'NVFlare job'} {read.root}:"
+    for item in items:
+        if len(line) + len(item) + 2 > width:
+            lines.append(line + ";" if not line.endswith(":") else line)
+            line = "  " + item
+        else:
+            line += (" " if line.endswith(":") else "; ") + item
+    lines.append(line)
+    return lines + [f"  note: {note}" for note in read.notes]
+
+
 def _dp_lines(result: Result) -> list[str]:
     """The DP section (spec §13): what the noise bounds, beside (not instead of) the structural verdict."""
     from rankaudit.findings import dp_sentence
@@ -462,7 +479,7 @@ def _defense_lines(result: Result) -> list[str]:
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
-             + _round_header(result), ""]
+             + _round_header(result), *_deployment_lines(result), ""]
     cells = [HEADERS] + _input_rows(result) + [
         (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
          f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
