@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "dp", "round"}
+            "dp", "round", "timeout"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -34,6 +34,7 @@ class Settings:
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
     dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
     round: dict[str, object] | None = None   # [tool.rankaudit.round], keyed by Round field (round.build_round)
+    timeout: float | None = None      # seconds for each of the model's import, build and trace (supervise.py)
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -116,6 +117,11 @@ def load_settings(model_path: Path) -> Settings:
         settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    if "timeout" in table:
+        value = table["timeout"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            _bad(pyproject, "timeout", "a positive number of seconds, e.g. 300")
+        settings.timeout = float(value)
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:
