@@ -209,8 +209,9 @@ class _Parent:
         if self.interrupted_at is None:
             self.interrupted_at = time.monotonic()
             self.signalled = signum
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signum)
+        if self.pid > 0:   # 0 before the fork returned: os.kill(0, ...) would signal our own process group
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signum)
 
     def _frames(self):
         while len(self.buffer) >= _HEADER.size:
@@ -330,6 +331,8 @@ def run_supervised(main, argv: list[str]) -> int:
         os.close(read_end)
         _run_child(write_end, main, argv)
     parent.pid = pid
+    if parent.signalled is not None:   # it came while we forked: the child did not hear it from us
+        parent.on_signal(parent.signalled, None)
     os.close(write_end)
     try:
         return parent.wait()
