@@ -10,6 +10,9 @@ import tempfile
 from rankaudit.errors import UsageError
 
 
+_STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
 def _os_error(exc: OSError) -> str:
     return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
 
@@ -82,6 +85,11 @@ def write_file(path: str, text: str) -> None:
     """Write a report at `path`: into a temporary file in the same folder, renamed over `path` once complete, so
     a failed write (a full disk) leaves the old file or nothing. A device or a pipe (/dev/stdout, /dev/full) is
     written directly. An OSError is a UsageError (exit 2) naming the path."""
+    if os.path.abspath(path) in _STDOUT:   # fd 1 is stderr while the model's code runs: the report's stdout
+        from rankaudit import supervise
+
+        supervise.write_stdout(text)
+        return
     data = text.encode("utf-8")
     target = os.path.realpath(path)   # through a symbolic link, as a plain write would go
     try:

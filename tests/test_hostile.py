@@ -63,6 +63,12 @@ def test_an_import_that_never_returns_is_stopped_at_the_timeout():
     assert time.monotonic() - started < 120
 
 
+def test_a_forward_that_never_returns_is_stopped_in_the_trace():
+    done = rankaudit(HOSTILE / "loop_in_forward.py", "--timeout", "4")
+    assert done.returncode == 3 and done.stdout == ""
+    error_line(done.stderr, "the trace of", "loop_in_forward.py's forward() did not finish within 4 s")
+
+
 def test_the_timeout_from_the_configuration(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\ntimeout = 3\n")
     model = tmp_path / "loop.py"
@@ -99,6 +105,12 @@ def test_a_model_that_prints_leaves_the_json_report_intact(report):
     assert payload["version"] == "2.1.0" if report == "sarif" else payload["input_shape"] == [4]
     assert "noise at import 1999" in done.stderr and "written straight to fd 1" in done.stderr
     assert "forward wrote to fd 1" in done.stderr
+
+
+def test_output_to_dev_stdout_is_the_report_not_the_models_prints():
+    done = rankaudit(HOSTILE / "noisy.py", "--format", "json", "-o", "/dev/stdout")
+    assert done.returncode in (0, 1), done.stderr[-500:]
+    assert json.loads(done.stdout)["input_shape"] == [4]
 
 
 def test_compare_and_suggest_keep_their_json_on_stdout():
