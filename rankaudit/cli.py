@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from rankaudit import __version__, output as report_files, supervise
+from rankaudit import __version__, supervise
+from rankaudit import output as report_files
 from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 

@@ -9,7 +9,6 @@ import tempfile
 
 from rankaudit.errors import UsageError
 
-
 _STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 
 

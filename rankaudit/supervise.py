@@ -164,7 +164,7 @@ def _run_child(write_end: int, main, argv: list[str]) -> None:
     except KeyboardInterrupt:
         _error("interrupted (Ctrl-C); no report was written")
         code = INTERRUPTED
-    except BaseException:  # --debug: the traceback, as an uncaught exception would print it
+    except BaseException:  # noqa: BLE001 - --debug: the traceback, as an uncaught exception would print it
         import traceback
 
         traceback.print_exc()

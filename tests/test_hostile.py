@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import EXAMPLES, REPO
 
 HOSTILE = REPO / "tests" / "hostile"
@@ -18,7 +17,7 @@ HOSTILE = REPO / "tests" / "hostile"
 
 def rankaudit(*args, module=False, timeout=240, **kwargs):
     command = [sys.executable, "-m", "rankaudit"] if module else ["rankaudit"]
-    return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(command + [str(a) for a in args], check=False, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, **kwargs)
 
 
@@ -213,7 +212,7 @@ def test_reports_are_written_whole(run_cli, tmp_path):
 
 def test_a_broken_stdout_is_one_line():
     with open("/dev/full", "w") as full:
-        done = subprocess.run(["rankaudit", HOSTILE / "marked.py", "--format", "json"], stdout=full,
+        done = subprocess.run(["rankaudit", HOSTILE / "marked.py", "--format", "json"], check=False, stdout=full,
                               stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=240)
     assert done.returncode == 2
     error_line(done.stderr.replace("marked.py imported\n", ""), "stdout", "No space left on device")

@@ -1,7 +1,7 @@
 """Hostile: ends the process while being imported (a silent exit 0 before issue 23)."""
 import os
 
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (4,)
 

@@ -1,5 +1,5 @@
 """Hostile: raises SystemExit(3) while the model is built."""
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (4,)
 

@@ -1,7 +1,7 @@
 """Hostile: sys.exit(0) in forward(), reached when rankaudit traces the model."""
 import sys
 
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (4,)
 

@@ -1,5 +1,5 @@
 """Hostile: a forward() that never returns (rankaudit traces it)."""
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (4,)
 

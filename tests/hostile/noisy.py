@@ -1,7 +1,7 @@
 """Hostile: prints 2,000 lines at import and more in forward(), and writes to fd 1 directly."""
 import os
 
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (4,)
 

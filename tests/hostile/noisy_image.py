@@ -1,7 +1,7 @@
 """Hostile: a small image model that prints 2,000 lines at import and more in forward() (for the verifiers)."""
 import os
 
-import torch.nn as nn
+from torch import nn
 
 INPUT_SHAPE = (3, 8, 8)
 
