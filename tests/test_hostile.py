@@ -131,6 +131,14 @@ def test_every_image_verifier_keeps_the_json_on_stdout():
     assert "noise in forward" in done.stderr
 
 
+def test_dager_keeps_the_json_on_stdout():
+    pytest.importorskip("transformers")
+    done = rankaudit(HOSTILE / "noisy_gpt2.py", "-b", "2", "--verify", "dager", "--format", "json", timeout=600)
+    assert done.returncode in (0, 1), done.stderr[-800:]
+    assert json.loads(done.stdout)["verification"]["dager"]["token_recall"] is not None
+    assert "noise in forward" in done.stderr and "written straight to fd 1" in done.stderr
+
+
 # ---- report paths: checked before the model runs, written atomically ---------------------------------------------
 
 @pytest.mark.parametrize("case", ["missing-folder", "under-a-file", "too-long", "a-folder"])
