@@ -579,7 +579,10 @@ def _ended_process(exc: SystemExit) -> ModelEndedProcess:
     foreign = [frame for frame in frames if not os.path.abspath(frame[0]).startswith(ours)]
     where = (foreign or frames or [None])[-1]
     at = f" at {supervise.source_location(*where)}" if where is not None else ""
-    return ModelEndedProcess(f"the model file ended the process (SystemExit({exc.code!r}){at}); no report was written",
+    phase = supervise.take_exit_phase()
+    during = f" during {phase}" if phase else ""
+    return ModelEndedProcess(f"the model file ended the process (SystemExit({exc.code!r}){at}){during}; no report was "
+                             "written",
                              "a model file must not end the process: remove the exit call, or guard it with "
                              "`if __name__ == \"__main__\":`")
 

@@ -37,6 +37,7 @@ _timeout_flag: float | None = None
 _timeout_config: float | None = None
 _phase_name = "the analysis"
 _phase_limited = False
+_exited_in: str | None = None
 
 
 # ---- the time limit: --timeout, else [tool.rankaudit] timeout, else DEFAULT_TIMEOUT ------------------------------
@@ -74,15 +75,25 @@ def _send(kind: bytes, payload: bytes) -> None:
 def phase(name: str, limited: bool = True):
     """The model's code runs in here (`name`: 'the import of model.py'); limited: the parent ends it after
     timeout() seconds. On leaving, the enclosing phase (and its limit) is back."""
-    global _phase_name, _phase_limited
+    global _phase_name, _phase_limited, _exited_in
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, limited
     _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode())
     try:
         yield
+    except SystemExit:
+        _exited_in = _exited_in or name   # the innermost phase: cli.main names it beside the model's line
+        raise
     finally:
         _phase_name, _phase_limited = outer
         _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode())
+
+
+def take_exit_phase() -> str | None:
+    """The phase a SystemExit of the model's came through (once: the next run starts clean)."""
+    global _exited_in
+    name, _exited_in = _exited_in, None
+    return name
 
 
 def enter(name: str) -> None:
@@ -296,12 +307,13 @@ class _Parent:
             _error(f"stopped by {_signal_name(self.signalled)}; no report was written")
             return 128 + self.signalled
         if self.code is None:
-            if self.ended:
-                how = self.ended
-            elif os.WIFSIGNALED(self.status):
-                how = f"killed by {_signal_name(os.WTERMSIG(self.status))}"
-            else:
-                how = f"exit status {os.waitstatus_to_exitcode(self.status)}, without a result"
+            if self.ended is None and os.WIFSIGNALED(self.status):
+                name = _signal_name(os.WTERMSIG(self.status))
+                _error(f"the process running the model was killed by {name} during {self.phase} (a crash in the "
+                       "model's code or an extension, a kill, or the system out of memory); no report was written; "
+                       f"fix: run the model on its own (`python FILE`) to see whether it crashes there")
+                return 3
+            how = self.ended or f"exit status {os.waitstatus_to_exitcode(self.status)}, without a result"
             _error(f"the model file ended the process ({how}) during {self.phase}; no report was written; fix: a "
                    "model file must not end the process: remove the exit call, or guard it with "
                    "`if __name__ == \"__main__\":`")

@@ -44,14 +44,20 @@ def test_sys_exit_in_forward_is_exit_3_naming_the_line():
     done = rankaudit(HOSTILE / "exit_in_forward.py", "--format", "json")
     assert done.returncode == 3 and done.stdout == ""
     error_line(done.stderr, "the model file ended the process", "SystemExit(0)",
-               "tests/hostile/exit_in_forward.py:15 (`sys.exit(0)`)")
+               "tests/hostile/exit_in_forward.py:15 (`sys.exit(0)`)", "during the trace of")
 
 
 def test_system_exit_in_the_constructor_is_the_models_not_plain_pytorchs(run_cli):
     code, out, err = run_cli(HOSTILE / "exit_in_constructor.py")   # in-process: main() alone catches it too
     assert code == 3 and out == ""
-    line = error_line(err, "SystemExit(3)", "exit_in_constructor.py:11 (`raise SystemExit(3)`)")
+    line = error_line(err, "SystemExit(3)", "exit_in_constructor.py:11 (`raise SystemExit(3)`)", "during the build of Net()")
     assert "plain PyTorch" not in line
+
+
+def test_a_crash_while_building_is_exit_3_naming_the_signal_and_the_phase():
+    done = rankaudit(HOSTILE / "crash_in_constructor.py", "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""
+    error_line(done.stderr, "killed by SIGSEGV during the build of Net() from")
 
 
 def test_an_import_that_never_returns_is_stopped_at_the_timeout():
