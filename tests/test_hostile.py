@@ -94,6 +94,10 @@ def test_ctrl_c_is_exit_130_without_a_report_or_traceback():
     seen = ""
     while "importing" not in seen and time.monotonic() < deadline:   # the model runs: torch is loaded
         seen += process.stderr.readline()
+    maps = f"/proc/{process.pid}/maps"
+    if os.path.exists(maps):   # the supervising parent stays light: torch is loaded in the child only
+        with open(maps) as mapped:
+            assert "libtorch" not in mapped.read()
     os.killpg(process.pid, signal.SIGINT)   # as a terminal's Ctrl-C: the whole process group
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130 and out == ""
