@@ -100,7 +100,15 @@ def write_file(path: str, text: str) -> None:
             with open(target, "wb") as handle:
                 handle.write(data)
             return
-        descriptor, temporary = tempfile.mkstemp(prefix=".rankaudit-", suffix=".tmp", dir=os.path.dirname(target))
+        try:
+            descriptor, temporary = tempfile.mkstemp(prefix=".rankaudit-", suffix=".tmp", dir=os.path.dirname(target))
+        except PermissionError:
+            if mode is None:
+                raise
+            # A writable file in a folder we may not add to: write it in place (not atomic, but as asked).
+            with open(target, "wb") as handle:
+                handle.write(data)
+            return
         try:
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(data)
