@@ -164,7 +164,10 @@ def _run_child(write_end: int, main, argv: list[str]) -> None:
     _stdout_tty = os.isatty(1)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    os.dup2(2, 1)   # fd 1 is stderr from here: print(), os.write(1, ...) and C extensions alike
+    try:
+        os.dup2(2, 1)   # fd 1 is stderr from here: print(), os.write(1, ...) and C extensions alike
+    except OSError:     # no stderr at all (2>&-): the model's prints go nowhere rather than into the report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     os._exit = _hooked_exit
     code = 1
     try:
