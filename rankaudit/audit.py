@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from rankaudit import findings
+from rankaudit import findings, supervise
 from rankaudit.analysis import analyze
 from rankaudit.bound import round_identifiability
 from rankaudit.errors import ModelLoadError, UsageError
@@ -68,8 +68,9 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
         raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(findings.FAIL_ON_CHOICES))
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
-    traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
-                         forward_kwargs=loaded.forward_kwargs)
+    with supervise.phase(f"the trace of {spec}'s forward()"):
+        traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
+                             forward_kwargs=loaded.forward_kwargs)
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
     findings.describe_inputs(result, traced, loaded)
     if not result.layers:

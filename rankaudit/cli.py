@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from rankaudit import __version__
-from rankaudit.errors import NoModelInFile, RankauditError, UsageError
+from rankaudit import __version__, supervise
+from rankaudit import output as report_files
+from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
@@ -25,6 +26,12 @@ class _DefaultToCheck(click.Group):
             args = ["check", *args]
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # before click turns it into Abort (exit 2, and a blank line)
+            raise Interrupted("interrupted (Ctrl-C); no report was written") from exc
+
 
 @click.group(cls=_DefaultToCheck, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rankaudit")
@@ -33,7 +40,8 @@ def cli():
 
     \b
     rankaudit MODEL.py[:NAME] [options]     same as `rankaudit check ...`
-    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded or traced.
+    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded, traced or verified (or it
+    ended the process, or overran --timeout), 130 interrupted.
     """
 
 
@@ -113,6 +121,15 @@ def _dp_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _timeout_option(command):
+    """--timeout: the limit on each of the model's import, build and trace (supervise.py ends one that overruns)."""
+    return click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+                        expose_value=False, is_eager=True,
+                        callback=lambda ctx, param, value: supervise.set_flag_timeout(value),
+                        help=f"Stop a model whose import, build or trace takes longer (default: [tool.rankaudit] "
+                             f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.")(command)
 
 
 def _round(ctx: click.Context, batch_size: int, configured: dict | None):
@@ -261,6 +278,7 @@ def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
                    "run-config key (num_classes=num-classes).")
 @_dp_options
 @_round_options
+@_timeout_option
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
@@ -281,6 +299,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     if dp_candidates is not None and "dp" not in verify:
         raise UsageError("--dp-candidates sets the candidates of --verify dp",
                          "add --verify dp or drop --dp-candidates")
+    report_files.check_outputs(output, html_path, artifacts)
     given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "max_recoverable", "shared_layers",
                                "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
@@ -290,6 +309,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             deployment = _deployment(ctx, spec, options, run_config, model_args)
             spec = deployment.model if deployment is not None else spec
             settings = load_settings(split_model_spec(spec)[0])
+            supervise.set_config_timeout(settings.timeout)
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
             # One value for the whole run: the round, with its DP settings, handed to every step.
@@ -341,7 +361,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
         if html_path:
             from rankaudit.report import html
 
-            Path(html_path).write_text(html.render(results), encoding="utf-8")
+            report_files.write_file(html_path, html.render(results))
             if not quiet:
                 click.echo(f"rankaudit: wrote the HTML report to {html_path}", err=True)
     return exit_code
@@ -360,6 +380,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--debug", is_flag=True)
 @_dp_options
 @_round_options
+@_timeout_option
 @click.pass_context
 def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug,
                     dp_candidates, **options):
@@ -378,7 +399,9 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
     if dp_candidates is not None:
         raise UsageError("--dp-candidates sets the candidates of --verify dp, which suggest does not run",
                          "drop --dp-candidates")
+    report_files.check_outputs(output)
     settings = load_settings(split_model_spec(model)[0])
+    supervise.set_config_timeout(settings.timeout)
     noise = _noise_suggestion(options, settings.dp)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = _round(ctx, batch_size, settings.round) if given else None
@@ -410,12 +433,14 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
+@_timeout_option
 def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
                     debug):
     """Two designs side by side; the exit code is the policy applied to the second (B)."""
     from rankaudit.audit import audit
     from rankaudit.report import design
 
+    report_files.check_outputs(output)
     results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
                      max_recoverable=max_recoverable) for spec in (first, second)]
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
@@ -426,10 +451,10 @@ def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max
 
 def _write(text: str, output: str | None):
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        report_files.write_file(output, text)
         click.echo(f"rankaudit: wrote {output}", err=True)
     else:
-        click.echo(text, nl=False)
+        supervise.write_stdout(text)
 
 
 def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data, trials):
@@ -450,6 +475,7 @@ def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data,
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
                    defenses, several, show_progress, shared_layers=None, withheld_layers=None,
                    rank_precision="auto"):
+    supervise.enter(f"--verify {', '.join(attacks)} of {spec}")
     round_ = result.round
     if round_ is not None and not round_.fedsgd:
         _verify_round(result, spec, attacks, seed=seed, device=device, data=data, steps=steps, artifacts=artifacts,
@@ -545,9 +571,9 @@ def _bias_readout(result, spec, attacks, *, seed, device, data, shared_layers, w
             _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
 
 
-def _use_color(stream) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+def _use_color() -> bool:
+    """Colour only on a terminal (the report's stdout), and never when NO_COLOR is set (https://no-color.org)."""
+    return supervise.stdout_isatty() and not os.environ.get("NO_COLOR")
 
 
 def _emit(results, output_format: str, output: str | None, *, quiet: bool = False, verbose: bool = False):
@@ -557,20 +583,20 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         if quiet:
             text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
         else:
-            color = output is None and _use_color(sys.stdout)
+            color = output is None and _use_color()
             text = table.render(results, color=color, verbose=verbose)
     else:
         # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
         renderer = importlib.import_module(f"rankaudit.report.{output_format}")
         text = renderer.render(results)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        report_files.write_file(output, text)
         if not quiet:
             for result in results:
                 shown = "undefined" if result.ra_i is None else result.ra_i
                 click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
     else:
-        click.echo(text, nl=False, color=True)  # the renderer already decided about colour
+        supervise.write_stdout(text)
 
 
 def _dp_clause(result) -> str:
@@ -592,7 +618,10 @@ def main(argv: list[str] | None = None):
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
-        code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
+        try:
+            code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
+        except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
+            raise _ended_process(exc) from exc
     except click.exceptions.Exit as exc:  # --help, --version
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -618,16 +647,42 @@ def main(argv: list[str] | None = None):
     sys.exit(code if isinstance(code, int) else EXIT_PASS)
 
 
-def run():
-    """The `rankaudit` command: main(), then exit without tearing the interpreter down.
+def _ended_process(exc: SystemExit) -> ModelEndedProcess:
+    """The model's SystemExit as one line: its code and the line that raised it (the deepest frame not of
+    rankaudit, click or the standard library; the deepest of all when every frame is)."""
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(click.__file__),
+            os.path.dirname(os.__file__))
+    foreign = [frame for frame in frames if not os.path.abspath(frame[0]).startswith(ours)]
+    where = (foreign or frames or [None])[-1]
+    at = f" at {supervise.source_location(*where)}" if where is not None else ""
+    phase = supervise.take_exit_phase()
+    during = f" during {phase}" if phase else ""
+    return ModelEndedProcess(f"the model file ended the process (SystemExit({exc.code!r}){at}){during}; no report was "
+                             "written",
+                             "a model file must not end the process: remove the exit call, or guard it with "
+                             "`if __name__ == \"__main__\":`")
 
-    With torch loaded, Python's orderly shutdown takes about 0.3 s (a fifth of a whole run) and does nothing a
-    finished command needs: every report is written and closed by now, and the streams are flushed here.
+
+def run():
+    """The `rankaudit` command (and `python -m rankaudit`): main() in a supervised child process (supervise.py), so
+    that the model's code can neither end the process unseen, nor hang it, nor print into the report.
+
+    The exit is os._exit: with torch loaded, Python's orderly shutdown takes about 0.3 s and does nothing a finished
+    command needs (here the parent never loaded torch, and the child has handed back its report).
     """
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    args = sys.argv[1:]
+    if supervise.can_supervise() and not supervise.needs_no_child(args):
+        code = supervise.run_supervised(main, args)
+    else:
+        try:
+            main(args)
+            code = EXIT_PASS
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "dp", "round", "model", "model-args", "input-shape", "flower"}
+            "dp", "round", "model", "model-args", "input-shape", "flower", "timeout"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -40,6 +40,7 @@ class Settings:
     model_args: dict[str, object] | None = None
     flower: dict[str, str] | None = None
     dataset_size: int | None = None   # [tool.rankaudit.round] dataset-size: an app's data over its nodes
+    timeout: float | None = None      # seconds for each of the model's import, build and trace (supervise.py)
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -122,6 +123,11 @@ def load_settings(model_path: Path) -> Settings:
         settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    if "timeout" in table:
+        value = table["timeout"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            _bad(pyproject, "timeout", "a positive number of seconds, e.g. 300")
+        settings.timeout = float(value)
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:

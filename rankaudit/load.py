@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from rankaudit import supervise
 from rankaudit.errors import ModelLoadError, NoModelInFile, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -301,9 +302,9 @@ def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     mode = None
     try:
         context, mode = _building_on(device, build)
-        with context:
+        with context, supervise.phase(f"the import of {path}"):
             spec.loader.exec_module(module)
-    except (KeyboardInterrupt, GeneratorExit):
+    except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
         raise
     except SyntaxError as exc:
         raise ModelLoadError(f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})",
@@ -360,9 +361,9 @@ def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE,
     mode = None
     try:
         context, mode = _building_on(device, build)
-        with context:
+        with context, supervise.phase(f"the build of {attr}() from {path}"):
             built = obj(**(model_args or {}))
-    except (KeyboardInterrupt, GeneratorExit):
+    except (KeyboardInterrupt, GeneratorExit, SystemExit):
         raise
     except BaseException as exc:
         raise _ConstructionFailed("build", exc, _failing_op(mode, exc)) from exc
