@@ -227,9 +227,12 @@ def _dp_lines(result: Result) -> list[str]:
     if dp is None:
         return []
     unit = "a sample" if dp.level == "sample" else "a client's update"
+    rate = f"q {dp.sample_rate:.4g}" + (f" ({dp.sample_rate_source})" if dp.sample_rate_source else "")
+    steps = f"T {dp.steps:,}" + (f" ({dp.steps_source})" if dp.steps_source else "")
     lines = ["", f"{dp_sentence(dp)}.",
-             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}, sample rate {dp.sample_rate:g}, {dp.steps:,} steps; the "
-             f"unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}; {rate}; {steps}",
+             f"  the unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             *(f"  note: {note}" for note in dp.notes),
              "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
              "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values())]
     if dp.max_reconstruction is not None:
