@@ -463,8 +463,10 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
     single = [attack for attack in attacks if attack in ("gdbr", "dager")]
     if single or defenses:
         what = f"--verify {single[0]}" if single else "--defense"
-        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of {result.round.steps} "
-                         f"local step(s) from {result.round.clients} client(s)",
+        from rankaudit.levels import count
+
+        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of "
+                         f"{count(result.round.steps, 'local step')} from {count(result.round.clients, 'client')}",
                          "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the "
                          "round's flags to check one gradient")
     try:

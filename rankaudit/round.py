@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from rankaudit.errors import UsageError
+from rankaudit.levels import count
 
 OPTIMIZERS = ("sgd", "adam")
 DP_LEVELS = ("sample", "client")
@@ -127,10 +128,6 @@ def build_round(flags: dict[str, object], config: dict[str, object] | None = Non
 
 # ---- DP follows the round (spec §13): what a unit's sampling rate q and its number of steps T are -----------------
 
-def _count(value: int, unit: str) -> str:
-    return f"{value:,} {unit}{'' if value == 1 else 's'}"
-
-
 def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
     """(q, where q comes from, T, where T comes from) of the round's DP mechanism.
 
@@ -138,7 +135,7 @@ def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
     sample can take part in every one of the E·⌈N/B⌉ local steps of every server round (client sampling is not
     credited: a pessimistic T). Client level (DP-FedAvg): the server samples C of the M available clients each
     round, q = C/M, over the server rounds."""
-    rounds = _count(round_.server_rounds, "server round")
+    rounds = count(round_.server_rounds, "server round")
     if level == "client":
         rate = round_.clients / round_.population
         return (rate, f"round: C/M = {round_.clients}/{round_.population} clients sampled per round",

@@ -81,7 +81,8 @@ def _round_lines(report: SuggestReport) -> list[str]:
     from rankaudit.round import describe
 
     lines = ["", f"Round: {describe(review.round)}: rank bound {review.rank_bound:,} of {review.unknowns:,} unknowns, "
-                 f"ρ = {review.recoverable_fraction:.3f}, {review.verdict} (protected at ρ <= {review.max_recoverable:g})."]
+                 f"ρ = {percent(review.recoverable_fraction)}, {review.verdict} (protected at ρ <= "
+                 f"{percent(review.max_recoverable)})."]
     for setting in review.settings:
         head = f"  {_KNOB_TEXT[setting.knob]} for protected: "
         if setting.value is None and not setting.unbounded:
@@ -90,7 +91,7 @@ def _round_lines(report: SuggestReport) -> list[str]:
             lines.append(head + f"any ({setting.explanation}).")
         else:
             lines.append(head + f"{setting.value:,}: rank bound {setting.rank_bound:,} of {setting.unknowns:,}, "
-                                f"ρ = {setting.recoverable_fraction:.3f} ({setting.explanation}).")
+                                f"ρ = {percent(setting.recoverable_fraction)} ({setting.explanation}).")
     lines.append("  Each knob is moved alone, the others as given.")
     return lines
 
