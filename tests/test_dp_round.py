@@ -191,3 +191,12 @@ def test_suggest_noise_search_follows_the_round(run_cli, tmp_path):
     _, table, _ = run_cli("suggest", model, "--dp-noise", "1", "--max-reconstruction", "0.05")
     assert re.search(r"DP noise \(q 0.1, T 10, prior 0.01, --max-reconstruction 0.05\)", table)
     assert "  q: round: B/N = 4/40; T: round: E·⌈N/B⌉ = 1·10 local steps × 1 server round" in table
+
+
+def test_html_card_shows_the_sources_and_the_note(run_cli, tmp_path):
+    page = tmp_path / "r.html"
+    run_cli(EXAMPLES / "fig2_a.py", *ISSUE_ROUND, "--dp-steps", "1000", "--fail-on", "never", "--html", page, "-q")
+    text = page.read_text()
+    assert "0.008 <small>(round: B/N = 32/4000)</small>" in text
+    assert "1,000 <small>(--dp-steps)</small>" in text
+    assert '<p class="note">T = 1,000 from --dp-steps used as given; the round gives T = 125' in text
