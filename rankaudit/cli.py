@@ -191,13 +191,15 @@ def _noise_suggestion(options: dict, configured: dict | None, round_=None):
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
 @click.option("--verify", "verify", multiple=True,
-              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp"]),
+              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp", "bias"]),
               help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
                    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
                    "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
                    "dager: a language model's token set from the span of a first-block projection's gradient "
                    "(DAGER's test; random token batches of the vocabulary). dp: the informed attack on the DP noise "
-                   "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra).")
+                   "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra). bias: the "
+                   "bias readout (Qian et al.): which samples of the batch or round a unit's weight update divided "
+                   "by its bias update gives exactly (rgap on a batch or a round runs it first).")
 @click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
               help="Images to attack; --verify dp: trials (default 1000 there).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -440,6 +442,8 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
         from rankaudit.verify.defenses import parse_defense
 
         parsed = [parse_defense(text) for text in defenses]  # a bad spec is a UsageError: exit 2
+    _bias_readout(result, spec, attacks, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                  withheld_layers=withheld_layers)
     # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
     if "rgap" in attacks:
         runner.verify_inputs(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
@@ -476,6 +480,8 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
     except ImportError as exc:
         raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
                          'pip install "rankaudit[verify]"') from exc
+    _bias_readout(result, spec, attacks, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                  withheld_layers=withheld_layers)
     if "rgap" in attacks:
         round_runner.verify_round_inputs(result, spec, seed=seed, device=device, data=data, steps=steps,
                                          artifacts=artifacts, show_progress=show_progress)
@@ -485,6 +491,19 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
                                                   shared_layers=shared_layers, withheld_layers=withheld_layers)
         if measured.get("internal_error"):
             _error(f"{spec}: {measured['internal_error']}")
+
+
+def _bias_readout(result, spec, attacks, *, seed, device, data, shared_layers, withheld_layers):
+    """--verify bias, and the readout --verify rgap runs first on a batch (B > 1) or a round (spec §14)."""
+    round_ = result.round
+    batch = result.batch_size > 1 or (round_ is not None and not round_.fedsgd)
+    if "bias" in attacks or ("rgap" in attacks and batch):
+        from rankaudit.verify import bias
+
+        measured = bias.verify_bias(result, spec, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                                    withheld_layers=withheld_layers)
+        if measured.get("internal_error"):
+            _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
 
 
 def _use_color(stream) -> bool:
@@ -519,9 +538,10 @@ def _dp_clause(result) -> str:
     """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
     if result.dp is None:
         return ""
-    from rankaudit.findings import dp_sentence
+    from rankaudit.findings import carried_by_sentence, dp_sentence
 
-    return f" {dp_sentence(result.dp)}."
+    carried = carried_by_sentence(result)
+    return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
 
 
 def _error(message: str):
