@@ -452,7 +452,7 @@ def test_html_round_card_names_the_round_and_its_cap():
     page = html.render([result])
     card = page[page.index("Federated round"):]
     card = card[:card.index("</section>")]
-    for shown in ("64", "16", "393,216", "125,456", "update-values", "0.319",
+    for shown in ("64", "16", "393,216", "125,456", "update-values", "31.9 %",   # ρ as levels.percent writes it
                   "The update has only 125,456 values for 393,216 unknowns"):
         assert shown in card
     assert "Federated round" not in html.render([audit(str(CNN6))])

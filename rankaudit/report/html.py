@@ -53,6 +53,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["num"] = svg.fmt_int
     env.filters["real"] = fmt_real
+    env.filters["percent"] = percent     # levels.percent: the share as every report writes it
     return env
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from rankaudit.errors import UsageError
+from rankaudit.levels import count
 from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
@@ -129,7 +130,7 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
     model, weights = build_real_model(spec, result.input_shape, seed)
     images, source = _inputs(result, data, seed, "rgap")
     labels, loss = _labels(model, images, seed)
-    with ProgressBar(steps, f"FedAvg inversion ({round_.steps} local steps, {round_.clients} client(s))",
+    with ProgressBar(steps, f"FedAvg inversion ({count(round_.steps, 'local step')}, {count(round_.clients, 'client')})",
                      enabled=show_progress) as bar:
         attack = fedavg.invert_round(model, images, labels, round_, loss, steps=steps, restarts=restarts,
                                      device=device, seed=seed, progress=lambda done, total: bar(done, total))
