@@ -32,6 +32,8 @@ ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 # The learning rate drops tenfold at these fractions of the budget, as in the FedSGD attack.
 MILESTONES = (3 / 8, 5 / 8, 7 / 8)
+# The total-variation prior's weight (images in [0, 1]; TV averaged over the round's images), calibrated below.
+ROUND_TV_WEIGHT = DEFAULT_TV_WEIGHT
 
 
 @dataclass
@@ -44,13 +46,18 @@ class RoundAttack:
     client_median_psnr: list[float]
     median_mse: float
     median_psnr: float
-    final_distance: float              # the best restart's cosine distance to the observed update
+    final_distance: float              # the winning restart's best distance to the observed update
     restarts: int
     steps: int
     seconds: float
     device: str
     candidates_per_pass: int           # restarts carried through one vmapped pass
     notes: list[str] = field(default_factory=list)
+    best_distances: list[float] = field(default_factory=list)       # per restart: its best iterate's distance
+    last_iterate_distances: list[float] = field(default_factory=list)  # per restart: its last iterate's distance
+    dtype: str = "float64"
+    tv_weight: float = math.nan
+    tv_until: float = math.nan
 
 
 def observed_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str,
@@ -63,12 +70,17 @@ def observed_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 
 def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str, *,
                  shared: list[str] | None = None, steps: int = 1000, restarts: int = 2, lr: float = DEFAULT_LR,
-                 tv_weight: float = DEFAULT_TV_WEIGHT, device: str | torch.device = "cpu", seed: int = 0,
-                 dtype: torch.dtype = torch.float32,
+                 tv_weight: float = ROUND_TV_WEIGHT, tv_until: float = DEFAULT_TV_UNTIL,
+                 device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype | None = None,
                  progress: Callable[[int, int], None] | None = None) -> RoundAttack:
     """Reconstruct ``images`` (C x N x ...) from the round's aggregated update; ``labels`` (C x N) are known.
 
-    ``model`` holds θ₀. All ``restarts`` run as one batch; the best (lowest final distance) is kept.
+    ``model`` holds θ₀. ``dtype`` defaults to the model's own (the verifier builds it in float64, the precision of
+    the single-gradient attack): in float32 the cosine distance of two updates stops resolving a better fit long
+    before the input is pinned down. All ``restarts`` run as one batch. Each restart keeps its best iterate (the
+    lowest distance to the observed update, scored before every step and once after the last), and the restart
+    whose best is lowest wins, as in :func:`rankaudit.verify.invert.invert_gradients`. The TV prior weighs
+    ``tv_weight`` for the first ``tv_until`` of the steps, then the update alone is fitted.
     """
     if images.shape[:2] != (round_.clients, round_.samples) or labels.shape != images.shape[:2]:
         raise UsageError(f"images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match the round's "
@@ -76,9 +88,10 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
                          "give images shaped (clients, local samples, C, H, W) and labels (clients, local samples)")
     if steps < 1 or restarts < 1:
         raise UsageError(f"{steps} steps x {restarts} restarts", "give at least one step and one restart")
-    from torch.func import grad_and_value, vmap
+    from torch.func import grad, vmap
 
     device = torch.device(device)
+    dtype = dtype or next(model.parameters()).dtype
     started = time.perf_counter()
     net = _copy(model, device, dtype)
     names = shared or [name for name, p in net.named_parameters() if p.requires_grad]
@@ -93,45 +106,67 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     unit_target = (target / target.norm().clamp_min(1e-30)).unsqueeze(0)
     tv = torch.full((), tv_weight, device=device, dtype=dtype)
 
-    def objective(candidate: torch.Tensor) -> torch.Tensor:
-        update = training.update(candidate, labels).unsqueeze(0)
-        distance = gradient_distances([update], [unit_target])[0]
-        return distance + tv * total_variations(candidate.reshape(-1, *candidate.shape[2:])).mean()
+    def distance_to_target(candidate: torch.Tensor) -> torch.Tensor:
+        return gradient_distances([training.update(candidate, labels).unsqueeze(0)], [unit_target])[0]
 
-    step_all = vmap(grad_and_value(objective))
+    def objective(candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        distance = distance_to_target(candidate)
+        return distance + tv * total_variations(candidate.reshape(-1, *candidate.shape[2:])).mean(), distance
+
+    step_all = vmap(grad(objective, has_aux=True))
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand((restarts, *images.shape), generator=generator, dtype=dtype).to(device)
     first, second = torch.zeros_like(x), torch.zeros_like(x)
     steps_done = torch.zeros((), device=device, dtype=dtype)
     rate = torch.full((), lr, device=device, dtype=dtype)
     milestones = {max(1, int(steps * fraction)) for fraction in MILESTONES}
-    tv_off = int(round(DEFAULT_TV_UNTIL * steps))
+    tv_off = int(round(tv_until * steps))
+    per_restart = (-1,) + (1,) * (x.dim() - 1)
+    best_x, best = x.clone(), torch.full((restarts,), math.inf, device=device, dtype=dtype)
     with torch.no_grad():
         for step in range(steps):
             if step in milestones:
                 rate.mul_(0.1)
             if step == tv_off:
                 tv.zero_()   # the prior guides the start; the end fits the update alone
-            input_grad, _ = step_all(x)
+            input_grad, distance = step_all(x)
+            _keep_best(x, distance, best_x, best, per_restart)
             x = adam_update(x, input_grad.sign(), first, second, steps_done, rate, ADAM_BETAS, ADAM_EPS).clamp_(0, 1)
             if progress is not None:
                 progress(step + 1, steps)
-        final = vmap(lambda c: gradient_distances([training.update(c, labels).unsqueeze(0)], [unit_target])[0])(x)
-    finite = torch.where(torch.isfinite(final), final, torch.full_like(final, math.inf))
-    best = int(torch.argmin(finite))
-    reconstruction = _match(x[best].double().cpu(), images.double().cpu(), labels.cpu())
+        # The last projected iterate was never scored inside the loop.
+        final = vmap(distance_to_target)(x)
+        _keep_best(x, final, best_x, best, per_restart)
+    winner = int(torch.argmin(best))
+    reconstruction = _match(best_x[winner].double().cpu(), images.double().cpu(), labels.cpu())
     errors = (reconstruction - images.double().cpu()).pow(2).flatten(2).mean(2)
     mse = [[float(e) for e in client] for client in errors]
     psnr = [[psnr_from_mse(e) for e in client] for client in mse]
     flat = sorted(e for client in mse for e in client)
     median_mse = float(torch.tensor(flat).median())
     notes = [f"labels and batch order known to the server (as in the FedSGD attacks); {restarts} restarts x "
-             f"{steps} steps in one vmapped batch, the best by its final distance kept",
+             f"{steps} steps in one vmapped batch in {str(dtype).replace('torch.', '')}; each restart keeps its "
+             f"best iterate (least distance to the update), the best restart wins",
+             f"prior: total variation x {tv_weight:g} for the first {tv_until:.0%} of the steps, then the update alone",
              "the aggregate is the same for any order of the clients and of same-label samples within a batch: "
              "reconstructions are matched to the originals of the same label by the assignment of least total MSE"]
     return RoundAttack(reconstruction, mse, psnr, [_median(client) for client in psnr], median_mse,
-                       psnr_from_mse(median_mse), float(final[best]), restarts, steps, time.perf_counter() - started,
-                       str(device), restarts, notes)
+                       psnr_from_mse(median_mse), float(best[winner]), restarts, steps, time.perf_counter() - started,
+                       str(device), restarts, notes, best.tolist(), _finite_list(final), str(dtype).replace("torch.", ""),
+                       tv_weight, tv_until)
+
+
+def _keep_best(x: torch.Tensor, distance: torch.Tensor, best_x: torch.Tensor, best: torch.Tensor,
+               per_restart: tuple[int, ...]) -> None:
+    """Where a restart's iterate fits the update better than its best so far, it becomes the best (a NaN never
+    does)."""
+    improved = distance < best
+    best_x.copy_(torch.where(improved.view(per_restart), x, best_x))
+    best.copy_(torch.where(improved, distance, best))
+
+
+def _finite_list(values: torch.Tensor) -> list[float]:
+    return [float(v) if math.isfinite(float(v)) else math.inf for v in values]
 
 
 def _copy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
