@@ -88,3 +88,13 @@ def test_the_single_gradient_attack_reports_baselines_and_its_best_image(run_cli
     assert attack["best"]["psnr"] is None or attack["best"]["psnr"] > attack["best"]["mean_colour_psnr"] + 30
     assert all(sample["recovered"] and sample["ssim"] > 0.99 for sample in attack["samples"])
     assert "the attack failed" not in attack["judgement"]
+
+
+def test_defended_rows_carry_the_baselines(run_cli):
+    _, out, _ = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--samples", 1, "--defense", "noise:0.1",
+                        "--format", "json")
+    verification = json.loads(out)["verification"]
+    (row,) = verification["defenses"]
+    assert row["grey_psnr_median"] == pytest.approx(verification["rgap"]["grey_psnr_median"])
+    assert math.isfinite(row["mean_colour_psnr_median"]) and row["outcome_without"] == "recovered"
+    assert row["outcome_with"] in ("recovered", "partly recovered", "failed")

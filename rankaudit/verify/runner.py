@@ -746,19 +746,26 @@ def _input_rows(result, run: _InputRun, defenses, *, seed, device, steps, restar
     rows = []
     for forced in passes:
         if forced:  # the optimisation attack where R-GAP ran: its own undefended baseline
-            attack, base, _, stop = _attack_images(model, images, shape, loss, device=device, seed=seed,
-                                                   steps=steps, restarts=restarts, show_progress=show_progress,
-                                                   title=" without defense", optimisation=True)
+            attack, base, base_found, stop = _attack_images(model, images, shape, loss, device=device, seed=seed,
+                                                            steps=steps, restarts=restarts,
+                                                            show_progress=show_progress, title=" without defense",
+                                                            optimisation=True)
         else:
-            attack, base, stop = run.attack, run.outcome, run.stop
+            attack, base, base_found, stop = run.attack, run.outcome, run.reconstructions, run.stop
+        without_scored = baselines.summary(baselines.score(images, base_found))
         for defense, warmup in zip(defenses, warmups):
             # A fresh client per attack: the noise the two attacks face is the same draw.
-            _, outcome, _, _ = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
-                                              restarts=restarts, show_progress=show_progress,
-                                              defense=defense.client(seed, warmup), title=f" vs {defense.label}",
-                                              optimisation=forced)
-            rows.append(_input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps,
-                                   restarts))
+            _, outcome, found, _ = _attack_images(model, images, shape, loss, device=device, seed=seed,
+                                                  steps=steps, restarts=restarts, show_progress=show_progress,
+                                                  defense=defense.client(seed, warmup), title=f" vs {defense.label}",
+                                                  optimisation=forced)
+            row = _input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps, restarts)
+            with_scored = baselines.summary(baselines.score(images, found))
+            # Issue 21: both medians beside what a flat image scores on the same images.
+            row.update({"grey_psnr_median": with_scored["grey_psnr_median"],
+                        "mean_colour_psnr_median": with_scored["mean_colour_psnr_median"],
+                        "outcome_without": without_scored["outcome"], "outcome_with": with_scored["outcome"]})
+            rows.append(row)
     return rows
 
 
