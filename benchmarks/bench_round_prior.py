@@ -4,12 +4,12 @@
 Run from the repository root:
 
     python benchmarks/bench_round_prior.py [--model examples/lenet.py] [--samples 4] [--batch-size 1] [--epochs 1]
-                                           [--steps 300] [--restarts 2] [--data PATH.npy] [--tv 0,0.001,0.01,0.1]
+                                           [--steps 300] [--restarts 2] [--data PATH.npy] [--tv 0,0.002,0.02,0.2]
                                            [--tv-until 0.625,1] [--dtype float64,float32]
 
 Builds the model as the verifier does (random weights, seed 0, float64), draws the verifier's labels, takes the
 verifier's images (photograph crops, or --data), and runs rankaudit.verify.fedavg.invert_round once per
-(dtype, TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the baselines'
+(dtype, relative TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the baselines'
 medians, how many images beat both, the winning restart's best distance. A benchmark, not a test: it exits 0.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None)
-    parser.add_argument("--tv", default="0,0.001,0.01,0.1")
+    parser.add_argument("--tv", default="0,0.002,0.02,0.2")
     parser.add_argument("--tv-until", default="0.625")
     parser.add_argument("--dtype", default="float64")
     args = parser.parse_args()
@@ -69,7 +69,7 @@ def main() -> None:
                 scored = baselines.score(images[0], attack.reconstructions[0])
                 info = baselines.summary(scored)
                 print(json.dumps({
-                    "dtype": dtype_name, "tv_weight": weight, "tv_until": until, "steps": args.steps,
+                    "dtype": dtype_name, "tv_weight": weight, "tv_weight_applied": attack.tv_weight_applied, "tv_until": until, "steps": args.steps,
                     "restarts": args.restarts, "median_psnr": round(attack.median_psnr, 2),
                     "psnr": [round(s.psnr, 2) for s in scored],
                     "best_psnr": info["best"]["psnr"] and round(info["best"]["psnr"], 2),

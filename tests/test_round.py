@@ -287,8 +287,9 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
     attack = fedavg.invert_round(SmallCNN(), photographs(2).reshape(1, 2, 3, 8, 8), torch.tensor([[3, 7]]), round_,
                                  "cross-entropy", steps=150, restarts=4)
     assert min(attack.psnr[0]) > 35 and attack.median_mse < 1e-3
-    # One simulated round per optimisation step for all four restarts (vmap), plus the target and the final score.
-    assert len(calls) == 150 + 2 and attack.candidates_per_pass == 4
+    # One simulated round per optimisation step for all four restarts (vmap), plus the target, the prior's scale at
+    # the starting points and the final score.
+    assert len(calls) == 150 + 3 and attack.candidates_per_pass == 4
 
 
 def test_fedavg_attack_on_an_aggregate_reports_each_client():
