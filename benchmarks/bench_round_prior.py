@@ -9,8 +9,8 @@ Run from the repository root:
 
 Builds the model as the verifier does (random weights, seed 0, float64), draws the verifier's labels, takes the
 verifier's images (photograph crops, or --data), and runs rankaudit.verify.fedavg.invert_round once per
-(dtype, relative TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the baselines'
-medians, how many images beat both, the winning restart's best distance. A benchmark, not a test: it exits 0.
+(dtype, relative TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the
+baselines' medians, how many images beat both, the winning restart's best distance. A benchmark, not a test: it exits 0.
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def main() -> None:
                 scored = baselines.score(images[0], attack.reconstructions[0])
                 info = baselines.summary(scored)
                 print(json.dumps({
-                    "dtype": dtype_name, "tv_weight": weight, "tv_weight_applied": attack.tv_weight_applied, "tv_until": until, "steps": args.steps,
+                    "dtype": dtype_name, "tv_weight": weight, "tv_weight_applied": attack.tv_weight_applied,
+                    "tv_until": until, "steps": args.steps,
                     "restarts": args.restarts, "median_psnr": round(attack.median_psnr, 2),
                     "psnr": [round(s.psnr, 2) for s in scored],
                     "best_psnr": info["best"]["psnr"] and round(info["best"]["psnr"], 2),

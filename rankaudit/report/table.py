@@ -195,7 +195,8 @@ def _baseline_lines(attack: dict) -> list[str]:
         ssim = "" if best.get("ssim") is None else f", SSIM {best['ssim']:.3f}"
         lines.append(f"  best image {best['index']}: PSNR {_number(best['psnr'])} dB{ssim} (grey "
                      f"{_number(best['grey_psnr'])}, mean colour {_number(best['mean_colour_psnr'])} dB: "
-                     f"{'recovered' if best['recovered'] else 'failed'}); median PSNR {_number(attack['median_psnr'])} dB")
+                     f"{'recovered' if best['recovered'] else 'failed'}); "
+                     f"median PSNR {_number(attack['median_psnr'])} dB")
     return lines
 
 

@@ -169,8 +169,8 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
              "reconstructions are matched to the originals of the same label by the assignment of least total MSE"]
     return RoundAttack(reconstruction, mse, psnr, [_median(client) for client in psnr], median_mse,
                        psnr_from_mse(median_mse), float(best[winner]), restarts, steps, time.perf_counter() - started,
-                       str(device), restarts, notes, best.tolist(), _finite_list(final), str(dtype).replace("torch.", ""),
-                       tv_weight, tv_until, applied)
+                       str(device), restarts, notes, best.tolist(), _finite_list(final),
+                       str(dtype).replace("torch.", ""), tv_weight, tv_until, applied)
 
 
 def _prior_scale(distance_grads: torch.Tensor, prior_grads: torch.Tensor) -> float:

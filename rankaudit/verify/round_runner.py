@@ -161,9 +161,11 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
         "notes": notes, "samples": samples, "layers": [],
         "clients": [{"client": c, "median_psnr": _finite(attack.client_median_psnr[c])}
                     for c in range(round_.clients)],
-        "final_distance": _finite(attack.final_distance), "restart_best_distances": [_finite(d) for d in attack.best_distances],
+        "final_distance": _finite(attack.final_distance),
+        "restart_best_distances": [_finite(d) for d in attack.best_distances],
         "restart_last_distances": [_finite(d) for d in attack.last_iterate_distances], "dtype": attack.dtype,
-        "tv_weight": attack.tv_weight, "tv_weight_applied": attack.tv_weight_applied, "tv_until": attack.tv_until, "round": round_dict(result), **against,
+        "tv_weight": attack.tv_weight, "tv_weight_applied": attack.tv_weight_applied, "tv_until": attack.tv_until,
+        "round": round_dict(result), **against,
     }
     result.verification["rgap"] = verification
     return verification
