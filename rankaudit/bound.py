@@ -1,13 +1,13 @@
 """Spec §9: flow network over the traced graph, max flow / min cut -> an upper bound on rank(∂g/∂x)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from rankaudit import ops
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, verdict_level
 from rankaudit.ops import Role
-from rankaudit.result import Identifiability, RoundBound, StepBound
+from rankaudit.result import Identifiability, RoundBound, SampleBound, StepBound
 from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel
 
@@ -291,13 +291,22 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     `cache` (a dict the caller keeps) holds §9's per-step bounds and |θ_s| between calls on the same traced model
     and shared set, so that a design review can try many rounds for the price of a few max flows.
     """
+    cache = {} if cache is None else cache
+    sample = sample_identifiability(traced, round_, shared_layers=shared_layers, withheld_layers=withheld_layers,
+                                    max_recoverable=max_recoverable, cache=cache)
     if round_.fedsgd:
-        return identifiability(traced, round_.batch_size, shared_layers=shared_layers, withheld_layers=withheld_layers,
-                               max_recoverable=max_recoverable)
+        if round_.batch_size == 1:
+            batch = cache[(1, False)]
+            if batch.max_recoverable != sample_ceiling(max_recoverable):
+                batch = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
+                                        max_recoverable=max_recoverable)
+        else:
+            batch = identifiability(traced, round_.batch_size, shared_layers=shared_layers,
+                                    withheld_layers=withheld_layers, max_recoverable=max_recoverable)
+        return replace(batch, sample=sample)
     per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
     unknowns = round_.clients * round_.samples * per_sample
     shared = shared_predicate(shared_layers, withheld_layers)
-    cache = {} if cache is None else cache
     if "update_values" not in cache:
         cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
     update_values = cache["update_values"]
@@ -320,7 +329,68 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
                            verdict=verdict_level(rank_bound, unknowns, ceiling), cut_nodes=cut_nodes,
                            max_recoverable=ceiling,
-                           round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation))
+                           round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation),
+                           sample=sample)
+
+
+def sample_ceiling(max_recoverable: float | None) -> float:
+    return DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+
+
+def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
+                           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
+                           cache: dict | None = None) -> SampleBound:
+    """rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i (spec §14).
+
+    J_i = ∂u/∂x_i moves one sample with every other one fixed. Within a step the batch gradient is a sum of
+    per-sample gradients, so ∂g_k/∂x_i is the single-sample Jacobian, bounded by §9's flow at batch size 1; the
+    sample reaches u only through the E_i steps that read it (E for a round of E epochs, 1 for FedSGD at any batch
+    size), and all of it ends in the |θ_s| update values. The batch size, N and the clients do not enter.
+
+    With part of the gradients withheld the round's rule holds per step: a step before the last carries every
+    trainable gradient on (later steps read the weights it moved), the last step only the shared ones. A sample in
+    the last batch of the last epoch is read once by that last step; the bound holds for every sample, so it takes
+    the worst one: E·R_all(1) when some sample is never in the last step's batch (N > B), (E-1)·R_all(1) +
+    R_shared(1) when every sample is (N <= B). Without withheld gradients R_all(1) = R_shared(1).
+
+    `cache` is round_identifiability's: the step bounds at batch size 1 and |θ_s| are computed once.
+    """
+    cache = {} if cache is None else cache
+    shared = shared_predicate(shared_layers, withheld_layers)
+    partial = bool(shared_layers or withheld_layers)
+    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    if "update_values" not in cache:
+        cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
+    update_values = cache["update_values"]
+    if (1, False) not in cache:
+        cache[(1, False)] = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
+                                            max_recoverable=max_recoverable)
+    last_step = cache[(1, False)].rank_bound        # R_shared(1): the last step, only shared gradients leave
+    if partial and round_.steps > 1:
+        if (1, True) not in cache:
+            cache[(1, True)] = identifiability(traced, 1)
+        earlier_step = cache[(1, True)].rank_bound  # R_all(1): every trainable gradient carries on
+    else:
+        earlier_step = last_step
+    epochs = 1 if round_.fedsgd else round_.local_epochs
+    if epochs == 1 and round_.steps == 1:
+        steps_bound = last_step
+    elif round_.steps_per_epoch == 1:              # every sample is in the last step's batch
+        steps_bound = (epochs - 1) * earlier_step + last_step
+    else:
+        steps_bound = epochs * earlier_step
+    rank_bound = min(per_sample, update_values, steps_bound)
+    if update_values < min(per_sample, steps_bound):
+        binding = "update-values"
+    elif steps_bound < per_sample:
+        binding = "steps"
+    else:
+        binding = "unknowns"
+    return SampleBound(rank_bound=rank_bound, unknowns=per_sample,
+                       recoverable_fraction=rank_bound / per_sample if per_sample else 1.0,
+                       level=verdict_level(rank_bound, per_sample, sample_ceiling(max_recoverable)),
+                       steps_per_sample=epochs,
+                       single_sample_bound=earlier_step if round_.steps > 1 else last_step, binding=binding)
 
 
 def _step_kinds(round_: Round, *, partial: bool) -> dict[tuple[int, bool], int]:

@@ -112,12 +112,32 @@ class Identifiability:
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
     max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
     round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
+    sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
 
     @property
     def hidden_estimate(self) -> float:
         """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
         about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
         return self.certified_deficit / self.unknowns if self.unknowns else 0.0
+
+
+@dataclass
+class SampleBound:
+    """Spec §14: rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i of the batch or round.
+
+    In one step the batch gradient is a sum of per-sample gradients, so one sample's Jacobian is §9's flow at
+    batch size 1; a sample reaches the update only through the E_i steps that read it. Batch size, N and the
+    clients do not enter: mixing samples certifies nothing for any one of them.
+    """
+
+    rank_bound: int                 # R_s
+    unknowns: int                   # |x|: one sample's unknowns
+    recoverable_fraction: float     # ρ_s = R_s / |x|
+    level: str                      # spec §11's level at ρ_s: exposed | partial | protected
+    steps_per_sample: int           # E_i: the local steps that read one sample (E; 1 for FedSGD)
+    single_sample_bound: int        # R(1): §9's bound for one step at batch size 1 (all trainable gradients
+                                    # carry on before the last step; only the shared ones in the last)
+    binding: str                    # which of the three is the minimum: unknowns | update-values | steps
 
 
 @dataclass
@@ -233,6 +253,10 @@ class PolicyOutcome:
     passed: bool
     reasons: list[str]
     max_recoverable: float | None = None
+    # Spec §14 / §13: what carries the per-sample verdict through the gate. structure: the sample level passes
+    # on its own; noise: it does not, but the client's DP noise bounds every reconstruction within
+    # --max-reconstruction; none: neither (the policy fails on the verdict, or --fail-on never asks nothing).
+    carried_by: str = "structure"
 
 
 @dataclass
@@ -254,6 +278,9 @@ class DPBound:
     seconds: float = 0.0
     max_reconstruction: float | None = None   # the policy's ceiling on B(κ); None: no rule
     curve: list[tuple[float, float]] = field(default_factory=list)   # (κ, B(κ)) for the HTML card
+    # Who adds the noise (round.NOISE_BY): only client noise bounds what the server sees; server noise bounds
+    # what the released model reveals.
+    noise_by: str = "client"
 
     @property
     def within_limit(self) -> bool | None:
@@ -280,6 +307,79 @@ class DPNoiseSuggestion:
     at_floor: bool                      # the search floor already meets the target: less noise may too
     search: str                         # the interval and tolerance searched, in words
     seconds: float = 0.0
+
+
+@dataclass
+class DeploymentRead:
+    """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
+
+    kind: str                                   # flower | nvflare
+    root: str                                   # the app's directory
+    settings: list[tuple[str, str, str]]        # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BiasReadoutFinding:
+    """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
+    the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
+
+    name: str                         # the layer: fc1
+    op: str                           # Linear | Conv2d ...
+    units: int                        # its output units, each one chance to read a sample out
+    width: int                        # the per-sample vector each unit reads (the ratio's length)
+    reads_input: bool                 # the first layer: the ratio is the sample itself; else its features
+    activation: str                   # the ReLU-like op after it: relu, ReLU6, LeakyReLU ...
+    exact: bool                       # the activation's slope vanishes (ReLU family): an exact readout
+    batch_size: int                   # the samples one step's gradient mixes (the batch it faces)
+    samples: int                      # the samples the whole update mixes (C·N for a round)
+    whole_batch: bool                 # units >= batch size: Qian et al.'s condition to read every sample
+    message: str
+    fix: str
+    source: str | None = None         # file:line of the call
+
+
+@dataclass
+class BiasReadoutLayer:
+    """--verify bias on one layer: which units' ratio u_W[k] / u_b[k] is a sample's input to it, exactly."""
+
+    name: str
+    op: str                         # Linear | Conv2d | ...
+    units: int
+    live_units: int                 # units whose bias update is not ~0 (the others are skipped)
+    reads_input: bool               # the layer reads the model's input itself: a ratio is the image
+    units_read: list[dict]          # {unit, sample, relative_error, step (None for the input), fired_for}
+    samples_read: list[int]
+    units_firing_for_one_sample: int    # ground truth: units that passed a gradient for exactly one sample
+
+
+@dataclass
+class BiasReadoutSample:
+    """One sample of the verifier's batch (or round, numbered client·N + i): read out or not, and how close."""
+
+    index: int
+    read_exactly: bool
+    layer: str | None               # the layer and unit of the best exact readout
+    unit: int | None
+    relative_error: float | None
+    psnr: float | None              # nearest first-layer ratio against the image, dB; None: identical or unmeasured
+    psnr_measured: bool             # a layer reading the input exists (psnr None then means infinite)
+
+
+@dataclass
+class BiasReadout:
+    """--verify bias (spec §14): the samples the update hands over exactly through a layer's bias."""
+
+    samples: int
+    samples_read: list[int]
+    layers: list[BiasReadoutLayer]
+    per_sample: list[BiasReadoutSample]
+    skipped: list[str]              # readout layers that read several vectors per sample or run twice
+    seconds: float
+    device: str
+    threshold: float                # relative error below which a match is exact
+    notes: list[str] = field(default_factory=list)
+    setup_seconds: float = 0.0      # torch.func's one-time imports, apart from the readout's `seconds`
 
 
 @dataclass
@@ -314,6 +414,8 @@ class Result:
     images: dict[str, bytes] = field(default_factory=dict)
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
+    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)   # spec §14's static readout finding
+    deployment: DeploymentRead | None = None   # `rankaudit DIR`: what was read from the app, and from where
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -163,6 +163,13 @@ def _visible_parts(data: dict, images: dict[str, bytes]) -> list[dict]:
     return shown
 
 
+def _worst_first(data: dict, shown: list[dict]) -> list[dict]:
+    """The visible parts in the rank check's worst-first order (least hidden first), where it gives one."""
+    order = [e.get("index") for e in data.get("worst_first") or [] if isinstance(e, dict)]
+    place = {index: position for position, index in enumerate(order)}
+    return sorted(shown, key=lambda v: place.get(v["index"], len(place)))
+
+
 def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = None) -> dict:
     """--verify rank: the measured rank beside the verdict, what the gradient shows of each input, and the input
     directions it cannot see."""
@@ -174,10 +181,23 @@ def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = N
             "seconds": data.get("seconds"), "device": data.get("device"), "confirms": data.get("confirms"),
             "judgement": _sentence(data.get("judgement")), "internal_error": _sentence(data.get("internal_error")),
             "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)], "directions": directions,
-            "batch_size": data.get("batch_size"), "visible_parts": _visible_parts(data, images or {}),
+            "batch_size": data.get("batch_size"), "visible_parts": _worst_first(data, _visible_parts(data, images or {})),
             "hidden_median": None if data.get("hidden_energy_median") is None
             else percent(data["hidden_energy_median"]),
-            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading")}
+            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading"),
+            "worst": _worst(data)}
+
+
+def _worst(data: dict) -> dict | None:
+    """Spec §14: the sample the gradient hides least of, which the card leads with (not the median)."""
+    worst = data.get("worst")
+    if not isinstance(worst, dict) or worst.get("hidden_energy") is None:
+        return None
+    psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
+    measured = sum(1 for e in data.get("worst_first") or [] if isinstance(e, dict) and e.get("hidden_energy") is not None)
+    return {"index": worst.get("index"), "hidden": percent(worst["hidden_energy"]), "psnr_value": psnr,
+            "psnr": "∞" if psnr is None else f"{psnr:.1f}", "ssim": None if ssim is None else f"{ssim:.3f}",
+            "rank": worst.get("rank"), "under_1": data.get("hiding_under_1_percent"), "measured": measured}
 
 
 ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
@@ -283,11 +303,46 @@ def _dp(result: Result) -> dict | None:
 
 
 def _headline(result: Result, verdict: str) -> str:
-    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient."""
+    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient, and
+    beyond one sample the verdict is each sample's (spec §14)."""
+    from rankaudit.findings import per_sample_view
+
     headline = HEADLINES.get(verdict, "")
     if result.round is not None and not result.round.fedsgd:
         headline = headline.replace("one shared gradient", "the round's update")
+    if result.identifiability is not None and result.identifiability.sample is not None and per_sample_view(result):
+        headline = headline.replace("this input's", "each sample's").replace("this input", "any one sample")
     return headline
+
+
+def _carried(result: Result) -> str:
+    from rankaudit.findings import carried_by_sentence
+
+    return carried_by_sentence(result)
+
+
+def _panel(result: Result) -> dict | None:
+    """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
+    from rankaudit.findings import per_sample_view
+
+    bound = result.identifiability
+    if bound is None:
+        return None
+    if bound.sample is not None and per_sample_view(result):
+        sample = bound.sample
+        return {"rank_bound": sample.rank_bound, "unknowns": sample.unknowns, "each": True,
+                "deficit": sample.unknowns - sample.rank_bound, "fraction": sample.recoverable_fraction}
+    return {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns, "each": False,
+            "deficit": bound.certified_deficit, "fraction": bound.recoverable_fraction}
+
+
+def _whole(result: Result) -> str:
+    from rankaudit.findings import per_sample_view, whole_sentence
+
+    bound = result.identifiability
+    if bound is None or bound.sample is None or not per_sample_view(result):
+        return ""
+    return whole_sentence(result)
 
 
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
@@ -302,6 +357,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "verdict_class": verdict if verdict in HEADLINES else "unknown",
         "headline": _headline(result, verdict),
         "meaning": _sentence(result.meaning),
+        "panel": _panel(result),
+        "whole": _whole(result),
+        "carried": _carried(result),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,
         "chart": Markup(svg.ra_chart(result, prefix=f"{prefix}c")),
@@ -314,7 +372,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
                  else None),
         "defenses": _defenses(verification),
+        "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
+        "deployment": result.deployment,
         "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),

@@ -17,7 +17,7 @@ from rankaudit.result import Result
 from rankaudit.verify import baselines
 from rankaudit.verify.runner import (_against_baselines, _baseline_judgement, _confirms, _finite, _gap_text,
                                      _rank_inputs, _save_images, _what_the_gradient_shows, build_real_model,
-                                     resolve_device)
+                                     read_worst_sample, resolve_device)
 
 
 def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
@@ -100,6 +100,7 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
         "bound": bound, "internal_error": bound.get("internal_error") if bound else None,
         "directions": saved, "notes": notes, "round": round_dict(result),
     }
+    read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
     result.verification["rank"] = verification
     return verification
 
