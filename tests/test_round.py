@@ -505,3 +505,8 @@ def test_fedavg_attack_keeps_each_restarts_best_iterate_at_the_models_precision(
     assert distance == pytest.approx(attack.final_distance, rel=1e-9, abs=1e-15)
     assert fedavg.invert_round(SmallCNN(), images.float(), labels, round_, "cross-entropy", steps=2,
                                restarts=1).dtype == "float32"
+    # A coarse run (lr 1, 4 steps) overshoots: restart 1's last iterate (distance 0.324) is worse than its best
+    # (0.292), and that best beats every last iterate (0.321 at best), so keeping the last one loses the winner.
+    coarse = fedavg.invert_round(model, images, labels, round_, "cross-entropy", steps=4, restarts=2, lr=1.0)
+    assert coarse.best_distances[1] < coarse.last_iterate_distances[1]
+    assert coarse.final_distance < min(coarse.last_iterate_distances)
