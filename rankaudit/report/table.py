@@ -205,6 +205,21 @@ def _number(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _baseline_lines(attack: dict) -> list[str]:
+    """The input attack's PSNR beside what a guess that reads no gradient scores, and its best image (issue 21)."""
+    best = attack.get("best") or {}
+    lines = [f"  baselines (read no gradient): flat grey {_number(attack['grey_psnr_median'])} dB, each image's own "
+             f"mean colour {_number(attack['mean_colour_psnr_median'])} dB (medians); "
+             f"{attack['recovered_samples']} of {len(attack['samples'])} image(s) beat both: {attack['outcome']}"]
+    if best:
+        ssim = "" if best.get("ssim") is None else f", SSIM {best['ssim']:.3f}"
+        lines.append(f"  best image {best['index']}: PSNR {_number(best['psnr'])} dB{ssim} (grey "
+                     f"{_number(best['grey_psnr'])}, mean colour {_number(best['mean_colour_psnr'])} dB: "
+                     f"{'recovered' if best['recovered'] else 'failed'}); "
+                     f"median PSNR {_number(attack['median_psnr'])} dB")
+    return lines
+
+
 def _bias_lines(readout: dict | None) -> list[str]:
     """--verify bias (and the readout --verify rgap runs first): the samples the update hands over exactly."""
     from rankaudit.levels import count
@@ -240,6 +255,8 @@ def _verification_lines(result: Result) -> list[str]:
         lines += ["", f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
                   f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
                   f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
+        if "outcome" in rgap:
+            lines += _baseline_lines(rgap)
         if rgap["layers"]:
             lines.append("  layer            unknowns    rank  deficit  residual  condition")
             for layer in rgap["layers"]:
@@ -247,8 +264,12 @@ def _verification_lines(result: Result) -> list[str]:
                              f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
         for sample in rgap["samples"]:
             client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
+            beside = ""
+            if "recovered" in sample:
+                beside = (f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
+                          f" dB: {'recovered' if sample['recovered'] else 'failed'})")
             lines.append(f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
-                         f"{_number(sample['psnr'])} dB, {sample['seconds']:.2f} s")
+                         f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s")
         for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
             lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
     gdbr = result.verification.get("gdbr")
