@@ -415,8 +415,9 @@ DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
 def dp_sentence(dp: DPBound) -> str:
     """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
     epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
+    nothing = " (the noise bounds nothing here)" if dp.reconstruction_bound >= 1.0 else ""
     return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
-            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
+            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}{nothing}")
 
 
 def apply_dp(result: Result, settings) -> Result:
