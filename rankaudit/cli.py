@@ -261,7 +261,10 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                shared_layers=pick("shared_layers", shared_layers),
                                withheld_layers=pick("withheld_layers", withheld_layers),
                                rank_precision=rank_precision)
-        except RankauditError as exc:
+        except Exception as raised:
+            exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
+            if exc is None or (debug and not isinstance(raised, RankauditError)):
+                raise
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
                     click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
@@ -503,6 +506,12 @@ def _dp_clause(result) -> str:
     return f" {dp_sentence(result.dp)}."
 
 
+def _model_fault(exc: BaseException):
+    from rankaudit.load import model_fault
+
+    return model_fault(exc)
+
+
 def _error(message: str):
     click.echo(f"rankaudit: error: {message}", err=True)
 
@@ -532,6 +541,10 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
+        fault = _model_fault(exc)
+        if fault is not None:       # the model's own code raised (suggest, compare): its error, exit 3
+            _error(str(fault))
+            sys.exit(fault.exit_code)
         _error(f"internal error while analysing: {type(exc).__name__}: {exc}; "
                "fix: rerun with --debug and report the traceback")
         sys.exit(EXIT_MODEL)

@@ -14,7 +14,8 @@ from rankaudit.errors import UsageError
 from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
-from rankaudit.verify.runner import (_confirms, _finite, _gap_text, _rank_inputs, _save_images,
+from rankaudit.verify.client import check_local_training
+from rankaudit.verify.runner import (require_trainable, _confirms, _finite, _gap_text, _rank_inputs, _save_images,
                                      _what_the_gradient_shows, build_real_model, resolve_device)
 
 
@@ -51,6 +52,7 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     inputs, source = _inputs(result, data, seed, "rank")
     labels, loss = _labels(model, inputs, seed)
+    check_local_training(model, round_, loss, inputs, labels, "--verify rank for the round")
     with ProgressBar(1, "round rank sketch", enabled=show_progress) as bar:
         measured = round_rank.measure_round(model, inputs, labels, round_, shared, device=device, seed=seed, loss=loss,
                                             directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True,
@@ -126,6 +128,7 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
                          "verify a model whose input is C,H,W")
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
+    require_trainable(model, "--verify rgap for the round")
     images, source = _inputs(result, data, seed, "rgap")
     labels, loss = _labels(model, images, seed)
     with ProgressBar(steps, f"FedAvg inversion ({round_.steps} local steps, {round_.clients} client(s))",

@@ -46,6 +46,16 @@ def build_real_model(spec: str, input_shape: tuple[int, ...], seed: int) -> tupl
     return model.double().eval(), weights
 
 
+def require_trainable(model: nn.Module, verifier: str) -> None:
+    """An attack on the shared gradient needs one: a model with no trainable parameter (frozen, or none at all)
+    shares nothing, an option it cannot meet (exit 2), not an internal error (issue 23)."""
+    if not any(p.requires_grad for p in model.parameters()):
+        what = "all of its parameters are frozen" if any(True for _ in model.parameters()) else "it has no parameters"
+        raise UsageError(f"{verifier} attacks the shared gradient, but the model shares none: {what}",
+                         "make parameters trainable (requires_grad), or use --verify rank (an empty gradient has "
+                         "rank 0)")
+
+
 def _loss_for(model: nn.Module, images: torch.Tensor) -> str:
     with torch.no_grad():
         logits = model(images[:1].to(dtype=next(model.parameters()).dtype))
@@ -100,6 +110,7 @@ def _input_setup(result: Result, spec: str, samples: int, seed: int,
     from rankaudit.verify import data as image_data
 
     model, weights = build_real_model(spec, result.input_shape, seed)
+    require_trainable(model, "--verify rgap")
     if len(result.input_shape) != 3:
         raise UsageError(f"--verify rgap attacks images; this model's input shape is {result.input_shape}",
                          "verify a model whose input is C,H,W")
