@@ -24,7 +24,7 @@ CURVE_PRIORS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 0.5)
 DEFAULT_DISCRETIZATION = 1e-3
 _GRID_PER_LOSS_SPREAD = 8
 _FINE_GRID_PER_LOSS_SPREAD = 20
-_CHEAP_POINTS = 200_000
+_CHEAP_POINTS = 50_000
 # The accountant's arrays: past this many loss values (8 MB a PLD, about a second to compose) the grid is widened
 # (grid_for), and past _MAX_COARSENING times the user is told the largest T it can hold at this q and σ.
 MAX_LOSS_POINTS = 1_000_000

@@ -122,12 +122,14 @@ def _first_non_finite_step(training: LocalTraining, inputs: torch.Tensor, labels
 
 def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch.Tensor, labels: torch.Tensor,
                          verifier: str) -> None:
-    """Raise the right error when the round's local training is not finite (issue 23), before any sketch or attack.
+    """Raise the right error when the round's local training, in float32 as clients run it, is not finite (issue 23),
+    before any sketch or attack.
 
     At the starting weights a non-finite gradient is the model's (exit 3, the op named). After the weights moved, the
     training is run again at a millionth of --lr: still non-finite, the model breaks as soon as its weights move
     (exit 3, the op named at those weights); finite, the step size made it diverge (exit 2, lower --lr).
     """
+    import copy
     import dataclasses
 
     from torch.func import functional_call
@@ -135,6 +137,10 @@ def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch
     from rankaudit.errors import UsageError
     from rankaudit.verify import finite
 
+    # In float32, as clients train: the rank check's float64 would carry an --lr that no client's training survives
+    # (issue 23: --verify rank passed at --lr 1e305 where rgap's float32 attack diverged).
+    net = copy.deepcopy(net).to(torch.float32)
+    inputs = inputs.to(torch.float32) if inputs.is_floating_point() else inputs
     with torch.no_grad():
         training = LocalTraining(net, round_, loss, [])
         found = _first_non_finite_step(training, inputs, labels)
@@ -148,7 +154,7 @@ def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch
                 raise UsageError(
                     f"{verifier}: the local training diverges at --lr {round_.lr:g}: step {step} of client "
                     f"{client + 1} gives non-finite {'weights' if what == 'step' else 'gradients'}, while a "
-                    f"millionth of that rate stays finite", f"lower --lr (e.g. {round_.lr / 100:g}) or --local-epochs")
+                    f"millionth of that rate stays finite", "lower --lr (the default is 0.1) or --local-epochs")
             client, step, weights, what = again
     part = training.batches()[step - 1]
     x, y = inputs[client, part], labels[client, part]
