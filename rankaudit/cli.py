@@ -351,14 +351,29 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
-def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
-                    debug):
-    """Two designs side by side; the exit code is the policy applied to the second (B)."""
+@click.pass_context
+def compare_command(ctx, first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format,
+                    output, debug):
+    """Two designs side by side; the exit code is the policy applied to the second (B).
+
+    Each model's settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above
+    its file (as `check` reads them), else from the defaults.
+    """
     from rankaudit.audit import audit
+    from rankaudit.config import load_settings
+    from rankaudit.load import split_model_spec
     from rankaudit.report import design
 
-    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
-                     max_recoverable=max_recoverable) for spec in (first, second)]
+    given = {"input_shape": input_shape, "batch_size": batch_size, "fail_on": fail_on, "min_ra": min_ra,
+             "max_recoverable": max_recoverable}
+    results = []
+    for spec in (first, second):
+        settings = load_settings(split_model_spec(spec)[0])      # a malformed pyproject is a one-line exit 2
+        chosen = {name: value if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+                  or getattr(settings, name, None) is None else getattr(settings, name)
+                  for name, value in given.items()}
+        results.append(audit(spec, **chosen, shared_layers=settings.shared_layers,
+                             withheld_layers=settings.withheld_layers))
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
             else design.compare_table(*results))
     _write(text, output)
@@ -487,6 +502,10 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
         renderer = importlib.import_module(f"rankaudit.report.{output_format}")
         text = renderer.render(results)
+    if quiet and output_format == "html":
+        # The page is the output (stdout or -o); --quiet's one verdict line per model goes to stderr beside it.
+        for result in results:
+            click.echo(f"{result.model}: {result.summary}{_dp_clause(result)}", err=True)
     if output:
         Path(output).write_text(text, encoding="utf-8")
         if not quiet:

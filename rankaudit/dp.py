@@ -230,7 +230,7 @@ class PLDAccountant:
                     "--dp-noise")
             # σ so small that one step's loss outgrows the grid: the noise bounds nothing beyond whether the unit
             # is drawn at all, and that bound is tight as σ -> 0.
-            return _UsedAtAllProfile(used, "noise too small for the PLD accountant: δ(ε) from the chance "
+            return _UsedAtAllProfile(used, "noise too small for the PLD accountant's grid (σ, or σ/√T over T steps at q = 1): δ(ε) from the chance "
                                            f"1-(1-q)^T = {used:.3g} that the unit is used at all")
         distribution = pld.from_gaussian_mechanism(
             standard_deviation=composed.noise_multiplier, sensitivity=1.0, sampling_prob=composed.sample_rate,

@@ -107,7 +107,8 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
                                                    spectrum.rank)
     return RankMeasurement(
         unknowns=unknowns, rank=spectrum.rank, deficit=unknowns - spectrum.rank, tolerance=spectrum.tolerance,
-        gap=spectrum.gap, reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP,
+        gap=spectrum.gap, reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0
+        or not spectrum.sigma_max,
         sigma_max=spectrum.sigma_max, sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values,
         spectrum=spectrum.how, seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method="reverse-over-reverse (vmap)",

@@ -605,6 +605,13 @@ def _what_the_gradient_shows(result: Result, images: torch.Tensor, batches: list
             every.append(share)
         per_sample.append(inputs)
     psnr_median = hidden.median([s.visible_psnr for s in every], none_is_infinite=True)
+    if all(measurement.rank == 0 for measurement in measurements):
+        # An empty gradient shows nothing: no "visible part" figure of an all-zero projection (issue 23).
+        for entry in (entry for inputs in per_sample for entry in inputs):
+            entry["visible_psnr"] = entry["visible_ssim"] = None
+        return {"inputs": per_sample, "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
+                "visible_psnr_median": None, "visible_ssim_median": None,
+                "reading": "the gradient shows nothing of the inputs (rank 0)"}
     return {"inputs": per_sample,
             "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
             "visible_psnr_median": psnr_median,
