@@ -131,3 +131,51 @@ def test_the_dp_attack_reads_gradients_in_units_of_the_clip_norm():
         outcomes.add(outcome.successes)
     assert len(outcomes) == 1                                            # the same figures at every scale
     assert torch.equal(clip_in_units(torch.zeros(2, 5), 1.0), torch.zeros(2, 5))
+
+
+# --- 7. small honesty fixes ------------------------------------------------------------------------------------------
+
+def test_an_empty_gradient_has_rank_zero_exactly_and_no_visible_figure(run_cli):
+    import json
+
+    code, out, _ = run_cli(HOSTILE / "v_frozen.py", "--verify", "rank", "--samples", "2", "--format", "json",
+                           "--fail-on", "never")
+    assert code == 0
+    payload = json.loads(out)
+    rank = (payload[0] if isinstance(payload, list) else payload)["verification"]["rank"]
+    assert rank["rank"] == 0 and rank["reliable"] is True
+    assert rank["visible_psnr_median"] is None
+    code, out, _ = run_cli(HOSTILE / "v_frozen.py", "--verify", "rank", "--samples", "2", "--fail-on", "never")
+    assert "not reliable" not in out and "visible part" not in out and "nothing visible" in out
+    assert "min cut: )" not in out and "no cut: nothing is shared" in out
+
+
+def test_compare_reads_the_pyproject_like_check(run_cli, tmp_path):
+    import shutil
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder in (good, bad):
+        folder.mkdir()
+        shutil.copy(HOSTILE / "v_plain.py", folder / "v_plain.py")
+    (good / "pyproject.toml").write_text('[tool.rankaudit]\nfail-on = "never"\nbatch-size = 2\n')
+    (bad / "pyproject.toml").write_text("[tool.rankaudit\nfail-on = ")
+    code, out, _ = run_cli("compare", good / "v_plain.py", good / "v_plain.py", "--format", "json")
+    import json
+
+    assert code == 0 and json.loads(out)["b"]["batch_size"] == 2     # exposed, but fail-on never from the file
+    code, _, err = run_cli("compare", good / "v_plain.py", bad / "v_plain.py")
+    assert code == 2 and "is not valid TOML" in _one_error_line(err)
+
+
+def test_suggest_html_shows_the_round_review_and_the_least_noise(run_cli):
+    code, out, _ = run_cli("suggest", HOSTILE / "v_plain.py", "--format", "html", "--local-samples", "4", "-b", "2",
+                           "--dp-noise", "1", "--max-reconstruction", "0.2")
+    assert code == 0
+    assert "Smallest local dataset N for protected: 7" in out
+    assert "the least noise multiplier meeting it is σ =" in out
+
+
+def test_html_quiet_keeps_the_page_whole_and_the_verdict_on_stderr(run_cli):
+    code, out, err = run_cli(HOSTILE / "v_plain.py", "--format", "html", "--quiet", "--fail-on", "never")
+    assert code == 0 and out.startswith("<!doctype html>") and out.rstrip().endswith("</html>")
+    assert err.count("\n") == 1 and "Rank bound 12 of 12 unknowns: exposed" in err
