@@ -22,12 +22,15 @@ def _one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("verify", [["--verify", "rank"], ["--verify", "rgap", "--steps", "3"],
                                     ["--verify", "dp", "--dp-noise", "1", "--samples", "20"],
-                                    ["--verify", "rgap", "--steps", "3", "--defense", "noise:0.1"]])
+                                    ["--verify", "rgap", "--steps", "3", "--defense", "noise:0.1"],
+                                    ["--verify", "gdbr", "--trials", "2"],
+                                    ["--verify", "rank", "--local-samples", "2"],
+                                    ["--verify", "rgap", "--steps", "3", "--local-samples", "2"]])
 def test_a_forward_that_raises_at_the_second_batch_is_the_models_error(run_cli, verify):
     code, out, err = run_cli(HOSTILE / "v_raise_second_batch.py", *verify, "--fail-on", "never")
     line = _one_error_line(err)
     assert code == 3 and out == ""
-    assert "RuntimeError: batch 2 is cursed" in line and "v_raise_second_batch.py:16" in line
+    assert "RuntimeError: batch 2 is cursed" in line and "v_raise_second_batch.py:17" in line
 
 
 @pytest.mark.parametrize("model, what", [("v_frozen.py", "all of its parameters are frozen"),
@@ -69,7 +72,7 @@ def test_the_model_fault_names_the_deepest_line_of_the_model_file():
         model(torch.zeros(1, 3, 2, 2))
     fault = model_fault(raised.value)
     assert fault is not None and fault.exit_code == 3
-    assert "v_raise_second_batch.py:16" in fault.problem
+    assert "v_raise_second_batch.py:17" in fault.problem
     assert model_fault(ValueError("ours")) is None       # raised outside any model file: an internal error
 
 

@@ -6,7 +6,8 @@ from torch import nn
 class RaiseSecondBatch(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(12, 3)
+        self.hidden = nn.Linear(12, 8)
+        self.fc = nn.Linear(8, 3)
         self.real_calls = 0
 
     def forward(self, x):
@@ -14,7 +15,7 @@ class RaiseSecondBatch(nn.Module):
             self.real_calls += 1
             if self.real_calls >= 2:
                 raise RuntimeError("batch 2 is cursed")
-        return self.fc(x.flatten(1))
+        return self.fc(torch.relu(self.hidden(x.flatten(1))))
 
 
 INPUT_SHAPE = (3, 2, 2)
