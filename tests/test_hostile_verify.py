@@ -182,3 +182,14 @@ def test_html_quiet_keeps_the_page_whole_and_the_verdict_on_stderr(run_cli):
     code, out, err = run_cli(HOSTILE / "v_plain.py", "--format", "html", "--quiet", "--fail-on", "never")
     assert code == 0 and out.startswith("<!doctype html>") and out.rstrip().endswith("</html>")
     assert err.count("\n") == 1 and "Rank bound 12 of 12 unknowns: exposed" in err
+
+
+# --- the token models' verifier (DAGER) -----------------------------------------------------------------------------
+
+def test_dager_on_a_raising_or_frozen_token_model(run_cli):
+    pytest.importorskip("transformers")
+    code, _, err = run_cli(HOSTILE / "v_raise_gpt2.py", "--verify", "dager", "--fail-on", "never")
+    line = _one_error_line(err)
+    assert code == 3 and "RuntimeError: batch 2 is cursed" in line and "v_raise_gpt2.py:20" in line
+    code, _, err = run_cli(HOSTILE / "v_frozen_gpt2.py", "--verify", "dager", "--fail-on", "never")
+    assert code == 2 and "no shared, trainable layer" in _one_error_line(err)
