@@ -35,10 +35,11 @@ _COMPOSED_WIDTH = 20.0
 # ε range of the minimisation: the hockey-stick inequality P(E) <= e^ε Q(E) + δ(ε) holds for every real ε, so
 # negative ε are admissible (they matter only for priors near even odds).
 _EPSILON_FLOOR = -10.0
-# δ(ε) is read at this many ε in one vectorised call (a grid step of about 0.01 for κ = 1e-4), then refined.
+# δ(ε) is read at this many ε in one vectorised pass (a grid step of about 0.01 for κ = 1e-4) to place the search,
+# then refined by golden section.
 _EPSILON_GRID_POINTS = 2001
-# The golden-section search stops when its bracket is this narrow: far below the PLD's loss grid (1e-3), and the
-# bounds agree with a search to 1e-6 in their first 6 digits on the spec's table.
+# The golden-section search stops when its bracket is this narrow: well below the PLD's loss grid at the spec's
+# rows, and the bounds agree with a search to 1e-6 in their first 6 digits on the spec's table.
 _EPSILON_TOLERANCE = 1e-4
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 INSTALL_HINT = 'pip install "rankaudit[dp]"'
