@@ -150,6 +150,9 @@ def test_an_empty_gradient_has_rank_zero_exactly_and_no_visible_figure(run_cli):
     code, out, _ = run_cli(HOSTILE / "v_frozen.py", "--verify", "rank", "--samples", "2", "--fail-on", "never")
     assert "not reliable" not in out and "visible part" not in out and "nothing visible" in out
     assert "min cut: )" not in out and "no cut: nothing is shared" in out
+    code, out, _ = run_cli(HOSTILE / "v_frozen.py", "--verify", "rank", "--samples", "2", "--format", "html",
+                           "--fail-on", "never")
+    assert "nothing visible (rank 0)" in out and "visible part ∞" not in out and "min cut ()" not in out
 
 
 def test_compare_reads_the_pyproject_like_check(run_cli, tmp_path):
