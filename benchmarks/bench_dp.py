@@ -69,11 +69,11 @@ def bench_attack(trials: int, device: str) -> list[dict]:
     bound = dp.bound_at(1.0, 1.0, 1, 0.1)
     rows = []
     for draw, limit in (("full", 2 ** 62), ("span", 0)):
-        informed_attack(gradients, None, noise_multiplier=1.0, clip=clip, sample_rate=1.0, steps=1, trials=16,
+        informed_attack(gradients, None, noise_multiplier=1.0, clip=1.0, sample_rate=1.0, steps=1, trials=16,
                         full_draw_limit=limit)                                          # warm-up
         if device == "cuda":
             torch.cuda.synchronize()
-        outcome = informed_attack(gradients, None, noise_multiplier=1.0, clip=clip, sample_rate=1.0, steps=1,
+        outcome = informed_attack(gradients, None, noise_multiplier=1.0, clip=1.0, sample_rate=1.0, steps=1,
                                   trials=trials, seed=1, full_draw_limit=limit)
         if device == "cuda":
             torch.cuda.synchronize()

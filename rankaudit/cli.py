@@ -353,7 +353,10 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
                                shared_layers=_as_layers(pick("shared_layers", shared_layers), result),
                                withheld_layers=_as_layers(withheld, result), rank_precision=rank_precision)
-        except RankauditError as exc:
+        except Exception as raised:
+            exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
+            if exc is None or (debug and not isinstance(raised, RankauditError)):
+                raise
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
                     click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
@@ -454,15 +457,31 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
 @_timeout_option
-def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
-                    debug):
-    """Two designs side by side; the exit code is the policy applied to the second (B)."""
+@click.pass_context
+def compare_command(ctx, first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format,
+                    output, debug):
+    """Two designs side by side; the exit code is the policy applied to the second (B).
+
+    Each model's settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above
+    its file (as `check` reads them), else from the defaults.
+    """
     from rankaudit.audit import audit
+    from rankaudit.config import load_settings
+    from rankaudit.load import split_model_spec
     from rankaudit.report import design
 
     report_files.check_outputs(output)
-    results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
-                     max_recoverable=max_recoverable) for spec in (first, second)]
+    given = {"input_shape": input_shape, "batch_size": batch_size, "fail_on": fail_on, "min_ra": min_ra,
+             "max_recoverable": max_recoverable}
+    results = []
+    for spec in (first, second):
+        settings = load_settings(split_model_spec(spec)[0])      # a malformed pyproject is a one-line exit 2
+        supervise.set_config_timeout(settings.timeout)
+        chosen = {name: value if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+                  or getattr(settings, name, None) is None else getattr(settings, name)
+                  for name, value in given.items()}
+        results.append(audit(spec, **chosen, shared_layers=settings.shared_layers,
+                             withheld_layers=settings.withheld_layers))
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
             else design.compare_table(*results))
     _write(text, output)
@@ -611,6 +630,10 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
         renderer = importlib.import_module(f"rankaudit.report.{output_format}")
         text = renderer.render(results)
+    if quiet and output_format == "html":
+        # The page is the output (stdout or -o); --quiet's one verdict line per model goes to stderr beside it.
+        for result in results:
+            click.echo(f"{result.model}: {result.summary}{_dp_clause(result)}", err=True)
     if output:
         report_files.write_file(output, text)
         if not quiet:
@@ -629,6 +652,12 @@ def _dp_clause(result) -> str:
 
     carried = carried_by_sentence(result)
     return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
+
+
+def _model_fault(exc: BaseException):
+    from rankaudit.load import model_fault
+
+    return model_fault(exc)
 
 
 def _error(message: str):
@@ -663,6 +692,10 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
+        fault = _model_fault(exc)
+        if fault is not None:       # the model's own code raised (suggest, compare): its error, exit 3
+            _error(str(fault))
+            sys.exit(fault.exit_code)
         _error(f"internal error while analysing: {type(exc).__name__}: {exc}; "
                "fix: rerun with --debug and report the traceback")
         sys.exit(EXIT_MODEL)

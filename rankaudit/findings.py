@@ -505,13 +505,14 @@ DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
 def dp_sentence(dp: DPBound) -> str:
     """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
     epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
+    nothing = " (the noise bounds nothing here)" if dp.reconstruction_bound >= 1.0 else ""
     if dp.noise_by == "server":
         return (f"{DP_UNITS[dp.level]} with noise the server adds: {epsilon} at δ {dp.delta:g}; a reconstruction "
                 f"from the released model succeeds with probability at most {dp.reconstruction_bound:.3g} when its "
                 f"prior baseline is {dp.prior:g}; this bounds what the released model reveals, not what the server "
-                "sees")
+                "sees" + nothing)
     return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
-            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
+            f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}{nothing}")
 
 
 def apply_dp(result: Result, settings) -> Result:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
 import traceback
@@ -229,6 +230,14 @@ def _combine_shapes(given, from_file):
     return given
 
 
+MODEL_MODULE_PREFIX = "rankaudit_model_"     # the module name a model file runs under: how its frames are found
+_MODEL_PACKAGES: set[str] = set()           # top-level packages of model files that run under their package name
+
+
+def _is_model_module(name: str) -> bool:
+    return name.startswith(MODEL_MODULE_PREFIX) or name.split(".")[0] in _MODEL_PACKAGES
+
+
 def _user_frame(exc: BaseException, path: Path) -> str:
     """The deepest traceback line inside the model file: where the user should look."""
     resolved = str(path.resolve())
@@ -237,6 +246,33 @@ def _user_frame(exc: BaseException, path: Path) -> str:
         if str(Path(frame.filename).resolve()) == resolved:
             location = f"{path}:{frame.lineno}"
     return location
+
+
+def model_fault(exc: BaseException) -> ModelLoadError | None:
+    """An exception raised inside a model file's own code (a frame of a module _execute_file ran), as the model's
+    error: exit 3 with the file:line and the exception (issue 23), not an internal error of rankaudit's. None when
+    no frame of a model file is on its traceback (or its cause's): then it is ours."""
+    seen, current = set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        location, frame = None, current.__traceback__
+        while frame is not None:
+            if _is_model_module(str(frame.tb_frame.f_globals.get("__name__", ""))):
+                location = (frame.tb_frame.f_code.co_filename, frame.tb_lineno)
+            frame = frame.tb_next
+        if location is not None:
+            filename, line = location
+            try:
+                filename = os.path.relpath(filename)
+            except ValueError:
+                pass
+            message = str(current).strip().splitlines()[0] if str(current).strip() else ""
+            text = f"{type(current).__name__}: {message}" if message else type(current).__name__
+            return ModelLoadError(f"the model's code raised {text} (at {filename}:{line})",
+                                  "fix the model at that line (rankaudit ran it on real inputs to verify; --debug "
+                                  "shows the traceback)")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _describe_exception(exc: BaseException, path: Path) -> str:
@@ -284,8 +320,10 @@ def package_root(path: Path) -> tuple[Path, str | None]:
 def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     root, dotted = package_root(path)
     # In a package, the file runs as its own module (pkg.task), so `from pkg.x import ...` and relative imports
-    # resolve as they do when the app runs.
-    module_name = dotted or "rankaudit_model_" + re.sub(r"\W", "_", path.stem)
+    # resolve as they do when the app runs; model_fault knows the package's frames as the model's.
+    module_name = dotted or MODEL_MODULE_PREFIX + re.sub(r"\W", "_", path.stem)
+    if dotted:
+        _MODEL_PACKAGES.add(dotted.split(".")[0])
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"'{path}' is not a Python file", "give a .py file that defines the model")

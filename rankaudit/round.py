@@ -15,6 +15,11 @@ DP_LEVELS = ("sample", "client")
 NOISE_BY = ("client", "server")
 
 
+# Issue 23: below this a step's lr·g underflows float32 (smallest normal 1.2e-38 at gradients of 1e-8) and the
+# verifiers' sketch fills with denormals (--lr 1e-320 measured rank 48 above the bound 39).
+MIN_LR = 1e-30
+
+
 @dataclass(frozen=True)
 class DPSettings:
     """DP-SGD on the client (level `sample`) or user-level DP-FedAvg (level `client`), spec §13.
@@ -52,7 +57,7 @@ class Round:
     batch_size: int = 1
     local_samples: int | None = None      # N; None: the batch size (one step per epoch)
     local_epochs: int = 1                 # E
-    lr: float = 0.1                       # η
+    lr: float = 0.1                       # η (at least MIN_LR)
     optimizer: str = "sgd"                # sgd | adam
     momentum: float = 0.0                 # μ, SGD only
     clients: int = 1                      # C under secure aggregation; 1: none
@@ -201,6 +206,10 @@ def validate_round(round_: Round) -> Round:
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise UsageError(f"learning rate {lr!r} is not a finite number above 0",
                          f"give {_FLAG['lr']} as a positive number, e.g. 0.05")
+    if lr < MIN_LR:
+        raise UsageError(f"learning rate {lr:g} is below {MIN_LR:g}: a local step lr·g would be lost to rounding (or "
+                         "be a denormal) in the verifiers' float32 and float64 arithmetic, and no rank or attack "
+                         "measured on it means anything", f"give {_FLAG['lr']} as a realistic rate, e.g. 0.05")
     if round_.optimizer not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {round_.optimizer!r}",
                          f"give {_FLAG['optimizer']} as one of {', '.join(OPTIMIZERS)}")

@@ -246,7 +246,7 @@ def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, mome
 def test_round_rank_refuses_rounds_beyond_its_limits():
     from rankaudit.verify.round_rank import MAX_STEPS, check_round_size
 
-    with pytest.raises(UsageError, match=r"needs .* GiB for its .* float64 sketch .* 2 x 3x256x256"):
+    with pytest.raises(UsageError, match=r"needs .* GiB for its .* float64 sketch .* 2 \(--clients\) x 1 \(--local-samples\) x 3x256x256"):
         check_round_size(build_round({"batch_size": 1, "local_samples": 1, "clients": 2}), (3, 256, 256))
     with pytest.raises(UsageError, match=f"above the {MAX_STEPS}"):
         check_round_size(build_round({"batch_size": 1, "local_samples": 2, "local_epochs": MAX_STEPS}), (1, 2, 2))

@@ -346,6 +346,16 @@ def _whole(result: Result) -> str:
     return whole_sentence(result)
 
 
+def _suggest_review(suggestions) -> list[str]:
+    """suggest's round review (N, E, C for protected) and least-noise line, as the table prints them (issue 23:
+    the HTML page left them out)."""
+    if suggestions is None:
+        return []
+    from rankaudit.report.design import _noise_lines, _round_lines
+
+    return [line.strip() for line in (*_round_lines(suggestions), *_noise_lines(suggestions)) if line.strip()]
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -378,6 +388,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "deployment": result.deployment,
         "dp": _dp(result),
         "suggestions": suggestions,
+        "suggest_review": _suggest_review(suggestions),
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
         "has_projection": any(n.kind == "projection"
                               for n in (result.architecture.nodes if result.architecture else [])),

@@ -38,15 +38,17 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
         return [result.summary]
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
+    # An empty cut (nothing shared to cut through) is said in words, never printed as "min cut: " (issue 23).
+    cut = f"min cut: {cut}" if cut else "no cut: nothing is shared"
     if bound.sample is not None and per_sample_view(result):
         sample = bound.sample
         head = (f"Bound (each sample): rank <= {sample.rank_bound:,} of {sample.unknowns:,} unknowns per sample "
                 f"({percent(sample.recoverable_fraction)} recoverable; protected needs at most "
                 f"{percent(bound.max_recoverable)}): {verdict}. {result.meaning[:1].upper() + result.meaning[1:]}.")
-        return [head, whole_sentence(result) + f" Min cut: {cut}.", ra_sentence(result)]
+        return [head, whole_sentence(result) + f" {cut[:1].upper() + cut[1:]}.", ra_sentence(result)]
     head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
             f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
-            f"{percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
+            f"{percent(bound.max_recoverable)}; {cut}): {verdict}. "
             f"{result.meaning[:1].upper() + result.meaning[1:]}.")
     return [head, ra_sentence(result)]
 
@@ -407,8 +409,11 @@ def _hidden_lines(rank: dict) -> list[str]:
     what = "the images'" if any(entry.get("visible_ssim") is not None for entry in inputs) else "the inputs'"
     psnr = rank.get("visible_psnr_median")
     ssim = rank.get("visible_ssim_median")
-    shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
-    shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+    if rank.get("rank") == 0:
+        shown = "nothing visible"             # an empty gradient: no figure of an all-zero projection
+    else:
+        shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
+        shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
     line = (f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
             f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)")
     if len(inputs) > 1:

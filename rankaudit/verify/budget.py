@@ -69,22 +69,26 @@ def _physical_memory() -> tuple[int, str]:
 
 
 def check_size(unknowns: int, rows: int, input_shape: tuple[int, ...], batch_size: int, *,
-               device: str | torch.device = "cpu", vectors: bool = False):
+               device: str | torch.device = "cpu", vectors: bool = False, counted_by: dict[str, int] | None = None):
     """Refuse a sketch whose float64 matrix and factorisation do not fit the device's memory budget, before any
-    work; the message gives both figures and the fixes."""
+    work; the message gives both figures and the fixes. ``counted_by``: the flags whose product is the number of
+    samples (a round's --clients and --local-samples; default --batch-size), each named in the message."""
     needed = sketch_bytes(rows, unknowns, vectors=vectors)
     budget, rule = memory_budget(device)
     if needed <= budget:
         return
     shape = "x".join(str(d) for d in input_shape)
     device = torch.device(device)
+    samples = (" x ".join(f"{value:,} ({flag})" for flag, value in counted_by.items()) if counted_by
+               else str(batch_size))
+    flags = " or ".join(counted_by or ["--batch-size"])
     fixes = ("check it at a lower resolution with --input-shape (a convolutional or patch-based model is "
-             "resolution-independent), or lower --batch-size")
+             f"resolution-independent), or lower {flags}")
     if device.type == "cpu":
         fixes += "; or use --device cuda on a machine whose GPU has the memory"
     raise UsageError(
         f"--verify rank needs {needed / 2 ** 30:.1f} GiB for its {rows:,} x {unknowns:,} float64 sketch and its "
-        f"{'SVD with vectors' if vectors else 'factorisation'} (n = {batch_size} x {shape} = {unknowns:,} unknowns), "
+        f"{'SVD with vectors' if vectors else 'factorisation'} (n = {samples} x {shape} = {unknowns:,} unknowns), "
         f"more than the {budget / 2 ** 30:.1f} GiB it may use on {device.type} ({rule})", fixes)
 
 

@@ -104,3 +104,76 @@ class LocalTraining:
 def unknowns_of(round_: Round, sample_shape: tuple[int, ...]) -> int:
     """n = C·N·|x|."""
     return round_.clients * round_.samples * math.prod(sample_shape)
+
+
+# A sliver of the user's learning rate: the weights move in the same direction, by a millionth as much.
+_SLIVER = 1e-6
+
+
+def _first_non_finite_step(training: LocalTraining, inputs: torch.Tensor, labels: torch.Tensor):
+    """(client, step, weights it starts from, 'gradient' | 'step') of the first local step whose gradient or new
+    weights are not finite, or None when the whole round is finite. inputs (C, N, *sample), labels (C, N)."""
+    from rankaudit.verify.finite import all_finite
+
+    for client in range(inputs.shape[0]):
+        weights, state = dict(training.initial), {}
+        for step, part in enumerate(training.batches(), start=1):
+            gradients = training._gradient(weights, inputs[client, part], labels[client, part])
+            if not all_finite(list(gradients.values())):
+                return client, step, weights, "gradient"
+            moved = {name: training._step(name, weights[name], gradients[name], state, step) for name in weights}
+            if not all_finite(list(moved.values())):
+                return client, step, weights, "step"
+            weights = moved
+    return None
+
+
+def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch.Tensor, labels: torch.Tensor,
+                         verifier: str) -> None:
+    """Raise the right error when the round's local training, in float32 as clients run it, is not finite (issue 23),
+    before any sketch or attack.
+
+    At the starting weights a non-finite gradient is the model's (exit 3, the op named). After the weights moved, the
+    training is run again at a millionth of --lr: still non-finite, the model breaks as soon as its weights move
+    (exit 3, the op named at those weights); finite, the step size made it diverge (exit 2, lower --lr).
+    """
+    import copy
+    import dataclasses
+
+    from torch.func import functional_call
+
+    from rankaudit.errors import UsageError
+    from rankaudit.verify import finite
+
+    # In float32, as clients train: the rank check's float64 would carry an --lr that no client's training survives
+    # (issue 23: --verify rank passed at --lr 1e305 where rgap's float32 attack diverged).
+    net = copy.deepcopy(net).to(torch.float32)
+    inputs = inputs.to(torch.float32) if inputs.is_floating_point() else inputs
+    with torch.no_grad():
+        training = LocalTraining(net, round_, loss, [])
+        found = _first_non_finite_step(training, inputs, labels)
+        if found is None:
+            return
+        client, step, weights, what = found
+        if step > 1 or what == "step":
+            gentle = LocalTraining(net, dataclasses.replace(round_, lr=round_.lr * _SLIVER), loss, [])
+            again = _first_non_finite_step(gentle, inputs, labels)
+            if again is None or (again[1] == 1 and again[3] == "step"):
+                raise UsageError(
+                    f"{verifier}: the local training diverges at --lr {round_.lr:g}: step {step} of client "
+                    f"{client + 1} gives non-finite {'weights' if what == 'step' else 'gradients'}, while a "
+                    f"millionth of that rate stays finite", "lower --lr (the default is 0.1) or --local-epochs")
+            client, step, weights, what = again
+    part = training.batches()[step - 1]
+    x, y = inputs[client, part], labels[client, part]
+    leaves = {name: weight.detach().clone().requires_grad_(True) for name, weight in weights.items()}
+    buffers = {name: b.detach() for name, b in net.named_buffers()}
+    frozen = {name: p.detach() for name, p in net.named_parameters() if name not in leaves}
+
+    def rerun():
+        output = functional_call(net, ({**frozen, **leaves}, buffers), (x,))
+        return output, _loss(output, y, loss)
+
+    where = "at the starting weights" if step == 1 else f"once local training has moved the weights (step {step})"
+    error = finite.locate(f"{verifier}, {where}", net, rerun, list(leaves.values()))
+    raise error

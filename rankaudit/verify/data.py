@@ -69,6 +69,13 @@ def _photo_crops(c: int, h: int, w: int, n: int, seed: int) -> torch.Tensor:
         raise DataError("the default images need scikit-learn and pillow: pip install scikit-learn pillow, "
                         "or pass an image directory/.npy") from exc
     photos = [torch.from_numpy(np.array(im)).permute(2, 0, 1).double() / 255.0 for im in load_sample_images().images]
+    tallest = max(photo.shape[1] for photo in photos)
+    widest = max(photo.shape[2] for photo in photos)
+    if h > min(photo.shape[1] for photo in photos) or w > min(photo.shape[2] for photo in photos):
+        # A crop would have to be blown up past the photograph itself (issue 23: 3x512x512 failed inside randint).
+        raise DataError(f"the input {h}x{w} is larger than scikit-learn's sample photographs ({tallest}x{widest}), "
+                        "the default images: a --data source is needed; fix: pass --data DIR (PNG/JPEG images) or "
+                        f"--data FILE.npy (N x {c} x {h} x {w} in [0, 1])")
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):

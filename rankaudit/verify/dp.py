@@ -48,7 +48,8 @@ def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE)
 
 def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float,
                    device: str) -> torch.Tensor:
-    """Each unit's flattened gradient clipped to norm `clip` (g · min(1, c/‖g‖)), as DP-SGD clips it.
+    """Each unit's flattened gradient clipped to norm `clip` (g · min(1, c/‖g‖)), as DP-SGD clips it, returned in
+    units of c (clip_in_units).
 
     inputs: U x B x ...: a unit is B samples (B = 1: a sample, DP-SGD; B > 1: a client's batch, DP-FedAvg), its
     gradient the mean loss's. torch.func's grad under vmap computes all units at once, GRADIENT_CHUNK at a time.
@@ -78,15 +79,25 @@ def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
     if not torch.isfinite(gradients).all():
         raise UsageError("a per-sample gradient is not finite (NaN or infinite)",
                          "check the model's forward pass on real inputs (a log of zero, a division by zero)")
-    norms = gradients.norm(dim=1, keepdim=True)
-    return gradients * torch.clamp(clip / norms, max=1.0)
+    return clip_in_units(gradients, clip)
+
+
+def clip_in_units(gradients: torch.Tensor, clip: float) -> torch.Tensor:
+    """g · min(1, c/‖g‖) / c: the clipped gradients in units of c (norm <= 1), so that no clip norm, 1e-30 or 1e30,
+    under- or overflows (issue 23); the attack, whose likelihoods read only ⟨y, g⟩/(σc)², is the same in these
+    units with c = 1. The ratio is taken in float64; a zero gradient stays zero."""
+    norms = gradients.double().norm(dim=1, keepdim=True)
+    scale = torch.where(norms > 0, torch.minimum(1.0 / norms, torch.full_like(norms, 1.0 / clip)),
+                        torch.zeros_like(norms))
+    return (gradients.double() * scale).to(gradients.dtype)
 
 
 def client_updates(model: nn.Module, round_: Round, inputs: torch.Tensor, labels: torch.Tensor, loss: str,
                    clip: float, device: str) -> torch.Tensor:
     """Each client's round update u = θ_K − θ₀, simulated by rankaudit.verify.client's local training (N samples,
     batch B, E epochs, the round's optimizer, from the server's weights θ₀), flattened and clipped to norm `clip`
-    as DP-FedAvg clips a client's whole update. inputs: U x N x ..., labels: U x N."""
+    as DP-FedAvg clips a client's whole update, in units of `clip` (clip_in_units). inputs: U x N x ..., labels:
+    U x N."""
     from torch.func import vmap
 
     from rankaudit.verify.client import LocalTraining
@@ -105,8 +116,7 @@ def client_updates(model: nn.Module, round_: Round, inputs: torch.Tensor, labels
     if not torch.isfinite(updates).all():
         raise UsageError("a simulated client update is not finite (the local training diverged)",
                          "lower --lr or --local-epochs")
-    norms = updates.norm(dim=1, keepdim=True)
-    return updates * torch.clamp(clip / norms.clamp_min(torch.finfo(updates.dtype).tiny), max=1.0)
+    return clip_in_units(updates, clip)
 
 
 def separation_note(gradients: torch.Tensor, clip: float) -> str:
@@ -170,6 +180,33 @@ def informed_attack(candidates: torch.Tensor, known: torch.Tensor | None, *, noi
     return AttackOutcome(successes, trials, draw, time.perf_counter() - start, str(device))
 
 
+# What --verify dp may take before it is refused up front (issue 23). The attack's arithmetic: about 10 operations per
+# (trial, step, candidate) (a score, the mixture's log-likelihood ratio, the sum and the argmax), about 1e9 a second
+# on a CPU core, so the ceiling is about a minute. The units: each is an image drawn and a per-unit gradient held.
+ATTACK_OPERATIONS_PER_SCORE = 10
+MAX_ATTACK_OPERATIONS = 5 * 10 ** 10
+MAX_UNITS = 100_000
+MAX_GRADIENT_VALUES = 2 * 10 ** 9
+
+
+def check_attack_size(result: Result, settings: DPSettings, candidates: int, trials: int) -> None:
+    """Refuse, before any work, an attack that cannot finish: the estimate and the flag to change."""
+    operations = ATTACK_OPERATIONS_PER_SCORE * trials * settings.steps * candidates
+    if operations > MAX_ATTACK_OPERATIONS:
+        raise UsageError(
+            f"--verify dp would score {trials:,} trials x {settings.steps:,} steps x {candidates:,} candidates, about "
+            f"{operations:.2g} operations ({operations / 1e9 / 60:.2g} CPU-minutes); the most it runs is "
+            f"{MAX_ATTACK_OPERATIONS:.0e}", "lower --samples (the trials), --dp-candidates or --dp-steps")
+    per_unit = 1 if settings.level == "sample" else result.batch_size
+    units = candidates + (result.batch_size - 1 if settings.level == "sample" else KNOWN_CLIENTS)
+    values = units * max(result.parameters, 1)
+    if units * per_unit > MAX_UNITS or values > MAX_GRADIENT_VALUES:
+        raise UsageError(
+            f"--verify dp would draw {units * per_unit:,} inputs and hold {units:,} per-unit gradients of "
+            f"{result.parameters:,} values ({8 * values / 2 ** 30:.3g} GiB in float64); the most it takes is "
+            f"{MAX_UNITS:,} inputs and {MAX_GRADIENT_VALUES:.0e} values", "lower --dp-candidates (default 10)")
+
+
 def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: int = DEFAULT_CANDIDATES,
               trials: int = DEFAULT_TRIALS, seed: int = 0, device: str = "auto", data: str | None = None) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
@@ -182,6 +219,7 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         raise UsageError(f"the attack needs at least 2 candidates, got {candidates}", "use 2 or more (default 10)")
     if trials < 1:
         raise UsageError(f"--samples {trials}: the attack needs at least one trial", "pass --samples >= 1, e.g. 1000")
+    check_attack_size(result, settings, candidates, trials)
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         raise UsageError("--verify dp draws real images as candidates; this model reads token ids or several inputs",
                          "use --verify dp on models with a single float input")
@@ -213,7 +251,7 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         gradients = unit_gradients(model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit),
                                    loss, settings.clip, device)
     outcome = informed_attack(gradients[:candidates], gradients[candidates:],
-                              noise_multiplier=settings.noise_multiplier, clip=settings.clip,
+                              noise_multiplier=settings.noise_multiplier, clip=1.0,       # gradients in units of c
                               sample_rate=settings.sample_rate, steps=settings.steps, trials=trials, seed=seed)
     rate = outcome.successes / outcome.trials
     low, high = clopper_pearson(outcome.successes, outcome.trials)
@@ -247,8 +285,9 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         "below_bound": high <= bound, "internal_error": internal_error,
         "notes": [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
                   f"unit: a {unit}; {others}", rounds,
-                  f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g}",
-                  separation_note(gradients[:candidates], settings.clip),
+                  f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g} "
+                  "(computed in units of it)",
+                  separation_note(gradients[:candidates], 1.0),
                   "noise drawn in full" if outcome.draw == "full" else
                   "noise drawn in the candidates' span (the same law for every likelihood the attack reads)"],
     }

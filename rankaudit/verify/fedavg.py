@@ -24,7 +24,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
-from rankaudit.verify.client import LocalTraining
+from rankaudit.verify.client import LocalTraining, check_local_training
 from rankaudit.verify.invert import (DEFAULT_LR, DEFAULT_TV_UNTIL, adam_update,
                                      gradient_distances, psnr_from_mse, total_variations)
 
@@ -112,6 +112,7 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     with torch.no_grad():
         target = training.update(truth, labels)
     if not torch.isfinite(target).all():
+        check_local_training(net, round_, loss, truth, labels, "--verify rgap for the round")   # names the cause
         raise UsageError("the simulated round's update is not finite (the local training diverged)",
                          "lower --lr or --local-epochs")
     unit_target = (target / target.norm().clamp_min(1e-30)).unsqueeze(0)

@@ -262,7 +262,9 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         torch.cuda.synchronize(device)
     return RankMeasurement(
         unknowns=unknowns, rank=rank, deficit=unknowns - rank, tolerance=spectrum.tolerance, gap=spectrum.gap,
-        reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP, sigma_max=spectrum.sigma_max,
+        # An empty gradient (no shared value, or all zero) has rank 0 exactly: no tolerance decides it (issue 23).
+        reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0 or not spectrum.sigma_max,
+        sigma_max=spectrum.sigma_max,
         sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values, spectrum=spectrum.how,
         seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,

@@ -36,7 +36,8 @@ def check_round_size(round_: Round, sample_shape: tuple[int, ...], device: str |
     one with more local steps than the recording can keep, before any work."""
     unknowns = unknowns_of(round_, sample_shape)
     # At most n + 16 rows (min(|θ_s|, n) + 16 once the model is known); the vectors only with --artifacts.
-    check_size(unknowns, unknowns + OVERSAMPLING, tuple(sample_shape), round_.clients * round_.samples, device=device)
+    check_size(unknowns, unknowns + OVERSAMPLING, tuple(sample_shape), round_.clients * round_.samples, device=device,
+               counted_by={"--clients": round_.clients, "--local-samples": round_.samples})
     if round_.steps > MAX_STEPS:
         raise UsageError(f"--verify rank records all {round_.steps} local steps of the round, above the {MAX_STEPS} "
                          "it supports", "check fewer --local-epochs or a larger --batch-size")
@@ -107,7 +108,8 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
                                                    spectrum.rank)
     return RankMeasurement(
         unknowns=unknowns, rank=spectrum.rank, deficit=unknowns - spectrum.rank, tolerance=spectrum.tolerance,
-        gap=spectrum.gap, reliable=spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP,
+        gap=spectrum.gap, reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0
+        or not spectrum.sigma_max,
         sigma_max=spectrum.sigma_max, sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values,
         spectrum=spectrum.how, seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method="reverse-over-reverse (vmap)",

@@ -16,9 +16,10 @@ from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
 from rankaudit.verify import baselines
+from rankaudit.verify.client import check_local_training
 from rankaudit.verify.runner import (_against_baselines, _baseline_judgement, _confirms, _finite, _gap_text,
                                      _rank_inputs, _save_images, _what_the_gradient_shows, build_real_model,
-                                     read_worst_sample, resolve_device)
+                                     read_worst_sample, require_trainable, resolve_device)
 
 
 def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
@@ -54,6 +55,7 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     inputs, source = _inputs(result, data, seed, "rank")
     labels, loss = _labels(model, inputs, seed)
+    check_local_training(model, round_, loss, inputs, labels, "--verify rank for the round")
     with ProgressBar(1, "round rank sketch", enabled=show_progress) as bar:
         measured = round_rank.measure_round(model, inputs, labels, round_, shared, device=device, seed=seed, loss=loss,
                                             directions=rank.MAX_DIRECTIONS if artifacts else 0, hidden=True,
@@ -117,6 +119,33 @@ def _first_client_view(measured):
                                                                                 *shape[3:]))
 
 
+# The FedAvg inversion's limits (issue 23), checked before any image is loaded: sample-gradient passes (each with
+# its double backward; a small CNN does about 1e4 a second on a CPU core) and values its candidates hold at once.
+MAX_SAMPLE_PASSES = 10 ** 10
+MAX_CANDIDATE_VALUES = 2 * 10 ** 9
+
+
+def check_attack_round_size(round_, sample_shape: tuple[int, ...], steps: int, restarts: int) -> None:
+    """Refuse a round the inversion cannot finish, with the estimate and the flags that made it large."""
+    from rankaudit.verify.round_rank import MAX_STEPS
+
+    samples = round_.clients * round_.samples
+    passes = steps * restarts * samples * round_.local_epochs
+    values = samples * restarts * math.prod(sample_shape)
+    if round_.steps > MAX_STEPS:
+        raise UsageError(f"--verify rgap unrolls all {round_.steps:,} local steps of the round ({round_.local_epochs:,} "
+                         f"epoch(s) of {round_.samples:,} samples in batches of {round_.batch_size:,}), above the "
+                         f"{MAX_STEPS} it supports", "check fewer --local-epochs or --local-samples, or a larger "
+                                                     "--batch-size")
+    if passes > MAX_SAMPLE_PASSES or values > MAX_CANDIDATE_VALUES:
+        raise UsageError(
+            f"--verify rgap on this round would run {passes:.2g} sample-gradient passes ({steps:,} attack steps x "
+            f"{restarts} restarts x {round_.clients:,} (--clients) x {round_.samples:,} (--local-samples) x "
+            f"{round_.local_epochs:,} (--local-epochs)) and hold {values:.2g} candidate values; the most it runs is "
+            f"{MAX_SAMPLE_PASSES:.0e} passes and {MAX_CANDIDATE_VALUES:.0e} values",
+            "lower --clients, --local-samples, --local-epochs or --steps")
+
+
 def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str = "auto", data: str | None = None,
                         steps: int = 1000, restarts: int = 2, artifacts: str | None = None,
                         show_progress: bool = True) -> dict:
@@ -128,8 +157,10 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
     if len(result.input_shape) != 3:
         raise UsageError(f"--verify rgap attacks images; this model's input shape is {result.input_shape}",
                          "verify a model whose input is C,H,W")
+    check_attack_round_size(round_, tuple(result.input_shape), steps, restarts)
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
+    require_trainable(model, "--verify rgap for the round")
     images, source = _inputs(result, data, seed, "rgap")
     labels, loss = _labels(model, images, seed)
     with ProgressBar(steps, f"FedAvg inversion ({count(round_.steps, 'local step')}, {count(round_.clients, 'client')})",

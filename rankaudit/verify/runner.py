@@ -47,6 +47,16 @@ def build_real_model(spec: str, input_shape: tuple[int, ...], seed: int) -> tupl
     return model.double().eval(), weights
 
 
+def require_trainable(model: nn.Module, verifier: str) -> None:
+    """An attack on the shared gradient needs one: a model with no trainable parameter (frozen, or none at all)
+    shares nothing, an option it cannot meet (exit 2), not an internal error (issue 23)."""
+    if not any(p.requires_grad for p in model.parameters()):
+        what = "all of its parameters are frozen" if any(True for _ in model.parameters()) else "it has no parameters"
+        raise UsageError(f"{verifier} attacks the shared gradient, but the model shares none: {what}",
+                         "make parameters trainable (requires_grad), or use --verify rank (an empty gradient has "
+                         "rank 0)")
+
+
 def _loss_for(model: nn.Module, images: torch.Tensor) -> str:
     with torch.no_grad():
         logits = model(images[:1].to(dtype=next(model.parameters()).dtype))
@@ -101,6 +111,7 @@ def _input_setup(result: Result, spec: str, samples: int, seed: int,
     from rankaudit.verify import data as image_data
 
     model, weights = build_real_model(spec, result.input_shape, seed)
+    require_trainable(model, "--verify rgap")
     if len(result.input_shape) != 3:
         raise UsageError(f"--verify rgap attacks images; this model's input shape is {result.input_shape}",
                          "verify a model whose input is C,H,W")
@@ -637,6 +648,13 @@ def _what_the_gradient_shows(result: Result, images: torch.Tensor, batches: list
             every.append(share)
         per_sample.append(inputs)
     psnr_median = hidden.median([s.visible_psnr for s in every], none_is_infinite=True)
+    if all(measurement.rank == 0 for measurement in measurements):
+        # An empty gradient shows nothing: no "visible part" figure of an all-zero projection (issue 23).
+        for entry in (entry for inputs in per_sample for entry in inputs):
+            entry["visible_psnr"] = entry["visible_ssim"] = None
+        return {"inputs": per_sample, "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
+                "visible_psnr_median": None, "visible_ssim_median": None,
+                "reading": "the gradient shows nothing of the inputs (rank 0)"}
     return {"inputs": per_sample,
             "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
             "visible_psnr_median": psnr_median,
