@@ -344,7 +344,8 @@ def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
     gradients = unit_gradients(model, inputs, labels, "logistic", 1e9, "cpu")
     assert torch.allclose(updates, -0.05 * gradients, rtol=1e-9, atol=1e-12)
     clipped = client_updates(model, Round(batch_size=2, lr=0.05), inputs, labels, "logistic", 0.01, "cpu")
-    assert torch.allclose(clipped.norm(dim=1), torch.full((3,), 0.01, dtype=torch.float64))
+    # Clipped to c = 0.01, in units of c as every unit the attack reads (verify.dp.clip_in_units): norm 1.
+    assert torch.allclose(clipped.norm(dim=1), torch.full((3,), 1.0, dtype=torch.float64))
 
 
 def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):
