@@ -9,7 +9,7 @@ from torch import nn
 from conftest import EXAMPLES
 from rankaudit.audit import audit
 from rankaudit.bound import round_identifiability, sample_identifiability
-from rankaudit.report import html, table
+from rankaudit.report import table
 from rankaudit.report.json import to_dict
 from rankaudit.round import DPSettings, Round
 from rankaudit.suggest import round_review
@@ -311,3 +311,10 @@ def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
     assert "No structural edit protects a sample" not in out
     code, out, _ = run_cli("suggest", MLP, "--local-samples", 32, "--batch-size", 8)
     assert "stops the exact bias readout of a sample" in out and "Bias readout: fc1" in out
+
+
+def test_batchnorm_models_say_the_bound_is_for_eval_mode():
+    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2)
+    assert "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, " \
+           "in eval mode" in result.meaning
+    assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning
