@@ -360,7 +360,9 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.rankaudit.round]\nlocal-samples = 64\nbatch-size = 4\n"
                                              "clients = 2\n", encoding="utf-8")
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json")
-    assert json.loads(out)["round"]["clients"] == 2 and json.loads(out)["verdict"] == "protected"
+    payload = json.loads(out)
+    assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "protected"
+    assert payload["verdict"] == "exposed"    # spec §14: the round as a whole, not each sample
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
     shown = json.loads(out)["round"]
     assert (shown["clients"], shown["local_samples"], shown["batch_size"]) == (1, 8, 4)
