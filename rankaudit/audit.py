@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from rankaudit import findings
+from rankaudit import findings, supervise
 from rankaudit.analysis import analyze
 from rankaudit.bound import round_identifiability
 from rankaudit.errors import ModelLoadError, UsageError
@@ -21,22 +21,39 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     names = [traced.record(n).name for n in traced.order
              if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights]
     names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
-    named = list(shared_layers or withheld_layers or [])
+    # State-dict keys (`fc1.weight`, `fc1.bias`: NVFlare's ExcludeVars, say) name their layer.
+    named = list(dict.fromkeys(layer_of(name, names) for name in (shared_layers or withheld_layers or [])))
     unknown = [name for name in named if name not in names]
     if unknown:
         raise UsageError(f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
                          "use the layer names shown in the table, e.g. " + ",".join(names[:2]))
     if shared_layers:
-        return set(shared_layers)
+        return set(named)
     if withheld_layers:
-        return set(names) - set(withheld_layers)
+        return set(names) - set(named)
     return None
+
+
+def layer_of(name: str, layers: list[str]) -> str:
+    """A layer name as given, or the layer a state-dict key belongs to (`fc1.weight` -> `fc1`)."""
+    if name in layers:
+        return name
+    head, _, tail = name.rpartition(".")
+    return head if head in layers and tail in ("weight", "bias") else name
+
+
+def layer_names(names: list[str] | None, traced) -> list[str] | None:
+    """Layer names with state-dict keys mapped to their layers, for whoever else reads --shared/--withheld-layers."""
+    if not names:
+        return names
+    layers = [traced.record(n).name for n in traced.order]
+    return list(dict.fromkeys(layer_of(name, layers) for name in names))
 
 
 def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
           fail_on: str = findings.DEFAULT_FAIL_ON, min_ra: int | None = None, shared_layers: list[str] | None = None,
           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
-          input_dtype=None, round_: Round | None = None) -> Result:
+          input_dtype=None, round_: Round | None = None, model_args: dict | None = None) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
     `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
@@ -50,9 +67,10 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     if fail_on not in findings.FAIL_ON_CHOICES:
         raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(findings.FAIL_ON_CHOICES))
     started = time.perf_counter()
-    loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype)
-    traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
-                         forward_kwargs=loaded.forward_kwargs)
+    loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
+    with supervise.phase(f"the trace of {spec}'s forward()"):
+        traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
+                             forward_kwargs=loaded.forward_kwargs)
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
     findings.describe_inputs(result, traced, loaded)
     if not result.layers:
@@ -62,6 +80,7 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
         raise UsageError(f"--max-recoverable {max_recoverable:g} is not a fraction",
                          "give a number between 0 and 1, e.g. --max-recoverable 0.5")
     shared = _shared_set(traced, shared_layers, withheld_layers)
+    shared_layers, withheld_layers = layer_names(shared_layers, traced), layer_names(withheld_layers, traced)
     result.round = round_ if round_ is not None else Round(batch_size=batch_size)
     result.identifiability = round_identifiability(traced, result.round, shared_layers=shared_layers,
                                                    withheld_layers=withheld_layers, max_recoverable=max_recoverable)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from rankaudit import __version__
-from rankaudit.errors import NoModelInFile, RankauditError, UsageError
+from rankaudit import __version__, supervise
+from rankaudit import output as report_files
+from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
@@ -25,6 +26,12 @@ class _DefaultToCheck(click.Group):
             args = ["check", *args]
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # before click turns it into Abort (exit 2, and a blank line)
+            raise Interrupted("interrupted (Ctrl-C); no report was written") from exc
+
 
 @click.group(cls=_DefaultToCheck, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rankaudit")
@@ -33,7 +40,8 @@ def cli():
 
     \b
     rankaudit MODEL.py[:NAME] [options]     same as `rankaudit check ...`
-    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded or traced.
+    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded, traced or verified (or it
+    ended the process, or overran --timeout), 130 interrupted.
     """
 
 
@@ -115,6 +123,15 @@ def _dp_options(command):
     return command
 
 
+def _timeout_option(command):
+    """--timeout: the limit on each of the model's import, build and trace (supervise.py ends one that overruns)."""
+    return click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+                        expose_value=False, is_eager=True,
+                        callback=lambda ctx, param, value: supervise.set_flag_timeout(value),
+                        help=f"Stop a model whose import, build or trace takes longer (default: [tool.rankaudit] "
+                             f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.")(command)
+
+
 def _round(ctx: click.Context, batch_size: int, configured: dict | None):
     """The round from this command's flags and the configuration's table (flags win)."""
     from rankaudit.round import build_round
@@ -153,8 +170,49 @@ def _noise_suggestion(options: dict, configured: dict | None):
     return noise_search(_dp_values(options, configured))
 
 
+def _deployment(ctx: click.Context, spec: str, options: dict, run_config: str | None, model_args: tuple[str, ...]):
+    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy), this command's flags over them; None for a
+    model file."""
+    if not Path(spec).is_dir():
+        if run_config:
+            raise UsageError("--run-config overrides a Flower app's run config", "give the app's directory, e.g. "
+                             "`rankaudit . --run-config ...`, or drop --run-config")
+        return None
+    from rankaudit.deploy import Overrides, read_deployment
+
+    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
+    if ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE:
+        flags["batch_size"] = ctx.params["batch_size"]
+    return read_deployment(Path(spec), Overrides(round=flags, dp=_dp_values(options, None), run_config=run_config,
+                                                 model_args=model_args,
+                                                 input_shape_given=ctx.params.get("input_shape") is not None))
+
+
+def _as_layers(names: list[str] | None, result) -> list[str] | None:
+    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
+    from rankaudit.audit import layer_of
+
+    layers = [row.name for row in result.layers]
+    return [layer_of(name, layers) for name in names] if names else names
+
+
+def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
+    """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
+    if deployment is not None:
+        return deployment.model_args or None
+    from rankaudit.deploy import parse_value
+
+    parsed = {}
+    for text in model_args:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--model-arg {text!r} is not KEY=VALUE", "write e.g. --model-arg num_classes=10")
+        parsed[key.strip()] = parse_value(value.strip())
+    return parsed or None
+
+
 @cli.command()
-@click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]...")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W",
               help="Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE).")
 @click.option("--input-dtype", callback=_parse_dtype, metavar="DTYPE",
@@ -181,13 +239,15 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
 @click.option("--verify", "verify", multiple=True,
-              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp"]),
+              type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp", "bias"]),
               help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
                    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
                    "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
                    "dager: a language model's token set from the span of a first-block projection's gradient "
                    "(DAGER's test; random token batches of the vocabulary). dp: the informed attack on the DP noise "
-                   "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra).")
+                   "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra). bias: the "
+                   "bias readout (Qian et al.): which samples of the batch or round a unit's weight update divided "
+                   "by its bias update gives exactly (rgap on a batch or a round runs it first).")
 @click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
               help="Images to attack; --verify dp: trials (default 1000 there).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -211,17 +271,24 @@ def _noise_suggestion(options: dict, configured: dict | None):
 @click.option("--skip-non-models", is_flag=True,
               help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--run-config", metavar='"K=V K2=V2"',
+              help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
+                   "run-config key (num_classes=num-classes).")
 @_dp_options
 @_round_options
+@_timeout_option
 @click.pass_context
 def check(ctx, models, input_shape, batch_size, output_format, output, html_path, fail_on, min_ra, max_recoverable,
           shared_layers, withheld_layers, quiet, verbose, verify, samples, seed, device, data, steps, artifacts, trials,
-          class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates,
-          **options):
+          class_dist, aux, defenses, rank_precision, skip_non_models, debug, input_dtype, dp_candidates, run_config,
+          model_args, **options):
     """Count constraints per layer, find the critical layer and give a verdict.
 
     Settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above the
-    model file, else from the defaults.
+    model file, else from the defaults. APP_DIR (a Flower app, an NVFlare job): the model, the round and its DP are
+    read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
     from rankaudit.audit import audit
     from rankaudit.config import load_settings
@@ -232,23 +299,39 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
     if dp_candidates is not None and "dp" not in verify:
         raise UsageError("--dp-candidates sets the candidates of --verify dp",
                          "add --verify dp or drop --dp-candidates")
+    report_files.check_outputs(output, html_path, artifacts)
     given = {name for name in ("input_shape", "batch_size", "fail_on", "min_ra", "max_recoverable", "shared_layers",
                                "withheld_layers")
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
+            deployment = _deployment(ctx, spec, options, run_config, model_args)
+            spec = deployment.model if deployment is not None else spec
             settings = load_settings(split_model_spec(spec)[0])
+            supervise.set_config_timeout(settings.timeout)
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
             # One value for the whole run: the round, with its DP settings, handed to every step.
-            round_ = dataclasses.replace(_round(ctx, pick("batch_size", batch_size), settings.round),
-                                         dp=_dp_settings(options, settings.dp))
+            round_ = deployment.round if deployment is not None else dataclasses.replace(
+                _round(ctx, pick("batch_size", batch_size), settings.round), dp=_dp_settings(options, settings.dp))
+            withheld = pick("withheld_layers", withheld_layers)
+            if deployment is not None and not withheld and not pick("shared_layers", shared_layers):
+                withheld = deployment.withheld_layers   # NVFlare's ExcludeVars
+            arguments = _model_args(deployment, model_args)
+            if arguments and verify:
+                raise UsageError("--verify builds the model without the factory's arguments (not supported yet)",
+                                 "verify through a zero-argument factory that passes them: PATH:factory")
             result = audit(spec, input_shape=pick("input_shape", input_shape), round_=round_,
                            batch_size=round_.batch_size, fail_on=pick("fail_on", fail_on),
                            min_ra=pick("min_ra", min_ra), max_recoverable=pick("max_recoverable", max_recoverable),
                            shared_layers=pick("shared_layers", shared_layers),
-                           withheld_layers=pick("withheld_layers", withheld_layers), input_dtype=input_dtype)
+                           withheld_layers=withheld, input_dtype=input_dtype, model_args=arguments)
+            if deployment is not None:
+                from rankaudit.result import DeploymentRead
+
+                result.deployment = DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings,
+                                                   deployment.notes)
             if "dp" in verify:
                 _run_dp_attack(result, spec, round_.dp, candidates=dp_candidates, seed=seed, device=device, data=data,
                                trials=samples if ctx.get_parameter_source("samples")
@@ -258,9 +341,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
                                seed=seed, device=device, data=data, steps=steps, artifacts=artifacts, trials=trials,
                                class_dist=class_dist, aux=aux,
                                defenses=defenses, several=len(models) > 1, show_progress=not quiet,
-                               shared_layers=pick("shared_layers", shared_layers),
-                               withheld_layers=pick("withheld_layers", withheld_layers),
-                               rank_precision=rank_precision)
+                               shared_layers=_as_layers(pick("shared_layers", shared_layers), result),
+                               withheld_layers=_as_layers(withheld, result), rank_precision=rank_precision)
         except RankauditError as exc:
             if skip_non_models and isinstance(exc, NoModelInFile):
                 if verbose:
@@ -279,7 +361,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
         if html_path:
             from rankaudit.report import html
 
-            Path(html_path).write_text(html.render(results), encoding="utf-8")
+            report_files.write_file(html_path, html.render(results))
             if not quiet:
                 click.echo(f"rankaudit: wrote the HTML report to {html_path}", err=True)
     return exit_code
@@ -298,6 +380,7 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.option("--debug", is_flag=True)
 @_dp_options
 @_round_options
+@_timeout_option
 @click.pass_context
 def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug,
                     dp_candidates, **options):
@@ -316,7 +399,9 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
     if dp_candidates is not None:
         raise UsageError("--dp-candidates sets the candidates of --verify dp, which suggest does not run",
                          "drop --dp-candidates")
+    report_files.check_outputs(output)
     settings = load_settings(split_model_spec(model)[0])
+    supervise.set_config_timeout(settings.timeout)
     noise = _noise_suggestion(options, settings.dp)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = _round(ctx, batch_size, settings.round) if given else None
@@ -348,12 +433,14 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
 @click.option("--debug", is_flag=True)
+@_timeout_option
 def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output,
                     debug):
     """Two designs side by side; the exit code is the policy applied to the second (B)."""
     from rankaudit.audit import audit
     from rankaudit.report import design
 
+    report_files.check_outputs(output)
     results = [audit(spec, input_shape=input_shape, batch_size=batch_size, fail_on=fail_on, min_ra=min_ra,
                      max_recoverable=max_recoverable) for spec in (first, second)]
     text = (design.render_json(design.compare_dict(*results)) if output_format == "json"
@@ -364,10 +451,10 @@ def compare_command(first, second, input_shape, batch_size, fail_on, min_ra, max
 
 def _write(text: str, output: str | None):
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        report_files.write_file(output, text)
         click.echo(f"rankaudit: wrote {output}", err=True)
     else:
-        click.echo(text, nl=False)
+        supervise.write_stdout(text)
 
 
 def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data, trials):
@@ -388,6 +475,7 @@ def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data,
 def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps, artifacts, trials, class_dist, aux,
                    defenses, several, show_progress, shared_layers=None, withheld_layers=None,
                    rank_precision="auto"):
+    supervise.enter(f"--verify {', '.join(attacks)} of {spec}")
     round_ = result.round
     if round_ is not None and not round_.fedsgd:
         _verify_round(result, spec, attacks, seed=seed, device=device, data=data, steps=steps, artifacts=artifacts,
@@ -421,6 +509,8 @@ def _run_verifiers(result, spec, attacks, *, samples, seed, device, data, steps,
         from rankaudit.verify.defenses import parse_defense
 
         parsed = [parse_defense(text) for text in defenses]  # a bad spec is a UsageError: exit 2
+    _bias_readout(result, spec, attacks, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                  withheld_layers=withheld_layers)
     # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
     if "rgap" in attacks:
         runner.verify_inputs(result, spec, samples=samples, seed=seed, device=device, data=data, steps=steps,
@@ -455,6 +545,8 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
     except ImportError as exc:
         raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
                          'pip install "rankaudit[verify]"') from exc
+    _bias_readout(result, spec, attacks, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                  withheld_layers=withheld_layers)
     if "rgap" in attacks:
         round_runner.verify_round_inputs(result, spec, seed=seed, device=device, data=data, steps=steps,
                                          artifacts=artifacts, show_progress=show_progress)
@@ -466,9 +558,22 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
             _error(f"{spec}: {measured['internal_error']}")
 
 
-def _use_color(stream) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+def _bias_readout(result, spec, attacks, *, seed, device, data, shared_layers, withheld_layers):
+    """--verify bias, and the readout --verify rgap runs first on a batch (B > 1) or a round (spec §14)."""
+    round_ = result.round
+    batch = result.batch_size > 1 or (round_ is not None and not round_.fedsgd)
+    if "bias" in attacks or ("rgap" in attacks and batch):
+        from rankaudit.verify import bias
+
+        measured = bias.verify_bias(result, spec, seed=seed, device=device, data=data, shared_layers=shared_layers,
+                                    withheld_layers=withheld_layers)
+        if measured.get("internal_error"):
+            _error(f"{spec}: {measured['internal_error']}")   # on stderr too: never hidden by --quiet or -o
+
+
+def _use_color() -> bool:
+    """Colour only on a terminal (the report's stdout), and never when NO_COLOR is set (https://no-color.org)."""
+    return supervise.stdout_isatty() and not os.environ.get("NO_COLOR")
 
 
 def _emit(results, output_format: str, output: str | None, *, quiet: bool = False, verbose: bool = False):
@@ -478,20 +583,20 @@ def _emit(results, output_format: str, output: str | None, *, quiet: bool = Fals
         if quiet:
             text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
         else:
-            color = output is None and _use_color(sys.stdout)
+            color = output is None and _use_color()
             text = table.render(results, color=color, verbose=verbose)
     else:
         # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
         renderer = importlib.import_module(f"rankaudit.report.{output_format}")
         text = renderer.render(results)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        report_files.write_file(output, text)
         if not quiet:
             for result in results:
                 shown = "undefined" if result.ra_i is None else result.ra_i
                 click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
     else:
-        click.echo(text, nl=False, color=True)  # the renderer already decided about colour
+        supervise.write_stdout(text)
 
 
 def _dp_clause(result) -> str:
@@ -513,7 +618,10 @@ def main(argv: list[str] | None = None):
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
-        code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
+        try:
+            code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
+        except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
+            raise _ended_process(exc) from exc
     except click.exceptions.Exit as exc:  # --help, --version
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -539,16 +647,42 @@ def main(argv: list[str] | None = None):
     sys.exit(code if isinstance(code, int) else EXIT_PASS)
 
 
-def run():
-    """The `rankaudit` command: main(), then exit without tearing the interpreter down.
+def _ended_process(exc: SystemExit) -> ModelEndedProcess:
+    """The model's SystemExit as one line: its code and the line that raised it (the deepest frame not of
+    rankaudit, click or the standard library; the deepest of all when every frame is)."""
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(click.__file__),
+            os.path.dirname(os.__file__))
+    foreign = [frame for frame in frames if not os.path.abspath(frame[0]).startswith(ours)]
+    where = (foreign or frames or [None])[-1]
+    at = f" at {supervise.source_location(*where)}" if where is not None else ""
+    phase = supervise.take_exit_phase()
+    during = f" during {phase}" if phase else ""
+    return ModelEndedProcess(f"the model file ended the process (SystemExit({exc.code!r}){at}){during}; no report was "
+                             "written",
+                             "a model file must not end the process: remove the exit call, or guard it with "
+                             "`if __name__ == \"__main__\":`")
 
-    With torch loaded, Python's orderly shutdown takes about 0.3 s (a fifth of a whole run) and does nothing a
-    finished command needs: every report is written and closed by now, and the streams are flushed here.
+
+def run():
+    """The `rankaudit` command (and `python -m rankaudit`): main() in a supervised child process (supervise.py), so
+    that the model's code can neither end the process unseen, nor hang it, nor print into the report.
+
+    The exit is os._exit: with torch loaded, Python's orderly shutdown takes about 0.3 s and does nothing a finished
+    command needs (here the parent never loaded torch, and the child has handed back its report).
     """
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    args = sys.argv[1:]
+    if supervise.can_supervise() and not supervise.needs_no_child(args):
+        code = supervise.run_supervised(main, args)
+    else:
+        try:
+            main(args)
+            code = EXIT_PASS
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "dp", "round"}
+            "dp", "round", "model", "model-args", "input-shape", "flower", "timeout"}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -34,6 +34,13 @@ class Settings:
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
     dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
     round: dict[str, object] | None = None   # [tool.rankaudit.round], keyed by Round field (round.build_round)
+    # A deployed app's directory (rankaudit.deploy): its model, the factory's arguments, and the app's own names
+    # for round settings ([tool.rankaudit.flower]: setting -> run-config key).
+    model: str | None = None
+    model_args: dict[str, object] | None = None
+    flower: dict[str, str] | None = None
+    dataset_size: int | None = None   # [tool.rankaudit.round] dataset-size: an app's data over its nodes
+    timeout: float | None = None      # seconds for each of the model's import, build and trace (supervise.py)
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -116,15 +123,25 @@ def load_settings(model_path: Path) -> Settings:
         settings.shared_layers = _names(pyproject, "shared-layers", table["shared-layers"])
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
+    if "timeout" in table:
+        value = table["timeout"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            _bad(pyproject, "timeout", "a positive number of seconds, e.g. 300")
+        settings.timeout = float(value)
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:
+        if isinstance(table["round"], dict) and "dataset-size" in table["round"]:
+            table["round"] = dict(table["round"])
+            settings.dataset_size = _positive_int(pyproject, "round.dataset-size", table["round"].pop("dataset-size"),
+                                                  minimum=1)
         settings.round = _round_table(pyproject, table["round"])
         batch = settings.round.pop("batch_size", None)
         if batch is not None and settings.batch_size not in (None, batch):
             raise UsageError(f"{pyproject}: batch-size is {settings.batch_size} in [tool.rankaudit] but {batch} in "
                              "[tool.rankaudit.round]", "give batch-size once, in either table")
         settings.batch_size = batch if batch is not None else settings.batch_size
+    _deployment_keys(pyproject, table, settings)
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
         _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
@@ -137,8 +154,35 @@ def load_settings(model_path: Path) -> Settings:
                  + (f" (unknown key {', '.join(unknown)})" if unknown else ""))
         shape = _shape(pyproject, "models.input-shape", entry["input-shape"]) if "input-shape" in entry else None
         if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
-            settings.input_shape, settings.matched_model = shape, entry["path"]
+            settings.matched_model = entry["path"]
+            settings.input_shape = shape if shape is not None else settings.input_shape
     return settings
+
+
+def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
+    """model, model-args, input-shape and [tool.rankaudit.flower]: what a deployed app's directory needs."""
+    if "model" in table:
+        if not isinstance(table["model"], str) or not table["model"].strip():
+            _bad(path, "model", 'a model file relative to this file, e.g. "pkg/task.py:Net"')
+        settings.model = table["model"].strip()
+    if "model-args" in table:
+        if not isinstance(table["model-args"], dict):
+            _bad(path, "model-args", 'a table of keyword arguments, e.g. {num_classes = 10} or '
+                                     '{num_classes = "num-classes"} (a run-config key)')
+        settings.model_args = dict(table["model-args"])
+    if "input-shape" in table:
+        settings.input_shape = _shape(path, "input-shape", table["input-shape"])
+    if "flower" in table:
+        from rankaudit.deploy import CONVENTIONAL_KEYS
+
+        mapping = table["flower"]
+        if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+            _bad(path, "flower", 'a table naming run-config keys, e.g. [tool.rankaudit.flower] lr = "learning-rate"')
+        unknown = sorted(set(mapping) - set(CONVENTIONAL_KEYS))
+        if unknown:
+            raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.flower]",
+                             "use " + ", ".join(CONVENTIONAL_KEYS))
+        settings.flower = dict(mapping)
 
 
 def _dp_table(path: Path, table) -> dict:

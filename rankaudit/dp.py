@@ -263,7 +263,7 @@ def dp_bound(settings: DPSettings, accountant: Accountant | None = None, curve: 
                    sample_rate=settings.sample_rate, steps=settings.steps, delta=settings.delta,
                    epsilon=epsilon if math.isfinite(epsilon) else None, prior=settings.prior,
                    reconstruction_bound=prior_bound, bounds=bounds, accountant=accountant.name,
-                   max_reconstruction=settings.max_reconstruction, curve=points,
+                   max_reconstruction=settings.max_reconstruction, curve=points, noise_by=settings.noise_by,
                    seconds=round(time.perf_counter() - start, 3))
 
 

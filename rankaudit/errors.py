@@ -33,3 +33,13 @@ class NoModelInFile(ModelLoadError):
 
 class TraceError(ModelLoadError):
     """Neither torch.fx nor torch.export could turn the model into a graph (exit 3)."""
+
+
+class Interrupted(RankauditError):
+    """Ctrl-C: exit 130 (128 + SIGINT, the shell's convention), without a report."""
+
+    exit_code = 130
+
+
+class ModelEndedProcess(ModelLoadError):
+    """The model's code called sys.exit/os._exit (or raised SystemExit): it tried to end rankaudit (exit 3)."""

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from rankaudit import supervise
 from rankaudit.errors import ModelLoadError, NoModelInFile, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -269,22 +270,41 @@ def _failing_op(mode, exc: BaseException) -> str | None:
     return None
 
 
+def package_root(path: Path) -> tuple[Path, str | None]:
+    """The folder that goes on sys.path for `path`, and its dotted module name when it sits in a package: walk up
+    while the folder holds an __init__.py (pkg/task.py -> the folder above pkg, "pkg.task"), as `python -m` and
+    Flower would import it. A file outside any package: its own folder, no dotted name."""
+    folder, parts = path.resolve().parent, [path.stem]
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return folder, (".".join(parts) if len(parts) > 1 else None)
+
+
 def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
-    module_name = "rankaudit_model_" + re.sub(r"\W", "_", path.stem)
+    root, dotted = package_root(path)
+    # In a package, the file runs as its own module (pkg.task), so `from pkg.x import ...` and relative imports
+    # resolve as they do when the app runs.
+    module_name = dotted or "rankaudit_model_" + re.sub(r"\W", "_", path.stem)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"'{path}' is not a Python file", "give a .py file that defines the model")
     module = importlib.util.module_from_spec(spec)
+    if dotted:   # a package of the same name imported from elsewhere (another app) would shadow this one's
+        top = dotted.split(".")[0]
+        for name in [name for name in sys.modules if name == top or name.startswith(top + ".")]:
+            if not str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(root)):
+                del sys.modules[name]
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
-    directory = str(path.resolve().parent)
-    # A model file may import its neighbours, as it would when run as a script.
+    directory = str(root)
+    # A model file may import its neighbours (or its package's), as it would when run as a script or by the app.
     sys.path.insert(0, directory)
     mode = None
     try:
         context, mode = _building_on(device, build)
-        with context:
+        with context, supervise.phase(f"the import of {path}"):
             spec.loader.exec_module(module)
-    except (KeyboardInterrupt, GeneratorExit):
+    except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
         raise
     except SyntaxError as exc:
         raise ModelLoadError(f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})",
@@ -306,6 +326,15 @@ def _zero_argument(cls) -> bool:
                for p in signature.parameters.values())
 
 
+def _accepts(cls, model_args: dict) -> bool:
+    """Whether `cls(**model_args)` binds, with every other parameter defaulted."""
+    try:
+        inspect.signature(cls).bind(**model_args)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     """Module-level nn.Module instances, and nn.Module subclasses defined in (not imported into) the file."""
     instances, classes = {}, {}
@@ -319,8 +348,12 @@ def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     return instances, classes
 
 
-def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE) -> nn.Module:
+def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE,
+           model_args: dict | None = None) -> nn.Module:
     if isinstance(obj, nn.Module):
+        if model_args:
+            raise UsageError(f"'{attr}' in {path} is a model instance: it takes no arguments",
+                             "drop --model-arg (model-args), or name the class or factory that builds it")
         return obj
     if not callable(obj):
         raise UsageError(f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
@@ -328,9 +361,9 @@ def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE) -
     mode = None
     try:
         context, mode = _building_on(device, build)
-        with context:
-            built = obj()
-    except (KeyboardInterrupt, GeneratorExit):
+        with context, supervise.phase(f"the build of {attr}() from {path}"):
+            built = obj(**(model_args or {}))
+    except (KeyboardInterrupt, GeneratorExit, SystemExit):
         raise
     except BaseException as exc:
         raise _ConstructionFailed("build", exc, _failing_op(mode, exc)) from exc
@@ -341,32 +374,40 @@ def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE) -
 
 
 _STANDALONE_CHECK = """
-import resource, runpy, sys
+import importlib, json, resource, runpy, sys
 limit = int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-sys.path.insert(0, sys.argv[2])
-namespace = runpy.run_path(sys.argv[1], run_name="rankaudit_standalone_check")
-if len(sys.argv) > 4:
+# The same path as rankaudit's own import: the package root first, not the directory the command ran in.
+sys.path[:] = [sys.argv[2]] + [entry for entry in sys.path if entry not in ("", ".")]
+dotted = sys.argv[4]
+namespace = vars(importlib.import_module(dotted)) if dotted else runpy.run_path(sys.argv[1],
+                                                                               run_name="rankaudit_standalone_check")
+if len(sys.argv) > 5:
     import torch.nn
-    obj = namespace[sys.argv[4]]
+    obj = namespace[sys.argv[5]]
     if not isinstance(obj, torch.nn.Module):
-        obj()
+        obj(**json.loads(sys.argv[6]))
 """
 _CHECK_MEMORY = 6 * 1024 ** 3
 _CHECK_SECONDS = 120
 
 
-def _runs_on_its_own(path: Path, attr: str | None) -> tuple[bool | None, str]:
+def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = None) -> tuple[bool | None, str]:
     """Does the file import (and, with `attr`, build) with plain PyTorch on the CPU, in a fresh process?
 
     (True, ""), (False, its error) or (None, why it could not be told). A separate process with a memory cap:
     a real build may be large, and the user's file should not run inside rankaudit with real weights.
     """
+    import json
     import subprocess
 
-    command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(path.resolve().parent), str(_CHECK_MEMORY)]
+    root, dotted = package_root(path)
+    command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(root), str(_CHECK_MEMORY), dotted or ""]
     if attr is not None:
-        command.append(attr)
+        try:
+            command += [attr, json.dumps(model_args or {})]
+        except TypeError:
+            return None, "its factory arguments are not plain values"
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=_CHECK_SECONDS)
     except subprocess.TimeoutExpired:
@@ -380,14 +421,15 @@ def _runs_on_its_own(path: Path, attr: str | None) -> tuple[bool | None, str]:
     return False, last
 
 
-def _construction_error(path: Path, attr: str | None, failure: _ConstructionFailed) -> ModelLoadError:
+def _construction_error(path: Path, attr: str | None, failure: _ConstructionFailed,
+                        model_args: dict | None = None) -> ModelLoadError:
     """The one-line error when no construction worked: what failed, where, and whether the file runs on its own."""
     what = _describe_exception(failure.error, path)
     if failure.failed_op:
         what += f" in torch's {failure.failed_op}()"
     head = (f"{path} raised on import: {what}" if failure.phase == "import"
             else f"could not build {attr}() from {path}: {what}")
-    runs, detail = _runs_on_its_own(path, attr if failure.phase == "build" else None)
+    runs, detail = _runs_on_its_own(path, attr if failure.phase == "build" else None, model_args)
     command = f"python {path}"
     if runs is False:
         fix = ("make the file importable on its own (`" + command + "` fails the same way)" if failure.phase == "import"
@@ -404,7 +446,7 @@ def _construction_error(path: Path, attr: str | None, failure: _ConstructionFail
                           f"check that `{command}` runs, then report the model to rankaudit if it does")
 
 
-def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
+def _pick(module, name: str | None, path: Path, model_args: dict | None = None) -> tuple[str, object]:
     instances, classes = _candidates(module)
     if name is not None:
         if not hasattr(module, name):
@@ -418,7 +460,8 @@ def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
         names = ", ".join(sorted(instances))
         raise UsageError(f"{path} holds several model instances ({names})",
                          f"choose one with {path}:NAME")
-    buildable = {attr: cls for attr, cls in classes.items() if _zero_argument(cls)}
+    buildable = {attr: cls for attr, cls in classes.items()
+                 if (_accepts(cls, model_args) if model_args else _zero_argument(cls))}
     if len(buildable) == 1:
         return next(iter(buildable.items()))
     if len(buildable) > 1:
@@ -428,6 +471,7 @@ def _pick(module, name: str | None, path: Path) -> tuple[str, object]:
     if classes:
         names = ", ".join(sorted(classes))
         raise ModelLoadError(f"no model in {path} builds without arguments (found {names}, each needs arguments)",
+                             f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
                              f"add a zero-argument factory function and pass {path}:factory")
     raise NoModelInFile(f"no nn.Module subclass or instance is defined in {path}",
                          "define the model class in that file, or name it with PATH:NAME")
@@ -456,15 +500,15 @@ def _vocabulary(namespace, model: nn.Module, path: Path) -> int | None:
     return next((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), None)
 
 
-def _construct(path: Path, name: str | None, device: str):
+def _construct(path: Path, name: str | None, device: str, model_args: dict | None = None):
     """Run the file and build its model; on meta, first with parameters only on meta, then all on meta."""
     builds = (BUILD_META_PARAMETERS, BUILD_META) if device == "meta" else (BUILD_DEVICE,)
     first_failure, attr = None, name
     for build in builds:
         try:
             namespace = _execute_file(path, device, build)
-            attr, obj = _pick(namespace, name, path)
-            return namespace, attr, _build(obj, attr, path, device, build), build
+            attr, obj = _pick(namespace, name, path, model_args)
+            return namespace, attr, _build(obj, attr, path, device, build, model_args), build
         except _ConstructionFailed as failure:
             first_failure = first_failure or failure
     if device != "meta":  # the verifier's real build: its error is the file's own
@@ -475,16 +519,17 @@ def _construct(path: Path, name: str | None, device: str):
         raise ModelLoadError(f"could not build {attr}() from {path}: {what}",
                              f"give {attr} defaults for every argument, or add a zero-argument factory function and "
                              f"pass {path}:factory") from first_failure.error
-    raise _construction_error(path, attr, first_failure) from first_failure.error
+    raise _construction_error(path, attr, first_failure, model_args) from first_failure.error
 
 
 def load_model(spec: str, input_shape: tuple[int, ...] | dict | None = None, device: str = "meta",
-               input_dtype: torch.dtype | dict | None = None) -> LoadedModel:
-    """Execute the model file and build its model on `device` ("meta" for analysis: no weight is allocated)."""
+               input_dtype: torch.dtype | dict | None = None, model_args: dict | None = None) -> LoadedModel:
+    """Execute the model file and build its model on `device` ("meta" for analysis: no weight is allocated);
+    `model_args`: keyword arguments of the class or factory (--model-arg)."""
     path, name = split_model_spec(spec)
     if path.suffix != ".py":
         raise UsageError(f"'{path}' is not a .py file", "give the Python file that defines the model")
-    namespace, attr, model, build = _construct(path, name, device)
+    namespace, attr, model, build = _construct(path, name, device, model_args)
     if device == "meta":
         _everything_to_meta(model)
     from_file = _shape_from_file(namespace.INPUT_SHAPE, path) if hasattr(namespace, "INPUT_SHAPE") else None

@@ -310,6 +310,16 @@ class DPNoiseSuggestion:
 
 
 @dataclass
+class DeploymentRead:
+    """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
+
+    kind: str                                   # flower | nvflare
+    root: str                                   # the app's directory
+    settings: list[tuple[str, str, str]]        # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class BiasReadoutFinding:
     """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
     the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
@@ -327,6 +337,49 @@ class BiasReadoutFinding:
     message: str
     fix: str
     source: str | None = None         # file:line of the call
+
+
+@dataclass
+class BiasReadoutLayer:
+    """--verify bias on one layer: which units' ratio u_W[k] / u_b[k] is a sample's input to it, exactly."""
+
+    name: str
+    op: str                         # Linear | Conv2d | ...
+    units: int
+    live_units: int                 # units whose bias update is not ~0 (the others are skipped)
+    reads_input: bool               # the layer reads the model's input itself: a ratio is the image
+    units_read: list[dict]          # {unit, sample, relative_error, step (None for the input), fired_for}
+    samples_read: list[int]
+    units_firing_for_one_sample: int    # ground truth: units that passed a gradient for exactly one sample
+
+
+@dataclass
+class BiasReadoutSample:
+    """One sample of the verifier's batch (or round, numbered client·N + i): read out or not, and how close."""
+
+    index: int
+    read_exactly: bool
+    layer: str | None               # the layer and unit of the best exact readout
+    unit: int | None
+    relative_error: float | None
+    psnr: float | None              # nearest first-layer ratio against the image, dB; None: identical or unmeasured
+    psnr_measured: bool             # a layer reading the input exists (psnr None then means infinite)
+
+
+@dataclass
+class BiasReadout:
+    """--verify bias (spec §14): the samples the update hands over exactly through a layer's bias."""
+
+    samples: int
+    samples_read: list[int]
+    layers: list[BiasReadoutLayer]
+    per_sample: list[BiasReadoutSample]
+    skipped: list[str]              # readout layers that read several vectors per sample or run twice
+    seconds: float
+    device: str
+    threshold: float                # relative error below which a match is exact
+    notes: list[str] = field(default_factory=list)
+    setup_seconds: float = 0.0      # torch.func's one-time imports, apart from the readout's `seconds`
 
 
 @dataclass
@@ -362,6 +415,7 @@ class Result:
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
     bias_readout: list[BiasReadoutFinding] = field(default_factory=list)   # spec §14's static readout finding
+    deployment: DeploymentRead | None = None   # `rankaudit DIR`: what was read from the app, and from where
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -154,6 +154,13 @@ def _visible_parts(data: dict, images: dict[str, bytes]) -> list[dict]:
     return shown
 
 
+def _worst_first(data: dict, shown: list[dict]) -> list[dict]:
+    """The visible parts in the rank check's worst-first order (least hidden first), where it gives one."""
+    order = [e.get("index") for e in data.get("worst_first") or [] if isinstance(e, dict)]
+    place = {index: position for position, index in enumerate(order)}
+    return sorted(shown, key=lambda v: place.get(v["index"], len(place)))
+
+
 def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = None) -> dict:
     """--verify rank: the measured rank beside the verdict, what the gradient shows of each input, and the input
     directions it cannot see."""
@@ -165,10 +172,23 @@ def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = N
             "seconds": data.get("seconds"), "device": data.get("device"), "confirms": data.get("confirms"),
             "judgement": _sentence(data.get("judgement")), "internal_error": _sentence(data.get("internal_error")),
             "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)], "directions": directions,
-            "batch_size": data.get("batch_size"), "visible_parts": _visible_parts(data, images or {}),
+            "batch_size": data.get("batch_size"), "visible_parts": _worst_first(data, _visible_parts(data, images or {})),
             "hidden_median": None if data.get("hidden_energy_median") is None
             else percent(data["hidden_energy_median"]),
-            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading")}
+            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading"),
+            "worst": _worst(data)}
+
+
+def _worst(data: dict) -> dict | None:
+    """Spec §14: the sample the gradient hides least of, which the card leads with (not the median)."""
+    worst = data.get("worst")
+    if not isinstance(worst, dict) or worst.get("hidden_energy") is None:
+        return None
+    psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
+    measured = sum(1 for e in data.get("worst_first") or [] if isinstance(e, dict) and e.get("hidden_energy") is not None)
+    return {"index": worst.get("index"), "hidden": percent(worst["hidden_energy"]), "psnr_value": psnr,
+            "psnr": "∞" if psnr is None else f"{psnr:.1f}", "ssim": None if ssim is None else f"{ssim:.3f}",
+            "rank": worst.get("rank"), "under_1": data.get("hiding_under_1_percent"), "measured": measured}
 
 
 ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
@@ -343,7 +363,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
                  else None),
         "defenses": _defenses(verification),
+        "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
+        "deployment": result.deployment,
         "dp": _dp(result),
         "suggestions": suggestions,
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),

@@ -47,6 +47,10 @@ def to_dict(result: Result) -> dict:
         "round": round_dict(result),
         "dp": _dp(result),
         "bias_readout": [asdict(finding) for finding in result.bias_readout],
+        "deployment": None if result.deployment is None else {
+            "kind": result.deployment.kind, "root": result.deployment.root, "notes": result.deployment.notes,
+            "settings": [{"setting": setting, "value": value, "source": source}
+                         for setting, value, source in result.deployment.settings]},
     }
 
 

@@ -199,8 +199,31 @@ def _number(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _bias_lines(readout: dict | None) -> list[str]:
+    """--verify bias (and the readout --verify rgap runs first): the samples the update hands over exactly."""
+    if not readout:
+        return []
+    setup = readout.get("setup_seconds") or 0.0
+    took = f"{readout['seconds']:.2f} s" + (f" after {setup:.1f} s of torch.func's first use" if setup >= 0.5 else "")
+    lines = ["", f"Bias readout ({readout['batch']}, {readout['device']}, {took}): "
+                 f"{readout['headline']}; {readout['judgement']}."]
+    if readout.get("internal_error"):
+        lines.append(f"  {readout['internal_error']}")
+    for layer in readout["layers"]:
+        reads = "the input itself" if layer["reads_input"] else "features"
+        lines.append(f"  {layer['name']} ({layer['op']}, {layer['units']} units, {layer['live_units']} live, reads "
+                     f"{reads}): {len(layer['units_read'])} unit(s) read a sample exactly; "
+                     f"{layer['units_firing_for_one_sample']} passed a gradient for one sample alone")
+    psnrs = [s for s in readout["per_sample"] if s["psnr_measured"]]
+    if psnrs:
+        shown = ", ".join(f"{s['index']}: {'exact' if s['read_exactly'] else _number(s['psnr'])}" for s in psnrs)
+        lines.append(f"  nearest ratio per sample, PSNR dB: {shown}")
+    lines += [f"  skipped {entry}" for entry in readout["skipped"]]
+    return lines + [f"  {note}" for note in readout["notes"]] + [f"  inputs: {readout['inputs']}"]
+
+
 def _verification_lines(result: Result) -> list[str]:
-    lines = []
+    lines = _bias_lines(result.verification.get("bias"))
     rgap = result.verification.get("rgap")
     if rgap:
         name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
@@ -231,6 +254,23 @@ def _verification_lines(result: Result) -> list[str]:
     lines.extend(_dager_lines(result.verification.get("dager")))
     lines.extend(_dp_attack_lines(result.verification.get("dp")))
     return lines
+
+
+def _deployment_lines(result: Result, width: int = 118) -> list[str]:
+    """`rankaudit DIR`: each setting read and its source, wrapped; the reader's notes one per line."""
+    read = result.deployment
+    if read is None:
+        return []
+    items = [f"{setting} {value} ({source})" for setting, value, source in read.settings]
+    lines, line = [], f"Read from the {'Flower app' if read.kind == 'flower' else 'NVFlare job'} {read.root}:"
+    for item in items:
+        if len(line) + len(item) + 2 > width:
+            lines.append(line + ";" if not line.endswith(":") else line)
+            line = "  " + item
+        else:
+            line += (" " if line.endswith(":") else "; ") + item
+    lines.append(line)
+    return lines + [f"  note: {note}" for note in read.notes]
 
 
 def _dp_lines(result: Result) -> list[str]:
@@ -298,6 +338,31 @@ def _rank_gap(rank: dict) -> str:
     return "n/a" if rank["rank"] == 0 else "inf"  # JSON has no infinity: None stands for it above rank 0
 
 
+def _worst_sample_lines(rank: dict) -> list[str]:
+    """Spec §14, measured: each sample's rank(J_i) against R_s, and the worst sample first."""
+    from collections import Counter
+
+    from rankaudit.levels import percent
+
+    lines = []
+    ranks = rank.get("per_sample_rank") or []
+    bound = rank.get("sample_bound")
+    if len(ranks) > 1 or bound:
+        counts = ", ".join(f"{value} x {count}" if count > 1 else str(value)
+                           for value, count in sorted(Counter(ranks).items(), reverse=True))
+        lines.append(f"  each sample: rank(J_i) {counts}" + (f" (per-sample bound R_s = {bound['rank_bound']} of "
+                                                                f"{bound['unknowns']})" if bound else ""))
+    worst = rank.get("worst")
+    if worst and worst.get("hidden_energy") is not None:
+        psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
+        shown = "∞ dB (nothing hidden)" if psnr is None else f"{psnr:.1f} dB"
+        shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+        measured = sum(1 for e in rank.get("worst_first") or [] if e.get("hidden_energy") is not None)
+        lines.append(f"  worst sample: {worst['index']} hides {percent(worst['hidden_energy'])} of its energy "
+                     f"(visible part {shown}); {rank.get('hiding_under_1_percent')} of {measured} hide under 1 %")
+    return lines
+
+
 def _hidden_lines(rank: dict) -> list[str]:
     """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
     from rankaudit.levels import percent
@@ -340,6 +405,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
     lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
                  f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
                  f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}."]
+    lines.extend(_worst_sample_lines(rank))
     lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")
@@ -413,7 +479,7 @@ def _defense_lines(result: Result) -> list[str]:
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
-             + _round_header(result), ""]
+             + _round_header(result), *_deployment_lines(result), ""]
     cells = [HEADERS] + _input_rows(result) + [
         (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
          f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]

@@ -55,12 +55,20 @@ class LocalTraining:
 
     def client_update(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One client's θ_K − θ₀ over the shared parameters, flat; inputs (N, *sample), labels (N)."""
+        weights = self.trajectory(inputs, labels)[-1]
+        return torch.cat([(weights[name] - self.initial[name]).reshape(-1) for name in self.shared])
+
+    def trajectory(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """One client's trainable weights θ₀, θ₁, ..., θ_K: step k reads batches()[k] at θ_k (the bias readout
+        matches a deeper layer's candidates to the features each step saw)."""
         weights = dict(self.initial)
+        path = [weights]
         state: dict[str, tuple[torch.Tensor, ...]] = {}
         for step, part in enumerate(self.batches(), start=1):
             gradients = self._gradient(weights, inputs[part], labels[part])
             weights = {name: self._step(name, weights[name], gradients[name], state, step) for name in weights}
-        return torch.cat([(weights[name] - self.initial[name]).reshape(-1) for name in self.shared])
+            path.append(weights)
+        return path
 
     def _step(self, name: str, weight: torch.Tensor, gradient: torch.Tensor, state: dict, step: int) -> torch.Tensor:
         """torch.optim's SGD (momentum μ, no dampening or weight decay) and Adam, as differentiable arithmetic."""

@@ -100,6 +100,8 @@ class RankMeasurement:
     invisible: np.ndarray | None = None
     precision: str = "float64"     # the sketch whose spectrum gave the rank: float32 (accepted) | float64
     precision_note: str = ""       # why that precision
+    # Spec §14: rank(J_i) of each sample of the batch from its column block of the same sketch (R·J_i), in order.
+    sample_ranks: list[int] = field(default_factory=list)
 
 
 def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
@@ -239,6 +241,11 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
             torch.cuda.synchronize(device)
         sketched = time.perf_counter()
         spectrum = _spectrum(sketch, want_vectors=want_vectors)
+    if accepted is not None:   # a float32 sketch is kept only at full rank: every column block has full rank too
+        per_sample = [unknowns // int(images.shape[0])] * int(images.shape[0])
+    else:
+        per_sample = sample_ranks(sketch, int(images.shape[0]), spectrum.rank)
+        del sketch
     rank, found, found_values = spectrum.rank, None, []
     if spectrum.right_vectors is not None and rank < unknowns:
         # Rows of Vh past the rank span the null space of S, which is the null space of J.
@@ -261,7 +268,19 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
         chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
         direction_singular_values=found_values, invisible=invisible,
-        precision="float32" if accepted is not None else "float64", precision_note=precision_note)
+        precision="float32" if accepted is not None else "float64", precision_note=precision_note,
+        sample_ranks=per_sample)
+
+
+def sample_ranks(sketch: torch.Tensor, samples: int, rank: int) -> list[int]:
+    """rank(J_i) of each of ``samples`` equal column blocks of the sketch S = R·J (spec §14): S's columns of sample
+    i are R·J_i, whose rank is rank(J_i) since R has at least min(m, |x|) + 16 rows. Each block by the same rule
+    as the whole (QR when it clearly has full rank, else its singular values above LAPACK's tolerance); at full
+    rank of S (``rank`` = its column count) every block has full rank and nothing is factorised again."""
+    width = sketch.shape[1] // samples
+    if samples == 1 or rank >= sketch.shape[1]:
+        return [min(rank, width)] * samples if rank >= sketch.shape[1] else [rank]
+    return [_spectrum(sketch[:, i * width:(i + 1) * width], want_vectors=False).rank for i in range(samples)]
 
 
 def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str], rows: int, *,

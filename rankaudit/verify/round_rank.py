@@ -92,6 +92,7 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     fits = sketch_bytes(rows, unknowns, vectors=True) <= memory_budget(device)[0]
     want_vectors = directions > 0 or (hidden and fits)
     spectrum = _spectrum(sketch, want_vectors=want_vectors)
+    per_sample = rank.sample_ranks(sketch, round_.clients * round_.samples, spectrum.rank)
     found, found_values = None, []
     if spectrum.right_vectors is not None and spectrum.rank < unknowns:
         take = min(directions, unknowns - spectrum.rank)
@@ -111,7 +112,7 @@ def measure_round(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
         spectrum=spectrum.how, seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
         spectrum_seconds=time.perf_counter() - sketched, device=str(device), method="reverse-over-reverse (vmap)",
         loss=loss, sketch_rows=rows, chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names,
-        directions=found, direction_singular_values=found_values, invisible=invisible)
+        directions=found, direction_singular_values=found_values, invisible=invisible, sample_ranks=per_sample)
 
 
 def _float64_copy(model: nn.Module, device: torch.device) -> nn.Module:

@@ -15,7 +15,7 @@ from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
 from rankaudit.verify.runner import (_confirms, _finite, _gap_text, _rank_inputs, _save_images,
-                                     _what_the_gradient_shows, build_real_model, resolve_device)
+                                     _what_the_gradient_shows, build_real_model, read_worst_sample, resolve_device)
 
 
 def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
@@ -98,6 +98,7 @@ def verify_round_rank(result: Result, spec: str, *, seed: int = 0, device: str =
         "bound": bound, "internal_error": bound.get("internal_error") if bound else None,
         "directions": saved, "notes": notes, "round": round_dict(result),
     }
+    read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
     result.verification["rank"] = verification
     return verification
 

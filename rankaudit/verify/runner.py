@@ -551,8 +551,29 @@ def verify_rank(result: Result, spec: str, *, samples: int = 4, seed: int = 0, d
         "internal_error": bound.get("internal_error") if bound else None,
         "directions": saved, "notes": notes,
     }
+    per_sample_ranks = ([m.rank for m in measurements] if batch == 1 else measurements[0].sample_ranks)
+    read_worst_sample(verification, result, per_sample_ranks, [e for part in seen["inputs"] for e in part],
+                      "gradient", keep_agreement=batch == 1)
     result.verification["rank"] = verification
     return verification
+
+
+def read_worst_sample(verification: dict, result: Result, ranks: list[int], inputs: list[dict], what: str, *,
+                      keep_agreement: bool = False):
+    """Spec §14 in the rank check's JSON: the per-sample keys, and confirms / judgement read the worst sample (the
+    batch's reading stays under batch_*); a rank(J_i) above R_s joins internal_error."""
+    from rankaudit.verify.per_sample import sample_reading
+
+    reading = sample_reading(result, ranks, inputs, math.prod(result.input_shape), what=what)
+    verification.update({f"batch_{key}": verification[key] for key in ("confirms", "agreement", "judgement")})
+    verification.update({key: value for key, value in reading.items() if not key.startswith("sample_")
+                         or key in ("sample_bound", "sample_level")})
+    verification["confirms"], verification["judgement"] = reading["sample_confirms"], reading["sample_judgement"]
+    if not keep_agreement:
+        verification["agreement"] = reading["sample_agreement"]
+    sample_error = (reading["sample_bound"] or {}).get("internal_error")
+    if sample_error:
+        verification["internal_error"] = "; ".join(e for e in (verification.get("internal_error"), sample_error) if e)
 
 
 def _what_the_gradient_shows(result: Result, images: torch.Tensor, batches: list[slice], measurements: list,

@@ -1,0 +1,125 @@
+"""A Flower app's pyproject.toml: [tool.flwr.app] components and run config, federations, --run-config overrides."""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rankaudit.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# Where a run-config value came from, as the report names it.
+APP_CONFIG = "[tool.flwr.app.config]"
+RUN_CONFIG_FLAG = "--run-config"
+# Flower's own pattern for one `key=value` pair of --run-config: a value is quoted or runs to the next space.
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+@dataclass
+class FlowerApp:
+    """What pyproject.toml says about the app; `config` is the flattened run config, each value with its source."""
+
+    root: Path
+    pyproject: Path
+    clientapp: str | None = None            # "pkg.client_app:app"
+    serverapp: str | None = None
+    config: dict[str, tuple[object, str]] = field(default_factory=dict)
+    num_supernodes: tuple[int, str] | None = None   # (nodes, source) of the default (or only) federation
+
+    def module_file(self, reference: str | None) -> Path | None:
+        """`pkg.client_app:app` -> root/pkg/client_app.py (or the package's __init__.py), when it exists."""
+        if not reference:
+            return None
+        parts = reference.split(":", 1)[0].split(".")
+        for candidate in (self.root.joinpath(*parts).with_suffix(".py"), self.root.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+        return None
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}", "fix the syntax of that file") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+
+
+def is_flower_app(directory: Path) -> bool:
+    pyproject = directory / "pyproject.toml"
+    return pyproject.is_file() and "app" in read_toml(pyproject).get("tool", {}).get("flwr", {})
+
+
+def flatten(table: dict, prefix: str = "") -> dict[str, object]:
+    """Nested run-config tables become dotted keys, as Flower flattens them (`a.b = 1`)."""
+    flat: dict[str, object] = {}
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            flat.update(flatten(value, name))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            raise UsageError(f"run-config value {name} = {value!r} is not a bool, int, float or string",
+                             "Flower's run config holds only those (and tables of them)")
+    return flat
+
+
+def parse_run_config(text: str | None) -> dict[str, object]:
+    """`--run-config "k=v k2=v2"` as `flwr run` parses it: each value is a TOML value (123, 0.1, true, "text");
+    or the path of a .toml file of overrides."""
+    if not text or not text.strip():
+        return {}
+    if text.strip().endswith(".toml"):
+        path = Path(text.strip()).expanduser()
+        if not path.is_file():
+            raise UsageError(f"--run-config file {text!r} does not exist", "give the path of a TOML file of overrides")
+        return flatten(read_toml(path))
+    pairs = _PAIR.findall(text)
+    if not pairs:
+        raise UsageError(f"--run-config {text!r} holds no key=value pair", 'write e.g. --run-config "local-epochs=3"')
+    try:
+        return flatten(tomllib.loads("\n".join(f"{key} = {value}" for key, value in pairs)))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--run-config {text!r} is not in Flower's format ({exc})",
+                         "write space-separated pairs such as 'key1=123 key2=false key3=\"string\"'") from exc
+
+
+def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
+    """The app in `directory`: components, run config (with --run-config fused over it, as Flower fuses), nodes."""
+    pyproject = directory / "pyproject.toml"
+    flwr = read_toml(pyproject).get("tool", {}).get("flwr", {})
+    app_table = flwr.get("app", {})
+    components = app_table.get("components", {}) if isinstance(app_table, dict) else {}
+    app = FlowerApp(root=directory.resolve(), pyproject=pyproject, clientapp=components.get("clientapp"),
+                    serverapp=components.get("serverapp"))
+    app.config = {key: (value, APP_CONFIG) for key, value in flatten(app_table.get("config", {})).items()}
+    for key, value in parse_run_config(run_config).items():
+        if key not in app.config:   # Flower refuses an override of a key the app does not declare
+            known = ", ".join(sorted(app.config)) or "none"
+            raise UsageError(f"--run-config key {key!r} is not in the app's {APP_CONFIG} (keys: {known})",
+                             "override only keys the app declares, as `flwr run` requires")
+        app.config[key] = (value, RUN_CONFIG_FLAG)
+    app.num_supernodes = _num_supernodes(flwr.get("federations", {}))
+    return app
+
+
+def _num_supernodes(federations: dict) -> tuple[int, str] | None:
+    """options.num-supernodes of the default federation, else of the only federation that states it."""
+    if not isinstance(federations, dict):
+        return None
+    stated = {name: table["options"]["num-supernodes"] for name, table in federations.items()
+              if isinstance(table, dict) and isinstance(table.get("options"), dict)
+              and isinstance(table["options"].get("num-supernodes"), int)}
+    default = federations.get("default")
+    name = default if default in stated else (next(iter(stated)) if len(stated) == 1 else None)
+    if name is None:
+        return None
+    return stated[name], f"[tool.flwr.federations.{name}] options.num-supernodes"

@@ -1,0 +1,130 @@
+"""Report files: their paths checked before the analysis, and written atomically (a temporary file, then a rename)."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+
+from rankaudit.errors import UsageError
+
+_STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def _os_error(exc: OSError) -> str:
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+
+
+def _refuse(option: str, path: str, problem: str, fix: str):
+    raise UsageError(f"{option} {path}: {problem}", fix)
+
+
+def _check_file(option: str, path: str) -> None:
+    """Can a report be written at `path`? Opened for writing without truncating it, and removed again if this
+    check created it: a missing folder, a read-only place or a name too long shows up here, before the analysis."""
+    if os.path.isdir(path):
+        _refuse(option, path, "is a folder", f"give a file name, e.g. {option} {os.path.join(path, 'report')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        _refuse(option, path, f"the folder {folder} {what}", "create the folder first, or write the report elsewhere")
+    existed = os.path.exists(path)
+    if existed and not os.path.isfile(path):   # a device or a pipe: opening a pipe would wait for its reader
+        if not os.access(path, os.W_OK):
+            _refuse(option, path, "cannot be written (permission denied)", "choose a writable path")
+        return
+    try:
+        descriptor = os.open(path, os.O_WRONLY | (0 if existed else os.O_CREAT | os.O_EXCL), 0o666)
+    except OSError as exc:
+        _refuse(option, path, f"cannot be written ({_os_error(exc)})",
+                "choose a writable path" + (" with a shorter name" if exc.errno == errno.ENAMETOOLONG else ""))
+    os.close(descriptor)
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _check_folder(option: str, path: str) -> None:
+    """--artifacts: an existing folder, or one that can be created under its nearest existing parent."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            _refuse(option, path, "exists and is not a folder", "name a folder, or remove that file")
+        if not os.access(path, os.W_OK | os.X_OK):
+            _refuse(option, path, "is not writable", "choose a writable folder")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        _refuse(option, path, f"{parent} is not a folder", "choose a path under a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        _refuse(option, path, f"the folder {parent} is not writable", "choose a writable folder")
+
+
+def _same_file(first: str, second: str) -> bool:
+    if os.path.exists(first) and os.path.exists(second):
+        with contextlib.suppress(OSError):
+            return os.path.samefile(first, second)
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
+def check_outputs(output: str | None = None, html: str | None = None, artifacts: str | None = None) -> None:
+    """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work."""
+    if output and html and _same_file(output, html):
+        raise UsageError(f"-o and --html both name {output}", "give the HTML report its own file name")
+    for option, path in (("-o", output), ("--html", html)):
+        if path:
+            _check_file(option, path)
+    if artifacts:
+        _check_folder("--artifacts", artifacts)
+
+
+def write_file(path: str, text: str) -> None:
+    """Write a report at `path`: into a temporary file in the same folder, renamed over `path` once complete, so
+    a failed write (a full disk) leaves the old file or nothing. A device or a pipe (/dev/stdout, /dev/full) is
+    written directly. An OSError is a UsageError (exit 2) naming the path."""
+    if os.path.abspath(path) in _STDOUT:   # fd 1 is stderr while the model's code runs: the report's stdout
+        from rankaudit import supervise
+
+        supervise.write_stdout(text)
+        return
+    data = text.encode("utf-8")
+    target = os.path.realpath(path)   # through a symbolic link, as a plain write would go
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    try:
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(target, "wb") as handle:
+                handle.write(data)
+            return
+        try:
+            descriptor, temporary = tempfile.mkstemp(prefix=".rankaudit-", suffix=".tmp", dir=os.path.dirname(target))
+        except PermissionError:
+            if mode is None:
+                raise
+            # A writable file in a folder we may not add to: write it in place (not atomic, but as asked).
+            with open(target, "wb") as handle:
+                handle.write(data)
+            return
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
+            permissions = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
+            os.chmod(temporary, permissions)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise UsageError(f"could not write the report to {path} ({_os_error(exc)}); nothing was written there",
+                         "free space or choose another path") from exc
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
