@@ -208,6 +208,9 @@ def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
     assert payload["policy"]["carried_by"] == "noise" and payload["policy"]["reasons"] == []
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp)
     assert code == 0 and "carried by the noise, not the structure: the architecture leaves each sample exposed" in out
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--format", "sarif")
+    verdict = next(r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA004")
+    assert "The policy passes, carried by the noise, not the structure" in verdict["message"]["text"]
     # the same noise added by the server bounds the released model, never what the server sees
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--noise-by", "server",
                            "--format", "json")
