@@ -182,6 +182,7 @@ def test_mlp_round_sarif_and_html_read_each_sample(run_cli, tmp_path):
     text = page.read_text()
     assert code == 1 and "of 192 unknowns per sample" in text and "The round as a whole: rank &lt;= 1,228" in text
     assert "Sample readout (RA010): fc1" in text and "determining any one sample" in text
+    assert "R_s = min(|x|, |θ_s|, E_i·R(1)) = 192 of 192" in text
 
 
 # ---- the twelve-app situation: a real CNN at a real round --------------------------------------------------------
