@@ -322,3 +322,15 @@ def test_batchnorm_models_say_the_bound_is_for_eval_mode():
     assert "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, " \
            "in eval mode" in result.meaning
     assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning
+
+
+def test_a_frozen_weight_sends_no_row_to_read_out(tmp_path):
+    path = tmp_path / "frozen.py"
+    path.write_text(textwrap.dedent(READOUT_MODELS) + textwrap.dedent("""
+        class FrozenWeight(OnePositionConv):
+            def __init__(self):
+                super().__init__()
+                self.conv.weight.requires_grad_(False)
+    """))
+    assert audit(f"{path}:FrozenWeight").bias_readout == []
+    assert len(audit(f"{path}:OnePositionConv").bias_readout) == 1
