@@ -423,7 +423,9 @@ def _binding(round_: Round, unknowns: int, update_values: int, steps_bound: int,
                 [f"the update's {update_values:,} values"])
     if steps_bound < unknowns:
         cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
-        return ("steps", f"the {round_.steps} local steps' gradients carry at most {steps_bound:,} independent values "
+        steps = "the local step's gradient carries" if round_.steps == 1 else \
+            f"the {round_.steps:,} local steps' gradients carry"
+        return ("steps", f"{steps} at most {steps_bound:,} independent values "
                 f"({per_step}{clients}) for {unknowns:,} unknowns", cut)
     cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
     return ("unknowns", f"no cap falls below the {unknowns:,} unknowns: the steps' gradients can carry "

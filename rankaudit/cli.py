@@ -132,12 +132,17 @@ def _timeout_option(command):
                              f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.")(command)
 
 
-def _round(ctx: click.Context, batch_size: int, configured: dict | None):
-    """The round from this command's flags and the configuration's table (flags win)."""
+def _round(ctx: click.Context, batch_size: int, configured: dict | None, dp_options: dict | None = None,
+           dp_configured: dict | None = None):
+    """The round from this command's flags and the configuration's table (flags win), with the DP settings from
+    `dp_options` (the DP flags) over `dp_configured` ([tool.rankaudit.dp]): q and T follow the round unless given."""
+    from rankaudit.dp import settings_from
     from rankaudit.round import build_round
 
     flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
-    return build_round({**flags, "batch_size": batch_size}, configured)
+    values = _dp_values(dp_options or {}, dp_configured)
+    return build_round({**flags, "batch_size": batch_size}, configured, dp=settings_from(values),
+                       dp_given=_dp_sources(dp_options or {}, dp_configured))
 
 
 _DP_FLAGS = {"noise": "dp_noise", "clip": "dp_clip", "sample-rate": "dp_sample_rate", "steps": "dp_steps",
@@ -156,18 +161,23 @@ def _dp_values(options: dict, configured: dict | None) -> dict:
     return merged
 
 
-def _dp_settings(options: dict, configured: dict | None):
-    """round.DPSettings from the flags over [tool.rankaudit.dp], or None without a noise multiplier."""
-    from rankaudit.dp import settings_from
+def _dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
+    """Where q and T were given (DPSettings field -> the flag or the config key); absent ones follow the round."""
+    sources = {}
+    for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
+        if options.get(_DP_FLAGS[key]) is not None:
+            sources[field] = f"--dp-{key}"
+        elif configured and key in configured:
+            sources[field] = f"[tool.rankaudit.dp] {key}"
+    return sources
 
-    return settings_from(_dp_values(options, configured))
 
-
-def _noise_suggestion(options: dict, configured: dict | None):
-    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T (None without DP options)."""
+def _noise_suggestion(options: dict, configured: dict | None, round_=None):
+    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T, from the round unless given
+    (None without DP options)."""
     from rankaudit.dp import noise_search
 
-    return noise_search(_dp_values(options, configured))
+    return noise_search(_dp_values(options, configured), round_, _dp_sources(options, configured))
 
 
 def _deployment(ctx: click.Context, spec: str, options: dict, run_config: str | None, model_args: tuple[str, ...]):
@@ -313,8 +323,8 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
             pick = lambda name, value: value if name in given or getattr(settings, name) is None \
                 else getattr(settings, name)  # noqa: E731
             # One value for the whole run: the round, with its DP settings, handed to every step.
-            round_ = deployment.round if deployment is not None else dataclasses.replace(
-                _round(ctx, pick("batch_size", batch_size), settings.round), dp=_dp_settings(options, settings.dp))
+            round_ = deployment.round if deployment is not None else _round(
+                ctx, pick("batch_size", batch_size), settings.round, options, settings.dp)
             withheld = pick("withheld_layers", withheld_layers)
             if deployment is not None and not withheld and not pick("shared_layers", shared_layers):
                 withheld = deployment.withheld_layers   # NVFlare's ExcludeVars
@@ -403,16 +413,26 @@ def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, o
     report_files.check_outputs(output)
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
-    noise = _noise_suggestion(options, settings.dp)
+    # As `check` reads them: the flag where given, else [tool.rankaudit] (its [[tool.rankaudit.models]] input shape,
+    # its batch-size or [tool.rankaudit.round]'s), else the default.
+    commandline = {name for name in ("input_shape", "batch_size", "max_recoverable")
+                   if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
+    pick = lambda name, value: value if name in commandline or getattr(settings, name) is None \
+        else getattr(settings, name)  # noqa: E731
+    input_shape, batch_size = pick("input_shape", input_shape), pick("batch_size", batch_size)
+    max_recoverable = pick("max_recoverable", max_recoverable)
+    whole_round = _round(ctx, batch_size, settings.round)
+    noise = _noise_suggestion(options, settings.dp, whole_round)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
-    round_ = _round(ctx, batch_size, settings.round) if given else None
+    round_ = whole_round if given else None
     report = dataclasses.replace(suggest(model, input_shape=input_shape, batch_size=batch_size,
                                          max_recoverable=max_recoverable, round_=round_), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
 
-        result = audit(model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable)
+        result = audit(model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable,
+                       round_=round_)
         shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
         text = html.render([result], suggestions={result.model: shown})
     else:
@@ -535,8 +555,10 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
     single = [attack for attack in attacks if attack in ("gdbr", "dager")]
     if single or defenses:
         what = f"--verify {single[0]}" if single else "--defense"
-        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of {result.round.steps} "
-                         f"local step(s) from {result.round.clients} client(s)",
+        from rankaudit.levels import count
+
+        raise UsageError(f"{what} reads one shared gradient, and this round sends the update of "
+                         f"{count(result.round.steps, 'local step')} from {count(result.round.clients, 'client')}",
                          "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the "
                          "round's flags to check one gradient")
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from typing import Protocol
 
 from rankaudit.errors import UsageError
 from rankaudit.result import DPBound, DPNoiseSuggestion
-from rankaudit.round import DP_LEVELS, NOISE_BY, DPSettings
+from rankaudit.round import DP_LEVELS, NOISE_BY, DPSettings, Round, dp_for_round
 
 # The priors every DP section reports, as JSON keys; the user's --prior is added beside them.
 REPORTED_PRIORS = ("0.1", "0.01", "0.001")
@@ -206,10 +207,12 @@ def settings_from(options: dict) -> DPSettings | None:
     return settings
 
 
-def noise_search(options: dict) -> DPNoiseSuggestion | None:
+def noise_search(options: dict, round_: Round | None = None,
+                 given: dict[str, str] | None = None) -> DPNoiseSuggestion | None:
     """`suggest`'s DP request from checked options (keyed as OPTION_RULES): None without any; the least noise
-    meeting max-reconstruction otherwise, at the given (or default) q, T, δ and prior. The noise itself is ignored:
-    it is what is searched."""
+    meeting max-reconstruction otherwise, at the given (or default) δ and prior, and at the q and T of `round_`
+    (default: FedSGD) unless `given` names them (DPSettings field -> where given; round.dp_for_round). The noise
+    itself is ignored: it is what is searched."""
     if not options:
         return None
     if "max-reconstruction" not in options:
@@ -217,8 +220,12 @@ def noise_search(options: dict) -> DPNoiseSuggestion | None:
                          "add --max-reconstruction P (e.g. 0.05)")
     defaults = DPSettings(noise_multiplier=1.0)
     value = {key: options.get(key, getattr(defaults, field)) for key, (field, *_) in OPTION_RULES.items()}
-    return least_noise(value["max-reconstruction"], value["prior"], value["sample-rate"], value["steps"],
-                       value["delta"], value["level"])
+    settings = dp_for_round(round_ or Round(), DPSettings(noise_multiplier=1.0, sample_rate=value["sample-rate"],
+                                                          steps=value["steps"], level=value["level"]), given or {})
+    found = least_noise(value["max-reconstruction"], value["prior"], settings.sample_rate, settings.steps,
+                        value["delta"], value["level"])
+    return dataclasses.replace(found, sample_rate_source=settings.sample_rate_source,
+                               steps_source=settings.steps_source, notes=list(settings.notes))
 
 
 def validate(settings: DPSettings) -> None:
@@ -264,7 +271,8 @@ def dp_bound(settings: DPSettings, accountant: Accountant | None = None, curve: 
                    epsilon=epsilon if math.isfinite(epsilon) else None, prior=settings.prior,
                    reconstruction_bound=prior_bound, bounds=bounds, accountant=accountant.name,
                    max_reconstruction=settings.max_reconstruction, curve=points, noise_by=settings.noise_by,
-                   seconds=round(time.perf_counter() - start, 3))
+                   seconds=round(time.perf_counter() - start, 3), sample_rate_source=settings.sample_rate_source,
+                   steps_source=settings.steps_source, notes=list(settings.notes))
 
 
 def bound_at(noise_multiplier: float, sample_rate: float, steps: int, prior: float,

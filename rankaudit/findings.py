@@ -6,7 +6,7 @@ import math
 from rankaudit.bound import identifiability, sample_identifiability
 # The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
 from rankaudit.levels import (DEFAULT_FAIL_ON, DEFAULT_MAX_RECOVERABLE, FAIL_ON_CHOICES, FAILING_VERDICTS,  # noqa: F401
-                              VERDICT_LEVELS, percent, verdict_level)
+                              VERDICT_LEVELS, count, percent, verdict_level)
 from rankaudit.ops import Role
 from rankaudit.result import (BiasReadoutFinding, Caveat, DPBound, EmbeddingExposure, Identifiability, InputInfo,
                               LabelLeakage, LayerBridge, PolicyOutcome, Result, SpanExposure, TokenLeakage)
@@ -305,7 +305,7 @@ def _bridge_from(traced: TracedModel, layer_id: str) -> tuple[bool, bool, str | 
     if passed_layers == 0:
         return (True, True, None, "direct", f"{record.name} produces the logits: the labels follow from the sign of its "
                 "gradient (iDLG), no bridge needed")
-    return (True, False, None, "bridge", f"a gradient bridge through {passed_layers} full-row-rank layer(s) reaches the "
+    return (True, False, None, "bridge", f"a gradient bridge through {count(passed_layers, 'full-row-rank layer')} reaches the "
             "logits: the batch's label counts follow from this gradient alone (GDBR)")
 
 

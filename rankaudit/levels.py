@@ -21,6 +21,11 @@ def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAU
     return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
 
 
+def count(number: int, word: str, plural: str | None = None) -> str:
+    """A count and its noun, the plural right: 1 step, 2 steps, 1,000 steps (`plural` where adding s is wrong)."""
+    return f"{number:,} {word if number == 1 else plural or word + 's'}"
+
+
 def percent(fraction: float) -> str:
     """A share as the reports write it: 99.5 %, 50 %, 0.5 % (one decimal, more only where rounding would print a
     share below 100 % as 100 %, or one above 0 % as 0 %: a partial verdict never reads "100 % recoverable")."""

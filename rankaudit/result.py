@@ -281,6 +281,9 @@ class DPBound:
     # Who adds the noise (round.NOISE_BY): only client noise bounds what the server sees; server noise bounds
     # what the released model reveals.
     noise_by: str = "client"
+    sample_rate_source: str = ""        # where q came from: "round: B/N = 32/4000", "--dp-sample-rate"
+    steps_source: str = ""              # where T came from
+    notes: list[str] = field(default_factory=list)   # a given q or T that disagrees with the round, in one line
 
     @property
     def within_limit(self) -> bool | None:
@@ -307,6 +310,9 @@ class DPNoiseSuggestion:
     at_floor: bool                      # the search floor already meets the target: less noise may too
     search: str                         # the interval and tolerance searched, in words
     seconds: float = 0.0
+    sample_rate_source: str = ""        # where q came from (the round, or a flag): as DPBound's
+    steps_source: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """The federated round as one frozen value: local samples, batch size, epochs, learning rate, clients, DP."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from rankaudit.errors import UsageError
+from rankaudit.levels import count
 
 OPTIMIZERS = ("sgd", "adam")
 DP_LEVELS = ("sample", "client")
@@ -33,6 +35,11 @@ class DPSettings:
     prior: float = 0.01
     max_reconstruction: float | None = None
     noise_by: str = "client"
+    # Where q and T came from ("round: B/N = 32/4000", "--dp-sample-rate"); "" where nobody said (the defaults).
+    # dp_for_round fills them; notes: the one line that says where a given value disagrees with the round.
+    sample_rate_source: str = ""
+    steps_source: str = ""
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,12 @@ _FLAG = {field: f"--{key} (`{key}` in [tool.rankaudit.round])" for key, field in
 
 
 def build_round(flags: dict[str, object], config: dict[str, object] | None = None,
-                dp: DPSettings | None = None) -> Round:
+                dp: DPSettings | None = None, dp_given: dict[str, str] | None = None) -> Round:
     """The round from the command line's values (`flags`, None where not given) and the configuration's
-    [tool.rankaudit.round] values (`config`, same field names); flags win. Validated: a UsageError otherwise."""
+    [tool.rankaudit.round] values (`config`, same field names); flags win. Validated: a UsageError otherwise.
+
+    `dp`: the DP settings; their q and T follow the round (dp_for_round) except where `dp_given` names them
+    (DPSettings field -> where the value was given, e.g. {"sample_rate": "--dp-sample-rate"})."""
     values = {}
     for field in ROUND_KEYS.values():
         given = flags.get(field)
@@ -112,7 +122,58 @@ def build_round(flags: dict[str, object], config: dict[str, object] | None = Non
             given = config.get(field)
         if given is not None:
             values[field] = given
-    return validate_round(Round(**values, dp=dp))
+    round_ = validate_round(Round(**values))
+    return dataclasses.replace(round_, dp=dp_for_round(round_, dp, dp_given or {}))
+
+
+# ---- DP follows the round (spec §13): what a unit's sampling rate q and its number of steps T are -----------------
+
+def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
+    """(q, where q comes from, T, where T comes from) of the round's DP mechanism.
+
+    Sample level (DP-SGD on the client): each local step draws its batch by Poisson sampling at q = B/N, and a
+    sample can take part in every one of the E·⌈N/B⌉ local steps of every server round (client sampling is not
+    credited: a pessimistic T). Client level (DP-FedAvg): the server samples C of the M available clients each
+    round, q = C/M, over the server rounds."""
+    rounds = count(round_.server_rounds, "server round")
+    if level == "client":
+        rate = round_.clients / round_.population
+        return (rate, f"round: C/M = {round_.clients}/{round_.population} clients sampled per round",
+                round_.server_rounds, f"round: {rounds}")
+    rate = round_.batch_size / round_.samples
+    steps = round_.steps * round_.server_rounds
+    return (rate, f"round: B/N = {round_.batch_size}/{round_.samples}",
+            steps, f"round: E·⌈N/B⌉ = {round_.local_epochs}·{round_.steps_per_epoch} local steps × {rounds}")
+
+
+def dp_for_round(round_: Round, settings: DPSettings | None, given: dict[str, str]) -> DPSettings | None:
+    """`settings` with q and T from the round, each with its source. A value in `given` (DPSettings field ->
+    where it was given) is used as given; where it disagrees with the round, one note line says so."""
+    if settings is None:
+        return None
+    rate, rate_source, steps, steps_source = round_sampling(round_, settings.level)
+    values, disagree = {}, []
+    # A round that does not state its population (M) gives no client-level q to disagree with.
+    states_rate = settings.level != "client" or round_.available_clients is not None
+    if "sample_rate" in given:
+        values["sample_rate_source"] = given["sample_rate"]
+        if states_rate and not math.isclose(settings.sample_rate, rate, rel_tol=1e-9):
+            disagree.append((f"q = {settings.sample_rate:g} from {given['sample_rate']}",
+                             f"q = {rate:.4g} ({rate_source.removeprefix('round: ')})"))
+    else:
+        values.update(sample_rate=rate, sample_rate_source=rate_source)
+    if "steps" in given:
+        values["steps_source"] = given["steps"]
+        if settings.steps != steps:
+            disagree.append((f"T = {settings.steps:,} from {given['steps']}",
+                             f"T = {steps:,} ({steps_source.removeprefix('round: ')})"))
+    else:
+        values.update(steps=steps, steps_source=steps_source)
+    notes = ()
+    if disagree:
+        notes = (f"{' and '.join(used for used, _ in disagree)} used as given; the round gives "
+                 f"{' and '.join(derived for _, derived in disagree)}",)
+    return dataclasses.replace(settings, **values, notes=notes)
 
 
 def validate_round(round_: Round) -> Round:

@@ -309,19 +309,42 @@ def test_html_card_draws_the_curve_and_the_measured_attack(run_cli, tmp_path):
     assert "measured attack success" in curve                        # the --verify dp point with its interval
 
 
-def test_client_level_units_are_whole_updates():
-    """DP-FedAvg at the client level: a candidate is a client's batch of B samples, the other clients are known."""
+def test_client_level_units_are_whole_rounds_of_local_training():
+    """DP-FedAvg at the client level (issue 22): a candidate is a client's whole local dataset, its unit the update of
+    the round's simulated local training, clipped; the other clients the server samples from are known."""
     from rankaudit.audit import audit
+    from rankaudit.round import Round
     from rankaudit.verify.dp import KNOWN_CLIENTS, verify_dp
 
-    result = audit(str(EXAMPLES / "lenet.py"), batch_size=2)
+    round_ = Round(batch_size=2, local_samples=4, local_epochs=2, clients=2, available_clients=4, server_rounds=4)
+    result = audit(str(EXAMPLES / "lenet.py"), round_=round_)
     measured = verify_dp(result, str(EXAMPLES / "lenet.py"),
                          DPSettings(noise_multiplier=0.5, sample_rate=0.5, steps=4, level="client"),
                          candidates=4, trials=400, seed=2, device="cpu")
+    notes = " ".join(measured["notes"])
     assert measured["level"] == "client" and measured["candidates"] == 4
-    assert f"unit: a client's update over 2 samples; {KNOWN_CLIENTS} other units known" in " ".join(measured["notes"])
+    assert "unit: a client's whole round: its update θ_K − θ₀ from simulated local training (FedAvg round: N = 4 " \
+           "local samples, batch 2, 2 local epochs, K = 4 steps of sgd" in notes
+    assert f"{min(3, KNOWN_CLIENTS)} other clients of the 3 the server samples from" in notes
     assert measured["bound"] == pytest.approx(dp.bound_at(0.5, 0.5, 4, 0.25), abs=1e-9)
     assert measured["interval"][0] <= measured["bound"] and measured["success_rate"] > 0.25
+
+
+def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
+    """The client-level units come from the round's local training: with one step (N = B, E = 1) the update is
+    −η · the batch gradient, so its clipped direction is exactly opposite the gradient's."""
+    from rankaudit.round import Round
+    from rankaudit.verify.dp import client_updates, unit_gradients
+    from rankaudit.verify.runner import build_real_model
+
+    model, _ = build_real_model(str(EXAMPLES / "fig2_a.py"), (3, 32, 32), 0)
+    inputs = torch.rand((3, 2, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([[-1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)   # logistic: ±1
+    updates = client_updates(model, Round(batch_size=2, lr=0.05), inputs, labels, "logistic", 1e9, "cpu")
+    gradients = unit_gradients(model, inputs, labels, "logistic", 1e9, "cpu")
+    assert torch.allclose(updates, -0.05 * gradients, rtol=1e-9, atol=1e-12)
+    clipped = client_updates(model, Round(batch_size=2, lr=0.05), inputs, labels, "logistic", 0.01, "cpu")
+    assert torch.allclose(clipped.norm(dim=1), torch.full((3,), 0.01, dtype=torch.float64))
 
 
 def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):

@@ -288,8 +288,9 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
     attack = fedavg.invert_round(SmallCNN(), photographs(2).reshape(1, 2, 3, 8, 8), torch.tensor([[3, 7]]), round_,
                                  "cross-entropy", steps=150, restarts=4)
     assert min(attack.psnr[0]) > 35 and attack.median_mse < 1e-3
-    # One simulated round per optimisation step for all four restarts (vmap), plus the target and the final score.
-    assert len(calls) == 150 + 2 and attack.candidates_per_pass == 4
+    # One simulated round per optimisation step for all four restarts (vmap), plus the target, the prior's scale at
+    # the starting points and the final score.
+    assert len(calls) == 150 + 3 and attack.candidates_per_pass == 4
 
 
 def test_fedavg_attack_on_an_aggregate_reports_each_client():
@@ -469,7 +470,7 @@ def test_html_round_card_names_the_round_and_its_cap():
     page = html.render([result])
     card = page[page.index("Federated round"):]
     card = card[:card.index("</section>")]
-    for shown in ("64", "16", "393,216", "125,456", "update-values", "0.319",
+    for shown in ("64", "16", "393,216", "125,456", "update-values", "31.9 %",   # ρ as levels.percent writes it
                   "The update has only 125,456 values for 393,216 unknowns"):
         assert shown in card
     assert "Federated round" not in html.render([audit(str(CNN6))])
@@ -495,3 +496,34 @@ def test_round_rank_with_a_withheld_layer_stays_under_the_bound():
     measured = measure_round(net, x, torch.tensor([[0, 1, 1, 0]]), round_, shared_parameter_names(net, None, ["3"]))
     assert (bound.unknowns, bound.round.update_values, measured.shared_gradient_size) == (48, 39, 39)
     assert 0 < measured.rank <= bound.rank_bound <= 39
+
+
+def test_fedavg_attack_keeps_each_restarts_best_iterate_at_the_models_precision():
+    """Issue 21: the reconstruction is the winning restart's best iterate (never worse than its last one), and the
+    attack runs in the model's dtype (the verifier's float64), not float32."""
+    from rankaudit.verify import fedavg
+    from rankaudit.verify.client import LocalTraining
+    from rankaudit.verify.invert import gradient_distances
+
+    torch.manual_seed(0)
+    model = SmallCNN().double()
+    round_ = build_round({"local_samples": 2, "batch_size": 1})
+    images, labels = photographs(2).double().reshape(1, 2, 3, 8, 8), torch.tensor([[3, 7]])
+    attack = fedavg.invert_round(model, images, labels, round_, "cross-entropy", steps=20, restarts=2, lr=0.3)
+    assert attack.dtype == "float64" and len(attack.best_distances) == len(attack.last_iterate_distances) == 2
+    assert all(best <= last for best, last in zip(attack.best_distances, attack.last_iterate_distances))
+    assert attack.final_distance == min(attack.best_distances)
+    # The returned images are that iterate (distinct labels: the matching leaves the order alone).
+    training = LocalTraining(model, round_, "cross-entropy", [n for n, _ in model.named_parameters()])
+    with torch.no_grad():
+        target = training.update(images, labels)
+        found = training.update(attack.reconstructions, labels)
+    distance = float(gradient_distances([found.unsqueeze(0)], [(target / target.norm()).unsqueeze(0)])[0])
+    assert distance == pytest.approx(attack.final_distance, rel=1e-9, abs=1e-15)
+    assert fedavg.invert_round(SmallCNN(), images.float(), labels, round_, "cross-entropy", steps=2,
+                               restarts=1).dtype == "float32"
+    # A coarse run (lr 1, 4 steps) overshoots: restart 1's last iterate (distance 0.324) is worse than its best
+    # (0.292), and that best beats every last iterate (0.321 at best), so keeping the last one loses the winner.
+    coarse = fedavg.invert_round(model, images, labels, round_, "cross-entropy", steps=4, restarts=2, lr=1.0)
+    assert coarse.best_distances[1] < coarse.last_iterate_distances[1]
+    assert coarse.final_distance < min(coarse.last_iterate_distances)

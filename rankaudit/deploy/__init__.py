@@ -336,7 +336,8 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
 
 def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: _Sources):
     """The DP mechanism of the code (if any) as [tool.rankaudit.dp] keys; the config and the flags over it."""
-    from rankaudit.dp import check_option, settings_from
+    from rankaudit.dp import OPTION_RULES, check_option, settings_from
+    from rankaudit.round import dp_for_round
 
     found: dict[str, tuple[object, str]] = {}
     notes: list[str] = []
@@ -366,11 +367,18 @@ def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: 
     for key, value in overrides.dp.items():
         prefix = "dp-" if key in ("noise", "clip", "sample-rate", "steps", "delta", "level") else ""
         merged[key] = (value, f"--{prefix}{key}")
-    options = {}
+    options, given = {}, {}
     for key, (value, source) in merged.items():
         options[key] = check_option(key, value, source if source.startswith("[") else None)
         sources.add(f"dp {key}", options[key], source)
-    return settings_from(options), notes
+        if key in ("sample-rate", "steps"):
+            given[OPTION_RULES[key][0]] = source
+    settings = dp_for_round(round_, settings_from(options), given)
+    if settings is not None:
+        for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
+            if field not in given:
+                sources.add(f"dp {key}", getattr(settings, field), getattr(settings, f"{field}_source"))
+    return settings, notes
 
 
 class _Unread(Exception):
@@ -392,18 +400,13 @@ def _need(mechanism, name: str, key: str = "noise"):
 def _unread_mechanism(mechanism, round_):
     """A mechanism whose σ or clip the config gives: who adds the noise and its level, from the mechanism alone."""
     where = f"{mechanism.name} at {mechanism.source}"
+    # q and T not named here follow the round (round.dp_for_round, the one place that derives them).
     if mechanism.kind == "flower-central":
-        return {"level": ("client", where), "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
-                "steps": (round_.server_rounds, "the round's server-rounds")}, []
+        return {"level": ("client", where), "noise-by": ("server", f"{mechanism.name} adds the noise on the server")}, []
     if mechanism.kind == "local-dp":
         return {"level": ("client", where), "noise-by": ("client", f"{where} adds the noise on the client"),
-                "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
-                "steps": (round_.server_rounds, "the round's server-rounds")}, []
-    return {"level": ("sample", where), "noise-by": ("client", f"{where}: DP-SGD on the client"),
-            "sample-rate": (round_.batch_size / round_.samples,
-                            f"B/N = {round_.batch_size}/{round_.samples} of the round"),
-            "steps": (round_.steps * round_.server_rounds,
-                      f"E·⌈N/B⌉ × rounds = {round_.steps} × {round_.server_rounds} of the round")}, []
+                "sample-rate": (1.0, f"{where}: the server knows which client sent each update")}, []
+    return {"level": ("sample", where), "noise-by": ("client", f"{where}: DP-SGD on the client")}, []
 
 
 def _flower_central(mechanism, read, round_):
@@ -425,7 +428,6 @@ def _flower_central(mechanism, read, round_):
     else:
         notes.append("client-level q = 1: the number of nodes the server samples from is not stated; set "
                      f"available-clients in {ROUND_TABLE} or options.num-supernodes of the federation")
-    found["steps"] = (round_.server_rounds, "the round's server-rounds")
     return found, notes
 
 
@@ -444,8 +446,7 @@ def _local_dp(mechanism, read, round_):
     return {"noise": (std / clip.value, f"{where}: sensitivity·√(2 ln(1.25/δ))/ε / clipping_norm"),
             "clip": (float(clip.value), clip.source), "level": ("client", where),
             "noise-by": ("client", f"{where} adds the noise on the client"),
-            "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
-            "steps": (round_.server_rounds, "the round's server-rounds")}, []
+            "sample-rate": (1.0, f"{where}: the server knows which client sent each update")}, []
 
 
 def _opacus(mechanism, read, round_):
@@ -453,12 +454,8 @@ def _opacus(mechanism, read, round_):
     clip = _need(mechanism, "max_grad_norm", "clip")
     where = f"{mechanism.name} at {mechanism.source}"
     notes = []
-    q = round_.batch_size / round_.samples
-    steps = round_.steps * round_.server_rounds
     found = {"clip": (float(clip.value), clip.source), "level": ("sample", where),
-             "noise-by": ("client", f"{where}: DP-SGD on the client"),
-             "sample-rate": (q, f"B/N = {round_.batch_size}/{round_.samples} of the round"),
-             "steps": (steps, f"E·⌈N/B⌉ × rounds = {round_.steps} × {round_.server_rounds} of the round")}
+             "noise-by": ("client", f"{where}: DP-SGD on the client")}   # q = B/N and T follow the round
     poisson = mechanism.arguments.get("poisson_sampling")
     if poisson is not None and poisson.value is False:
         notes.append(f"{where}: poisson_sampling=False; the bound assumes Poisson sampling at q = B/N, as Opacus' "
@@ -469,7 +466,9 @@ def _opacus(mechanism, read, round_):
         return found, notes
     target, delta, epochs = (_need(mechanism, name) for name in ("target_epsilon", "target_delta", "epochs"))
     horizon = int(epochs.value) * round_.steps_per_epoch
-    sigma = noise_for_epsilon(float(target.value), float(delta.value), q, horizon)
+    from rankaudit.round import round_sampling
+
+    sigma = noise_for_epsilon(float(target.value), float(delta.value), round_sampling(round_, "sample")[0], horizon)
     found["noise"] = (sigma, (f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
                               f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ "
                               "slightly)"))

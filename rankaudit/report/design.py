@@ -15,6 +15,13 @@ def _shown(value) -> str:
     return "undefined" if value is None else str(value)
 
 
+def _ra_text(ra_i: int | None, critical_layer: str | None) -> str:
+    """R-GAP's index where it has a critical layer; without one (every layer dense) it is undefined, and says why."""
+    if ra_i is None:
+        return "RA-i undefined (every layer dense)"
+    return f"RA-i {ra_i} at {critical_layer}"
+
+
 def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
     return {"rankaudit_version": __version__, "model": report.model, "input_shape": list(report.input_shape),
             "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
@@ -39,14 +46,18 @@ def _noise_lines(report: SuggestReport) -> list[str]:
     noise = report.noise
     if noise is None:
         return []
-    setting = (f"q {noise.sample_rate:g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
+    setting = (f"q {noise.sample_rate:.4g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
                f"{noise.target:g}")
+    sources = [f"  q: {noise.sample_rate_source}; T: {noise.steps_source}"] if noise.sample_rate_source else []
+    sources += [f"  note: {note}" for note in noise.notes]
     if noise.noise_multiplier is None:
-        return [f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search})."]
+        return [f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search}).",
+                *sources]
     epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
     floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
     return [f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
-            f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant})."]
+            f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
+            *sources]
 
 
 def _round_review_dict(report: SuggestReport) -> dict | None:
@@ -72,9 +83,10 @@ def _round_lines(report: SuggestReport) -> list[str]:
     from rankaudit.round import describe
 
     lines = ["", f"Round: {describe(review.round)}: each sample: rank bound {review.rank_bound:,} of "
-                 f"{review.unknowns:,} unknowns, ρ = {review.recoverable_fraction:.3f}, {review.verdict} (protected at "
-                 f"ρ <= {review.max_recoverable:g}); the round as a whole: rank bound {review.whole_rank_bound:,} of "
-                 f"{review.whole_unknowns:,}, {review.whole_verdict} (no guarantee for any one sample)."]
+                 f"{review.unknowns:,} unknowns, ρ = {percent(review.recoverable_fraction)}, {review.verdict} "
+                 f"(protected at ρ <= {percent(review.max_recoverable)}); the round as a whole: rank bound "
+                 f"{review.whole_rank_bound:,} of {review.whole_unknowns:,}, {review.whole_verdict} (no guarantee "
+                 "for any one sample)."]
     for setting in review.settings:
         head = f"  {_KNOB_TEXT[setting.knob]} for each sample protected: "
         if setting.value is None and not setting.unbounded:
@@ -83,7 +95,7 @@ def _round_lines(report: SuggestReport) -> list[str]:
             lines.append(head + f"any ({setting.explanation}).")
         else:
             lines.append(head + f"{setting.value:,}: rank bound {setting.rank_bound:,} of {setting.unknowns:,}, "
-                                f"ρ = {setting.recoverable_fraction:.3f} ({setting.explanation}).")
+                                f"ρ = {percent(setting.recoverable_fraction)} ({setting.explanation}).")
     lines.append("  Each knob is moved alone, the others as given.")
     return lines
 
@@ -152,8 +164,8 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: {sample}rank bound "
              f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
              f"({percent(report.recoverable_fraction)} recoverable)"
-             f"{'' if report.sample is not None else ', ' + report.verdict}; RA-i "
-             f"{_shown(report.ra_i)} at {report.critical_layer}", ""]
+             f"{'' if report.sample is not None else ', ' + report.verdict}; "
+             f"{_ra_text(report.ra_i, report.critical_layer)}", ""]
     header = ("edit", "target", "detail", "recoverable", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
     cells = [header] + [(s.edit, s.target, s.detail, percent(s.recoverable_fraction), f"{s.certified_deficit:,}",
                          _shown(s.ra_i),
@@ -202,10 +214,11 @@ def _bound_text(result: Result) -> str:
 def compare_table(first: Result, second: Result) -> str:
     leak = lambda r: r.label_leakage.risk if r.label_leakage else "n/a"  # noqa: E731
     lines = [f"rankaudit {__version__} compare", "",
-             f"  A  {first.model}: {first.verdict}, {_bound_text(first)}; RA-i {_shown(first.ra_i)} at "
-             f"{first.critical_layer}; label leakage {leak(first)}, {first.parameters:,} parameters",
-             f"  B  {second.model}: {second.verdict}, {_bound_text(second)}; RA-i {_shown(second.ra_i)} at "
-             f"{second.critical_layer}; label leakage {leak(second)}, {second.parameters:,} parameters", ""]
+             f"  A  {first.model}: {first.verdict}, {_bound_text(first)}; {_ra_text(first.ra_i, first.critical_layer)}"
+             f"; label leakage {leak(first)}, {first.parameters:,} parameters",
+             f"  B  {second.model}: {second.verdict}, {_bound_text(second)}; "
+             f"{_ra_text(second.ra_i, second.critical_layer)}; label leakage {leak(second)}, "
+             f"{second.parameters:,} parameters", ""]
     matched = _matched_layers(first, second)
     changed = [m for m in matched if m["delta"] or m["a_critical"] != m["b_critical"]]
     if changed:

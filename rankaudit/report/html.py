@@ -53,6 +53,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["num"] = svg.fmt_int
     env.filters["real"] = fmt_real
+    env.filters["percent"] = percent     # levels.percent: the share as every report writes it
     return env
 
 
@@ -109,17 +110,26 @@ def _rgap(data: dict, base_dir: Path | None) -> dict:
     samples = []
     for position, sample in enumerate(data.get("samples") or []):
         samples.append({"index": sample.get("index", position), "mse": sample.get("mse"), "psnr": sample.get("psnr"),
-                        "seconds": sample.get("seconds"),
+                        "seconds": sample.get("seconds"), "ssim": sample.get("ssim"),
+                        "grey_psnr": sample.get("grey_psnr"), "mean_colour_psnr": sample.get("mean_colour_psnr"),
+                        "recovered": sample.get("recovered"),
                         "original": _image(sample.get("original_png"), base_dir),
                         "reconstruction": _image(sample.get("reconstruction_png"), base_dir)})
     attack = data.get("attack") or "rgap"
     return {"attack": {"rgap": "R-GAP (closed-form recursive attack)",
-                       "inverting-gradients": "Inverting Gradients (optimisation attack)"}.get(attack, attack),
+                       "inverting-gradients": "Inverting Gradients (optimisation attack)",
+                       "fedavg-inversion": "FedAvg inversion (optimisation attack on the round's update)"
+                       }.get(attack, attack),
             "device": data.get("device"), "median_mse": data.get("median_mse"),
             "median_psnr": data.get("median_psnr"), "seconds": data.get("seconds"),
             "confirms": data.get("confirms"), "note": _sentence(data.get("note")), "samples": samples,
             "layers": [{key: layer.get(key) for key in RANK_KEYS} for layer in data.get("layers") or []
-                       if isinstance(layer, dict)]}
+                       if isinstance(layer, dict)],
+            # Issue 21: the baselines beside the PSNR, the outcome they give and the best image.
+            "grey_psnr_median": data.get("grey_psnr_median"),
+            "mean_colour_psnr_median": data.get("mean_colour_psnr_median"),
+            "outcome": data.get("outcome"), "recovered_samples": data.get("recovered_samples"),
+            "best": data.get("best") if isinstance(data.get("best"), dict) else None}
 
 
 def _gdbr(data: dict, prefix: str) -> dict:

@@ -1,6 +1,8 @@
 """Result -> a readable terminal table with the critical row marked and the verdict spelled out."""
 from __future__ import annotations
 
+import re
+
 from rankaudit import __version__
 from rankaudit.result import LayerRow, Result
 
@@ -61,9 +63,11 @@ def _round_lines(result: Result) -> list[str]:
     bound = result.identifiability
     if bound is None or bound.round is None:
         return []
+    from rankaudit.levels import percent
+
     caps = bound.round
     return [f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
-            f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {bound.recoverable_fraction:.3f}: "
+            f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {percent(bound.recoverable_fraction)}: "
             f"{caps.explanation}."]
 
 
@@ -88,7 +92,7 @@ _BLOCK_SUMMARY = {
 }
 
 
-def _label_lines(result: Result) -> list[str]:
+def _label_lines(result: Result, verbose: bool = False) -> list[str]:
     leakage = result.label_leakage
     if leakage is None:
         return []
@@ -105,7 +109,7 @@ def _label_lines(result: Result) -> list[str]:
             where = "" if bridge.blocked_by == bridge.name else f" (at {bridge.blocked_by})"
             blocked.setdefault(bridge.kind, []).append(bridge.name + where)
     for kind, names in blocked.items():
-        lines.append(f"  blocked, {_BLOCK_SUMMARY[kind]}: {', '.join(names)}")
+        lines.append(f"  blocked, {_BLOCK_SUMMARY[kind]}: {_names(names, verbose)}")
     return lines
 
 
@@ -179,8 +183,10 @@ def _span_lines(result: Result) -> list[str]:
 
 
 def _verbose_lines(result: Result) -> list[str]:
-    lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {len(result.layers)} counted layers, "
-             f"{len(result.blocks)} residual blocks."]
+    from rankaudit.levels import count
+
+    lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {count(len(result.layers), 'counted layer')}, "
+             f"{count(len(result.blocks), 'residual block')}."]
     if result.build in _BUILDS:
         lines.append(f"Built with {_BUILDS[result.build]}.")
     if result.call_notes:
@@ -199,8 +205,25 @@ def _number(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _baseline_lines(attack: dict) -> list[str]:
+    """The input attack's PSNR beside what a guess that reads no gradient scores, and its best image (issue 21)."""
+    best = attack.get("best") or {}
+    lines = [f"  baselines (read no gradient): flat grey {_number(attack['grey_psnr_median'])} dB, each image's own "
+             f"mean colour {_number(attack['mean_colour_psnr_median'])} dB (medians); "
+             f"{attack['recovered_samples']} of {len(attack['samples'])} image(s) beat both: {attack['outcome']}"]
+    if best:
+        ssim = "" if best.get("ssim") is None else f", SSIM {best['ssim']:.3f}"
+        lines.append(f"  best image {best['index']}: PSNR {_number(best['psnr'])} dB{ssim} (grey "
+                     f"{_number(best['grey_psnr'])}, mean colour {_number(best['mean_colour_psnr'])} dB: "
+                     f"{'recovered' if best['recovered'] else 'failed'}); "
+                     f"median PSNR {_number(attack['median_psnr'])} dB")
+    return lines
+
+
 def _bias_lines(readout: dict | None) -> list[str]:
     """--verify bias (and the readout --verify rgap runs first): the samples the update hands over exactly."""
+    from rankaudit.levels import count
+
     if not readout:
         return []
     setup = readout.get("setup_seconds") or 0.0
@@ -212,7 +235,7 @@ def _bias_lines(readout: dict | None) -> list[str]:
     for layer in readout["layers"]:
         reads = "the input itself" if layer["reads_input"] else "features"
         lines.append(f"  {layer['name']} ({layer['op']}, {layer['units']} units, {layer['live_units']} live, reads "
-                     f"{reads}): {len(layer['units_read'])} unit(s) read a sample exactly; "
+                     f"{reads}): {count(len(layer['units_read']), 'unit')} read a sample exactly; "
                      f"{layer['units_firing_for_one_sample']} passed a gradient for one sample alone")
     psnrs = [s for s in readout["per_sample"] if s["psnr_measured"]]
     if psnrs:
@@ -223,13 +246,17 @@ def _bias_lines(readout: dict | None) -> list[str]:
 
 
 def _verification_lines(result: Result) -> list[str]:
+    from rankaudit.levels import count
+
     lines = _bias_lines(result.verification.get("bias"))
     rgap = result.verification.get("rgap")
     if rgap:
         name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
-        lines += ["", f"Verification ({name}, {len(rgap['samples'])} images, {rgap['device']}, {rgap['seconds']:.1f} s): "
+        lines += ["", f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
                   f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
                   f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
+        if "outcome" in rgap:
+            lines += _baseline_lines(rgap)
         if rgap["layers"]:
             lines.append("  layer            unknowns    rank  deficit  residual  condition")
             for layer in rgap["layers"]:
@@ -237,8 +264,12 @@ def _verification_lines(result: Result) -> list[str]:
                              f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
         for sample in rgap["samples"]:
             client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
+            beside = ""
+            if "recovered" in sample:
+                beside = (f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
+                          f" dB: {'recovered' if sample['recovered'] else 'failed'})")
             lines.append(f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
-                         f"{_number(sample['psnr'])} dB, {sample['seconds']:.2f} s")
+                         f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s")
         for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
             lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
     gdbr = result.verification.get("gdbr")
@@ -281,9 +312,12 @@ def _dp_lines(result: Result) -> list[str]:
     if dp is None:
         return []
     unit = "a sample" if dp.level == "sample" else "a client's update"
+    rate = f"q {dp.sample_rate:.4g}" + (f" ({dp.sample_rate_source})" if dp.sample_rate_source else "")
+    steps = f"T {dp.steps:,}" + (f" ({dp.steps_source})" if dp.steps_source else "")
     lines = ["", f"{dp_sentence(dp)}.",
-             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}, sample rate {dp.sample_rate:g}, {dp.steps:,} steps; the "
-             f"unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}; {rate}; {steps}",
+             f"  the unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+             *(f"  note: {note}" for note in dp.notes),
              "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
              "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values())]
     if dp.max_reconstruction is not None:
@@ -391,6 +425,8 @@ def _rank_precision(rank: dict) -> str:
 
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
+    from rankaudit.levels import count
+
     if not rank:
         return []
     samples = len(rank["samples"])
@@ -398,8 +434,8 @@ def _rank_lines(rank: dict | None) -> list[str]:
               else f"one batch of {rank['batch_size']}")
     if rank.get("round"):
         shown = rank["round"]
-        inputs = (f"∂u/∂X, the update of {shown['steps']} local steps over {shown['clients']} x "
-                  f"{shown['local_samples']} samples")
+        inputs = (f"∂u/∂X, the update of {count(shown['steps'], 'local step')} over {shown['clients']} x "
+                  f"{count(shown['local_samples'], 'sample')}")
     else:
         inputs = f"∂g/∂x, {inputs}"
     lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
@@ -476,16 +512,92 @@ def _defense_lines(result: Result) -> list[str]:
     return lines
 
 
+# Past this many layer rows the table hides rows that repeat an earlier row (same name up to its numbers, same op
+# and counts): a model of many identical blocks prints its first block and one line for the rest (-v prints all).
+MAX_TABLE_ROWS = 40
+# Names shown for a group of caveats or a list of layers before "and N more" (-v lists all).
+SHOWN_NAMES = 3
+
+
+def _row_pattern(row: LayerRow) -> tuple:
+    """What makes a row worth printing again: its name with the numbers taken out, its op and its counts."""
+    return (re.sub(r"\d+", "#", row.name), row.op, row.inputs, row.weights, row.outputs, row.virtual, row.ra_i,
+            row.dense, row.side, tuple(re.sub(r"\d+", "#", name) for name in row.folded))
+
+
+def _visible_rows(result: Result, verbose: bool) -> list[LayerRow | tuple[int, str, str]]:
+    """The rows to print: every row, or (past MAX_TABLE_ROWS) the critical row and each first of its pattern, with
+    (hidden count, first hidden, last hidden) standing for each run of repeats."""
+    if verbose or len(result.layers) <= MAX_TABLE_ROWS:
+        return list(result.layers)
+    seen, shown, run = set(), [], []
+
+    def close_run():
+        # One hidden row would cost the line that says so: print it instead.
+        shown.extend(run if len(run) == 1 else [(len(run), run[0].name, run[-1].name)] if run else [])
+        run.clear()
+
+    for row in result.layers:
+        pattern = _row_pattern(row)
+        if pattern in seen and not row.critical:
+            run.append(row)
+            continue
+        seen.add(pattern)
+        close_run()
+        shown.append(row)
+    close_run()
+    return shown
+
+
+def _hidden_rows_text(count: int, first: str, last: str) -> str:
+    return (f"   ... {count:,} more rows, {first} to {last}, each repeating a row above (the same op and counts, "
+            "the name up to its numbers; -v lists every row)")
+
+
+def _names(names: list[str], verbose: bool) -> str:
+    """A list of names, cut to the first SHOWN_NAMES and a count of the rest unless verbose."""
+    if verbose or len(names) <= SHOWN_NAMES + 1:
+        return ", ".join(names)
+    return ", ".join(names[:SHOWN_NAMES]) + f" and {len(names) - SHOWN_NAMES:,} more"
+
+
+def _caveat_lines(result: Result, verbose: bool) -> list[str]:
+    """Caveats grouped by rule and op, with a count and the first names (-v: one line each, as found)."""
+    if not result.caveats:
+        return []
+    if verbose:
+        return ["", "Caveats:", *(f"  {c.code} {c.node}: {c.message}" for c in result.caveats)]
+    groups: dict[tuple[str, str], list] = {}
+    for caveat in result.caveats:
+        groups.setdefault((caveat.code, caveat.op), []).append(caveat)
+    head = "Caveats:" if len(groups) == len(result.caveats) else \
+        f"Caveats ({len(result.caveats):,}, grouped by rule and op; -v lists each):"
+    lines = ["", head]
+    for (code, _), members in groups.items():
+        first = members[0]
+        if len(members) == 1:
+            lines.append(f"  {code} {first.node}: {first.message}")
+            continue
+        same = all(member.message.replace(member.node, first.node) == first.message for member in members)
+        names = _names([member.node for member in members], verbose)
+        lines.append(f"  {code} × {len(members):,} ({names}): {'' if same else 'the first: '}{first.message}")
+    return lines
+
+
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
     lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
              f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
              + _round_header(result), *_deployment_lines(result), ""]
+    visible = _visible_rows(result, verbose)
     cells = [HEADERS] + _input_rows(result) + [
         (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
-         f"{row.virtual}", f"{row.ra_i}", _notes(row)) for row in result.layers]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
+         f"{row.virtual}", f"{row.ra_i}", _notes(row)) if isinstance(row, LayerRow) else row for row in visible]
+    widths = [max(len(line[i]) for line in cells if len(line) == len(HEADERS)) for i in range(len(HEADERS))]
     warn = VERDICT_COLOR.get(result.verdict, "0")
     for index, line in enumerate(cells):
+        if len(line) != len(HEADERS):
+            lines.append(_hidden_rows_text(*line))
+            continue
         padded = [cell.rjust(widths[i]) if i in RIGHT_ALIGNED else cell.ljust(widths[i]) for i, cell in enumerate(line)]
         text = "  ".join(padded).rstrip()
         if index == 0:
@@ -499,17 +611,13 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     lines.extend(_readout_lines(result))
     if verbose:
         lines.extend(_verbose_lines(result))
-    lines.extend(_label_lines(result))
+    lines.extend(_label_lines(result, verbose))
     lines.extend(_token_lines(result))
     lines.extend(_span_lines(result))
     lines.extend(_dp_lines(result))
     lines.extend(_verification_lines(result))
     lines.extend(_defense_lines(result))
-    if result.caveats:
-        lines.append("")
-        lines.append("Caveats:")
-        for caveat in result.caveats:
-            lines.append(f"  {caveat.code} {caveat.node}: {caveat.message}")
+    lines.extend(_caveat_lines(result, verbose))
     if result.policy is not None:
         lines.append("")
         if result.policy.passed:

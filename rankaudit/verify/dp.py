@@ -10,7 +10,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.result import Result
-from rankaudit.round import DPSettings
+from rankaudit.round import DPSettings, Round
 
 DEFAULT_CANDIDATES = 10
 DEFAULT_TRIALS = 1000
@@ -23,6 +23,8 @@ FULL_DRAW_LIMIT = 2 ** 28
 CHUNK_ELEMENTS = 2 ** 23          # noise values drawn at once in the full draw
 GRADIENT_CHUNK = 32               # units per vmap call of the per-unit gradients
 CONFIDENCE = 0.95
+# Client level: the samples of all simulated clients (candidates and known ones) drawn at most.
+MAX_CLIENT_SAMPLES = 4096
 
 
 @dataclass
@@ -78,6 +80,33 @@ def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                          "check the model's forward pass on real inputs (a log of zero, a division by zero)")
     norms = gradients.norm(dim=1, keepdim=True)
     return gradients * torch.clamp(clip / norms, max=1.0)
+
+
+def client_updates(model: nn.Module, round_: Round, inputs: torch.Tensor, labels: torch.Tensor, loss: str,
+                   clip: float, device: str) -> torch.Tensor:
+    """Each client's round update u = θ_K − θ₀, simulated by rankaudit.verify.client's local training (N samples,
+    batch B, E epochs, the round's optimizer, from the server's weights θ₀), flattened and clipped to norm `clip`
+    as DP-FedAvg clips a client's whole update. inputs: U x N x ..., labels: U x N."""
+    from torch.func import vmap
+
+    from rankaudit.verify.client import LocalTraining
+
+    net = model.to(device)
+    shared = [name for name, p in net.named_parameters() if p.requires_grad]
+    if not shared:
+        raise UsageError("the model has no trainable parameters, so a client sends no update to clip and noise",
+                         "make some parameters trainable (requires_grad) or drop --verify dp")
+    training = LocalTraining(net, round_, loss, shared)
+    per_client = vmap(training.client_update)
+    with torch.no_grad():
+        updates = torch.cat([per_client(inputs[start:start + GRADIENT_CHUNK].to(device),
+                                        labels[start:start + GRADIENT_CHUNK].to(device))
+                             for start in range(0, len(inputs), GRADIENT_CHUNK)])
+    if not torch.isfinite(updates).all():
+        raise UsageError("a simulated client update is not finite (the local training diverged)",
+                         "lower --lr or --local-epochs")
+    norms = updates.norm(dim=1, keepdim=True)
+    return updates * torch.clamp(clip / norms.clamp_min(torch.finfo(updates.dtype).tiny), max=1.0)
 
 
 def separation_note(gradients: torch.Tensor, clip: float) -> str:
@@ -157,18 +186,32 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         raise UsageError("--verify dp draws real images as candidates; this model reads token ids or several inputs",
                          "use --verify dp on models with a single float input")
     device = resolve_device(device)
-    model, weights = build_real_model(spec, result.input_shape, seed)
-    per_unit = 1 if settings.level == "sample" else result.batch_size
-    known_units = result.batch_size - 1 if settings.level == "sample" else KNOWN_CLIENTS
+    round_ = result.round or Round(batch_size=result.batch_size)
+    client = settings.level == "client"
+    # Sample level: a unit is one sample, the rest of its batch known. Client level: a unit is a client's whole
+    # local dataset (N samples) and its contribution the update of the round's local training; the other clients
+    # the server samples from are known (an informed attacker subtracts them, so a few stand for all of them).
+    per_unit = round_.samples if client else 1
+    known_units = min(round_.population - 1, KNOWN_CLIENTS) if client else result.batch_size - 1
     units = candidates + known_units
+    if client and units * per_unit > MAX_CLIENT_SAMPLES:
+        raise UsageError(f"--verify dp at the client level simulates {units} clients' local training over N = "
+                         f"{per_unit:,} samples each ({units * per_unit:,} samples), above the "
+                         f"{MAX_CLIENT_SAMPLES:,} it draws", "check the mechanism on a smaller round (a smaller "
+                         "--local-samples; the bound B(κ) does not depend on N) or fewer --dp-candidates")
+    model, weights = build_real_model(spec, result.input_shape, seed)
     inputs, source = _rank_inputs(result, data, units * per_unit, seed)
     with torch.no_grad():
         logits = rank.logits_of(model(inputs[:1])).numel()
     loss = rank.loss_name_for(logits)
     labels = rank.draw_labels(len(inputs), loss, logits, seed)
     shape = tuple(inputs.shape[1:])
-    gradients = unit_gradients(model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit),
-                               loss, settings.clip, device)
+    if client:
+        gradients = client_updates(model, round_, inputs.reshape(units, per_unit, *shape),
+                                   labels.reshape(units, per_unit), loss, settings.clip, device)
+    else:
+        gradients = unit_gradients(model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit),
+                                   loss, settings.clip, device)
     outcome = informed_attack(gradients[:candidates], gradients[candidates:],
                               noise_multiplier=settings.noise_multiplier, clip=settings.clip,
                               sample_rate=settings.sample_rate, steps=settings.steps, trials=trials, seed=seed)
@@ -180,7 +223,21 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         internal_error = (f"internal error: the attack's success rate {rate:.3f} (95 % interval [{low:.3f}, "
                           f"{high:.3f}]) lies above the certified bound B(1/{candidates}) = {bound:.3f}: the bound or "
                           "the simulated mechanism is wrong")
-    unit = "sample" if settings.level == "sample" else f"client's update over {per_unit} samples"
+    from rankaudit.levels import count
+    from rankaudit.round import describe
+
+    if client:
+        unit = (f"client's whole round: its update θ_K − θ₀ from simulated local training ({describe(round_)}), "
+                f"clipped to c")
+        others = (f"{count(known_units, 'other client')} of the {round_.population - 1:,} the server samples from, "
+                  "each taking part with probability q, known to the attacker and subtracted (as many more would "
+                  "change nothing)" if known_units else "no other client")
+        rounds = ("the same server weights θ₀ in each of the T rounds (the bound holds for any weights; the attack "
+                  "sees the same update each round)")
+    else:
+        unit = "sample"
+        others = f"{count(known_units, 'other sample')} of its batch known to the attacker"
+        rounds = "the same weights in each of the T steps"
     verification = {
         "candidates": candidates, "trials": outcome.trials, "successes": outcome.successes,
         "success_rate": rate, "interval": [low, high], "confidence": CONFIDENCE, "bound": bound,
@@ -189,8 +246,8 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         "clip": settings.clip, "sample_rate": settings.sample_rate, "steps": settings.steps,
         "below_bound": high <= bound, "internal_error": internal_error,
         "notes": [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
-                  f"unit: a {unit}; {known_units} other units known to the attacker",
-                  f"gradient size {gradients.shape[1]:,}; clipped to {settings.clip:g}",
+                  f"unit: a {unit}; {others}", rounds,
+                  f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g}",
                   separation_note(gradients[:candidates], settings.clip),
                   "noise drawn in full" if outcome.draw == "full" else
                   "noise drawn in the candidates' span (the same law for every likelihood the attack reads)"],

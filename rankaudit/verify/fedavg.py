@@ -25,13 +25,24 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
 from rankaudit.verify.client import LocalTraining
-from rankaudit.verify.invert import (DEFAULT_LR, DEFAULT_TV_UNTIL, DEFAULT_TV_WEIGHT, adam_update,
+from rankaudit.verify.invert import (DEFAULT_LR, DEFAULT_TV_UNTIL, adam_update,
                                      gradient_distances, psnr_from_mse, total_variations)
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 # The learning rate drops tenfold at these fractions of the budget, as in the FedSGD attack.
 MILESTONES = (3 / 8, 5 / 8, 7 / 8)
+# The total-variation prior's weight, relative to the update distance's pull (see _prior_scale). Adam is fed the sign of
+# the input gradient, so only how the prior's pull compares with the distance's counts, and that ratio swings by
+# three orders of magnitude between nets: at the starting points mean |d distance/dx| / mean |d TV/dx| is 0.59 for
+# the test suite's small LeakyReLU CNN and 3e-4 to 5e-4 for the sigmoid LeNet's 4-step round. A fixed weight cannot
+# serve both: the single-gradient attack's 1e-2 is the best of 1e-2 ... 0 on the CNN (two-step round, photographs
+# 42.9 / 43.3 dB against 29.8 / 30.8 dB at 1e-5), while on the LeNet it lets the prior decide every sign for 5/8 of
+# the steps (1e-1, 1e-2, 1e-3 give the same images) and 1e-5 is best (benchmarks/bench_round_prior.py, N = 4,
+# B = 1, 300 steps x 2 restarts, float64, median PSNR on 4 digits: 0 -> 12.2, 1e-6 -> 14.9, 3e-6 -> 16.7,
+# 1e-5 -> 17.7, 1e-4 -> 15.0, 1e-3 -> 14.5, 1e-2 -> 14.4 dB; on 4 photograph crops 1e-2 -> 18.6, 1e-5 -> 23.1 dB).
+# Scaled by the measured ratio, one relative weight lands on both optima: 0.02 x 0.59 = 1.2e-2, 0.02 x 4e-4 = 8e-6.
+ROUND_TV_WEIGHT = 2e-2
 
 
 @dataclass
@@ -44,13 +55,19 @@ class RoundAttack:
     client_median_psnr: list[float]
     median_mse: float
     median_psnr: float
-    final_distance: float              # the best restart's cosine distance to the observed update
+    final_distance: float              # the winning restart's best distance to the observed update
     restarts: int
     steps: int
     seconds: float
     device: str
     candidates_per_pass: int           # restarts carried through one vmapped pass
     notes: list[str] = field(default_factory=list)
+    best_distances: list[float] = field(default_factory=list)       # per restart: its best iterate's distance
+    last_iterate_distances: list[float] = field(default_factory=list)  # per restart: its last iterate's distance
+    dtype: str = "float64"
+    tv_weight: float = math.nan
+    tv_until: float = math.nan
+    tv_weight_applied: float = math.nan   # tv_weight scaled by the distance's pull (_prior_scale)
 
 
 def observed_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str,
@@ -63,12 +80,18 @@ def observed_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 
 def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str, *,
                  shared: list[str] | None = None, steps: int = 1000, restarts: int = 2, lr: float = DEFAULT_LR,
-                 tv_weight: float = DEFAULT_TV_WEIGHT, device: str | torch.device = "cpu", seed: int = 0,
-                 dtype: torch.dtype = torch.float32,
+                 tv_weight: float = ROUND_TV_WEIGHT, tv_until: float = DEFAULT_TV_UNTIL,
+                 device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype | None = None,
                  progress: Callable[[int, int], None] | None = None) -> RoundAttack:
     """Reconstruct ``images`` (C x N x ...) from the round's aggregated update; ``labels`` (C x N) are known.
 
-    ``model`` holds θ₀. All ``restarts`` run as one batch; the best (lowest final distance) is kept.
+    ``model`` holds θ₀. ``dtype`` defaults to the model's own (the verifier builds it in float64, the precision of
+    the single-gradient attack): in float32 the cosine distance of two updates stops resolving a better fit long
+    before the input is pinned down. All ``restarts`` run as one batch. Each restart keeps its best iterate (the
+    lowest distance to the observed update, scored before every step and once after the last), and the restart
+    whose best is lowest wins, as in :func:`rankaudit.verify.invert.invert_gradients`. The TV prior weighs
+    ``tv_weight`` times the ratio of the distance's mean input gradient to the prior's at the starting points
+    (see ROUND_TV_WEIGHT) for the first ``tv_until`` of the steps, then the update alone is fitted.
     """
     if images.shape[:2] != (round_.clients, round_.samples) or labels.shape != images.shape[:2]:
         raise UsageError(f"images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match the round's "
@@ -76,9 +99,10 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
                          "give images shaped (clients, local samples, C, H, W) and labels (clients, local samples)")
     if steps < 1 or restarts < 1:
         raise UsageError(f"{steps} steps x {restarts} restarts", "give at least one step and one restart")
-    from torch.func import grad_and_value, vmap
+    from torch.func import grad, vmap
 
     device = torch.device(device)
+    dtype = dtype or next(model.parameters()).dtype
     started = time.perf_counter()
     net = _copy(model, device, dtype)
     names = shared or [name for name, p in net.named_parameters() if p.requires_grad]
@@ -91,47 +115,84 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
         raise UsageError("the simulated round's update is not finite (the local training diverged)",
                          "lower --lr or --local-epochs")
     unit_target = (target / target.norm().clamp_min(1e-30)).unsqueeze(0)
-    tv = torch.full((), tv_weight, device=device, dtype=dtype)
 
-    def objective(candidate: torch.Tensor) -> torch.Tensor:
-        update = training.update(candidate, labels).unsqueeze(0)
-        distance = gradient_distances([update], [unit_target])[0]
-        return distance + tv * total_variations(candidate.reshape(-1, *candidate.shape[2:])).mean()
+    def distance_to_target(candidate: torch.Tensor) -> torch.Tensor:
+        return gradient_distances([training.update(candidate, labels).unsqueeze(0)], [unit_target])[0]
 
-    step_all = vmap(grad_and_value(objective))
+    def objective(candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        distance = distance_to_target(candidate)
+        return distance + tv * prior(candidate), distance
+
+    def prior(candidate: torch.Tensor) -> torch.Tensor:
+        return total_variations(candidate.reshape(-1, *candidate.shape[2:])).mean()
+
+    step_all = vmap(grad(objective, has_aux=True))
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand((restarts, *images.shape), generator=generator, dtype=dtype).to(device)
+    applied = tv_weight * _prior_scale(vmap(grad(distance_to_target))(x), vmap(grad(prior))(x)) if tv_weight else 0.0
+    tv = torch.full((), applied, device=device, dtype=dtype)
     first, second = torch.zeros_like(x), torch.zeros_like(x)
     steps_done = torch.zeros((), device=device, dtype=dtype)
     rate = torch.full((), lr, device=device, dtype=dtype)
     milestones = {max(1, int(steps * fraction)) for fraction in MILESTONES}
-    tv_off = int(round(DEFAULT_TV_UNTIL * steps))
+    tv_off = int(round(tv_until * steps))
+    per_restart = (-1,) + (1,) * (x.dim() - 1)
+    best_x, best = x.clone(), torch.full((restarts,), math.inf, device=device, dtype=dtype)
     with torch.no_grad():
         for step in range(steps):
             if step in milestones:
                 rate.mul_(0.1)
             if step == tv_off:
                 tv.zero_()   # the prior guides the start; the end fits the update alone
-            input_grad, _ = step_all(x)
+            input_grad, distance = step_all(x)
+            _keep_best(x, distance, best_x, best, per_restart)
             x = adam_update(x, input_grad.sign(), first, second, steps_done, rate, ADAM_BETAS, ADAM_EPS).clamp_(0, 1)
             if progress is not None:
                 progress(step + 1, steps)
-        final = vmap(lambda c: gradient_distances([training.update(c, labels).unsqueeze(0)], [unit_target])[0])(x)
-    finite = torch.where(torch.isfinite(final), final, torch.full_like(final, math.inf))
-    best = int(torch.argmin(finite))
-    reconstruction = _match(x[best].double().cpu(), images.double().cpu(), labels.cpu())
+        # The last projected iterate was never scored inside the loop.
+        final = vmap(distance_to_target)(x)
+        _keep_best(x, final, best_x, best, per_restart)
+    winner = int(torch.argmin(best))
+    reconstruction = _match(best_x[winner].double().cpu(), images.double().cpu(), labels.cpu())
     errors = (reconstruction - images.double().cpu()).pow(2).flatten(2).mean(2)
     mse = [[float(e) for e in client] for client in errors]
     psnr = [[psnr_from_mse(e) for e in client] for client in mse]
     flat = sorted(e for client in mse for e in client)
     median_mse = float(torch.tensor(flat).median())
     notes = [f"labels and batch order known to the server (as in the FedSGD attacks); {restarts} restarts x "
-             f"{steps} steps in one vmapped batch, the best by its final distance kept",
+             f"{steps} steps in one vmapped batch in {str(dtype).replace('torch.', '')}; each restart keeps its "
+             f"best iterate (least distance to the update), the best restart wins",
+             f"prior: total variation x {applied:.3g} ({tv_weight:g} x the ratio of the distance's mean input "
+             f"gradient to the prior's at the starting points) for the first {tv_until:.0%} of the steps, then the "
+             "update alone",
              "the aggregate is the same for any order of the clients and of same-label samples within a batch: "
              "reconstructions are matched to the originals of the same label by the assignment of least total MSE"]
     return RoundAttack(reconstruction, mse, psnr, [_median(client) for client in psnr], median_mse,
-                       psnr_from_mse(median_mse), float(final[best]), restarts, steps, time.perf_counter() - started,
-                       str(device), restarts, notes)
+                       psnr_from_mse(median_mse), float(best[winner]), restarts, steps, time.perf_counter() - started,
+                       str(device), restarts, notes, best.tolist(), _finite_list(final),
+                       str(dtype).replace("torch.", ""), tv_weight, tv_until, applied)
+
+
+def _prior_scale(distance_grads: torch.Tensor, prior_grads: torch.Tensor) -> float:
+    """mean |d distance/dx| / mean |d TV/dx| over the starting points: what makes the prior's weight relative.
+
+    1 where either is zero or not finite (a flat start: nothing to scale by)."""
+    distance_pull, prior_pull = float(distance_grads.abs().mean()), float(prior_grads.abs().mean())
+    ratio = distance_pull / prior_pull if prior_pull > 0 else math.nan
+    return ratio if math.isfinite(ratio) and ratio > 0 else 1.0
+
+
+def _keep_best(x: torch.Tensor, distance: torch.Tensor, best_x: torch.Tensor, best: torch.Tensor,
+               per_restart: tuple[int, ...]) -> None:
+    """Where a restart's iterate fits the update better than its best so far, it becomes the best (a NaN never
+    does)."""
+    improved = distance < best
+    best_x.copy_(torch.where(improved.view(per_restart), x, best_x))
+    best.copy_(torch.where(improved, distance, best))
+
+
+def _finite_list(values: torch.Tensor) -> list[float]:
+    return [float(v) if math.isfinite(float(v)) else math.inf for v in values]
 
 
 def _copy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

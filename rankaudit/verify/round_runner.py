@@ -11,11 +11,14 @@ from pathlib import Path
 import torch
 
 from rankaudit.errors import UsageError
+from rankaudit.levels import count
 from rankaudit.progress import ProgressBar
 from rankaudit.report.json import round_dict
 from rankaudit.result import Result
-from rankaudit.verify.runner import (_confirms, _finite, _gap_text, _rank_inputs, _save_images,
-                                     _what_the_gradient_shows, build_real_model, read_worst_sample, resolve_device)
+from rankaudit.verify import baselines
+from rankaudit.verify.runner import (_against_baselines, _baseline_judgement, _confirms, _finite, _gap_text,
+                                     _rank_inputs, _save_images, _what_the_gradient_shows, build_real_model,
+                                     read_worst_sample, resolve_device)
 
 
 def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
@@ -129,7 +132,7 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
     model, weights = build_real_model(spec, result.input_shape, seed)
     images, source = _inputs(result, data, seed, "rgap")
     labels, loss = _labels(model, images, seed)
-    with ProgressBar(steps, f"FedAvg inversion ({round_.steps} local steps, {round_.clients} client(s))",
+    with ProgressBar(steps, f"FedAvg inversion ({count(round_.steps, 'local step')}, {count(round_.clients, 'client')})",
                      enabled=show_progress) as bar:
         attack = fedavg.invert_round(model, images, labels, round_, loss, steps=steps, restarts=restarts,
                                      device=device, seed=seed, progress=lambda done, total: bar(done, total))
@@ -141,6 +144,8 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
     if not confirms and result.verdict == "exposed":
         judgement += ("; an optimisation attack is not exact, so missing the threshold within its budget "
                       f"({steps} steps) does not show the input is safe")
+    scored, against = _against_baselines(flat_originals, flat_found)
+    judgement += _baseline_judgement(against)
     notes = [f"weights: {weights}", f"images: {source}",
              "R-GAP has no multi-step form (its closed form inverts one gradient layer by layer): the FedAvg "
              f"inversion attack simulates the {round_.steps} local steps from θ₀ instead", *attack.notes]
@@ -148,7 +153,8 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
                 "psnr": _finite(attack.psnr[c][i]),
                 "seconds": round(attack.seconds / len(flat_originals), 3),
                 "original_png": saved[c * round_.samples + i][0],
-                "reconstruction_png": saved[c * round_.samples + i][1]}
+                "reconstruction_png": saved[c * round_.samples + i][1],
+                **baselines.sample_fields(scored[c * round_.samples + i])}
                for c in range(round_.clients) for i in range(round_.samples)]
     verification = {
         "attack": "fedavg-inversion", "device": attack.device, "weights": weights, "images": source, "loss": loss,
@@ -157,7 +163,11 @@ def verify_round_inputs(result: Result, spec: str, *, seed: int = 0, device: str
         "notes": notes, "samples": samples, "layers": [],
         "clients": [{"client": c, "median_psnr": _finite(attack.client_median_psnr[c])}
                     for c in range(round_.clients)],
-        "final_distance": attack.final_distance, "round": round_dict(result),
+        "final_distance": _finite(attack.final_distance),
+        "restart_best_distances": [_finite(d) for d in attack.best_distances],
+        "restart_last_distances": [_finite(d) for d in attack.last_iterate_distances], "dtype": attack.dtype,
+        "tv_weight": attack.tv_weight, "tv_weight_applied": attack.tv_weight_applied, "tv_until": attack.tv_until,
+        "round": round_dict(result), **against,
     }
     result.verification["rgap"] = verification
     return verification

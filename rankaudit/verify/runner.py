@@ -15,6 +15,7 @@ from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
 from rankaudit.progress import ProgressBar
 from rankaudit.result import Result
+from rankaudit.verify import baselines
 
 # Spec of issue 3: an exposed model is confirmed by a near-perfect reconstruction, a protected one by a poor one.
 CONFIRM_EXPOSED_BELOW = 1e-3
@@ -194,6 +195,8 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
     if attack == "inverting-gradients" and not confirms and result.verdict == "exposed":
         judgement += ("; an optimisation attack is not exact, so missing the threshold within its budget "
                       f"({steps} steps) does not show the input is safe")
+    scored, against = _against_baselines(images, reconstructions)
+    judgement += _baseline_judgement(against)
     deficient = [layer for layer in layers if layer["local_deficit"] > 0]
     if deficient:
         # Spec §7: counts cannot see dependent constraints; the numerical rank can, and explains a disagreement.
@@ -208,11 +211,30 @@ def verify_inputs(result: Result, spec: str, *, samples: int = 4, seed: int = 0,
         "notes": notes,
         "samples": [{"index": i, "mse": outcome.mse[i], "psnr": _finite(outcome.psnr[i]),
                      "seconds": round(outcome.seconds[i], 3), "original_png": saved[i][0],
-                     "reconstruction_png": saved[i][1]} for i in range(len(images))],
-        "layers": layers,
+                     "reconstruction_png": saved[i][1], **baselines.sample_fields(scored[i])}
+                    for i in range(len(images))],
+        "layers": layers, **against,
     }
     result.verification["rgap"] = verification
     return verification
+
+
+def _against_baselines(originals: torch.Tensor, reconstructions: torch.Tensor) -> tuple[list, dict]:
+    """Every image's reconstruction scored beside the grey and mean-colour baselines (rankaudit.verify.baselines),
+    and the summary keys the verification gains: the baselines' medians, the best image, the outcome."""
+    scored = baselines.score(originals, reconstructions)
+    return scored, baselines.summary(scored)
+
+
+def _baseline_judgement(against: dict) -> str:
+    """What the judgement adds when some reconstruction does not beat both baselines."""
+    if against["outcome"] == baselines.FAILED:
+        return ("; no reconstruction beats both the flat-grey and the mean-colour baseline: the attack failed, "
+                "it recovered nothing")
+    if against["outcome"] == baselines.PARTLY:
+        return (f"; only {against['recovered_samples']} reconstruction(s) beat both the flat-grey and the "
+                "mean-colour baseline")
+    return ""
 
 
 def _dager_layer(result: Result):
@@ -745,19 +767,26 @@ def _input_rows(result, run: _InputRun, defenses, *, seed, device, steps, restar
     rows = []
     for forced in passes:
         if forced:  # the optimisation attack where R-GAP ran: its own undefended baseline
-            attack, base, _, stop = _attack_images(model, images, shape, loss, device=device, seed=seed,
-                                                   steps=steps, restarts=restarts, show_progress=show_progress,
-                                                   title=" without defense", optimisation=True)
+            attack, base, base_found, stop = _attack_images(model, images, shape, loss, device=device, seed=seed,
+                                                            steps=steps, restarts=restarts,
+                                                            show_progress=show_progress, title=" without defense",
+                                                            optimisation=True)
         else:
-            attack, base, stop = run.attack, run.outcome, run.stop
+            attack, base, base_found, stop = run.attack, run.outcome, run.reconstructions, run.stop
+        without_scored = baselines.summary(baselines.score(images, base_found))
         for defense, warmup in zip(defenses, warmups):
             # A fresh client per attack: the noise the two attacks face is the same draw.
-            _, outcome, _, _ = _attack_images(model, images, shape, loss, device=device, seed=seed, steps=steps,
-                                              restarts=restarts, show_progress=show_progress,
-                                              defense=defense.client(seed, warmup), title=f" vs {defense.label}",
-                                              optimisation=forced)
-            rows.append(_input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps,
-                                   restarts))
+            _, outcome, found, _ = _attack_images(model, images, shape, loss, device=device, seed=seed,
+                                                  steps=steps, restarts=restarts, show_progress=show_progress,
+                                                  defense=defense.client(seed, warmup), title=f" vs {defense.label}",
+                                                  optimisation=forced)
+            row = _input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps, restarts)
+            with_scored = baselines.summary(baselines.score(images, found))
+            # Issue 21: both medians beside what a flat image scores on the same images.
+            row.update({"grey_psnr_median": with_scored["grey_psnr_median"],
+                        "mean_colour_psnr_median": with_scored["mean_colour_psnr_median"],
+                        "outcome_without": without_scored["outcome"], "outcome_with": with_scored["outcome"]})
+            rows.append(row)
     return rows
 
 
