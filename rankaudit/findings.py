@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.bound import identifiability
+from rankaudit.bound import identifiability, sample_identifiability
 # The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
 from rankaudit.levels import (DEFAULT_FAIL_ON, DEFAULT_MAX_RECOVERABLE, FAIL_ON_CHOICES, FAILING_VERDICTS,  # noqa: F401
                               VERDICT_LEVELS, percent, verdict_level)
 from rankaudit.ops import Role
-from rankaudit.result import (Caveat, DPBound, EmbeddingExposure, Identifiability, InputInfo, LabelLeakage, LayerBridge,
-                              PolicyOutcome, Result, SpanExposure, TokenLeakage)
+from rankaudit.result import (BiasReadoutFinding, Caveat, DPBound, EmbeddingExposure, Identifiability, InputInfo,
+                              LabelLeakage, LayerBridge, PolicyOutcome, Result, SpanExposure, TokenLeakage)
 from rankaudit.trace import TracedModel
 
 # Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.
@@ -89,6 +89,68 @@ def round_meaning(bound: Identifiability) -> str:
             "does not prove that each sample keeps a hidden part")
 
 
+# ---- each sample, not the batch (spec §14) ---------------------------------------------------------------------
+
+
+def per_sample_view(result: Result) -> bool:
+    """Whether the sample level differs from the batch level: anything but FedSGD at batch size 1, where both are
+    one sample's gradient and every report reads as before."""
+    round_ = result.round
+    fedsgd_one = (round_.fedsgd and round_.batch_size == 1) if round_ is not None else result.batch_size == 1
+    return not fedsgd_one
+
+
+def _steps(count: int) -> str:
+    return f"{count} local step{'s' if count != 1 else ''}"
+
+
+def sample_meaning(bound: Identifiability) -> str:
+    """What the per-sample verdict means, in one sentence (spec §14)."""
+    sample = bound.sample
+    steps, one_step = _steps(sample.steps_per_sample), sample.single_sample_bound
+    if sample.level == "exposed":
+        if one_step >= sample.unknowns:
+            why = "one step's gradient can determine one sample (§9 at batch size 1 certifies nothing)"
+        else:
+            why = (f"one step's gradient sees at most {one_step:,} of a sample's {sample.unknowns:,} directions, but "
+                   f"its {sample.steps_per_sample} steps together can see all of them")
+        return (f"each sample is read by {steps}; {why}: no count certifies that any part of any one sample stays "
+                "hidden, whatever the batch, the round or the aggregation around it")
+    deficit = sample.unknowns - sample.rank_bound
+    if sample.binding == "update-values":
+        cap = f"the update has only {sample.rank_bound:,} values"
+    else:
+        cap = (f"the {steps} that read it carry at most {sample.rank_bound:,} of its directions (R(1) = "
+               f"{one_step:,} per step)")
+    text = (f"at least {deficit:,} of each sample's {sample.unknowns:,} directions leave the update unchanged (to "
+            f"first order), whatever the attack and whatever the other samples, because {cap}: at most "
+            f"{percent(sample.recoverable_fraction)} of any one sample can be recovered")
+    if sample.level == "partial":
+        return text + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection"
+    return text + f" (ceiling {percent(bound.max_recoverable)})"
+
+
+def whole_sentence(result: Result) -> str:
+    """The batch or round level as what it is (spec §14): a statement about all samples at once."""
+    bound = result.identifiability
+    round_ = result.round
+    if round_ is not None and not round_.fedsgd:
+        what, count = "round", round_.clients * round_.samples
+    else:
+        what, count = "batch", (round_.clients * round_.batch_size if round_ is not None else result.batch_size)
+    head = (f"The {what} as a whole: rank <= {bound.rank_bound:,} of {bound.unknowns:,} "
+            f"({percent(bound.recoverable_fraction)})")
+    if bound.certified_deficit > 0:
+        return (f"{head}: no attack recovers all {count:,} samples at once; this is no guarantee for any one of "
+                "them.")
+    return f"{head}: nothing certifies that any part of the {count:,} samples stays hidden."
+
+
+def _batch_norms(traced: TracedModel) -> list[str]:
+    return [traced.record(n).name for n in traced.order
+            if traced.record(n).family == "norm" and "batch" in traced.record(n).op.lower()]
+
+
 def _model_caveats(result: Result, non_injective_ops: list[tuple[str, str | None]],
                    fallback_reason: str | None) -> list[Caveat]:
     caveats = []
@@ -112,11 +174,20 @@ def evaluate_policy(result: Result, fail_on: str = DEFAULT_FAIL_ON, min_ra: int 
     computed with (spec §11); it is recorded here, the level already applies it."""
     reasons = []
     bound = result.identifiability
+    each = bound is not None and bound.sample is not None and per_sample_view(result)
+    carried_by = "structure" if fail_on != "never" else "none"
     if result.verdict in FAILING_VERDICTS[fail_on]:
+        carried_by = "none"
         if result.verdict == "partial" and bound is not None:
-            reasons.append(f"verdict is partial: up to {percent(bound.recoverable_fraction)} of the input's directions "
-                           f"are recoverable, above the allowed {percent(bound.max_recoverable)} (--fail-on {fail_on}; "
-                           "--max-recoverable sets the ceiling, --fail-on exposed keeps the old gate)")
+            fraction = bound.sample.recoverable_fraction if each else bound.recoverable_fraction
+            whose = "each sample's" if each else "the input's"
+            reasons.append(f"verdict is partial{' (each sample)' if each else ''}: up to {percent(fraction)} of "
+                           f"{whose} directions are recoverable, above the allowed {percent(bound.max_recoverable)} "
+                           f"(--fail-on {fail_on}; --max-recoverable sets the ceiling, --fail-on exposed keeps the old "
+                           "gate)")
+        elif each:
+            reasons.append(f"verdict is {result.verdict} (each sample): nothing certifies that any part of one "
+                           f"sample stays hidden (--fail-on {fail_on})")
         else:
             reasons.append(f"verdict is {result.verdict} (--fail-on {fail_on})")
     if fail_on == "boundary" and ra_verdict(result.ra_i) != "protected":
@@ -139,7 +210,7 @@ def evaluate_policy(result: Result, fail_on: str = DEFAULT_FAIL_ON, min_ra: int 
                        f"batch {tokens.safe_batch_size}, or withhold those layers' gradients to pass)")
     ceiling = bound.max_recoverable if bound is not None else max_recoverable
     return PolicyOutcome(fail_on=fail_on, min_ra=min_ra, passed=not reasons, reasons=reasons,
-                         max_recoverable=ceiling)
+                         max_recoverable=ceiling, carried_by=carried_by)
 
 
 def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = DEFAULT_FAIL_ON, min_ra: int | None = None,
@@ -154,12 +225,31 @@ def apply_findings(result: Result, traced: TracedModel, *, fail_on: str = DEFAUL
     if result.identifiability is None:
         result.identifiability = identifiability(traced, result.batch_size, max_recoverable=max_recoverable)
     bound = result.identifiability
-    result.verdict = bound.verdict
-    result.meaning = (round_meaning(bound) if bound.round is not None else
-                      bound_meaning(bound, result.ra_i, result.critical_layer))
-    meaning = result.meaning[:1].upper() + result.meaning[1:]
-    result.summary = (f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. {meaning}. "
-                      + ra_sentence(result))
+    if bound.sample is None:
+        from rankaudit.round import Round
+
+        bound.sample = sample_identifiability(traced, result.round or Round(batch_size=result.batch_size),
+                                              shared_layers=sorted(shared_layers) if shared_layers else None,
+                                              max_recoverable=bound.max_recoverable)
+    # Spec §14: the verdict is the sample level; the batch or round level stays as its own sentence.
+    result.verdict = bound.sample.level
+    if per_sample_view(result):
+        result.meaning = sample_meaning(bound)
+        norms = _batch_norms(traced)
+        if norms:
+            result.meaning += (f"; {', '.join(norms[:3])}{' ...' if len(norms) > 3 else ''} (BatchNorm) couple the "
+                               "samples of a batch in training mode: this bound is for the model as simulated, in "
+                               "eval mode")
+        meaning = result.meaning[:1].upper() + result.meaning[1:]
+        result.summary = (f"Rank bound {bound.sample.rank_bound:,} of {bound.sample.unknowns:,} unknowns per sample: "
+                          f"{result.verdict} (each sample). {meaning}. {whole_sentence(result)} " + ra_sentence(result))
+    else:
+        result.meaning = (round_meaning(bound) if bound.round is not None else
+                          bound_meaning(bound, result.ra_i, result.critical_layer))
+        meaning = result.meaning[:1].upper() + result.meaning[1:]
+        result.summary = (f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. "
+                          f"{meaning}. " + ra_sentence(result))
+    result.bias_readout = bias_readouts(traced, result, shared_layers)
     result.caveats = _model_caveats(result, non_injective, traced.fallback_reason) + result.caveats
     result.label_leakage = label_leakage(traced, result, shared_layers)
     result.policy = evaluate_policy(result, fail_on, min_ra, max_recoverable)
@@ -415,6 +505,11 @@ DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
 def dp_sentence(dp: DPBound) -> str:
     """The DP section in one sentence: ε at δ and the bound on any reconstruction at the user's prior."""
     epsilon = "no finite ε" if dp.epsilon is None else f"ε {dp.epsilon:.3g}"
+    if dp.noise_by == "server":
+        return (f"{DP_UNITS[dp.level]} with noise the server adds: {epsilon} at δ {dp.delta:g}; a reconstruction "
+                f"from the released model succeeds with probability at most {dp.reconstruction_bound:.3g} when its "
+                f"prior baseline is {dp.prior:g}; this bounds what the released model reveals, not what the server "
+                "sees")
     return (f"{DP_UNITS[dp.level]}: {epsilon} at δ {dp.delta:g}; any reconstruction succeeds with probability at most "
             f"{dp.reconstruction_bound:.3g} when its prior baseline is {dp.prior:g}")
 
@@ -426,10 +521,123 @@ def apply_dp(result: Result, settings) -> Result:
     from rankaudit.dp import dp_bound
 
     result.dp = dp_bound(settings)
-    if result.dp.within_limit is False and result.policy is not None:
-        result.policy.reasons.append(
+    result.dp.noise_by = getattr(settings, "noise_by", "client")
+    policy = result.policy
+    if result.dp.within_limit is False and policy is not None:
+        policy.reasons.append(
             f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
             f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
             f"`rankaudit suggest` with the same DP options names the least noise that meets it)")
-        result.policy.passed = False
+        policy.passed = False
+    elif result.dp.within_limit and policy is not None and policy.carried_by == "none" \
+            and result.verdict in FAILING_VERDICTS[policy.fail_on]:
+        # Spec §14 + §13: the structure leaves the sample open; the noise may still bound every reconstruction.
+        verdict_reason = next((r for r in policy.reasons if r.startswith(f"verdict is {result.verdict}")), None)
+        if result.dp.noise_by == "client" and verdict_reason is not None:
+            policy.reasons.remove(verdict_reason)
+            policy.carried_by = "noise"
+            policy.passed = not policy.reasons
+        elif verdict_reason is not None:
+            policy.reasons[policy.reasons.index(verdict_reason)] = (
+                verdict_reason + "; the DP noise is added by the server (--noise-by server): it bounds what the "
+                "released model reveals, not what the server sees, so it cannot carry the verdict")
     return result
+
+
+def carried_by_sentence(result: Result) -> str:
+    """Which of the two carries a passing verdict (spec §14: structure or noise), in one sentence; '' otherwise."""
+    policy, dp = result.policy, result.dp
+    if policy is None or not policy.passed or dp is None:
+        return ""
+    if policy.carried_by == "structure":
+        return (f"carried by the structure: each sample is {result.verdict} by the architecture alone, whatever the "
+                "noise")
+    if policy.carried_by != "noise":
+        return ""
+    return (f"carried by the noise, not the structure: the architecture leaves each sample {result.verdict}, and the "
+            f"noise the client adds bounds any reconstruction of it to probability {dp.reconstruction_bound:.3g} at "
+            f"prior {dp.prior:g}, within --max-reconstruction {dp.max_reconstruction:g}")
+
+
+# --- the bias readout (spec §14; Qian, Nassar & Hansen, Proposition 1) ------------------------------------------
+
+_READOUT_FAMILIES = {"linear", "conv", "convolution", "conv_transpose", "matmul_param"}
+# Activations whose slope vanishes on a region: a unit silent for every other sample passes no gradient for them.
+_EXACT_READOUT = {"relu_family"}
+# LeakyReLU's slope never vanishes: the other samples leak in at its negative slope (close, not exact).
+_LEAKY = {"LeakyReLU", "leaky_relu", "leaky_relu_"}
+
+
+def _next_through_views(traced: TracedModel, node_id: str) -> str | None:
+    """The one op reading node_id's output, looking through reshapes and dropout; None where it forks."""
+    successors = traced.successors.get(node_id, [])
+    while len(successors) == 1 and traced.record(successors[0]).family == "reshape":
+        successors = traced.successors.get(successors[0], [])
+    return successors[0] if len(successors) == 1 else None
+
+
+def _reads_model_input(traced: TracedModel, node_id: str) -> bool:
+    record = traced.record(node_id)
+    while record.inputs:
+        operand = record.inputs[0]
+        if operand in traced.input_ids:
+            return True
+        record = traced.record(operand)
+        if record.family != "reshape":
+            return False
+    return False
+
+
+def readout_layers(traced: TracedModel, shared: set[str] | None = None) -> list[tuple[str, str, str, bool]]:
+    """(node id, layer name, activation op, exact) of every shared layer applied once per sample (a Linear on a
+    vector, a convolution with one output position) with a trainable bias and a ReLU-like activation after it."""
+    found = []
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        counting = record.counting
+        if (record.family not in _READOUT_FAMILIES or counting.role is not Role.LAYER or not counting.bias_params
+                or not counting.out_features or record.output_numel != counting.out_features or not record.inputs):
+            continue
+        name = record.name.split("#")[0]
+        if shared is not None and name not in shared:
+            continue
+        after = _next_through_views(traced, node_id)
+        if after is None:
+            continue
+        activation = traced.record(after)
+        exact = activation.family in _EXACT_READOUT
+        if exact or activation.op in _LEAKY:
+            found.append((node_id, name, activation.op, exact))
+    return found
+
+
+def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) -> list[BiasReadoutFinding]:
+    """Spec §14's static readout finding for every layer of readout_layers: unit k's update row over its bias
+    update, (∂u/∂W_k)/(∂u/∂b_k), is one sample's input to the layer whenever k fires for that sample alone."""
+    round_ = result.round
+    batch = round_.batch_size if round_ is not None else result.batch_size
+    samples = round_.clients * round_.samples if round_ is not None else batch
+    found = []
+    for node_id, name, activation_op, exact in readout_layers(traced, shared):
+        record = traced.record(node_id)
+        counting = record.counting
+        units, width = counting.out_features, traced.record(record.inputs[0]).output_numel
+        reads_input = _reads_model_input(traced, node_id)
+        what = "the sample itself" if reads_input else f"its {width:,} features at this layer"
+        faces = (f"a batch of {batch}" if round_ is None or round_.fedsgd else
+                 f"batches of {batch} over {samples:,} samples in {round_.steps} steps")
+        whole = units >= batch
+        message = (f"{name} ({record.op} with bias, {units:,} units, {activation_op}) reads each sample's "
+                   f"{width:,}-value input{' (the model input)' if reads_input else ''} directly: a unit that fires "
+                   f"for one sample alone gives {what} {'exactly' if exact else 'up to its negative slope'} as its "
+                   f"update row over its bias update (bias readout; Qian et al., Prop. 1); it faces {faces}, and "
+                   + (f"with {units:,} units >= {batch} samples per batch it can read the whole batch" if whole else
+                      f"{units:,} units < {batch} samples per batch: not the whole batch at once, yet one unit "
+                      "suffices for one sample"))
+        fix = (f"withhold {name}'s bias gradient (freeze the bias or do not send it): without ∂u/∂b no ratio gives "
+               "the exact sample, though a unit's weight row still points along it (the sample up to scale), so the "
+               "per-sample bound above, not this fix, says what stays hidden; widening the layer only helps the "
+               "attacker: more units than samples is what Qian et al. show reading the whole batch needs")
+        found.append(BiasReadoutFinding(name, record.op, units, width, reads_input, activation_op, exact, batch,
+                                        samples, whole, message, fix, record.source))
+    return found

@@ -253,6 +253,10 @@ class PolicyOutcome:
     passed: bool
     reasons: list[str]
     max_recoverable: float | None = None
+    # Spec §14 / §13: what carries the per-sample verdict through the gate. structure: the sample level passes
+    # on its own; noise: it does not, but the client's DP noise bounds every reconstruction within
+    # --max-reconstruction; none: neither (the policy fails on the verdict, or --fail-on never asks nothing).
+    carried_by: str = "structure"
 
 
 @dataclass
@@ -274,6 +278,9 @@ class DPBound:
     seconds: float = 0.0
     max_reconstruction: float | None = None   # the policy's ceiling on B(κ); None: no rule
     curve: list[tuple[float, float]] = field(default_factory=list)   # (κ, B(κ)) for the HTML card
+    # Who adds the noise (round.NOISE_BY): only client noise bounds what the server sees; server noise bounds
+    # what the released model reveals.
+    noise_by: str = "client"
 
     @property
     def within_limit(self) -> bool | None:
@@ -346,6 +353,26 @@ class BiasReadout:
 
 
 @dataclass
+class BiasReadoutFinding:
+    """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
+    the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
+
+    name: str                         # the layer: fc1
+    op: str                           # Linear | Conv2d ...
+    units: int                        # its output units, each one chance to read a sample out
+    width: int                        # the per-sample vector each unit reads (the ratio's length)
+    reads_input: bool                 # the first layer: the ratio is the sample itself; else its features
+    activation: str                   # the ReLU-like op after it: relu, ReLU6, LeakyReLU ...
+    exact: bool                       # the activation's slope vanishes (ReLU family): an exact readout
+    batch_size: int                   # the samples one step's gradient mixes (the batch it faces)
+    samples: int                      # the samples the whole update mixes (C·N for a round)
+    whole_batch: bool                 # units >= batch size: Qian et al.'s condition to read every sample
+    message: str
+    fix: str
+    source: str | None = None         # file:line of the call
+
+
+@dataclass
 class Result:
     model: str                          # as the user named it: path or path:name
     model_name: str                     # the class, factory or instance
@@ -377,6 +404,7 @@ class Result:
     images: dict[str, bytes] = field(default_factory=dict)
     dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
     round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
+    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)   # spec §14's static readout finding
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from rankaudit.analysis import analyze
-from rankaudit.bound import gradient_sources, identifiability, round_identifiability
+from rankaudit.bound import gradient_sources, identifiability, round_identifiability, sample_identifiability
 from rankaudit.errors import RankauditError
-from rankaudit.findings import token_leakage
+from rankaudit.findings import readout_layers, token_leakage
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
-from rankaudit.result import DPNoiseSuggestion, Identifiability, Result
+from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleBound
 from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
-EDITS = ("cut-skip", "narrow", "stride", "remove-bias", "batch-size")
+EDITS = ("cut-skip", "narrow", "stride", "remove-bias")   # batch sizes protect no sample (spec §14)
 ACCURACY_NOTE = ("Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
                  "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10).")
 
@@ -31,17 +31,17 @@ class Suggestion:
     detail: str                # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str               # the identifiability bound's verdict level on the edited model (spec §9, §11)
+    verdict: str               # the per-sample verdict level of the edited model (spec §14, §11)
     delta_params: int
     crosses_verdict: bool      # the verdict differs from the unedited model's
-    rank_bound: int = 0
-    certified_deficit: int = 0
-    recoverable_fraction: float = 1.0   # R/n of the edited model: the edits are ranked by it
+    rank_bound: int = 0        # R_s of the edited model: each sample's bound (spec §14)
+    certified_deficit: int = 0          # |x| - R_s: directions of each sample certified hidden
+    recoverable_fraction: float = 1.0   # R_s/|x| of the edited model: the edits are ranked by it
 
 
 @dataclass
 class RoundSetting:
-    """One knob of the round moved to where the round becomes `protected` (spec §11-§12), with its bound."""
+    """One knob of the round moved to where each sample becomes `protected` (spec §11, §14), with its bound."""
 
     knob: str                      # local-samples | local-epochs | clients
     value: int | None              # the value found; None: no value in the range searched protects the round
@@ -55,7 +55,8 @@ class RoundSetting:
 
 @dataclass
 class RoundReview:
-    """The round as given and the three single changes that make it `protected`."""
+    """The round as given and the three single changes that make each sample `protected` (spec §14): the
+    verdict, bound and fraction are per sample; `whole_*` are the round as a whole (spec §12)."""
 
     round: Round
     verdict: str
@@ -64,6 +65,9 @@ class RoundReview:
     recoverable_fraction: float
     max_recoverable: float
     settings: list[RoundSetting]
+    whole_verdict: str = ""
+    whole_rank_bound: int = 0
+    whole_unknowns: int = 0
 
 
 @dataclass
@@ -73,17 +77,19 @@ class SuggestReport:
     batch_size: int
     ra_i: int | None
     critical_layer: str | None
-    verdict: str
+    verdict: str                               # the per-sample verdict (spec §14): what the edits aim at
     suggestions: list[Suggestion]
     skipped: list[str] = field(default_factory=list)   # edits that could not be applied, and why
+    # The batch as a whole (spec §9, §11) at batch_size: R of n = B·|x|; a statement about all samples at once.
     unknowns: int = 0
     rank_bound: int = 0
     certified_deficit: int = 0
-    certifying_batch: int | None = None        # smallest batch size with a certified deficit
-    protecting_batch: int | None = None        # smallest batch size whose verdict is protected (None: none is)
+    certifying_batch: int | None = None        # smallest batch size with a certified deficit of the whole batch
+    protecting_batch: int | None = None        # smallest batch size whose whole batch is protected (None: none is)
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # the ceiling on R/n that protected asks for
-    recoverable_fraction: float = 1.0          # R/n of the model as it is
-    certifying_withheld: list[str] | None = None  # layers whose gradients, kept back, make the verdict protected
+    recoverable_fraction: float = 1.0          # R/n of the model as it is (the whole batch)
+    # Layers whose gradients, kept back, make each sample protected (spec §14); [] none needed; None: no set does
+    certifying_withheld: list[str] | None = None
     # Where no set of layers reaches protected (norms and other directly used parameters still send enough):
     # layers whose gradients, kept back, give at least a certified deficit (partial).
     deficit_withheld: list[str] | None = None
@@ -96,6 +102,11 @@ class SuggestReport:
     seconds: float = 0.0
     round_review: RoundReview | None = None   # with a round: the N, E and C that make it protected
     noise: DPNoiseSuggestion | None = None     # with DP options: the least noise meeting --max-reconstruction
+    sample: SampleBound | None = None          # each sample's bound as the model is (spec §14)
+    readout_layers: list[str] = field(default_factory=list)   # shared layers with a bias readout (spec §14)
+    # No single edit, withheld set or round setting makes each sample protected: only noise the client adds can
+    # bound what the server reconstructs of a sample.
+    noise_is_the_way: bool = False
 
 
 def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[str]) -> TracedModel:
@@ -298,14 +309,26 @@ def smallest_protected_batch(traced: TracedModel, start: int = 1, at_start: Iden
     return high
 
 
-def certifying_withheld(traced: TracedModel, batch_size: int, all_shared: Identifiability | None = None,
-                        max_recoverable: float = DEFAULT_MAX_RECOVERABLE, aim: str = "protected") -> list[str] | None:
-    """A small set of layers whose gradients, withheld, reach the verdict level `aim` (spec §11: `protected`, or
-    `partial` for any certified deficit); None if even withholding all of them does not.
+def certifying_withheld(traced: TracedModel, batch_size: int, *,
+                        max_recoverable: float = DEFAULT_MAX_RECOVERABLE, aim: str = "protected",
+                        round_: Round | None = None) -> list[str] | None:
+    """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (spec §11,
+    §14: `protected`, or `partial` for any certified deficit); None if even withholding all of them does not.
+    Each sample is judged by sample_identifiability in `round_` (default: FedSGD at batch_size).
 
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
     a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.
     """
+    judged_round = round_ or Round(batch_size=batch_size)
+    cache: dict = {}
+
+    def judge(withheld_layers: list[str]) -> SampleBound:
+        key = tuple(sorted(withheld_layers))
+        if key not in cache:
+            cache[key] = sample_identifiability(traced, judged_round, withheld_layers=list(key) or None,
+                                                max_recoverable=max_recoverable)
+        return cache[key]
+
     capacity: dict[str, int] = {}
     for node_id in traced.order:
         record = traced.record(node_id)
@@ -314,21 +337,18 @@ def certifying_withheld(traced: TracedModel, batch_size: int, all_shared: Identi
     names = list(capacity)
     withheld: list[str] = []
     reached = VERDICT_LEVELS[VERDICT_LEVELS.index(aim):]
-    bound = all_shared or identifiability(traced, batch_size, max_recoverable=max_recoverable)
-    while bound.verdict not in reached:
+    bound = judge([])
+    while bound.level not in reached:
         candidates = [name for name in names if name not in withheld]
         if not candidates:
             return None
-        trials = [(identifiability(traced, batch_size, withheld_layers=withheld + [name],
-                                   max_recoverable=max_recoverable), capacity[name], name)
-                  for name in candidates]
+        trials = [(judge(withheld + [name]), capacity[name], name) for name in candidates]
         # Where no single layer lowers the bound yet (the input itself is the cut), take the most gradient away.
         bound, _, best = min(trials, key=lambda trial: (trial[0].rank_bound, -trial[1]))
         withheld.append(best)
     for name in sorted(withheld, key=capacity.__getitem__):   # then share again what the certificate can spare
         rest = [other for other in withheld if other != name]
-        if identifiability(traced, batch_size, withheld_layers=rest,
-                           max_recoverable=max_recoverable).verdict in reached:
+        if judge(rest).level in reached:
             withheld = rest
     return withheld
 
@@ -337,22 +357,12 @@ def certifying_withheld(traced: TracedModel, batch_size: int, all_shared: Identi
 MAX_ROUND_SEARCH = 1_000_000
 
 
-def _setting(knob: str, value: int | None, bound: Identifiability | None, why: str = "",
-             unbounded: bool = False) -> RoundSetting:
-    if bound is None:
-        return RoundSetting(knob, value, unbounded, explanation=why)
-    caps = bound.round
-    return RoundSetting(knob, value, unbounded, bound.rank_bound, bound.unknowns, bound.recoverable_fraction,
-                        caps.binding if caps else "cut", why or (caps.explanation if caps else "§9's min cut"))
-
-
 def round_review(traced: TracedModel, round_: Round, max_recoverable: float | None = None) -> RoundReview:
-    """The smallest N, the largest E and the smallest C at which the round is `protected`, one knob at a time.
+    """Per sample (spec §14): the N, E and C at which each sample of the round is `protected`, one knob at a time.
 
-    ρ = min(n, |θ_s|, Σ) / n with n = C·N·|x|: the |θ_s| term falls as N or C grow and the steps' term Σ/n is
-    about E·R(B)/(B·|x|), so more samples or clients can only help through the |θ_s| cap and more epochs only
-    hurt. N and C are scanned upward to where |θ_s|/n reaches the ceiling (every round past it is protected);
-    E upward while the round stays protected. Each try costs arithmetic: §9's max flows are cached per batch size.
+    R_s = min(|x|, |θ_s|, E·R(1)) holds whatever N, B and C are: more local samples or clients never protect a
+    sample (they only lower the round's ρ as a whole, reported beside it), and the largest E is the last whose
+    E·R(1) (or the |θ_s| cap) stays within ρ_max·|x|. Each try is arithmetic: §9's max flows are cached.
     """
     ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     cache: dict = {}
@@ -360,56 +370,77 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     def judged(changed: Round) -> Identifiability:
         return round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache)
 
-    def protected(bound: Identifiability) -> bool:   # FedSGD's bound included: spec §11's level at this ceiling
+    def whole_protected(bound: Identifiability) -> bool:
         return verdict_level(bound.rank_bound, bound.unknowns, ceiling) == "protected"
 
+    def first_whole(setting: str, values: range) -> int | None:
+        """The least value of one setting at which the round as a whole is protected (spec §12), for the record."""
+        for value in values:
+            if whole_protected(judged(dataclasses.replace(round_, **{setting: value}))):
+                return value
+        return None
+
     base = judged(round_)
-    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    sample = base.sample
+    per_sample = sample.unknowns
     values = cache.get("update_values") or identifiability(traced, 1).rank_bound
     settings = []
-    # Local samples N: past |θ_s| / (ρ_max·C·|x|) the |θ_s| cap alone protects the round.
-    enough = math.ceil(values / max(ceiling * round_.clients * per_sample, 1e-300)) if ceiling > 0 else None
-    def first_protected(knob: str, field: str, values: range, symbol: str):
-        """The least value of one round setting whose round is protected (the scan stops at the first)."""
-        for value in values:
-            bound = judged(dataclasses.replace(round_, **{field: value}))
-            if protected(bound):
-                return _setting(knob, value, bound)
-        return _setting(knob, None, None, f"no {symbol} up to {MAX_ROUND_SEARCH:,} protects this round")
-
-    last = max(round_.batch_size, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH))   # N >= B: one full batch
-    settings.append(first_protected("local-samples", "local_samples", range(round_.batch_size, last + 1), "N"))
-    # Local epochs E: the steps' term grows with E, the other caps do not change.
-    one_epoch = judged(dataclasses.replace(round_, local_epochs=1))
-    if not protected(one_epoch):
-        settings.append(_setting("local-epochs", None, None, "even one local epoch is not protected: more epochs "
-                                 "only add equations"))
+    for knob, setting, symbol, scale in (("local-samples", "local_samples", "N", round_.clients),
+                                         ("clients", "clients", "C", round_.samples)):
+        if sample.level == "protected":
+            settings.append(_sample_setting(knob, None, sample, f"any {symbol}: each sample's bound does not depend "
+                                            f"on {symbol} (spec §14)", unbounded=True))
+            continue
+        enough = math.ceil(values / max(ceiling * scale * per_sample, 1e-300)) if ceiling > 0 else None
+        low = round_.batch_size if setting == "local_samples" else 1
+        whole = first_whole(setting, range(low, max(low, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH)) + 1))
+        whole_text = (f"; the round as a whole is protected from {symbol} = {whole:,}, which is no guarantee for "
+                      "any one sample" if whole is not None else "")
+        settings.append(_sample_setting(knob, None, None, f"no {symbol} protects a sample: {symbol} does not enter "
+                                        f"each sample's bound (spec §14){whole_text}"))
+    # Local epochs E: E·R(1) grows with E; the |θ_s| cap does not.
+    one_epoch = judged(dataclasses.replace(round_, local_epochs=1)).sample
+    if one_epoch.level != "protected":
+        settings.insert(1, _sample_setting("local-epochs", None, None, f"even one local epoch is not protected per "
+                                           f"sample (one step's R(1) = {one_epoch.single_sample_bound:,} of "
+                                           f"{per_sample:,}): more epochs only add equations"))
+    elif values <= ceiling * per_sample:
+        settings.insert(1, _sample_setting("local-epochs", None, one_epoch, "any number of epochs: the update's "
+                                           "|θ_s| values cap each sample whatever the steps carry", unbounded=True))
     else:
-        epochs, bound = 1, one_epoch
-        if values <= ceiling * bound.unknowns:
-            settings.append(_setting("local-epochs", None, bound, "any number of epochs: the update's |θ_s| values "
-                                     "cap the round whatever the steps carry", unbounded=True))
-        else:
-            while epochs < MAX_ROUND_SEARCH:
-                following = judged(dataclasses.replace(round_, local_epochs=epochs + 1))
-                if not protected(following):
-                    break
-                epochs, bound = epochs + 1, following
-            settings.append(_setting("local-epochs", epochs, bound))
-    # Clients C under secure aggregation: the |θ_s| cap over C·N·|x| unknowns.
-    enough = math.ceil(values / max(ceiling * round_.samples * per_sample, 1e-300)) if ceiling > 0 else None
-    settings.append(first_protected("clients", "clients", range(1, min(enough or MAX_ROUND_SEARCH,
-                                                                      MAX_ROUND_SEARCH) + 1), "C"))
-    return RoundReview(round_, verdict_level(base.rank_bound, base.unknowns, ceiling), base.rank_bound,
-                       base.unknowns, base.recoverable_fraction, ceiling,
-                       settings)
+        low, high = 1, 2     # the largest E still protected: E·R(1) grows without bound, so doubling ends
+        while high < MAX_ROUND_SEARCH and judged(dataclasses.replace(round_, local_epochs=high)).sample.level == \
+                "protected":
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if judged(dataclasses.replace(round_, local_epochs=middle)).sample.level == "protected":
+                low = middle
+            else:
+                high = middle
+        settings.insert(1, _sample_setting("local-epochs", low, judged(dataclasses.replace(
+            round_, local_epochs=low)).sample))
+    return RoundReview(round_, sample.level, sample.rank_bound, sample.unknowns, sample.recoverable_fraction,
+                       ceiling, settings, whole_verdict=verdict_level(base.rank_bound, base.unknowns, ceiling),
+                       whole_rank_bound=base.rank_bound, whole_unknowns=base.unknowns)
+
+
+def _sample_setting(knob: str, value: int | None, sample: SampleBound | None, why: str = "",
+                    unbounded: bool = False) -> RoundSetting:
+    if sample is None:
+        return RoundSetting(knob, value, unbounded, explanation=why)
+    cap = {"update-values": "the update's values cap each sample", "steps": "the steps that read a sample cap it",
+           "unknowns": "no cap below a sample's unknowns"}[sample.binding]
+    return RoundSetting(knob, value, unbounded, sample.rank_bound, sample.unknowns, sample.recoverable_fraction,
+                        sample.binding, why or f"{cap}: R_s = min(|x|, |θ_s|, E·R(1)) = {sample.rank_bound:,}")
 
 
 def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
             max_recoverable: float | None = None, round_: Round | None = None) -> SuggestReport:
-    """Every single edit of EDITS that applies to the model, re-counted and ranked by the recoverable fraction
-    R/n it reaches (the verdict level follows it, spec §11), then by the RA-i; with a round, also the N, E and C
-    at which it is protected."""
+    """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
+    fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
+    also the N, E and C at which each sample is protected. The batch sizes at which the batch as a whole is
+    certified or protected are reported beside them: no batch size protects any one sample."""
     ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
@@ -417,15 +448,18 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
                          forward_kwargs=loaded.forward_kwargs)
     base = analyze(traced, batch_size)
     base_bound = identifiability(traced, batch_size, max_recoverable=ceiling)
+    judged_round = round_ or Round(batch_size=batch_size)
+    base_sample = sample_identifiability(traced, judged_round, max_recoverable=ceiling)
+    readouts = {name for _, name, _, _ in readout_layers(traced)}
     skipped: list[str] = []
     suggestions = []
 
-    def add(edit, target, detail, edited, delta, batch=batch_size):
-        result = analyze(edited, batch)
-        bound = identifiability(edited, batch, max_recoverable=ceiling)
-        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, bound.verdict, delta,
-                                      bound.verdict != base_bound.verdict, bound.rank_bound,
-                                      bound.certified_deficit, bound.recoverable_fraction))
+    def add(edit, target, detail, edited, delta):
+        result = analyze(edited, batch_size)
+        sample = sample_identifiability(edited, judged_round, max_recoverable=ceiling)
+        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, sample.level, delta,
+                                      sample.level != base_sample.level, sample.rank_bound,
+                                      sample.unknowns - sample.rank_bound, sample.recoverable_fraction))
 
     for target, detail, edited, delta in _cut_skips(traced, base):
         add("cut-skip", target, detail, edited, delta)
@@ -434,26 +468,31 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     for target, detail, edited, delta in _stride_edits(loaded.module, loaded.input_shape, skipped):
         add("stride", target, detail, edited, delta)
     for target, detail, edited, delta in _remove_bias_edits(traced):
+        if target.split("#")[0] in readouts:
+            detail += ("; stops the exact bias readout of a sample (spec §14), though the weight rows still point "
+                       "along it")
         add("remove-bias", target, detail, edited, delta)
     certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
     protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling)
-    for batch in dict.fromkeys((certifying_batch, protecting_batch)):
-        if batch is not None and batch != batch_size:
-            add("batch-size", "batch", f"batch size {batch_size} -> {batch} (samples per shared gradient)",
-                traced, 0, batch=batch)
     suggestions.sort(key=lambda s: (s.recoverable_fraction, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
-    protecting = certifying_withheld(traced, batch_size, base_bound, ceiling)
-    deficit_only = None if protecting is not None else certifying_withheld(traced, batch_size, base_bound, ceiling,
-                                                                            aim="partial")
+    protecting = certifying_withheld(traced, batch_size, max_recoverable=ceiling, round_=round_)
+    deficit_only = None if protecting is not None else certifying_withheld(traced, batch_size,
+                                                                            max_recoverable=ceiling, aim="partial",
+                                                                            round_=round_)
+    review = round_review(traced, round_, ceiling) if round_ is not None else None
+    structural = (base_sample.level == "protected" or protecting is not None
+                  or any(s.verdict == "protected" for s in suggestions)
+                  or (review is not None and any(setting.value is not None or setting.unbounded
+                                                 for setting in review.settings)))
     tokens = token_leakage(traced, batch_size, None)
     span = {"token_span_exposed": tokens.span_exposing, "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
             "safe_token_batch": tokens.safe_batch_size,
             "tokens_per_batch": tokens.layers[0].tokens_per_batch if tokens.layers else None} if tokens else {}
-    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_bound.verdict,
+    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_sample.level,
                          suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
                          certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
                          protecting_batch=protecting_batch, max_recoverable=ceiling,
                          recoverable_fraction=base_bound.recoverable_fraction,
-                         certifying_withheld=protecting, deficit_withheld=deficit_only,
-                         round_review=round_review(traced, round_, ceiling) if round_ is not None else None,
-                         seconds=time.perf_counter() - started, **span)
+                         certifying_withheld=protecting, deficit_withheld=deficit_only, round_review=review,
+                         seconds=time.perf_counter() - started, sample=base_sample, readout_layers=sorted(readouts),
+                         noise_is_the_way=not structural, **span)

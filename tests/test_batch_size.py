@@ -27,7 +27,9 @@ def test_a_batch_wider_than_a_layer_makes_it_deficient_and_the_deficit_propagate
     assert not first.dense and first.ra_i == 64 * 100 - (100 * 10 + 10) - 64 * 10  # 4750
     # V = -4750 after the first layer raises the index of the head (spec §2: V may go negative).
     assert head.virtual == -4750 and head.ra_i == 64 * 10 - 11 - 64 * 1 + 4750
-    assert (result.critical_layer, result.ra_i, result.verdict) == ("2", 5315, "protected")
+    assert (result.critical_layer, result.ra_i, result.identifiability.verdict) == ("2", 5315, "protected")
+    # Spec §14: the batch as a whole is protected, each sample is not (R(1) = 100: the first Linear reads it all).
+    assert result.verdict == "exposed" and result.identifiability.sample.rank_bound == 100
     # One sample: both layers are dense (B <= out_features), so the model is exposed.
     single = analyse_module(_mlp(100, 10), (100,), batch_size=1)
     assert [r.dense for r in single.layers] == [True, True] and single.verdict == "exposed"

@@ -31,15 +31,15 @@ def test_resnet_top_skip_cut_is_block_3_and_block_8_changes_nothing(resnet_repor
 def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_report):
     reached = [(s.recoverable_fraction, -s.ra_i) for s in resnet_report.suggestions]
     assert reached == sorted(reached)
-    batches = {s.detail: s for s in resnet_report.suggestions if s.edit == "batch-size"}
-    assert len(batches) == 2 and all(d.endswith("(samples per shared gradient)") for d in batches)
-    # Two batch sizes: the first with any certified deficit (partial), the first that is protected.
-    smallest = {s.verdict: int(d.split("-> ")[1].split()[0]) for d, s in batches.items()}
-    assert smallest["partial"] == resnet_report.certifying_batch == 229
-    assert smallest["protected"] == resnet_report.protecting_batch
+    # Spec §14: a batch size protects the batch as a whole, never one sample, so it is no edit row any more; the
+    # two batch sizes (the first with any certified deficit, the first protected) are reported beside the rows.
+    assert not [s for s in resnet_report.suggestions if s.edit == "batch-size"]
+    smallest = {"partial": resnet_report.certifying_batch, "protected": resnet_report.protecting_batch}
+    assert smallest["partial"] == 229
     for verdict, batch in smallest.items():
-        assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch).verdict == verdict
-        assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch - 1).verdict != verdict
+        result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch)
+        assert result.identifiability.verdict == verdict and result.verdict == "exposed"   # each sample: exposed
+        assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch - 1).identifiability.verdict != verdict
     # The protected batch size lies where R/(B·3072) first reaches 1/2: B·1536 >= the rank bound.
     bound = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"]).identifiability
     assert bound.rank_bound <= smallest["protected"] * 1536 and bound.recoverable_fraction <= 0.5
@@ -99,8 +99,9 @@ def test_suggest_cli_json_and_top(run_cli):
         payload["suggestions"][0].keys()
     assert "Accuracy is not measured" in payload["note"]
     code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
-    # Ranked by the recoverable fraction: the two batch sizes (certified deficit, protected) come first.
-    assert "Accuracy is not measured" in out and out.count("batch-size") == 2 and "cut-skip" not in out
+    # Batch sizes are no edit rows (spec §14: they protect no sample); they stand in the whole-batch line.
+    assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
+    assert "No batch size protects any one sample (spec §14)" in out
     assert "smallest with protected (at most 50 % of the input's directions recoverable): " in out
 
 
@@ -145,10 +146,9 @@ def test_certifying_batch_size_and_withheld_layers():
     # fig2-a holds 192 + 3364 = 3556 gradient values: two samples (6144 unknowns) exceed them, one does not.
     report = suggest(str(EXAMPLES / "fig2_a.py"))
     assert (report.rank_bound, report.certified_deficit, report.certifying_batch) == (3072, 0, 2)
-    batches = [s for s in report.suggestions if s.edit == "batch-size"]
-    # Ranked by R/n: B = 3 (3556 / 9216 = 39 %, protected) before B = 2 (3556 / 6144 = 58 %, partial).
-    assert [(s.detail.split("-> ")[1][0], s.certified_deficit, s.verdict) for s in batches] == \
-        [("3", 9216 - 3556, "protected"), ("2", 6144 - 3556, "partial")]
+    # The batch as a whole: B = 3 (3556 / 9216 = 39 %) is protected, B = 2 (58 %) partial; each sample stays exposed.
+    assert not [s for s in report.suggestions if s.edit == "batch-size"]
+    assert (report.verdict, report.sample.rank_bound, report.sample.unknowns) == ("exposed", 3072, 3072)
     # Keeping fc's gradient local leaves conv1's 192 values: a deficit of 2880, 6 % recoverable: protected.
     assert report.certifying_withheld == ["fc"]
     assert report.protecting_batch == 3
@@ -164,3 +164,20 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     withheld = resnet_report.deficit_withheld
     assert withheld and "fc" not in withheld and "conv1" not in withheld
     assert audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).verdict == "partial"
+
+
+def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report):
+    """Spec §14: no edit, withheld set or batch size brings a ResNet-18-w16 sample within the ceiling (R(1) = |x|;
+    the norms' 2,400 parameters stay shared): the review says noise is the way, with σ when DP options are given."""
+    import dataclasses
+
+    from rankaudit.dp import least_noise
+    from rankaudit.report import design
+
+    assert resnet_report.noise_is_the_way and resnet_report.verdict == "exposed"
+    assert all(s.verdict == "exposed" for s in resnet_report.suggestions)
+    noise = least_noise(0.05, 0.01, 1.0, 1, 1e-5)
+    text = design.suggest_table(dataclasses.replace(resnet_report, noise=noise))
+    assert "No structural edit protects a sample" in text
+    assert f"the least noise multiplier is σ = {noise.noise_multiplier:g}" in text
+    assert "give DP options with --max-reconstruction" in design.suggest_table(resnet_report)

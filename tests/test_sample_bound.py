@@ -1,12 +1,21 @@
 """Spec §14: the per-sample bound R_s = min(|x|, |θ_s|, E_i·R(1)), its verdict and its findings."""
+import json
+import textwrap
+
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from conftest import EXAMPLES
+from rankaudit.audit import audit
 from rankaudit.bound import round_identifiability, sample_identifiability
-from rankaudit.round import Round
+from rankaudit.report import table
+from rankaudit.report.json import to_dict
+from rankaudit.round import DPSettings, Round
+from rankaudit.suggest import round_review
 from rankaudit.trace import trace_model
+
+MLP = EXAMPLES / "mlp_bias.py"
 
 
 def traced_example(name: str):
@@ -111,3 +120,201 @@ def test_fedsgd_batch_one_sample_level_equals_the_batch_level():
         bound = round_identifiability(traced_example(name), Round())
         assert bound.sample.rank_bound == bound.rank_bound and bound.sample.unknowns == bound.unknowns
         assert bound.sample.level == bound.verdict
+
+
+# ---- FedSGD at batch 1: nothing changes (the sample is the batch) -----------------------------------------------
+
+
+@pytest.mark.parametrize("example", sorted(path.name for path in EXAMPLES.glob("*.py")))
+def test_fedsgd_batch_one_reads_as_before_on_every_example(example):
+    result = audit(str(EXAMPLES / example))
+    bound, payload = result.identifiability, to_dict(result)
+    assert (bound.sample.rank_bound, bound.sample.unknowns) == (bound.rank_bound, bound.unknowns)
+    assert result.verdict == bound.verdict == bound.sample.level == payload["verdict"]
+    assert payload["identifiability"]["rank_bound"] == payload["identifiability"]["sample"]["rank_bound"]
+    assert result.summary.startswith(f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: "
+                                     f"{bound.verdict}.")
+    assert "Bound (each sample)" not in table.render([result]) and "as a whole" not in result.summary
+
+
+# ---- the MLP round of issue 21 (spec §14's first measured row) -------------------------------------------------
+
+
+def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8)
+    assert code == 1
+    assert ("Bound (each sample): rank <= 192 of 192 unknowns per sample (100 % recoverable; protected needs at most "
+            "50 %): exposed. Each sample is read by 1 local step; one step's gradient can determine one sample (§9 "
+            "at batch size 1 certifies nothing)") in out
+    assert ("The round as a whole: rank <= 1,228 of 6,144 (20 %): no attack recovers all 32 samples at once; this is "
+            "no guarantee for any one of them.") in out
+    assert "Sample readout: fc1 (Linear with bias, 6 units, ReLU) reads each sample's 192-value input" in out
+    assert "Policy: FAIL: verdict is exposed (each sample)" in out
+    assert out.index("Bound (each sample)") < out.index("The round as a whole")
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["verdict"] == "exposed"
+    # the batch/round fields keep their meaning: 1,228 of 6,144, protected as a whole
+    bound = payload["identifiability"]
+    assert (bound["rank_bound"], bound["unknowns"], bound["verdict"]) == (1228, 6144, "protected")
+    assert bound["sample"] == {"rank_bound": 192, "unknowns": 192, "recoverable_fraction": 1.0, "level": "exposed",
+                               "steps_per_sample": 1, "single_sample_bound": 192, "binding": "unknowns"}
+    (readout,) = payload["bias_readout"]
+    assert (readout["name"], readout["units"], readout["width"], readout["reads_input"], readout["exact"]) == \
+        ("fc1", 6, 192, True, True)
+    assert (readout["batch_size"], readout["samples"], readout["whole_batch"]) == (8, 32, False)
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--quiet")
+    assert code == 1 and "exposed (each sample)" in out and "The round as a whole: rank <= 1,228" in out
+
+
+def test_mlp_round_sarif_and_html_read_each_sample(run_cli, tmp_path):
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--format", "sarif")
+    results = json.loads(out)["runs"][0]["results"]
+    verdict = next(r for r in results if r["ruleId"] == "RA004")
+    assert verdict["properties"]["sample"]["level"] == "exposed" and verdict["properties"]["rank_bound"] == 1228
+    readout = next(r for r in results if r["ruleId"] == "RA010")
+    assert readout["properties"]["layer"] == "fc1" and readout["properties"]["units"] == 6
+    assert readout["locations"][0]["physicalLocation"]["region"]["startLine"] == 16
+    rules = {rule["id"]: rule for rule in json.loads(out)["runs"][0]["tool"]["driver"]["rules"]}
+    assert rules["RA010"]["name"] == "bias-readout"
+    page = tmp_path / "m.html"
+    code, _, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--format", "html", "-o", page)
+    text = page.read_text()
+    assert code == 1 and "of 192 unknowns per sample" in text and "The round as a whole: rank &lt;= 1,228" in text
+    assert "Sample readout (RA010): fc1" in text and "determining any one sample" in text
+
+
+# ---- the twelve-app situation: a real CNN at a real round --------------------------------------------------------
+
+
+def test_cnn6_at_a_real_round_is_no_longer_protected():
+    # N = 5,000, B = 32, E = 1: the round's bound is the 125,456 update values of 15,360,000 unknowns (ρ 0.008,
+    # protected as a whole); each sample: R(1) = 3,072 = |x| (spec §10: full rank): exposed.
+    result = audit(str(EXAMPLES / "cnn6.py"), round_=Round(batch_size=32, local_samples=5000))
+    bound = result.identifiability
+    assert (bound.rank_bound, bound.unknowns, bound.verdict) == (125_456, 15_360_000, "protected")
+    assert (bound.sample.rank_bound, bound.sample.unknowns, result.verdict) == (3072, 3072, "exposed")
+    assert not result.policy.passed
+
+
+# ---- structure or noise (spec §13 + §14) -------------------------------------------------------------------------
+
+
+def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
+    dp = ("--dp-noise", 4, "--max-reconstruction", 0.05)   # q = 1, T = 1: B(0.01) = 0.0189 (spec §13's table)
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--format", "json")
+    payload = json.loads(out)
+    assert code == 0 and payload["verdict"] == "exposed"
+    assert payload["policy"]["carried_by"] == "noise" and payload["policy"]["reasons"] == []
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp)
+    assert code == 0 and "carried by the noise, not the structure: the architecture leaves each sample exposed" in out
+    # the same noise added by the server bounds the released model, never what the server sees
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--noise-by", "server",
+                           "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["policy"]["carried_by"] == "none"
+    assert "it bounds what the released model reveals, not what the server sees" in payload["policy"]["reasons"][0]
+    assert payload["dp"]["noise_by"] == "server" and "not what the server sees" in payload["summary"] + out
+    # noise above the ceiling carries nothing
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--dp-noise", 4, "--max-reconstruction",
+                           0.015, "--format", "json")
+    assert code == 1 and json.loads(out)["policy"]["carried_by"] == "none"
+
+
+def test_structure_carries_a_protected_sample():
+    result = audit(str(EXAMPLES / "strided_stem.py"),
+                   round_=Round(dp=DPSettings(noise_multiplier=4.0, max_reconstruction=0.05)))
+    assert result.verdict == "protected" and result.policy.passed and result.policy.carried_by == "structure"
+
+
+# ---- the static bias readout -------------------------------------------------------------------------------------
+
+READOUT_MODELS = """
+import torch.nn as nn
+INPUT_SHAPE = (3, 8, 8)
+class OnePositionConv(nn.Module):      # a conv whose output is one position reads the whole image per unit
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=8)
+        self.act = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(4, 10)
+    def forward(self, x):
+        return self.fc(self.flatten(self.act(self.conv(x))))
+class Features(nn.Module):             # no bias on fc1: the readout moves to fc2, which reads features
+    def __init__(self):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Linear(192, 6, bias=False)
+        self.fc2 = nn.Linear(6, 5)
+        self.fc3 = nn.Linear(5, 10)
+        self.act = nn.ReLU()
+    def forward(self, x):
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(self.flatten(x))))))
+class Spatial(nn.Module):              # a conv at many positions, a Tanh: no readout
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3)
+        self.fc1 = nn.Linear(144, 6)
+        self.act = nn.Tanh()
+        self.flatten = nn.Flatten()
+        self.fc2 = nn.Linear(6, 10)
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(self.flatten(nn.functional.relu(self.conv(x))))))
+"""
+
+
+@pytest.fixture(scope="module")
+def readout_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("readout") / "readout.py"
+    path.write_text(textwrap.dedent(READOUT_MODELS))
+    return str(path)
+
+
+def test_readout_finds_one_position_convs_and_feature_layers_only(readout_file):
+    (conv,) = audit(f"{readout_file}:OnePositionConv", batch_size=4).bias_readout
+    assert (conv.name, conv.units, conv.width, conv.reads_input, conv.whole_batch) == ("conv", 4, 192, True, True)
+    (fc2,) = audit(f"{readout_file}:Features", batch_size=8).bias_readout
+    assert (fc2.name, fc2.units, fc2.width, fc2.reads_input, fc2.whole_batch) == ("fc2", 5, 6, False, False)
+    assert "its 6 features at this layer" in fc2.message
+    assert audit(f"{readout_file}:Spatial").bias_readout == []
+    # a withheld layer's bias is never sent: no finding
+    assert audit(str(MLP), withheld_layers=["fc1"]).bias_readout == []
+
+
+def test_leaky_relu_readout_is_flagged_as_not_exact(tmp_path):
+    path = tmp_path / "leaky.py"
+    path.write_text(textwrap.dedent(READOUT_MODELS.replace("self.act = nn.ReLU()", "self.act = nn.LeakyReLU()")))
+    (finding,) = audit(f"{path}:OnePositionConv").bias_readout
+    assert not finding.exact and "up to its negative slope" in finding.message
+
+
+# ---- design review per sample ------------------------------------------------------------------------------------
+
+
+def test_round_review_epochs_per_sample():
+    # PooledMLP: R(1) = 48 of |x| = 192, |θ_s| = 2,394: each sample protected (ρ_max 0.5, 96 directions) while
+    # E·48 <= 96: E = 2 is the largest; N and C never protect a sample.
+    review = round_review(traced_pooled(), Round(batch_size=4, local_samples=8, local_epochs=3))
+    assert (review.verdict, review.rank_bound, review.unknowns) == ("partial", 144, 192)
+    settings = {setting.knob: setting for setting in review.settings}
+    assert (settings["local-epochs"].value, settings["local-epochs"].rank_bound) == (2, 96)
+    assert settings["local-samples"].value is None and "N does not enter" in settings["local-samples"].explanation
+    assert settings["clients"].value is None and not settings["clients"].unbounded
+
+
+def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
+    code, out, _ = run_cli("suggest", EXAMPLES / "fig2_d.py", "--format", "json")
+    payload = json.loads(out)
+    assert payload["noise_is_the_way"] is False     # withholding fc protects each sample of fig2_d
+    code, out, _ = run_cli("suggest", str(EXAMPLES / "strided_stem.py"))
+    assert "No structural edit protects a sample" not in out
+    code, out, _ = run_cli("suggest", MLP, "--local-samples", 32, "--batch-size", 8)
+    assert "stops the exact bias readout of a sample" in out and "Bias readout: fc1" in out
+
+
+def test_batchnorm_models_say_the_bound_is_for_eval_mode():
+    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2)
+    assert "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, " \
+           "in eval mode" in result.meaning
+    assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning

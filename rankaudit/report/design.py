@@ -29,7 +29,9 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
             "seconds": round(report.seconds, 3),
             "suggestions": [asdict(s) for s in report.suggestions[:top]],
             "round_review": _round_review_dict(report),
-            "dp_noise": asdict(report.noise) if report.noise else None}
+            "dp_noise": asdict(report.noise) if report.noise else None,
+            "sample": asdict(report.sample) if report.sample else None, "readout_layers": report.readout_layers,
+            "noise_is_the_way": report.noise_is_the_way}
 
 
 def _noise_lines(report: SuggestReport) -> list[str]:
@@ -69,10 +71,12 @@ def _round_lines(report: SuggestReport) -> list[str]:
         return []
     from rankaudit.round import describe
 
-    lines = ["", f"Round: {describe(review.round)}: rank bound {review.rank_bound:,} of {review.unknowns:,} unknowns, "
-                 f"ρ = {review.recoverable_fraction:.3f}, {review.verdict} (protected at ρ <= {review.max_recoverable:g})."]
+    lines = ["", f"Round: {describe(review.round)}: each sample: rank bound {review.rank_bound:,} of "
+                 f"{review.unknowns:,} unknowns, ρ = {review.recoverable_fraction:.3f}, {review.verdict} (protected at "
+                 f"ρ <= {review.max_recoverable:g}); the round as a whole: rank bound {review.whole_rank_bound:,} of "
+                 f"{review.whole_unknowns:,}, {review.whole_verdict} (no guarantee for any one sample)."]
     for setting in review.settings:
-        head = f"  {_KNOB_TEXT[setting.knob]} for protected: "
+        head = f"  {_KNOB_TEXT[setting.knob]} for each sample protected: "
         if setting.value is None and not setting.unbounded:
             lines.append(head + f"none ({setting.explanation}).")
         elif setting.unbounded:
@@ -89,21 +93,43 @@ def _certificates(report: SuggestReport) -> list[str]:
     ceiling = f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
     protecting = (f"{report.protecting_batch}{current(report.protecting_batch)}"
                   if report.protecting_batch is not None else "none (the ceiling is 0)")
-    lines = [f"Smallest batch size with a certified deficit: {report.certifying_batch}"
-             f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}."]
+    lines = [f"The batch as a whole: smallest batch size with a certified deficit: {report.certifying_batch}"
+             f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}. No batch size "
+             "protects any one sample (spec §14): a sample's bound does not depend on it."]
     if report.certifying_withheld is None:
         partial = (f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
                    if report.deficit_withheld else "")
-        lines.append(f"Withholding gradients: even with every layer's gradient withheld, the verdict is not "
+        lines.append(f"Withholding gradients: even with every layer's gradient withheld, a sample is not "
                      f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
                      f"input).{partial}")
     elif not report.certifying_withheld:
-        lines.append("Withholding gradients: none needed, the model is already protected.")
+        lines.append("Withholding gradients: none needed, each sample is already protected.")
     else:
         lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
-                     f"makes the verdict protected ({ceiling}; found greedily: a certificate, not proven the "
+                     f"makes each sample protected ({ceiling}; found greedily: a certificate, not proven the "
                      "smallest set).")
+    lines.extend(_readout_text(report))
     lines.extend(_token_budget(report))
+    return lines
+
+
+def _readout_text(report: SuggestReport) -> list[str]:
+    """Spec §14: the bias readout, and whether anything but noise can protect a sample."""
+    lines = []
+    if report.readout_layers:
+        lines.append(f"Bias readout: {', '.join(report.readout_layers)} can hand a sample over exactly (a unit that "
+                     "fires for it alone); withholding or removing that bias stops the exact readout (remove-bias "
+                     "rows above), the per-sample bound says what still stays hidden.")
+    if report.noise_is_the_way:
+        noise = report.noise
+        least = (f"; with the DP options given, the least noise multiplier is σ = {noise.noise_multiplier:g} (below)"
+                 if noise is not None and noise.noise_multiplier is not None else
+                 "; give DP options with --max-reconstruction to find the least noise multiplier"
+                 if noise is None else "")
+        lines.append("No structural edit protects a sample: no single edit, no set of withheld gradients"
+                     + (" and no round setting" if report.round_review is not None else "")
+                     + " brings each sample within the ceiling. Noise the client adds (DP-SGD, local DP) is the "
+                     f"way{least}.")
     return lines
 
 
@@ -120,10 +146,13 @@ def _token_budget(report: SuggestReport) -> list[str]:
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
-    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: rank bound "
+    sample = (f"each sample: rank bound {report.sample.rank_bound:,} of {report.sample.unknowns:,} "
+              f"({percent(report.sample.recoverable_fraction)} recoverable), {report.verdict}; the batch as a whole: "
+              if report.sample is not None else "")
+    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: {sample}rank bound "
              f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
-             f"({percent(report.recoverable_fraction)} recoverable), "
-             f"{report.verdict}; RA-i "
+             f"({percent(report.recoverable_fraction)} recoverable)"
+             f"{'' if report.sample is not None else ', ' + report.verdict}; RA-i "
              f"{_shown(report.ra_i)} at {report.critical_layer}", ""]
     header = ("edit", "target", "detail", "recoverable", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
     cells = [header] + [(s.edit, s.target, s.detail, percent(s.recoverable_fraction), f"{s.certified_deficit:,}",
@@ -159,8 +188,15 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    return (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
+    from rankaudit.findings import per_sample_view
+
+    text = (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
             f"{percent(bound.recoverable_fraction)} recoverable)")
+    if bound.sample is not None and per_sample_view(result):   # spec §14: the verdict is each sample's
+        sample = bound.sample
+        text = (f"each sample: rank bound {sample.rank_bound:,} of {sample.unknowns:,} "
+                f"({percent(sample.recoverable_fraction)} recoverable); as a whole: {text}")
+    return text
 
 
 def compare_table(first: Result, second: Result) -> str:

@@ -294,11 +294,46 @@ def _dp(result: Result) -> dict | None:
 
 
 def _headline(result: Result, verdict: str) -> str:
-    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient."""
+    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient, and
+    beyond one sample the verdict is each sample's (spec §14)."""
+    from rankaudit.findings import per_sample_view
+
     headline = HEADLINES.get(verdict, "")
     if result.round is not None and not result.round.fedsgd:
         headline = headline.replace("one shared gradient", "the round's update")
+    if result.identifiability is not None and result.identifiability.sample is not None and per_sample_view(result):
+        headline = headline.replace("this input's", "each sample's").replace("this input", "any one sample")
     return headline
+
+
+def _carried(result: Result) -> str:
+    from rankaudit.findings import carried_by_sentence
+
+    return carried_by_sentence(result)
+
+
+def _panel(result: Result) -> dict | None:
+    """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
+    from rankaudit.findings import per_sample_view
+
+    bound = result.identifiability
+    if bound is None:
+        return None
+    if bound.sample is not None and per_sample_view(result):
+        sample = bound.sample
+        return {"rank_bound": sample.rank_bound, "unknowns": sample.unknowns, "each": True,
+                "deficit": sample.unknowns - sample.rank_bound, "fraction": sample.recoverable_fraction}
+    return {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns, "each": False,
+            "deficit": bound.certified_deficit, "fraction": bound.recoverable_fraction}
+
+
+def _whole(result: Result) -> str:
+    from rankaudit.findings import per_sample_view, whole_sentence
+
+    bound = result.identifiability
+    if bound is None or bound.sample is None or not per_sample_view(result):
+        return ""
+    return whole_sentence(result)
 
 
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
@@ -313,6 +348,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "verdict_class": verdict if verdict in HEADLINES else "unknown",
         "headline": _headline(result, verdict),
         "meaning": _sentence(result.meaning),
+        "panel": _panel(result),
+        "whole": _whole(result),
+        "carried": _carried(result),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,
         "chart": Markup(svg.ra_chart(result, prefix=f"{prefix}c")),

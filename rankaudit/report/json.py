@@ -46,6 +46,7 @@ def to_dict(result: Result) -> dict:
         "forward_kwargs": result.call_notes,
         "round": round_dict(result),
         "dp": _dp(result),
+        "bias_readout": [asdict(finding) for finding in result.bias_readout],
     }
 
 

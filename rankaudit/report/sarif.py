@@ -27,6 +27,9 @@ RULES = {
               "(--max-recoverable) can be recovered from one shared gradient: not protection", "warning", "6.5"),
     "RA009": ("dp-reconstruction-bound", "The DP noise bounds a reconstruction's success only above the allowed "
               "ceiling: B(κ) > --max-reconstruction (spec §13)", "error", "7.0"),
+    "RA010": ("bias-readout", "A shared layer with a trainable bias and a ReLU-like activation reads per-sample "
+              "vectors: a unit that fires for one sample alone hands that sample's input to the layer over exactly "
+              "(weight update row / bias update; Qian et al., Prop. 1; spec §14)", "warning", "7.0"),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
@@ -85,7 +88,7 @@ def _results_for(result: Result) -> list[dict]:
                                      "recoverable_fraction": bound.recoverable_fraction,
                                      "max_recoverable": bound.max_recoverable, "verdict": result.verdict,
                                      "bottleneck": bound.bottleneck, "batch_size": result.batch_size,
-                                     **_round_properties(result)}})
+                                     **_sample_properties(result), **_round_properties(result)}})
     rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
     if rule_id:
         found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
@@ -120,6 +123,15 @@ def _results_for(result: Result) -> list[dict]:
                       "properties": {"layers": [layer.name for layer in exposing],
                                      "tokens_per_batch": exposing[0].tokens_per_batch, "d_in": exposing[0].d_in,
                                      "safe_tokens_per_batch": tokens.safe_tokens_per_batch}})
+    for finding in result.bias_readout:
+        found.append({"ruleId": "RA010", "level": RULES["RA010"][2],
+                      "message": {"text": f"{result.model}: {finding.message}. Fix: {finding.fix}."},
+                      "locations": [_location(result, finding.source)],
+                      "properties": {"layer": finding.name, "op": finding.op, "units": finding.units,
+                                     "width": finding.width, "reads_input": finding.reads_input,
+                                     "activation": finding.activation, "exact": finding.exact,
+                                     "batch_size": finding.batch_size, "samples": finding.samples,
+                                     "whole_batch": finding.whole_batch}})
     dp = result.dp
     if dp is not None and dp.within_limit is False:
         from rankaudit.findings import dp_sentence
@@ -140,6 +152,16 @@ def _results_for(result: Result) -> list[dict]:
     return found
 
 
+def _sample_properties(result: Result) -> dict:
+    """Spec §14: the per-sample bound the verdict reads (rank_bound and unknowns above are the batch's or round's)."""
+    sample = result.identifiability.sample
+    if sample is None:
+        return {}
+    return {"sample": {"rank_bound": sample.rank_bound, "unknowns": sample.unknowns,
+                       "recoverable_fraction": sample.recoverable_fraction, "level": sample.level,
+                       "steps_per_sample": sample.steps_per_sample, "binding": sample.binding}}
+
+
 def _round_properties(result: Result) -> dict:
     """The round behind a verdict (spec §12), for a round that is not FedSGD."""
     from rankaudit.report.json import round_dict
@@ -154,7 +176,7 @@ def _round_properties(result: Result) -> dict:
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
     used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003", "RA005", "RA006"} | ({"RA009"} if any(r.dp for r in results) else set()))
+                  | {"RA003", "RA005", "RA006", "RA010"} | ({"RA009"} if any(r.dp for r in results) else set()))
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",

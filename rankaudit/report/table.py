@@ -28,7 +28,7 @@ def _notes(row: LayerRow) -> str:
 
 def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     """The two closing lines: the bound, which gives the verdict, and R-GAP's index, one sentence each."""
-    from rankaudit.findings import ra_sentence
+    from rankaudit.findings import per_sample_view, ra_sentence, whole_sentence
     from rankaudit.levels import percent
 
     bound = result.identifiability
@@ -36,6 +36,12 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
         return [result.summary]
     verdict = _paint(result.verdict, f"1;{warn}", color)
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
+    if bound.sample is not None and per_sample_view(result):
+        sample = bound.sample
+        head = (f"Bound (each sample): rank <= {sample.rank_bound:,} of {sample.unknowns:,} unknowns per sample "
+                f"({percent(sample.recoverable_fraction)} recoverable; protected needs at most "
+                f"{percent(bound.max_recoverable)}): {verdict}. {result.meaning[:1].upper() + result.meaning[1:]}.")
+        return [head, whole_sentence(result) + f" Min cut: {cut}.", ra_sentence(result)]
     head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
             f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
             f"{percent(bound.max_recoverable)}; min cut: {cut}): {verdict}. "
@@ -59,6 +65,14 @@ def _round_lines(result: Result) -> list[str]:
     return [f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
             f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {bound.recoverable_fraction:.3f}: "
             f"{caps.explanation}."]
+
+
+def _readout_lines(result: Result) -> list[str]:
+    """Spec §14's static bias readout: each shared layer that can hand a sample over exactly, and the fix."""
+    lines = []
+    for finding in result.bias_readout:
+        lines += ["", f"Sample readout: {finding.message}.", f"  Fix: {finding.fix}."]
+    return lines
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -465,6 +479,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     lines.append("")
     lines.extend(_conclusion_lines(result, warn, color))
     lines.extend(_round_lines(result))
+    lines.extend(_readout_lines(result))
     if verbose:
         lines.extend(_verbose_lines(result))
     lines.extend(_label_lines(result))
@@ -481,10 +496,14 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
     if result.policy is not None:
         lines.append("")
         if result.policy.passed:
+            from rankaudit.findings import carried_by_sentence
+
+            carried = carried_by_sentence(result)
             lines.append(f"Policy: pass (--fail-on {result.policy.fail_on}"
                          + (f", --min-ra {result.policy.min_ra}" if result.policy.min_ra is not None else "")
                          + (f", --max-recoverable {result.policy.max_recoverable:g}"
-                            if result.policy.max_recoverable is not None else "") + ")")
+                            if result.policy.max_recoverable is not None else "") + ")"
+                         + (f": {carried}" if carried else ""))
         else:
             lines.append("Policy: FAIL: " + "; ".join(result.policy.reasons))
     return "\n".join(lines) + "\n"
