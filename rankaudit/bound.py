@@ -359,9 +359,10 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
     shared = shared_predicate(shared_layers, withheld_layers)
     partial = bool(shared_layers or withheld_layers)
     per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
-    if "update_values" not in cache:
+    if "update_values" not in cache and round_.steps > 1:
         cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
-    update_values = cache["update_values"]
+    # One step: its flow already passes the |θ_s| gradient vertices, so R(1) <= |θ_s| and the cap never binds.
+    update_values = cache.get("update_values")
     if (1, False) not in cache:
         cache[(1, False)] = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
                                             max_recoverable=max_recoverable)
@@ -379,8 +380,8 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
         steps_bound = (epochs - 1) * earlier_step + last_step
     else:
         steps_bound = epochs * earlier_step
-    rank_bound = min(per_sample, update_values, steps_bound)
-    if update_values < min(per_sample, steps_bound):
+    rank_bound = min(per_sample, steps_bound) if update_values is None else min(per_sample, update_values, steps_bound)
+    if update_values is not None and update_values < min(per_sample, steps_bound):
         binding = "update-values"
     elif steps_bound < per_sample:
         binding = "steps"

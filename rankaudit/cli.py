@@ -240,8 +240,8 @@ def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
                                       "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.")
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
 @click.option("--max-recoverable", type=click.FloatRange(0, 1), default=None, metavar="F",
-              help="The ceiling on the recoverable fraction (rank bound / unknowns) for the verdict protected; "
-                   "above it a certified deficit is only partial (default 0.5).")
+              help="The ceiling on each sample's recoverable fraction (rank bound / unknowns, spec §14) for the "
+                   "verdict protected; above it a certified deficit is only partial (default 0.5).")
 @click.option("--shared-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
               help="Only these layers' gradients are sent (label-leakage finding); default: all.")
 @click.option("--withheld-layers", callback=lambda ctx, param, value: _names(value), metavar="A,B",
@@ -397,12 +397,13 @@ def check(ctx, models, input_shape, batch_size, output_format, output, html_path
 @click.pass_context
 def suggest_command(ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug,
                     dp_candidates, **options):
-    """Single architectural edits, re-bounded and ranked by the recoverable fraction they reach; the smallest batch
-    sizes with a certified deficit and with the verdict protected (accuracy is not measured); with DP options and
-    --max-reconstruction, also the least noise multiplier that meets it.
+    """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach (spec
+    §14); the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
+    sample; accuracy is not measured); with DP options and --max-reconstruction, also the least noise multiplier
+    that meets it, and when only noise can protect a sample, it says so.
 
-    With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the smallest N,
-    the largest E and the smallest C at which the round is protected.
+    With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the N, E and C
+    at which each sample is protected (N and C never are; the round as a whole is reported beside).
     """
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec

@@ -596,8 +596,10 @@ def readout_layers(traced: TracedModel, shared: set[str] | None = None) -> list[
     for node_id in traced.order:
         record = traced.record(node_id)
         counting = record.counting
+        # The ratio needs both the bias's and the weight's gradient: a frozen weight sends no row to divide.
         if (record.family not in _READOUT_FAMILIES or counting.role is not Role.LAYER or not counting.bias_params
-                or not counting.out_features or record.output_numel != counting.out_features or not record.inputs):
+                or counting.weights <= counting.bias_params or not counting.out_features
+                or record.output_numel != counting.out_features or not record.inputs):
             continue
         name = record.name.split("#")[0]
         if shared is not None and name not in shared:
@@ -622,7 +624,8 @@ def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) 
     for node_id, name, activation_op, exact in readout_layers(traced, shared):
         record = traced.record(node_id)
         counting = record.counting
-        units, width = counting.out_features, traced.record(record.inputs[0]).output_numel
+        # the ratio's length: what one unit's weight row reads of a sample (a conv's patch where it is smaller)
+        units, width = counting.out_features, (counting.weights - counting.bias_params) // counting.out_features
         reads_input = _reads_model_input(traced, node_id)
         what = "the sample itself" if reads_input else f"its {width:,} features at this layer"
         faces = (f"a batch of {batch}" if round_ is None or round_.fedsgd else

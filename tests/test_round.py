@@ -320,7 +320,8 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
     assert payload["round"] == {"local_samples": 64, "batch_size": 4, "local_epochs": 1, "steps": 16, "lr": 0.1,
                                 "optimizer": "sgd", "momentum": 0.0, "clients": 1, "secure_aggregation": False,
                                 "fedsgd": False}
-    assert payload["verdict"] == "partial" and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
+    assert payload["identifiability"]["verdict"] == "partial" and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
+    assert payload["verdict"] == "exposed"    # spec §14: each sample's bound is R(1) = 3,072 = |x|
     assert payload["identifiability"]["round"]["binding"] == "update-values"
     code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--clients", 3)
     header = out.splitlines()[0]
@@ -360,48 +361,64 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.rankaudit.round]\nlocal-samples = 64\nbatch-size = 4\n"
                                              "clients = 2\n", encoding="utf-8")
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json")
-    assert json.loads(out)["round"]["clients"] == 2 and json.loads(out)["verdict"] == "protected"
+    payload = json.loads(out)
+    assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "protected"
+    assert payload["verdict"] == "exposed"    # spec §14: the round as a whole, not each sample
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
     shown = json.loads(out)["round"]
     assert (shown["clients"], shown["local_samples"], shown["batch_size"]) == (1, 8, 4)
 
 
 def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
-    """cnn6, N = 4, B = 2, E = 2 (exposed): protected from N = 82 (|θ_s| = 125,456 <= 0.5 x 82 x 3,072 = 125,952;
-    81 gives 124,416) or C = 21 (21 x 4 x 3,072 = 258,048 >= 250,912); no number of epochs protects it."""
+    """cnn6, N = 4, B = 2, E = 2: each sample is exposed (R_s = min(3,072, 125,456, 2 x 3,072) = |x|, spec §14),
+    and no N, E or C changes that. The round as a whole is protected from N = 82 (|θ_s| = 125,456 <= 0.5 x 82 x
+    3,072 = 125,952; 81 gives 124,416) or C = 21 (21 x 4 x 3,072 = 258,048 >= 250,912): reported beside, as what
+    it is."""
     import json
 
     code, out, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2,
                            "--format", "json")
-    settings = {s["knob"]: s for s in json.loads(out)["round_review"]["settings"]}
-    assert settings["local-samples"]["value"] == 82 and settings["local-samples"]["rank_bound"] == CNN6_PARAMETERS
-    assert settings["clients"]["value"] == 21 and settings["clients"]["unknowns"] == 258_048
+    review = json.loads(out)["round_review"]
+    settings = {s["knob"]: s for s in review["settings"]}
+    assert (review["verdict"], review["rank_bound"], review["unknowns"]) == ("exposed", 3072, 3072)
+    assert (review["whole_verdict"], review["whole_rank_bound"], review["whole_unknowns"]) == ("exposed", 12288, 12288)
+    assert settings["local-samples"]["value"] is None and "protected from N = 82" in settings["local-samples"][
+        "explanation"]
+    assert settings["clients"]["value"] is None and "protected from C = 21" in settings["clients"]["explanation"]
     assert settings["local-epochs"]["value"] is None and not settings["local-epochs"]["unbounded"]
     _, table, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2)
-    assert "Smallest number of securely aggregated clients C for protected: 21" in table
+    assert "Smallest number of securely aggregated clients C for each sample protected: none (no C protects a " \
+           "sample" in table
+    # withholding all but conv1 leaves |θ_s| = 576 <= 0.5 x 3,072: that protects each sample, so it is no noise-only case
+    assert "makes each sample protected" in table and "No structural edit protects a sample" not in table
 
 
 def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
-    """fig2_b has R(1) = 2,667 = |θ_s| per step (spec §9); with N = 8, B = 1 (24,576 unknowns) the |θ_s| cap keeps
-    ρ = 2,667 / 24,576 = 0.11 whatever E: any number of epochs. With N = 1 and C = 1 (FedSGD at E = 1) ρ = 0.87."""
+    """fig2_b has R(1) = 2,667 = |θ_s| per step (spec §9). As a round of N = 8, B = 1 (24,576 unknowns) the |θ_s|
+    cap keeps ρ = 0.11 whatever E; each sample keeps R_s = min(3,072, 2,667, E x 2,667) = 2,667 (ρ_s 0.87, partial)
+    at every E, N and C (spec §14)."""
     from rankaudit.suggest import round_review
 
     fig2_b = traced_example("fig2_b")
     review = round_review(fig2_b, build_round({"batch_size": 1, "local_samples": 8}))
     epochs = next(s for s in review.settings if s.knob == "local-epochs")
-    assert epochs.unbounded and review.verdict == "protected"
+    assert review.whole_verdict == "protected" and review.verdict == "partial" and review.rank_bound == 2667
+    assert epochs.value is None and not epochs.unbounded and "even one local epoch" in epochs.explanation
     review = round_review(fig2_b, build_round({"batch_size": 1}))
-    assert review.verdict == "partial"
-    assert next(s for s in review.settings if s.knob == "local-samples").value == 2
+    assert review.verdict == review.whole_verdict == "partial"
+    samples = next(s for s in review.settings if s.knob == "local-samples")
+    assert samples.value is None and "the round as a whole is protected from N = 2" in samples.explanation
 
 
 def test_suggest_smallest_samples_is_one_batch_when_the_cap_already_protects():
-    """resnet2_tiny (|θ_s| = 5,140, |x| = 768) at B = 32: one batch is 24,576 unknowns, ρ = 0.21: N = 32."""
+    """resnet2_tiny (|θ_s| = 5,140, |x| = 768) at B = 32: one batch is 24,576 unknowns, ρ = 0.21, so the round as
+    a whole is protected from N = 32; each sample is not (R(1) = 768 = |x|)."""
     from rankaudit.suggest import round_review
 
     review = round_review(traced_example("resnet2_tiny"), build_round({"batch_size": 32, "local_samples": 500}))
     samples = next(s for s in review.settings if s.knob == "local-samples")
-    assert (samples.value, samples.rank_bound, samples.unknowns) == (32, 5140, 24_576)
+    assert samples.value is None and "the round as a whole is protected from N = 32" in samples.explanation
+    assert (review.verdict, review.rank_bound, review.unknowns) == ("exposed", 768, 768)
 
 
 def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):

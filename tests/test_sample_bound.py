@@ -9,7 +9,7 @@ from torch import nn
 from conftest import EXAMPLES
 from rankaudit.audit import audit
 from rankaudit.bound import round_identifiability, sample_identifiability
-from rankaudit.report import html, table
+from rankaudit.report import table
 from rankaudit.report.json import to_dict
 from rankaudit.round import DPSettings, Round
 from rankaudit.suggest import round_review
@@ -182,6 +182,7 @@ def test_mlp_round_sarif_and_html_read_each_sample(run_cli, tmp_path):
     text = page.read_text()
     assert code == 1 and "of 192 unknowns per sample" in text and "The round as a whole: rank &lt;= 1,228" in text
     assert "Sample readout (RA010): fc1" in text and "determining any one sample" in text
+    assert "R_s = min(|x|, |θ_s|, E_i·R(1)) = 192 of 192" in text
 
 
 # ---- the twelve-app situation: a real CNN at a real round --------------------------------------------------------
@@ -201,13 +202,16 @@ def test_cnn6_at_a_real_round_is_no_longer_protected():
 
 
 def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
-    dp = ("--dp-noise", 4, "--max-reconstruction", 0.05)   # q = 1, T = 1: B(0.01) = 0.0189 (spec §13's table)
+    dp = ("--dp-noise", 4, "--max-reconstruction", 0.05)   # q = B/N = 0.25, T = 4 from the round: B(0.01) = 0.0144
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--format", "json")
     payload = json.loads(out)
     assert code == 0 and payload["verdict"] == "exposed"
     assert payload["policy"]["carried_by"] == "noise" and payload["policy"]["reasons"] == []
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp)
     assert code == 0 and "carried by the noise, not the structure: the architecture leaves each sample exposed" in out
+    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--format", "sarif")
+    verdict = next(r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA004")
+    assert "The policy passes, carried by the noise, not the structure" in verdict["message"]["text"]
     # the same noise added by the server bounds the released model, never what the server sees
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--noise-by", "server",
                            "--format", "json")
@@ -217,7 +221,7 @@ def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
     assert payload["dp"]["noise_by"] == "server" and "not what the server sees" in payload["summary"] + out
     # noise above the ceiling carries nothing
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--dp-noise", 4, "--max-reconstruction",
-                           0.015, "--format", "json")
+                           0.012, "--format", "json")
     assert code == 1 and json.loads(out)["policy"]["carried_by"] == "none"
 
 
@@ -311,3 +315,22 @@ def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
     assert "No structural edit protects a sample" not in out
     code, out, _ = run_cli("suggest", MLP, "--local-samples", 32, "--batch-size", 8)
     assert "stops the exact bias readout of a sample" in out and "Bias readout: fc1" in out
+
+
+def test_batchnorm_models_say_the_bound_is_for_eval_mode():
+    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2)
+    assert "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, " \
+           "in eval mode" in result.meaning
+    assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning
+
+
+def test_a_frozen_weight_sends_no_row_to_read_out(tmp_path):
+    path = tmp_path / "frozen.py"
+    path.write_text(textwrap.dedent(READOUT_MODELS) + textwrap.dedent("""
+        class FrozenWeight(OnePositionConv):
+            def __init__(self):
+                super().__init__()
+                self.conv.weight.requires_grad_(False)
+    """))
+    assert audit(f"{path}:FrozenWeight").bias_readout == []
+    assert len(audit(f"{path}:OnePositionConv").bias_readout) == 1

@@ -141,9 +141,14 @@ SMALL_MLP = (EXAMPLES / "mlp_bias.py").read_text(encoding="utf-8").replace(
 def test_each_samples_rank_stays_within_the_per_sample_bound(run_cli, tmp_path, args):
     model = tmp_path / "small_mlp.py"
     model.write_text(SMALL_MLP, encoding="utf-8")
-    code, out, err = run_cli(model, *args, "--verify", "rank", "--format", "json")
+    code, out, err = run_cli(model, *args, "--verify", "rank", "--verify", "bias", "--format", "json")
     payload = json.loads(out)
     check = payload["verification"]["rank"]
+    # The sample the bias readout hands over exactly is the worst one and hides nothing: the ratio is a function
+    # of the update, so every invisible direction leaves that sample alone (sample 1 here, at FedSGD and in the round).
+    assert payload["verification"]["bias"]["images_read"] == [1]
+    assert check["worst"]["index"] == 1 and check["worst"]["hidden_energy"] < 1e-12
+    assert "determines the input of sample 1" in check["agreement"]
     bound = payload["identifiability"]["sample"]
     assert check["sample_bound"] == {"rank_bound": bound["rank_bound"], "unknowns": 48, "consistent": True,
                                      "internal_error": None}

@@ -200,8 +200,15 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    return (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
+    from rankaudit.findings import per_sample_view
+
+    text = (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
             f"{percent(bound.recoverable_fraction)} recoverable)")
+    if bound.sample is not None and per_sample_view(result):   # spec §14: the verdict is each sample's
+        sample = bound.sample
+        text = (f"each sample: rank bound {sample.rank_bound:,} of {sample.unknowns:,} "
+                f"({percent(sample.recoverable_fraction)} recoverable); as a whole: {text}")
+    return text
 
 
 def compare_table(first: Result, second: Result) -> str:

@@ -81,8 +81,13 @@ def _results_for(result: Result) -> list[dict]:
     bound = result.identifiability
     if bound is not None and _VERDICT_RULE.get(result.verdict):
         verdict_rule = _VERDICT_RULE[result.verdict]
+        from rankaudit.findings import carried_by_sentence
+
+        carried = carried_by_sentence(result) if result.policy is not None and \
+            result.policy.carried_by == "noise" else ""
         found.append({"ruleId": verdict_rule, "level": RULES[verdict_rule][2],
-                      "message": {"text": f"{result.model}: {result.summary}"},
+                      "message": {"text": f"{result.model}: {result.summary}"
+                                          + (f" The policy passes, {carried}." if carried else "")},
                       "locations": [_location(result, None)],
                       "properties": {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns,
                                      "recoverable_fraction": bound.recoverable_fraction,

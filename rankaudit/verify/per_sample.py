@@ -40,11 +40,16 @@ def sample_reading(result, ranks: list[int], inputs: list[dict], unknowns: int, 
     measured = [e for e in entries if e["hidden_energy"] is not None]
     worst_first = (sorted(measured, key=lambda e: e["hidden_energy"])
                    + [e for e in entries if e["hidden_energy"] is None])
-    by_rank = max(range(len(ranks)), key=lambda i: ranks[i]) if ranks else None
+    def hidden(position: int) -> float:
+        value = entries[position]["hidden_energy"] if position < len(entries) else None
+        return 1.0 if value is None else value
+
+    # The sample the update sees most of: the largest rank(J_i), ties to the least hidden energy.
+    by_rank = max(range(len(ranks)), key=lambda i: (ranks[i], -hidden(i))) if ranks else None
     worst = worst_first[0] if measured else (entries[by_rank] if by_rank is not None and entries else None)
     small = sum(1 for e in measured if e["hidden_energy"] < SMALL_HIDDEN_SHARE)
     level = bound.level if bound is not None else result.verdict
-    confirms, agreement, judgement = judge_worst(level, ranks, unknowns, worst, len(measured), small, what)
+    confirms, agreement, judgement = judge_worst(level, ranks, unknowns, worst, len(measured), small, what, by_rank)
     return {"per_sample_rank": list(ranks), "sample_bound": check, "worst": worst, "worst_first": worst_first,
             "worst_by_rank": by_rank,
             "hiding_under_1_percent": small if measured else None, "sample_level": level,
@@ -56,14 +61,13 @@ def _percent(share: float) -> str:
 
 
 def judge_worst(level: str, ranks: list[int], unknowns: int, worst: dict | None, measured: int, small: int,
-                what: str) -> tuple[bool | None, str, str]:
+                what: str, top: int) -> tuple[bool | None, str, str]:
     """(confirms, agreement, judgement) of the per-sample verdict against the worst sample.
 
     Full rank of some sample's J_i agrees with `exposed`; a deficit in every sample with `partial` and `protected`,
     except that `protected` disagrees when the worst sample still hides under 1 % of its energy (spec §11: a
     deficit that hides almost nothing is no protection)."""
     one = "one gradient" if what == "gradient" else "the update"
-    top = max(range(len(ranks)), key=lambda i: ranks[i])
     deficit = unknowns - ranks[top]
     measured_text = (f"{one} determines the input of sample {top} (rank(J_i) {ranks[top]} of {unknowns})"
                      if deficit == 0 else

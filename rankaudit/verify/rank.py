@@ -241,8 +241,11 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
             torch.cuda.synchronize(device)
         sketched = time.perf_counter()
         spectrum = _spectrum(sketch, want_vectors=want_vectors)
-    if accepted is not None:   # a float32 sketch is kept only at full rank: every column block has full rank too
-        per_sample = [unknowns // int(images.shape[0])] * int(images.shape[0])
+    if accepted is not None:
+        # A checked float32 sketch is kept only at full rank, where every column block has full rank too; an
+        # unchecked one (precision "float32") below full rank was not kept: its samples' ranks stay unmeasured.
+        full = spectrum.rank >= unknowns
+        per_sample = [unknowns // int(images.shape[0])] * int(images.shape[0]) if full else []
     else:
         per_sample = sample_ranks(sketch, int(images.shape[0]), spectrum.rank)
         del sketch

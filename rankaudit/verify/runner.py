@@ -597,6 +597,9 @@ def read_worst_sample(verification: dict, result: Result, ranks: list[int], inpu
     batch's reading stays under batch_*); a rank(J_i) above R_s joins internal_error."""
     from rankaudit.verify.per_sample import sample_reading
 
+    if not ranks:   # unmeasured (an unchecked float32 sketch below full rank): the batch's reading stands
+        verification["per_sample_rank"] = None
+        return
     reading = sample_reading(result, ranks, inputs, math.prod(result.input_shape), what=what)
     verification.update({f"batch_{key}": verification[key] for key in ("confirms", "agreement", "judgement")})
     verification.update({key: value for key, value in reading.items() if not key.startswith("sample_")
