@@ -587,6 +587,8 @@ def _verify_round(result, spec, attacks, *, seed, device, data, steps, artifacts
     except ImportError as exc:
         raise UsageError(f"--verify needs the verifier's extras ({exc.name} is missing)",
                          'pip install "rankaudit[verify]"') from exc
+    if "rgap" in attacks:   # refused up front, before the bias readout that runs first spends its time
+        round_runner.check_attack_round_size(result.round, tuple(result.input_shape), steps, 2)
     _bias_readout(result, spec, attacks, seed=seed, device=device, data=data, shared_layers=shared_layers,
                   withheld_layers=withheld_layers)
     if "rgap" in attacks:

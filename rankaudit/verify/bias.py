@@ -113,7 +113,7 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
     (C x N), in float64 on ``device``; samples are numbered c·N + i."""
     import copy
 
-    from rankaudit.verify.client import LocalTraining
+    from rankaudit.verify.client import LocalTraining, check_local_training
     # torch.func's first use in a process imports torch._dynamo and sets up its transforms (2-3 s on two CPU
     # cores): done on a scalar and timed apart from the readout, which is the closed form's cost.
     importing = time.perf_counter()
@@ -127,6 +127,8 @@ def read_out(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, round
     clients, samples = x.shape[:2]
     layers = readout_layers(net, shared)
     training = LocalTraining(net, round_, loss, shared)
+    # A round no client's float32 training survives is the model's op or the flag's --lr, as rank and rgap say it.
+    check_local_training(net, round_, loss, x, labels, "--verify bias")
     with torch.no_grad():
         paths = [training.trajectory(x[c], labels[c]) for c in range(clients)]
     start = paths[0][0]
@@ -245,13 +247,14 @@ def verify_bias(result, spec: str, *, seed: int = 0, device: str = "auto", data:
 
     from rankaudit.errors import UsageError
     from rankaudit.verify import rank
-    from rankaudit.verify.round_runner import _labels
+    from rankaudit.verify.round_runner import _labels, check_attack_round_size
     from rankaudit.verify.runner import _rank_inputs, build_real_model, resolve_device
 
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         raise UsageError("--verify bias matches each unit's ratio to the samples' real-valued inputs, and this model "
                          "takes several inputs or token ids", "verify a model with a single float input")
     round_ = result.round if result.round is not None else Round(batch_size=result.batch_size)
+    check_attack_round_size(round_, tuple(result.input_shape), 1, 1, "--verify bias")   # one simulated round
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)

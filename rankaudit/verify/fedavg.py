@@ -109,10 +109,11 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     training = LocalTraining(net, round_, loss, names)
     truth = images.to(device=device, dtype=dtype)
     labels = labels.to(device)
+    # In float32, as clients train, whatever precision the attack runs at: the same answer as --verify rank's check.
+    check_local_training(net, round_, loss, truth, labels, "--verify rgap for the round")
     with torch.no_grad():
         target = training.update(truth, labels)
     if not torch.isfinite(target).all():
-        check_local_training(net, round_, loss, truth, labels, "--verify rgap for the round")   # names the cause
         raise UsageError("the simulated round's update is not finite (the local training diverged)",
                          "lower --lr or --local-epochs")
     unit_target = (target / target.norm().clamp_min(1e-30)).unsqueeze(0)

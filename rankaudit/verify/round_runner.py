@@ -125,21 +125,25 @@ MAX_SAMPLE_PASSES = 10 ** 10
 MAX_CANDIDATE_VALUES = 2 * 10 ** 9
 
 
-def check_attack_round_size(round_, sample_shape: tuple[int, ...], steps: int, restarts: int) -> None:
-    """Refuse a round the inversion cannot finish, with the estimate and the flags that made it large."""
+def check_attack_round_size(round_, sample_shape: tuple[int, ...], steps: int, restarts: int,
+                            verifier: str = "--verify rgap") -> None:
+    """Refuse a round the inversion (or `verifier`'s one simulation of it: steps = restarts = 1) cannot finish, with
+    the estimate and the flags that made it large, before any model code runs."""
+    from rankaudit.levels import count
     from rankaudit.verify.round_rank import MAX_STEPS
 
     samples = round_.clients * round_.samples
     passes = steps * restarts * samples * round_.local_epochs
     values = samples * restarts * math.prod(sample_shape)
     if round_.steps > MAX_STEPS:
-        raise UsageError(f"--verify rgap unrolls all {round_.steps:,} local steps of the round ({round_.local_epochs:,} "
-                         f"epoch(s) of {round_.samples:,} samples in batches of {round_.batch_size:,}), above the "
+        raise UsageError(f"{verifier} unrolls all {round_.steps:,} local steps of the round ("
+                         f"{count(round_.local_epochs, 'epoch')} of {count(round_.samples, 'sample')} in batches of "
+                         f"{round_.batch_size:,}), above the "
                          f"{MAX_STEPS} it supports", "check fewer --local-epochs or --local-samples, or a larger "
                                                      "--batch-size")
     if passes > MAX_SAMPLE_PASSES or values > MAX_CANDIDATE_VALUES:
         raise UsageError(
-            f"--verify rgap on this round would run {passes:.2g} sample-gradient passes ({steps:,} attack steps x "
+            f"{verifier} on this round would run {passes:.2g} sample-gradient passes ({steps:,} attack steps x "
             f"{restarts} restarts x {round_.clients:,} (--clients) x {round_.samples:,} (--local-samples) x "
             f"{round_.local_epochs:,} (--local-epochs)) and hold {values:.2g} candidate values; the most it runs is "
             f"{MAX_SAMPLE_PASSES:.0e} passes and {MAX_CANDIDATE_VALUES:.0e} values",
