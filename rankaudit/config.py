@@ -47,12 +47,13 @@ def find_pyproject(model_path: Path) -> Path | None:
     """The nearest pyproject.toml with a [tool.rankaudit] table, walking up from the model file (like ruff)."""
     for directory in [model_path.resolve().parent, *model_path.resolve().parent.parents]:
         candidate = directory / "pyproject.toml"
-        if candidate.is_file() and "rankaudit" in _read(candidate).get("tool", {}):
+        if candidate.is_file() and "rankaudit" in read_toml(candidate).get("tool", {}):
             return candidate
     return None
 
 
-def _read(path: Path) -> dict:
+def read_toml(path: Path) -> dict:
+    """A TOML file's tables, or a one-line UsageError naming the file (bad syntax, unreadable)."""
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
@@ -98,7 +99,7 @@ def load_settings(model_path: Path) -> Settings:
     pyproject = find_pyproject(model_path)
     if pyproject is None:
         return Settings()
-    table = _read(pyproject)["tool"]["rankaudit"]
+    table = read_toml(pyproject)["tool"]["rankaudit"]
     if not isinstance(table, dict):
         _bad(pyproject, "table", "a table")
     unknown = sorted(set(table) - TOP_KEYS)

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankaudit.config import read_toml
 from rankaudit.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -42,14 +43,6 @@ class FlowerApp:
         return None
 
 
-def read_toml(path: Path) -> dict:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}", "fix the syntax of that file") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
 
 def is_flower_app(directory: Path) -> bool:
