@@ -176,7 +176,9 @@ def test_suggest_html_shows_the_round_review_and_the_least_noise(run_cli):
     code, out, _ = run_cli("suggest", HOSTILE / "v_plain.py", "--format", "html", "--local-samples", "4", "-b", "2",
                            "--dp-noise", "1", "--max-reconstruction", "0.2")
     assert code == 0
-    assert "Smallest local dataset N for protected: 7" in out
+    # The round review per sample (spec §14): no N protects a sample; the round as a whole is protected from N = 7.
+    assert "Smallest local dataset N for each sample protected: none" in out
+    assert "the round as a whole is protected from N = 7" in out
     assert "the least noise multiplier meeting it is σ =" in out
 
 

@@ -391,11 +391,14 @@ def _worst_sample_lines(rank: dict) -> list[str]:
     worst = rank.get("worst")
     if worst and worst.get("hidden_energy") is not None:
         psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
-        shown = "∞ dB (nothing hidden)" if psnr is None else f"{psnr:.1f} dB"
-        shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
+        if rank.get("rank") == 0:      # an empty gradient: no visible-part figure (issue 23)
+            shown = "nothing visible (rank 0)"
+        else:
+            shown = "visible part " + ("∞ dB (nothing hidden)" if psnr is None else f"{psnr:.1f} dB")
+            shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
         measured = sum(1 for e in rank.get("worst_first") or [] if e.get("hidden_energy") is not None)
         lines.append(f"  worst sample: {worst['index']} hides {percent(worst['hidden_energy'])} of its energy "
-                     f"(visible part {shown}); {rank.get('hiding_under_1_percent')} of {measured} hide under 1 %")
+                     f"({shown}); {rank.get('hiding_under_1_percent')} of {measured} hide under 1 %")
     return lines
 
 

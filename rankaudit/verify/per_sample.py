@@ -78,8 +78,10 @@ def judge_worst(level: str, ranks: list[int], unknowns: int, worst: dict | None,
         psnr = worst.get("visible_psnr")
         shown = "identical to it" if psnr is None else f"{psnr:.1f} dB"
         ssim = worst.get("visible_ssim")
+        visible = ("nothing visible (rank 0)" if max(ranks) == 0 else   # an empty gradient (issue 23)
+                   f"visible part {shown}" + (f", SSIM {ssim:.3f}" if ssim is not None else ""))
         hidden = (f"; the worst sample ({worst['index']}) hides {_percent(worst['hidden_energy'])} of its energy "
-                  f"(visible part {shown}" + (f", SSIM {ssim:.3f}" if ssim is not None else "") + "), "
+                  f"({visible}), "
                   f"{small} of {measured} sample{'s' if measured != 1 else ''} hide under 1 %")
     if level not in ("exposed", "partial", "protected"):
         return None, f"no verdict to compare with ({measured_text})", \
