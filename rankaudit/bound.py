@@ -5,7 +5,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from rankaudit import ops
-from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, verdict_level
+from rankaudit.levels import ceiling as level_ceiling
+from rankaudit.levels import verdict_level
 from rankaudit.ops import Role
 from rankaudit.result import Identifiability, RoundBound, SampleBound, StepBound
 from rankaudit.round import Round
@@ -258,8 +259,8 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
     """rank(∂g/∂x) <= max flow; the verdict is spec §11's level at the recoverable-fraction ceiling
     `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
     seen, `partial` with a smaller certified deficit, `exposed` without one."""
-    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
-    unknowns = batch_size * sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    ceiling = level_ceiling(max_recoverable)
+    unknowns = batch_size * sample_unknowns(traced)
     network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
     rank_bound, bottleneck, cut_nodes = network.min_cut()
     rank_bound = min(rank_bound, unknowns)
@@ -297,14 +298,14 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     if round_.fedsgd:
         if round_.batch_size == 1:
             batch = cache[(1, False)]
-            if batch.max_recoverable != sample_ceiling(max_recoverable):
+            if batch.max_recoverable != level_ceiling(max_recoverable):
                 batch = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
                                         max_recoverable=max_recoverable)
         else:
             batch = identifiability(traced, round_.batch_size, shared_layers=shared_layers,
                                     withheld_layers=withheld_layers, max_recoverable=max_recoverable)
         return replace(batch, sample=sample)
-    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    per_sample = sample_unknowns(traced)
     unknowns = round_.clients * round_.samples * per_sample
     shared = shared_predicate(shared_layers, withheld_layers)
     if "update_values" not in cache:
@@ -323,7 +324,7 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     steps_bound = round_.clients * sum(term.rank_bound * term.steps for term in terms)
     rank_bound = min(unknowns, update_values, steps_bound)
     binding, explanation, bottleneck = _binding(round_, unknowns, update_values, steps_bound, terms)
-    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    ceiling = level_ceiling(max_recoverable)
     cut_nodes = [] if binding == "update-values" else bounds[(last, False)].cut_nodes
     return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=unknowns - rank_bound,
                            recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
@@ -333,8 +334,9 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
                            sample=sample)
 
 
-def sample_ceiling(max_recoverable: float | None) -> float:
-    return DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+def sample_unknowns(traced: TracedModel) -> int:
+    """|x|: the unknowns of one sample, over all of the model's inputs."""
+    return sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
 
 
 def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
@@ -358,7 +360,7 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
     cache = {} if cache is None else cache
     shared = shared_predicate(shared_layers, withheld_layers)
     partial = bool(shared_layers or withheld_layers)
-    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    per_sample = sample_unknowns(traced)
     if "update_values" not in cache and round_.steps > 1:
         cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
     # One step: its flow already passes the |θ_s| gradient vertices, so R(1) <= |θ_s| and the cap never binds.
@@ -389,7 +391,7 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
         binding = "unknowns"
     return SampleBound(rank_bound=rank_bound, unknowns=per_sample,
                        recoverable_fraction=rank_bound / per_sample if per_sample else 1.0,
-                       level=verdict_level(rank_bound, per_sample, sample_ceiling(max_recoverable)),
+                       level=verdict_level(rank_bound, per_sample, level_ceiling(max_recoverable)),
                        steps_per_sample=epochs,
                        single_sample_bound=earlier_step if round_.steps > 1 else last_step, binding=binding)
 

@@ -13,6 +13,11 @@ FAILING_VERDICTS = {"never": (), "exposed": ("exposed",), "partial": ("exposed",
                     "boundary": ("exposed", "partial")}
 
 
+def ceiling(max_recoverable: float | None) -> float:
+    """The recoverable-fraction ceiling ρ_max in force: the one given, else the default."""
+    return DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+
+
 def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> str:
     """Spec §11: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
     ρ = R/n is at most `max_recoverable`; `partial` in between (some directions hidden, most still visible)."""

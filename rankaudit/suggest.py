@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from rankaudit.analysis import analyze
-from rankaudit.bound import gradient_sources, identifiability, round_identifiability, sample_identifiability
+from rankaudit.bound import (gradient_sources, identifiability, round_identifiability, sample_identifiability,
+                             sample_unknowns)
 from rankaudit.errors import RankauditError
 from rankaudit.findings import readout_layers, token_leakage
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
+from rankaudit.levels import ceiling as level_ceiling
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
 from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleBound
@@ -264,7 +266,7 @@ def smallest_certified_batch(traced: TracedModel, start: int = 1, at_start: Iden
     Each extra sample adds |x| unknowns and at most |x| flow, so the deficit never shrinks as B grows: a
     bisection finds the first B. Once B·|x| exceeds every shared gradient's size, the deficit is certain.
     """
-    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    per_sample = sample_unknowns(traced)
     if (at_start or identifiability(traced, start)).certified_deficit:
         return start
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
@@ -294,7 +296,7 @@ def smallest_protected_batch(traced: TracedModel, start: int = 1, at_start: Iden
         return start
     if max_recoverable <= 0:
         return None
-    per_sample = sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
+    per_sample = sample_unknowns(traced)
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
     capacity += sum(e.vocab_size * e.dim for e in traced.token_embeddings)
     low, high = start, max(start + 1, int(capacity / (max_recoverable * max(per_sample, 1))) + 1)
@@ -364,7 +366,7 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     sample (they only lower the round's ρ as a whole, reported beside it), and the largest E is the last whose
     E·R(1) (or the |θ_s| cap) stays within ρ_max·|x|. Each try is arithmetic: §9's max flows are cached.
     """
-    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    ceiling = level_ceiling(max_recoverable)
     cache: dict = {}
 
     def judged(changed: Round) -> Identifiability:
@@ -441,7 +443,7 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
     also the N, E and C at which each sample is protected. The batch sizes at which the batch as a whole is
     certified or protected are reported beside them: no batch size protects any one sample."""
-    ceiling = DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable
+    ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
     traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
