@@ -19,6 +19,7 @@ everything after the backward pass: the SVD, every candidate's vector and its di
 recall against the batch's true tokens are printed beside the time, so a fast wrong answer cannot pass.
 This is a benchmark, not a test: it exits 0 and prints PASS/FAIL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,32 @@ def build(kind: str, vocab: int, blocks: int, length: int, seed: int, device: st
 
     torch.manual_seed(seed)
     if kind == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab, n_embd=WIDTH, n_head=12, n_layer=blocks,
-                                         n_positions=max(1024, length), bos_token_id=0, eos_token_id=0)
-        model, layers, norm = transformers.GPT2LMHeadModel(config), ["transformer.h.0.attn.c_attn"], \
-            "transformer.h.0.ln_1"
+        config = transformers.GPT2Config(
+            vocab_size=vocab,
+            n_embd=WIDTH,
+            n_head=12,
+            n_layer=blocks,
+            n_positions=max(1024, length),
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model, layers, norm = (
+            transformers.GPT2LMHeadModel(config),
+            ["transformer.h.0.attn.c_attn"],
+            "transformer.h.0.ln_1",
+        )
     else:
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=WIDTH, intermediate_size=2048,
-                                          num_hidden_layers=blocks, num_attention_heads=12, num_key_value_heads=12,
-                                          max_position_embeddings=max(1024, length), bos_token_id=0, eos_token_id=0)
+        config = transformers.LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=WIDTH,
+            intermediate_size=2048,
+            num_hidden_layers=blocks,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            max_position_embeddings=max(1024, length),
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         model = transformers.LlamaForCausalLM(config)
         layers, norm = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"], None
     model = model.double().eval().to(device)
@@ -78,22 +97,37 @@ def client_gradient(call, layers: list[str], batch: int, length: int, vocab: int
     return inputs, modules[0], gradient
 
 
-def timed_span_test(call, module, gradient, inputs, *, vocab: int, length: int, position_dependent: bool,
-                    norm, device: str) -> dict:
+def timed_span_test(
+    call, module, gradient, inputs, *, vocab: int, length: int, position_dependent: bool, norm, device: str
+) -> dict:
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     synchronize()
     started = time.perf_counter()
     basis = dager.span_basis(gradient)
-    test = dager.span_test_vocabulary(call, module, basis.basis.to(device), vocab_size=vocab, positions=length,
-                                      position_dependent=position_dependent, device=device, norm=norm)
+    test = dager.span_test_vocabulary(
+        call,
+        module,
+        basis.basis.to(device),
+        vocab_size=vocab,
+        positions=length,
+        position_dependent=position_dependent,
+        device=device,
+        norm=norm,
+    )
     synchronize()
     seconds = time.perf_counter() - started
     true = {int(t) for t in inputs.reshape(-1).tolist()}
     found = {token for token, _, _ in test.accepted}
     hits = len(true & found)
-    return {"seconds": round(seconds, 3), "rank": basis.rank, "vectors": test.tested, "method": test.method,
-            "precision": hits / len(found) if found else 0.0, "recall": hits / len(true),
-            "nearest_rejected": test.nearest_rejected}
+    return {
+        "seconds": round(seconds, 3),
+        "rank": basis.rank,
+        "vectors": test.tested,
+        "method": test.method,
+        "precision": hits / len(found) if found else 0.0,
+        "recall": hits / len(true),
+        "nearest_rejected": test.nearest_rejected,
+    }
 
 
 def main() -> int:
@@ -103,16 +137,21 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=50_000)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--through-model", action="store_true",
-                        help="also time GPT-2's pairs run through the model one by one (no LayerNorm shortcut)")
+    parser.add_argument(
+        "--through-model",
+        action="store_true",
+        help="also time GPT-2's pairs run through the model one by one (no LayerNorm shortcut)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    print(f"DAGER span test at GPT-2 small's width (d = {WIDTH}), vocabulary {args.vocab:,}, batch {args.batch} x "
-          f"{args.length} tokens (B·n = {args.batch * args.length}), float64, {device} ({name}), "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}")
+    print(
+        f"DAGER span test at GPT-2 small's width (d = {WIDTH}), vocabulary {args.vocab:,}, batch {args.batch} x "
+        f"{args.length} tokens (B·n = {args.batch * args.length}), float64, {device} ({name}), "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    )
     target = GPU_TARGET_S if device == "cuda" else CPU_TARGET_S
     rows = {}
     runs = [("gpt2", True, True), ("llama", False, False)]
@@ -125,26 +164,51 @@ def main() -> int:
             call, layers, norm = build(kind, args.vocab, args.blocks, args.length, args.seed, device)
             seconds = time.perf_counter() - started
             started = time.perf_counter()
-            inputs, module, gradient = client_gradient(call, layers, args.batch, args.length, args.vocab, args.seed,
-                                                       device)
-            print(f"  {kind}: built in {seconds:.1f} s; the client batch's forward and backward "
-                  f"{time.perf_counter() - started:.2f} s; attacked {', '.join(layers)}")
+            inputs, module, gradient = client_gradient(
+                call, layers, args.batch, args.length, args.vocab, args.seed, device
+            )
+            print(
+                f"  {kind}: built in {seconds:.1f} s; the client batch's forward and backward "
+                f"{time.perf_counter() - started:.2f} s; attacked {', '.join(layers)}"
+            )
             built = {kind: (call, norm, inputs, module, gradient)}
         call, norm, inputs, module, gradient = built[kind]
         norm_module = call.model.get_submodule(norm) if norm and shortcut else None
-        row = timed_span_test(call, module, gradient, inputs, vocab=args.vocab, length=args.length,
-                              position_dependent=position_dependent, norm=norm_module, device=device)
+        row = timed_span_test(
+            call,
+            module,
+            gradient,
+            inputs,
+            vocab=args.vocab,
+            length=args.length,
+            position_dependent=position_dependent,
+            norm=norm_module,
+            device=device,
+        )
         verdict = "PASS" if row["seconds"] < target and row["precision"] == row["recall"] == 1.0 else "FAIL"
         label = f"{kind} {'pairs' if position_dependent else 'tokens'}{'' if shortcut or not position_dependent else ' (through the model)'}"
-        print(f"  {label:<30} {row['vectors']:>10,} vectors  {row['seconds']:7.2f} s  rank {row['rank']}  "
-              f"precision {row['precision']:.3f}  recall {row['recall']:.3f}  nearest rejected "
-              f"{row['nearest_rejected']:.3g}  (target < {target:g} s on {device}): {verdict}")
+        print(
+            f"  {label:<30} {row['vectors']:>10,} vectors  {row['seconds']:7.2f} s  rank {row['rank']}  "
+            f"precision {row['precision']:.3f}  recall {row['recall']:.3f}  nearest rejected "
+            f"{row['nearest_rejected']:.3g}  (target < {target:g} s on {device}): {verdict}"
+        )
         print(f"  {'':<30} {row['method']}")
         rows[label] = {**row, "verdict": verdict}
     if args.out:
-        args.out.write_text(json.dumps({"device": device, "device_name": name, "batch": args.batch,
-                                        "length": args.length, "vocab": args.vocab, "blocks": args.blocks,
-                                        "rows": rows}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "device_name": name,
+                    "batch": args.batch,
+                    "length": args.length,
+                    "vocab": args.vocab,
+                    "blocks": args.blocks,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

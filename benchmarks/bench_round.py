@@ -12,6 +12,7 @@ where CUDA is present, again on the GPU (rows say "no GPU" elsewhere); the same 
 weights on both. Reported: the measured rank, its gap and the static bound; the attack's per-image PSNR and time.
 This is a benchmark, not a test: it exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,21 @@ def rank_part(round_, device: str, seed: int) -> dict:
     images, labels, source = _round_inputs(round_, seed)
     started = time.perf_counter()
     measured = round_rank.measure_round(model, images, labels, round_, device=device, seed=seed, loss="logistic")
-    return {"device": device, "unknowns": measured.unknowns, "rank": measured.rank, "gap": measured.gap,
-            "rank_bound": result.identifiability.rank_bound, "verdict": result.verdict,
-            "sketch_rows": measured.sketch_rows, "chunk_rows": measured.chunk_rows,
-            "sketch_seconds": round(measured.sketch_seconds, 2), "spectrum_seconds": round(measured.spectrum_seconds, 2),
-            "spectrum": measured.spectrum, "seconds": round(time.perf_counter() - started, 2), "images": source}
+    return {
+        "device": device,
+        "unknowns": measured.unknowns,
+        "rank": measured.rank,
+        "gap": measured.gap,
+        "rank_bound": result.identifiability.rank_bound,
+        "verdict": result.verdict,
+        "sketch_rows": measured.sketch_rows,
+        "chunk_rows": measured.chunk_rows,
+        "sketch_seconds": round(measured.sketch_seconds, 2),
+        "spectrum_seconds": round(measured.spectrum_seconds, 2),
+        "spectrum": measured.spectrum,
+        "seconds": round(time.perf_counter() - started, 2),
+        "images": source,
+    }
 
 
 def attack_part(round_, device: str, seed: int, steps: int, restarts: int) -> dict:
@@ -59,11 +70,20 @@ def attack_part(round_, device: str, seed: int, steps: int, restarts: int) -> di
     images, labels, source = _round_inputs(round_, seed)
     # An untimed short run first: lazy imports, CUDA context and kernel selection.
     fedavg.invert_round(model, images, labels, round_, "logistic", steps=2, restarts=restarts, device=device, seed=seed)
-    attack = fedavg.invert_round(model, images, labels, round_, "logistic", steps=steps, restarts=restarts,
-                                 device=device, seed=seed)
-    return {"device": device, "steps": steps, "restarts": restarts, "psnr": attack.psnr, "mse": attack.mse,
-            "median_psnr": attack.median_psnr, "final_distance": attack.final_distance,
-            "seconds": round(attack.seconds, 2), "images": source}
+    attack = fedavg.invert_round(
+        model, images, labels, round_, "logistic", steps=steps, restarts=restarts, device=device, seed=seed
+    )
+    return {
+        "device": device,
+        "steps": steps,
+        "restarts": restarts,
+        "psnr": attack.psnr,
+        "mse": attack.mse,
+        "median_psnr": attack.median_psnr,
+        "final_distance": attack.final_distance,
+        "seconds": round(attack.seconds, 2),
+        "images": source,
+    }
 
 
 def main() -> int:
@@ -78,29 +98,52 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    round_ = build_round({"local_samples": args.samples, "batch_size": args.batch_size,
-                          "local_epochs": args.epochs, "clients": args.clients})
+    round_ = build_round(
+        {
+            "local_samples": args.samples,
+            "batch_size": args.batch_size,
+            "local_epochs": args.epochs,
+            "clients": args.clients,
+        }
+    )
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    report = {"round": {"local_samples": round_.samples, "batch_size": round_.batch_size,
-                        "local_epochs": round_.local_epochs, "steps": round_.steps, "clients": round_.clients},
-              "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                          "threads": torch.get_num_threads(),
-                          "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-              "rank": [], "attack": []}
+    report = {
+        "round": {
+            "local_samples": round_.samples,
+            "batch_size": round_.batch_size,
+            "local_epochs": round_.local_epochs,
+            "steps": round_.steps,
+            "clients": round_.clients,
+        },
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        },
+        "rank": [],
+        "attack": [],
+    }
     parts = args.parts.split(",")
     for device in devices:
         if "rank" in parts:
             row = rank_part(round_, device, args.seed)
             report["rank"].append(row)
-            print(f"rank   {device}: {row['rank']} of {row['unknowns']} (bound {row['rank_bound']}, gap "
-                  f"{row['gap']:.3g}), sketch {row['sketch_seconds']} s + {row['spectrum']} "
-                  f"{row['spectrum_seconds']} s", flush=True)
+            print(
+                f"rank   {device}: {row['rank']} of {row['unknowns']} (bound {row['rank_bound']}, gap "
+                f"{row['gap']:.3g}), sketch {row['sketch_seconds']} s + {row['spectrum']} "
+                f"{row['spectrum_seconds']} s",
+                flush=True,
+            )
         if "attack" in parts:
             row = attack_part(round_, device, args.seed, args.steps, args.restarts)
             report["attack"].append(row)
             shown = ", ".join(f"{p:.1f}" for client in row["psnr"] for p in client)
-            print(f"attack {device}: PSNR {shown} dB, {row['seconds']} s ({args.steps} steps x {args.restarts} "
-                  "restarts in one batch)", flush=True)
+            print(
+                f"attack {device}: PSNR {shown} dB, {row['seconds']} s ({args.steps} steps x {args.restarts} "
+                "restarts in one batch)",
+                flush=True,
+            )
     if not torch.cuda.is_available():
         print("gpu: not measured (no CUDA device)")
     if args.out:

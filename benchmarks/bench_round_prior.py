@@ -12,6 +12,7 @@ verifier's images (photograph crops, or --data), and runs rankaudit.verify.fedav
 (dtype, relative TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the
 baselines' medians, how many images beat both, the winning restart's best distance. A benchmark, not a test: it exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float64")
     args = parser.parse_args()
 
-    round_ = build_round({"local_samples": args.samples, "batch_size": args.batch_size,
-                          "local_epochs": args.epochs})
+    round_ = build_round({"local_samples": args.samples, "batch_size": args.batch_size, "local_epochs": args.epochs})
     from rankaudit.load import load_model
 
     shape = tuple(load_model(args.model, None, device="meta").input_shape)
@@ -57,28 +57,59 @@ def main() -> None:
         logits = rank.logits_of(model(images[0, :1])).numel()
     labels = rank.draw_labels(round_.samples, rank.loss_name_for(logits), logits, args.seed).reshape(1, -1)
     loss = rank.loss_name_for(logits)
-    print(json.dumps({"model": args.model, "round": f"N={round_.samples} B={round_.batch_size} E={args.epochs} "
-                      f"K={round_.steps}", "images": source, "weights": weights, "loss": loss}))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "round": f"N={round_.samples} B={round_.batch_size} E={args.epochs} K={round_.steps}",
+                "images": source,
+                "weights": weights,
+                "loss": loss,
+            }
+        )
+    )
     for dtype_name in args.dtype.split(","):
         for until in (float(v) for v in args.tv_until.split(",")):
             for weight in (float(v) for v in args.tv.split(",")):
                 started = time.perf_counter()
-                attack = fedavg.invert_round(model, images, labels, round_, loss, steps=args.steps,
-                                             restarts=args.restarts, tv_weight=weight, tv_until=until,
-                                             seed=args.seed, dtype=getattr(torch, dtype_name))
+                attack = fedavg.invert_round(
+                    model,
+                    images,
+                    labels,
+                    round_,
+                    loss,
+                    steps=args.steps,
+                    restarts=args.restarts,
+                    tv_weight=weight,
+                    tv_until=until,
+                    seed=args.seed,
+                    dtype=getattr(torch, dtype_name),
+                )
                 scored = baselines.score(images[0], attack.reconstructions[0])
                 info = baselines.summary(scored)
-                print(json.dumps({
-                    "dtype": dtype_name, "tv_weight": weight, "tv_weight_applied": attack.tv_weight_applied,
-                    "tv_until": until, "steps": args.steps,
-                    "restarts": args.restarts, "median_psnr": round(attack.median_psnr, 2),
-                    "psnr": [round(s.psnr, 2) for s in scored],
-                    "best_psnr": info["best"]["psnr"] and round(info["best"]["psnr"], 2),
-                    "grey_psnr_median": round(info["grey_psnr_median"], 2),
-                    "mean_colour_psnr_median": round(info["mean_colour_psnr_median"], 2),
-                    "recovered": info["recovered_samples"], "outcome": info["outcome"],
-                    "best_distance": attack.final_distance, "last_iterate_distances": attack.last_iterate_distances,
-                    "seconds": round(time.perf_counter() - started, 1)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "dtype": dtype_name,
+                            "tv_weight": weight,
+                            "tv_weight_applied": attack.tv_weight_applied,
+                            "tv_until": until,
+                            "steps": args.steps,
+                            "restarts": args.restarts,
+                            "median_psnr": round(attack.median_psnr, 2),
+                            "psnr": [round(s.psnr, 2) for s in scored],
+                            "best_psnr": info["best"]["psnr"] and round(info["best"]["psnr"], 2),
+                            "grey_psnr_median": round(info["grey_psnr_median"], 2),
+                            "mean_colour_psnr_median": round(info["mean_colour_psnr_median"], 2),
+                            "recovered": info["recovered_samples"],
+                            "outcome": info["outcome"],
+                            "best_distance": attack.final_distance,
+                            "last_iterate_distances": attack.last_iterate_distances,
+                            "seconds": round(time.perf_counter() - started, 1),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

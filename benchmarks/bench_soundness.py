@@ -15,6 +15,7 @@ backward per row, about n rows, each touching every parameter). The last lines g
 absent. CI runs the examples only (tests/test_bench_soundness.py); a GPU run over the whole zoo fills the README.
 This is a benchmark: it exits 0 whatever it finds (the counts are the result).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,9 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -41,16 +42,16 @@ SOURCES = ("examples", "torchvision", "timm")
 
 @dataclass
 class Entry:
-    name: str                 # source/model
+    name: str  # source/model
     source: str
-    spec: str                 # a model file rankaudit reads (PATH or PATH:NAME)
+    spec: str  # a model file rankaudit reads (PATH or PATH:NAME)
 
 
 @dataclass
 class Row:
     name: str
     source: str
-    status: str               # ok | UNSOUND | FALSE PROTECTED | skipped
+    status: str  # ok | UNSOUND | FALSE PROTECTED | skipped
     reason: str = ""
     parameters: int | None = None
     unknowns: int | None = None
@@ -86,20 +87,36 @@ def _zoo_file(directory: Path, name: str, code: str) -> str:
 def torchvision_entries(directory: Path) -> list[Entry]:
     import torchvision
 
-    return [Entry(f"torchvision/{name}", "torchvision", _zoo_file(
-        directory, f"torchvision/{name}",
-        f"import torchvision\nmodel = torchvision.models.get_model({name!r}, weights=None, "
-        f"num_classes={ZOO_CLASSES})\n"))
-        for name in sorted(torchvision.models.list_models(module=torchvision.models))]
+    return [
+        Entry(
+            f"torchvision/{name}",
+            "torchvision",
+            _zoo_file(
+                directory,
+                f"torchvision/{name}",
+                f"import torchvision\nmodel = torchvision.models.get_model({name!r}, weights=None, "
+                f"num_classes={ZOO_CLASSES})\n",
+            ),
+        )
+        for name in sorted(torchvision.models.list_models(module=torchvision.models))
+    ]
 
 
 def timm_entries(directory: Path) -> list[Entry]:
     import timm
 
-    return [Entry(f"timm/{name}", "timm", _zoo_file(
-        directory, f"timm/{name}",
-        f"import timm\nmodel = timm.create_model({name!r}, pretrained=False, num_classes={ZOO_CLASSES})\n"))
-        for name in sorted(timm.list_models())]
+    return [
+        Entry(
+            f"timm/{name}",
+            "timm",
+            _zoo_file(
+                directory,
+                f"timm/{name}",
+                f"import timm\nmodel = timm.create_model({name!r}, pretrained=False, num_classes={ZOO_CLASSES})\n",
+            ),
+        )
+        for name in sorted(timm.list_models())
+    ]
 
 
 def measure_entry(spec: str, result, *, device: str, precision: str, seed: int = 0):
@@ -123,11 +140,18 @@ def soundness_row(entry: Entry, measure: Callable, *, max_params: int | None) ->
 
     try:
         result = audit(entry.spec)
-    except (RankauditError, RuntimeError, ValueError, TypeError) as exc:   # e.g. a model that needs more than 32 px
+    except (RankauditError, RuntimeError, ValueError, TypeError) as exc:  # e.g. a model that needs more than 32 px
         return Row(entry.name, entry.source, "skipped", f"analysis failed: {_first_line(exc)}")
     bound = result.identifiability
-    row = Row(entry.name, entry.source, "skipped", parameters=result.parameters, unknowns=bound.unknowns,
-              rank_bound=bound.rank_bound, verdict=result.verdict)
+    row = Row(
+        entry.name,
+        entry.source,
+        "skipped",
+        parameters=result.parameters,
+        unknowns=bound.unknowns,
+        rank_bound=bound.rank_bound,
+        verdict=result.verdict,
+    )
     if max_params is not None and result.parameters > max_params:
         row.reason = f"{result.parameters:,} parameters, above --max-params {max_params:,}"
         return row
@@ -160,24 +184,29 @@ def summary(rows: list[Row], absent: list[str]) -> list[str]:
     measured = [row for row in rows if row.status != "skipped"]
     unsound = sum(row.status == "UNSOUND" for row in rows)
     false_protected = sum(row.status == "FALSE PROTECTED" for row in rows)
-    lines = [f"measured {len(measured)} of {len(rows)} models ({len(rows) - len(measured)} skipped)",
-             f"unsound rows (measured rank above the bound): {unsound}",
-             f"false protected verdicts (protected, but full measured rank): {false_protected}"]
+    lines = [
+        f"measured {len(measured)} of {len(rows)} models ({len(rows) - len(measured)} skipped)",
+        f"unsound rows (measured rank above the bound): {unsound}",
+        f"false protected verdicts (protected, but full measured rank): {false_protected}",
+    ]
     if absent:
         lines.append("zoos absent: " + ", ".join(absent))
     return lines
 
 
 def table(rows: list[Row]) -> list[str]:
-    lines = [f"{'model':<34} {'params':>10} {'bound':>11} {'verdict':<9} {'rank':>6} {'gap':>9} {'prec':<7} "
-             f"{'s':>7}  status"]
+    lines = [
+        f"{'model':<34} {'params':>10} {'bound':>11} {'verdict':<9} {'rank':>6} {'gap':>9} {'prec':<7} {'s':>7}  status"
+    ]
     for row in rows:
         bound = f"{row.rank_bound}/{row.unknowns}" if row.unknowns else "-"
         gap = f"{row.gap:.2g}" if row.gap is not None else "-"
-        lines.append(f"{row.name:<34} {row.parameters or 0:>10,} {bound:>11} {row.verdict or '-':<9} "
-                     f"{row.rank if row.rank is not None else '-':>6} {gap:>9} {row.precision or '-':<7} "
-                     f"{row.seconds if row.seconds is not None else '-':>7}  {row.status}"
-                     + (f": {row.reason}" if row.reason else ""))
+        lines.append(
+            f"{row.name:<34} {row.parameters or 0:>10,} {bound:>11} {row.verdict or '-':<9} "
+            f"{row.rank if row.rank is not None else '-':>6} {gap:>9} {row.precision or '-':<7} "
+            f"{row.seconds if row.seconds is not None else '-':>7}  {row.status}"
+            + (f": {row.reason}" if row.reason else "")
+        )
     return lines
 
 
@@ -195,8 +224,7 @@ def main(argv: list[str] | None = None, measure: Callable | None = None) -> list
     device = resolve_device(args.device)
     measure = measure or (lambda spec, result: measure_entry(spec, result, device=device, precision=args.precision))
     sources = args.only or list(SOURCES)
-    absent = [f"{name} (not installed)" for name in ("torchvision", "timm")
-              if name in sources and not _installed(name)]
+    absent = [f"{name} (not installed)" for name in ("torchvision", "timm") if name in sources and not _installed(name)]
     with tempfile.TemporaryDirectory(prefix="rankaudit-soundness-") as scratch:
         entries = example_entries() if "examples" in sources else []
         if "torchvision" in sources and _installed("torchvision"):

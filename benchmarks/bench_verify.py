@@ -23,6 +23,7 @@ Targets 1-3 run on --device; 4 and the CPU side of 6 on the CPU; 5 and the GPU s
 weights; every timed attack is preceded by a short untimed run on its device (CUDA context, kernel selection, lazy
 imports). This is a benchmark, not a test: it exits 0 and prints PASS/FAIL per target.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ from rankaudit.verify import data, gdbr, invert, rgap  # noqa: E402
 from rankaudit.verify.runner import resolve_device  # noqa: E402
 
 try:
-    from rankaudit.verify import rank  # noqa: E402
+    from rankaudit.verify import rank
 except ImportError:  # a tree from before --verify rank: its rows say so
     rank = None
 
@@ -69,18 +70,34 @@ def bench_rgap_vs_inverting(images: int, device: str, steps: int, seed: int) -> 
     inverting_wall = time.perf_counter() - started
     pairs = []
     for index in range(images):
-        pairs.append({"image": index, "rgap_seconds": closed_form.seconds[index], "rgap_mse": closed_form.mse[index],
-                      "inverting_seconds": optimised.seconds[index], "inverting_mse": optimised.mse[index],
-                      "inverting_same_or_worse": optimised.mse[index] >= closed_form.mse[index],
-                      "speedup": optimised.seconds[index] / closed_form.seconds[index]})
+        pairs.append(
+            {
+                "image": index,
+                "rgap_seconds": closed_form.seconds[index],
+                "rgap_mse": closed_form.mse[index],
+                "inverting_seconds": optimised.seconds[index],
+                "inverting_mse": optimised.mse[index],
+                "inverting_same_or_worse": optimised.mse[index] >= closed_form.mse[index],
+                "speedup": optimised.seconds[index] / closed_form.seconds[index],
+            }
+        )
     comparable = [p["speedup"] for p in pairs if p["inverting_same_or_worse"]]
-    return {"model": "examples/cnn6.py", "images": source, "device": closed_form.device,
-            "rgap_median_seconds": statistics.median(closed_form.seconds), "rgap_median_mse": closed_form.median_mse,
-            "rgap_wall": rgap_wall, "inverting_steps": steps, "inverting_restarts": 2,
-            "inverting_median_seconds": statistics.median(optimised.seconds),
-            "inverting_median_mse": optimised.median_mse, "inverting_wall": inverting_wall, "per_image": pairs,
-            "median_speedup_at_same_or_worse_mse": statistics.median(comparable) if comparable else None,
-            "comparable_images": len(comparable)}
+    return {
+        "model": "examples/cnn6.py",
+        "images": source,
+        "device": closed_form.device,
+        "rgap_median_seconds": statistics.median(closed_form.seconds),
+        "rgap_median_mse": closed_form.median_mse,
+        "rgap_wall": rgap_wall,
+        "inverting_steps": steps,
+        "inverting_restarts": 2,
+        "inverting_median_seconds": statistics.median(optimised.seconds),
+        "inverting_median_mse": optimised.median_mse,
+        "inverting_wall": inverting_wall,
+        "per_image": pairs,
+        "median_speedup_at_same_or_worse_mse": statistics.median(comparable) if comparable else None,
+        "comparable_images": len(comparable),
+    }
 
 
 def bench_gdbr(device: str, trials: int, seed: int) -> dict:
@@ -90,9 +107,16 @@ def bench_gdbr(device: str, trials: int, seed: int) -> dict:
     aux = torch.rand((1000, 3, 32, 32), generator=torch.Generator().manual_seed(seed + 7919))
     outcome = gdbr.run_gdbr(model, "fc2", 64, trials=trials, aux=aux, device=device, seed=seed, input_shape=(3, 32, 32))
     per_trial = [t["seconds"] for t in outcome.per_trial]
-    return {"model": "examples/mlp6.py", "shared_layer": "fc2", "batch_size": 64, "trials": trials,
-            "median_seconds_per_batch": statistics.median(per_trial), "ins_acc": outcome.ins_acc,
-            "cls_acc": outcome.cls_acc, "device": outcome.device}
+    return {
+        "model": "examples/mlp6.py",
+        "shared_layer": "fc2",
+        "batch_size": 64,
+        "trials": trials,
+        "median_seconds_per_batch": statistics.median(per_trial),
+        "ins_acc": outcome.ins_acc,
+        "cls_acc": outcome.cls_acc,
+        "device": outcome.device,
+    }
 
 
 PARTS = ("rgap", "gdbr", "rank", "devices", "mobile")
@@ -117,10 +141,21 @@ def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int, preci
     started = time.perf_counter()
     measured = rank.measure(model, image, labels, device=device, seed=seed, precision=precision)
     wall = time.perf_counter() - started
-    return {"model": label, "images": source, "device": measured.device, "parameters": measured.shared_gradient_size,
-            "unknowns": measured.unknowns, "rank": measured.rank, "deficit": measured.deficit, "gap": measured.gap,
-            "method": measured.method, "chunk_rows": measured.chunk_rows, "seconds": measured.seconds, "wall": wall,
-            "precision": measured.precision}
+    return {
+        "model": label,
+        "images": source,
+        "device": measured.device,
+        "parameters": measured.shared_gradient_size,
+        "unknowns": measured.unknowns,
+        "rank": measured.rank,
+        "deficit": measured.deficit,
+        "gap": measured.gap,
+        "method": measured.method,
+        "chunk_rows": measured.chunk_rows,
+        "seconds": measured.seconds,
+        "wall": wall,
+        "precision": measured.precision,
+    }
 
 
 def bench_inverting_devices(images: int, steps: int, seed: int) -> dict:
@@ -133,17 +168,29 @@ def bench_inverting_devices(images: int, steps: int, seed: int) -> dict:
     for device in ("cpu", "cuda") if cuda_present() else ("cpu",):
         invert.run_inverting(model, batch[:1], loss="logistic", steps=3, restarts=1, device=device, seed=seed)
         started = time.perf_counter()
-        result = invert.run_inverting(model, batch, loss="logistic", steps=steps, restarts=2, device=device,
-                                      seed=seed)
+        result = invert.run_inverting(model, batch, loss="logistic", steps=steps, restarts=2, device=device, seed=seed)
         wall = time.perf_counter() - started
-        sides[device] = {"wall": wall, "median_mse": result.median_mse, "mse": result.mse,
-                         "candidate_steps": sum(result.steps_run), "device": result.device,
-                         "per_sample_gradients": result.outcomes[0].per_sample_gradients,
-                         "threads": torch.get_num_threads()}
+        sides[device] = {
+            "wall": wall,
+            "median_mse": result.median_mse,
+            "mse": result.mse,
+            "candidate_steps": sum(result.steps_run),
+            "device": result.device,
+            "per_sample_gradients": result.outcomes[0].per_sample_gradients,
+            "threads": torch.get_num_threads(),
+        }
     gpu = sides.get("cuda")
-    return {"model": "examples/cnn6.py", "images": source, "count": images, "steps": steps, "restarts": 2,
-            "cpu": sides["cpu"], "cuda": gpu, "speedup": sides["cpu"]["wall"] / gpu["wall"] if gpu else None,
-            "gpu_name": torch.cuda.get_device_name(0) if gpu else None}
+    return {
+        "model": "examples/cnn6.py",
+        "images": source,
+        "count": images,
+        "steps": steps,
+        "restarts": 2,
+        "cpu": sides["cpu"],
+        "cuda": gpu,
+        "speedup": sides["cpu"]["wall"] / gpu["wall"] if gpu else None,
+        "gpu_name": torch.cuda.get_device_name(0) if gpu else None,
+    }
 
 
 def bench_mobile_rows(seed: int, rows: int = 16) -> dict:
@@ -159,15 +206,18 @@ def bench_mobile_rows(seed: int, rows: int = 16) -> dict:
     torch.manual_seed(seed)
     model = MobileNetV2Narrow().eval()
     image = torch.rand((1, 3, 32, 32), generator=torch.Generator().manual_seed(seed))
-    out: dict = {"model": "benchmarks/models/mobilenetv2_32.py", "rows": rows,
-                 "parameters": sum(p.numel() for p in model.parameters())}
+    out: dict = {
+        "model": "benchmarks/models/mobilenetv2_32.py",
+        "rows": rows,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     for dtype in (torch.float64, torch.float32):
         net = model.to(dtype)
         names = [name for name, _ in net.named_parameters()]
         sketch_rows = rank._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
         directions = [torch.randn((rows, *p.shape), dtype=dtype) for p in net.parameters()]
         with differentiable_ops():
-            sketch_rows([d[:2] for d in directions])    # warm-up, untimed
+            sketch_rows([d[:2] for d in directions])  # warm-up, untimed
             started = time.perf_counter()
             sketch_rows(directions)
             out[f"{dtype}".replace("torch.", "") + "_ms_per_row"] = 1000 * (time.perf_counter() - started) / rows
@@ -186,22 +236,30 @@ def rank_row(name: str, target_seconds: float, measured: dict | None) -> tuple[s
         return name, None, "no GPU"
     if "skipped" in measured:
         return name, None, measured["skipped"]
-    return (name, measured["seconds"] < target_seconds,
-            f"{measured['seconds']:.1f} s on {measured['device']}: rank {measured['rank']} of {measured['unknowns']}"
-            f" (deficit {measured['deficit']}, gap {measured['gap']:.1e}, {measured['parameters']:,} parameters, "
-            f"{measured['method']}, {measured['chunk_rows']} rows per pass)")
+    return (
+        name,
+        measured["seconds"] < target_seconds,
+        f"{measured['seconds']:.1f} s on {measured['device']}: rank {measured['rank']} of {measured['unknowns']}"
+        f" (deficit {measured['deficit']}, gap {measured['gap']:.1e}, {measured['parameters']:,} parameters, "
+        f"{measured['method']}, {measured['chunk_rows']} rows per pass)",
+    )
 
 
 def attack_row(devices: dict) -> tuple[str, bool | None, str]:
-    name = (f"optimisation attack, {devices['count']} CNN6 images x {devices['steps']} steps x 2 restarts: "
-            "GPU >= 10x faster than CPU")
+    name = (
+        f"optimisation attack, {devices['count']} CNN6 images x {devices['steps']} steps x 2 restarts: "
+        "GPU >= 10x faster than CPU"
+    )
     cpu = devices["cpu"]
     cpu_figure = f"CPU {cpu['wall']:.1f} s ({cpu['threads']} threads, median MSE {cpu['median_mse']:.1e})"
     if devices["cuda"] is None:
         return name, None, f"no GPU; {cpu_figure}"
     gpu = devices["cuda"]
-    return (name, devices["speedup"] >= 10,
-            f"{devices['speedup']:.1f}x: GPU {gpu['wall']:.1f} s (median MSE {gpu['median_mse']:.1e}) vs {cpu_figure}")
+    return (
+        name,
+        devices["speedup"] >= 10,
+        f"{devices['speedup']:.1f}x: GPU {gpu['wall']:.1f} s (median MSE {gpu['median_mse']:.1e}) vs {cpu_figure}",
+    )
 
 
 def main() -> int:
@@ -211,9 +269,11 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--attack-images", type=int, default=8, help="images for the GPU-vs-CPU attack comparison")
     parser.add_argument("--attack-steps", type=int, default=1000, help="steps of the GPU-vs-CPU attack comparison")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help="comma-separated subset of: rgap (targets 1-2), gdbr (3), rank (4-5), devices (6), "
-                             "mobile (7)")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="comma-separated subset of: rgap (targets 1-2), gdbr (3), rank (4-5), devices (6), mobile (7)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "verify_results.json"))
@@ -230,22 +290,35 @@ def main() -> int:
         comparison = report["rgap_vs_inverting"] = bench_rgap_vs_inverting(args.images, device, args.steps, args.seed)
         speedup = comparison["median_speedup_at_same_or_worse_mse"]
         targets += [
-            ("CNN6 R-GAP reconstruction < 10 s", comparison["rgap_median_seconds"] < 10,
-             f"{comparison['rgap_median_seconds']:.2f} s (MSE {comparison['rgap_median_mse']:.2e})"),
-            ("R-GAP >= 50x faster than inverting gradients at same-or-worse MSE", speedup is not None and speedup >= 50,
-             "n/a (the optimisation attack beat R-GAP's MSE)" if speedup is None else
-             f"{speedup:.0f}x ({comparison['inverting_median_seconds']:.1f} s, MSE "
-             f"{comparison['inverting_median_mse']:.2e} vs {comparison['rgap_median_seconds']:.2f} s, MSE "
-             f"{comparison['rgap_median_mse']:.2e})"),
+            (
+                "CNN6 R-GAP reconstruction < 10 s",
+                comparison["rgap_median_seconds"] < 10,
+                f"{comparison['rgap_median_seconds']:.2f} s (MSE {comparison['rgap_median_mse']:.2e})",
+            ),
+            (
+                "R-GAP >= 50x faster than inverting gradients at same-or-worse MSE",
+                speedup is not None and speedup >= 50,
+                "n/a (the optimisation attack beat R-GAP's MSE)"
+                if speedup is None
+                else f"{speedup:.0f}x ({comparison['inverting_median_seconds']:.1f} s, MSE "
+                f"{comparison['inverting_median_mse']:.2e} vs {comparison['rgap_median_seconds']:.2f} s, MSE "
+                f"{comparison['rgap_median_mse']:.2e})",
+            ),
         ]
     if "gdbr" in parts:
         labels = report["gdbr"] = bench_gdbr(device, args.trials, args.seed)
-        targets.append(("GDBR batch 64 on MLP6 < 2 s", labels["median_seconds_per_batch"] < 2,
-                        f"{labels['median_seconds_per_batch']:.2f} s (InsAcc {labels['ins_acc']:.1%}, "
-                        f"ClsAcc {labels['cls_acc']:.1%})"))
+        targets.append(
+            (
+                "GDBR batch 64 on MLP6 < 2 s",
+                labels["median_seconds_per_batch"] < 2,
+                f"{labels['median_seconds_per_batch']:.2f} s (InsAcc {labels['ins_acc']:.1%}, "
+                f"ClsAcc {labels['cls_acc']:.1%})",
+            )
+        )
     if "rank" in parts:
-        rank_cnn6 = report["rank_cnn6_cpu"] = bench_rank(example("cnn6.py", "CNN6").double().eval(),
-                                                         "examples/cnn6.py", "cpu", args.seed)
+        rank_cnn6 = report["rank_cnn6_cpu"] = bench_rank(
+            example("cnn6.py", "CNN6").double().eval(), "examples/cnn6.py", "cpu", args.seed
+        )
         rank_resnet18 = None
         if cuda_present():
             sys.path.insert(0, str(REPO / "benchmarks" / "models"))
@@ -254,38 +327,57 @@ def main() -> int:
             torch.manual_seed(args.seed)
             rank_resnet18 = bench_rank(ResNet18().eval(), "benchmarks/models/resnet18.py", "cuda", args.seed)
         report["rank_resnet18_gpu"] = rank_resnet18
-        targets += [rank_row("rank check of CNN6 (n = 3072) on the CPU < 60 s", 60, rank_cnn6),
-                    rank_row("rank check of ResNet-18 (3x32x32) on the GPU < 30 s", 30, rank_resnet18)]
+        targets += [
+            rank_row("rank check of CNN6 (n = 3072) on the CPU < 60 s", 60, rank_cnn6),
+            rank_row("rank check of ResNet-18 (3x32x32) on the GPU < 30 s", 30, rank_resnet18),
+        ]
     if "mobile" in parts:
         mobile = report["mobile_rows_cpu"] = bench_mobile_rows(args.seed)
-        targets.append(("MobileNetV2-style sketch rows on the CPU (no target: the figures for the README)", None,
-                        f"{mobile['float64_ms_per_row']:.0f} ms/row in float64, {mobile['float32_ms_per_row']:.0f} "
-                        f"ms/row in float32 rows; convolution kernels {mobile['conv_share_float64']:.0%} of the "
-                        f"float64 chunk's CPU time ({mobile['parameters']:,} parameters, {mobile['rows']} rows)"))
+        targets.append(
+            (
+                "MobileNetV2-style sketch rows on the CPU (no target: the figures for the README)",
+                None,
+                f"{mobile['float64_ms_per_row']:.0f} ms/row in float64, {mobile['float32_ms_per_row']:.0f} "
+                f"ms/row in float32 rows; convolution kernels {mobile['conv_share_float64']:.0%} of the "
+                f"float64 chunk's CPU time ({mobile['parameters']:,} parameters, {mobile['rows']} rows)",
+            )
+        )
         mobile_gpu = None
         if cuda_present():
             sys.path.insert(0, str(REPO / "benchmarks" / "models"))
             from mobilenetv2_32 import MobileNetV2Narrow
 
             torch.manual_seed(args.seed)
-            mobile_gpu = bench_rank(MobileNetV2Narrow().eval(), "benchmarks/models/mobilenetv2_32.py", "cuda",
-                                    args.seed, precision="auto")
+            mobile_gpu = bench_rank(
+                MobileNetV2Narrow().eval(), "benchmarks/models/mobilenetv2_32.py", "cuda", args.seed, precision="auto"
+            )
         report["rank_mobilenetv2_gpu"] = mobile_gpu
-        targets.append(rank_row("rank check of the MobileNetV2-style net (3x32x32) on the GPU < 60 s", 60,
-                                mobile_gpu))
+        targets.append(rank_row("rank check of the MobileNetV2-style net (3x32x32) on the GPU < 60 s", 60, mobile_gpu))
     if "devices" in parts:
-        devices = report["inverting_gpu_vs_cpu"] = bench_inverting_devices(args.attack_images, args.attack_steps,
-                                                                           args.seed)
+        devices = report["inverting_gpu_vs_cpu"] = bench_inverting_devices(
+            args.attack_images, args.attack_steps, args.seed
+        )
         targets.append(attack_row(devices))
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if cuda_present() else ", no GPU"
-    print(f"device {device}{gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} "
-          f"threads, load {load[0]:.2f}")
+    print(
+        f"device {device}{gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} "
+        f"threads, load {load[0]:.2f}"
+    )
     for name, passed, figure in targets:
         print(f"{'n/a ' if passed is None else 'PASS' if passed else 'FAIL'}  {name}: {figure}")
-    report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if cuda_present() else None,
-                          "load_before": load, "load_after": os.getloadavg()},
-              **report, "targets": [{"target": n, "pass": p, "figure": f} for n, p, f in targets]}
+    report = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if cuda_present() else None,
+            "load_before": load,
+            "load_after": os.getloadavg(),
+        },
+        **report,
+        "targets": [{"target": n, "pass": p, "figure": f} for n, p, f in targets],
+    }
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

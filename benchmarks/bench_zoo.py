@@ -14,6 +14,7 @@ the exit code, seconds, RA-i, verdict, the identifiability bound (rank bound / u
 failures (exit 2 or 3, timeouts) with the first line of their error; the summary line "N of M analysed" (exit 0
 or 1). This is a benchmark, not a test: it always exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,9 @@ TORCHVISION_INPUT = {"inception_v3": (3, 299, 299)}
 
 @dataclass
 class Entry:
-    name: str            # source/model
-    source: str          # hf | torchvision | timm
-    code: str            # the generated model file's text
+    name: str  # source/model
+    source: str  # hf | torchvision | timm
+    code: str  # the generated model file's text
 
 
 @dataclass
@@ -104,8 +105,10 @@ def hf_entries() -> list[Entry]:
             header = f"INPUT_SHAPE = ({SEQUENCE},)\nINPUT_DTYPE = torch.long\n"
             body = f"model = {model_class}({config_class}(**{overrides!r}))\n"
         else:
-            body = (f"config = {config_class}(**{overrides!r})\nmodel = {model_class}(config)\n"
-                    "size = getattr(config, 'image_size', 224)\nsize = size if isinstance(size, int) else size[0]\n")
+            body = (
+                f"config = {config_class}(**{overrides!r})\nmodel = {model_class}(config)\n"
+                "size = getattr(config, 'image_size', 224)\nsize = size if isinstance(size, int) else size[0]\n"
+            )
             header = ""
             body += "INPUT_SHAPE = (getattr(config, 'num_channels', 3), size, size)\n"
         code = f"import torch\nfrom transformers import {model_class}, {config_class}\n{header}{body}"
@@ -119,8 +122,9 @@ def torchvision_entries() -> list[Entry]:
     entries = []
     for name in sorted(torchvision.models.list_models(module=torchvision.models)):
         shape = TORCHVISION_INPUT.get(name, (3, 224, 224))
-        code = (f"import torchvision\nINPUT_SHAPE = {shape}\n"
-                f"model = torchvision.models.get_model({name!r}, weights=None)\n")
+        code = (
+            f"import torchvision\nINPUT_SHAPE = {shape}\nmodel = torchvision.models.get_model({name!r}, weights=None)\n"
+        )
         entries.append(Entry(f"torchvision/{name}", "torchvision", code))
     return entries
 
@@ -138,8 +142,10 @@ def timm_entries(limit: int) -> list[Entry]:
     chosen = sorted({families[int(i * step)] for i in range(min(limit, len(families)))})
     entries = []
     for name in chosen:
-        code = (f"import timm\nmodel = timm.create_model({name!r}, pretrained=False)\n"
-                "INPUT_SHAPE = tuple(model.pretrained_cfg.get('input_size', (3, 224, 224)))\n")
+        code = (
+            f"import timm\nmodel = timm.create_model({name!r}, pretrained=False)\n"
+            "INPUT_SHAPE = tuple(model.pretrained_cfg.get('input_size', (3, 224, 224)))\n"
+        )
         entries.append(Entry(f"timm/{name}", "timm", code))
     return entries
 
@@ -158,11 +164,18 @@ def run_one(entry: Entry, directory: str, timeout: float) -> Outcome:
     command = [sys.executable, "-m", "rankaudit", path, "--format", "json", "--fail-on", "exposed"]
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env={**os.environ, "NO_COLOR": "1", "TOKENIZERS_PARALLELISM": "false"})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, "NO_COLOR": "1", "TOKENIZERS_PARALLELISM": "false"},
+        )
     except subprocess.TimeoutExpired:
-        return Outcome(entry.name, entry.source, None, time.perf_counter() - started,
-                       error=f"timeout after {timeout:.0f} s")
+        return Outcome(
+            entry.name, entry.source, None, time.perf_counter() - started, error=f"timeout after {timeout:.0f} s"
+        )
     seconds = time.perf_counter() - started
     outcome = Outcome(entry.name, entry.source, done.returncode, seconds)
     if done.returncode in (0, 1):
@@ -185,12 +198,25 @@ def run_one(entry: Entry, directory: str, timeout: float) -> Outcome:
 def _table(outcomes: list[Outcome]) -> str:
     rows = [("model", "exit", "seconds", "RA-i", "verdict", "bound", "tracer", "caveats")]
     for o in outcomes:
-        rows.append((o.name, "timeout" if o.exit_code is None else str(o.exit_code), f"{o.seconds:.1f}",
-                     "-" if o.ra_i is None else str(o.ra_i), o.verdict or "-", o.bound or "-",
-                     (o.tracer or "-").replace("torch.", ""), ",".join(o.caveats) or "-"))
+        rows.append(
+            (
+                o.name,
+                "timeout" if o.exit_code is None else str(o.exit_code),
+                f"{o.seconds:.1f}",
+                "-" if o.ra_i is None else str(o.ra_i),
+                o.verdict or "-",
+                o.bound or "-",
+                (o.tracer or "-").replace("torch.", ""),
+                ",".join(o.caveats) or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(widths[i]) if i in (0, 4, 6, 7) else cell.rjust(widths[i])
-                               for i, cell in enumerate(row)).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(
+            cell.ljust(widths[i]) if i in (0, 4, 6, 7) else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per model")
     parser.add_argument("--only", choices=("hf", "torchvision", "timm"), action="append")
-    parser.add_argument("--timm-max", type=int, default=80,
-                        help="timm families sampled, evenly over the sorted list (first model of each)")
+    parser.add_argument(
+        "--timm-max",
+        type=int,
+        default=80,
+        help="timm families sampled, evenly over the sorted list (first model of each)",
+    )
     parser.add_argument("--match", help="only models whose name contains this text")
     parser.add_argument("--out", help="also write every outcome as JSON here")
     args = parser.parse_args(argv)
@@ -216,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(library)
     if args.match:
         entries = [e for e in entries if args.match in e.name]
-    print(f"{len(entries)} models ({', '.join(f'{k}: {v}' for k, v in Counter(e.source for e in entries).items())}); "
-          f"{args.jobs} at a time, timeout {args.timeout:.0f} s"
-          + (f"; not installed: {', '.join(skipped)}" if skipped else ""), flush=True)
+    print(
+        f"{len(entries)} models ({', '.join(f'{k}: {v}' for k, v in Counter(e.source for e in entries).items())}); "
+        f"{args.jobs} at a time, timeout {args.timeout:.0f} s"
+        + (f"; not installed: {', '.join(skipped)}" if skipped else ""),
+        flush=True,
+    )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rankaudit-zoo-") as directory:
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -230,15 +263,27 @@ def main(argv: list[str] | None = None) -> int:
         for o in failures:
             print(f"  {o.name}: {'timeout' if o.exit_code is None else 'exit ' + str(o.exit_code)}: {o.error}")
     analysed = len(outcomes) - len(failures)
-    by_source = ", ".join(f"{source} {sum(1 for o in outcomes if o.source == source and o.exit_code in (0, 1))}/"
-                          f"{sum(1 for o in outcomes if o.source == source)}" for source in dict.fromkeys(
-                              o.source for o in outcomes))
-    print(f"\n{analysed} of {len(outcomes)} analysed ({by_source}) in {time.perf_counter() - started:.0f} s "
-          f"wall, {args.jobs} jobs")
+    by_source = ", ".join(
+        f"{source} {sum(1 for o in outcomes if o.source == source and o.exit_code in (0, 1))}/"
+        f"{sum(1 for o in outcomes if o.source == source)}"
+        for source in dict.fromkeys(o.source for o in outcomes)
+    )
+    print(
+        f"\n{analysed} of {len(outcomes)} analysed ({by_source}) in {time.perf_counter() - started:.0f} s "
+        f"wall, {args.jobs} jobs"
+    )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump({"analysed": analysed, "total": len(outcomes), "skipped_libraries": skipped,
-                       "outcomes": [asdict(o) for o in outcomes]}, handle, indent=2)
+            json.dump(
+                {
+                    "analysed": analysed,
+                    "total": len(outcomes),
+                    "skipped_libraries": skipped,
+                    "outcomes": [asdict(o) for o in outcomes],
+                },
+                handle,
+                indent=2,
+            )
     return 0
 
 

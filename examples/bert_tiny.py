@@ -1,4 +1,5 @@
 """BERT from a small transformers config (built offline, random weights): token ids in, two-class logits out."""
+
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -7,8 +8,15 @@ from transformers import BertConfig, BertForSequenceClassification
 INPUT_SHAPE = (16,)
 INPUT_DTYPE = torch.long
 
-CONFIG = BertConfig(vocab_size=2000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=256, max_position_embeddings=128, num_labels=2)
+CONFIG = BertConfig(
+    vocab_size=2000,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=128,
+    num_labels=2,
+)
 
 
 class BertTiny(BertForSequenceClassification):

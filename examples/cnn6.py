@@ -1,4 +1,5 @@
 """CNN6, the test network of R-GAP's official code: six convs, LeakyReLU(0.2), one logit."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

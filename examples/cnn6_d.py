@@ -1,4 +1,5 @@
 """CNN6-d: CNN6 with a 20-channel second conv; counts say exposed, but conv2 is numerically deficient."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

@@ -1,4 +1,5 @@
 """A tiny ConvNeXt: patchify stem, blocks of depthwise 7x7 conv, LayerNorm, GELU MLP, layer scale and residual."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,4 +1,5 @@
 """A tiny DenseNet: inside each dense block every conv reads the concatenation of all earlier feature maps."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

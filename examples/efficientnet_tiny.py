@@ -1,4 +1,5 @@
 """A tiny EfficientNet-B0-style network: SiLU, MBConv blocks with sigmoid-gated squeeze-excitation, 3x16x16 input."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -31,11 +32,14 @@ class MBConv(nn.Module):
         expanded = in_channels * expand_ratio
         self.expand = None
         if expand_ratio != 1:
-            self.expand = nn.Sequential(nn.Conv2d(in_channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded),
-                                        nn.SiLU())
+            self.expand = nn.Sequential(
+                nn.Conv2d(in_channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded), nn.SiLU()
+            )
         self.depthwise = nn.Sequential(
             nn.Conv2d(expanded, expanded, kernel, stride=stride, padding=kernel // 2, groups=expanded, bias=False),
-            nn.BatchNorm2d(expanded), nn.SiLU())
+            nn.BatchNorm2d(expanded),
+            nn.SiLU(),
+        )
         self.se = SqueezeExcitation(expanded, max(1, in_channels // 4))
         self.project = nn.Sequential(nn.Conv2d(expanded, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels))
         self.residual = stride == 1 and in_channels == out_channels

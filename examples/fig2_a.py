@@ -1,4 +1,5 @@
 """R-GAP Figure 2(a): conv 4x4 3->4, then a single-logit Linear. Over-determined: RA-i -484."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

@@ -1,4 +1,5 @@
 """R-GAP Figure 2(b): conv 4x4 3->3, then a single-logit Linear. Rank-deficient: RA-i 405."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

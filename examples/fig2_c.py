@@ -1,4 +1,5 @@
 """R-GAP Figure 2(c): Figure 2(b) with a wide hidden Linear; the conv stays critical: RA-i 405."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

@@ -1,4 +1,5 @@
 """R-GAP Figure 2(d): two 3x3 convs; conv1's surplus becomes virtual constraints: RA-i -208 at conv2."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

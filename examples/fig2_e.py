@@ -1,4 +1,5 @@
 """R-GAP Figure 2(e): conv 5x5 then conv 4x4; the second conv is deficient: RA-i 316 at conv2."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

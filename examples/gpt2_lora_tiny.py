@@ -1,9 +1,9 @@
 """GPT-2 tiny (examples/gpt2_tiny.py's config) fine-tuned with LoRA (peft): only the adapters' gradients are sent."""
+
 import torch
+from gpt2_tiny import CONFIG
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2LMHeadModel
-
-from gpt2_tiny import CONFIG
 
 # Per sequence: 16 token ids.
 INPUT_SHAPE = (16,)

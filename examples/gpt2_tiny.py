@@ -1,4 +1,5 @@
 """GPT-2 from a small transformers config (built offline, random weights): token ids in, next-token logits out."""
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -7,8 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 INPUT_SHAPE = (32,)
 INPUT_DTYPE = torch.long
 
-CONFIG = GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, vocab_size=2000,
-                    bos_token_id=0, eos_token_id=0)
+CONFIG = GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, vocab_size=2000, bos_token_id=0, eos_token_id=0)
 
 
 class GPT2Tiny(GPT2LMHeadModel):

@@ -1,4 +1,5 @@
 """A tiny Inception network: parallel 1x1, 3x3, 5x5 and pooling branches, concatenated along the channels."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -8,8 +9,7 @@ INPUT_SHAPE = (3, 16, 16)
 
 class ConvReLU(nn.Sequential):
     def __init__(self, in_channels, out_channels, kernel_size):
-        super().__init__(nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2),
-                         nn.ReLU())
+        super().__init__(nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2), nn.ReLU())
 
 
 class InceptionModule(nn.Module):
@@ -35,8 +35,9 @@ class InceptionTiny(nn.Module):
         self.stem = ConvReLU(3, 16, 3)
         self.inception1 = InceptionModule(16, c1=8, c3_reduce=8, c3=12, c5_reduce=4, c5=6, pool_proj=6)
         self.pool = nn.MaxPool2d(2)
-        self.inception2 = InceptionModule(self.inception1.out_channels, c1=12, c3_reduce=12, c3=16,
-                                          c5_reduce=6, c5=8, pool_proj=8)
+        self.inception2 = InceptionModule(
+            self.inception1.out_channels, c1=12, c3_reduce=12, c3=16, c5_reduce=6, c5=8, pool_proj=8
+        )
         self.fc = nn.Linear(self.inception2.out_channels, num_classes)
 
     def forward(self, x):

@@ -1,4 +1,5 @@
 """A tiny PP-LCNet-style network: depthwise-separable blocks with hardswish, hardsigmoid-gated SE in the last ones."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 16, 16)
@@ -24,8 +25,9 @@ class DepthwiseSeparable(nn.Module):
 
     def __init__(self, in_channels, out_channels, kernel, stride, se=False):
         super().__init__()
-        self.depthwise = nn.Conv2d(in_channels, in_channels, kernel, stride=stride, padding=kernel // 2,
-                                   groups=in_channels, bias=False)
+        self.depthwise = nn.Conv2d(
+            in_channels, in_channels, kernel, stride=stride, padding=kernel // 2, groups=in_channels, bias=False
+        )
         self.bn1 = nn.BatchNorm2d(in_channels)
         self.act1 = nn.Hardswish()
         self.se = SqueezeExcite(in_channels) if se else nn.Identity()
@@ -44,8 +46,9 @@ class LCNetTiny(nn.Module):
 
     def __init__(self, num_classes=10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8),
-                                  nn.Hardswish())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.Hardswish()
+        )
         self.blocks = nn.Sequential(
             DepthwiseSeparable(8, 16, 3, 1),
             DepthwiseSeparable(16, 16, 3, 2),

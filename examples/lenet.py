@@ -1,4 +1,5 @@
 """LeNet as benchmarked in DLG and R-GAP Table 2: three 5x5 convs with Sigmoid, one logit."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (1, 28, 28)

@@ -1,4 +1,5 @@
 """LeNet for label recovery (GDBR): examples/lenet.py's convs with ReLU, a LeNet-5 head and 10 classes."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (1, 28, 28)

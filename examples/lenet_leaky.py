@@ -1,4 +1,5 @@
 """LeNet* of R-GAP Table 2: LeNet with LeakyReLU instead of Sigmoid."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (1, 28, 28)

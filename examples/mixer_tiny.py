@@ -1,4 +1,5 @@
 """A tiny MLP-Mixer: 4x4 patches as tokens; each block mixes across tokens, then across channels, with MLPs."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 16, 16)
@@ -31,8 +32,9 @@ class MixerTiny(nn.Module):
         super().__init__()
         self.patch_embed = nn.Conv2d(3, channels, kernel_size=patch, stride=patch)
         tokens = (INPUT_SHAPE[1] // patch) * (INPUT_SHAPE[2] // patch)
-        self.blocks = nn.Sequential(*(MixerBlock(tokens, channels, token_hidden=32, channel_hidden=64)
-                                      for _ in range(depth)))
+        self.blocks = nn.Sequential(
+            *(MixerBlock(tokens, channels, token_hidden=32, channel_hidden=64) for _ in range(depth))
+        )
         self.norm = nn.LayerNorm(channels)
         self.head = nn.Linear(channels, num_classes)
 

@@ -1,4 +1,5 @@
 """The 6-layer MLP of GDBR: hidden widths [2048, 1024, 512, 256, 128, 64], ReLU, 10 classes."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

@@ -1,4 +1,5 @@
 """Spec §14's MLP: 3x8x8 -> Linear 6 (bias) -> ReLU -> Linear 10. Its first layer's bias reads samples out."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 8, 8)

@@ -1,4 +1,5 @@
 """A tiny MobileNetV2-style network: ReLU6, inverted residual blocks without squeeze-excitation, 3x16x16 input."""
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -15,9 +16,13 @@ class InvertedResidual(nn.Module):
         layers = []
         if expand_ratio != 1:
             layers += [nn.Conv2d(in_channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded), nn.ReLU6()]
-        layers += [nn.Conv2d(expanded, expanded, 3, stride=stride, padding=1, groups=expanded, bias=False),
-                   nn.BatchNorm2d(expanded), nn.ReLU6(),
-                   nn.Conv2d(expanded, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels)]
+        layers += [
+            nn.Conv2d(expanded, expanded, 3, stride=stride, padding=1, groups=expanded, bias=False),
+            nn.BatchNorm2d(expanded),
+            nn.ReLU6(),
+            nn.Conv2d(expanded, out_channels, 1, bias=False),
+            nn.BatchNorm2d(out_channels),
+        ]
         self.conv = nn.Sequential(*layers)
         self.residual = stride == 1 and in_channels == out_channels
 

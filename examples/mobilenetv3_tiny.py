@@ -1,4 +1,5 @@
 """A tiny MobileNetV3-small-style network: hardswish, depthwise convs, squeeze-excitation gated by hardsigmoid."""
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -27,11 +28,14 @@ class InvertedResidual(nn.Module):
         super().__init__()
         self.expand = None
         if expanded != in_channels:
-            self.expand = nn.Sequential(nn.Conv2d(in_channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded),
-                                        activation())
+            self.expand = nn.Sequential(
+                nn.Conv2d(in_channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded), activation()
+            )
         self.depthwise = nn.Sequential(
             nn.Conv2d(expanded, expanded, kernel, stride=stride, padding=kernel // 2, groups=expanded, bias=False),
-            nn.BatchNorm2d(expanded), activation())
+            nn.BatchNorm2d(expanded),
+            activation(),
+        )
         self.se = SqueezeExcitation(expanded, max(8, expanded // 4)) if se else nn.Identity()
         self.project = nn.Sequential(nn.Conv2d(expanded, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels))
         self.residual = stride == 1 and in_channels == out_channels
@@ -48,8 +52,9 @@ class MobileNetV3Tiny(nn.Module):
 
     def __init__(self, num_classes=10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8),
-                                  nn.Hardswish())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.Hardswish()
+        )
         self.blocks = nn.Sequential(
             InvertedResidual(8, 8, 8, 3, 1, se=True, activation=nn.ReLU),
             InvertedResidual(8, 24, 12, 3, 2, se=False, activation=nn.ReLU),

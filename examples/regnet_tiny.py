@@ -1,5 +1,6 @@
 """A small RegNet (Radosavovic et al., Designing Network Design Spaces): the constructor computes the stage
 widths with tensor arithmetic and .tolist(), as torchvision's and timm's RegNets do."""
+
 import math
 
 import torch
@@ -8,12 +9,13 @@ import torch.nn as nn
 INPUT_SHAPE = (3, 32, 32)
 
 
-def regnet_stages(depth: int = 6, initial_width: int = 16, slope: float = 12.0, multiplier: float = 2.0,
-                  quantum: int = 8) -> tuple[list[int], list[int]]:
+def regnet_stages(
+    depth: int = 6, initial_width: int = 16, slope: float = 12.0, multiplier: float = 2.0, quantum: int = 8
+) -> tuple[list[int], list[int]]:
     """RegNet's quantised linear widths u_j = w_0 + w_a·j, snapped to w_0·w_m^k, grouped into stages."""
     continuous = initial_width + slope * torch.arange(depth, dtype=torch.float64)
     exponent = torch.round(torch.log(continuous / initial_width) / math.log(multiplier))
-    widths = (torch.round(initial_width * multiplier ** exponent / quantum) * quantum).to(torch.int64)
+    widths = (torch.round(initial_width * multiplier**exponent / quantum) * quantum).to(torch.int64)
     stage_widths, stage_depths = torch.unique_consecutive(widths, return_counts=True)
     return stage_widths.tolist(), stage_depths.tolist()
 
@@ -23,16 +25,22 @@ class XBlock(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, group_width: int = 8):
         super().__init__()
-        self.a = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
-                               nn.ReLU())
-        self.b = nn.Sequential(nn.Conv2d(out_channels, out_channels, 3, stride=stride, padding=1,
-                                         groups=out_channels // group_width, bias=False),
-                               nn.BatchNorm2d(out_channels), nn.ReLU())
+        self.a = nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU()
+        )
+        self.b = nn.Sequential(
+            nn.Conv2d(
+                out_channels, out_channels, 3, stride=stride, padding=1, groups=out_channels // group_width, bias=False
+            ),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
         self.c = nn.Sequential(nn.Conv2d(out_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels))
         self.proj = None
         if stride != 1 or in_channels != out_channels:
-            self.proj = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                      nn.BatchNorm2d(out_channels))
+            self.proj = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
         self.relu = nn.ReLU()
 
     def forward(self, x):

@@ -1,4 +1,5 @@
 """CIFAR ResNet-18 with base width 16, as in R-GAP Figure 4 (RA-i about -1.0e4)."""
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -45,8 +46,11 @@ class ResNet18W16(nn.Module):
             for position in range(2):
                 block_number += 1
                 out_channels = width * multiplier
-                blocks.append(BasicBlock(in_channels, out_channels, stride if position == 0 else 1,
-                                         skip=block_number not in cut_skips))
+                blocks.append(
+                    BasicBlock(
+                        in_channels, out_channels, stride if position == 0 else 1, skip=block_number not in cut_skips
+                    )
+                )
                 in_channels = out_channels
             setattr(self, f"layer{stage}", nn.Sequential(*blocks))
         self.avgpool = nn.AvgPool2d(4)

@@ -1,4 +1,5 @@
 """R-GAP Figure 4, variant 1: ResNet-18-w16 without the skip of block 3 (layer2.0); RA-i rises to about -7.8e3."""
+
 from resnet18_w16 import ResNet18W16
 
 INPUT_SHAPE = (3, 32, 32)

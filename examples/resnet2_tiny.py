@@ -1,4 +1,5 @@
 """A two-block residual net at 3x16x16 (5,140 parameters), comparable to spec §12's federated-round reference net."""
+
 import torch
 import torch.nn as nn
 

@@ -1,4 +1,5 @@
 """A tiny squeeze-and-excitation ResNet: each block rescales its channels by a gate computed from their means."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,8 +33,9 @@ class SEBlock(nn.Module):
         self.se = SqueezeExcitation(out_channels)
         self.shortcut = nn.Identity()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))

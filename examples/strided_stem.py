@@ -5,6 +5,7 @@ The gradient sees the input only through that stem's 256 outputs and its own 196
 default ceiling of 50 %. What the other 85 % of directions hold (fine detail inside each 4x4 patch) is lost to
 the server; the coarse picture the stem keeps is not.
 """
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)

@@ -1,4 +1,5 @@
 """A tiny Vision Transformer: 4x4 patch embedding, class token, learned position embedding, two attention blocks."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

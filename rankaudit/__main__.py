@@ -1,4 +1,5 @@
 """Entry point for `python -m rankaudit`."""
+
 from rankaudit.cli import run
 
 run()

@@ -1,4 +1,5 @@
 """The spec's rules: chain, residual, merges, batch size -> Result (rows, RA-i, critical layer)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,8 @@ class _Merge:
     """A residual `add` as spec §5 reads it."""
 
     block: ResidualBlock
-    first_layer: str | None        # main-path layer reading x1: the shortcut's |W| is added to it
-    last_layer: str | None         # main-path layer nearest the add: W_last
+    first_layer: str | None  # main-path layer reading x1: the shortcut's |W| is added to it
+    last_layer: str | None  # main-path layer nearest the add: W_last
     shortcut_ids: list[str] = field(default_factory=list)
     main_ids: list[str] = field(default_factory=list)
 
@@ -51,7 +52,7 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
         after_fork = traced.descendants(fork)
         fork_and_before = traced.ancestors(fork) | {fork}
 
-        def path(side_ancestors):
+        def path(side_ancestors, fork_and_before=fork_and_before, after_fork=after_fork):
             return sorted((side_ancestors - fork_and_before) & after_fork, key=position.__getitem__)
 
         sides = [path(left_ancestors), path(right_ancestors)]
@@ -65,21 +66,34 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
         main_set = set(main)
         firsts = [n for n in main if not (traced.ancestors(n) & main_set)]
         names = [traced.record(n).name for n in main + shortcut]
-        block = ResidualBlock(_common_prefix(names) or record.name, node_id, fork,
-                              [traced.record(n).name for n in main], [traced.record(n).name for n in shortcut], kind,
-                              shortcut_input=record.inputs[shortcut_index])
-        merges[node_id] = _Merge(block, firsts[0] if firsts else None, main[-1] if main else None,
-                                 shortcut, main)
+        block = ResidualBlock(
+            _common_prefix(names) or record.name,
+            node_id,
+            fork,
+            [traced.record(n).name for n in main],
+            [traced.record(n).name for n in shortcut],
+            kind,
+            shortcut_input=record.inputs[shortcut_index],
+        )
+        merges[node_id] = _Merge(block, firsts[0] if firsts else None, main[-1] if main else None, shortcut, main)
         if kind == "approximate":
-            caveats.append(Caveat("RA103", record.name, record.op,
-                                  f"add of two multi-layer paths ({len(main)} and {len(shortcut)} layers): the "
-                                  "shorter plays the shortcut and its weights are folded into the longer path's "
-                                  "first layer; an approximation (spec §5)", record.source))
+            caveats.append(
+                Caveat(
+                    "RA103",
+                    record.name,
+                    record.op,
+                    f"add of two multi-layer paths ({len(main)} and {len(shortcut)} layers): the "
+                    "shorter plays the shortcut and its weights are folded into the longer path's "
+                    "first layer; an approximation (spec §5)",
+                    record.source,
+                )
+            )
     return merges, caveats
 
 
-def _architecture(traced: TracedModel, merges: dict[str, _Merge], shortcut_layers: set[str],
-                  block_of: dict[str, str]) -> Architecture:
+def _architecture(
+    traced: TracedModel, merges: dict[str, _Merge], shortcut_layers: set[str], block_of: dict[str, str]
+) -> Architecture:
     """Contract transparent ops away: inputs, layers, merges and outputs remain, wired as the data flows."""
     kept: dict[str, ArchitectureNode] = {}
     for node_id in traced.order:
@@ -145,8 +159,14 @@ def _data_path(traced: TracedModel) -> set[str]:
     return reaches
 
 
-def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_name: str = "",
-            input_shape: tuple[int, ...] = ()) -> Result:
+def analyze(
+    traced: TracedModel,
+    batch_size: int = 1,
+    *,
+    model: str = "",
+    model_name: str = "",
+    input_shape: tuple[int, ...] = (),
+) -> Result:
     """Count every layer as spec §1–§6 says and find the network's RA-i and critical layer."""
     merges, caveats = _find_merges(traced)
     folded_into: dict[str, list[str]] = {}
@@ -185,13 +205,27 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
         base_name = record.name.split("#")[0]
         if "#" in record.name and base_name not in calls_seen and counting.weights:
             calls_seen.add(base_name)
-            caveats.append(Caveat("RA104", base_name, record.op,
-                                  f"{base_name} is called more than once; each call is a row with the module's "
-                                  "full |W|, though the shared gradient is the sum over the calls", record.source))
+            caveats.append(
+                Caveat(
+                    "RA104",
+                    base_name,
+                    record.op,
+                    f"{base_name} is called more than once; each call is a row with the module's "
+                    "full |W|, though the shared gradient is the sum over the calls",
+                    record.source,
+                )
+            )
         if counting.frozen_params:
-            caveats.append(Caveat("RA105", record.name, record.op,
-                                  f"{counting.frozen_params} frozen parameters (requires_grad=False) share no "
-                                  "gradient and are not counted", record.source))
+            caveats.append(
+                Caveat(
+                    "RA105",
+                    record.name,
+                    record.op,
+                    f"{counting.frozen_params} frozen parameters (requires_grad=False) share no "
+                    "gradient and are not counted",
+                    record.source,
+                )
+            )
         gates = gate_operands(traced, node_id)
         upstream = frozenset().union(*(terms.get(i, frozenset()) for i in record.inputs if i not in gates))
         if counting.role is Role.LAYER:
@@ -210,11 +244,26 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
             terms[node_id] = upstream | {node_id}
             unknowns[node_id] = z
             dense = counting.dense_candidate and counting.out_features is not None and B <= counting.out_features
-            rows.append(LayerRow(record.name, record.op, B * x, weights, B * z, v_in, ra, dense,
-                                 block=block_of.get(node_id), folded=[traced.record(s).name for s in folded],
-                                 own_weights=counting.weights, reported_params=counting.reported_params,
-                                 frozen_params=counting.frozen_params, node=node_id, source=record.source,
-                                 side=node_id not in on_data_path))
+            rows.append(
+                LayerRow(
+                    record.name,
+                    record.op,
+                    B * x,
+                    weights,
+                    B * z,
+                    v_in,
+                    ra,
+                    dense,
+                    block=block_of.get(node_id),
+                    folded=[traced.record(s).name for s in folded],
+                    own_weights=counting.weights,
+                    reported_params=counting.reported_params,
+                    frozen_params=counting.frozen_params,
+                    node=node_id,
+                    source=record.source,
+                    side=node_id not in on_data_path,
+                )
+            )
         elif counting.role is Role.ADD and node_id in merges:
             merge = merges[node_id]
             x1, f = unknowns[merge.block.fork], record.output_numel
@@ -240,8 +289,17 @@ def analyze(traced: TracedModel, batch_size: int = 1, *, model: str = "", model_
         critical = max(candidates, key=lambda row: row.ra_i)  # max() keeps the first: nearest the input
         critical.critical = True
         ra_i, critical_layer = critical.ra_i, critical.name
-    return Result(model=model, model_name=model_name, input_shape=tuple(input_shape), batch_size=B,
-                  tracer=traced.tracer, parameters=traced.parameters, layers=rows,
-                  blocks=[m.block for m in merges.values()], caveats=caveats, ra_i=ra_i,
-                  critical_layer=critical_layer,
-                  architecture=_architecture(traced, merges, shortcut_layers, block_of))
+    return Result(
+        model=model,
+        model_name=model_name,
+        input_shape=tuple(input_shape),
+        batch_size=B,
+        tracer=traced.tracer,
+        parameters=traced.parameters,
+        layers=rows,
+        blocks=[m.block for m in merges.values()],
+        caveats=caveats,
+        ra_i=ra_i,
+        critical_layer=critical_layer,
+        architecture=_architecture(traced, merges, shortcut_layers, block_of),
+    )

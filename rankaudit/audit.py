@@ -1,4 +1,5 @@
 """One call from a model file to a Result: load -> trace -> count -> findings."""
+
 from __future__ import annotations
 
 import time
@@ -17,16 +18,23 @@ from rankaudit.trace import trace_model
 def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     """Which layers' gradients the client sends; None: all of them."""
     if shared_layers and withheld_layers:
-        raise UsageError("both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones")
-    names = [traced.record(n).name for n in traced.order
-             if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights]
+        raise UsageError(
+            "both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones"
+        )
+    names = [
+        traced.record(n).name
+        for n in traced.order
+        if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights
+    ]
     names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
     # State-dict keys (`fc1.weight`, `fc1.bias`: NVFlare's ExcludeVars, say) name their layer.
     named = list(dict.fromkeys(layer_of(name, names) for name in (shared_layers or withheld_layers or [])))
     unknown = [name for name in named if name not in names]
     if unknown:
-        raise UsageError(f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
-                         "use the layer names shown in the table, e.g. " + ",".join(names[:2]))
+        raise UsageError(
+            f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
+            "use the layer names shown in the table, e.g. " + ",".join(names[:2]),
+        )
     if shared_layers:
         return set(named)
     if withheld_layers:
@@ -50,10 +58,20 @@ def layer_names(names: list[str] | None, traced) -> list[str] | None:
     return list(dict.fromkeys(layer_of(name, layers) for name in names))
 
 
-def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-          fail_on: str = findings.DEFAULT_FAIL_ON, min_ra: int | None = None, shared_layers: list[str] | None = None,
-          withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
-          input_dtype=None, round_: Round | None = None, model_args: dict | None = None) -> Result:
+def audit(
+    spec: str,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    batch_size: int = 1,
+    fail_on: str = findings.DEFAULT_FAIL_ON,
+    min_ra: int | None = None,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    max_recoverable: float | None = None,
+    input_dtype=None,
+    round_: Round | None = None,
+    model_args: dict | None = None,
+) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
     `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
@@ -69,24 +87,35 @@ def audit(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: 
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
     with supervise.phase(f"the trace of {spec}'s forward()"):
-        traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
-                             forward_kwargs=loaded.forward_kwargs)
+        traced = trace_model(
+            loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+        )
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
     findings.describe_inputs(result, traced, loaded)
     if not result.layers:
-        raise ModelLoadError(f"found no layer to count in {spec} (no conv, linear, pooling or similar op "
-                             "depends on the input)", "check that forward() uses the input tensor")
+        raise ModelLoadError(
+            f"found no layer to count in {spec} (no conv, linear, pooling or similar op depends on the input)",
+            "check that forward() uses the input tensor",
+        )
     if max_recoverable is not None and not 0 <= max_recoverable <= 1:
-        raise UsageError(f"--max-recoverable {max_recoverable:g} is not a fraction",
-                         "give a number between 0 and 1, e.g. --max-recoverable 0.5")
+        raise UsageError(
+            f"--max-recoverable {max_recoverable:g} is not a fraction",
+            "give a number between 0 and 1, e.g. --max-recoverable 0.5",
+        )
     shared = _shared_set(traced, shared_layers, withheld_layers)
     shared_layers, withheld_layers = layer_names(shared_layers, traced), layer_names(withheld_layers, traced)
     result.round = round_ if round_ is not None else Round(batch_size=batch_size)
-    result.identifiability = round_identifiability(traced, result.round, shared_layers=shared_layers,
-                                                   withheld_layers=withheld_layers, max_recoverable=max_recoverable)
+    result.identifiability = round_identifiability(
+        traced,
+        result.round,
+        shared_layers=shared_layers,
+        withheld_layers=withheld_layers,
+        max_recoverable=max_recoverable,
+    )
     result.token_leakage = findings.token_leakage(traced, batch_size, shared)
-    findings.apply_findings(result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared,
-                            max_recoverable=max_recoverable)
+    findings.apply_findings(
+        result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared, max_recoverable=max_recoverable
+    )
     if result.round.dp is not None:
         findings.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started

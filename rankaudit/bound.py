@@ -1,8 +1,9 @@
 """Spec §9: flow network over the traced graph, max flow / min cut -> an upper bound on rank(∂g/∂x)."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from rankaudit import ops
 from rankaudit.levels import ceiling as level_ceiling
@@ -22,9 +23,9 @@ _ADDITIVE_FAMILIES = ("add", "cat", "stack")
 class GradientSource:
     """One shared gradient the server receives: a layer's weights, or a parameter another op uses directly."""
 
-    name: str          # the layer (conv1) or the qualified parameter name (cls_token, norm.weight)
+    name: str  # the layer (conv1) or the qualified parameter name (cls_token, norm.weight)
     numel: int
-    owner: str         # the record name of the op that reads it
+    owner: str  # the record name of the op that reads it
     owner_is_layer: bool
 
 
@@ -39,7 +40,9 @@ def gradient_sources(record: NodeRecord) -> list[GradientSource]:
     return [GradientSource(name, numel, record.name, False) for name, numel in record.direct_params if numel]
 
 
-def shared_predicate(shared_layers: list[str] | None, withheld_layers: list[str] | None) -> Callable[[GradientSource], bool]:
+def shared_predicate(
+    shared_layers: list[str] | None, withheld_layers: list[str] | None
+) -> Callable[[GradientSource], bool]:
     """Which gradients are sent: all by default; with --shared-layers only those layers'; with
     --withheld-layers everything else, directly used parameters (class token, norms) included."""
     if shared_layers:
@@ -58,9 +61,9 @@ class FlowNetwork:
         self.traced = traced
         self.batch_size = batch_size
         self.edges: dict[tuple[str, str], int | None] = {}  # (tail, head) -> capacity; None: unbounded
-        self.labels: dict[tuple[str, str], str] = {}   # split edge -> what the report calls it
-        self.owners: dict[tuple[str, str], str] = {}   # split edge -> the traced node it belongs to
-        self.gradients: set[str] = set()               # gradient vertices created so far
+        self.labels: dict[tuple[str, str], str] = {}  # split edge -> what the report calls it
+        self.owners: dict[tuple[str, str], str] = {}  # split edge -> the traced node it belongs to
+        self.gradients: set[str] = set()  # gradient vertices created so far
         self._build(is_shared)
 
     # Vertex names: "t:<id>" forward tensor, "d:<id>" its backward twin δ, "g:<param>" a shared gradient.
@@ -94,8 +97,8 @@ class FlowNetwork:
             record = traced.record(node_id)
             inputs = list(dict.fromkeys(record.inputs))
             for operand in inputs:
-                self._edge(f"t:{operand}", f"t:{node_id}")      # forward data
-                self._edge(f"d:{node_id}", f"d:{operand}")      # backward: δ(out) -> δ(in)
+                self._edge(f"t:{operand}", f"t:{node_id}")  # forward data
+                self._edge(f"d:{node_id}", f"d:{operand}")  # backward: δ(out) -> δ(in)
             family = ops.FAMILIES.get(record.family, ops.UNMODELLED)
             if family.input_dependent_jacobian:
                 for operand in inputs:
@@ -153,8 +156,11 @@ class FlowNetwork:
     def _visible(self, node_id: str) -> str:
         """The nearest node at or above node_id that a report draws: the input, a layer or a merge."""
         record = self.traced.record(node_id)
-        while (node_id not in self.traced.input_ids and record.counting.role not in (Role.LAYER, Role.ADD, Role.CAT)
-               and record.inputs):
+        while (
+            node_id not in self.traced.input_ids
+            and record.counting.role not in (Role.LAYER, Role.ADD, Role.CAT)
+            and record.inputs
+        ):
             node_id = record.inputs[0]
             record = self.traced.record(node_id)
         return node_id
@@ -183,7 +189,7 @@ def max_flow(edges: dict[tuple[str, str], int | None], source: str, sink: str) -
         adjacency[u].append(len(heads))
         heads.append(v)
         capacity.append(unbounded if cap is None else cap)
-        adjacency[v].append(len(heads))     # its residual twin: edge e ^ 1
+        adjacency[v].append(len(heads))  # its residual twin: edge e ^ 1
         heads.append(u)
         capacity.append(0)
     s, t = index[source], index[sink]
@@ -198,7 +204,7 @@ def max_flow(edges: dict[tuple[str, str], int | None], source: str, sink: str) -
     while frontier:
         v = frontier.pop()
         for e in adjacency[v]:
-            u = heads[e]                   # e ^ 1 runs u -> v
+            u = heads[e]  # e ^ 1 runs u -> v
             if capacity[e ^ 1] > 0 and u not in reaches_sink:
                 reaches_sink.add(u)
                 frontier.append(u)
@@ -227,7 +233,7 @@ def _blocking_flow(adjacency, heads, capacity, level, s, t) -> int:
     pointer = [0] * len(adjacency)
     pushed = 0
     while True:
-        path: list[int] = []           # edges from s to the vertex on top
+        path: list[int] = []  # edges from s to the vertex on top
         vertex = s
         while vertex != t:
             edges = adjacency[vertex]
@@ -239,7 +245,7 @@ def _blocking_flow(adjacency, heads, capacity, level, s, t) -> int:
             else:
                 if not path:
                     return pushed
-                level[vertex] = -1     # a dead end: never enter it again in this phase
+                level[vertex] = -1  # a dead end: never enter it again in this phase
                 dead_end = path.pop()
                 vertex = heads[dead_end ^ 1]
                 pointer[vertex] += 1
@@ -254,8 +260,14 @@ def _blocking_flow(adjacency, heads, capacity, level, s, t) -> int:
         pushed += amount
 
 
-def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: list[str] | None = None,
-                    withheld_layers: list[str] | None = None, max_recoverable: float | None = None) -> Identifiability:
+def identifiability(
+    traced: TracedModel,
+    batch_size: int = 1,
+    *,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    max_recoverable: float | None = None,
+) -> Identifiability:
     """rank(∂g/∂x) <= max flow; the verdict is spec §11's level at the recoverable-fraction ceiling
     `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
     seen, `partial` with a smaller certified deficit, `exposed` without one."""
@@ -265,18 +277,30 @@ def identifiability(traced: TracedModel, batch_size: int = 1, *, shared_layers: 
     rank_bound, bottleneck, cut_nodes = network.min_cut()
     rank_bound = min(rank_bound, unknowns)
     deficit = unknowns - rank_bound
-    return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=deficit,
-                           recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
-                           bottleneck=bottleneck, verdict=verdict_level(rank_bound, unknowns, ceiling),
-                           cut_nodes=cut_nodes, max_recoverable=ceiling)
+    return Identifiability(
+        unknowns=unknowns,
+        rank_bound=rank_bound,
+        certified_deficit=deficit,
+        recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
+        bottleneck=bottleneck,
+        verdict=verdict_level(rank_bound, unknowns, ceiling),
+        cut_nodes=cut_nodes,
+        max_recoverable=ceiling,
+    )
 
 
 # ---- the federated round (spec §12) --------------------------------------------------------------------------------
 
 
-def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
-                          withheld_layers: list[str] | None = None,
-                          max_recoverable: float | None = None, cache: dict | None = None) -> Identifiability:
+def round_identifiability(
+    traced: TracedModel,
+    round_: Round,
+    *,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    max_recoverable: float | None = None,
+    cache: dict | None = None,
+) -> Identifiability:
     """rank(∂u/∂X) <= min(n, |θ_s|, Σ_c Σ_k R(B_k)) for the update u of a round (spec §12).
 
     Every influence of a step's samples on u leaves that step through its gradient, so rank(∂u/∂X) is at most the
@@ -293,17 +317,33 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     and shared set, so that a design review can try many rounds for the price of a few max flows.
     """
     cache = {} if cache is None else cache
-    sample = sample_identifiability(traced, round_, shared_layers=shared_layers, withheld_layers=withheld_layers,
-                                    max_recoverable=max_recoverable, cache=cache)
+    sample = sample_identifiability(
+        traced,
+        round_,
+        shared_layers=shared_layers,
+        withheld_layers=withheld_layers,
+        max_recoverable=max_recoverable,
+        cache=cache,
+    )
     if round_.fedsgd:
         if round_.batch_size == 1:
             batch = cache[(1, False)]
             if batch.max_recoverable != level_ceiling(max_recoverable):
-                batch = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
-                                        max_recoverable=max_recoverable)
+                batch = identifiability(
+                    traced,
+                    1,
+                    shared_layers=shared_layers,
+                    withheld_layers=withheld_layers,
+                    max_recoverable=max_recoverable,
+                )
         else:
-            batch = identifiability(traced, round_.batch_size, shared_layers=shared_layers,
-                                    withheld_layers=withheld_layers, max_recoverable=max_recoverable)
+            batch = identifiability(
+                traced,
+                round_.batch_size,
+                shared_layers=shared_layers,
+                withheld_layers=withheld_layers,
+                max_recoverable=max_recoverable,
+            )
         return replace(batch, sample=sample)
     per_sample = sample_unknowns(traced)
     unknowns = round_.clients * round_.samples * per_sample
@@ -314,11 +354,13 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     kinds = _step_kinds(round_, partial=bool(shared_layers or withheld_layers))
     last = round_.samples % round_.batch_size or round_.batch_size
     terms, bounds = [], cache
-    for (size, every), count in kinds.items():   # §9's network once per distinct kind of step
+    for (size, every), count in kinds.items():  # §9's network once per distinct kind of step
         if (size, every) not in bounds:
             bounds[(size, every)] = (
-                identifiability(traced, size) if every else
-                identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers))
+                identifiability(traced, size)
+                if every
+                else identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers)
+            )
         step = bounds[(size, every)]
         terms.append(StepBound(size, count, step.rank_bound, every, step.bottleneck))
     steps_bound = round_.clients * sum(term.rank_bound * term.steps for term in terms)
@@ -326,12 +368,18 @@ def round_identifiability(traced: TracedModel, round_: Round, *, shared_layers: 
     binding, explanation, bottleneck = _binding(round_, unknowns, update_values, steps_bound, terms)
     ceiling = level_ceiling(max_recoverable)
     cut_nodes = [] if binding == "update-values" else bounds[(last, False)].cut_nodes
-    return Identifiability(unknowns=unknowns, rank_bound=rank_bound, certified_deficit=unknowns - rank_bound,
-                           recoverable_fraction=rank_bound / unknowns if unknowns else 1.0, bottleneck=bottleneck,
-                           verdict=verdict_level(rank_bound, unknowns, ceiling), cut_nodes=cut_nodes,
-                           max_recoverable=ceiling,
-                           round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation),
-                           sample=sample)
+    return Identifiability(
+        unknowns=unknowns,
+        rank_bound=rank_bound,
+        certified_deficit=unknowns - rank_bound,
+        recoverable_fraction=rank_bound / unknowns if unknowns else 1.0,
+        bottleneck=bottleneck,
+        verdict=verdict_level(rank_bound, unknowns, ceiling),
+        cut_nodes=cut_nodes,
+        max_recoverable=ceiling,
+        round=RoundBound(unknowns, update_values, steps_bound, terms, binding, explanation),
+        sample=sample,
+    )
 
 
 def sample_unknowns(traced: TracedModel) -> int:
@@ -339,9 +387,15 @@ def sample_unknowns(traced: TracedModel) -> int:
     return sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
 
 
-def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers: list[str] | None = None,
-                           withheld_layers: list[str] | None = None, max_recoverable: float | None = None,
-                           cache: dict | None = None) -> SampleBound:
+def sample_identifiability(
+    traced: TracedModel,
+    round_: Round,
+    *,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    max_recoverable: float | None = None,
+    cache: dict | None = None,
+) -> SampleBound:
     """rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i (spec §14).
 
     J_i = ∂u/∂x_i moves one sample with every other one fixed. Within a step the batch gradient is a sum of
@@ -366,9 +420,10 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
     # One step: its flow already passes the |θ_s| gradient vertices, so R(1) <= |θ_s| and the cap never binds.
     update_values = cache.get("update_values")
     if (1, False) not in cache:
-        cache[(1, False)] = identifiability(traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers,
-                                            max_recoverable=max_recoverable)
-    last_step = cache[(1, False)].rank_bound        # R_shared(1): the last step, only shared gradients leave
+        cache[(1, False)] = identifiability(
+            traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers, max_recoverable=max_recoverable
+        )
+    last_step = cache[(1, False)].rank_bound  # R_shared(1): the last step, only shared gradients leave
     if partial and round_.steps > 1:
         if (1, True) not in cache:
             cache[(1, True)] = identifiability(traced, 1)
@@ -378,7 +433,7 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
     epochs = 1 if round_.fedsgd else round_.local_epochs
     if epochs == 1 and round_.steps == 1:
         steps_bound = last_step
-    elif round_.steps_per_epoch == 1:              # every sample is in the last step's batch
+    elif round_.steps_per_epoch == 1:  # every sample is in the last step's batch
         steps_bound = (epochs - 1) * earlier_step + last_step
     else:
         steps_bound = epochs * earlier_step
@@ -389,11 +444,15 @@ def sample_identifiability(traced: TracedModel, round_: Round, *, shared_layers:
         binding = "steps"
     else:
         binding = "unknowns"
-    return SampleBound(rank_bound=rank_bound, unknowns=per_sample,
-                       recoverable_fraction=rank_bound / per_sample if per_sample else 1.0,
-                       level=verdict_level(rank_bound, per_sample, level_ceiling(max_recoverable)),
-                       steps_per_sample=epochs,
-                       single_sample_bound=earlier_step if round_.steps > 1 else last_step, binding=binding)
+    return SampleBound(
+        rank_bound=rank_bound,
+        unknowns=per_sample,
+        recoverable_fraction=rank_bound / per_sample if per_sample else 1.0,
+        level=verdict_level(rank_bound, per_sample, level_ceiling(max_recoverable)),
+        steps_per_sample=epochs,
+        single_sample_bound=earlier_step if round_.steps > 1 else last_step,
+        binding=binding,
+    )
 
 
 def _step_kinds(round_: Round, *, partial: bool) -> dict[tuple[int, bool], int]:
@@ -414,21 +473,34 @@ def _step_kinds(round_: Round, *, partial: bool) -> dict[tuple[int, bool], int]:
     return kinds
 
 
-def _binding(round_: Round, unknowns: int, update_values: int, steps_bound: int,
-             terms: list[StepBound]) -> tuple[str, str, list[str]]:
+def _binding(
+    round_: Round, unknowns: int, update_values: int, steps_bound: int, terms: list[StepBound]
+) -> tuple[str, str, list[str]]:
     """Which of the round's three caps is the bound, the sentence that names it, and the cut it stands for."""
     clients = f" x {round_.clients} clients" if round_.clients > 1 else ""
-    per_step = " + ".join(f"{term.steps} x R({term.batch_size}) = {term.steps} x {term.rank_bound:,}"
-                          for term in terms)
+    per_step = " + ".join(f"{term.steps} x R({term.batch_size}) = {term.steps} x {term.rank_bound:,}" for term in terms)
     if update_values < min(unknowns, steps_bound):
-        return ("update-values", f"the update has only {update_values:,} values for {unknowns:,} unknowns",
-                [f"the update's {update_values:,} values"])
+        return (
+            "update-values",
+            f"the update has only {update_values:,} values for {unknowns:,} unknowns",
+            [f"the update's {update_values:,} values"],
+        )
     if steps_bound < unknowns:
         cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
-        steps = "the local step's gradient carries" if round_.steps == 1 else \
-            f"the {round_.steps:,} local steps' gradients carry"
-        return ("steps", f"{steps} at most {steps_bound:,} independent values "
-                f"({per_step}{clients}) for {unknowns:,} unknowns", cut)
+        steps = (
+            "the local step's gradient carries"
+            if round_.steps == 1
+            else f"the {round_.steps:,} local steps' gradients carry"
+        )
+        return (
+            "steps",
+            f"{steps} at most {steps_bound:,} independent values ({per_step}{clients}) for {unknowns:,} unknowns",
+            cut,
+        )
     cut = list(dict.fromkeys(name for term in terms for name in term.bottleneck))
-    return ("unknowns", f"no cap falls below the {unknowns:,} unknowns: the steps' gradients can carry "
-            f"{steps_bound:,} values ({per_step}{clients}) and the update has {update_values:,}", cut)
+    return (
+        "unknowns",
+        f"no cap falls below the {unknowns:,} unknowns: the steps' gradients can carry "
+        f"{steps_bound:,} values ({per_step}{clients}) and the update has {update_values:,}",
+        cut,
+    )

@@ -1,4 +1,5 @@
 """[tool.rankaudit] in the nearest pyproject.toml above a model file -> the settings for that file."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -14,8 +15,22 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-TOP_KEYS = {"fail-on", "min-ra", "max-recoverable", "batch-size", "shared-layers", "withheld-layers", "models",
-            "dp", "round", "model", "model-args", "input-shape", "flower", "timeout"}
+TOP_KEYS = {
+    "fail-on",
+    "min-ra",
+    "max-recoverable",
+    "batch-size",
+    "shared-layers",
+    "withheld-layers",
+    "models",
+    "dp",
+    "round",
+    "model",
+    "model-args",
+    "input-shape",
+    "flower",
+    "timeout",
+}
 MODEL_KEYS = {"path", "input-shape"}
 
 
@@ -32,15 +47,15 @@ class Settings:
     withheld_layers: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
-    dp: dict | None = None            # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
-    round: dict[str, object] | None = None   # [tool.rankaudit.round], keyed by Round field (round.build_round)
+    dp: dict | None = None  # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
+    round: dict[str, object] | None = None  # [tool.rankaudit.round], keyed by Round field (round.build_round)
     # A deployed app's directory (rankaudit.deploy): its model, the factory's arguments, and the app's own names
     # for round settings ([tool.rankaudit.flower]: setting -> run-config key).
     model: str | None = None
     model_args: dict[str, object] | None = None
     flower: dict[str, str] | None = None
-    dataset_size: int | None = None   # [tool.rankaudit.round] dataset-size: an app's data over its nodes
-    timeout: float | None = None      # seconds for each of the model's import, build and trace (supervise.py)
+    dataset_size: int | None = None  # [tool.rankaudit.round] dataset-size: an app's data over its nodes
+    timeout: float | None = None  # seconds for each of the model's import, build and trace (supervise.py)
 
 
 def find_pyproject(model_path: Path) -> Path | None:
@@ -84,8 +99,11 @@ def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> in
 def _shape(path: Path, key: str, value) -> tuple[int, ...]:
     from rankaudit.load import parse_input_shape
 
-    if isinstance(value, list) and value and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                                 for d in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)
+    ):
         return tuple(value)
     if isinstance(value, str):
         try:
@@ -104,8 +122,9 @@ def load_settings(model_path: Path) -> Settings:
         _bad(pyproject, "table", "a table")
     unknown = sorted(set(table) - TOP_KEYS)
     if unknown:
-        raise UsageError(f"{pyproject}: unknown key {', '.join(unknown)} in [tool.rankaudit]",
-                         "use " + ", ".join(sorted(TOP_KEYS)))
+        raise UsageError(
+            f"{pyproject}: unknown key {', '.join(unknown)} in [tool.rankaudit]", "use " + ", ".join(sorted(TOP_KEYS))
+        )
     settings = Settings(source=pyproject)
     if "fail-on" in table:
         if table["fail-on"] not in FAIL_ON_CHOICES:
@@ -134,25 +153,36 @@ def load_settings(model_path: Path) -> Settings:
     if "round" in table:
         if isinstance(table["round"], dict) and "dataset-size" in table["round"]:
             table["round"] = dict(table["round"])
-            settings.dataset_size = _positive_int(pyproject, "round.dataset-size", table["round"].pop("dataset-size"),
-                                                  minimum=1)
+            settings.dataset_size = _positive_int(
+                pyproject, "round.dataset-size", table["round"].pop("dataset-size"), minimum=1
+            )
         settings.round = _round_table(pyproject, table["round"])
         batch = settings.round.pop("batch_size", None)
         if batch is not None and settings.batch_size not in (None, batch):
-            raise UsageError(f"{pyproject}: batch-size is {settings.batch_size} in [tool.rankaudit] but {batch} in "
-                             "[tool.rankaudit.round]", "give batch-size once, in either table")
+            raise UsageError(
+                f"{pyproject}: batch-size is {settings.batch_size} in [tool.rankaudit] but {batch} in "
+                "[tool.rankaudit.round]",
+                "give batch-size once, in either table",
+            )
         settings.batch_size = batch if batch is not None else settings.batch_size
     _deployment_keys(pyproject, table, settings)
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
         _bad(pyproject, "models", 'an array of tables: [[tool.rankaudit.models]] path = "…" input-shape = […]')
-    relative = model_path.resolve().relative_to(pyproject.parent).as_posix() \
-        if model_path.resolve().is_relative_to(pyproject.parent) else model_path.as_posix()
+    relative = (
+        model_path.resolve().relative_to(pyproject.parent).as_posix()
+        if model_path.resolve().is_relative_to(pyproject.parent)
+        else model_path.as_posix()
+    )
     for entry in models:  # every entry is checked, so a typo surfaces whichever file is analysed
         unknown = sorted(set(entry) - MODEL_KEYS)
         if unknown or "path" not in entry or not isinstance(entry["path"], str):
-            _bad(pyproject, "models", "tables with a `path` glob and an `input-shape`"
-                 + (f" (unknown key {', '.join(unknown)})" if unknown else ""))
+            _bad(
+                pyproject,
+                "models",
+                "tables with a `path` glob and an `input-shape`"
+                + (f" (unknown key {', '.join(unknown)})" if unknown else ""),
+            )
         shape = _shape(pyproject, "models.input-shape", entry["input-shape"]) if "input-shape" in entry else None
         if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
             settings.matched_model = entry["path"]
@@ -168,8 +198,12 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
         settings.model = table["model"].strip()
     if "model-args" in table:
         if not isinstance(table["model-args"], dict):
-            _bad(path, "model-args", 'a table of keyword arguments, e.g. {num_classes = 10} or '
-                                     '{num_classes = "num-classes"} (a run-config key)')
+            _bad(
+                path,
+                "model-args",
+                "a table of keyword arguments, e.g. {num_classes = 10} or "
+                '{num_classes = "num-classes"} (a run-config key)',
+            )
         settings.model_args = dict(table["model-args"])
     if "input-shape" in table:
         settings.input_shape = _shape(path, "input-shape", table["input-shape"])
@@ -181,8 +215,10 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
             _bad(path, "flower", 'a table naming run-config keys, e.g. [tool.rankaudit.flower] lr = "learning-rate"')
         unknown = sorted(set(mapping) - set(CONVENTIONAL_KEYS))
         if unknown:
-            raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.flower]",
-                             "use " + ", ".join(CONVENTIONAL_KEYS))
+            raise UsageError(
+                f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.flower]",
+                "use " + ", ".join(CONVENTIONAL_KEYS),
+            )
         settings.flower = dict(mapping)
 
 
@@ -194,8 +230,9 @@ def _dp_table(path: Path, table) -> dict:
         _bad(path, "dp", "a table: [tool.rankaudit.dp] noise = 1.0 ...")
     unknown = sorted(set(table) - set(OPTION_RULES))
     if unknown:
-        raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.dp]",
-                         "use " + ", ".join(OPTION_RULES))
+        raise UsageError(
+            f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.dp]", "use " + ", ".join(OPTION_RULES)
+        )
     return {key: check_option(key, value, str(path)) for key, value in table.items()}
 
 
@@ -207,12 +244,15 @@ def _round_table(path: Path, table) -> dict[str, object]:
     from rankaudit.round import ROUND_KEYS
 
     if not isinstance(table, dict):
-        raise UsageError(f"{path}: [tool.rankaudit] round must be a table",
-                         "write it as [tool.rankaudit.round] with local-samples, batch-size, local-epochs, ...")
+        raise UsageError(
+            f"{path}: [tool.rankaudit] round must be a table",
+            "write it as [tool.rankaudit.round] with local-samples, batch-size, local-epochs, ...",
+        )
     unknown = sorted(set(table) - set(ROUND_KEYS))
     if unknown:
-        raise UsageError(f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.round]",
-                         "use " + ", ".join(ROUND_KEYS))
+        raise UsageError(
+            f"{path}: unknown key {', '.join(unknown)} in [tool.rankaudit.round]", "use " + ", ".join(ROUND_KEYS)
+        )
     values: dict[str, object] = {}
     for key, value in table.items():
         field = ROUND_KEYS[key]

@@ -1,4 +1,5 @@
 """Differential privacy (spec §13): the bound B(κ) on any reconstruction from a DP accountant's privacy profile."""
+
 from __future__ import annotations
 
 import contextlib
@@ -155,15 +156,15 @@ def _loss_moments(noise_multiplier: float, sample_rate: float) -> tuple[float, f
     sigma, q = noise_multiplier, sample_rate
     floor = math.log1p(-q) if q < 1 else -math.inf
 
-    def loss_at(x):      # the loss is increasing in x: log((1-q) + q·N(1, σ²)/N(0, σ²) at x)
+    def loss_at(x):  # the loss is increasing in x: log((1-q) + q·N(1, σ²)/N(0, σ²) at x)
         return np.logaddexp(floor, math.log(q) + (2 * x - 1) / (2 * sigma * sigma))
 
     width = float(loss_at(np.float64(1 + 12 * sigma)) - loss_at(np.float64(-12 * sigma)))
     if not width < MAX_LOSS_POINTS * DEFAULT_DISCRETIZATION:
-        return math.inf, width          # no grid of the accountant's holds one step: nothing more to measure
+        return math.inf, width  # no grid of the accountant's holds one step: nothing more to measure
     x = np.linspace(-12 * sigma, 1 + 12 * sigma, 40_001)
     loss = loss_at(x)
-    density = (1 - q) * np.exp(-x * x / (2 * sigma * sigma)) + q * np.exp(-(x - 1) ** 2 / (2 * sigma * sigma))
+    density = (1 - q) * np.exp(-x * x / (2 * sigma * sigma)) + q * np.exp(-((x - 1) ** 2) / (2 * sigma * sigma))
     density /= density.sum()
     mean = float((density * loss).sum())
     spread = math.sqrt(max(float((density * (loss - mean) ** 2).sum()), 0.0))
@@ -176,8 +177,8 @@ class Grid:
 
     discretization: float
     fits: bool
-    coarsened: bool        # Δ widened past the accuracy rule to fit MAX_LOSS_POINTS (still sound, looser)
-    max_steps: int         # the largest T the accountant holds at this q and σ
+    coarsened: bool  # Δ widened past the accuracy rule to fit MAX_LOSS_POINTS (still sound, looser)
+    max_steps: int  # the largest T the accountant holds at this q and σ
 
 
 def grid_for(mechanism: SubsampledGaussian, discretization: float | None = None) -> Grid:
@@ -197,7 +198,7 @@ def grid_for(mechanism: SubsampledGaussian, discretization: float | None = None)
         discretization = min(accurate, max(fine, span / _CHEAP_POINTS))
     discretization = discretization or DEFAULT_DISCRETIZATION
     coarsest = discretization * _MAX_COARSENING
-    max_steps = int(min((MAX_LOSS_POINTS * coarsest / (_COMPOSED_WIDTH * spread)) ** 2, 1e18)) if spread else 10 ** 18
+    max_steps = int(min((MAX_LOSS_POINTS * coarsest / (_COMPOSED_WIDTH * spread)) ** 2, 1e18)) if spread else 10**18
     if span <= MAX_LOSS_POINTS * discretization:
         return Grid(discretization, True, False, max_steps)
     needed = span / MAX_LOSS_POINTS
@@ -222,34 +223,45 @@ class PLDAccountant:
             composed = SubsampledGaussian(mechanism.noise_multiplier / math.sqrt(mechanism.steps), 1.0, 1)
         grid = grid_for(composed, self.discretization)
         if not grid.fits:
-            if grid_for(SubsampledGaussian(composed.noise_multiplier, composed.sample_rate, 1),
-                        self.discretization).fits:
+            if grid_for(
+                SubsampledGaussian(composed.noise_multiplier, composed.sample_rate, 1), self.discretization
+            ).fits:
                 raise UsageError(
                     f"--dp-steps {mechanism.steps:,} is more than the DP accountant can hold at noise "
                     f"{mechanism.noise_multiplier:g} and sample rate {mechanism.sample_rate:g}: at most "
                     f"{grid.max_steps:,} steps",
                     f"lower --dp-steps (steps in [tool.rankaudit.dp]) to {grid.max_steps:,} or fewer, or raise "
-                    "--dp-noise")
+                    "--dp-noise",
+                )
             # σ so small that one step's loss outgrows the grid: the noise bounds nothing beyond whether the unit
             # is drawn at all, and that bound is tight as σ -> 0.
-            return _UsedAtAllProfile(used, "noise too small for the PLD accountant's grid (σ, or σ/√T over T steps at q = 1): δ(ε) from the chance "
-                                           f"1-(1-q)^T = {used:.3g} that the unit is used at all")
+            return _UsedAtAllProfile(
+                used,
+                "noise too small for the PLD accountant's grid (σ, or σ/√T over T steps at q = 1): δ(ε) from the chance "
+                f"1-(1-q)^T = {used:.3g} that the unit is used at all",
+            )
         distribution = pld.from_gaussian_mechanism(
-            standard_deviation=composed.noise_multiplier, sensitivity=1.0, sampling_prob=composed.sample_rate,
-            value_discretization_interval=grid.discretization, pessimistic_estimate=True)
+            standard_deviation=composed.noise_multiplier,
+            sensitivity=1.0,
+            sampling_prob=composed.sample_rate,
+            value_discretization_interval=grid.discretization,
+            pessimistic_estimate=True,
+        )
         if composed.steps > 1:
             distribution = distribution.self_compose(composed.steps)
         looser = ", widened to fit: looser than the default grid" if grid.coarsened else ""
-        return _PLDProfile(distribution, used,
-                           f"dp-accounting PLD (pessimistic, discretisation {grid.discretization:.3g}{looser})")
+        return _PLDProfile(
+            distribution, used, f"dp-accounting PLD (pessimistic, discretisation {grid.discretization:.3g}{looser})"
+        )
 
 
 def _import_pld():
     try:
         from dp_accounting.pld import privacy_loss_distribution
     except ImportError as exc:
-        raise UsageError("the differential-privacy bound needs Google's dp-accounting library, which is not "
-                         "installed", INSTALL_HINT) from exc
+        raise UsageError(
+            "the differential-privacy bound needs Google's dp-accounting library, which is not installed", INSTALL_HINT
+        ) from exc
     return privacy_loss_distribution
 
 
@@ -298,8 +310,8 @@ def _bound_at_prior(profile: PrivacyProfile, prior: float, grid, deltas) -> floa
     located = np.exp(grid[inside]) * prior + deltas[inside]
     index = int(np.argmin(located))
     if located[index] >= 1.0:
-        return 1.0                          # the trivial bound, sound whatever the grid's rounding: no search needed
-    best = value(float(grid[index]))       # the grid only places the search: every reported value is delta()'s
+        return 1.0  # the trivial bound, sound whatever the grid's rounding: no search needed
+    best = value(float(grid[index]))  # the grid only places the search: every reported value is delta()'s
     low, high = float(grid[max(index - 1, 0)]), float(grid[min(index + 1, int(inside.sum()) - 1)])
     left, right = high - _GOLDEN * (high - low), low + _GOLDEN * (high - low)
     f_left, f_right = value(left), value(right)
@@ -343,13 +355,23 @@ def reconstruction_bound(profile: PrivacyProfile, prior: float) -> float:
 OPTION_RULES = {
     "noise": ("noise_multiplier", float, lambda v: v > 0, "a number above 0", "1.0"),
     "clip": ("clip", float, lambda v: v > 0, "a number above 0", "1.0"),
-    "sample-rate": ("sample_rate", float, lambda v: 0 < v <= 1,
-                    "a rate in (0, 1] (batch size over dataset size; 1 for full batches)", "0.01"),
+    "sample-rate": (
+        "sample_rate",
+        float,
+        lambda v: 0 < v <= 1,
+        "a rate in (0, 1] (batch size over dataset size; 1 for full batches)",
+        "0.01",
+    ),
     "steps": ("steps", int, lambda v: v >= 1, "an integer >= 1", "1000"),
     "delta": ("delta", float, lambda v: 0 < v < 1, "a probability in (0, 1)", "1e-5"),
     "level": ("level", str, lambda v: v in DP_LEVELS, " or ".join(DP_LEVELS), "sample"),
-    "prior": ("prior", float, lambda v: 0 < v < 1,
-              "a probability in (0, 1) (an attack's success without the update)", "0.01"),
+    "prior": (
+        "prior",
+        float,
+        lambda v: 0 < v < 1,
+        "a probability in (0, 1) (an attack's success without the update)",
+        "0.01",
+    ),
     "max-reconstruction": ("max_reconstruction", float, lambda v: 0 < v <= 1, "a probability in (0, 1]", "0.05"),
     "noise-by": ("noise_by", str, lambda v: v in NOISE_BY, " or ".join(NOISE_BY), "client"),
 }
@@ -371,7 +393,7 @@ def check_option(key: str, value, where: str | None = None):
     if valid and kind is float:
         valid = math.isfinite(value)
     if not valid or not test(value):
-        written = f'"{example}"' if kind is str else example      # as TOML writes it
+        written = f'"{example}"' if kind is str else example  # as TOML writes it
         fix = f"set e.g. {key} = {written} in {where}" if where else f"pass e.g. {flag_name(key)} {example}"
         raise UsageError(f"{name} must be {expected}, got {value!r}", fix)
     return value
@@ -383,16 +405,19 @@ def settings_from(options: dict) -> DPSettings | None:
     if "noise" not in options:
         orphans = [flag_name(key) for key in _NEEDS_NOISE if key in options]
         if orphans:
-            raise UsageError(f"{', '.join(orphans)} given without a noise multiplier: no DP mechanism to bound",
-                             "add --dp-noise σ (or noise = σ in [tool.rankaudit.dp])")
+            raise UsageError(
+                f"{', '.join(orphans)} given without a noise multiplier: no DP mechanism to bound",
+                "add --dp-noise σ (or noise = σ in [tool.rankaudit.dp])",
+            )
         return None
     settings = DPSettings(**{OPTION_RULES[key][0]: value for key, value in options.items()})
     validate(settings)
     return settings
 
 
-def noise_search(options: dict, round_: Round | None = None,
-                 given: dict[str, str] | None = None) -> DPNoiseSuggestion | None:
+def noise_search(
+    options: dict, round_: Round | None = None, given: dict[str, str] | None = None
+) -> DPNoiseSuggestion | None:
     """`suggest`'s DP request from checked options (keyed as OPTION_RULES): None without any; the least noise
     meeting max-reconstruction otherwise, at the given (or default) δ and prior, and at the q and T of `round_`
     (default: FedSGD) unless `given` names them (DPSettings field -> where given; round.dp_for_round). The noise
@@ -400,16 +425,31 @@ def noise_search(options: dict, round_: Round | None = None,
     if not options:
         return None
     if "max-reconstruction" not in options:
-        raise UsageError("suggest with DP options searches the least noise meeting a ceiling, but none is given",
-                         "add --max-reconstruction P (e.g. 0.05)")
+        raise UsageError(
+            "suggest with DP options searches the least noise meeting a ceiling, but none is given",
+            "add --max-reconstruction P (e.g. 0.05)",
+        )
     defaults = DPSettings(noise_multiplier=1.0)
     value = {key: options.get(key, getattr(defaults, field)) for key, (field, *_) in OPTION_RULES.items()}
-    settings = dp_for_round(round_ or Round(), DPSettings(noise_multiplier=1.0, sample_rate=value["sample-rate"],
-                                                          steps=value["steps"], level=value["level"]), given or {})
-    found = least_noise(value["max-reconstruction"], value["prior"], settings.sample_rate, settings.steps,
-                        value["delta"], value["level"])
-    return dataclasses.replace(found, sample_rate_source=settings.sample_rate_source,
-                               steps_source=settings.steps_source, notes=list(settings.notes))
+    settings = dp_for_round(
+        round_ or Round(),
+        DPSettings(noise_multiplier=1.0, sample_rate=value["sample-rate"], steps=value["steps"], level=value["level"]),
+        given or {},
+    )
+    found = least_noise(
+        value["max-reconstruction"],
+        value["prior"],
+        settings.sample_rate,
+        settings.steps,
+        value["delta"],
+        value["level"],
+    )
+    return dataclasses.replace(
+        found,
+        sample_rate_source=settings.sample_rate_source,
+        steps_source=settings.steps_source,
+        notes=list(settings.notes),
+    )
 
 
 def validate(settings: DPSettings) -> None:
@@ -426,8 +466,11 @@ def validate(settings: DPSettings) -> None:
 def _check_ceiling(ceiling: float, prior: float) -> None:
     """B(κ) >= κ for every mechanism: a ceiling at or below the prior can never be met."""
     if not prior < ceiling <= 1:
-        raise UsageError(f"--max-reconstruction {ceiling:g} is not above the prior {prior:g}: no amount of noise "
-                         "brings an attack below guessing", "raise --max-reconstruction above --prior")
+        raise UsageError(
+            f"--max-reconstruction {ceiling:g} is not above the prior {prior:g}: no amount of noise "
+            "brings an attack below guessing",
+            "raise --max-reconstruction above --prior",
+        )
 
 
 def mechanism_of(settings: DPSettings) -> SubsampledGaussian:
@@ -440,7 +483,7 @@ def dp_bound(settings: DPSettings, accountant: Accountant | None = None, curve: 
     validate(settings)
     accountant = accountant or PLDAccountant()
     if isinstance(accountant, PLDAccountant):
-        _import_pld()     # its import (scipy's, mostly) takes a second or more: not part of the computation's time
+        _import_pld()  # its import (scipy's, mostly) takes a second or more: not part of the computation's time
     start = time.perf_counter()
     profile = accountant.profile(mechanism_of(settings))
     epsilon = profile.epsilon(settings.delta)
@@ -450,18 +493,31 @@ def dp_bound(settings: DPSettings, accountant: Accountant | None = None, curve: 
     bounds = {key: bound_of[float(key)] for key in REPORTED_PRIORS}
     prior_bound = bound_of[settings.prior]
     points = [(kappa, bound_of[kappa]) for kappa in CURVE_PRIORS] if curve else []
-    return DPBound(level=settings.level, noise_multiplier=settings.noise_multiplier, clip=settings.clip,
-                   sample_rate=settings.sample_rate, steps=settings.steps, delta=settings.delta,
-                   epsilon=epsilon if math.isfinite(epsilon) else None, prior=settings.prior,
-                   reconstruction_bound=prior_bound, bounds=bounds,
-                   accountant=getattr(profile, "description", accountant.name),
-                   max_reconstruction=settings.max_reconstruction, curve=points, noise_by=settings.noise_by,
-                   seconds=round(time.perf_counter() - start, 3), sample_rate_source=settings.sample_rate_source,
-                   steps_source=settings.steps_source, notes=list(settings.notes))
+    return DPBound(
+        level=settings.level,
+        noise_multiplier=settings.noise_multiplier,
+        clip=settings.clip,
+        sample_rate=settings.sample_rate,
+        steps=settings.steps,
+        delta=settings.delta,
+        epsilon=epsilon if math.isfinite(epsilon) else None,
+        prior=settings.prior,
+        reconstruction_bound=prior_bound,
+        bounds=bounds,
+        accountant=getattr(profile, "description", accountant.name),
+        max_reconstruction=settings.max_reconstruction,
+        curve=points,
+        noise_by=settings.noise_by,
+        seconds=round(time.perf_counter() - start, 3),
+        sample_rate_source=settings.sample_rate_source,
+        steps_source=settings.steps_source,
+        notes=list(settings.notes),
+    )
 
 
-def bound_at(noise_multiplier: float, sample_rate: float, steps: int, prior: float,
-             accountant: Accountant | None = None) -> float:
+def bound_at(
+    noise_multiplier: float, sample_rate: float, steps: int, prior: float, accountant: Accountant | None = None
+) -> float:
     """B(κ) of one mechanism: what the attack verifier and the noise search compare against."""
     profile = (accountant or PLDAccountant()).profile(SubsampledGaussian(noise_multiplier, sample_rate, steps))
     return reconstruction_bound(profile, prior)
@@ -474,8 +530,15 @@ NOISE_CEILING = 256.0
 NOISE_RELATIVE_TOLERANCE = 0.005
 
 
-def least_noise(target: float, prior: float, sample_rate: float, steps: int, delta: float, level: str = "sample",
-                accountant: Accountant | None = None) -> DPNoiseSuggestion:
+def least_noise(
+    target: float,
+    prior: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    level: str = "sample",
+    accountant: Accountant | None = None,
+) -> DPNoiseSuggestion:
     """The least noise multiplier σ with B(κ) <= target at this q and T, by bisection on log σ.
 
     B(κ) falls as σ grows (more noise, a dominated mechanism), so the σ meeting the target form an interval
@@ -484,8 +547,10 @@ def least_noise(target: float, prior: float, sample_rate: float, steps: int, del
     _check_ceiling(target, prior)
     accountant = accountant or PLDAccountant()
     start = time.perf_counter()
-    search = (f"bisection on log σ over [{NOISE_FLOOR:g}, {NOISE_CEILING:g}] to {NOISE_RELATIVE_TOLERANCE:.1%} "
-              "relative, rounded up to 0.001")
+    search = (
+        f"bisection on log σ over [{NOISE_FLOOR:g}, {NOISE_CEILING:g}] to {NOISE_RELATIVE_TOLERANCE:.1%} "
+        "relative, rounded up to 0.001"
+    )
 
     def meets(sigma: float) -> bool:
         return bound_at(sigma, sample_rate, steps, prior, accountant) <= target
@@ -496,8 +561,21 @@ def least_noise(target: float, prior: float, sample_rate: float, steps: int, del
             profile = accountant.profile(SubsampledGaussian(sigma, sample_rate, steps))
             epsilon, bound = profile.epsilon(delta), reconstruction_bound(profile, prior)
             epsilon = epsilon if math.isfinite(epsilon) else None
-        return DPNoiseSuggestion(target, prior, sample_rate, steps, delta, level, accountant.name, sigma, epsilon,
-                                 bound, at_floor, search, round(time.perf_counter() - start, 3))
+        return DPNoiseSuggestion(
+            target,
+            prior,
+            sample_rate,
+            steps,
+            delta,
+            level,
+            accountant.name,
+            sigma,
+            epsilon,
+            bound,
+            at_floor,
+            search,
+            round(time.perf_counter() - start, 3),
+        )
 
     low, high = NOISE_FLOOR, 1.0
     if meets(high):

@@ -1,4 +1,5 @@
 """Spec §11's verdict levels and the --fail-on gates over them (no torch: the CLI names them at startup)."""
+
 from __future__ import annotations
 
 # Weakest protection first, and the default ceiling on the recoverable fraction R/n for `protected`.
@@ -9,8 +10,12 @@ DEFAULT_MAX_RECOVERABLE = 0.5
 # partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).
 FAIL_ON_CHOICES = ("never", "exposed", "partial", "boundary")
 DEFAULT_FAIL_ON = "partial"
-FAILING_VERDICTS = {"never": (), "exposed": ("exposed",), "partial": ("exposed", "partial"),
-                    "boundary": ("exposed", "partial")}
+FAILING_VERDICTS = {
+    "never": (),
+    "exposed": ("exposed",),
+    "partial": ("exposed", "partial"),
+    "boundary": ("exposed", "partial"),
+}
 
 
 def ceiling(max_recoverable: float | None) -> float:

@@ -1,4 +1,5 @@
 """Model file -> nn.Module built on the meta device (no real weights) + the per-sample input shape."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,11 +24,34 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # In-place ops that nn.init and reset_parameters() use. On meta tensors they change no value, yet the first
 # call of several (normal_ above all) imports torch._dynamo: a second or two for nothing. Shapes never change.
-_INITIALISERS = frozenset({
-    "normal_", "uniform_", "zero_", "fill_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
-    "cauchy_", "random_", "erfinv_", "clamp_", "clamp_min_", "clamp_max_", "mul_", "add_", "sub_", "div_",
-    "copy_", "fmod_", "abs_", "sqrt_", "exp_", "neg_",
-})
+_INITIALISERS = frozenset(
+    {
+        "normal_",
+        "uniform_",
+        "zero_",
+        "fill_",
+        "bernoulli_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+        "random_",
+        "erfinv_",
+        "clamp_",
+        "clamp_min_",
+        "clamp_max_",
+        "mul_",
+        "add_",
+        "sub_",
+        "div_",
+        "copy_",
+        "fmod_",
+        "abs_",
+        "sqrt_",
+        "exp_",
+        "neg_",
+    }
+)
 # Factories torch.nn's own layers call for their weights and buffers (torch.empty(out, in) in nn.Linear).
 _FACTORIES = frozenset({"empty", "zeros", "ones", "full", "rand", "randn", "tensor"})
 _TORCH_NN_DIR = str(Path(nn.__file__).resolve().parent)
@@ -43,11 +67,15 @@ class _SkipMetaInitialisation(TorchFunctionMode):
 
     def __init__(self):
         super().__init__()
-        self.failed: tuple[str, BaseException] | None = None   # the last torch function that raised, and how
+        self.failed: tuple[str, BaseException] | None = None  # the last torch function that raised, and how
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if (getattr(func, "__name__", "") in _INITIALISERS and args and isinstance(args[0], torch.Tensor)
-                and args[0].is_meta):
+        if (
+            getattr(func, "__name__", "") in _INITIALISERS
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and args[0].is_meta
+        ):
             return args[0]
         return self._call(func, args, kwargs or {})
 
@@ -146,11 +174,14 @@ def split_model_spec(spec: str) -> tuple[Path, str | None]:
         path_text, name = head, tail
     path = Path(path_text)
     if not path.exists():
-        raise UsageError(f"model file '{path_text}' does not exist",
-                         "give the path of a Python file that defines the model, e.g. examples/cnn6.py")
+        raise UsageError(
+            f"model file '{path_text}' does not exist",
+            "give the path of a Python file that defines the model, e.g. examples/cnn6.py",
+        )
     if path.is_dir():
-        raise UsageError(f"'{path_text}' is a directory, not a model file",
-                         "give the path of a Python file, e.g. examples/cnn6.py")
+        raise UsageError(
+            f"'{path_text}' is a directory, not a model file", "give the path of a Python file, e.g. examples/cnn6.py"
+        )
     return path, name
 
 
@@ -162,24 +193,42 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     match = _SHAPE.match(text)
     shape = tuple(int(d) for d in re.split(r"\s*[,x×]\s*", match.group(1))) if match else ()
     if not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"malformed input shape '{text}'",
-                         "give positive integers per sample without the batch dimension, e.g. --input-shape 3,32,32")
+        raise UsageError(
+            f"malformed input shape '{text}'",
+            "give positive integers per sample without the batch dimension, e.g. --input-shape 3,32,32",
+        )
     return shape
 
 
-_DTYPES = {"int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-           "int16": torch.int16, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool,
-           "float32": torch.float32, "float": torch.float32, "float64": torch.float64, "double": torch.float64,
-           "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {
+    "int64": torch.int64,
+    "long": torch.int64,
+    "int32": torch.int32,
+    "int": torch.int32,
+    "int16": torch.int16,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "bool": torch.bool,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 def parse_input_dtype(text: str) -> torch.dtype | dict[str, torch.dtype]:
     """'int64' (every input) or 'input_ids=int64,attention_mask=int64' (per named input) -> dtypes."""
+
     def one(word: str) -> torch.dtype:
         key = word.strip().lower().removeprefix("torch.")
         if key not in _DTYPES:
-            raise UsageError(f"unknown input dtype '{word.strip()}'",
-                             "give one of " + ", ".join(sorted(_DTYPES)) + ", e.g. --input-dtype int64")
+            raise UsageError(
+                f"unknown input dtype '{word.strip()}'",
+                "give one of " + ", ".join(sorted(_DTYPES)) + ", e.g. --input-dtype int64",
+            )
         return _DTYPES[key]
 
     if "=" not in text:
@@ -188,9 +237,11 @@ def parse_input_dtype(text: str) -> torch.dtype | dict[str, torch.dtype]:
     for part in text.split(","):
         name, sep, word = part.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"malformed input dtype '{text}'",
-                             "give one dtype (--input-dtype int64) or NAME=DTYPE pairs "
-                             "(--input-dtype input_ids=int64,attention_mask=int64)")
+            raise UsageError(
+                f"malformed input dtype '{text}'",
+                "give one dtype (--input-dtype int64) or NAME=DTYPE pairs "
+                "(--input-dtype input_ids=int64,attention_mask=int64)",
+            )
         dtypes[name.strip()] = one(word)
     return dtypes
 
@@ -203,9 +254,11 @@ def _shape_from_file(value, path: Path) -> tuple[int, ...] | dict[str, tuple[int
         return tuple(value)
     if isinstance(value, dict) and value and all(isinstance(k, str) and valid(v) for k, v in value.items()):
         return {name: tuple(shape) for name, shape in value.items()}
-    raise UsageError(f"INPUT_SHAPE in {path} is {value!r}, not a tuple of positive integers",
-                     "set INPUT_SHAPE = (C, H, W) per sample, without the batch dimension, or a dict "
-                     "{\"input_ids\": (128,), \"attention_mask\": (128,)} for a model with several inputs")
+    raise UsageError(
+        f"INPUT_SHAPE in {path} is {value!r}, not a tuple of positive integers",
+        "set INPUT_SHAPE = (C, H, W) per sample, without the batch dimension, or a dict "
+        '{"input_ids": (128,), "attention_mask": (128,)} for a model with several inputs',
+    )
 
 
 def _dtype_from_file(value, path: Path) -> torch.dtype | dict[str, torch.dtype] | None:
@@ -213,11 +266,14 @@ def _dtype_from_file(value, path: Path) -> torch.dtype | dict[str, torch.dtype] 
         return value
     if isinstance(value, str):
         return parse_input_dtype(value)
-    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (torch.dtype, str))
-                                       for k, v in value.items()):
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, (torch.dtype, str)) for k, v in value.items()
+    ):
         return {k: v if isinstance(v, torch.dtype) else parse_input_dtype(v) for k, v in value.items()}
-    raise UsageError(f"INPUT_DTYPE in {path} is {value!r}, not a torch dtype",
-                     "set INPUT_DTYPE = torch.long for token ids (or a dict of dtypes per input name)")
+    raise UsageError(
+        f"INPUT_DTYPE in {path} is {value!r}, not a torch dtype",
+        "set INPUT_DTYPE = torch.long for token ids (or a dict of dtypes per input name)",
+    )
 
 
 def _combine_shapes(given, from_file):
@@ -230,8 +286,8 @@ def _combine_shapes(given, from_file):
     return given
 
 
-MODEL_MODULE_PREFIX = "rankaudit_model_"     # the module name a model file runs under: how its frames are found
-_MODEL_PACKAGES: set[str] = set()           # top-level packages of model files that run under their package name
+MODEL_MODULE_PREFIX = "rankaudit_model_"  # the module name a model file runs under: how its frames are found
+_MODEL_PACKAGES: set[str] = set()  # top-level packages of model files that run under their package name
 
 
 def _is_model_module(name: str) -> bool:
@@ -268,9 +324,10 @@ def model_fault(exc: BaseException) -> ModelLoadError | None:
                 pass
             message = str(current).strip().splitlines()[0] if str(current).strip() else ""
             text = f"{type(current).__name__}: {message}" if message else type(current).__name__
-            return ModelLoadError(f"the model's code raised {text} (at {filename}:{line})",
-                                  "fix the model at that line (rankaudit ran it on real inputs to verify; --debug "
-                                  "shows the traceback)")
+            return ModelLoadError(
+                f"the model's code raised {text} (at {filename}:{line})",
+                "fix the model at that line (rankaudit ran it on real inputs to verify; --debug shows the traceback)",
+            )
         current = current.__cause__ or current.__context__
     return None
 
@@ -287,7 +344,7 @@ class _ConstructionFailed(Exception):
 
     def __init__(self, phase: str, error: BaseException, failed_op: str | None):
         super().__init__(str(error))
-        self.phase = phase          # "import" or "build"
+        self.phase = phase  # "import" or "build"
         self.error = error
         self.failed_op = failed_op
 
@@ -328,7 +385,7 @@ def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     if spec is None or spec.loader is None:
         raise UsageError(f"'{path}' is not a Python file", "give a .py file that defines the model")
     module = importlib.util.module_from_spec(spec)
-    if dotted:   # a package of the same name imported from elsewhere (another app) would shadow this one's
+    if dotted:  # a package of the same name imported from elsewhere (another app) would shadow this one's
         top = dotted.split(".")[0]
         for name in [name for name in sys.modules if name == top or name.startswith(top + ".")]:
             if not str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(root)):
@@ -345,8 +402,9 @@ def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
         raise
     except SyntaxError as exc:
-        raise ModelLoadError(f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})",
-                             "fix the syntax error in the model file") from exc
+        raise ModelLoadError(
+            f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})", "fix the syntax error in the model file"
+        ) from exc
     except BaseException as exc:  # the user's file can raise anything, SystemExit included
         raise _ConstructionFailed("import", exc, _failing_op(mode, exc)) from exc
     finally:
@@ -360,8 +418,9 @@ def _zero_argument(cls) -> bool:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):
         return False
-    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in signature.parameters.values())
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in signature.parameters.values()
+    )
 
 
 def _accepts(cls, model_args: dict) -> bool:
@@ -386,16 +445,21 @@ def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     return instances, classes
 
 
-def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE,
-           model_args: dict | None = None) -> nn.Module:
+def _build(
+    obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE, model_args: dict | None = None
+) -> nn.Module:
     if isinstance(obj, nn.Module):
         if model_args:
-            raise UsageError(f"'{attr}' in {path} is a model instance: it takes no arguments",
-                             "drop --model-arg (model-args), or name the class or factory that builds it")
+            raise UsageError(
+                f"'{attr}' in {path} is a model instance: it takes no arguments",
+                "drop --model-arg (model-args), or name the class or factory that builds it",
+            )
         return obj
     if not callable(obj):
-        raise UsageError(f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
-                         f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME")
+        raise UsageError(
+            f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
+            f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME",
+        )
     mode = None
     try:
         context, mode = _building_on(device, build)
@@ -406,8 +470,10 @@ def _build(obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE,
     except BaseException as exc:
         raise _ConstructionFailed("build", exc, _failing_op(mode, exc)) from exc
     if not isinstance(built, nn.Module):
-        raise ModelLoadError(f"{attr}() in {path} returned a {type(built).__name__}, not an nn.Module",
-                             "make the factory return the model")
+        raise ModelLoadError(
+            f"{attr}() in {path} returned a {type(built).__name__}, not an nn.Module",
+            "make the factory return the model",
+        )
     return built
 
 
@@ -426,7 +492,7 @@ if len(sys.argv) > 5:
     if not isinstance(obj, torch.nn.Module):
         obj(**json.loads(sys.argv[6]))
 """
-_CHECK_MEMORY = 6 * 1024 ** 3
+_CHECK_MEMORY = 6 * 1024**3
 _CHECK_SECONDS = 120
 
 
@@ -455,33 +521,44 @@ def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = Non
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else f"exit status {done.returncode}"
     if "MemoryError" in last or "std::bad_alloc" in last or "DefaultCPUAllocator" in last:
-        return None, f"it needs more than {_CHECK_MEMORY // 1024 ** 3} GB with real weights"
+        return None, f"it needs more than {_CHECK_MEMORY // 1024**3} GB with real weights"
     return False, last
 
 
-def _construction_error(path: Path, attr: str | None, failure: _ConstructionFailed,
-                        model_args: dict | None = None) -> ModelLoadError:
+def _construction_error(
+    path: Path, attr: str | None, failure: _ConstructionFailed, model_args: dict | None = None
+) -> ModelLoadError:
     """The one-line error when no construction worked: what failed, where, and whether the file runs on its own."""
     what = _describe_exception(failure.error, path)
     if failure.failed_op:
         what += f" in torch's {failure.failed_op}()"
-    head = (f"{path} raised on import: {what}" if failure.phase == "import"
-            else f"could not build {attr}() from {path}: {what}")
+    head = (
+        f"{path} raised on import: {what}"
+        if failure.phase == "import"
+        else f"could not build {attr}() from {path}: {what}"
+    )
     runs, detail = _runs_on_its_own(path, attr if failure.phase == "build" else None, model_args)
     command = f"python {path}"
     if runs is False:
-        fix = ("make the file importable on its own (`" + command + "` fails the same way)" if failure.phase == "import"
-               else f"make {attr}() build with plain PyTorch, or add a zero-argument factory function and pass "
-                    f"{path}:factory")
+        fix = (
+            "make the file importable on its own (`" + command + "` fails the same way)"
+            if failure.phase == "import"
+            else f"make {attr}() build with plain PyTorch, or add a zero-argument factory function and pass "
+            f"{path}:factory"
+        )
         return ModelLoadError(f"{head}; it fails with plain PyTorch too ({detail})", fix)
     if runs is True:
         where = "imports" if failure.phase == "import" else f"imports and {attr}() builds"
-        return ModelLoadError(f"{head}; the file {where} with plain PyTorch on the CPU, so what fails is building "
-                              "without weights (parameters on the meta device)",
-                              "compute sizes from Python numbers or CPU tensors rather than from parameter values "
-                              "while building, or report this model to rankaudit with the line above")
-    return ModelLoadError(f"{head}; whether the file runs on its own could not be checked ({detail})",
-                          f"check that `{command}` runs, then report the model to rankaudit if it does")
+        return ModelLoadError(
+            f"{head}; the file {where} with plain PyTorch on the CPU, so what fails is building "
+            "without weights (parameters on the meta device)",
+            "compute sizes from Python numbers or CPU tensors rather than from parameter values "
+            "while building, or report this model to rankaudit with the line above",
+        )
+    return ModelLoadError(
+        f"{head}; whether the file runs on its own could not be checked ({detail})",
+        f"check that `{command}` runs, then report the model to rankaudit if it does",
+    )
 
 
 def _pick(module, name: str | None, path: Path, model_args: dict | None = None) -> tuple[str, object]:
@@ -489,51 +566,60 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
     if name is not None:
         if not hasattr(module, name):
             known = ", ".join(sorted({**instances, **classes})) or "none"
-            raise UsageError(f"{path} has no attribute '{name}' (models defined there: {known})",
-                             f"pass {path}:NAME with one of those names")
+            raise UsageError(
+                f"{path} has no attribute '{name}' (models defined there: {known})",
+                f"pass {path}:NAME with one of those names",
+            )
         return name, getattr(module, name)
     if len(instances) == 1:
         return next(iter(instances.items()))
     if len(instances) > 1:
         names = ", ".join(sorted(instances))
-        raise UsageError(f"{path} holds several model instances ({names})",
-                         f"choose one with {path}:NAME")
-    buildable = {attr: cls for attr, cls in classes.items()
-                 if (_accepts(cls, model_args) if model_args else _zero_argument(cls))}
+        raise UsageError(f"{path} holds several model instances ({names})", f"choose one with {path}:NAME")
+    buildable = {
+        attr: cls for attr, cls in classes.items() if (_accepts(cls, model_args) if model_args else _zero_argument(cls))
+    }
     if len(buildable) == 1:
         return next(iter(buildable.items()))
     if len(buildable) > 1:
         names = ", ".join(sorted(buildable))
-        raise UsageError(f"{path} defines several models that build without arguments ({names})",
-                         f"choose one with {path}:NAME")
+        raise UsageError(
+            f"{path} defines several models that build without arguments ({names})", f"choose one with {path}:NAME"
+        )
     if classes:
         names = ", ".join(sorted(classes))
-        raise ModelLoadError(f"no model in {path} builds without arguments (found {names}, each needs arguments)",
-                             f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
-                             f"add a zero-argument factory function and pass {path}:factory")
-    raise NoModelInFile(f"no nn.Module subclass or instance is defined in {path}",
-                         "define the model class in that file, or name it with PATH:NAME")
+        raise ModelLoadError(
+            f"no model in {path} builds without arguments (found {names}, each needs arguments)",
+            f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
+            f"add a zero-argument factory function and pass {path}:factory",
+        )
+    raise NoModelInFile(
+        f"no nn.Module subclass or instance is defined in {path}",
+        "define the model class in that file, or name it with PATH:NAME",
+    )
 
 
 @dataclass
 class LoadedModel:
     module: nn.Module
-    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]]   # per sample; a dict for several named inputs
+    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]]  # per sample; a dict for several named inputs
     name: str  # the class, factory or instance the model came from
     path: Path
     spec: str  # what the user typed: PATH or PATH:NAME
-    input_dtype: torch.dtype | dict[str, torch.dtype] | None = None   # None: float32
-    forward_kwargs: dict = field(default_factory=dict)   # FORWARD_KWARGS: switches the file asks forward() for
-    vocab_size: int | None = None   # VOCAB_SIZE, else the first nn.Embedding's rows
-    build: str = BUILD_DEVICE       # which construction worked: meta-parameters, meta or device
+    input_dtype: torch.dtype | dict[str, torch.dtype] | None = None  # None: float32
+    forward_kwargs: dict = field(default_factory=dict)  # FORWARD_KWARGS: switches the file asks forward() for
+    vocab_size: int | None = None  # VOCAB_SIZE, else the first nn.Embedding's rows
+    build: str = BUILD_DEVICE  # which construction worked: meta-parameters, meta or device
 
 
 def _vocabulary(namespace, model: nn.Module, path: Path) -> int | None:
     declared = getattr(namespace, "VOCAB_SIZE", None)
     if declared is not None:
         if not isinstance(declared, int) or declared <= 0:
-            raise UsageError(f"VOCAB_SIZE in {path} is {declared!r}, not a positive integer",
-                             "set VOCAB_SIZE to the number of token ids, or leave it out to use the first nn.Embedding")
+            raise UsageError(
+                f"VOCAB_SIZE in {path} is {declared!r}, not a positive integer",
+                "set VOCAB_SIZE to the number of token ids, or leave it out to use the first nn.Embedding",
+            )
         return declared
     return next((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), None)
 
@@ -552,16 +638,23 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
     if device != "meta":  # the verifier's real build: its error is the file's own
         what = _describe_exception(first_failure.error, path)
         if first_failure.phase == "import":
-            raise ModelLoadError(f"{path} raised on import: {what}",
-                                 f"make the file importable on its own (run `python {path}`)") from first_failure.error
-        raise ModelLoadError(f"could not build {attr}() from {path}: {what}",
-                             f"give {attr} defaults for every argument, or add a zero-argument factory function and "
-                             f"pass {path}:factory") from first_failure.error
+            raise ModelLoadError(
+                f"{path} raised on import: {what}", f"make the file importable on its own (run `python {path}`)"
+            ) from first_failure.error
+        raise ModelLoadError(
+            f"could not build {attr}() from {path}: {what}",
+            f"give {attr} defaults for every argument, or add a zero-argument factory function and pass {path}:factory",
+        ) from first_failure.error
     raise _construction_error(path, attr, first_failure, model_args) from first_failure.error
 
 
-def load_model(spec: str, input_shape: tuple[int, ...] | dict | None = None, device: str = "meta",
-               input_dtype: torch.dtype | dict | None = None, model_args: dict | None = None) -> LoadedModel:
+def load_model(
+    spec: str,
+    input_shape: tuple[int, ...] | dict | None = None,
+    device: str = "meta",
+    input_dtype: torch.dtype | dict | None = None,
+    model_args: dict | None = None,
+) -> LoadedModel:
     """Execute the model file and build its model on `device` ("meta" for analysis: no weight is allocated);
     `model_args`: keyword arguments of the class or factory (--model-arg)."""
     path, name = split_model_spec(spec)
@@ -573,14 +666,25 @@ def load_model(spec: str, input_shape: tuple[int, ...] | dict | None = None, dev
     from_file = _shape_from_file(namespace.INPUT_SHAPE, path) if hasattr(namespace, "INPUT_SHAPE") else None
     input_shape = _combine_shapes(input_shape, from_file)
     if input_shape is None:
-        raise UsageError(f"no input shape for {path}",
-                         "pass --input-shape C,H,W or set INPUT_SHAPE = (C, H, W) in the model file")
+        raise UsageError(
+            f"no input shape for {path}", "pass --input-shape C,H,W or set INPUT_SHAPE = (C, H, W) in the model file"
+        )
     if input_dtype is None:
         input_dtype = _dtype_from_file(getattr(namespace, "INPUT_DTYPE", None), path)
     forward_kwargs = getattr(namespace, "FORWARD_KWARGS", None) or {}
     if not isinstance(forward_kwargs, dict) or not all(isinstance(k, str) for k in forward_kwargs):
-        raise UsageError(f"FORWARD_KWARGS in {path} is {forward_kwargs!r}, not a dict of keyword arguments",
-                         "set FORWARD_KWARGS = {\"output_attentions\": False} or leave it out")
-    return LoadedModel(module=model, input_shape=input_shape, name=attr, path=path, spec=spec,
-                       input_dtype=input_dtype, forward_kwargs=dict(forward_kwargs),
-                       vocab_size=_vocabulary(namespace, model, path), build=build)
+        raise UsageError(
+            f"FORWARD_KWARGS in {path} is {forward_kwargs!r}, not a dict of keyword arguments",
+            'set FORWARD_KWARGS = {"output_attentions": False} or leave it out',
+        )
+    return LoadedModel(
+        module=model,
+        input_shape=input_shape,
+        name=attr,
+        path=path,
+        spec=spec,
+        input_dtype=input_dtype,
+        forward_kwargs=dict(forward_kwargs),
+        vocab_size=_vocabulary(namespace, model, path),
+        build=build,
+    )

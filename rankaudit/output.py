@@ -1,4 +1,5 @@
 """Report files: their paths checked before the analysis, and written atomically (a temporary file, then a rename)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,15 +31,19 @@ def _check_file(option: str, path: str) -> None:
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
         _refuse(option, path, f"the folder {folder} {what}", "create the folder first, or write the report elsewhere")
     existed = os.path.exists(path)
-    if existed and not os.path.isfile(path):   # a device or a pipe: opening a pipe would wait for its reader
+    if existed and not os.path.isfile(path):  # a device or a pipe: opening a pipe would wait for its reader
         if not os.access(path, os.W_OK):
             _refuse(option, path, "cannot be written (permission denied)", "choose a writable path")
         return
     try:
         descriptor = os.open(path, os.O_WRONLY | (0 if existed else os.O_CREAT | os.O_EXCL), 0o666)
     except OSError as exc:
-        _refuse(option, path, f"cannot be written ({_os_error(exc)})",
-                "choose a writable path" + (" with a shorter name" if exc.errno == errno.ENAMETOOLONG else ""))
+        _refuse(
+            option,
+            path,
+            f"cannot be written ({_os_error(exc)})",
+            "choose a writable path" + (" with a shorter name" if exc.errno == errno.ENAMETOOLONG else ""),
+        )
     os.close(descriptor)
     if not existed:
         with contextlib.suppress(OSError):
@@ -84,13 +89,13 @@ def write_file(path: str, text: str) -> None:
     """Write a report at `path`: into a temporary file in the same folder, renamed over `path` once complete, so
     a failed write (a full disk) leaves the old file or nothing. A device or a pipe (/dev/stdout, /dev/full) is
     written directly. An OSError is a UsageError (exit 2) naming the path."""
-    if os.path.abspath(path) in _STDOUT:   # fd 1 is stderr while the model's code runs: the report's stdout
+    if os.path.abspath(path) in _STDOUT:  # fd 1 is stderr while the model's code runs: the report's stdout
         from rankaudit import supervise
 
         supervise.write_stdout(text)
         return
     data = text.encode("utf-8")
-    target = os.path.realpath(path)   # through a symbolic link, as a plain write would go
+    target = os.path.realpath(path)  # through a symbolic link, as a plain write would go
     try:
         mode = os.stat(target).st_mode
     except OSError:
@@ -120,8 +125,10 @@ def write_file(path: str, text: str) -> None:
                 os.unlink(temporary)
             raise
     except OSError as exc:
-        raise UsageError(f"could not write the report to {path} ({_os_error(exc)}); nothing was written there",
-                         "free space or choose another path") from exc
+        raise UsageError(
+            f"could not write the report to {path} ({_os_error(exc)}); nothing was written there",
+            "free space or choose another path",
+        ) from exc
 
 
 def _umask() -> int:

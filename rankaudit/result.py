@@ -1,4 +1,5 @@
 """The Result dataclasses: everything reports read; reports never re-run the analysis."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,21 +23,21 @@ class LayerRow:
 
     name: str
     op: str
-    inputs: int          # B·|x|: unknowns
-    weights: int         # |W|: gradient constraints, folded shortcut projections included
-    outputs: int         # B·|z|: weight constraints
-    virtual: int         # V: virtual constraints inherited from earlier layers
+    inputs: int  # B·|x|: unknowns
+    weights: int  # |W|: gradient constraints, folded shortcut projections included
+    outputs: int  # B·|z|: weight constraints
+    virtual: int  # V: virtual constraints inherited from earlier layers
     ra_i: int
-    dense: bool          # no weight sharing and B <= out_features: always recoverable (spec §3)
+    dense: bool  # no weight sharing and B <= out_features: always recoverable (spec §3)
     critical: bool = False
-    block: str | None = None          # the residual block this layer's main path belongs to
+    block: str | None = None  # the residual block this layer's main path belongs to
     folded: list[str] = field(default_factory=list)  # shortcut projections whose |W| is added here
-    own_weights: int = 0              # this layer's own trainable parameters
-    reported_params: int = 0          # parameters shown but not counted
+    own_weights: int = 0  # this layer's own trainable parameters
+    reported_params: int = 0  # parameters shown but not counted
     frozen_params: int = 0
-    node: str = ""                    # the traced graph node
-    source: str | None = None         # file:line that calls this layer
-    side: bool = False                # reaches the loss only through a gate or a statistic: never critical (§5)
+    node: str = ""  # the traced graph node
+    source: str | None = None  # file:line that calls this layer
+    side: bool = False  # reaches the loss only through a gate or a statistic: never critical (§5)
 
 
 @dataclass
@@ -45,17 +46,17 @@ class Caveat:
     node: str
     op: str
     message: str
-    source: str | None = None    # file:line of the op in the model's code, when known
+    source: str | None = None  # file:line of the op in the model's code, when known
 
 
 @dataclass
 class ResidualBlock:
-    name: str                 # qualified name shared by the block's layers, e.g. layer2.0
-    merge: str                # the add node
-    fork: str                 # the tensor both paths read (x1)
+    name: str  # qualified name shared by the block's layers, e.g. layer2.0
+    merge: str  # the add node
+    fork: str  # the tensor both paths read (x1)
     main_layers: list[str]
     shortcut_layers: list[str]
-    kind: str                 # identity | projection | approximate
+    kind: str  # identity | projection | approximate
     shortcut_input: str = ""  # the add's operand on the shortcut side (== fork for an identity shortcut)
 
 
@@ -64,17 +65,17 @@ class LayerBridge:
     """Can the labels be recovered from this layer's gradient alone (GDBR, Theorems 1-2, Eq. 16-19)?"""
 
     name: str
-    shared: bool                 # is this layer's gradient sent to the server
-    bridge: bool                 # a gradient bridge reaches the logits (or this is the logits layer)
-    direct: bool                 # the logits layer itself: the iDLG sign rule needs no bridge
-    blocked_by: str | None       # the first layer or op that stops the bridge
-    kind: str                    # direct | bridge | positions | shared-weights | widens | activation | branch
-    reason: str                  # why, in one sentence
+    shared: bool  # is this layer's gradient sent to the server
+    bridge: bool  # a gradient bridge reaches the logits (or this is the logits layer)
+    direct: bool  # the logits layer itself: the iDLG sign rule needs no bridge
+    blocked_by: str | None  # the first layer or op that stops the bridge
+    kind: str  # direct | bridge | positions | shared-weights | widens | activation | branch
+    reason: str  # why, in one sentence
 
 
 @dataclass
 class LabelLeakage:
-    risk: str                    # high: some shared layer's gradient suffices; low: none does
+    risk: str  # high: some shared layer's gradient suffices; low: none does
     layers: list[LayerBridge]
 
     @property
@@ -87,7 +88,7 @@ class ArchitectureNode:
     id: str
     name: str
     op: str
-    kind: str                    # input | layer | projection | add | cat | output
+    kind: str  # input | layer | projection | add | cat | output
     block: str | None = None
 
 
@@ -103,15 +104,15 @@ class Architecture:
 class Identifiability:
     """Spec §9: an upper bound on rank(∂g/∂x) from a min cut of the traced graph; the verdict follows it."""
 
-    unknowns: int                   # n = B·|x|
-    rank_bound: int                 # R = max flow: rank(∂g/∂x) <= R for every weight value and every attack
-    certified_deficit: int          # max(n - R, 0): input directions no gradient can see, to first order
-    recoverable_fraction: float     # R / n, capped at 1
-    bottleneck: list[str]           # tensors and gradients on the min cut
-    verdict: str                    # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
+    unknowns: int  # n = B·|x|
+    rank_bound: int  # R = max flow: rank(∂g/∂x) <= R for every weight value and every attack
+    certified_deficit: int  # max(n - R, 0): input directions no gradient can see, to first order
+    recoverable_fraction: float  # R / n, capped at 1
+    bottleneck: list[str]  # tensors and gradients on the min cut
+    verdict: str  # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
-    max_recoverable: float = 0.5    # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
-    round: RoundBound | None = None   # the round's terms (spec §12) when the update is more than one gradient
+    max_recoverable: float = 0.5  # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
+    round: RoundBound | None = None  # the round's terms (spec §12) when the update is more than one gradient
     sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
 
     @property
@@ -130,14 +131,14 @@ class SampleBound:
     clients do not enter: mixing samples certifies nothing for any one of them.
     """
 
-    rank_bound: int                 # R_s
-    unknowns: int                   # |x|: one sample's unknowns
-    recoverable_fraction: float     # ρ_s = R_s / |x|
-    level: str                      # spec §11's level at ρ_s: exposed | partial | protected
-    steps_per_sample: int           # E_i: the local steps that read one sample (E; 1 for FedSGD)
-    single_sample_bound: int        # R(1): §9's bound for one step at batch size 1 (all trainable gradients
-                                    # carry on before the last step; only the shared ones in the last)
-    binding: str                    # which of the three is the minimum: unknowns | update-values | steps
+    rank_bound: int  # R_s
+    unknowns: int  # |x|: one sample's unknowns
+    recoverable_fraction: float  # ρ_s = R_s / |x|
+    level: str  # spec §11's level at ρ_s: exposed | partial | protected
+    steps_per_sample: int  # E_i: the local steps that read one sample (E; 1 for FedSGD)
+    single_sample_bound: int  # R(1): §9's bound for one step at batch size 1 (all trainable gradients
+    # carry on before the last step; only the shared ones in the last)
+    binding: str  # which of the three is the minimum: unknowns | update-values | steps
 
 
 @dataclass
@@ -146,22 +147,22 @@ class StepBound:
     client's round are of this kind."""
 
     batch_size: int
-    steps: int                # steps per client of this kind
-    rank_bound: int           # R(B_k), at most B_k·|x|
-    every_gradient: bool      # a step before the last: all trainable gradients carry on (later steps read the weights)
-    bottleneck: list[str] = field(default_factory=list)   # the step's min cut
+    steps: int  # steps per client of this kind
+    rank_bound: int  # R(B_k), at most B_k·|x|
+    every_gradient: bool  # a step before the last: all trainable gradients carry on (later steps read the weights)
+    bottleneck: list[str] = field(default_factory=list)  # the step's min cut
 
 
 @dataclass
 class RoundBound:
     """Spec §12: R_round <= min(n, |θ_s|, Σ_c Σ_k R(B_k)), and which of the three binds."""
 
-    unknowns: int             # n = C·N·|x|
-    update_values: int        # |θ_s|: the values of the (aggregated) update the server sees
-    steps_bound: int          # Σ_c Σ_k R(B_k)
+    unknowns: int  # n = C·N·|x|
+    update_values: int  # |θ_s|: the values of the (aggregated) update the server sees
+    steps_bound: int  # Σ_c Σ_k R(B_k)
     terms: list[StepBound]
-    binding: str              # unknowns (no deficit) | update-values | steps
-    explanation: str          # the cap that binds, in one sentence
+    binding: str  # unknowns (no deficit) | update-values | steps
+    explanation: str  # the cap that binds, in one sentence
 
 
 @dataclass
@@ -169,27 +170,27 @@ class InputInfo:
     """One tensor fed to forward() and where its unknowns start (none for masks and position ids)."""
 
     name: str
-    shape: tuple[int, ...]            # per sample
-    dtype: str                        # int64, float32
-    role: str                         # data | tokens | mask | ids
-    unknowns_at: str | None = None    # the record where its unknowns start: itself, or its token embedding
-    unknowns: int = 0                 # per sample, at that record (B·n·d for a token embedding at batch B: ×B)
+    shape: tuple[int, ...]  # per sample
+    dtype: str  # int64, float32
+    role: str  # data | tokens | mask | ids
+    unknowns_at: str | None = None  # the record where its unknowns start: itself, or its token embedding
+    unknowns: int = 0  # per sample, at that record (B·n·d for a token embedding at batch B: ×B)
 
 
 @dataclass
 class EmbeddingExposure:
     """Does this token embedding's shared gradient reveal which tokens the batch holds?"""
 
-    name: str                         # module: transformer.wte
-    weight: str                       # its table: transformer.wte.weight
+    name: str  # module: transformer.wte
+    weight: str  # its table: transformer.wte.weight
     vocab_size: int
     dim: int
-    shared: bool                      # its gradient is sent (not withheld)
-    trainable: bool                   # requires_grad: frozen tables (LoRA) send nothing
-    tied_with: list[str]              # other ops reading the same table (a tied output layer)
+    shared: bool  # its gradient is sent (not withheld)
+    trainable: bool  # requires_grad: frozen tables (LoRA) send nothing
+    tied_with: list[str]  # other ops reading the same table (a tied output layer)
     exposed: bool
     reason: str
-    source: str | None = None         # file:line of the lookup
+    source: str | None = None  # file:line of the lookup
 
 
 @dataclass
@@ -199,24 +200,24 @@ class SpanExposure:
     that the δ_t are independent) its row space is exactly span{x_t}: each candidate token's vector can be tested
     for membership."""
 
-    name: str                         # the layer: transformer.h.0.attn.c_attn, ...lora_A.default
-    op: str                           # Linear, Conv1D
-    d_in: int                         # the width of the per-token vectors it reads
+    name: str  # the layer: transformer.h.0.attn.c_attn, ...lora_A.default
+    op: str  # Linear, Conv1D
+    d_in: int  # the width of the per-token vectors it reads
     d_out: int
-    positions: int                    # n: token positions per sequence it reads
-    tokens_per_batch: int             # B·n: the vectors summed into its gradient
-    rank_bound: int                   # min(B·n, d_in, d_out)
-    shared: bool                      # its gradient is sent (not withheld)
-    trainable: bool                   # its weight has requires_grad (LoRA's base weights do not)
-    position_dependent: bool          # a position embedding (or another added tensor) enters before it
-    candidates: int                   # vectors a span test checks: vocabulary, times positions if position-dependent
+    positions: int  # n: token positions per sequence it reads
+    tokens_per_batch: int  # B·n: the vectors summed into its gradient
+    rank_bound: int  # min(B·n, d_in, d_out)
+    shared: bool  # its gradient is sent (not withheld)
+    trainable: bool  # its weight has requires_grad (LoRA's base weights do not)
+    position_dependent: bool  # a position embedding (or another added tensor) enters before it
+    candidates: int  # vectors a span test checks: vocabulary, times positions if position-dependent
     # The fewest distinct vectors at which the span test fails: min(d_in, pooled d_out + 1). Repeated vectors
     # count once (a token repeated anywhere, for position-free vectors; at the same position otherwise).
     safe_from: int
     exposed: bool
     reason: str
-    source: str | None = None         # file:line of the call
-    reads: str = ""                   # the traced tensor it reads (views looked through): q, k and v share one
+    source: str | None = None  # file:line of the call
+    reads: str = ""  # the traced tensor it reads (views looked through): q, k and v share one
 
 
 @dataclass
@@ -227,10 +228,10 @@ class TokenLeakage:
     """
 
     exposed: bool
-    tokens_per_batch: int             # B·n: the most distinct tokens one batch can mark
+    tokens_per_batch: int  # B·n: the most distinct tokens one batch can mark
     embeddings: list[EmbeddingExposure]
-    layers: list[SpanExposure] = field(default_factory=list)   # Linears reading per-token vectors
-    span_exposed: bool = False        # some shared layer's gradient passes DAGER's span test
+    layers: list[SpanExposure] = field(default_factory=list)  # Linears reading per-token vectors
+    span_exposed: bool = False  # some shared layer's gradient passes DAGER's span test
     # The smallest B·n at which no shared layer passes the span test (None: no such layer is shared), and the
     # smallest batch size reaching it at this sequence length. Necessary, not sufficient: the test fails only if
     # the batch holds that many distinct vectors, and real text repeats tokens.
@@ -264,26 +265,26 @@ class DPBound:
     """Spec §13: what the DP noise bounds. ε at δ, and B(κ) = inf_ε (e^ε κ + δ(ε)): the most any reconstruction
     attack whose success without the update is κ can succeed with it."""
 
-    level: str                          # sample (DP-SGD) | client (user-level DP-FedAvg)
-    noise_multiplier: float             # σ: noise standard deviation over the clip norm
-    clip: float                         # c
-    sample_rate: float                  # q: Poisson sampling rate of the unit (a sample, or a client)
-    steps: int                          # T: steps (rounds, at the client level) a unit can take part in
+    level: str  # sample (DP-SGD) | client (user-level DP-FedAvg)
+    noise_multiplier: float  # σ: noise standard deviation over the clip norm
+    clip: float  # c
+    sample_rate: float  # q: Poisson sampling rate of the unit (a sample, or a client)
+    steps: int  # T: steps (rounds, at the client level) a unit can take part in
     delta: float
-    epsilon: float | None               # ε at δ; None when no finite ε reaches δ
-    prior: float                        # κ the user asked about
-    reconstruction_bound: float         # B(κ) at the user's prior
-    bounds: dict[str, float]            # B(κ) at κ = 0.1, 0.01, 0.001, keyed by κ as written
-    accountant: str                     # the library and its discretisation
+    epsilon: float | None  # ε at δ; None when no finite ε reaches δ
+    prior: float  # κ the user asked about
+    reconstruction_bound: float  # B(κ) at the user's prior
+    bounds: dict[str, float]  # B(κ) at κ = 0.1, 0.01, 0.001, keyed by κ as written
+    accountant: str  # the library and its discretisation
     seconds: float = 0.0
-    max_reconstruction: float | None = None   # the policy's ceiling on B(κ); None: no rule
-    curve: list[tuple[float, float]] = field(default_factory=list)   # (κ, B(κ)) for the HTML card
+    max_reconstruction: float | None = None  # the policy's ceiling on B(κ); None: no rule
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (κ, B(κ)) for the HTML card
     # Who adds the noise (round.NOISE_BY): only client noise bounds what the server sees; server noise bounds
     # what the released model reveals.
     noise_by: str = "client"
-    sample_rate_source: str = ""        # where q came from: "round: B/N = 32/4000", "--dp-sample-rate"
-    steps_source: str = ""              # where T came from
-    notes: list[str] = field(default_factory=list)   # a given q or T that disagrees with the round, in one line
+    sample_rate_source: str = ""  # where q came from: "round: B/N = 32/4000", "--dp-sample-rate"
+    steps_source: str = ""  # where T came from
+    notes: list[str] = field(default_factory=list)  # a given q or T that disagrees with the round, in one line
 
     @property
     def within_limit(self) -> bool | None:
@@ -297,20 +298,20 @@ class DPBound:
 class DPNoiseSuggestion:
     """`suggest` with DP options: the least noise multiplier whose B(κ) meets --max-reconstruction at q and T."""
 
-    target: float                       # the ceiling on B(κ)
+    target: float  # the ceiling on B(κ)
     prior: float
     sample_rate: float
     steps: int
     delta: float
     level: str
     accountant: str
-    noise_multiplier: float | None      # the least σ found (bisection on log σ); None: none up to the ceiling
-    epsilon: float | None               # ε at δ of that σ (None: infinite, or no σ found)
-    bound: float | None                 # B(κ) at that σ
-    at_floor: bool                      # the search floor already meets the target: less noise may too
-    search: str                         # the interval and tolerance searched, in words
+    noise_multiplier: float | None  # the least σ found (bisection on log σ); None: none up to the ceiling
+    epsilon: float | None  # ε at δ of that σ (None: infinite, or no σ found)
+    bound: float | None  # B(κ) at that σ
+    at_floor: bool  # the search floor already meets the target: less noise may too
+    search: str  # the interval and tolerance searched, in words
     seconds: float = 0.0
-    sample_rate_source: str = ""        # where q came from (the round, or a flag): as DPBound's
+    sample_rate_source: str = ""  # where q came from (the round, or a flag): as DPBound's
     steps_source: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -319,9 +320,9 @@ class DPNoiseSuggestion:
 class DeploymentRead:
     """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
 
-    kind: str                                   # flower | nvflare
-    root: str                                   # the app's directory
-    settings: list[tuple[str, str, str]]        # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
+    kind: str  # flower | nvflare
+    root: str  # the app's directory
+    settings: list[tuple[str, str, str]]  # (setting, value, source), e.g. ("batch-size", "32", "[tool...]")
     notes: list[str] = field(default_factory=list)
 
 
@@ -330,19 +331,19 @@ class BiasReadoutFinding:
     """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
     the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
 
-    name: str                         # the layer: fc1
-    op: str                           # Linear | Conv2d ...
-    units: int                        # its output units, each one chance to read a sample out
-    width: int                        # the per-sample vector each unit reads (the ratio's length)
-    reads_input: bool                 # the first layer: the ratio is the sample itself; else its features
-    activation: str                   # the ReLU-like op after it: relu, ReLU6, LeakyReLU ...
-    exact: bool                       # the activation's slope vanishes (ReLU family): an exact readout
-    batch_size: int                   # the samples one step's gradient mixes (the batch it faces)
-    samples: int                      # the samples the whole update mixes (C·N for a round)
-    whole_batch: bool                 # units >= batch size: Qian et al.'s condition to read every sample
+    name: str  # the layer: fc1
+    op: str  # Linear | Conv2d ...
+    units: int  # its output units, each one chance to read a sample out
+    width: int  # the per-sample vector each unit reads (the ratio's length)
+    reads_input: bool  # the first layer: the ratio is the sample itself; else its features
+    activation: str  # the ReLU-like op after it: relu, ReLU6, LeakyReLU ...
+    exact: bool  # the activation's slope vanishes (ReLU family): an exact readout
+    batch_size: int  # the samples one step's gradient mixes (the batch it faces)
+    samples: int  # the samples the whole update mixes (C·N for a round)
+    whole_batch: bool  # units >= batch size: Qian et al.'s condition to read every sample
     message: str
     fix: str
-    source: str | None = None         # file:line of the call
+    source: str | None = None  # file:line of the call
 
 
 @dataclass
@@ -350,13 +351,13 @@ class BiasReadoutLayer:
     """--verify bias on one layer: which units' ratio u_W[k] / u_b[k] is a sample's input to it, exactly."""
 
     name: str
-    op: str                         # Linear | Conv2d | ...
+    op: str  # Linear | Conv2d | ...
     units: int
-    live_units: int                 # units whose bias update is not ~0 (the others are skipped)
-    reads_input: bool               # the layer reads the model's input itself: a ratio is the image
-    units_read: list[dict]          # {unit, sample, relative_error, step (None for the input), fired_for}
+    live_units: int  # units whose bias update is not ~0 (the others are skipped)
+    reads_input: bool  # the layer reads the model's input itself: a ratio is the image
+    units_read: list[dict]  # {unit, sample, relative_error, step (None for the input), fired_for}
     samples_read: list[int]
-    units_firing_for_one_sample: int    # ground truth: units that passed a gradient for exactly one sample
+    units_firing_for_one_sample: int  # ground truth: units that passed a gradient for exactly one sample
 
 
 @dataclass
@@ -365,11 +366,11 @@ class BiasReadoutSample:
 
     index: int
     read_exactly: bool
-    layer: str | None               # the layer and unit of the best exact readout
+    layer: str | None  # the layer and unit of the best exact readout
     unit: int | None
     relative_error: float | None
-    psnr: float | None              # nearest first-layer ratio against the image, dB; None: identical or unmeasured
-    psnr_measured: bool             # a layer reading the input exists (psnr None then means infinite)
+    psnr: float | None  # nearest first-layer ratio against the image, dB; None: identical or unmeasured
+    psnr_measured: bool  # a layer reading the input exists (psnr None then means infinite)
 
 
 @dataclass
@@ -380,18 +381,18 @@ class BiasReadout:
     samples_read: list[int]
     layers: list[BiasReadoutLayer]
     per_sample: list[BiasReadoutSample]
-    skipped: list[str]              # readout layers that read several vectors per sample or run twice
+    skipped: list[str]  # readout layers that read several vectors per sample or run twice
     seconds: float
     device: str
-    threshold: float                # relative error below which a match is exact
+    threshold: float  # relative error below which a match is exact
     notes: list[str] = field(default_factory=list)
-    setup_seconds: float = 0.0      # torch.func's one-time imports, apart from the readout's `seconds`
+    setup_seconds: float = 0.0  # torch.func's one-time imports, apart from the readout's `seconds`
 
 
 @dataclass
 class Result:
-    model: str                          # as the user named it: path or path:name
-    model_name: str                     # the class, factory or instance
+    model: str  # as the user named it: path or path:name
+    model_name: str  # the class, factory or instance
     input_shape: tuple[int, ...]
     batch_size: int
     tracer: str
@@ -399,11 +400,11 @@ class Result:
     layers: list[LayerRow]
     blocks: list[ResidualBlock]
     caveats: list[Caveat]
-    ra_i: int | None                    # None when every layer is dense
+    ra_i: int | None  # None when every layer is dense
     critical_layer: str | None
     verdict: str = ""
     meaning: str = ""
-    summary: str = ""                   # one sentence: RA-i, critical layer, verdict and meaning
+    summary: str = ""  # one sentence: RA-i, critical layer, verdict and meaning
     policy: PolicyOutcome | None = None
     label_leakage: LabelLeakage | None = None
     identifiability: Identifiability | None = None
@@ -411,17 +412,17 @@ class Result:
     # Filled by the verifier: {"rgap": {...}, "gdbr": {...}} in the JSON shapes the README documents.
     verification: dict = field(default_factory=dict)
     seconds: float = 0.0
-    inputs: list[InputInfo] = field(default_factory=list)    # every input fed to forward(), masks included
-    token_leakage: TokenLeakage | None = None                 # None: the model reads no token ids
-    build: str = ""                     # how the model was built: meta-parameters | meta (see load.py)
-    call_notes: list[str] = field(default_factory=list)      # keyword arguments forward() was called with
+    inputs: list[InputInfo] = field(default_factory=list)  # every input fed to forward(), masks included
+    token_leakage: TokenLeakage | None = None  # None: the model reads no token ids
+    build: str = ""  # how the model was built: meta-parameters | meta (see load.py)
+    call_notes: list[str] = field(default_factory=list)  # keyword arguments forward() was called with
     # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose
     # numbers describe them.
     images: dict[str, bytes] = field(default_factory=dict)
-    dp: DPBound | None = None           # what DP noise bounds (spec §13); None without DP options
-    round: Round | None = None          # the federated round judged (spec §12); None: FedSGD at batch_size
-    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)   # spec §14's static readout finding
-    deployment: DeploymentRead | None = None   # `rankaudit DIR`: what was read from the app, and from where
+    dp: DPBound | None = None  # what DP noise bounds (spec §13); None without DP options
+    round: Round | None = None  # the federated round judged (spec §12); None: FedSGD at batch_size
+    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)  # spec §14's static readout finding
+    deployment: DeploymentRead | None = None  # `rankaudit DIR`: what was read from the app, and from where
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -1,4 +1,5 @@
 """The federated round as one frozen value: local samples, batch size, epochs, learning rate, clients, DP."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,13 +56,13 @@ class Round:
     """
 
     batch_size: int = 1
-    local_samples: int | None = None      # N; None: the batch size (one step per epoch)
-    local_epochs: int = 1                 # E
-    lr: float = 0.1                       # η (at least MIN_LR)
-    optimizer: str = "sgd"                # sgd | adam
-    momentum: float = 0.0                 # μ, SGD only
-    clients: int = 1                      # C under secure aggregation; 1: none
-    server_rounds: int = 1                # rounds of the whole training (DP composes over them)
+    local_samples: int | None = None  # N; None: the batch size (one step per epoch)
+    local_epochs: int = 1  # E
+    lr: float = 0.1  # η (at least MIN_LR)
+    optimizer: str = "sgd"  # sgd | adam
+    momentum: float = 0.0  # μ, SGD only
+    clients: int = 1  # C under secure aggregation; 1: none
+    server_rounds: int = 1  # rounds of the whole training (DP composes over them)
     available_clients: int | None = None  # clients the server samples the C from; None: C (all take part)
     dp: DPSettings | None = None
 
@@ -107,14 +108,26 @@ FEDSGD = Round()
 # ---- building and validating a round: the one place that knows what a valid round is ------------------------------
 
 # [tool.rankaudit.round] key -> Round field; the command-line flag is the key with two dashes.
-ROUND_KEYS = {"local-samples": "local_samples", "batch-size": "batch_size", "local-epochs": "local_epochs",
-              "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients",
-              "server-rounds": "server_rounds", "available-clients": "available_clients"}
+ROUND_KEYS = {
+    "local-samples": "local_samples",
+    "batch-size": "batch_size",
+    "local-epochs": "local_epochs",
+    "lr": "lr",
+    "optimizer": "optimizer",
+    "momentum": "momentum",
+    "clients": "clients",
+    "server-rounds": "server_rounds",
+    "available-clients": "available_clients",
+}
 _FLAG = {field: f"--{key} (`{key}` in [tool.rankaudit.round])" for key, field in ROUND_KEYS.items()}
 
 
-def build_round(flags: dict[str, object], config: dict[str, object] | None = None,
-                dp: DPSettings | None = None, dp_given: dict[str, str] | None = None) -> Round:
+def build_round(
+    flags: dict[str, object],
+    config: dict[str, object] | None = None,
+    dp: DPSettings | None = None,
+    dp_given: dict[str, str] | None = None,
+) -> Round:
     """The round from the command line's values (`flags`, None where not given) and the configuration's
     [tool.rankaudit.round] values (`config`, same field names); flags win. Validated: a UsageError otherwise.
 
@@ -133,6 +146,7 @@ def build_round(flags: dict[str, object], config: dict[str, object] | None = Non
 
 # ---- DP follows the round (spec §13): what a unit's sampling rate q and its number of steps T are -----------------
 
+
 def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
     """(q, where q comes from, T, where T comes from) of the round's DP mechanism.
 
@@ -143,12 +157,20 @@ def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
     rounds = count(round_.server_rounds, "server round")
     if level == "client":
         rate = round_.clients / round_.population
-        return (rate, f"round: C/M = {round_.clients}/{round_.population} clients sampled per round",
-                round_.server_rounds, f"round: {rounds}")
+        return (
+            rate,
+            f"round: C/M = {round_.clients}/{round_.population} clients sampled per round",
+            round_.server_rounds,
+            f"round: {rounds}",
+        )
     rate = round_.batch_size / round_.samples
     steps = round_.steps * round_.server_rounds
-    return (rate, f"round: B/N = {round_.batch_size}/{round_.samples}",
-            steps, f"round: E·⌈N/B⌉ = {round_.local_epochs}·{round_.steps_per_epoch} local steps × {rounds}")
+    return (
+        rate,
+        f"round: B/N = {round_.batch_size}/{round_.samples}",
+        steps,
+        f"round: E·⌈N/B⌉ = {round_.local_epochs}·{round_.steps_per_epoch} local steps × {rounds}",
+    )
 
 
 def dp_for_round(round_: Round, settings: DPSettings | None, given: dict[str, str]) -> DPSettings | None:
@@ -163,64 +185,91 @@ def dp_for_round(round_: Round, settings: DPSettings | None, given: dict[str, st
     if "sample_rate" in given:
         values["sample_rate_source"] = given["sample_rate"]
         if states_rate and not math.isclose(settings.sample_rate, rate, rel_tol=1e-9):
-            disagree.append((f"q = {settings.sample_rate:g} from {given['sample_rate']}",
-                             f"q = {rate:.4g} ({rate_source.removeprefix('round: ')})"))
+            disagree.append(
+                (
+                    f"q = {settings.sample_rate:g} from {given['sample_rate']}",
+                    f"q = {rate:.4g} ({rate_source.removeprefix('round: ')})",
+                )
+            )
     else:
         values.update(sample_rate=rate, sample_rate_source=rate_source)
     if "steps" in given:
         values["steps_source"] = given["steps"]
         if settings.steps != steps:
-            disagree.append((f"T = {settings.steps:,} from {given['steps']}",
-                             f"T = {steps:,} ({steps_source.removeprefix('round: ')})"))
+            disagree.append(
+                (
+                    f"T = {settings.steps:,} from {given['steps']}",
+                    f"T = {steps:,} ({steps_source.removeprefix('round: ')})",
+                )
+            )
     else:
         values.update(steps=steps, steps_source=steps_source)
     notes = ()
     if disagree:
-        notes = (f"{' and '.join(used for used, _ in disagree)} used as given; the round gives "
-                 f"{' and '.join(derived for _, derived in disagree)}",)
+        notes = (
+            f"{' and '.join(used for used, _ in disagree)} used as given; the round gives "
+            f"{' and '.join(derived for _, derived in disagree)}",
+        )
     return dataclasses.replace(settings, **values, notes=notes)
 
 
 def validate_round(round_: Round) -> Round:
     """One-line UsageErrors for a round no client can run; the round itself when it is valid."""
+
     def whole(field: str, value, minimum: int, what: str):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise UsageError(f"{what} {value!r} is not an integer >= {minimum}",
-                             f"give {_FLAG[field]} as a whole number of at least {minimum}")
+            raise UsageError(
+                f"{what} {value!r} is not an integer >= {minimum}",
+                f"give {_FLAG[field]} as a whole number of at least {minimum}",
+            )
 
     whole("batch_size", round_.batch_size, 1, "batch size B =")
     whole("local_epochs", round_.local_epochs, 1, "local epochs E =")
     whole("clients", round_.clients, 1, "clients C =")
     whole("server_rounds", round_.server_rounds, 1, "server rounds =")
     if round_.available_clients is not None:
-        whole("available_clients", round_.available_clients, round_.clients,
-              f"available clients (at least the C = {round_.clients} of a round) =")
+        whole(
+            "available_clients",
+            round_.available_clients,
+            round_.clients,
+            f"available clients (at least the C = {round_.clients} of a round) =",
+        )
     if round_.local_samples is not None:
         whole("local_samples", round_.local_samples, 1, "local samples N =")
         if round_.local_samples < round_.batch_size:
-            raise UsageError(f"local samples N = {round_.local_samples} is below the batch size B = "
-                             f"{round_.batch_size}: the client cannot fill one batch",
-                             f"give {_FLAG['local_samples']} of at least {round_.batch_size}, or a smaller "
-                             "--batch-size")
+            raise UsageError(
+                f"local samples N = {round_.local_samples} is below the batch size B = "
+                f"{round_.batch_size}: the client cannot fill one batch",
+                f"give {_FLAG['local_samples']} of at least {round_.batch_size}, or a smaller --batch-size",
+            )
     lr = round_.lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise UsageError(f"learning rate {lr!r} is not a finite number above 0",
-                         f"give {_FLAG['lr']} as a positive number, e.g. 0.05")
+        raise UsageError(
+            f"learning rate {lr!r} is not a finite number above 0",
+            f"give {_FLAG['lr']} as a positive number, e.g. 0.05",
+        )
     if lr < MIN_LR:
-        raise UsageError(f"learning rate {lr:g} is below {MIN_LR:g}: a local step lr·g would be lost to rounding (or "
-                         "be a denormal) in the verifiers' float32 and float64 arithmetic, and no rank or attack "
-                         "measured on it means anything", f"give {_FLAG['lr']} as a realistic rate, e.g. 0.05")
+        raise UsageError(
+            f"learning rate {lr:g} is below {MIN_LR:g}: a local step lr·g would be lost to rounding (or "
+            "be a denormal) in the verifiers' float32 and float64 arithmetic, and no rank or attack "
+            "measured on it means anything",
+            f"give {_FLAG['lr']} as a realistic rate, e.g. 0.05",
+        )
     if round_.optimizer not in OPTIMIZERS:
-        raise UsageError(f"unknown optimizer {round_.optimizer!r}",
-                         f"give {_FLAG['optimizer']} as one of {', '.join(OPTIMIZERS)}")
+        raise UsageError(
+            f"unknown optimizer {round_.optimizer!r}", f"give {_FLAG['optimizer']} as one of {', '.join(OPTIMIZERS)}"
+        )
     momentum = round_.momentum
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-        raise UsageError(f"momentum {momentum!r} is outside [0, 1)",
-                         f"give {_FLAG['momentum']} between 0 (plain SGD) and just below 1, e.g. 0.9")
+        raise UsageError(
+            f"momentum {momentum!r} is outside [0, 1)",
+            f"give {_FLAG['momentum']} between 0 (plain SGD) and just below 1, e.g. 0.9",
+        )
     if momentum and round_.optimizer != "sgd":
-        raise UsageError(f"momentum {momentum:g} given with the {round_.optimizer} optimizer",
-                         "momentum applies to SGD (Adam keeps its own moment estimates): drop --momentum or use "
-                         "--optimizer sgd")
+        raise UsageError(
+            f"momentum {momentum:g} given with the {round_.optimizer} optimizer",
+            "momentum applies to SGD (Adam keeps its own moment estimates): drop --momentum or use --optimizer sgd",
+        )
     return round_
 
 
@@ -231,10 +280,13 @@ def describe(round_: Round) -> str:
         if round_.secure_aggregation:
             text += f", summed over C = {round_.clients} clients by secure aggregation"
         return text
-    text = (f"FedAvg round: N = {round_.samples} local samples, batch {round_.batch_size}, "
-            f"{round_.local_epochs} local epoch{'s' if round_.local_epochs != 1 else ''}, K = {round_.steps} "
-            f"step{'s' if round_.steps != 1 else ''} of {round_.optimizer}"
-            + (f" (momentum {round_.momentum:g})" if round_.momentum else "") + f", lr {round_.lr:g}")
+    text = (
+        f"FedAvg round: N = {round_.samples} local samples, batch {round_.batch_size}, "
+        f"{round_.local_epochs} local epoch{'s' if round_.local_epochs != 1 else ''}, K = {round_.steps} "
+        f"step{'s' if round_.steps != 1 else ''} of {round_.optimizer}"
+        + (f" (momentum {round_.momentum:g})" if round_.momentum else "")
+        + f", lr {round_.lr:g}"
+    )
     if round_.secure_aggregation:
         text += f"; secure aggregation over C = {round_.clients} clients"
     return text

@@ -1,4 +1,5 @@
 """Design review: single architectural edits, each re-counted and re-bounded on the traced graph, and ranked."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,13 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from rankaudit.analysis import analyze
-from rankaudit.bound import (gradient_sources, identifiability, round_identifiability, sample_identifiability,
-                             sample_unknowns)
+from rankaudit.bound import (
+    gradient_sources,
+    identifiability,
+    round_identifiability,
+    sample_identifiability,
+    sample_unknowns,
+)
 from rankaudit.errors import RankauditError
 from rankaudit.findings import readout_layers, token_leakage
 from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
@@ -21,38 +27,40 @@ from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleB
 from rankaudit.round import Round
 from rankaudit.trace import NodeRecord, TracedModel, trace_model
 
-EDITS = ("cut-skip", "narrow", "stride", "remove-bias")   # batch sizes protect no sample (spec §14)
-ACCURACY_NOTE = ("Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
-                 "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10).")
+EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (spec §14)
+ACCURACY_NOTE = (
+    "Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
+    "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10)."
+)
 
 
 @dataclass
 class Suggestion:
-    edit: str                  # one of EDITS
-    target: str                # the block's or layer's qualified name (layer2.0), or "batch"
-    detail: str                # what exactly changes, e.g. "out_channels 16 -> 5"
+    edit: str  # one of EDITS
+    target: str  # the block's or layer's qualified name (layer2.0), or "batch"
+    detail: str  # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str               # the per-sample verdict level of the edited model (spec §14, §11)
+    verdict: str  # the per-sample verdict level of the edited model (spec §14, §11)
     delta_params: int
-    crosses_verdict: bool      # the verdict differs from the unedited model's
-    rank_bound: int = 0        # R_s of the edited model: each sample's bound (spec §14)
-    certified_deficit: int = 0          # |x| - R_s: directions of each sample certified hidden
-    recoverable_fraction: float = 1.0   # R_s/|x| of the edited model: the edits are ranked by it
+    crosses_verdict: bool  # the verdict differs from the unedited model's
+    rank_bound: int = 0  # R_s of the edited model: each sample's bound (spec §14)
+    certified_deficit: int = 0  # |x| - R_s: directions of each sample certified hidden
+    recoverable_fraction: float = 1.0  # R_s/|x| of the edited model: the edits are ranked by it
 
 
 @dataclass
 class RoundSetting:
     """One knob of the round moved to where each sample becomes `protected` (spec §11, §14), with its bound."""
 
-    knob: str                      # local-samples | local-epochs | clients
-    value: int | None              # the value found; None: no value in the range searched protects the round
-    unbounded: bool                # local-epochs only: every number of epochs is protected (the |θ_s| cap binds)
+    knob: str  # local-samples | local-epochs | clients
+    value: int | None  # the value found; None: no value in the range searched protects the round
+    unbounded: bool  # local-epochs only: every number of epochs is protected (the |θ_s| cap binds)
     rank_bound: int = 0
     unknowns: int = 0
     recoverable_fraction: float = 1.0
     binding: str = ""
-    explanation: str = ""          # why, or why no value was found
+    explanation: str = ""  # why, or why no value was found
 
 
 @dataclass
@@ -79,17 +87,17 @@ class SuggestReport:
     batch_size: int
     ra_i: int | None
     critical_layer: str | None
-    verdict: str                               # the per-sample verdict (spec §14): what the edits aim at
+    verdict: str  # the per-sample verdict (spec §14): what the edits aim at
     suggestions: list[Suggestion]
-    skipped: list[str] = field(default_factory=list)   # edits that could not be applied, and why
+    skipped: list[str] = field(default_factory=list)  # edits that could not be applied, and why
     # The batch as a whole (spec §9, §11) at batch_size: R of n = B·|x|; a statement about all samples at once.
     unknowns: int = 0
     rank_bound: int = 0
     certified_deficit: int = 0
-    certifying_batch: int | None = None        # smallest batch size with a certified deficit of the whole batch
-    protecting_batch: int | None = None        # smallest batch size whose whole batch is protected (None: none is)
+    certifying_batch: int | None = None  # smallest batch size with a certified deficit of the whole batch
+    protecting_batch: int | None = None  # smallest batch size whose whole batch is protected (None: none is)
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # the ceiling on R/n that protected asks for
-    recoverable_fraction: float = 1.0          # R/n of the model as it is (the whole batch)
+    recoverable_fraction: float = 1.0  # R/n of the model as it is (the whole batch)
     # Layers whose gradients, kept back, make each sample protected (spec §14); [] none needed; None: no set does
     certifying_withheld: list[str] | None = None
     # Where no set of layers reaches protected (norms and other directly used parameters still send enough):
@@ -97,15 +105,15 @@ class SuggestReport:
     deficit_withheld: list[str] | None = None
     # Language models: DAGER's span test on the layers reading per-token vectors (all gradients shared).
     token_span_exposed: list[str] = field(default_factory=list)  # layers whose gradient passes it at this B·n
-    tokens_per_batch: int | None = None                  # B·n now
-    safe_tokens_per_batch: int | None = None             # the smallest B·n at which it fails on every layer
-    safe_token_batch: int | None = None                  # the smallest batch size reaching it at this length
+    tokens_per_batch: int | None = None  # B·n now
+    safe_tokens_per_batch: int | None = None  # the smallest B·n at which it fails on every layer
+    safe_token_batch: int | None = None  # the smallest batch size reaching it at this length
     note: str = ACCURACY_NOTE
     seconds: float = 0.0
-    round_review: RoundReview | None = None   # with a round: the N, E and C that make it protected
-    noise: DPNoiseSuggestion | None = None     # with DP options: the least noise meeting --max-reconstruction
-    sample: SampleBound | None = None          # each sample's bound as the model is (spec §14)
-    readout_layers: list[str] = field(default_factory=list)   # shared layers with a bias readout (spec §14)
+    round_review: RoundReview | None = None  # with a round: the N, E and C that make it protected
+    noise: DPNoiseSuggestion | None = None  # with DP options: the least noise meeting --max-reconstruction
+    sample: SampleBound | None = None  # each sample's bound as the model is (spec §14)
+    readout_layers: list[str] = field(default_factory=list)  # shared layers with a bias readout (spec §14)
     # No single edit, withheld set or round setting makes each sample protected: only noise the client adds can
     # bound what the server reconstructs of a sample.
     noise_is_the_way: bool = False
@@ -125,9 +133,16 @@ def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[
     for node in order:
         for source in dict.fromkeys(records[node].inputs):
             successors.setdefault(source, []).append(node)
-    return TracedModel({n: records[n] for n in order}, successors, order, traced.input_id,
-                       [n for n in traced.output_ids if n in alive], traced.tracer, traced.fallback_reason,
-                       traced.parameters)
+    return TracedModel(
+        {n: records[n] for n in order},
+        successors,
+        order,
+        traced.input_id,
+        [n for n in traced.output_ids if n in alive],
+        traced.tracer,
+        traced.fallback_reason,
+        traced.parameters,
+    )
 
 
 def _params_of(record: NodeRecord) -> int:
@@ -141,12 +156,18 @@ def _cut_skips(traced: TracedModel, base: Result) -> list[tuple[str, str, Traced
         main_input = next(i for i in add.inputs if i != block.shortcut_input)
         shortcut = set()
         if block.shortcut_input != block.fork:
-            shortcut = ((traced.ancestors(block.shortcut_input) | {block.shortcut_input})
-                        - traced.ancestors(block.fork) - {block.fork})
+            shortcut = (
+                (traced.ancestors(block.shortcut_input) | {block.shortcut_input})
+                - traced.ancestors(block.fork)
+                - {block.fork}
+            )
         passthrough = dataclasses.replace(add, inputs=[main_input], counting=Counting(Role.TRANSPARENT))
         removed = sum(_params_of(traced.record(n)) for n in shortcut)
-        detail = "remove the identity skip" if not shortcut else \
-            f"remove the skip and its projection ({', '.join(block.shortcut_layers)})"
+        detail = (
+            "remove the identity skip"
+            if not shortcut
+            else f"remove the skip and its projection ({', '.join(block.shortcut_layers)})"
+        )
         edits.append((block.name, detail, _rebuilt(traced, {block.merge: passthrough}, shortcut), -removed))
     return edits
 
@@ -171,10 +192,18 @@ def _narrowed(traced: TracedModel, node_id: str, width: int) -> tuple[TracedMode
     layer = traced.record(node_id)
     old = layer.counting.out_features
     scale = width / old
-    replaced = {node_id: dataclasses.replace(
-        layer, output_numel=layer.output_numel * width // old,
-        counting=dataclasses.replace(layer.counting, weights=layer.counting.weights * width // old,
-                                     bias_params=layer.counting.bias_params * width // old, out_features=width))}
+    replaced = {
+        node_id: dataclasses.replace(
+            layer,
+            output_numel=layer.output_numel * width // old,
+            counting=dataclasses.replace(
+                layer.counting,
+                weights=layer.counting.weights * width // old,
+                bias_params=layer.counting.bias_params * width // old,
+                out_features=width,
+            ),
+        )
+    }
     delta = replaced[node_id].counting.weights - layer.counting.weights
     frontier = list(traced.successors.get(node_id, ()))
     while frontier:
@@ -235,8 +264,14 @@ def _remove_bias_edits(traced: TracedModel) -> list[tuple[str, str, TracedModel,
         bias = record.counting.bias_params
         if record.counting.role is Role.LAYER and bias:
             counting = dataclasses.replace(record.counting, weights=record.counting.weights - bias, bias_params=0)
-            edits.append((record.name, f"bias=False ({bias} parameters)",
-                          _rebuilt(traced, {node_id: dataclasses.replace(record, counting=counting)}, set()), -bias))
+            edits.append(
+                (
+                    record.name,
+                    f"bias=False ({bias} parameters)",
+                    _rebuilt(traced, {node_id: dataclasses.replace(record, counting=counting)}, set()),
+                    -bias,
+                )
+            )
     return edits
 
 
@@ -280,14 +315,19 @@ def smallest_certified_batch(traced: TracedModel, start: int = 1, at_start: Iden
     return high
 
 
-def smallest_protected_batch(traced: TracedModel, start: int = 1, at_start: Identifiability | None = None,
-                             max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> int | None:
+def smallest_protected_batch(
+    traced: TracedModel,
+    start: int = 1,
+    at_start: Identifiability | None = None,
+    max_recoverable: float = DEFAULT_MAX_RECOVERABLE,
+) -> int | None:
     """Smallest B >= start whose verdict is `protected` (R/n <= max_recoverable, spec §11); None if no B is.
 
     Every cut's capacity is a + B·b (gradients a, tensors B·b, both >= 0), so R(B) is their minimum and
     R(B)/(B·|x|) = min(a/B + b)/|x| never grows with B: a bisection finds the first B. The cut through every
     shared gradient has b = 0, so from B·|x|·max_recoverable >= their total size on, the verdict is protected.
     """
+
     def protected(batch: int, bound: Identifiability | None = None) -> bool:
         bound = bound or identifiability(traced, batch, max_recoverable=max_recoverable)
         return bound.verdict == "protected"
@@ -311,9 +351,14 @@ def smallest_protected_batch(traced: TracedModel, start: int = 1, at_start: Iden
     return high
 
 
-def certifying_withheld(traced: TracedModel, batch_size: int, *,
-                        max_recoverable: float = DEFAULT_MAX_RECOVERABLE, aim: str = "protected",
-                        round_: Round | None = None) -> list[str] | None:
+def certifying_withheld(
+    traced: TracedModel,
+    batch_size: int,
+    *,
+    max_recoverable: float = DEFAULT_MAX_RECOVERABLE,
+    aim: str = "protected",
+    round_: Round | None = None,
+) -> list[str] | None:
     """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (spec §11,
     §14: `protected`, or `partial` for any certified deficit); None if even withholding all of them does not.
     Each sample is judged by sample_identifiability in `round_` (default: FedSGD at batch_size).
@@ -327,8 +372,9 @@ def certifying_withheld(traced: TracedModel, batch_size: int, *,
     def judge(withheld_layers: list[str]) -> SampleBound:
         key = tuple(sorted(withheld_layers))
         if key not in cache:
-            cache[key] = sample_identifiability(traced, judged_round, withheld_layers=list(key) or None,
-                                                max_recoverable=max_recoverable)
+            cache[key] = sample_identifiability(
+                traced, judged_round, withheld_layers=list(key) or None, max_recoverable=max_recoverable
+            )
         return cache[key]
 
     capacity: dict[str, int] = {}
@@ -338,7 +384,7 @@ def certifying_withheld(traced: TracedModel, batch_size: int, *,
             capacity[record.name.split("#")[0]] = record.counting.weights
     names = list(capacity)
     withheld: list[str] = []
-    reached = VERDICT_LEVELS[VERDICT_LEVELS.index(aim):]
+    reached = VERDICT_LEVELS[VERDICT_LEVELS.index(aim) :]
     bound = judge([])
     while bound.level not in reached:
         candidates = [name for name in names if name not in withheld]
@@ -348,7 +394,7 @@ def certifying_withheld(traced: TracedModel, batch_size: int, *,
         # Where no single layer lowers the bound yet (the input itself is the cut), take the most gradient away.
         bound, _, best = min(trials, key=lambda trial: (trial[0].rank_bound, -trial[1]))
         withheld.append(best)
-    for name in sorted(withheld, key=capacity.__getitem__):   # then share again what the certificate can spare
+    for name in sorted(withheld, key=capacity.__getitem__):  # then share again what the certificate can spare
         rest = [other for other in withheld if other != name]
         if judge(rest).level in reached:
             withheld = rest
@@ -387,32 +433,68 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
     per_sample = sample.unknowns
     values = cache.get("update_values") or identifiability(traced, 1).rank_bound
     settings = []
-    for knob, setting, symbol, scale in (("local-samples", "local_samples", "N", round_.clients),
-                                         ("clients", "clients", "C", round_.samples)):
+    for knob, setting, symbol, scale in (
+        ("local-samples", "local_samples", "N", round_.clients),
+        ("clients", "clients", "C", round_.samples),
+    ):
         if sample.level == "protected":
-            settings.append(_sample_setting(knob, None, sample, f"any {symbol}: each sample's bound does not depend "
-                                            f"on {symbol} (spec §14)", unbounded=True))
+            settings.append(
+                _sample_setting(
+                    knob,
+                    None,
+                    sample,
+                    f"any {symbol}: each sample's bound does not depend on {symbol} (spec §14)",
+                    unbounded=True,
+                )
+            )
             continue
         enough = math.ceil(values / max(ceiling * scale * per_sample, 1e-300)) if ceiling > 0 else None
         low = round_.batch_size if setting == "local_samples" else 1
         whole = first_whole(setting, range(low, max(low, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH)) + 1))
-        whole_text = (f"; the round as a whole is protected from {symbol} = {whole:,}, which is no guarantee for "
-                      "any one sample" if whole is not None else "")
-        settings.append(_sample_setting(knob, None, None, f"no {symbol} protects a sample: {symbol} does not enter "
-                                        f"each sample's bound (spec §14){whole_text}"))
+        whole_text = (
+            f"; the round as a whole is protected from {symbol} = {whole:,}, which is no guarantee for any one sample"
+            if whole is not None
+            else ""
+        )
+        settings.append(
+            _sample_setting(
+                knob,
+                None,
+                None,
+                f"no {symbol} protects a sample: {symbol} does not enter each sample's bound (spec §14){whole_text}",
+            )
+        )
     # Local epochs E: E·R(1) grows with E; the |θ_s| cap does not.
     one_epoch = judged(dataclasses.replace(round_, local_epochs=1)).sample
     if one_epoch.level != "protected":
-        settings.insert(1, _sample_setting("local-epochs", None, None, f"even one local epoch is not protected per "
-                                           f"sample (one step's R(1) = {one_epoch.single_sample_bound:,} of "
-                                           f"{per_sample:,}): more epochs only add equations"))
+        settings.insert(
+            1,
+            _sample_setting(
+                "local-epochs",
+                None,
+                None,
+                f"even one local epoch is not protected per "
+                f"sample (one step's R(1) = {one_epoch.single_sample_bound:,} of "
+                f"{per_sample:,}): more epochs only add equations",
+            ),
+        )
     elif values <= ceiling * per_sample:
-        settings.insert(1, _sample_setting("local-epochs", None, one_epoch, "any number of epochs: the update's "
-                                           "|θ_s| values cap each sample whatever the steps carry", unbounded=True))
+        settings.insert(
+            1,
+            _sample_setting(
+                "local-epochs",
+                None,
+                one_epoch,
+                "any number of epochs: the update's |θ_s| values cap each sample whatever the steps carry",
+                unbounded=True,
+            ),
+        )
     else:
-        low, high = 1, 2     # the largest E still protected: E·R(1) grows without bound, so doubling ends
-        while high < MAX_ROUND_SEARCH and judged(dataclasses.replace(round_, local_epochs=high)).sample.level == \
-                "protected":
+        low, high = 1, 2  # the largest E still protected: E·R(1) grows without bound, so doubling ends
+        while (
+            high < MAX_ROUND_SEARCH
+            and judged(dataclasses.replace(round_, local_epochs=high)).sample.level == "protected"
+        ):
             low, high = high, high * 2
         while high - low > 1:
             middle = (low + high) // 2
@@ -420,25 +502,53 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
                 low = middle
             else:
                 high = middle
-        settings.insert(1, _sample_setting("local-epochs", low, judged(dataclasses.replace(
-            round_, local_epochs=low)).sample))
-    return RoundReview(round_, sample.level, sample.rank_bound, sample.unknowns, sample.recoverable_fraction,
-                       ceiling, settings, whole_verdict=verdict_level(base.rank_bound, base.unknowns, ceiling),
-                       whole_rank_bound=base.rank_bound, whole_unknowns=base.unknowns)
+        settings.insert(
+            1, _sample_setting("local-epochs", low, judged(dataclasses.replace(round_, local_epochs=low)).sample)
+        )
+    return RoundReview(
+        round_,
+        sample.level,
+        sample.rank_bound,
+        sample.unknowns,
+        sample.recoverable_fraction,
+        ceiling,
+        settings,
+        whole_verdict=verdict_level(base.rank_bound, base.unknowns, ceiling),
+        whole_rank_bound=base.rank_bound,
+        whole_unknowns=base.unknowns,
+    )
 
 
-def _sample_setting(knob: str, value: int | None, sample: SampleBound | None, why: str = "",
-                    unbounded: bool = False) -> RoundSetting:
+def _sample_setting(
+    knob: str, value: int | None, sample: SampleBound | None, why: str = "", unbounded: bool = False
+) -> RoundSetting:
     if sample is None:
         return RoundSetting(knob, value, unbounded, explanation=why)
-    cap = {"update-values": "the update's values cap each sample", "steps": "the steps that read a sample cap it",
-           "unknowns": "no cap below a sample's unknowns"}[sample.binding]
-    return RoundSetting(knob, value, unbounded, sample.rank_bound, sample.unknowns, sample.recoverable_fraction,
-                        sample.binding, why or f"{cap}: R_s = min(|x|, |θ_s|, E·R(1)) = {sample.rank_bound:,}")
+    cap = {
+        "update-values": "the update's values cap each sample",
+        "steps": "the steps that read a sample cap it",
+        "unknowns": "no cap below a sample's unknowns",
+    }[sample.binding]
+    return RoundSetting(
+        knob,
+        value,
+        unbounded,
+        sample.rank_bound,
+        sample.unknowns,
+        sample.recoverable_fraction,
+        sample.binding,
+        why or f"{cap}: R_s = min(|x|, |θ_s|, E·R(1)) = {sample.rank_bound:,}",
+    )
 
 
-def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size: int = 1,
-            max_recoverable: float | None = None, round_: Round | None = None) -> SuggestReport:
+def suggest(
+    spec: str,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    batch_size: int = 1,
+    max_recoverable: float | None = None,
+    round_: Round | None = None,
+) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
     fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
     also the N, E and C at which each sample is protected. The batch sizes at which the batch as a whole is
@@ -446,8 +556,9 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
-    traced = trace_model(loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype,
-                         forward_kwargs=loaded.forward_kwargs)
+    traced = trace_model(
+        loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+    )
     base = analyze(traced, batch_size)
     base_bound = identifiability(traced, batch_size, max_recoverable=ceiling)
     judged_round = round_ or Round(batch_size=batch_size)
@@ -459,9 +570,21 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
     def add(edit, target, detail, edited, delta):
         result = analyze(edited, batch_size)
         sample = sample_identifiability(edited, judged_round, max_recoverable=ceiling)
-        suggestions.append(Suggestion(edit, target, detail, result.ra_i, result.critical_layer, sample.level, delta,
-                                      sample.level != base_sample.level, sample.rank_bound,
-                                      sample.unknowns - sample.rank_bound, sample.recoverable_fraction))
+        suggestions.append(
+            Suggestion(
+                edit,
+                target,
+                detail,
+                result.ra_i,
+                result.critical_layer,
+                sample.level,
+                delta,
+                sample.level != base_sample.level,
+                sample.rank_bound,
+                sample.unknowns - sample.rank_bound,
+                sample.recoverable_fraction,
+            )
+        )
 
     for target, detail, edited, delta in _cut_skips(traced, base):
         add("cut-skip", target, detail, edited, delta)
@@ -471,30 +594,59 @@ def suggest(spec: str, *, input_shape: tuple[int, ...] | None = None, batch_size
         add("stride", target, detail, edited, delta)
     for target, detail, edited, delta in _remove_bias_edits(traced):
         if target.split("#")[0] in readouts:
-            detail += ("; stops the exact bias readout of a sample (spec §14), though the weight rows still point "
-                       "along it")
+            detail += (
+                "; stops the exact bias readout of a sample (spec §14), though the weight rows still point along it"
+            )
         add("remove-bias", target, detail, edited, delta)
     certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
     protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling)
     suggestions.sort(key=lambda s: (s.recoverable_fraction, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
     protecting = certifying_withheld(traced, batch_size, max_recoverable=ceiling, round_=round_)
-    deficit_only = None if protecting is not None else certifying_withheld(traced, batch_size,
-                                                                            max_recoverable=ceiling, aim="partial",
-                                                                            round_=round_)
+    deficit_only = (
+        None
+        if protecting is not None
+        else certifying_withheld(traced, batch_size, max_recoverable=ceiling, aim="partial", round_=round_)
+    )
     review = round_review(traced, round_, ceiling) if round_ is not None else None
-    structural = (base_sample.level == "protected" or protecting is not None
-                  or any(s.verdict == "protected" for s in suggestions)
-                  or (review is not None and any(setting.value is not None or setting.unbounded
-                                                 for setting in review.settings)))
+    structural = (
+        base_sample.level == "protected"
+        or protecting is not None
+        or any(s.verdict == "protected" for s in suggestions)
+        or (review is not None and any(setting.value is not None or setting.unbounded for setting in review.settings))
+    )
     tokens = token_leakage(traced, batch_size, None)
-    span = {"token_span_exposed": tokens.span_exposing, "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
+    span = (
+        {
+            "token_span_exposed": tokens.span_exposing,
+            "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
             "safe_token_batch": tokens.safe_batch_size,
-            "tokens_per_batch": tokens.layers[0].tokens_per_batch if tokens.layers else None} if tokens else {}
-    return SuggestReport(spec, loaded.input_shape, batch_size, base.ra_i, base.critical_layer, base_sample.level,
-                         suggestions, skipped, unknowns=base_bound.unknowns, rank_bound=base_bound.rank_bound,
-                         certified_deficit=base_bound.certified_deficit, certifying_batch=certifying_batch,
-                         protecting_batch=protecting_batch, max_recoverable=ceiling,
-                         recoverable_fraction=base_bound.recoverable_fraction,
-                         certifying_withheld=protecting, deficit_withheld=deficit_only, round_review=review,
-                         seconds=time.perf_counter() - started, sample=base_sample, readout_layers=sorted(readouts),
-                         noise_is_the_way=not structural, **span)
+            "tokens_per_batch": tokens.layers[0].tokens_per_batch if tokens.layers else None,
+        }
+        if tokens
+        else {}
+    )
+    return SuggestReport(
+        spec,
+        loaded.input_shape,
+        batch_size,
+        base.ra_i,
+        base.critical_layer,
+        base_sample.level,
+        suggestions,
+        skipped,
+        unknowns=base_bound.unknowns,
+        rank_bound=base_bound.rank_bound,
+        certified_deficit=base_bound.certified_deficit,
+        certifying_batch=certifying_batch,
+        protecting_batch=protecting_batch,
+        max_recoverable=ceiling,
+        recoverable_fraction=base_bound.recoverable_fraction,
+        certifying_withheld=protecting,
+        deficit_withheld=deficit_only,
+        round_review=review,
+        seconds=time.perf_counter() - started,
+        sample=base_sample,
+        readout_layers=sorted(readouts),
+        noise_is_the_way=not structural,
+        **span,
+    )

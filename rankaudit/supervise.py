@@ -13,6 +13,7 @@ exit 130 without a report. Without fork (Windows) the command runs in one proces
 
 This module imports only the standard library: the parent must stay at the cost of a bare interpreter.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,17 +23,17 @@ import struct
 import sys
 import time
 
-DEFAULT_TIMEOUT = 300.0   # seconds for each of the model's import, build and trace
-INTERRUPTED = 130         # 128 + SIGINT: the shell's convention for a command ended by Ctrl-C
-_GRACE = 5.0              # seconds a child gets to stop after Ctrl-C before it is killed
+DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
+INTERRUPTED = 130  # 128 + SIGINT: the shell's convention for a command ended by Ctrl-C
+_GRACE = 5.0  # seconds a child gets to stop after Ctrl-C before it is killed
 _HEADER = struct.Struct(">cI")
 
 # Frames on the status pipe: kind (one byte), payload length, payload.
 _PHASE, _OUTPUT, _EXIT, _ENDED = b"P", b"O", b"X", b"E"
 
-_channel: int | None = None     # the child's end of the status pipe; None in-process (tests, no fork)
-_child_pid: int | None = None   # the child's pid, so that a grandchild (a DataLoader worker) never writes frames
-_stdout_tty = False             # whether the real stdout (the parent's) is a terminal: colour in the table
+_channel: int | None = None  # the child's end of the status pipe; None in-process (tests, no fork)
+_child_pid: int | None = None  # the child's pid, so that a grandchild (a DataLoader worker) never writes frames
+_stdout_tty = False  # whether the real stdout (the parent's) is a terminal: colour in the table
 _timeout_flag: float | None = None
 _timeout_config: float | None = None
 _phase_name = "the analysis"
@@ -41,6 +42,7 @@ _exited_in: str | None = None
 
 
 # ---- the time limit: --timeout, else [tool.rankaudit] timeout, else DEFAULT_TIMEOUT ------------------------------
+
 
 def set_flag_timeout(seconds: float | None) -> None:
     """--timeout's value (None when not given); the flag wins over the configuration."""
@@ -63,12 +65,13 @@ def timeout() -> float:
 
 # ---- the child's side ---------------------------------------------------------------------------------------------
 
+
 def _send(kind: bytes, payload: bytes) -> None:
     if _channel is None or os.getpid() != _child_pid:
         return
     data = _HEADER.pack(kind, len(payload)) + payload
     while data:
-        data = data[os.write(_channel, data):]
+        data = data[os.write(_channel, data) :]
 
 
 @contextlib.contextmanager
@@ -82,7 +85,7 @@ def phase(name: str, limited: bool = True):
     try:
         yield
     except SystemExit:
-        _exited_in = _exited_in or name   # the innermost phase: cli.main names it beside the model's line
+        _exited_in = _exited_in or name  # the innermost phase: cli.main names it beside the model's line
         raise
     finally:
         _phase_name, _phase_limited = outer
@@ -123,7 +126,7 @@ def write_stdout(text: str) -> None:
         return
     data = text.encode("utf-8")
     for start in range(0, len(data), 1 << 20):
-        _send(_OUTPUT, data[start:start + (1 << 20)])
+        _send(_OUTPUT, data[start : start + (1 << 20)])
 
 
 def source_location(filename: str, line: int) -> str:
@@ -165,8 +168,8 @@ def _run_child(write_end: int, main, argv: list[str]) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     try:
-        os.dup2(2, 1)   # fd 1 is stderr from here: print(), os.write(1, ...) and C extensions alike
-    except OSError:     # no stderr at all (2>&-): the model's prints go nowhere rather than into the report
+        os.dup2(2, 1)  # fd 1 is stderr from here: print(), os.write(1, ...) and C extensions alike
+    except OSError:  # no stderr at all (2>&-): the model's prints go nowhere rather than into the report
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     os._exit = _hooked_exit
     code = 1
@@ -178,7 +181,7 @@ def _run_child(write_end: int, main, argv: list[str]) -> None:
     except KeyboardInterrupt:
         _error("interrupted (Ctrl-C); no report was written")
         code = INTERRUPTED
-    except BaseException:  # noqa: BLE001 - --debug: the traceback, as an uncaught exception would print it
+    except BaseException:
         import traceback
 
         traceback.print_exc()
@@ -192,6 +195,7 @@ def _run_child(write_end: int, main, argv: list[str]) -> None:
 
 
 # ---- the parent's side --------------------------------------------------------------------------------------------
+
 
 def _error(message: str) -> None:
     sys.stderr.write(f"rankaudit: error: {message}\n")
@@ -213,17 +217,17 @@ class _Parent:
         self.buffer = b""
         self.output: list[bytes] = []
         self.code: int | None = None
-        self.ended: str | None = None            # where the model called os._exit, when it did
+        self.ended: str | None = None  # where the model called os._exit, when it did
         self.phase, self.deadline, self.limit = "the start", None, None
         self.interrupted_at: float | None = None
-        self.signalled: int | None = None        # the signal that ended us (SIGINT, SIGTERM), forwarded to the child
+        self.signalled: int | None = None  # the signal that ended us (SIGINT, SIGTERM), forwarded to the child
         self.status: int | None = None
 
     def on_signal(self, signum, frame):
         if self.interrupted_at is None:
             self.interrupted_at = time.monotonic()
             self.signalled = signum
-        if self.pid > 0:   # 0 before the fork returned: os.kill(0, ...) would signal our own process group
+        if self.pid > 0:  # 0 before the fork returned: os.kill(0, ...) would signal our own process group
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signum)
 
@@ -232,8 +236,8 @@ class _Parent:
             kind, length = _HEADER.unpack_from(self.buffer)
             if len(self.buffer) < _HEADER.size + length:
                 return
-            payload = self.buffer[_HEADER.size:_HEADER.size + length]
-            self.buffer = self.buffer[_HEADER.size + length:]
+            payload = self.buffer[_HEADER.size : _HEADER.size + length]
+            self.buffer = self.buffer[_HEADER.size + length :]
             yield kind, payload
 
     def _take(self, kind: bytes, payload: bytes) -> None:
@@ -277,7 +281,7 @@ class _Parent:
             wait = 0.5 if self.deadline is None else min(0.5, self.deadline - now)
             ready, _, _ = select.select([self.read_end], [], [], max(0.0, wait))
             if not ready:
-                if self._reap(block=False):   # ended while a grandchild still holds the pipe
+                if self._reap(block=False):  # ended while a grandchild still holds the pipe
                     break
                 continue
             chunk = os.read(self.read_end, 1 << 16)
@@ -297,8 +301,10 @@ class _Parent:
         self._reap(block=True)
 
     def _timed_out(self) -> int:
-        _error(f"{self.phase} did not finish within {self.limit:g} s, so it was stopped; fix: find what loops or "
-               "blocks there, or allow more time with --timeout SECONDS (or `timeout` in [tool.rankaudit])")
+        _error(
+            f"{self.phase} did not finish within {self.limit:g} s, so it was stopped; fix: find what loops or "
+            "blocks there, or allow more time with --timeout SECONDS (or `timeout` in [tool.rankaudit])"
+        )
         return 3
 
     def _finish(self) -> int:
@@ -312,20 +318,24 @@ class _Parent:
         if self.code is None:
             if self.ended is None and os.WIFSIGNALED(self.status):
                 name = _signal_name(os.WTERMSIG(self.status))
-                _error(f"the process running the model was killed by {name} during {self.phase} (a crash in the "
-                       "model's code or an extension, a kill, or the system out of memory); no report was written; "
-                       f"fix: run the model on its own (`python FILE`) to see whether it crashes there")
+                _error(
+                    f"the process running the model was killed by {name} during {self.phase} (a crash in the "
+                    "model's code or an extension, a kill, or the system out of memory); no report was written; "
+                    f"fix: run the model on its own (`python FILE`) to see whether it crashes there"
+                )
                 return 3
             how = self.ended or f"exit status {os.waitstatus_to_exitcode(self.status)}, without a result"
-            _error(f"the model file ended the process ({how}) during {self.phase}; no report was written; fix: a "
-                   "model file must not end the process: remove the exit call, or guard it with "
-                   "`if __name__ == \"__main__\":`")
+            _error(
+                f"the model file ended the process ({how}) during {self.phase}; no report was written; fix: a "
+                "model file must not end the process: remove the exit call, or guard it with "
+                '`if __name__ == "__main__":`'
+            )
             return 3
         if self.output:
             try:
                 sys.stdout.buffer.write(b"".join(self.output))
                 sys.stdout.flush()
-            except BrokenPipeError:   # `| head`: the reader has what it wanted
+            except BrokenPipeError:  # `| head`: the reader has what it wanted
                 with contextlib.suppress(OSError):
                     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
             except OSError as exc:
@@ -346,12 +356,12 @@ def run_supervised(main, argv: list[str]) -> int:
         os.close(read_end)
         _run_child(write_end, main, argv)
     parent.pid = pid
-    if parent.signalled is not None:   # it came while we forked: the child did not hear it from us
+    if parent.signalled is not None:  # it came while we forked: the child did not hear it from us
         parent.on_signal(parent.signalled, None)
     os.close(write_end)
     try:
         return parent.wait()
-    except BaseException:   # a bug of ours here must not leave the child running
+    except BaseException:  # a bug of ours here must not leave the child running
         parent._kill()
         raise
     finally:

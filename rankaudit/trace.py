@@ -1,4 +1,5 @@
 """fx (fallback torch.export) -> graph of layer records (networkx view on demand), shapes propagated on meta."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,15 +31,15 @@ _OWN_DIR = str(Path(__file__).resolve().parent)
 class NodeRecord:
     """One traced call that depends on the model's input."""
 
-    id: str                          # the graph node's unique name
-    name: str                        # module qualified name (layer2.0.conv1) or fx node name (add_1)
-    op: str                          # display: Conv2d, relu, add
-    family: str                      # the ops registry family key
+    id: str  # the graph node's unique name
+    name: str  # module qualified name (layer2.0.conv1) or fx node name (add_1)
+    op: str  # display: Conv2d, relu, add
+    family: str  # the ops registry family key
     counting: ops.Counting
-    output_numel: int                # per sample: traced with batch size 1
+    output_numel: int  # per sample: traced with batch size 1
     output_shape: tuple[int, ...] | None
-    inputs: list[str]                # ids of the traced operands, in argument order
-    source: str | None = None        # file:line of the call in the model's code
+    inputs: list[str]  # ids of the traced operands, in argument order
+    source: str | None = None  # file:line of the call in the model's code
     # (qualified parameter name, trainable numel) of every parameter that reaches this op other than through
     # another traced op: a module call's own parameters, and parameters among a function's arguments or behind
     # untraced get_attr/expand/reshape chains (cls_token.expand(B, -1, -1) read by a cat). Frozen ones: numel 0.
@@ -54,12 +55,12 @@ ROLE_DATA, ROLE_TOKENS, ROLE_MASK, ROLE_IDS = "data", "tokens", "mask", "ids"
 class InputSpec:
     """One tensor the trace feeds to forward(), per sample (the batch dimension is added)."""
 
-    name: str                        # forward()'s parameter name
+    name: str  # forward()'s parameter name
     shape: tuple[int, ...]
     dtype: torch.dtype
-    role: str                        # data | tokens | mask | ids
-    positional: bool = False         # the single unnamed input: passed positionally
-    same_as: str | None = None       # fed the same ids as another input (an encoder-decoder's decoder_input_ids)
+    role: str  # data | tokens | mask | ids
+    positional: bool = False  # the single unnamed input: passed positionally
+    same_as: str | None = None  # fed the same ids as another input (an encoder-decoder's decoder_input_ids)
 
     @property
     def carries_unknowns(self) -> bool:
@@ -70,26 +71,26 @@ class InputSpec:
 class TokenEmbedding:
     """An embedding lookup of the token ids: the continuous unknowns start at its output."""
 
-    record: str                      # the input record it produces
-    name: str                        # the module (transformer.wte) or the op
-    weight: str                      # the table's qualified parameter name
+    record: str  # the input record it produces
+    name: str  # the module (transformer.wte) or the op
+    weight: str  # the table's qualified parameter name
     vocab_size: int
     dim: int
     trainable: bool
-    token_input: str                 # the forward() input whose ids it reads
+    token_input: str  # the forward() input whose ids it reads
     tied_with: list[str] = field(default_factory=list)  # other traced ops reading the same table (a tied head)
 
 
 @dataclass
 class TracedModel:
-    records: dict[str, NodeRecord]   # node id -> record, for every traced call that depends on the input
-    successors: dict[str, list[str]] # node id -> the records that read its output: edges follow the data
-    order: list[str]                 # execution order (a topological order)
-    input_id: str                    # the primary source of unknowns: the input tensor, or its token embedding
-    output_ids: list[str]            # the tensor the loss reads: the logits (first output, or one named logits)
-    tracer: str                      # "torch.fx" or "torch.export"
-    fallback_reason: str | None      # why torch.fx was not used
-    parameters: int                  # all parameters of the model, trainable or not
+    records: dict[str, NodeRecord]  # node id -> record, for every traced call that depends on the input
+    successors: dict[str, list[str]]  # node id -> the records that read its output: edges follow the data
+    order: list[str]  # execution order (a topological order)
+    input_id: str  # the primary source of unknowns: the input tensor, or its token embedding
+    output_ids: list[str]  # the tensor the loss reads: the logits (first output, or one named logits)
+    tracer: str  # "torch.fx" or "torch.export"
+    fallback_reason: str | None  # why torch.fx was not used
+    parameters: int  # all parameters of the model, trainable or not
     # Every record where unknowns start, input_id first: float inputs and token embeddings. Records with no
     # inputs that are not listed here (none today) would carry no unknowns.
     input_ids: list[str] = field(default_factory=list)
@@ -139,8 +140,13 @@ class TracedModel:
 
 def _is_user_file(filename: str) -> bool:
     resolved = str(Path(filename).resolve()) if not filename.startswith("<") else filename
-    return not (filename.startswith("<") or resolved.startswith(_TORCH_DIR) or resolved.startswith(_OWN_DIR)
-                or "/site-packages/" in resolved or "/lib/python" in resolved)
+    return not (
+        filename.startswith("<")
+        or resolved.startswith(_TORCH_DIR)
+        or resolved.startswith(_OWN_DIR)
+        or "/site-packages/" in resolved
+        or "/lib/python" in resolved
+    )
 
 
 def _source_from_stack(stack: str | None) -> str | None:
@@ -203,7 +209,7 @@ class _GraphBuilder:
         # Nodes computed from integer or mask inputs alone: no unknowns. Value: the token input whose ids the
         # node still holds (through views and slices), else None (a mask, a comparison, a cumsum of positions).
         self.discrete: dict[str, str | None] = {}
-        self.embeddings: dict[tuple, str] = {}           # (table, token input, shape) -> the input record
+        self.embeddings: dict[tuple, str] = {}  # (table, token input, shape) -> the input record
         self.token_embeddings: list[TokenEmbedding] = []
         self.atomic_calls_seen: set[str] = set()
         self.input_starts: dict[str, str] = {}
@@ -213,11 +219,28 @@ class _GraphBuilder:
         self.names_used[name] = count
         return name if count == 1 else f"{name}#{count}"
 
-    def add_input(self, node_id: str, value: torch.Tensor, name: str = "input", op: str = "input",
-                  source: str | None = None, direct: list[tuple[str, int]] | None = None):
+    def add_input(
+        self,
+        node_id: str,
+        value: torch.Tensor,
+        name: str = "input",
+        op: str = "input",
+        source: str | None = None,
+        direct: list[tuple[str, int]] | None = None,
+    ):
         shape = tuple(value.shape)
-        record = NodeRecord(node_id, self.unique_name(name) if name != "input" else name, op, "input",
-                            ops.Counting(ops.Role.TRANSPARENT), math.prod(shape), shape, [], source, direct or [])
+        record = NodeRecord(
+            node_id,
+            self.unique_name(name) if name != "input" else name,
+            op,
+            "input",
+            ops.Counting(ops.Role.TRANSPARENT),
+            math.prod(shape),
+            shape,
+            [],
+            source,
+            direct or [],
+        )
         self._add(record)
         self.input_ids.append(node_id)
         if self.input_id is None:
@@ -251,23 +274,31 @@ class _GraphBuilder:
             frontier.extend(current.all_input_nodes)
         return list(found.items())
 
-    def _follow_ids(self, node: fx.Node, family: ops.OpFamily, name: str, display: str, value: Any,
-                    own_params, source: str | None):
+    def _follow_ids(
+        self, node: fx.Node, family: ops.OpFamily, name: str, display: str, value: Any, own_params, source: str | None
+    ):
         """An op on ids or masks alone: an embedding of token ids starts the unknowns; others pass ids on."""
         discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
         if not discrete_args:
             return
         tokens = [self.discrete[a.name] for a in discrete_args if self.discrete[a.name] is not None]
-        if (family.key == "embedding" and tokens and isinstance(value, torch.Tensor)
-                and value.is_floating_point()):
+        if family.key == "embedding" and tokens and isinstance(value, torch.Tensor) and value.is_floating_point():
             self._add_token_embedding(node, name, display, value, own_params, tokens[0], source)
         elif family.key in _ID_PRESERVING and tokens:
             self.discrete[node.name] = tokens[0]
         else:
             self.discrete[node.name] = None
 
-    def _add_token_embedding(self, node: fx.Node, name: str, display: str, value: torch.Tensor, own_params,
-                             token_input: str, source: str | None):
+    def _add_token_embedding(
+        self,
+        node: fx.Node,
+        name: str,
+        display: str,
+        value: torch.Tensor,
+        own_params,
+        token_input: str,
+        source: str | None,
+    ):
         tables = [(n, p) for n, p in self._direct_parameters(node, own_params) if p.dim() == 2]
         direct = self.direct_params(node, own_params)
         table_name, table = tables[0] if tables else (name, None)
@@ -275,22 +306,52 @@ class _GraphBuilder:
         if key in self.embeddings:
             # The same table looked up with the same ids (a decoder fed the encoder's ids): the same tensor, so
             # the same unknowns; a view of the first lookup, whose table gets both gradients.
-            record = NodeRecord(node.name, self.unique_name(name), display, "embedding",
-                                ops.Counting(ops.Role.TRANSPARENT), value.numel(), tuple(value.shape),
-                                [self.embeddings[key]], source, direct)
+            record = NodeRecord(
+                node.name,
+                self.unique_name(name),
+                display,
+                "embedding",
+                ops.Counting(ops.Role.TRANSPARENT),
+                value.numel(),
+                tuple(value.shape),
+                [self.embeddings[key]],
+                source,
+                direct,
+            )
             self._add(record)
             return
         self.add_input(node.name, value, name=name, op=display, source=source, direct=direct)
         self.embeddings[key] = node.name
         self.input_starts.setdefault(token_input, node.name)
         if table is not None:
-            self.token_embeddings.append(TokenEmbedding(node.name, self.records[node.name].name, table_name,
-                                                        table.shape[0], table.shape[1], table.requires_grad,
-                                                        token_input))
+            self.token_embeddings.append(
+                TokenEmbedding(
+                    node.name,
+                    self.records[node.name].name,
+                    table_name,
+                    table.shape[0],
+                    table.shape[1],
+                    table.requires_grad,
+                    token_input,
+                )
+            )
 
-    def add_call(self, node: fx.Node, kind: str, target: Any, display: str, name: str, module: nn.Module | None,
-                 args: tuple, kwargs: dict, value: Any, params: list[nn.Parameter], source: str | None,
-                 own_params: list[tuple[str, nn.Parameter]] = (), atomic: tuple[str, str, nn.Module] | None = None):
+    def add_call(
+        self,
+        node: fx.Node,
+        kind: str,
+        target: Any,
+        display: str,
+        name: str,
+        module: nn.Module | None,
+        args: tuple,
+        kwargs: dict,
+        value: Any,
+        params: list[nn.Parameter],
+        source: str | None,
+        own_params: list[tuple[str, nn.Parameter]] = (),
+        atomic: tuple[str, str, nn.Module] | None = None,
+    ):
         """One call. `atomic`: (call key, qualified name, module) when the op is part of a norm or activation
         module that export decomposed (LlamaRMSNorm's pow, mean, rsqrt, mul): counted as that one module."""
         family = ops.family_of("module", atomic[2]) if atomic else ops.family_of(kind, target)
@@ -312,24 +373,44 @@ class _GraphBuilder:
             output_shape, output_numel = tuple(value.shape), value.numel()
         else:
             output_shape, output_numel = None, sum(t.numel() for t in tensors)
-        facts = ops.OpFacts(display, module, args, kwargs, operand_shapes,
-                            torch.Size(output_shape) if output_shape is not None else None, output_numel, params)
+        facts = ops.OpFacts(
+            display,
+            module,
+            args,
+            kwargs,
+            operand_shapes,
+            torch.Size(output_shape) if output_shape is not None else None,
+            output_numel,
+            params,
+        )
         direct = self.direct_params(node, own_params)
         if atomic:
             call_key, name, atomic_module = atomic
             display = type(atomic_module).__name__
-            counting = self._atomic_counting(call_key, display, direct,
-                                             sum(p.numel() for p in atomic_module.parameters()))
+            counting = self._atomic_counting(
+                call_key, display, direct, sum(p.numel() for p in atomic_module.parameters())
+            )
         else:
             counting = family.handler(facts)
             family = ops.refine_family(family, counting)
         inputs = [a.name for a in traced_args if a.name in self.records]
-        record = NodeRecord(node.name, self.unique_name(name), display, family.key, counting,
-                            output_numel, output_shape, inputs, source, direct)
+        record = NodeRecord(
+            node.name,
+            self.unique_name(name),
+            display,
+            family.key,
+            counting,
+            output_numel,
+            output_shape,
+            inputs,
+            source,
+            direct,
+        )
         self._add(record)
 
-    def _atomic_counting(self, call_key: str, display: str, direct: list[tuple[str, int]],
-                         module_params: int) -> ops.Counting:
+    def _atomic_counting(
+        self, call_key: str, display: str, direct: list[tuple[str, int]], module_params: int
+    ) -> ops.Counting:
         # One caveat per module call, on its first op; every op inside keeps the count (norms and activations
         # keep the size), whatever the single op does (mean, rsqrt). Parameters are reported where they are read.
         params = sum(numel for _, numel in direct)
@@ -395,8 +476,10 @@ class _MetaShapeRecorder(fx.Interpreter):
             value = self.fetch_attr(node.target)
             return [(self.parameter_name(value, node.target), value)] if isinstance(value, nn.Parameter) else []
         if node.op == "call_module":
-            return [(self.parameter_name(p, f"{node.target}.{local}"), p)
-                    for local, p in self.fetch_attr(node.target).named_parameters()]
+            return [
+                (self.parameter_name(p, f"{node.target}.{local}"), p)
+                for local, p in self.fetch_attr(node.target).named_parameters()
+            ]
         return []
 
     def _family(self, n: fx.Node) -> tuple[str, Any, ops.OpFamily | None]:
@@ -425,9 +508,12 @@ class _MetaShapeRecorder(fx.Interpreter):
             raise
         except Exception as exc:
             label = n.target if n.op == "call_module" else n.name
-            raise TraceError(f"shape propagation failed at {label}: {_first_line(exc)}{_where(exc)}",
-                             _TOKEN_DTYPE_FIX if _wants_token_ids(exc) else
-                             "check the input shape (--input-shape or INPUT_SHAPE) against the model's first layer")
+            raise TraceError(
+                f"shape propagation failed at {label}: {_first_line(exc)}{_where(exc)}",
+                _TOKEN_DTYPE_FIX
+                if _wants_token_ids(exc)
+                else "check the input shape (--input-shape or INPUT_SHAPE) against the model's first layer",
+            ) from exc
         if n.op == "placeholder":
             self.builder.add_placeholder(n, value, self.specs.get(n.name))
         elif n.op in ("call_module", "call_function", "call_method"):
@@ -435,17 +521,49 @@ class _MetaShapeRecorder(fx.Interpreter):
             source = n.meta.get("rankaudit_source")
             if n.op == "call_module":
                 module = self.fetch_attr(n.target)
-                self.builder.add_call(n, "module", module, type(module).__name__, n.target, module, args, kwargs,
-                                      value, list(module.parameters()), source,
-                                      [(self.parameter_name(p, f"{n.target}.{local}"), p)
-                                       for local, p in module.named_parameters()])
+                self.builder.add_call(
+                    n,
+                    "module",
+                    module,
+                    type(module).__name__,
+                    n.target,
+                    module,
+                    args,
+                    kwargs,
+                    value,
+                    list(module.parameters()),
+                    source,
+                    [(self.parameter_name(p, f"{n.target}.{local}"), p) for local, p in module.named_parameters()],
+                )
             elif n.op == "call_function":
                 display = getattr(n.target, "__name__", str(n.target))
-                self.builder.add_call(n, "function", n.target, display, n.name, None, args, kwargs, value,
-                                      _parameters_in((args, kwargs)), source)
+                self.builder.add_call(
+                    n,
+                    "function",
+                    n.target,
+                    display,
+                    n.name,
+                    None,
+                    args,
+                    kwargs,
+                    value,
+                    _parameters_in((args, kwargs)),
+                    source,
+                )
             else:
-                self.builder.add_call(n, "method", n.target, n.target, n.name, None, args, kwargs, value,
-                                      _parameters_in((args, kwargs)), source)
+                self.builder.add_call(
+                    n,
+                    "method",
+                    n.target,
+                    n.target,
+                    n.name,
+                    None,
+                    args,
+                    kwargs,
+                    value,
+                    _parameters_in((args, kwargs)),
+                    source,
+                )
         elif n.op == "output":
             self.builder.output_ids = _output_choice(n.args[0] if n.args else None, self.builder.records)
         return value
@@ -497,8 +615,9 @@ class _SourceRecordingTracer(fx.Tracer):
 _CONCRETE_SUFFIX = re.compile(r"_\d+$")
 
 
-def _trace_fx(model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor],
-              switches: dict[str, Any]) -> _GraphBuilder:
+def _trace_fx(
+    model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor], switches: dict[str, Any]
+) -> _GraphBuilder:
     tracer = _SourceRecordingTracer()
     graph = tracer.trace(model, concrete_args=switches or None)
     module = fx.GraphModule(tracer.root, graph)
@@ -536,9 +655,11 @@ def _check_inputs_given(missing: list[str], specs: list[InputSpec]):
         return
     given = ", ".join(spec.name for spec in specs)
     shapes = ", ".join(f'"{name}": (...)' for name in [s.name for s in specs] + missing)
-    raise TraceError(f"forward() also needs {', '.join(missing)} (rankaudit feeds {given})",
-                     f"set INPUT_SHAPE to a dict naming every input, e.g. {{{shapes}}}, with INPUT_DTYPE for the "
-                     "integer ones, or wrap the model in a module whose forward takes one tensor")
+    raise TraceError(
+        f"forward() also needs {', '.join(missing)} (rankaudit feeds {given})",
+        f"set INPUT_SHAPE to a dict naming every input, e.g. {{{shapes}}}, with INPUT_DTYPE for the "
+        "integer ones, or wrap the model in a module whose forward takes one tensor",
+    )
 
 
 def _export_quietly(model: nn.Module, args: tuple, kwargs: dict):
@@ -581,8 +702,9 @@ class _ModuleStack:
         return None
 
 
-def _trace_export(model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor],
-                  switches: dict[str, Any]) -> _GraphBuilder:
+def _trace_export(
+    model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor], switches: dict[str, Any]
+) -> _GraphBuilder:
     positional = [spec for spec in specs if spec.positional]
     args = tuple(examples[spec.name] for spec in positional)
     kwargs = {**{spec.name: examples[spec.name] for spec in specs if not spec.positional}, **switches}
@@ -635,9 +757,20 @@ def _trace_export(model: nn.Module, specs: list[InputSpec], examples: dict[str, 
                 elif qualname and _reads_own_parameters(builder, n, qualname):
                     # A layer of another library (GPT-2's Conv1D is one addmm): named after its module.
                     display, name = type_name.rsplit(".", 1)[-1], qualname
-            builder.add_call(n, kind, target, display, name, None, args_, kwargs_, value,
-                             _parameters_in((args_, kwargs_)), _source_from_stack(n.meta.get("stack_trace")),
-                             atomic=atomic)
+            builder.add_call(
+                n,
+                kind,
+                target,
+                display,
+                name,
+                None,
+                args_,
+                kwargs_,
+                value,
+                _parameters_in((args_, kwargs_)),
+                _source_from_stack(n.meta.get("stack_trace")),
+                atomic=atomic,
+            )
         elif n.op == "output":
             outputs = list(n.args[0]) if n.args and isinstance(n.args[0], (tuple, list)) else list(n.all_input_nodes)
             builder.output_ids = _export_output_choice(outputs, exported, builder.records)
@@ -645,8 +778,10 @@ def _trace_export(model: nn.Module, specs: list[InputSpec], examples: dict[str, 
 
 
 def _reads_own_parameters(builder: _GraphBuilder, node: fx.Node, qualname: str) -> bool:
-    return any(name.startswith(qualname + ".") and name.count(".") == qualname.count(".") + 1
-               for name, _ in builder._direct_parameters(node))
+    return any(
+        name.startswith(qualname + ".") and name.count(".") == qualname.count(".") + 1
+        for name, _ in builder._direct_parameters(node)
+    )
 
 
 def _export_output_choice(outputs: list, exported, records: dict[str, NodeRecord]) -> list[str]:
@@ -656,8 +791,12 @@ def _export_output_choice(outputs: list, exported, records: dict[str, NodeRecord
         index = _leaf_named(exported.call_spec.out_spec, "logits")
     except (AttributeError, TypeError):
         pass
-    if index is not None and index < len(outputs) and isinstance(outputs[index], fx.Node) \
-            and outputs[index].name in records:
+    if (
+        index is not None
+        and index < len(outputs)
+        and isinstance(outputs[index], fx.Node)
+        and outputs[index].name in records
+    ):
         return [outputs[index].name]
     traced = [o.name for o in outputs if isinstance(o, fx.Node) and o.name in records]
     return traced[:1]
@@ -665,6 +804,7 @@ def _export_output_choice(outputs: list, exported, records: dict[str, NodeRecord
 
 def _leaf_named(spec, wanted: str) -> int | None:
     """Position, among the leaves of a pytree spec, of the leaf under the key `wanted`."""
+
     def walk(node, offset: int) -> tuple[int | None, int]:
         if node.is_leaf():
             return None, offset + 1
@@ -717,30 +857,44 @@ def input_specs(model: nn.Module, input_shape, input_dtype=None) -> list[InputSp
     if isinstance(input_shape, dict):
         unknown = [name for name in input_shape if name not in parameters and not var_keyword]
         if unknown:
-            raise UsageError(f"INPUT_SHAPE names {', '.join(unknown)}, which forward() does not take "
-                             f"(it takes {', '.join(parameters) or 'nothing'})",
-                             "name the inputs as forward()'s parameters are named")
+            raise UsageError(
+                f"INPUT_SHAPE names {', '.join(unknown)}, which forward() does not take "
+                f"(it takes {', '.join(parameters) or 'nothing'})",
+                "name the inputs as forward()'s parameters are named",
+            )
         if isinstance(input_dtype, dict):
             stray = [name for name in input_dtype if name not in input_shape]
             if stray:
-                raise UsageError(f"INPUT_DTYPE names {', '.join(stray)}, which INPUT_SHAPE does not",
-                                 "give a dtype for inputs that INPUT_SHAPE lists")
-        specs = [InputSpec(name, tuple(shape), dtype_for(name), _role(name, dtype_for(name)))
-                 for name, shape in input_shape.items()]
+                raise UsageError(
+                    f"INPUT_DTYPE names {', '.join(stray)}, which INPUT_SHAPE does not",
+                    "give a dtype for inputs that INPUT_SHAPE lists",
+                )
+        specs = [
+            InputSpec(name, tuple(shape), dtype_for(name), _role(name, dtype_for(name)))
+            for name, shape in input_shape.items()
+        ]
     else:
         name = next(iter(parameters), "input")
-        dtype = (next(iter(input_dtype.values()), torch.float32) if isinstance(input_dtype, dict)
-                 else input_dtype or torch.float32)
+        dtype = (
+            next(iter(input_dtype.values()), torch.float32)
+            if isinstance(input_dtype, dict)
+            else input_dtype or torch.float32
+        )
         role = ROLE_TOKENS if not (dtype.is_floating_point or dtype.is_complex) else ROLE_DATA
         specs = [InputSpec(name, tuple(input_shape), dtype, role, positional=True)]
     if not any(spec.carries_unknowns for spec in specs):
-        raise UsageError("no input carries unknowns (" + ", ".join(f"{s.name}: {s.role}" for s in specs) + ")",
-                         "give the data input a float dtype, or the token ids an integer dtype and a name other than "
-                         "a mask's")
+        raise UsageError(
+            "no input carries unknowns (" + ", ".join(f"{s.name}: {s.role}" for s in specs) + ")",
+            "give the data input a float dtype, or the token ids an integer dtype and a name other than a mask's",
+        )
     tokens = next((spec for spec in specs if spec.role == ROLE_TOKENS), None)
     config = getattr(model, "config", None)
-    if (tokens is not None and "decoder_input_ids" in parameters and "decoder_input_ids" not in [s.name for s in specs]
-            and getattr(config, "is_encoder_decoder", False)):
+    if (
+        tokens is not None
+        and "decoder_input_ids" in parameters
+        and "decoder_input_ids" not in [s.name for s in specs]
+        and getattr(config, "is_encoder_decoder", False)
+    ):
         # An encoder-decoder needs decoder inputs: the same ids, so the decoder's lookup is the encoder's.
         specs.append(InputSpec("decoder_input_ids", tokens.shape, tokens.dtype, ROLE_TOKENS, same_as=tokens.name))
     return specs
@@ -751,7 +905,9 @@ def _switches(model: nn.Module, forward_kwargs: dict | None) -> tuple[dict[str, 
     model file's FORWARD_KWARGS, which win."""
     parameters, var_keyword = _forward_parameters(model)
     wrapped = model
-    while var_keyword and callable(getattr(wrapped, "get_base_model", None)) and wrapped.get_base_model() is not wrapped:
+    while (
+        var_keyword and callable(getattr(wrapped, "get_base_model", None)) and wrapped.get_base_model() is not wrapped
+    ):
         # A wrapper that passes **kwargs on (peft's PeftModel): the switches are the wrapped model's.
         wrapped = wrapped.get_base_model()
         inner, var_keyword = _forward_parameters(wrapped)
@@ -765,8 +921,10 @@ def _switches(model: nn.Module, forward_kwargs: dict | None) -> tuple[dict[str, 
     return switches, [f"{key}={value!r}" for key, value in switches.items()]
 
 
-_TOKEN_DTYPE_FIX = ("an embedding got float input: token ids need an integer dtype; set INPUT_DTYPE = torch.long "
-                    "in the model file or pass --input-dtype int64")
+_TOKEN_DTYPE_FIX = (
+    "an embedding got float input: token ids need an integer dtype; set INPUT_DTYPE = torch.long "
+    "in the model file or pass --input-dtype int64"
+)
 
 
 def _wants_token_ids(exc: BaseException) -> bool:
@@ -779,9 +937,13 @@ def _example(spec: InputSpec) -> torch.Tensor:
 
 def _tied_tables(builder: _GraphBuilder):
     for embedding in builder.token_embeddings:
-        embedding.tied_with = [record.name for record in builder.records.values()
-                               if record.id != embedding.record and record.family != "embedding"
-                               and any(name == embedding.weight for name, _ in record.direct_params)]
+        embedding.tied_with = [
+            record.name
+            for record in builder.records.values()
+            if record.id != embedding.record
+            and record.family != "embedding"
+            and any(name == embedding.weight for name, _ in record.direct_params)
+        ]
 
 
 def _prune_to_outputs(builder: _GraphBuilder):
@@ -797,8 +959,9 @@ def _prune_to_outputs(builder: _GraphBuilder):
             frontier.extend(builder.records[node].inputs)
     builder.order = [n for n in builder.order if n in alive]
     builder.records = {n: builder.records[n] for n in builder.order}
-    builder.successors = {source: [t for t in targets if t in alive]
-                          for source, targets in builder.successors.items() if source in alive}
+    builder.successors = {
+        source: [t for t in targets if t in alive] for source, targets in builder.successors.items() if source in alive
+    }
     builder.input_ids = [n for n in builder.input_ids if n in alive]
     if builder.input_id not in alive:
         builder.input_id = builder.input_ids[0] if builder.input_ids else None
@@ -834,22 +997,38 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
         except TraceError:
             raise
         except Exception as export_error:
-            raise TraceError(f"could not trace the model. {fallback_reason}; "
-                             f"torch.export: {_first_line(export_error)}{_where(export_error)}",
-                             _TOKEN_DTYPE_FIX if _wants_token_ids(export_error) else
-                             "remove data-dependent control flow from forward() (branches on tensor values), "
-                             "or move it into a function marked with torch.fx.wrap") from export_error
+            raise TraceError(
+                f"could not trace the model. {fallback_reason}; "
+                f"torch.export: {_first_line(export_error)}{_where(export_error)}",
+                _TOKEN_DTYPE_FIX
+                if _wants_token_ids(export_error)
+                else "remove data-dependent control flow from forward() (branches on tensor values), "
+                "or move it into a function marked with torch.fx.wrap",
+            ) from export_error
     _prune_to_outputs(builder)
     if builder.input_id is None:
         tokens = [spec.name for spec in specs if spec.role == ROLE_TOKENS]
         if tokens and not builder.token_embeddings:
-            raise TraceError(f"no embedding reads the token ids {', '.join(tokens)}, so no unknowns start anywhere",
-                             "feed token ids to an nn.Embedding (or F.embedding), or give the input a float dtype "
-                             "if it is data (--input-dtype float32)")
+            raise TraceError(
+                f"no embedding reads the token ids {', '.join(tokens)}, so no unknowns start anywhere",
+                "feed token ids to an nn.Embedding (or F.embedding), or give the input a float dtype "
+                "if it is data (--input-dtype float32)",
+            )
         raise TraceError("the model's output does not depend on its input", "give forward() an input it uses")
     _tied_tables(builder)
     parameters = sum(p.numel() for p in model.parameters())
-    return TracedModel(builder.records, builder.successors, builder.order, builder.input_id, builder.output_ids, tracer,
-                       fallback_reason, parameters, input_ids=list(builder.input_ids), inputs=specs,
-                       token_embeddings=builder.token_embeddings, call_notes=notes,
-                       input_starts=builder.input_starts)
+    return TracedModel(
+        builder.records,
+        builder.successors,
+        builder.order,
+        builder.input_id,
+        builder.output_ids,
+        tracer,
+        fallback_reason,
+        parameters,
+        input_ids=list(builder.input_ids),
+        inputs=specs,
+        token_embeddings=builder.token_embeddings,
+        call_notes=notes,
+        input_starts=builder.input_starts,
+    )

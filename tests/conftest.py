@@ -1,4 +1,5 @@
 """Shared helpers: analyse an in-memory model, and run the CLI in-process with its exit code."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,7 @@ def analyse_module(build, input_shape, batch_size: int = 1) -> Result:
     with torch.device("meta"):
         model = build()
     traced = trace_model(model, tuple(input_shape))
-    result = analyze(traced, batch_size, model="test", model_name=type(model).__name__,
-                     input_shape=tuple(input_shape))
+    result = analyze(traced, batch_size, model="test", model_name=type(model).__name__, input_shape=tuple(input_shape))
     return findings.apply_findings(result, traced)
 
 
@@ -66,8 +66,21 @@ def rank_check(example: str, *args: str):
         folder = Path(tempfile.mkdtemp(prefix="rankaudit-rank-check-"))
         report, page = folder / "report.json", folder / "report.html"
         with pytest.raises(SystemExit) as exit_info:
-            main([str(EXAMPLES / f"{example}.py"), "--verify", "rank", "--format", "json", "-o", str(report),
-                  "--html", str(page), "--quiet", *args])
+            main(
+                [
+                    str(EXAMPLES / f"{example}.py"),
+                    "--verify",
+                    "rank",
+                    "--format",
+                    "json",
+                    "-o",
+                    str(report),
+                    "--html",
+                    str(page),
+                    "--quiet",
+                    *args,
+                ]
+            )
         _RANK_CHECKS[key] = exit_info.value.code, json.loads(report.read_text(encoding="utf-8")), page
     return _RANK_CHECKS[key]
 

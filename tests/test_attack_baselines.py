@@ -1,5 +1,6 @@
 """Issue 21: every PSNR the input attacks report stands beside a flat grey and a mean-colour image, and the best
 image beside the median; a reconstruction that does not beat both baselines is never called recovered."""
+
 import json
 import math
 
@@ -32,7 +33,7 @@ def test_a_reconstruction_below_grey_fails_and_the_best_image_is_named():
     from rankaudit.verify.data import load_images
 
     images = load_images(None, (3, 8, 8), 3, 0)[0].double()
-    inverted = 1 - images       # MSE 4 x the grey image's: 6.02 dB below it on every image
+    inverted = 1 - images  # MSE 4 x the grey image's: 6.02 dB below it on every image
     scored = baselines.score(images, inverted)
     for entry in scored:
         assert entry.psnr == pytest.approx(entry.grey_psnr - 10 * math.log10(4))
@@ -54,7 +55,8 @@ def _tiny_cnn(tmp_path):
         "class Tiny(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        self.conv = nn.Conv2d(1, 2, 3, padding=1)\n        self.fc = nn.Linear(72, 3)\n\n"
         "    def forward(self, x):\n        return self.fc(nn.functional.leaky_relu(self.conv(x), 0.2).flatten(1))\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     return model
 
 
@@ -65,8 +67,9 @@ def test_a_round_attack_below_the_grey_image_is_reported_as_failed(run_cli, tmp_
 
     monkeypatch.setattr(fedavg, "_match", lambda found, originals, labels: 1 - originals)
     model = _tiny_cnn(tmp_path)
-    _, out, _ = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--verify", "rgap", "--steps", 3,
-                           "--format", "json", "-q")
+    _, out, _ = run_cli(
+        model, "--local-samples", 2, "--batch-size", 1, "--verify", "rgap", "--steps", 3, "--format", "json", "-q"
+    )
     attack = json.loads(out)["verification"]["rgap"]
     assert attack["attack"] == "fedavg-inversion" and attack["dtype"] == "float64"
     assert attack["outcome"] == "failed" and attack["recovered_samples"] == 0
@@ -93,8 +96,9 @@ def test_the_single_gradient_attack_reports_baselines_and_its_best_image(run_cli
 
 
 def test_defended_rows_carry_the_baselines(run_cli):
-    _, out, _ = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--samples", 1, "--defense", "noise:0.1",
-                        "--format", "json")
+    _, out, _ = run_cli(
+        EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--samples", 1, "--defense", "noise:0.1", "--format", "json"
+    )
     verification = json.loads(out)["verification"]
     (row,) = verification["defenses"]
     assert row["grey_psnr_median"] == pytest.approx(verification["rgap"]["grey_psnr_median"])

@@ -1,8 +1,8 @@
 """Spec §6 against Qian et al.'s propositions: when a batch of B samples is over-determined."""
-import pytest
-from torch import nn
 
+import pytest
 from conftest import analyse_module
+from torch import nn
 
 
 def _mlp(d, n):
@@ -35,18 +35,32 @@ def test_a_batch_wider_than_a_layer_makes_it_deficient_and_the_deficit_propagate
     assert [r.dense for r in single.layers] == [True, True] and single.verdict == "exposed"
 
 
-@pytest.mark.parametrize("channels, kernels, size, kernel, stride", [
-    (3, 12, 32, 4, 2), (3, 3, 32, 4, 2), (3, 27, 32, 3, 3), (3, 26, 32, 3, 3), (1, 4, 28, 2, 2), (1, 3, 28, 2, 2),
-])
+@pytest.mark.parametrize(
+    "channels, kernels, size, kernel, stride",
+    [
+        (3, 12, 32, 4, 2),
+        (3, 3, 32, 4, 2),
+        (3, 27, 32, 3, 3),
+        (3, 26, 32, 3, 3),
+        (1, 4, 28, 2, 2),
+        (1, 3, 28, 2, 2),
+    ],
+)
 @pytest.mark.parametrize("batch", [1, 16])
 def test_proposition_3_conv_weight_constraints(channels, kernels, size, kernel, stride, batch):
     """A conv's weight constraints alone cover its input iff h·d'^2 >= C·d^2 (Qian et al., Prop. 3)."""
     out_size = (size - kernel) // stride + 1
-    build = lambda: nn.Sequential(nn.Conv2d(channels, kernels, kernel, stride=stride, bias=False),  # noqa: E731
-                                  nn.Flatten(), nn.Linear(kernels * out_size ** 2, 1))
+
+    def build():
+        return nn.Sequential(
+            nn.Conv2d(channels, kernels, kernel, stride=stride, bias=False),
+            nn.Flatten(),
+            nn.Linear(kernels * out_size**2, 1),
+        )
+
     conv = analyse_module(build, (channels, size, size), batch).layers[0]
-    assert (conv.inputs, conv.outputs) == (batch * channels * size * size, batch * kernels * out_size ** 2)
-    assert (conv.outputs >= conv.inputs) == (kernels * out_size ** 2 >= channels * size ** 2)
+    assert (conv.inputs, conv.outputs) == (batch * channels * size * size, batch * kernels * out_size**2)
+    assert (conv.outputs >= conv.inputs) == (kernels * out_size**2 >= channels * size**2)
 
 
 def test_gradient_constraints_do_not_scale_with_the_batch():

@@ -1,4 +1,5 @@
 """benchmarks/bench_soundness.py over examples/ (the CI-sized run): 0 unsound rows, 0 false protected verdicts."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +14,7 @@ CHEAP_PARAMETERS = 300_000
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_soundness", REPO / "benchmarks" / "bench_soundness.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_soundness", module)   # dataclasses look their module up there
+    sys.modules.setdefault("bench_soundness", module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -28,8 +29,9 @@ def test_every_cheap_example_is_sound_and_none_is_falsely_protected(capsys):
     rows = bench.main(["--only", "examples", "--max-params", str(CHEAP_PARAMETERS)], measure=cached)
     out = capsys.readouterr().out
     measured = [row for row in rows if row.status != "skipped"]
-    mobile = {f"examples/{name}"
-              for name in ("mobilenetv3_tiny", "lcnet_tiny", "efficientnet_tiny", "mobilenetv2_tiny")}
+    mobile = {
+        f"examples/{name}" for name in ("mobilenetv3_tiny", "lcnet_tiny", "efficientnet_tiny", "mobilenetv2_tiny")
+    }
     assert len(measured) >= 19 and mobile <= {r.name for r in measured}
     assert all(row.reason.startswith(("", "gap under")) for row in measured)
     skipped = [row for row in rows if row.status == "skipped"]
@@ -54,8 +56,10 @@ def test_the_script_measures_names_its_precision_and_the_absent_zoos(capsys):
 def test_a_model_that_cannot_take_32_px_is_skipped_with_the_reason(tmp_path):
     bench = _bench()
     path = tmp_path / "big_only.py"
-    path.write_text("import torch.nn as nn\nINPUT_SHAPE = (3, 32, 32)\n\n\nclass Net(nn.Module):\n"
-                    "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(3 * 64 * 64, 10)\n\n"
-                    "    def forward(self, x):\n        return self.fc(x.flatten(1))\n")
+    path.write_text(
+        "import torch.nn as nn\nINPUT_SHAPE = (3, 32, 32)\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(3 * 64 * 64, 10)\n\n"
+        "    def forward(self, x):\n        return self.fc(x.flatten(1))\n"
+    )
     row = bench.soundness_row(bench.Entry("zoo/big_only", "zoo", str(path)), measure=None, max_params=None)
     assert row.status == "skipped" and row.reason.startswith("analysis failed: ") and len(row.reason) > 20

@@ -1,13 +1,15 @@
 """The identifiability bound (spec §9) and RA-i on branching graphs (spec §5 revised), against hand-derived values."""
+
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import EXAMPLES, analyse_module, row
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from rankaudit.bound import SINK, SOURCE, FlowNetwork, identifiability, shared_predicate
 from rankaudit.load import load_model
 from rankaudit.trace import trace_model
@@ -18,27 +20,34 @@ def traced_example(name: str):
     return trace_model(loaded.module, loaded.input_shape)
 
 
-@pytest.mark.parametrize("name, rank_bound, deficit, verdict", [
-    ("fig2_a", 3072, 0, "exposed"),
-    ("fig2_b", 2667, 405, "partial"),
-    ("fig2_c", 2667, 405, "partial"),
-    ("fig2_d", 3072, 0, "exposed"),
-    ("fig2_e", 3056, 16, "partial"),
-    ("strided_stem", 452, 2620, "protected"),
-])
+@pytest.mark.parametrize(
+    "name, rank_bound, deficit, verdict",
+    [
+        ("fig2_a", 3072, 0, "exposed"),
+        ("fig2_b", 2667, 405, "partial"),
+        ("fig2_c", 2667, 405, "partial"),
+        ("fig2_d", 3072, 0, "exposed"),
+        ("fig2_e", 3056, 16, "partial"),
+        ("strided_stem", 452, 2620, "protected"),
+    ],
+)
 def test_spec_hand_values(name, rank_bound, deficit, verdict):
     bound = identifiability(traced_example(name))
-    assert (bound.unknowns, bound.rank_bound, bound.certified_deficit, bound.verdict) == \
-        (3072, rank_bound, deficit, verdict)
+    assert (bound.unknowns, bound.rank_bound, bound.certified_deficit, bound.verdict) == (
+        3072,
+        rank_bound,
+        deficit,
+        verdict,
+    )
     assert bound.recoverable_fraction == pytest.approx(rank_bound / 3072)
     assert bound.max_recoverable == 0.5
 
 
 def test_the_ceiling_moves_the_level_not_the_bound():
-    traced = traced_example("fig2_e")   # R/n = 3056/3072 = 0.9948
+    traced = traced_example("fig2_e")  # R/n = 3056/3072 = 0.9948
     assert identifiability(traced, max_recoverable=0.995).verdict == "protected"
     assert identifiability(traced, max_recoverable=0.994).verdict == "partial"
-    strict = identifiability(traced_example("strided_stem"), max_recoverable=0.1)   # R/n = 452/3072 = 0.147
+    strict = identifiability(traced_example("strided_stem"), max_recoverable=0.1)  # R/n = 452/3072 = 0.147
     assert (strict.rank_bound, strict.verdict, strict.max_recoverable) == (452, "partial", 0.1)
     assert identifiability(traced_example("fig2_a"), max_recoverable=1.0).verdict == "exposed"
 
@@ -50,8 +59,14 @@ def _networkx_max_flow(traced, batch_size=1, **sharing):
     return nx.maximum_flow_value(network.to_networkx(), SOURCE, SINK)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.py")
-                                        if p.stem not in {"bert_tiny", "gpt2_tiny", "gpt2_lora_tiny", "llama_tiny"}))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        p.stem
+        for p in EXAMPLES.glob("*.py")
+        if p.stem not in {"bert_tiny", "gpt2_tiny", "gpt2_lora_tiny", "llama_tiny"}
+    ),
+)
 @pytest.mark.parametrize("batch_size", [1, 7])
 def test_own_max_flow_agrees_with_networkx(name, batch_size):
     traced = traced_example(name)
@@ -72,7 +87,7 @@ def test_batch_size_scales_tensors_but_not_gradients():
     # B = 2: 6144 unknowns; the gradients hold 192 + 3364 = 3556 values, all reachable.
     bound = identifiability(traced, 2)
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit) == (6144, 3556, 2588)
-    assert bound.verdict == "partial"   # 3556 / 6144 = 58 % of the directions still recoverable
+    assert bound.verdict == "partial"  # 3556 / 6144 = 58 % of the directions still recoverable
 
 
 def test_withheld_gradients_lower_the_bound():
@@ -113,7 +128,7 @@ class _ClassToken(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.patch = nn.Conv2d(1, 2, kernel_size=4, stride=4, bias=False)   # 32 weights; 8 token values
+        self.patch = nn.Conv2d(1, 2, kernel_size=4, stride=4, bias=False)  # 32 weights; 8 token values
         self.cls_token = nn.Parameter(torch.zeros(1, 1, 2))
         self.pos_embed = nn.Parameter(torch.zeros(1, 5, 2))
         self.head = nn.Linear(2, 2, bias=False)
@@ -132,11 +147,11 @@ def test_parameters_used_directly_are_gradients_and_add_no_unknowns():
     token's slot reaches the head: R would be 32 + 2 = 34, too low: an unsound bound.
     """
     result = analyse_module(_ClassToken, (1, 8, 8))
-    assert "expand" not in [r.name for r in result.layers]       # an op on a parameter alone is no row
+    assert "expand" not in [r.name for r in result.layers]  # an op on a parameter alone is no row
     bound = result.identifiability
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit) == (64, 40, 24)
     gradient, tokens = sorted(bound.bottleneck, key=lambda name: not name.startswith("∇"))
-    assert gradient == "∇patch" and tokens in {"patch", "flatten", "transpose"}   # the 8 token values, reshaped
+    assert gradient == "∇patch" and tokens in {"patch", "flatten", "transpose"}  # the 8 token values, reshaped
 
 
 class _TinyDense(nn.Module):
@@ -169,8 +184,12 @@ def test_dense_concatenation_counts_shared_history_once():
     """
     result = analyse_module(_TinyDense, (1, 4, 4))
     assert [(r.name, r.inputs, r.weights, r.outputs, r.virtual, r.ra_i) for r in result.layers] == [
-        ("stem", 16, 18, 32, 0, -34), ("conv_a", 32, 18, 16, 16, -18), ("conv_b", 48, 27, 16, 16, -11),
-        ("pool", 64, 0, 4, 11, 49), ("fc", 4, 10, 2, -49, 41)]
+        ("stem", 16, 18, 32, 0, -34),
+        ("conv_a", 32, 18, 16, 16, -18),
+        ("conv_b", 48, 27, 16, 16, -11),
+        ("pool", 64, 0, 4, 11, 49),
+        ("fc", 4, 10, 2, -49, 41),
+    ]
     assert (result.ra_i, result.critical_layer) == (49, "pool")
     # RA-i calls it protected at the pool, but nothing cuts the input off from the gradients: 16 unknowns,
     # 18 stem weights read the input directly.
@@ -178,8 +197,9 @@ def test_dense_concatenation_counts_shared_history_once():
 
 
 def test_densenet_example_is_finite():
-    result = analyse_module(lambda: load_model(str(EXAMPLES / "densenet_tiny.py"), None, device="meta").module,
-                            (3, 16, 16))
+    result = analyse_module(
+        lambda: load_model(str(EXAMPLES / "densenet_tiny.py"), None, device="meta").module, (3, 16, 16)
+    )
     assert max(abs(r.virtual) for r in result.layers) < 10 * 768 + 12_298
     assert result.verdict == "exposed"
 
@@ -210,11 +230,10 @@ def test_squeeze_excitation_branch_is_side_and_never_critical():
 
 
 def test_attention_query_and_key_are_side():
-    result = analyse_module(lambda: load_model(str(EXAMPLES / "vit_tiny.py"), None, device="meta").module,
-                            (3, 16, 16))
+    result = analyse_module(lambda: load_model(str(EXAMPLES / "vit_tiny.py"), None, device="meta").module, (3, 16, 16))
     qkv_slices = [r for r in result.layers if r.op == "getitem" and r.inputs == 1632]
-    assert [r.side for r in qkv_slices] == [True, True, False, True, True, False]   # q, k side; v data
-    assert result.verdict == "exposed" and result.ra_i > 0   # R-GAP stops at the class token; the bound does not
+    assert [r.side for r in qkv_slices] == [True, True, False, True, True, False]  # q, k side; v data
+    assert result.verdict == "exposed" and result.ra_i > 0  # R-GAP stops at the class token; the bound does not
 
 
 # ---- property: random branching nets ------------------------------------------------------------------
@@ -236,7 +255,7 @@ class _RandomBranching(nn.Module):
             elif op == "cat":
                 self.convs.append(nn.Identity())
                 channels.append(channels[a] + channels[b])
-            else:   # add or gate: align b's channels to a's with a 1x1 conv
+            else:  # add or gate: align b's channels to a's with a 1x1 conv
                 self.convs.append(nn.Conv2d(channels[b], channels[a], 1, bias=False))
                 channels.append(channels[a])
         self.head = nn.Linear(channels[-1], 3)
@@ -257,9 +276,15 @@ class _RandomBranching(nn.Module):
         return self.head(maps[-1].mean((2, 3)))
 
 
-PLANS = st.lists(st.tuples(st.sampled_from(["conv", "conv", "cat", "add", "gate"]),
-                           st.tuples(st.integers(0, 20), st.integers(0, 20)), st.integers(1, 6)),
-                 min_size=1, max_size=9)
+PLANS = st.lists(
+    st.tuples(
+        st.sampled_from(["conv", "conv", "cat", "add", "gate"]),
+        st.tuples(st.integers(0, 20), st.integers(0, 20)),
+        st.integers(1, 6),
+    ),
+    min_size=1,
+    max_size=9,
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,6 +4,7 @@ page at desktop and phone widths without the page itself scrolling sideways.
 
 Adding a page is one line in CASES: (example file, extra command-line arguments).
 """
+
 from __future__ import annotations
 
 import io
@@ -13,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES
 
 CASES = [
@@ -23,7 +23,7 @@ CASES = [
     ("cnn6.py", ("--verify", "rgap", "--samples", "2", "--artifacts", "{tmp}/art")),  # {tmp}: the case's folder
 ]
 VIEWPORTS = {"desktop": (1280, 900), "phone": (390, 844)}
-SHOTS = Path("/tmp/rankaudit-shots")      # also kept here, to look at by eye
+SHOTS = Path("/tmp/rankaudit-shots")  # also kept here, to look at by eye
 
 
 def _browser_or_skip():
@@ -94,8 +94,9 @@ def _not_blank(png: bytes) -> tuple[int, float]:
     return len(colours), max(ImageStat.Stat(image).stddev)
 
 
-@pytest.mark.parametrize("example, extra", CASES,
-                         ids=[" ".join((Path(e).stem, *a)).replace(" ", "_") for e, a in CASES])
+@pytest.mark.parametrize(
+    "example, extra", CASES, ids=[" ".join((Path(e).stem, *a)).replace(" ", "_") for e, a in CASES]
+)
 def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, capsys):
     page_file, expected = _write_page(example, extra, tmp_path, capsys)
     name = "_".join((Path(example).stem, *extra)).replace("-", "").replace("/", "_")
@@ -107,15 +108,16 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
         context = browser.new_context(viewport={"width": width, "height": height}, offline=True)
         page = context.new_page()
         errors, requests, blocked = [], [], []
-        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.on("request", lambda request: requests.append(request.url))
+        # The handlers run while this viewport's page loads, inside this iteration, so late binding is harmless.
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)  # noqa: B023
+        page.on("pageerror", lambda error: errors.append(str(error)))  # noqa: B023
+        page.on("request", lambda request: requests.append(request.url))  # noqa: B023
 
         def guard(route):
             if route.request.url.startswith(("file:", "data:")):
                 route.continue_()
             else:
-                blocked.append(route.request.url)
+                blocked.append(route.request.url)  # noqa: B023
                 route.abort()
 
         page.route("**/*", guard)
@@ -135,8 +137,10 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
         if "--verify" in extra:  # originals and reconstructions side by side, embedded in the file
             samples = int(extra[extra.index("--samples") + 1])
-            assert page.evaluate("[...document.images].filter(i => i.src.startsWith('data:image/png')).length") \
+            assert (
+                page.evaluate("[...document.images].filter(i => i.src.startsWith('data:image/png')).length")
                 == 2 * samples
+            )
             assert "confirms the static verdict" in body
         # Wide content scrolls inside its own container; the page never scrolls sideways.
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
@@ -170,8 +174,10 @@ def test_the_visible_parts_stand_beside_the_verdict(browser):
     pictures = page.locator(".summary .visible-parts img")
     assert pictures.count() == 2
     assert [pictures.nth(i).get_attribute("alt") for i in range(2)] == ["input 0", "visible part of input 0"]
-    assert page.evaluate("[...document.querySelectorAll('.visible-parts img')]"
-                         ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32)")
+    assert page.evaluate(
+        "[...document.querySelectorAll('.visible-parts img')]"
+        ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32)"
+    )
     caption = page.inner_text(".visible-pair figcaption")
     assert "hidden 2 %" in caption and " dB" in caption and "SSIM 0.99" in caption
     assert "the gradient shows the image" in page.inner_text(".what-it-shows")

@@ -1,11 +1,11 @@
 """The command line: exit codes, one-line errors, the JSON contract, policies."""
+
 import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from conftest import EXAMPLES, REPO
 
 CONV_NET = """
@@ -121,9 +121,10 @@ def test_wrong_input_shape_exits_3_naming_the_layer(run_cli):
 
 
 def test_data_dependent_control_flow_exits_3_naming_construct_and_line(run_cli, tmp_path):
-    body = CONV_NET.replace("return self.fc(self.conv(x).flatten(1))",
-                            "y = self.conv(x)\n        if y.sum() > 0:\n            y = y * 2\n"
-                            "        return self.fc(y.flatten(1))")
+    body = CONV_NET.replace(
+        "return self.fc(self.conv(x).flatten(1))",
+        "y = self.conv(x)\n        if y.sum() > 0:\n            y = y * 2\n        return self.fc(y.flatten(1))",
+    )
     path = write(tmp_path, "flow.py", body + "INPUT_SHAPE = (3, 8, 8)\n")
     code, _, err = run_cli(path)
     assert code == 3
@@ -131,13 +132,17 @@ def test_data_dependent_control_flow_exits_3_naming_construct_and_line(run_cli, 
 
 
 def test_shape_dependent_control_flow_falls_back_to_torch_export(run_cli, tmp_path):
-    body = CONV_NET.replace("return self.fc(self.conv(x).flatten(1))",
-                            "if x.shape[-1] > 4:\n            x = self.conv(x)\n        return self.fc(x.flatten(1))")
+    body = CONV_NET.replace(
+        "return self.fc(self.conv(x).flatten(1))",
+        "if x.shape[-1] > 4:\n            x = self.conv(x)\n        return self.fc(x.flatten(1))",
+    )
     code, out, err = run_cli(write(tmp_path, "shapes.py", body + "INPUT_SHAPE = (3, 8, 8)\n"), "--format", "json")
     payload = json.loads(out)
     assert err == "" and payload["tracer"] == "torch.export"
     assert [(r["name"], r["inputs"], r["weights"], r["outputs"]) for r in payload["layers"]] == [
-        ("conv", 192, 112, 144), ("fc", 144, 145, 1)]
+        ("conv", 192, 112, 144),
+        ("fc", 144, 145, 1),
+    ]
     assert any(c["code"] == "RA106" and "control flow" in c["message"] for c in payload["caveats"])
 
 
@@ -146,7 +151,7 @@ def test_policy_exit_codes(run_cli):
     assert run_cli(exposed)[0] == 1
     assert run_cli(exposed, "--fail-on", "never")[0] == 0
     assert run_cli(exposed, "--fail-on", "exposed")[0] == 1
-    assert run_cli(partial)[0] == 1                      # 2,667 of 3,072 recoverable: not protected
+    assert run_cli(partial)[0] == 1  # 2,667 of 3,072 recoverable: not protected
     assert run_cli(partial, "--fail-on", "exposed")[0] == 0
     assert run_cli(partial, "--fail-on", "exposed", "--min-ra", "405")[0] == 0
     code, out, _ = run_cli(partial, "--fail-on", "exposed", "--min-ra", "406")
@@ -159,9 +164,11 @@ def test_boundary_policy(run_cli, tmp_path):
     # conv 1->1 3x3 on 1x4x4: |x| 16, |W| 9, |z| 4 -> RA 3; a 1x1-input... build RA = 0 exactly:
     # Linear over 2 positions shares weights: x = 2*4 = 8, W = 2*4 = 8 (no bias), z = 2*2... use conv 1->1 k2 on 1x3x3:
     # |x| 9, |W| 4, |z| 4 -> RA 1; add bias: |W| 5 -> RA 0.
-    body = ("import torch.nn as nn\nclass Edge(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.conv = nn.Conv2d(1, 1, 2)\n    def forward(self, x):\n        return self.conv(x)\n"
-            "INPUT_SHAPE = (1, 3, 3)\n")
+    body = (
+        "import torch.nn as nn\nclass Edge(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.conv = nn.Conv2d(1, 1, 2)\n    def forward(self, x):\n        return self.conv(x)\n"
+        "INPUT_SHAPE = (1, 3, 3)\n"
+    )
     path = write(tmp_path, "edge.py", body)
     code, out, _ = run_cli(path, "--format", "json")
     payload = json.loads(out)
@@ -174,13 +181,23 @@ def test_boundary_policy(run_cli, tmp_path):
     assert code == 0 and json.loads(out)["verdict"] == "protected"
     code, out, _ = run_cli(path, "--max-recoverable", "0.6", "--fail-on", "boundary")
     assert code == 1 and "RA-i 0 <= 0" in out and "verdict is" not in out
-    code, out, _ = run_cli(path, "--fail-on", "boundary")   # partial and RA-i 0: both reasons
+    code, out, _ = run_cli(path, "--fail-on", "boundary")  # partial and RA-i 0: both reasons
     assert code == 1 and "RA-i 0 <= 0" in out and "verdict is partial" in out
 
 
 JSON_LAYER_KEYS = {"name", "op", "inputs", "weights", "outputs", "virtual", "ra_i", "dense", "critical", "block"}
-JSON_KEYS = {"rankaudit_version", "model", "input_shape", "batch_size", "tracer", "ra_i", "critical_layer",
-             "verdict", "layers", "caveats"}
+JSON_KEYS = {
+    "rankaudit_version",
+    "model",
+    "input_shape",
+    "batch_size",
+    "tracer",
+    "ra_i",
+    "critical_layer",
+    "verdict",
+    "layers",
+    "caveats",
+}
 
 
 def test_json_contract_keys_and_output_file(run_cli, tmp_path):
@@ -213,20 +230,25 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
     lines = out.splitlines()
     critical = [line for line in lines if line.startswith(">")]
     assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
-    closing = lines[lines.index(critical[0]) + 3:][:2]  # after the table: the bound's line, then RA-i's
-    assert closing[0].startswith("Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable; protected needs at most "
-                                 "50 %; min cut: ∇conv1, ∇conv2, ∇fc): partial.")
+    closing = lines[lines.index(critical[0]) + 3 :][:2]  # after the table: the bound's line, then RA-i's
+    assert closing[0].startswith(
+        "Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable; protected needs at most "
+        "50 %; min cut: ∇conv1, ∇conv2, ∇fc): partial."
+    )
     assert "Only 16 input directions are certified invisible" in closing[0]
     assert "about 0.5 % of an image's energy can be hidden" in closing[0]
     assert "expect a near-perfect reconstruction" in closing[0] and "This is not protection" in closing[0]
-    assert closing[1] == ("RA-i 316 at conv2: R-GAP's closed-form recursion stops at the critical layer (more unknowns "
-                          "than constraints there).")
+    assert closing[1] == (
+        "RA-i 316 at conv2: R-GAP's closed-form recursion stops at the critical layer (more unknowns "
+        "than constraints there)."
+    )
 
 
 def test_console_script_and_module_entry_points():
     for command in (["rankaudit"], [sys.executable, "-m", "rankaudit"]):
-        done = subprocess.run(command + [str(EXAMPLES / "fig2_a.py"), "--format", "json"], capture_output=True,
-                              text=True, cwd=REPO)
+        done = subprocess.run(
+            command + [str(EXAMPLES / "fig2_a.py"), "--format", "json"], capture_output=True, text=True, cwd=REPO
+        )
         assert done.returncode == 1, done.stderr
         assert json.loads(done.stdout)["ra_i"] == -484
     done = subprocess.run(["rankaudit", "--version"], capture_output=True, text=True)
@@ -234,8 +256,9 @@ def test_console_script_and_module_entry_points():
 
 
 def test_debug_shows_the_traceback():
-    done = subprocess.run(["rankaudit", str(EXAMPLES / "cnn6.py"), "--input-shape", "3,8,8", "--debug"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["rankaudit", str(EXAMPLES / "cnn6.py"), "--input-shape", "3,8,8", "--debug"], capture_output=True, text=True
+    )
     assert done.returncode != 0 and "Traceback" in done.stderr
 
 

@@ -1,10 +1,10 @@
 """[tool.rankaudit] in pyproject.toml: found by walking up from the model file, flags win, errors name the key."""
+
 import json
 import shutil
 import textwrap
 
 import pytest
-
 from conftest import EXAMPLES
 
 NO_SHAPE_MODEL = """
@@ -80,14 +80,17 @@ def test_withheld_layers_from_config(run_cli, project):
     assert json.loads(out)["label_leakage"]["risk"] == "low"
 
 
-@pytest.mark.parametrize("body, key", [
-    ('fail-on = "sometimes"', "fail-on"),
-    ("batch-size = 0", "batch-size"),
-    ('min-ra = "low"', "min-ra"),
-    ("shared-layer = ['fc']", "shared-layer"),
-    ("[[tool.rankaudit.models]]\npath = 'src/models/net.py'\ninput-shape = [3, -1]", "models.input-shape"),
-    ("[[tool.rankaudit.models]]\nshape = [3]", "models"),
-])
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        ('fail-on = "sometimes"', "fail-on"),
+        ("batch-size = 0", "batch-size"),
+        ('min-ra = "low"', "min-ra"),
+        ("shared-layer = ['fc']", "shared-layer"),
+        ("[[tool.rankaudit.models]]\npath = 'src/models/net.py'\ninput-shape = [3, -1]", "models.input-shape"),
+        ("[[tool.rankaudit.models]]\nshape = [3]", "models"),
+    ],
+)
 def test_config_errors_exit_2_naming_the_key(run_cli, project, body, key):
     models = project("[tool.rankaudit]\n" + body + "\n")
     code, _, err = run_cli(models / "exposed.py")
@@ -114,7 +117,7 @@ def test_max_recoverable_from_config_sets_the_ceiling_of_protected(run_cli, proj
         [tool.rankaudit]
         max-recoverable = 0.999
     """)
-    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")   # R/n = 3056/3072 = 0.9948
+    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")  # R/n = 3056/3072 = 0.9948
     code, out, _ = run_cli(models / "fig2_e.py", "--format", "json")
     payload = json.loads(out)
     assert code == 0 and payload["verdict"] == "protected" and payload["identifiability"]["max_recoverable"] == 0.999

@@ -1,29 +1,52 @@
 """The verifier's CUDA path: runs wherever a GPU is present, skipped cleanly where none is."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import EXAMPLES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
 def test_rgap_on_cuda_reconstructs_cnn6(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--verify", "rgap", "--device", "cuda", "--samples", "2",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "cnn6.py", "--verify", "rgap", "--device", "cuda", "--samples", "2", "--format", "json"
+    )
     verification = json.loads(out)["verification"]["rgap"]
     assert verification["device"].startswith("cuda") and verification["median_mse"] < 1e-3
     assert [layer["local_deficit"] for layer in verification["layers"]] == [0] * 7
 
 
 def test_gdbr_and_the_optimisation_attack_on_cuda(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "lenet10.py", "--withheld-layers", "fc2", "--verify", "gdbr", "-b", "64",
-                           "--device", "cuda", "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "lenet10.py",
+        "--withheld-layers",
+        "fc2",
+        "--verify",
+        "gdbr",
+        "-b",
+        "64",
+        "--device",
+        "cuda",
+        "--format",
+        "json",
+    )
     gdbr = json.loads(out)["verification"]["gdbr"]
     assert gdbr["device"].startswith("cuda") and gdbr["ins_acc"] > gdbr["chance_ins_acc"]
-    code, out, _ = run_cli(EXAMPLES / "resnet18_w16.py", "--verify", "rgap", "--device", "cuda", "--samples", "1",
-                           "--steps", "20", "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "resnet18_w16.py",
+        "--verify",
+        "rgap",
+        "--device",
+        "cuda",
+        "--samples",
+        "1",
+        "--steps",
+        "20",
+        "--format",
+        "json",
+    )
     assert json.loads(out)["verification"]["rgap"]["device"].startswith("cuda")
 
 
@@ -79,20 +102,36 @@ def test_rank_sketch_on_cuda(example, expected):
     """The same ranks as on the CPU (tests/test_rank.py), with chunks sized from the GPU's free memory."""
     measured = _rank_on("cuda", example)
     assert measured.device.startswith("cuda") and measured.rank == expected and measured.reliable
-    assert measured.chunk_rows > 8   # the probe chunk's measured memory made the later chunks larger
+    assert measured.chunk_rows > 8  # the probe chunk's measured memory made the later chunks larger
 
 
 def test_verify_rank_on_cuda_from_the_cli(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "vit_tiny.py", "--verify", "rank", "--device", "cuda", "--samples", "2",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "vit_tiny.py", "--verify", "rank", "--device", "cuda", "--samples", "2", "--format", "json"
+    )
     verification = json.loads(out)["verification"]["rank"]
     assert verification["device"].startswith("cuda") and verification["rank"] == verification["unknowns"] == 768
 
 
 def test_the_dp_attack_on_cuda_stays_below_the_bound(run_cli):
     pytest.importorskip("dp_accounting")
-    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--dp-noise", "1", "--dp-clip", "0.01", "--verify", "dp",
-                           "--samples", "2000", "--device", "cuda", "--format", "json", "--fail-on", "never")
+    code, out, _ = run_cli(
+        EXAMPLES / "cnn6.py",
+        "--dp-noise",
+        "1",
+        "--dp-clip",
+        "0.01",
+        "--verify",
+        "dp",
+        "--samples",
+        "2000",
+        "--device",
+        "cuda",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+    )
     attack = json.loads(out)["verification"]["dp"]
     assert code == 0 and attack["device"].startswith("cuda") and attack["draw"] == "full"
     assert attack["interval"][0] <= attack["bound"] and attack["success_rate"] > attack["prior"]
@@ -102,6 +141,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
     """Issue 16: hardsigmoid's stand-in, float32 rows and the device-sized sketch on the GPU; same rank as the CPU's
     664 of 768."""
     from conftest import measured_rank
+
     from rankaudit.verify import rank
     from rankaudit.verify.runner import build_real_model
 
@@ -112,7 +152,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
         labels = rank.draw_labels(1, "cross-entropy", 10, 0)
         on_gpu = rank.measure(model, images, labels, device="cuda", seed=0, loss="cross-entropy", precision="auto")
         assert on_gpu.device.startswith("cuda") and on_gpu.rank == on_cpu.rank == 664
-        assert on_gpu.precision == "float64"   # a deficit is always settled in float64
+        assert on_gpu.precision == "float64"  # a deficit is always settled in float64
 
 
 def test_device_memory_budget_and_non_finite_refusal_on_cuda(run_cli, tmp_path):
@@ -121,8 +161,10 @@ def test_device_memory_budget_and_non_finite_refusal_on_cuda(run_cli, tmp_path):
     available, rule = budget.memory_budget("cuda")
     assert available > 0 and "free" in rule
     path = tmp_path / "net.py"
-    path.write_text("import torch\nimport torch.nn as nn\nINPUT_SHAPE = (1, 4, 4)\n\n\nclass Net(nn.Module):\n"
-                    "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(16, 4)\n\n"
-                    "    def forward(self, x):\n        return self.fc(torch.log(x.flatten(1) - 2.0))\n")
+    path.write_text(
+        "import torch\nimport torch.nn as nn\nINPUT_SHAPE = (1, 4, 4)\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(16, 4)\n\n"
+        "    def forward(self, x):\n        return self.fc(torch.log(x.flatten(1) - 2.0))\n"
+    )
     code, _, err = run_cli(path, "--verify", "rank", "--device", "cuda", "--samples", "1")
     assert code == 3 and "first NaN/Inf from torch.log" in err

@@ -1,29 +1,30 @@
 """DAGER's condition: the static span finding on language models, and --verify dager recovering the tokens exactly
 where (and only where) the finding says so. Tiny configs from examples/, CPU, seeded."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import EXAMPLES
+from torch import nn
 
 pytest.importorskip("transformers")
 
-from rankaudit import findings  # noqa: E402
-from rankaudit.audit import audit  # noqa: E402
-from rankaudit.errors import UsageError  # noqa: E402
-from rankaudit.load import load_model  # noqa: E402
-from rankaudit.report import sarif, table  # noqa: E402
-from rankaudit.trace import input_specs, trace_model  # noqa: E402
-from rankaudit.verify import dager, runner  # noqa: E402
+from rankaudit import findings
+from rankaudit.audit import audit
+from rankaudit.errors import UsageError
+from rankaudit.load import load_model
+from rankaudit.report import sarif, table
+from rankaudit.trace import input_specs, trace_model
+from rankaudit.verify import dager, runner
 
 SEQUENCE = 16
 D_MODEL = 128
-GPT2, BERT, LLAMA, LORA = (str(EXAMPLES / name) for name in ("gpt2_tiny.py", "bert_tiny.py", "llama_tiny.py",
-                                                               "gpt2_lora_tiny.py"))
+GPT2, BERT, LLAMA, LORA = (
+    str(EXAMPLES / name) for name in ("gpt2_tiny.py", "bert_tiny.py", "llama_tiny.py", "gpt2_lora_tiny.py")
+)
 
 
 class Subject:
@@ -31,8 +32,9 @@ class Subject:
 
     def __init__(self, spec: str):
         loaded = load_model(spec, (SEQUENCE,), device="meta")
-        self.traced = trace_model(loaded.module, (SEQUENCE,), input_dtype=loaded.input_dtype,
-                                  forward_kwargs=loaded.forward_kwargs)
+        self.traced = trace_model(
+            loaded.module, (SEQUENCE,), input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+        )
         torch.manual_seed(0)
         model = load_model(spec, (SEQUENCE,), device="cpu").module.double().eval()
         self.call = dager.forward_call(model, input_specs(model, (SEQUENCE,), torch.long), loaded.forward_kwargs)
@@ -46,9 +48,17 @@ class Subject:
         tokens = self.finding(batch_size)
         sent = [layer for layer in tokens.layers if layer.shared and layer.trainable]
         group = [layer.name for layer in sent if layer.reads == sent[0].reads]
-        outcome = dager.run_dager(self.call, group, batch_size=batch_size, positions=SEQUENCE,
-                                  vocab_size=self.vocabulary, position_dependent=sent[0].position_dependent,
-                                  device="cpu", seed=seed, extend=extend)
+        outcome = dager.run_dager(
+            self.call,
+            group,
+            batch_size=batch_size,
+            positions=SEQUENCE,
+            vocab_size=self.vocabulary,
+            position_dependent=sent[0].position_dependent,
+            device="cpu",
+            seed=seed,
+            extend=extend,
+        )
         true = {token for token, _ in outcome.true_pairs}
         found = {token for token, _, _ in outcome.passed}
         precision = len(true & found) / len(found) if found else 0.0
@@ -73,8 +83,12 @@ def llama():
 def test_gpt2_finding_names_the_fused_projection_with_its_budget(gpt2):
     tokens = gpt2.finding(2)
     (layer,) = tokens.layers  # c_proj and the MLP read attention's output: no per-token function of the token
-    assert (layer.name, layer.d_in, layer.d_out, layer.tokens_per_batch) == ("transformer.h.0.attn.c_attn", 128,
-                                                                           384, 32)
+    assert (layer.name, layer.d_in, layer.d_out, layer.tokens_per_batch) == (
+        "transformer.h.0.attn.c_attn",
+        128,
+        384,
+        32,
+    )
     assert layer.position_dependent and layer.candidates == 2000 * SEQUENCE  # wte + wpe before ln_1
     assert layer.exposed and tokens.span_exposed
     assert "the token set of the batch can be read from this layer's gradient by a span test" in layer.reason
@@ -139,8 +153,11 @@ def test_llama_position_free_vectors_and_pooled_projections(llama):
     so ∇W_q misses each sequence's first token and the pooled test needs k and v."""
     subject = llama
     tokens = subject.finding(5)
-    assert {layer.name.rsplit(".", 1)[-1]: layer.exposed for layer in tokens.layers} == \
-        {"q_proj": True, "k_proj": True, "v_proj": True}
+    assert {layer.name.rsplit(".", 1)[-1]: layer.exposed for layer in tokens.layers} == {
+        "q_proj": True,
+        "k_proj": True,
+        "v_proj": True,
+    }
     assert all(not layer.position_dependent and layer.candidates == 2000 for layer in tokens.layers)
     alone = subject.finding(5, shared={"model.layers.0.self_attn.k_proj"})
     assert not alone.span_exposed  # 80 > 64: one rank-64 gradient keeps part of the span only
@@ -193,8 +210,9 @@ def test_layers_reading_the_same_vectors_pool_their_gradients():
     real = ThreeAdapters().double()
     call = dager.LanguageModelCall(real, "ids", True)
     for group, exact in ((["q", "k", "v"], True), (["q"], False)):
-        outcome = dager.run_dager(call, group, batch_size=2, positions=5, vocab_size=300, position_dependent=True,
-                                  device="cpu", seed=1)
+        outcome = dager.run_dager(
+            call, group, batch_size=2, positions=5, vocab_size=300, position_dependent=True, device="cpu", seed=1
+        )
         true = {token for token, _ in outcome.true_pairs}
         found = {token for token, _, _ in outcome.passed}
         assert (found == true) == exact
@@ -214,8 +232,9 @@ def test_span_test_distances_and_rank_tolerance():
 
 def test_cli_reports_the_finding_and_the_verification(run_cli, tmp_path):
     report = tmp_path / "report.html"
-    code, out, err = run_cli(GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--verify", "dager", "--format", "json",
-                             "--html", report)
+    code, out, err = run_cli(
+        GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--verify", "dager", "--format", "json", "--html", report
+    )
     assert code == 1, err
     payload = json.loads(out)
     tokens = payload["token_leakage"]
@@ -239,8 +258,9 @@ def test_sarif_table_and_policy_follow_the_finding():
     assert "DAGER's span test): exposed." in text and "Safe budget: at least 128 tokens" in text
     never = audit(GPT2, input_shape=(SEQUENCE,), batch_size=2, fail_on="never")
     assert never.policy.passed
-    withheld = audit(GPT2, input_shape=(SEQUENCE,), batch_size=2,
-                     withheld_layers=["transformer.wte", "transformer.h.0.attn.c_attn"])
+    withheld = audit(
+        GPT2, input_shape=(SEQUENCE,), batch_size=2, withheld_layers=["transformer.wte", "transformer.h.0.attn.c_attn"]
+    )
     assert not withheld.token_leakage.span_exposed
     assert "RA006" not in {f["ruleId"] for f in sarif.to_sarif([withheld])["runs"][0]["results"]}
     assert not any("span test" in reason for reason in withheld.policy.reasons)
@@ -263,8 +283,19 @@ def _basis_for(subject: Subject, layer: str, batch_size: int = 2):
 def test_layer_norm_shortcut_matches_running_each_pair_through_the_model(gpt2):
     module, basis, ids = _basis_for(gpt2, "transformer.h.0.attn.c_attn")
     norm = gpt2.call.model.get_submodule("transformer.h.0.ln_1")
-    tests = [dager.span_test_vocabulary(gpt2.call, module, basis, vocab_size=gpt2.vocabulary, positions=SEQUENCE,
-                                        position_dependent=True, device="cpu", norm=given) for given in (norm, None)]
+    tests = [
+        dager.span_test_vocabulary(
+            gpt2.call,
+            module,
+            basis,
+            vocab_size=gpt2.vocabulary,
+            positions=SEQUENCE,
+            position_dependent=True,
+            device="cpu",
+            norm=given,
+        )
+        for given in (norm, None)
+    ]
     assert "closed form" in tests[0].method and "through the model" in tests[1].method
     pairs = [{(token, position) for token, position, _ in test.accepted} for test in tests]
     true = {(int(token), position) for row in ids for position, token in enumerate(row.tolist())}
@@ -295,15 +326,17 @@ def test_the_shortcut_declines_when_its_check_fails():
     torch.manual_seed(0)
     model = TanhBeforeNorm().double()
     call = dager.LanguageModelCall(model, "ids", True)
-    outcome = dager.run_dager(call, ["q"], batch_size=1, positions=4, vocab_size=200, position_dependent=True,
-                              device="cpu", norm="norm")
+    outcome = dager.run_dager(
+        call, ["q"], batch_size=1, positions=4, vocab_size=200, position_dependent=True, device="cpu", norm="norm"
+    )
     assert "through the model" in outcome.method
     assert {(t, p) for t, p, _ in outcome.passed} == outcome.true_pairs
 
 
 def test_suggest_lists_the_safe_token_budget(run_cli):
-    code, out, err = run_cli("suggest", GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--top", "1",
-                             "--format", "json")
+    code, out, err = run_cli(
+        "suggest", GPT2, "--input-shape", str(SEQUENCE), "-b", "2", "--top", "1", "--format", "json"
+    )
     assert code == 0, err
     payload = json.loads(out)
     assert payload["token_span_exposed"] == ["transformer.h.0.attn.c_attn"]

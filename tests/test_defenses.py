@@ -4,6 +4,7 @@ Every figure in a comment was measured on the CPU with the seeds used here; the 
 around it. R-GAP is exact algebra, so any perturbation of the gradient wrecks it; the optimisation attack
 (inverting gradients) degrades gradually with the strength, which the graded figures below show.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,8 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import EXAMPLES
+
 from rankaudit.audit import audit
 from rankaudit.errors import UsageError
 from rankaudit.report import html, table
@@ -68,8 +69,8 @@ def test_parse_defaults_and_params():
     assert (prune.name, prune.param) == ("prune", DEFAULT_PRUNE_FRACTION) == ("prune", 0.9)
     assert ada.name == "adadefense" and ada.options == {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "warmup": 0}
     assert parse_defense("noise:0.05").param == 0.05 and parse_defense(" Prune:0.99 ").param == 0.99
-    assert parse_defense("adadefense:0.99").options["beta2"] == 0.99          # a bare number in [0.5, 1) is β2
-    assert parse_defense("adadefense:1e-6").options["eps"] == 1e-6            # one in (0, 0.5) is ε
+    assert parse_defense("adadefense:0.99").options["beta2"] == 0.99  # a bare number in [0.5, 1) is β2
+    assert parse_defense("adadefense:1e-6").options["eps"] == 1e-6  # one in (0, 0.5) is ε
     custom = parse_defense("adadefense:eps=1e-6,beta2=0.99,warmup=5")
     assert custom.options == {"beta1": 0.9, "beta2": 0.99, "eps": 1e-6, "warmup": 5}
     assert parse_defense(custom.spec) == custom and custom.spec == "adadefense:beta2=0.99,eps=1e-06,warmup=5"
@@ -78,17 +79,20 @@ def test_parse_defaults_and_params():
     assert noise.label == "noise σ=0.01" and prune.label == "prune 90%" and ada.label == "adadefense"
 
 
-@pytest.mark.parametrize("text, problem, fix", [
-    ("gauss:0.1", "unknown defense 'gauss'", "use one of noise, prune, adadefense"),
-    ("noise:abc", "sigma 'abc' is not a number", "noise[:SIGMA]"),
-    ("noise:-1", "sigma must be positive", "noise:0.01"),
-    ("prune:90", "must lie in [0, 1), got 90", "prune:0.9 for 90%"),
-    ("prune:1", "must lie in [0, 1)", "prune:0.9"),
-    ("adadefense:2", "β2 in [0.5, 1) or ε in (0, 0.5), got 2", "adadefense:beta2="),
-    ("adadefense:lr=1", "unknown AdaDefense option 'lr'", "beta1=, beta2=, eps= or warmup="),
-    ("adadefense:warmup=1.5", "a whole number 0-1000", "warmup=5"),
-    ("noise:", "nothing after the colon", "noise[:SIGMA]"),
-])
+@pytest.mark.parametrize(
+    "text, problem, fix",
+    [
+        ("gauss:0.1", "unknown defense 'gauss'", "use one of noise, prune, adadefense"),
+        ("noise:abc", "sigma 'abc' is not a number", "noise[:SIGMA]"),
+        ("noise:-1", "sigma must be positive", "noise:0.01"),
+        ("prune:90", "must lie in [0, 1), got 90", "prune:0.9 for 90%"),
+        ("prune:1", "must lie in [0, 1)", "prune:0.9"),
+        ("adadefense:2", "β2 in [0.5, 1) or ε in (0, 0.5), got 2", "adadefense:beta2="),
+        ("adadefense:lr=1", "unknown AdaDefense option 'lr'", "beta1=, beta2=, eps= or warmup="),
+        ("adadefense:warmup=1.5", "a whole number 0-1000", "warmup=5"),
+        ("noise:", "nothing after the colon", "noise[:SIGMA]"),
+    ],
+)
 def test_bad_values_name_the_problem_and_the_fix(text, problem, fix):
     with pytest.raises(DefenseError) as info:
         parse_defense(text)
@@ -100,8 +104,10 @@ def test_bad_values_name_the_problem_and_the_fix(text, problem, fix):
 
 def test_each_defense_does_what_it_says():
     gen = torch.Generator().manual_seed(0)
-    grads = {"w": torch.randn((200, 50), generator=gen, dtype=torch.float64) * 1e-3,
-             "b": torch.randn(7, generator=gen, dtype=torch.float64)}
+    grads = {
+        "w": torch.randn((200, 50), generator=gen, dtype=torch.float64) * 1e-3,
+        "b": torch.randn(7, generator=gen, dtype=torch.float64),
+    }
     # noise: N(0, σ²) per entry, a fresh draw per call, the same for the same seed
     noisy = parse_defense("noise:0.5").client(seed=3)
     first, second = noisy(grads), noisy(grads)
@@ -126,10 +132,10 @@ def test_each_defense_does_what_it_says():
     for g in history:
         shared = ada.apply(g, state)
     m = v = 0
-    for t, g in enumerate(history, start=1):
+    for _t, g in enumerate(history, start=1):
         m = 0.9 * m + 0.1 * g["b"]
         v = 0.999 * v + 0.001 * g["b"] ** 2
-    expected = (m / (1 - 0.9 ** 3)) / ((v / (1 - 0.999 ** 3)).sqrt() + 1e-8)
+    expected = (m / (1 - 0.9**3)) / ((v / (1 - 0.999**3)).sqrt() + 1e-8)
     assert state["t"] == 3 and torch.allclose(shared["b"], expected, rtol=1e-12)
     # warm-up: the client's moments come from earlier rounds, and every attacked round starts from them
     warm = ada.client(warmup=history)
@@ -140,13 +146,16 @@ def test_each_defense_does_what_it_says():
 def test_no_defense_and_identity_defense_change_nothing():
     model, images = over_determined_mlp(), digit_patches(2)
     plain = run_inverting(model, images, "cross-entropy", steps=40, restarts=1, device="cpu", seed=0)
-    same = run_inverting(model, images, "cross-entropy", steps=40, restarts=1, device="cpu", seed=0,
-                         defense=lambda grads: dict(grads))
+    same = run_inverting(
+        model, images, "cross-entropy", steps=40, restarts=1, device="cpu", seed=0, defense=lambda grads: dict(grads)
+    )
     assert plain.mse == same.mse
     lenet = gdbr.init_like_paper(load_example("lenet10.py", "LeNet10")[0](), ["fc1", "fc2"], seed=0)
     kwargs = dict(trials=2, device="cpu", seed=0, input_shape=(1, 28, 28))
-    assert (gdbr.run_gdbr(lenet, "fc1", 16, **kwargs).per_trial[1]["recovered"]
-            == gdbr.run_gdbr(lenet, "fc1", 16, defense=lambda grads: grads, **kwargs).per_trial[1]["recovered"])
+    assert (
+        gdbr.run_gdbr(lenet, "fc1", 16, **kwargs).per_trial[1]["recovered"]
+        == gdbr.run_gdbr(lenet, "fc1", 16, defense=lambda grads: grads, **kwargs).per_trial[1]["recovered"]
+    )
 
 
 # --------------------------------------------------------------------------- input reconstruction
@@ -157,8 +166,16 @@ def cnn6_defended():
     """CNN6 (exposed), one photograph crop, R-GAP without and with three defenses, plus the FedAvg comparison."""
     spec = str(EXAMPLES / "cnn6.py")
     result = audit(spec)
-    runner.verify_defenses(result, spec, [parse_defense(s) for s in ("noise:1e-6", "prune:0.01", "adadefense")],
-                           attacks=("rgap",), samples=1, seed=0, device="cpu", show_progress=False)
+    runner.verify_defenses(
+        result,
+        spec,
+        [parse_defense(s) for s in ("noise:1e-6", "prune:0.01", "adadefense")],
+        attacks=("rgap",),
+        samples=1,
+        seed=0,
+        device="cpu",
+        show_progress=False,
+    )
     return result
 
 
@@ -185,8 +202,9 @@ def test_noise_and_pruning_degrade_inverting_gradients_gradually():
     measured = {}
     for text in (None, "noise:0.01", "noise:0.1", "prune:0.9", "prune:0.99"):
         defense = parse_defense(text).client(seed=0) if text else None
-        outcome = run_inverting(model, images, "cross-entropy", steps=300, restarts=1, device="cpu", seed=0,
-                                defense=defense)
+        outcome = run_inverting(
+            model, images, "cross-entropy", steps=300, restarts=1, device="cpu", seed=0, defense=defense
+        )
         measured[text] = outcome.median_mse
     assert measured[None] < 1e-8
     assert 1e-4 < measured["noise:0.01"] < 3e-3
@@ -207,8 +225,16 @@ def test_adadefense_defeats_inverting_gradients_but_not_label_inference():
     the output bias gradient p - e_y is negative at the label only, so iDLG still reads every label."""
     model, images = over_determined_mlp(), digit_patches(3)
     plain = run_inverting(model, images, "cross-entropy", steps=300, restarts=1, device="cpu", seed=0)
-    defended = run_inverting(model, images, "cross-entropy", steps=300, restarts=1, device="cpu", seed=0,
-                             defense=parse_defense("adadefense").client())
+    defended = run_inverting(
+        model,
+        images,
+        "cross-entropy",
+        steps=300,
+        restarts=1,
+        device="cpu",
+        seed=0,
+        defense=parse_defense("adadefense").client(),
+    )
     assert plain.median_mse < 1e-8 and defended.median_mse > 5e-2
     assert defended.recovered_labels == defended.labels
 
@@ -220,10 +246,17 @@ def test_adadefense_defeats_inverting_gradients_but_not_label_inference():
 def lenet10_defended():
     spec = str(EXAMPLES / "lenet10.py")
     result = audit(spec, batch_size=64, withheld_layers=["fc2"])
-    runner.verify_defenses(result, spec, [parse_defense(s) for s in ("noise", "prune", "adadefense",
-                                                                       "adadefense:warmup=5")],
-                           attacks=("gdbr",), trials=5, seed=0, device="cpu", show_progress=False,
-                           training_rounds=20)
+    runner.verify_defenses(
+        result,
+        spec,
+        [parse_defense(s) for s in ("noise", "prune", "adadefense", "adadefense:warmup=5")],
+        attacks=("gdbr",),
+        trials=5,
+        seed=0,
+        device="cpu",
+        show_progress=False,
+        training_rounds=20,
+    )
     return result
 
 
@@ -258,8 +291,10 @@ def test_adadefense_turns_mlp6_gdbr_into_a_failure():
     figures = {}
     for dist in ("random", "imbalanced", "single"):
         kwargs = dict(trials=5, class_dist=dist, aux=aux, device="cpu", seed=0, input_shape=shape)
-        figures[dist] = (gdbr.run_gdbr(model, "fc2", 64, **kwargs).ins_acc,
-                         gdbr.run_gdbr(model, "fc2", 64, defense=ada.client(), **kwargs).ins_acc)
+        figures[dist] = (
+            gdbr.run_gdbr(model, "fc2", 64, **kwargs).ins_acc,
+            gdbr.run_gdbr(model, "fc2", 64, defense=ada.client(), **kwargs).ins_acc,
+        )
     assert figures["random"][0] > 0.95 and figures["random"][1] < 0.6
     assert figures["imbalanced"][0] > 0.95 and figures["imbalanced"][1] < 0.4
     assert figures["single"][0] > 0.95 and figures["single"][1] < 0.15
@@ -271,9 +306,16 @@ def test_first_round_adadefense_still_leaks_single_class_batches():
     on other batches (moments the server never sees) bring it to 0.50 (chance 0.09)."""
     spec = str(EXAMPLES / "lenet10.py")
     result = audit(spec, batch_size=64, withheld_layers=["fc2"])
-    runner.verify_defenses(result, spec, [parse_defense("adadefense"), parse_defense("adadefense:warmup=5")],
-                           attacks=("gdbr",), class_dist="single", device="cpu", show_progress=False,
-                           training=False)
+    runner.verify_defenses(
+        result,
+        spec,
+        [parse_defense("adadefense"), parse_defense("adadefense:warmup=5")],
+        attacks=("gdbr",),
+        class_dist="single",
+        device="cpu",
+        show_progress=False,
+        training=False,
+    )
     first, warm = result.verification["defenses"]
     assert first["without"] > 0.7 and first["with"] > 0.9 and not first["degrades"]
     assert warm["with"] < 0.6 and warm["degrades"] and not warm["fails_with"]
@@ -305,8 +347,17 @@ def test_rows_are_json_and_reach_table_and_html(cnn6_defended, lenet10_defended)
     for result in (cnn6_defended, lenet10_defended):
         rows = json.loads(json.dumps(result.verification, allow_nan=False))["defenses"]
         for row in rows:
-            assert {"defense", "param", "attack", "metric", "without", "with", "degrades", "fails_with",
-                    "notes"} <= row.keys()
+            assert {
+                "defense",
+                "param",
+                "attack",
+                "metric",
+                "without",
+                "with",
+                "degrades",
+                "fails_with",
+                "notes",
+            } <= row.keys()
     text = table.render([cnn6_defended, lenet10_defended])
     assert "Defenses (the same attack" in text and "yes, attack fails" in text
     line = next(line for line in text.splitlines() if line.lstrip().startswith("adadefense ") and "GDBR" in line)
@@ -322,8 +373,9 @@ def test_rows_are_json_and_reach_table_and_html(cnn6_defended, lenet10_defended)
 
 def test_runner_rejects_unknown_attacks(lenet10_defended):
     with pytest.raises(UsageError, match="rgap and/or gdbr"):
-        runner.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), [parse_defense("noise")],
-                               attacks=("dlg",))
+        runner.verify_defenses(
+            lenet10_defended, str(EXAMPLES / "lenet10.py"), [parse_defense("noise")], attacks=("dlg",)
+        )
     assert runner.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), []) == {}
 
 
@@ -332,14 +384,32 @@ def test_optimisation_attack_rows_where_rgap_cannot_go_or_as_a_cross_check():
     optimisation=True: R-GAP rows and inverting-gradients rows for the same defense. Tiny budgets (wiring only)."""
     resnet = str(EXAMPLES / "resnet18_w16_cut3.py")
     result = audit(resnet)
-    rows = runner.verify_defenses(result, resnet, [parse_defense("adadefense")], samples=1, steps=5, restarts=1,
-                                  training=False, device="cpu", show_progress=False)["defenses"]
+    rows = runner.verify_defenses(
+        result,
+        resnet,
+        [parse_defense("adadefense")],
+        samples=1,
+        steps=5,
+        restarts=1,
+        training=False,
+        device="cpu",
+        show_progress=False,
+    )["defenses"]
     assert [row["attack"] for row in rows] == ["inverting-gradients"]
     assert "R-GAP stops at" in rows[0]["attack_notes"][0] and "adadefense_training" not in result.verification
     fig2a = str(EXAMPLES / "fig2_a.py")
     result = audit(fig2a)
-    rows = runner.verify_defenses(result, fig2a, [parse_defense("noise:1e-3")], samples=1, steps=5, restarts=1,
-                                  optimisation=True, device="cpu", show_progress=False)["defenses"]
+    rows = runner.verify_defenses(
+        result,
+        fig2a,
+        [parse_defense("noise:1e-3")],
+        samples=1,
+        steps=5,
+        restarts=1,
+        optimisation=True,
+        device="cpu",
+        show_progress=False,
+    )["defenses"]
     assert [row["attack"] for row in rows] == ["rgap", "inverting-gradients"]
-    assert rows[0]["without"] < 1e-20 and rows[0]["degrades"]      # measured: 2.0e-28 -> 0.049
+    assert rows[0]["without"] < 1e-20 and rows[0]["degrades"]  # measured: 2.0e-28 -> 0.049
     assert all(row["samples"] == 1 and row["metric"] == "median_mse" for row in rows)

@@ -1,4 +1,5 @@
 """`rankaudit DIR`: Flower apps, Opacus and NVFlare settings read statically, each value with its source (issue 22)."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from rankaudit.deploy import Overrides, noise_for_epsilon, read_deployment
 from rankaudit.deploy.flower import parse_run_config
 from rankaudit.errors import UsageError
 
-SERVER_NOISE = "this bounds what the released model reveals, not what the server sees"   # findings.dp_sentence
+SERVER_NOISE = "this bounds what the released model reveals, not what the server sees"  # findings.dp_sentence
 
 APPS = Path(__file__).resolve().parent / "apps"
 
@@ -48,9 +49,18 @@ def test_quickstart_app_every_value_and_its_source():
         "server-rounds": ("3", "[tool.flwr.app.config] num-server-rounds"),
     }
     round_ = deployment.round
-    assert (round_.samples, round_.batch_size, round_.local_epochs, round_.lr, round_.optimizer, round_.momentum,
-            round_.server_rounds, round_.clients, round_.dp) == (64, 32, 1, 0.1, "sgd", 0.9, 3, 1, None)
-    assert deployment.model.endswith("quickstart_app/task.py:Net")   # not extra.Unused: the client never imports it
+    assert (
+        round_.samples,
+        round_.batch_size,
+        round_.local_epochs,
+        round_.lr,
+        round_.optimizer,
+        round_.momentum,
+        round_.server_rounds,
+        round_.clients,
+        round_.dp,
+    ) == (64, 32, 1, 0.1, "sgd", 0.9, 3, 1, None)
+    assert deployment.model.endswith("quickstart_app/task.py:Net")  # not extra.Unused: the client never imports it
 
 
 def test_rankaudit_dot_prints_the_round_with_its_sources(run_cli, monkeypatch):
@@ -65,14 +75,22 @@ def test_rankaudit_dot_prints_the_round_with_its_sources(run_cli, monkeypatch):
     assert payload["round"]["batch_size"] == 16 and payload["round"]["local_epochs"] == 3
     assert payload["round"]["steps"] == 12
     settings = {row["setting"]: row for row in payload["deployment"]["settings"]}
-    assert settings["local-epochs"] == {"setting": "local-epochs", "value": "3",
-                                        "source": "--run-config local-epochs=3"}
+    assert settings["local-epochs"] == {
+        "setting": "local-epochs",
+        "value": "3",
+        "source": "--run-config local-epochs=3",
+    }
     assert settings["batch-size"]["source"] == "--run-config batch-size=16"
 
 
 def test_run_config_is_parsed_as_flower_parses_it():
-    assert parse_run_config('a=1 b=0.5 c=true d="two words" e=\'x\'') == \
-        {"a": 1, "b": 0.5, "c": True, "d": "two words", "e": "x"}
+    assert parse_run_config("a=1 b=0.5 c=true d=\"two words\" e='x'") == {
+        "a": 1,
+        "b": 0.5,
+        "c": True,
+        "d": "two words",
+        "e": "x",
+    }
     with pytest.raises(UsageError, match="not in Flower's format"):
         parse_run_config("a=bare")
     with pytest.raises(UsageError, match="not in the app's"):
@@ -80,8 +98,9 @@ def test_run_config_is_parsed_as_flower_parses_it():
 
 
 def test_flags_and_rankaudit_tables_win_over_what_is_read():
-    deployment = read_deployment(APPS / "quickstart", Overrides(round={"local_epochs": 5, "lr": 0.02},
-                                                                run_config="local-epochs=3"))
+    deployment = read_deployment(
+        APPS / "quickstart", Overrides(round={"local_epochs": 5, "lr": 0.02}, run_config="local-epochs=3")
+    )
     rows = _rows(deployment)
     assert rows["local-epochs"] == ("5", "--local-epochs") and rows["lr"] == ("0.02", "--lr")
     assert deployment.round.local_epochs == 5 and deployment.round.lr == 0.02
@@ -92,7 +111,7 @@ def test_central_dp_app_server_noise_secure_aggregation_and_literals(run_cli, mo
     deployment = read_deployment(app)
     task = app / "central_dp_app" / "task.py"
     rows = _rows(deployment)
-    assert rows["batch-size"] == ("32", f"central_dp_app/task.py:{_line(task, 'shuffle=True')}")   # not the test loader
+    assert rows["batch-size"] == ("32", f"central_dp_app/task.py:{_line(task, 'shuffle=True')}")  # not the test loader
     assert rows["local-epochs"] == ("2", f"central_dp_app/task.py:{_line(task, 'range(2)')}")
     assert rows["optimizer"] == ("adam", f"Adam at central_dp_app/task.py:{_line(task, 'Adam')}")
     assert rows["lr"] == ("0.01", f"central_dp_app/task.py:{_line(task, 'Adam')}")
@@ -107,16 +126,41 @@ def test_central_dp_app_server_noise_secure_aggregation_and_literals(run_cli, mo
     round_ = deployment.round
     assert (round_.clients, round_.available_clients, round_.secure_aggregation) == (20, 100, True)
     dp = round_.dp
-    assert (dp.noise_multiplier, dp.clip, dp.level, dp.noise_by, dp.sample_rate, dp.steps) == \
-        (0.2, 10.0, "client", "server", 0.2, 3)
+    assert (dp.noise_multiplier, dp.clip, dp.level, dp.noise_by, dp.sample_rate, dp.steps) == (
+        0.2,
+        10.0,
+        "client",
+        "server",
+        0.2,
+        3,
+    )
     monkeypatch.chdir(app)
     code, out, err = run_cli(".", "--format", "json")
     payload = json.loads(out)
     assert payload["dp"]["noise_by"] == "server" and payload["dp"]["sample_rate"] == 0.2
-    code_plain, out_plain, _ = run_cli("central_dp_app/task.py", "--input-shape", "16", "--local-samples", "64", "-b",
-                                       "32", "--local-epochs", "2", "--optimizer", "adam", "--lr", "0.01",
-                                       "--clients", "20", "--available-clients", "100", "--server-rounds", "3",
-                                       "--format", "json")
+    code_plain, out_plain, _ = run_cli(
+        "central_dp_app/task.py",
+        "--input-shape",
+        "16",
+        "--local-samples",
+        "64",
+        "-b",
+        "32",
+        "--local-epochs",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--clients",
+        "20",
+        "--available-clients",
+        "100",
+        "--server-rounds",
+        "3",
+        "--format",
+        "json",
+    )
     # No DP credit against the server: verdict and exit code are those of the same round without any noise.
     assert payload["verdict"] == json.loads(out_plain)["verdict"] and code == code_plain
     code, out, err = run_cli(".")
@@ -126,7 +170,7 @@ def test_central_dp_app_server_noise_secure_aggregation_and_literals(run_cli, mo
 def test_local_dp_mod_is_client_noise_without_sampling_credit():
     deployment = read_deployment(APPS / "local_dp")
     rows = _rows(deployment)
-    assert rows["lr"] == ("0.05", "[tool.flwr.app.config] lr-local")      # [tool.rankaudit.flower] lr = "lr-local"
+    assert rows["lr"] == ("0.05", "[tool.flwr.app.config] lr-local")  # [tool.rankaudit.flower] lr = "lr-local"
     task = APPS / "local_dp" / "local_dp_app" / "task.py"
     assert rows["batch-size"] == ("16", f"local_dp_app/task.py:{_line(task, 'DataLoader(train_set')}")
     dp = deployment.round.dp
@@ -139,7 +183,7 @@ def test_opacus_app_q_and_t_from_its_loader_and_epochs():
     deployment = read_deployment(APPS / "opacus")
     dp = deployment.round.dp
     assert (dp.noise_multiplier, dp.clip, dp.level, dp.noise_by) == (1.1, 1.0, "sample", "client")
-    assert dp.sample_rate == 32 / 256 and dp.steps == 2 * 8 * 5     # q = B/N, T = E·⌈N/B⌉ per round × 5 rounds
+    assert dp.sample_rate == 32 / 256 and dp.steps == 2 * 8 * 5  # q = B/N, T = E·⌈N/B⌉ per round × 5 rounds
     assert _rows(deployment)["dp clip"] == ("1", "[tool.flwr.app.config] max-grad-norm")
     wider = read_deployment(APPS / "opacus", Overrides(round={"local_samples": 512}))
     assert wider.round.dp.sample_rate == 32 / 512 and wider.round.dp.steps == 2 * 16 * 5
@@ -148,8 +192,11 @@ def test_opacus_app_q_and_t_from_its_loader_and_epochs():
 def test_opacus_make_private_with_epsilon_derives_sigma(tmp_path):
     app = _copy("opacus", tmp_path)
     client = app / "opacus_app" / "client_app.py"
-    client.write_text(client.read_text().replace("make_private(", "make_private_with_epsilon(").replace(
-        "noise_multiplier=1.1,", "target_epsilon=2.0, target_delta=1e-5, epochs=2, poisson_sampling=False,"))
+    client.write_text(
+        client.read_text()
+        .replace("make_private(", "make_private_with_epsilon(")
+        .replace("noise_multiplier=1.1,", "target_epsilon=2.0, target_delta=1e-5, epochs=2, poisson_sampling=False,")
+    )
     deployment = read_deployment(app)
     sigma = deployment.round.dp.noise_multiplier
     assert sigma == noise_for_epsilon(2.0, 1e-5, 32 / 256, 16)
@@ -169,23 +216,27 @@ def test_factory_with_arguments_from_config_and_flags(run_cli, monkeypatch):
     assert _rows(deployment)["model-arg num_classes"] == ("3", source)
     monkeypatch.chdir(APPS / "factory")
     code, out, err = run_cli(".", "--format", "json")
-    assert code in (0, 1), err      # built and judged
+    assert code in (0, 1), err  # built and judged
     assert json.loads(out)["parameters"] == 16 * 3 + 3
     code, out, err = run_cli(".", "--format", "json", "--model-arg", "num_classes=5")
     assert json.loads(out)["parameters"] == 16 * 5 + 5
     # A factory in a plain file takes --model-arg too.
-    code, out, err = run_cli("factory_app/task.py:get_model", "--model-arg", "num_classes=4", "--input-shape", "16",
-                             "--format", "json")
-    assert code in (0, 1), err      # built and judged (exit 1: this small MLP fails the policy)
+    code, out, err = run_cli(
+        "factory_app/task.py:get_model", "--model-arg", "num_classes=4", "--input-shape", "16", "--format", "json"
+    )
+    assert code in (0, 1), err  # built and judged (exit 1: this small MLP fails the policy)
     assert json.loads(out)["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
 
 
 def test_several_candidates_and_missing_settings_are_one_line_errors(run_cli, tmp_path):
     app = _copy("quickstart", tmp_path)
     client = app / "quickstart_app" / "client_app.py"
-    client.write_text(client.read_text().replace("from quickstart_app.task import Net, load_data",
-                                                 "from quickstart_app.task import Net, load_data\n"
-                                                 "from quickstart_app.extra import Unused"))
+    client.write_text(
+        client.read_text().replace(
+            "from quickstart_app.task import Net, load_data",
+            "from quickstart_app.task import Net, load_data\nfrom quickstart_app.extra import Unused",
+        )
+    )
     code, out, err = run_cli(str(app))
     assert code == 2 and "several model candidates" in err and "task.py:Net" in err and "extra.py:Unused" in err
     client.write_text(client.read_text().replace("from quickstart_app.extra import Unused", ""))
@@ -203,8 +254,10 @@ def test_nvflare_exclude_vars_withholds_layers_by_state_dict_keys(run_cli):
     job = APPS / "nvflare_job"
     deployment = read_deployment(job, Overrides(round={"local_samples": 8, "batch_size": 8}))
     assert deployment.withheld_layers == ["fc1.weight", "fc1.bias"]
-    assert _rows(deployment)["withheld-layers"] == ("fc1.weight,fc1.bias",
-                                                    "app/config/config_fed_client.json (ExcludeVars)")
+    assert _rows(deployment)["withheld-layers"] == (
+        "fc1.weight,fc1.bias",
+        "app/config/config_fed_client.json (ExcludeVars)",
+    )
     code, out, err = run_cli(job, "--local-samples", "8", "-b", "8", "--format", "json")
     read = json.loads(out)
     model = job / "app" / "custom" / "simple_network.py"
@@ -218,10 +271,10 @@ def test_nvflare_exclude_vars_withholds_layers_by_state_dict_keys(run_cli):
 
 
 def test_a_file_in_a_package_imports_from_its_package_root(run_cli, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)   # neither the app nor its package is on the path from here
+    monkeypatch.chdir(tmp_path)  # neither the app nor its package is on the path from here
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     code, out, err = run_cli(task, "--input-shape", "1,8,8")
-    assert code in (0, 1) and "Bound" in out, err      # loaded and judged, not a load error (exit 3)
+    assert code in (0, 1) and "Bound" in out, err  # loaded and judged, not a load error (exit 3)
     from rankaudit.load import _runs_on_its_own, package_root
 
     assert package_root(task) == (APPS / "quickstart", "quickstart_app.task")
@@ -249,8 +302,13 @@ def test_a_noise_multiplier_the_code_hides_is_asked_for_then_taken_from_the_conf
     with pytest.raises(UsageError, match="noise_multiplier is not a literal"):
         read_deployment(app)
     dp = read_deployment(app, Overrides(dp={"noise": 0.8})).round.dp
-    assert (dp.noise_multiplier, dp.level, dp.noise_by, dp.sample_rate, dp.steps) == (0.8, "sample", "client",
-                                                                                      32 / 256, 80)
+    assert (dp.noise_multiplier, dp.level, dp.noise_by, dp.sample_rate, dp.steps) == (
+        0.8,
+        "sample",
+        "client",
+        32 / 256,
+        80,
+    )
 
 
 def test_learning_rate_sent_by_the_server_and_torchs_default(tmp_path):
@@ -259,13 +317,16 @@ def test_learning_rate_sent_by_the_server_and_torchs_default(tmp_path):
     pyproject.write_text(pyproject.read_text().replace("learning-rate = 0.1\n", ""))
     server.write_text(server.read_text().replace('lr: float = context.run_config["learning-rate"]', "lr = 0.02"))
     rows = _rows(read_deployment(app))
-    assert rows["lr"] == ("0.02", f"quickstart_app/server_app.py:{_line(server, 'lr = 0.02')} "
-                                  "(ConfigRecord sent to the clients)")
-    rows = _rows(read_deployment(APPS / "opacus"))      # SGD(model.parameters(), lr=0.05): the literal
+    assert rows["lr"] == (
+        "0.02",
+        f"quickstart_app/server_app.py:{_line(server, 'lr = 0.02')} (ConfigRecord sent to the clients)",
+    )
+    rows = _rows(read_deployment(APPS / "opacus"))  # SGD(model.parameters(), lr=0.05): the literal
     assert rows["lr"][0] == "0.05"
     task = _copy("central_dp", tmp_path) / "central_dp_app" / "task.py"
-    task.write_text(task.read_text().replace("torch.optim.Adam(net.parameters(), lr=0.01)",
-                                             "torch.optim.Adam(net.parameters())"))
+    task.write_text(
+        task.read_text().replace("torch.optim.Adam(net.parameters(), lr=0.01)", "torch.optim.Adam(net.parameters())")
+    )
     rows = _rows(read_deployment(task.parent.parent))
     assert rows["lr"] == ("0.001", f"Adam's default lr at central_dp_app/task.py:{_line(task, 'Adam(')}")
 
@@ -283,8 +344,10 @@ def test_dataset_size_over_the_nodes_gives_the_smallest_partition(tmp_path):
     deployment = read_deployment(app)
     assert deployment.round.local_samples == 64
     assert _rows(deployment)["local-samples"] == (
-        "64", "dataset-size 645 ([tool.rankaudit.round]) over 10 nodes ([tool.flwr.federations.local-simulation] "
-              "options.num-supernodes), the smallest partition")
+        "64",
+        "dataset-size 645 ([tool.rankaudit.round]) over 10 nodes ([tool.flwr.federations.local-simulation] "
+        "options.num-supernodes), the smallest partition",
+    )
     pyproject.write_text(pyproject.read_text() + '\n[tool.rankaudit.flower]\nlearning-rate = "lr"\n')
     with pytest.raises(UsageError, match=r"unknown key learning-rate in \[tool.rankaudit.flower\]"):
         read_deployment(app)
@@ -314,14 +377,23 @@ def test_the_app_hook_through_pre_commit(tmp_path):
     shutil.copytree(APPS / "quickstart", project, ignore=shutil.ignore_patterns("__pycache__"))
     _git(project, "init", "--quiet")
     (project / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit-app\n")
+        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit-app\n"
+    )
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("torch==2.13.0\n")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "PIP_CONSTRAINT": str(constraints),
-           "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true", "GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@rankaudit",
-           "GIT_COMMITTER_NAME": "ci", "GIT_COMMITTER_EMAIL": "ci@rankaudit"}
-    installed = subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True,
-                               text=True, env=env)
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+        "PIP_CONSTRAINT": str(constraints),
+        "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true",
+        "GIT_AUTHOR_NAME": "ci",
+        "GIT_AUTHOR_EMAIL": "ci@rankaudit",
+        "GIT_COMMITTER_NAME": "ci",
+        "GIT_COMMITTER_EMAIL": "ci@rankaudit",
+    }
+    installed = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True, text=True, env=env
+    )
     assert installed.returncode == 0, installed.stderr
     _git(project, "add", "-A", env=env)
     # Each sample is read by one local step of this round: exposed, the commit is blocked.
@@ -339,8 +411,11 @@ def test_the_app_hook_through_pre_commit(tmp_path):
 def test_a_factory_the_client_imports_is_the_model_without_a_class(tmp_path):
     app = _copy("factory", tmp_path)
     pyproject, client = app / "pyproject.toml", app / "factory_app" / "client_app.py"
-    pyproject.write_text(pyproject.read_text().replace('model = "factory_app/task.py:LogisticRegression"\n', "")
-                         .replace('num_features = 16, num_classes = "num-classes"', 'num_classes = "num-classes"'))
+    pyproject.write_text(
+        pyproject.read_text()
+        .replace('model = "factory_app/task.py:LogisticRegression"\n', "")
+        .replace('num_features = 16, num_classes = "num-classes"', 'num_classes = "num-classes"')
+    )
     client.write_text(client.read_text().replace("import LogisticRegression, get_model", "import get_model"))
     deployment = read_deployment(app)
     assert deployment.model.endswith("factory_app/task.py:get_model") and deployment.model_args == {"num_classes": 3}

@@ -1,10 +1,11 @@
 """`suggest` re-counts single edits without re-tracing; each must equal a full analysis of the edited model."""
+
 import json
 import textwrap
 
 import pytest
-
 from conftest import EXAMPLES
+
 from rankaudit.audit import audit
 from rankaudit.suggest import suggest
 
@@ -38,7 +39,7 @@ def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_rep
     assert smallest["partial"] == 229
     for verdict, batch in smallest.items():
         result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch)
-        assert result.identifiability.verdict == verdict and result.verdict == "exposed"   # each sample: exposed
+        assert result.identifiability.verdict == verdict and result.verdict == "exposed"  # each sample: exposed
         assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch - 1).identifiability.verdict != verdict
     # The protected batch size lies where R/(B·3072) first reaches 1/2: B·1536 >= the rank bound.
     bound = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"]).identifiability
@@ -75,7 +76,7 @@ def test_narrowing_a_two_conv_net_matches_the_narrowed_model(tmp_path):
     narrowed = audit(write_model(tmp_path, "n1.py", c1=3, c2=4, bias=False))
     assert (conv1.ra_i, conv1.critical_layer) == (narrowed.ra_i, narrowed.critical_layer) == (291, "conv1")
     assert conv1.delta_params == narrowed.parameters - (108 + 144 + 3136) == -27 - 36
-    assert conv1.crosses_verdict and conv1.verdict == "partial"   # 2,781 of 3,072 directions still recoverable
+    assert conv1.crosses_verdict and conv1.verdict == "partial"  # 2,781 of 3,072 directions still recoverable
     # conv2 is already locally deficient (3600 - 144 - 3136 = 320 > 0; only V makes its RA_i negative).
     assert not [s for s in report.suggestions if s.edit == "narrow" and s.target == "conv2"]
     assert not [s for s in report.suggestions if s.edit == "stride"]  # every stride change breaks fc's input
@@ -95,8 +96,9 @@ def test_suggest_cli_json_and_top(run_cli):
     payload = json.loads(out)
     assert code == 0 and len(payload["suggestions"]) == 3
     assert {"model", "ra_i", "critical_layer", "suggestions"} <= payload.keys()
-    assert {"edit", "target", "detail", "ra_i", "critical_layer", "delta_params", "crosses_verdict"} <= \
-        payload["suggestions"][0].keys()
+    assert {"edit", "target", "detail", "ra_i", "critical_layer", "delta_params", "crosses_verdict"} <= payload[
+        "suggestions"
+    ][0].keys()
     assert "Accuracy is not measured" in payload["note"]
     code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
     # Batch sizes are no edit rows (spec §14: they protect no sample); they stand in the whole-batch line.
@@ -106,8 +108,9 @@ def test_suggest_cli_json_and_top(run_cli):
 
 
 def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
-    code, out, _ = run_cli("compare", EXAMPLES / "resnet18_w16.py", EXAMPLES / "resnet18_w16_cut3.py",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        "compare", EXAMPLES / "resnet18_w16.py", EXAMPLES / "resnet18_w16_cut3.py", "--format", "json"
+    )
     payload = json.loads(out)
     assert code == 1 and payload["ra_i_delta"] == -7808 - -10240
     avgpool = next(layer for layer in payload["layers"] if layer["name"] == "avgpool")
@@ -128,8 +131,11 @@ def test_narrowing_fig2_a_gives_fig2_b():
     edit = by(suggest(str(EXAMPLES / "fig2_a.py")), "narrow", "conv1")
     fig2_b = audit(str(EXAMPLES / "fig2_b.py"))
     assert edit.detail == "out_features 4 -> 3"
-    assert (edit.ra_i, edit.critical_layer, edit.verdict) == (fig2_b.ra_i, fig2_b.critical_layer, "partial") == \
-        (405, "conv1", "partial")
+    assert (
+        (edit.ra_i, edit.critical_layer, edit.verdict)
+        == (fig2_b.ra_i, fig2_b.critical_layer, "partial")
+        == (405, "conv1", "partial")
+    )
     assert edit.delta_params == fig2_b.parameters - audit(str(EXAMPLES / "fig2_a.py")).parameters
 
 

@@ -1,4 +1,5 @@
 """Spec §13: the DP reconstruction bound B(κ), its accountant, the noise search and the attack that meets it."""
+
 from __future__ import annotations
 
 import builtins
@@ -15,20 +16,20 @@ import pytest
 import torch
 
 pytest.importorskip("dp_accounting")
-from scipy.stats import norm  # noqa: E402  (dp-accounting brings scipy)
+from conftest import EXAMPLES
+from scipy.stats import norm
 
-from rankaudit import dp  # noqa: E402
-from rankaudit.errors import UsageError  # noqa: E402
-from rankaudit.round import DPSettings  # noqa: E402
-from rankaudit.verify.dp import clopper_pearson, informed_attack  # noqa: E402
-
-from conftest import EXAMPLES  # noqa: E402
+from rankaudit import dp
+from rankaudit.errors import UsageError
+from rankaudit.round import DPSettings
+from rankaudit.verify.dp import clopper_pearson, informed_attack
 
 # Spec §13's reference table: (q, σ, T) -> ε at δ = 1e-5, B(0.1), B(0.01), B(0.001).
-EXACT_ROWS = [((1.0, 1.0, 1), 4.38, (0.389, 0.0924, 0.0183)),
-              ((1.0, 4.0, 1), 0.93, (0.151, 0.0189, 0.0023))]
-ACCOUNTANT_ROWS = [((0.01, 1.0, 1000), 1.83, (0.194, 0.0291, 0.0041)),
-                   ((0.01, 0.8, 2000), 4.29, (0.333, 0.0744, 0.0146))]
+EXACT_ROWS = [((1.0, 1.0, 1), 4.38, (0.389, 0.0924, 0.0183)), ((1.0, 4.0, 1), 0.93, (0.151, 0.0189, 0.0023))]
+ACCOUNTANT_ROWS = [
+    ((0.01, 1.0, 1000), 1.83, (0.194, 0.0291, 0.0041)),
+    ((0.01, 0.8, 2000), 4.29, (0.333, 0.0744, 0.0146)),
+]
 
 
 def _bound(q, sigma, steps, **extra):
@@ -62,8 +63,8 @@ def test_the_users_prior_is_reported_and_results_are_finite():
     assert len(result.curve) == len(dp.CURVE_PRIORS)
     values = [b for _, b in result.curve]
     assert all(math.isfinite(v) and 0 < v <= 1 for v in values)
-    assert values == sorted(values)                          # B grows with κ
-    assert all(b >= k for k, b in result.curve)               # never below guessing
+    assert values == sorted(values)  # B grows with κ
+    assert all(b >= k for k, b in result.curve)  # never below guessing
 
 
 def test_monotone_in_noise_rate_steps_and_prior():
@@ -77,10 +78,10 @@ def test_monotone_in_noise_rate_steps_and_prior():
 
 
 def test_thousands_of_steps_stay_a_fraction_of_a_second():
-    dp.bound_at(1.0, 0.01, 10, 0.01)     # imports and warm-up
+    dp.bound_at(1.0, 0.01, 10, 0.01)  # imports and warm-up
     result = _bound(0.01, 1.0, 10_000)
     assert result.seconds < 1.0
-    assert 0.15 < result.bounds["0.01"] < 0.16    # 0.154 at discretisation 1e-3 (0.1540 at 1e-4)
+    assert 0.15 < result.bounds["0.01"] < 0.16  # 0.154 at discretisation 1e-3 (0.1540 at 1e-4)
 
 
 def test_least_noise_meets_the_target_and_a_little_less_does_not():
@@ -107,19 +108,22 @@ def test_the_missing_extra_is_one_line_with_the_install_command(monkeypatch):
     assert 'pip install "rankaudit[dp]"' in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(noise_multiplier=0.0), "--dp-noise must be a number above 0, got 0.0"),
-    (dict(noise_multiplier=1.0, clip=-1.0), "--dp-clip must be a number above 0"),
-    (dict(noise_multiplier=1.0, sample_rate=0.0), r"--dp-sample-rate must be a rate in \(0, 1\]"),
-    (dict(noise_multiplier=1.0, sample_rate=1.5), r"--dp-sample-rate must be a rate in \(0, 1\]"),
-    (dict(noise_multiplier=1.0, steps=0), "--dp-steps must be an integer >= 1"),
-    (dict(noise_multiplier=1.0, delta=0.0), r"--dp-delta must be a probability in \(0, 1\)"),
-    (dict(noise_multiplier=1.0, prior=1.0), r"--prior must be a probability in \(0, 1\)"),
-    (dict(noise_multiplier=1.0, level="user"), "--dp-level must be sample or client"),
-    (dict(noise_multiplier=1.0, max_reconstruction=1.5), "--max-reconstruction must be a probability"),
-    (dict(noise_multiplier=1.0, max_reconstruction=0.01, prior=0.01), "is not above the prior"),
-    (dict(noise_multiplier=float("nan")), "--dp-noise must be a number above 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(noise_multiplier=0.0), "--dp-noise must be a number above 0, got 0.0"),
+        (dict(noise_multiplier=1.0, clip=-1.0), "--dp-clip must be a number above 0"),
+        (dict(noise_multiplier=1.0, sample_rate=0.0), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+        (dict(noise_multiplier=1.0, sample_rate=1.5), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+        (dict(noise_multiplier=1.0, steps=0), "--dp-steps must be an integer >= 1"),
+        (dict(noise_multiplier=1.0, delta=0.0), r"--dp-delta must be a probability in \(0, 1\)"),
+        (dict(noise_multiplier=1.0, prior=1.0), r"--prior must be a probability in \(0, 1\)"),
+        (dict(noise_multiplier=1.0, level="user"), "--dp-level must be sample or client"),
+        (dict(noise_multiplier=1.0, max_reconstruction=1.5), "--max-reconstruction must be a probability"),
+        (dict(noise_multiplier=1.0, max_reconstruction=0.01, prior=0.01), "is not above the prior"),
+        (dict(noise_multiplier=float("nan")), "--dp-noise must be a number above 0, got nan"),
+    ],
+)
 def test_settings_no_accountant_can_take_are_refused(settings, message):
     with pytest.raises(UsageError, match=message) as error:
         dp.validate(DPSettings(**settings))
@@ -128,6 +132,7 @@ def test_settings_no_accountant_can_take_are_refused(settings, message):
 
 # --- the attack -------------------------------------------------------------------------------------------------
 
+
 def bayes_optimal(candidates: int, sigma: float) -> float:
     """∫ φ(z) Φ(z + 1/σ)^(M-1) dz: the best guess among M orthogonal candidates of norm c, one noisy step."""
     z = np.linspace(-12, 12, 24001)
@@ -135,14 +140,23 @@ def bayes_optimal(candidates: int, sigma: float) -> float:
 
 
 @pytest.mark.parametrize("sigma, expected, bound", [(0.5, 0.674, 0.764), (1.0, 0.341, 0.389), (2.0, 0.199, 0.217)])
-@pytest.mark.parametrize("draw_limit", [dp_full := 2 ** 28, 0], ids=["full-draw", "span-draw"])
+@pytest.mark.parametrize("draw_limit", [dp_full := 2**28, 0], ids=["full-draw", "span-draw"])
 def test_orthogonal_candidates_reach_the_bayes_optimal_success(sigma, expected, bound, draw_limit):
     """M = 10 candidates whose clipped gradients are orthogonal with norm c = 2; the known rest of the batch."""
     clip, candidates = 2.0, 10
     gradients = clip * torch.eye(candidates, 24, dtype=torch.float64)
     known = torch.randn((3, 24), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    outcome = informed_attack(gradients, known, noise_multiplier=sigma, clip=clip, sample_rate=1.0, steps=1,
-                              trials=3000, seed=11, full_draw_limit=draw_limit)
+    outcome = informed_attack(
+        gradients,
+        known,
+        noise_multiplier=sigma,
+        clip=clip,
+        sample_rate=1.0,
+        steps=1,
+        trials=3000,
+        seed=11,
+        full_draw_limit=draw_limit,
+    )
     assert outcome.draw == ("full" if draw_limit else "span")
     low, high = clopper_pearson(outcome.successes, outcome.trials)
     assert bayes_optimal(candidates, sigma) == pytest.approx(expected, abs=1e-3)
@@ -153,12 +167,13 @@ def test_orthogonal_candidates_reach_the_bayes_optimal_success(sigma, expected, 
 def test_subsampled_steps_stay_below_the_bound():
     """q = 0.1 over T = 50 steps: the mixture likelihood's success stays under B(1/M)."""
     gradients = torch.eye(10, 12, dtype=torch.float64)
-    outcome = informed_attack(gradients, None, noise_multiplier=1.0, clip=1.0, sample_rate=0.1, steps=50,
-                              trials=2000, seed=3)
+    outcome = informed_attack(
+        gradients, None, noise_multiplier=1.0, clip=1.0, sample_rate=0.1, steps=50, trials=2000, seed=3
+    )
     low, high = clopper_pearson(outcome.successes, outcome.trials)
     bound = dp.bound_at(1.0, 0.1, 50, 0.1)
     assert low <= bound
-    assert outcome.successes / outcome.trials > 0.2       # the attack works: far above the prior 0.1
+    assert outcome.successes / outcome.trials > 0.2  # the attack works: far above the prior 0.1
 
 
 def test_clopper_pearson_matches_known_values():
@@ -184,7 +199,7 @@ def test_the_attack_on_real_clipped_gradients_stays_below_the_bound(lenet_result
     assert measured["bound"] == pytest.approx(norm.cdf(norm.ppf(0.1) + 1 / sigma), abs=1e-3)
     assert measured["interval"][0] <= measured["success_rate"] <= measured["interval"][1]
     assert measured["interval"][0] <= measured["bound"]
-    assert measured["success_rate"] > 0.1      # the noise does not hide everything: above the prior
+    assert measured["success_rate"] > 0.1  # the noise does not hide everything: above the prior
     assert measured["internal_error"] is None
     assert lenet_result.verification["dp"] is measured
 
@@ -197,23 +212,47 @@ DP_FLAGS = ("--dp-noise", "1.0", "--dp-clip", "1.0", "--dp-sample-rate", "0.01",
 def test_the_issue_example_prints_the_verdict_and_the_spec_bound(run_cli):
     code, out, _ = run_cli(EXAMPLES / "cnn6.py", *DP_FLAGS, "--fail-on", "never")
     assert code == 0
-    assert "exposed" in out                                   # the structural verdict stays
-    assert "DP-SGD: ε 1.83 at δ 1e-05; any reconstruction succeeds with probability at most 0.0291 when its " \
-           "prior baseline is 0.01." in out
+    assert "exposed" in out  # the structural verdict stays
+    assert (
+        "DP-SGD: ε 1.83 at δ 1e-05; any reconstruction succeeds with probability at most 0.0291 when its "
+        "prior baseline is 0.01." in out
+    )
     assert "0.194   0.0291  0.00407" in out
 
 
 @pytest.mark.parametrize("ceiling, code", [("0.05", 0), ("0.02", 1)])
 def test_max_reconstruction_sets_the_exit_code(run_cli, ceiling, code):
-    got, out, _ = run_cli(EXAMPLES / "cnn6.py", *DP_FLAGS, "--fail-on", "never", "--max-reconstruction", ceiling,
-                          "--prior", "0.01", "--format", "json")
+    got, out, _ = run_cli(
+        EXAMPLES / "cnn6.py",
+        *DP_FLAGS,
+        "--fail-on",
+        "never",
+        "--max-reconstruction",
+        ceiling,
+        "--prior",
+        "0.01",
+        "--format",
+        "json",
+    )
     payload = json.loads(out)
     assert got == code and payload["policy"]["passed"] is (code == 0)
     section = payload["dp"]
-    assert set(section) >= {"level", "noise_multiplier", "clip", "sample_rate", "steps", "delta", "epsilon", "prior",
-                            "reconstruction_bound", "bounds", "accountant"}
-    assert section["bounds"]["0.01"] == pytest.approx(0.0291, rel=0.02) and section["epsilon"] == pytest.approx(1.83,
-                                                                                                               rel=0.02)
+    assert set(section) >= {
+        "level",
+        "noise_multiplier",
+        "clip",
+        "sample_rate",
+        "steps",
+        "delta",
+        "epsilon",
+        "prior",
+        "reconstruction_bound",
+        "bounds",
+        "accountant",
+    }
+    assert section["bounds"]["0.01"] == pytest.approx(0.0291, rel=0.02) and section["epsilon"] == pytest.approx(
+        1.83, rel=0.02
+    )
     assert section["max_reconstruction"] == float(ceiling)
     if code:
         assert any("--max-reconstruction" in reason for reason in payload["policy"]["reasons"])
@@ -222,8 +261,10 @@ def test_max_reconstruction_sets_the_exit_code(run_cli, ceiling, code):
 def test_the_quiet_line_carries_the_dp_sentence(run_cli):
     code, out, _ = run_cli(EXAMPLES / "fig2_a.py", "-q", "--dp-noise", "4", "--fail-on", "never")
     assert code == 0 and out.count("\n") == 1
-    assert out.rstrip().endswith("DP-SGD: ε 0.926 at δ 1e-05; any reconstruction succeeds with probability at most "
-                                 "0.0189 when its prior baseline is 0.01.")
+    assert out.rstrip().endswith(
+        "DP-SGD: ε 0.926 at δ 1e-05; any reconstruction succeeds with probability at most "
+        "0.0189 when its prior baseline is 0.01."
+    )
 
 
 def test_without_dp_options_nothing_changes(run_cli):
@@ -233,80 +274,138 @@ def test_without_dp_options_nothing_changes(run_cli):
     assert code_table == code and "DP-SGD" not in table and "DP-FedAvg" not in table
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--dp-noise", "-1"), "--dp-noise must be a number above 0"),
-    (("--dp-noise", "1", "--dp-sample-rate", "0"), r"--dp-sample-rate must be a rate in \(0, 1\]"),
-    (("--dp-noise", "1", "--dp-steps", "0"), "--dp-steps must be an integer >= 1"),
-    (("--dp-noise", "1", "--prior", "1.5"), r"--prior must be a probability in \(0, 1\)"),
-    (("--dp-noise", "1", "--dp-level", "user"), "--dp-level must be sample or client"),
-    (("--dp-sample-rate", "0.01",), "given without a noise multiplier"),
-    (("--max-reconstruction", "0.05",), "given without a noise multiplier"),
-    (("--prior", "0.1",), "--prior given without a noise multiplier"),
-    (("--verify", "dp"), "no noise multiplier is given"),
-    (("--dp-noise", "1", "--dp-candidates", "5"), "--dp-candidates sets the candidates of --verify dp"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--dp-noise", "-1"), "--dp-noise must be a number above 0"),
+        (("--dp-noise", "1", "--dp-sample-rate", "0"), r"--dp-sample-rate must be a rate in \(0, 1\]"),
+        (("--dp-noise", "1", "--dp-steps", "0"), "--dp-steps must be an integer >= 1"),
+        (("--dp-noise", "1", "--prior", "1.5"), r"--prior must be a probability in \(0, 1\)"),
+        (("--dp-noise", "1", "--dp-level", "user"), "--dp-level must be sample or client"),
+        (
+            (
+                "--dp-sample-rate",
+                "0.01",
+            ),
+            "given without a noise multiplier",
+        ),
+        (
+            (
+                "--max-reconstruction",
+                "0.05",
+            ),
+            "given without a noise multiplier",
+        ),
+        (
+            (
+                "--prior",
+                "0.1",
+            ),
+            "--prior given without a noise multiplier",
+        ),
+        (("--verify", "dp"), "no noise multiplier is given"),
+        (("--dp-noise", "1", "--dp-candidates", "5"), "--dp-candidates sets the candidates of --verify dp"),
+    ],
+)
 def test_bad_dp_flags_are_one_line_exit_2(run_cli, args, message):
     code, _, err = run_cli(EXAMPLES / "fig2_a.py", *args)
     assert code == 2 and re.search(message, err) and err.count("\n") == 1
 
 
 def _project(tmp_path, table: str):
-    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nfail-on = \"never\"\n\n[tool.rankaudit.dp]\n"
-                                             + textwrap.dedent(table))
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.rankaudit]\nfail-on = "never"\n\n[tool.rankaudit.dp]\n' + textwrap.dedent(table)
+    )
     model = tmp_path / "net.py"
     shutil.copy(EXAMPLES / "fig2_a.py", model)
     return model
 
 
 def test_the_config_table_applies_and_flags_win(run_cli, tmp_path):
-    model = _project(tmp_path, """
+    model = _project(
+        tmp_path,
+        """
         noise = 4.0
         sample-rate = 1
         level = "client"
         max-reconstruction = 0.05
-    """)
+    """,
+    )
     code, out, _ = run_cli(model, "--format", "json")
     section = json.loads(out)["dp"]
     assert code == 0 and section["level"] == "client" and section["noise_multiplier"] == 4.0
-    assert section["reconstruction_bound"] == pytest.approx(0.0189, abs=1e-3)      # below the config's 0.05
-    code, out, _ = run_cli(model, "--format", "json", "--dp-noise", "1.0")         # the flag wins: B = 0.0924
+    assert section["reconstruction_bound"] == pytest.approx(0.0189, abs=1e-3)  # below the config's 0.05
+    code, out, _ = run_cli(model, "--format", "json", "--dp-noise", "1.0")  # the flag wins: B = 0.0924
     assert code == 1 and json.loads(out)["dp"]["reconstruction_bound"] == pytest.approx(0.0924, abs=1e-3)
 
 
-@pytest.mark.parametrize("table, message", [
-    ("noise = 0\n", r"\[tool.rankaudit.dp\] noise must be a number above 0, got 0.0; fix: set e.g. noise = 1.0"),
-    ("noise = 1.0\nsteps = 2.5\n", r"\[tool.rankaudit.dp\] steps must be an integer >= 1"),
-    ("noise = 1.0\nlevel = 3\n", r"\[tool.rankaudit.dp\] level must be sample or client.*level = \"sample\""),
-    ("noise = 1.0\nsigma = 2\n", r"unknown key sigma in \[tool.rankaudit.dp\]"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("noise = 0\n", r"\[tool.rankaudit.dp\] noise must be a number above 0, got 0.0; fix: set e.g. noise = 1.0"),
+        ("noise = 1.0\nsteps = 2.5\n", r"\[tool.rankaudit.dp\] steps must be an integer >= 1"),
+        ("noise = 1.0\nlevel = 3\n", r"\[tool.rankaudit.dp\] level must be sample or client.*level = \"sample\""),
+        ("noise = 1.0\nsigma = 2\n", r"unknown key sigma in \[tool.rankaudit.dp\]"),
+    ],
+)
 def test_config_errors_name_the_key(run_cli, tmp_path, table, message):
     code, _, err = run_cli(_project(tmp_path, table))
     assert code == 2 and re.search(message, err) and err.count("\n") == 1
 
 
 def test_sarif_ra009_when_the_bound_is_above_the_ceiling(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "fig2_a.py", "--dp-noise", "1", "--max-reconstruction", "0.05", "--format",
-                           "sarif", "--fail-on", "never")
+    code, out, _ = run_cli(
+        EXAMPLES / "fig2_a.py",
+        "--dp-noise",
+        "1",
+        "--max-reconstruction",
+        "0.05",
+        "--format",
+        "sarif",
+        "--fail-on",
+        "never",
+    )
     log = json.loads(out)
     found = [r for r in log["runs"][0]["results"] if r["ruleId"] == "RA009"]
     assert code == 1 and len(found) == 1 and found[0]["level"] == "error"
     assert found[0]["properties"]["reconstruction_bound"] == pytest.approx(0.0924, abs=1e-3)
     assert "RA009" in {rule["id"] for rule in log["runs"][0]["tool"]["driver"]["rules"]}
-    _, out, _ = run_cli(EXAMPLES / "fig2_a.py", "--dp-noise", "4", "--max-reconstruction", "0.05", "--format",
-                        "sarif", "--fail-on", "never")
+    _, out, _ = run_cli(
+        EXAMPLES / "fig2_a.py",
+        "--dp-noise",
+        "4",
+        "--max-reconstruction",
+        "0.05",
+        "--format",
+        "sarif",
+        "--fail-on",
+        "never",
+    )
     assert not [r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA009"]
 
 
 def test_html_card_draws_the_curve_and_the_measured_attack(run_cli, tmp_path):
     page = tmp_path / "r.html"
-    code, _, _ = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "1", "--verify", "dp", "--samples", "300",
-                         "--fail-on", "never", "--html", page, "-q")
+    code, _, _ = run_cli(
+        EXAMPLES / "lenet.py",
+        "--dp-noise",
+        "1",
+        "--verify",
+        "dp",
+        "--samples",
+        "300",
+        "--fail-on",
+        "never",
+        "--html",
+        page,
+        "-q",
+    )
     text = page.read_text()
     assert code == 0 and "Differential privacy" in text
     curve = re.search(r'<svg class="dpcurve".*?</svg>', text, re.S).group(0)
-    xml.dom.minidom.parseString(curve)                               # XML-valid
+    xml.dom.minidom.parseString(curve)  # XML-valid
     assert "http" not in curve and curve.count("<circle") == len(dp.CURVE_PRIORS) + 1
-    assert "measured attack success" in curve                        # the --verify dp point with its interval
+    assert "measured attack success" in curve  # the --verify dp point with its interval
 
 
 def test_client_level_units_are_whole_rounds_of_local_training():
@@ -318,13 +417,21 @@ def test_client_level_units_are_whole_rounds_of_local_training():
 
     round_ = Round(batch_size=2, local_samples=4, local_epochs=2, clients=2, available_clients=4, server_rounds=4)
     result = audit(str(EXAMPLES / "lenet.py"), round_=round_)
-    measured = verify_dp(result, str(EXAMPLES / "lenet.py"),
-                         DPSettings(noise_multiplier=0.5, sample_rate=0.5, steps=4, level="client"),
-                         candidates=4, trials=400, seed=2, device="cpu")
+    measured = verify_dp(
+        result,
+        str(EXAMPLES / "lenet.py"),
+        DPSettings(noise_multiplier=0.5, sample_rate=0.5, steps=4, level="client"),
+        candidates=4,
+        trials=400,
+        seed=2,
+        device="cpu",
+    )
     notes = " ".join(measured["notes"])
     assert measured["level"] == "client" and measured["candidates"] == 4
-    assert "unit: a client's whole round: its update θ_K − θ₀ from simulated local training (FedAvg round: N = 4 " \
-           "local samples, batch 2, 2 local epochs, K = 4 steps of sgd" in notes
+    assert (
+        "unit: a client's whole round: its update θ_K − θ₀ from simulated local training (FedAvg round: N = 4 "
+        "local samples, batch 2, 2 local epochs, K = 4 steps of sgd" in notes
+    )
     assert f"{min(3, KNOWN_CLIENTS)} other clients of the 3 the server samples from" in notes
     assert measured["bound"] == pytest.approx(dp.bound_at(0.5, 0.5, 4, 0.25), abs=1e-9)
     assert measured["interval"][0] <= measured["bound"] and measured["success_rate"] > 0.25
@@ -339,7 +446,7 @@ def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
 
     model, _ = build_real_model(str(EXAMPLES / "fig2_a.py"), (3, 32, 32), 0)
     inputs = torch.rand((3, 2, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    labels = torch.tensor([[-1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)   # logistic: ±1
+    labels = torch.tensor([[-1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)  # logistic: ±1
     updates = client_updates(model, Round(batch_size=2, lr=0.05), inputs, labels, "logistic", 1e9, "cpu")
     gradients = unit_gradients(model, inputs, labels, "logistic", 1e9, "cpu")
     assert torch.allclose(updates, -0.05 * gradients, rtol=1e-9, atol=1e-12)
@@ -349,8 +456,21 @@ def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
 
 
 def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):
-    code, out, err = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "400",
-                             "--dp-candidates", "5", "--format", "json", "--fail-on", "never")
+    code, out, err = run_cli(
+        EXAMPLES / "lenet.py",
+        "--dp-noise",
+        "2",
+        "--verify",
+        "dp",
+        "--samples",
+        "400",
+        "--dp-candidates",
+        "5",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+    )
     attack = json.loads(out)["verification"]["dp"]
     assert code == 0 and "internal error" not in err
     assert set(attack) >= {"candidates", "trials", "success_rate", "interval", "bound", "seconds", "device"}
@@ -363,29 +483,54 @@ def test_an_interval_above_the_bound_is_an_internal_error_on_stderr(run_cli, mon
     from rankaudit.verify import dp as attack_module
 
     real = attack_module.informed_attack
-    monkeypatch.setattr(attack_module, "informed_attack", lambda *a, **k: dataclasses.replace(
-        real(*a, **k), successes=k["trials"]))     # a mechanism that leaks everything
-    code, out, err = run_cli(EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "50", "-q",
-                             "--fail-on", "never")
+    monkeypatch.setattr(
+        attack_module, "informed_attack", lambda *a, **k: dataclasses.replace(real(*a, **k), successes=k["trials"])
+    )  # a mechanism that leaks everything
+    code, out, err = run_cli(
+        EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "50", "-q", "--fail-on", "never"
+    )
     assert "internal error: the attack's success rate 1.000" in err and "lies above the certified bound" in err
 
 
 def test_suggest_names_the_least_noise(run_cli):
     """The CLI's search at q = 0.01, T = 100 (cheaper than the issue's T = 1000, which the direct test covers)."""
-    code, out, _ = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01", "--dp-steps", "100",
-                           "--max-reconstruction", "0.05", "--format", "json")
+    code, out, _ = run_cli(
+        "suggest",
+        EXAMPLES / "fig2_a.py",
+        "--dp-sample-rate",
+        "0.01",
+        "--dp-steps",
+        "100",
+        "--max-reconstruction",
+        "0.05",
+        "--format",
+        "json",
+    )
     noise = json.loads(out)["dp_noise"]
     assert code == 0 and noise["bound"] <= 0.05 and noise["steps"] == 100 and noise["epsilon"] > 0
-    assert 0.25 < noise["noise_multiplier"] < 0.78          # fewer steps need less noise than T = 1000's 0.78
-    _, table, _ = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-noise", "1", "--max-reconstruction", "0.5",
-                          "--prior", "0.1", "--top", "1")
-    assert "DP noise (q 1, T 1, prior 0.1, --max-reconstruction 0.5): the least noise multiplier meeting it is σ =" \
+    assert 0.25 < noise["noise_multiplier"] < 0.78  # fewer steps need less noise than T = 1000's 0.78
+    _, table, _ = run_cli(
+        "suggest",
+        EXAMPLES / "fig2_a.py",
+        "--dp-noise",
+        "1",
+        "--max-reconstruction",
+        "0.5",
+        "--prior",
+        "0.1",
+        "--top",
+        "1",
+    )
+    assert (
+        "DP noise (q 1, T 1, prior 0.1, --max-reconstruction 0.5): the least noise multiplier meeting it is σ ="
         in table
+    )
     code, _, err = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01")
     assert code == 2 and "add --max-reconstruction" in err
 
 
 # --- issue 23: never crash, never overstate, within 1 % of a finer grid -------------------------------------------
+
 
 @pytest.mark.parametrize("q, sigma, steps", [(0.01, 0.1, 1000), (1.0, 0.5, 1000)])
 def test_noise_too_small_to_bound_anything_gives_one_not_an_overflow(q, sigma, steps):
@@ -398,7 +543,7 @@ def test_noise_too_small_to_bound_anything_gives_one_not_an_overflow(q, sigma, s
 
 def test_vanishing_noise_is_bounded_by_the_chance_the_sample_is_used():
     result = _bound(0.01, 1e-9, 10)
-    used = 1 - 0.99 ** 10
+    used = 1 - 0.99**10
     for key, value in result.bounds.items():
         assert value == pytest.approx(min(1.0, float(key) + used), rel=1e-9)
     assert "used at all" in result.accountant
@@ -406,7 +551,7 @@ def test_vanishing_noise_is_bounded_by_the_chance_the_sample_is_used():
 
 def test_steps_beyond_the_accountant_are_refused_naming_the_flag_and_the_limit():
     with pytest.raises(UsageError) as refused:
-        _bound(0.01, 1.0, 10 ** 12)
+        _bound(0.01, 1.0, 10**12)
     assert "--dp-steps 1,000,000,000,000" in refused.value.problem and "at most" in refused.value.problem
     assert "steps in [tool.rankaudit.dp]" in refused.value.fix
 
@@ -425,8 +570,12 @@ def test_the_default_grid_is_within_one_percent_of_a_ten_times_finer_one(q, sigm
 
     mechanism = dp.SubsampledGaussian(sigma, q, steps)
     grid = dp.grid_for(mechanism)
-    finer = pld.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=q, pessimistic_estimate=True,
-                                        value_discretization_interval=grid.discretization / 10).self_compose(steps)
+    finer = pld.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        sampling_prob=q,
+        pessimistic_estimate=True,
+        value_discretization_interval=grid.discretization / 10,
+    ).self_compose(steps)
     profile = dp._PLDProfile(finer, dp.used_at_all(mechanism), "finer")
     result = _bound(q, sigma, steps)
     assert result.epsilon == pytest.approx(profile.epsilon(1e-5), rel=0.01)

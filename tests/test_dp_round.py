@@ -1,5 +1,6 @@
 """Issue 22: DP follows the round (q and T from N, B, E, the server rounds and the client sampling), and `suggest`
 reads the configuration as `check` does."""
+
 from __future__ import annotations
 
 import json
@@ -11,23 +12,26 @@ import pytest
 
 pytest.importorskip("dp_accounting")
 
-from rankaudit import dp  # noqa: E402
-from rankaudit.round import DPSettings, Round, build_round, dp_for_round, round_sampling  # noqa: E402
+from conftest import EXAMPLES
 
-from conftest import EXAMPLES  # noqa: E402
+from rankaudit import dp
+from rankaudit.round import DPSettings, Round, build_round, dp_for_round, round_sampling
 
 # The issue's example: --local-samples 4000 --batch-size 32 --dp-noise 1.
 ISSUE_ROUND = ("--local-samples", "4000", "--batch-size", "32", "--dp-noise", "1")
 
 
-@pytest.mark.parametrize("round_, level, rate, steps", [
-    (Round(), "sample", 1.0, 1),                                                     # FedSGD: the old defaults
-    (Round(batch_size=32, local_samples=4000), "sample", 0.008, 125),
-    (Round(batch_size=32, local_samples=100, local_epochs=3), "sample", 0.32, 12),   # ⌈100/32⌉ = 4 steps an epoch
-    (Round(batch_size=32, local_samples=4000, server_rounds=10), "sample", 0.008, 1250),
-    (Round(clients=10, available_clients=100, server_rounds=50), "client", 0.1, 50),
-    (Round(clients=10, server_rounds=3), "client", 1.0, 3),                          # all available clients take part
-])
+@pytest.mark.parametrize(
+    "round_, level, rate, steps",
+    [
+        (Round(), "sample", 1.0, 1),  # FedSGD: the old defaults
+        (Round(batch_size=32, local_samples=4000), "sample", 0.008, 125),
+        (Round(batch_size=32, local_samples=100, local_epochs=3), "sample", 0.32, 12),  # ⌈100/32⌉ = 4 steps an epoch
+        (Round(batch_size=32, local_samples=4000, server_rounds=10), "sample", 0.008, 1250),
+        (Round(clients=10, available_clients=100, server_rounds=50), "client", 0.1, 50),
+        (Round(clients=10, server_rounds=3), "client", 1.0, 3),  # all available clients take part
+    ],
+)
 def test_q_and_t_come_from_the_round(round_, level, rate, steps):
     got_rate, rate_source, got_steps, steps_source = round_sampling(round_, level)
     assert got_rate == pytest.approx(rate) and got_steps == steps
@@ -39,8 +43,7 @@ def test_sources_name_the_round_values():
     assert settings.sample_rate_source == "round: B/N = 32/4000"
     assert settings.steps_source == "round: E·⌈N/B⌉ = 1·125 local steps × 2 server rounds"
     assert (settings.sample_rate, settings.steps, settings.notes) == (0.008, 250, ())
-    client = dp_for_round(Round(clients=5, available_clients=20, server_rounds=1),
-                          DPSettings(1.0, level="client"), {})
+    client = dp_for_round(Round(clients=5, available_clients=20, server_rounds=1), DPSettings(1.0, level="client"), {})
     assert client.sample_rate == 0.25 and client.steps == 1
     assert client.sample_rate_source == "round: C/M = 5/20 clients sampled per round"
     assert client.steps_source == "round: 1 server round"
@@ -48,12 +51,14 @@ def test_sources_name_the_round_values():
 
 def test_a_given_value_is_used_and_a_disagreement_is_one_note():
     round_ = Round(batch_size=32, local_samples=4000)
-    settings = dp_for_round(round_, DPSettings(1.0, sample_rate=0.01, steps=125),
-                            {"sample_rate": "--dp-sample-rate", "steps": "--dp-steps"})
-    assert (settings.sample_rate, settings.steps) == (0.01, 125)              # the given values win
+    settings = dp_for_round(
+        round_, DPSettings(1.0, sample_rate=0.01, steps=125), {"sample_rate": "--dp-sample-rate", "steps": "--dp-steps"}
+    )
+    assert (settings.sample_rate, settings.steps) == (0.01, 125)  # the given values win
     assert settings.sample_rate_source == "--dp-sample-rate" and settings.steps_source == "--dp-steps"
-    assert settings.notes == ("q = 0.01 from --dp-sample-rate used as given; the round gives q = 0.008 "
-                              "(B/N = 32/4000)",)                             # T agrees: not mentioned
+    assert settings.notes == (
+        "q = 0.01 from --dp-sample-rate used as given; the round gives q = 0.008 (B/N = 32/4000)",
+    )  # T agrees: not mentioned
     agreeing = dp_for_round(round_, DPSettings(1.0, sample_rate=0.008), {"sample_rate": "--dp-sample-rate"})
     assert agreeing.notes == () and agreeing.steps == 125
 
@@ -87,24 +92,30 @@ def test_cli_json_and_table_carry_q_t_and_their_sources(run_cli):
     assert section["steps_source"] == "round: E·⌈N/B⌉ = 1·125 local steps × 1 server round"
     assert section["notes"] == [] and section["epsilon"] == pytest.approx(0.614, abs=0.01)
     _, table, _ = run_cli(EXAMPLES / "fig2_a.py", *ISSUE_ROUND, "--fail-on", "never")
-    assert "  σ 1, clip 1; q 0.008 (round: B/N = 32/4000); T 125 (round: E·⌈N/B⌉ = 1·125 local steps × 1 server " \
-           "round)" in table
+    assert (
+        "  σ 1, clip 1; q 0.008 (round: B/N = 32/4000); T 125 (round: E·⌈N/B⌉ = 1·125 local steps × 1 server "
+        "round)" in table
+    )
     assert "note:" not in table
 
 
 def test_cli_flag_that_disagrees_is_used_and_flagged_once(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "fig2_a.py", *ISSUE_ROUND, "--dp-steps", "1000", "--fail-on", "never",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "fig2_a.py", *ISSUE_ROUND, "--dp-steps", "1000", "--fail-on", "never", "--format", "json"
+    )
     section = json.loads(out)["dp"]
     assert section["steps"] == 1000 and section["steps_source"] == "--dp-steps" and section["sample_rate"] == 0.008
-    assert section["notes"] == ["T = 1,000 from --dp-steps used as given; the round gives T = 125 (E·⌈N/B⌉ = 1·125 "
-                                "local steps × 1 server round)"]
+    assert section["notes"] == [
+        "T = 1,000 from --dp-steps used as given; the round gives T = 125 (E·⌈N/B⌉ = 1·125 "
+        "local steps × 1 server round)"
+    ]
     _, table, _ = run_cli(EXAMPLES / "fig2_a.py", *ISSUE_ROUND, "--dp-steps", "1000", "--fail-on", "never")
     assert table.count("note: T = 1,000 from --dp-steps used as given") == 1
 
 
 def test_client_level_from_the_config(run_cli, tmp_path):
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent("""
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [tool.rankaudit]
         fail-on = "never"
         [tool.rankaudit.round]
@@ -115,7 +126,8 @@ def test_client_level_from_the_config(run_cli, tmp_path):
         noise = 1.0
         level = "client"
         sample-rate = 0.2
-    """))
+    """)
+    )
     model = tmp_path / "net.py"
     shutil.copy(EXAMPLES / "fig2_a.py", model)
     code, out, _ = run_cli(model, "--format", "json")
@@ -123,8 +135,10 @@ def test_client_level_from_the_config(run_cli, tmp_path):
     assert code == 0 and section["level"] == "client" and section["steps"] == 50
     assert section["steps_source"] == "round: 50 server rounds"
     assert section["sample_rate"] == 0.2 and section["sample_rate_source"] == "[tool.rankaudit.dp] sample-rate"
-    assert section["notes"] == ["q = 0.2 from [tool.rankaudit.dp] sample-rate used as given; the round gives q = 0.1 "
-                                "(C/M = 10/100 clients sampled per round)"]
+    assert section["notes"] == [
+        "q = 0.2 from [tool.rankaudit.dp] sample-rate used as given; the round gives q = 0.1 "
+        "(C/M = 10/100 clients sampled per round)"
+    ]
 
 
 # --- suggest reads the configuration as check does -----------------------------------------------------------------
@@ -147,14 +161,17 @@ class Dense(nn.Module):
 
 
 def _suggest_project(tmp_path, extra: str = "") -> str:
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent("""
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [tool.rankaudit]
         [[tool.rankaudit.models]]
         path = "models/*.py"
         input-shape = [3, 2, 2]
         [tool.rankaudit.round]
         batch-size = 4
-    """) + textwrap.dedent(extra))
+    """)
+        + textwrap.dedent(extra)
+    )
     (tmp_path / "models").mkdir()
     model = tmp_path / "models" / "dense.py"
     model.write_text(DENSE_NO_SHAPE)
@@ -167,7 +184,7 @@ def test_suggest_reads_the_models_table_and_the_rounds_batch_size(run_cli, tmp_p
     payload = json.loads(out)
     assert code == 0, err
     assert payload["input_shape"] == [3, 2, 2] and payload["batch_size"] == 4
-    code, out, _ = run_cli("suggest", model, "--format", "json", "--batch-size", "2")      # the flag wins
+    code, out, _ = run_cli("suggest", model, "--format", "json", "--batch-size", "2")  # the flag wins
     assert json.loads(out)["batch_size"] == 2
 
 
@@ -180,9 +197,12 @@ def test_suggest_never_prints_ra_i_at_none(run_cli, tmp_path):
 
 
 def test_suggest_noise_search_follows_the_round(run_cli, tmp_path):
-    model = _suggest_project(tmp_path, """
+    model = _suggest_project(
+        tmp_path,
+        """
         local-samples = 40
-    """)
+    """,
+    )
     code, out, _ = run_cli("suggest", model, "--dp-noise", "1", "--max-reconstruction", "0.05", "--format", "json")
     noise = json.loads(out)["dp_noise"]
     assert code == 0 and noise["sample_rate"] == 0.1 and noise["steps"] == 10

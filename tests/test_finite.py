@@ -1,5 +1,6 @@
 """Bad numbers refused: every verifier names the first op that made the output or the shared gradient non-finite,
 and exits 3 (rankaudit/verify/finite.py)."""
+
 from __future__ import annotations
 
 import textwrap
@@ -69,19 +70,26 @@ TOKEN_MODEL = """
 """
 
 FORWARD = ("LogOfShifted", "the forward pass is not finite at the inputs: first NaN/Inf from torch.log in module odd")
-BACKWARD = ("SqrtAtZero", "the shared gradient is not finite at the inputs (the forward pass is): first NaN/Inf from "
-                          "the backward of torch.sqrt in module odd (SqrtBackward0)")
+BACKWARD = (
+    "SqrtAtZero",
+    "the shared gradient is not finite at the inputs (the forward pass is): first NaN/Inf from "
+    "the backward of torch.sqrt in module odd (SqrtBackward0)",
+)
 
 
 @pytest.mark.parametrize("where", [FORWARD, BACKWARD], ids=["forward-op", "backward-op"])
-@pytest.mark.parametrize("verifier, flags, label", [
-    ("rank", ("--samples", "1"), "--verify rank"),
-    ("rgap", ("--samples", "1", "--steps", "2"), "--verify rgap (inverting gradients)"),
-    ("gdbr", ("--trials", "1", "-b", "4"), "--verify gdbr"),
-    ("dager", (), "--verify dager"),
-])
-def test_every_verifier_names_the_op_that_made_a_non_finite_value_and_exits_3(run_cli, tmp_path, verifier, flags,
-                                                                            label, where):
+@pytest.mark.parametrize(
+    "verifier, flags, label",
+    [
+        ("rank", ("--samples", "1"), "--verify rank"),
+        ("rgap", ("--samples", "1", "--steps", "2"), "--verify rgap (inverting gradients)"),
+        ("gdbr", ("--trials", "1", "-b", "4"), "--verify gdbr"),
+        ("dager", (), "--verify dager"),
+    ],
+)
+def test_every_verifier_names_the_op_that_made_a_non_finite_value_and_exits_3(
+    run_cli, tmp_path, verifier, flags, label, where
+):
     module, message = where
     source = TOKEN_MODEL if verifier == "dager" else IMAGE_MODEL
     path = tmp_path / "net.py"
@@ -97,7 +105,8 @@ def test_every_verifier_names_the_op_that_made_a_non_finite_value_and_exits_3(ru
 def test_rgap_refuses_a_non_finite_weight_before_any_attack(run_cli, tmp_path):
     """R-GAP itself (a chain it can solve), on weights the file loads with an Inf in them."""
     path = tmp_path / "net.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import math
         import torch.nn as nn
 
@@ -118,7 +127,8 @@ def test_rgap_refuses_a_non_finite_weight_before_any_attack(run_cli, tmp_path):
 
             def forward(self, x):
                 return self.fc2(self.act(self.fc1(x.flatten(1))))
-    """))
+    """)
+    )
     code, _, err = run_cli(path, "--verify", "rgap", "--samples", "1")
     assert code == 3 and len(err.strip().splitlines()) == 1
     assert "--verify rgap (R-GAP): the weight fc1.weight holds NaN or Inf before any op runs" in err
@@ -131,11 +141,12 @@ def test_finite_values_pass_without_a_second_run():
         raise AssertionError("the locator must not run when everything is finite")
 
     output = model(torch.ones(1, 3))
-    finite.require_finite("x", output, list(model.parameters()), model=model, rerun=rerun,
-                          parameters=list(model.parameters()))
+    finite.require_finite(
+        "x", output, list(model.parameters()), model=model, rerun=rerun, parameters=list(model.parameters())
+    )
     assert finite.all_finite({"a": torch.ones(2), "b": [torch.zeros(1)]})
     assert not finite.all_finite({"a": torch.ones(2), "b": [torch.tensor([float("nan")])]})
-    assert finite.all_finite(torch.tensor([1, 2]))   # integer tensors hold no NaN
+    assert finite.all_finite(torch.tensor([1, 2]))  # integer tensors hold no NaN
 
 
 def test_the_sketch_itself_is_checked_before_its_svd():

@@ -1,4 +1,5 @@
 """GDBR label recovery from one hidden layer's weight gradient: accuracy, exactness at B=1, refusals, metrics."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -6,11 +7,10 @@ import importlib.util
 import pytest
 import torch
 import torch.nn as nn
+from conftest import EXAMPLES
 
 from rankaudit.verify import gdbr
 from rankaudit.verify.gdbr import GDBRUnsupported
-
-from conftest import EXAMPLES
 
 LENET_SHAPE = (1, 28, 28)
 
@@ -93,8 +93,9 @@ def test_mlp6_fc2_gradient_through_a_five_layer_bridge(mlp6_parts):
     build, shape = mlp6_parts
     torch.manual_seed(0)
     model = gdbr.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
-    result = gdbr.run_gdbr(model, "fc2", 64, trials=5, aux=gdbr.held_out_images(shape), device="cpu", seed=0,
-                           input_shape=shape)
+    result = gdbr.run_gdbr(
+        model, "fc2", 64, trials=5, aux=gdbr.held_out_images(shape), device="cpu", seed=0, input_shape=shape
+    )
     # measured: InsAcc 0.984 (trials 0.984-1.0), ClsAcc 1.0
     assert result.ins_acc >= 0.80
     assert result.cls_acc >= 0.95
@@ -145,8 +146,16 @@ def test_batch_of_one_recovers_every_label_exactly_on_lenet10(estimator):
     model = paper_lenet()
     for image, label in one_image_per_class(LENET_SHAPE):
         grads = gdbr.client_gradient(model, image, label)
-        counts = gdbr.gdbr_attack(model, "fc1", {"fc1.weight": grads["fc1.weight"]}, 1, device="cpu",
-                                  input_shape=LENET_SHAPE, estimator=estimator, n_dummy=200)
+        counts = gdbr.gdbr_attack(
+            model,
+            "fc1",
+            {"fc1.weight": grads["fc1.weight"]},
+            1,
+            device="cpu",
+            input_shape=LENET_SHAPE,
+            estimator=estimator,
+            n_dummy=200,
+        )
         assert counts.tolist() == torch.nn.functional.one_hot(label, 10).squeeze(0).tolist()
 
 
@@ -156,8 +165,9 @@ def test_batch_of_one_recovers_every_label_exactly_on_mlp6(mlp6_parts):
     model = gdbr.init_like_paper(build(), ["fc6", "classifier"], seed=0)
     for image, label in one_image_per_class(shape):
         grads = gdbr.client_gradient(model, image, label)
-        counts = gdbr.gdbr_attack(model, "fc6", {"fc6.weight": grads["fc6.weight"]}, 1, device="cpu",
-                                  input_shape=shape, n_dummy=200)
+        counts = gdbr.gdbr_attack(
+            model, "fc6", {"fc6.weight": grads["fc6.weight"]}, 1, device="cpu", input_shape=shape, n_dummy=200
+        )
         assert counts.tolist() == torch.nn.functional.one_hot(label, 10).squeeze(0).tolist()
 
 
@@ -173,8 +183,9 @@ def test_widening_layer_blocks_the_bridge():
     images, labels = gdbr.victim_batch(10, (1, 8, 8), 4, seed=0)
     grads = gdbr.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.gdbr_attack(model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu",
-                         input_shape=(1, 8, 8))
+        gdbr.gdbr_attack(
+            model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu", input_shape=(1, 8, 8)
+        )
     assert info.value.layer == "widen"
 
 
@@ -187,8 +198,9 @@ def test_rank_deficient_layer_blocks_the_bridge():
     images, labels = gdbr.victim_batch(10, (1, 8, 8), 4, seed=0)
     grads = gdbr.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.gdbr_attack(model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu",
-                         input_shape=(1, 8, 8))
+        gdbr.gdbr_attack(
+            model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu", input_shape=(1, 8, 8)
+        )
     assert info.value.layer == "widen"
     assert "not full row rank" in info.value.reason
 
@@ -205,8 +217,9 @@ def test_conv_with_spatial_output_is_refused():
     images, labels = gdbr.victim_batch(10, LENET_SHAPE, 4, seed=0)
     grads = gdbr.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.gdbr_attack(model, "conv3", {"conv3.weight": grads["conv3.weight"]}, 4, device="cpu",
-                         input_shape=LENET_SHAPE, n_dummy=8)
+        gdbr.gdbr_attack(
+            model, "conv3", {"conv3.weight": grads["conv3.weight"]}, 4, device="cpu", input_shape=LENET_SHAPE, n_dummy=8
+        )
     assert info.value.layer == "conv3"
     assert "7x7" in info.value.reason
 
@@ -229,7 +242,7 @@ def test_bridge_path_lists_the_ops_to_the_logits():
 
 
 def test_ins_acc_and_cls_acc_on_hand_made_counts():
-    true = [3, 0, 2, 5]      # B = 10, classes {0, 2, 3}
+    true = [3, 0, 2, 5]  # B = 10, classes {0, 2, 3}
     recovered = [2, 1, 2, 5]  # classes {0, 1, 2, 3}
     assert gdbr.ins_acc(recovered, true) == pytest.approx((2 + 0 + 2 + 5) / 10)
     assert gdbr.cls_acc(recovered, true) == pytest.approx(3 / 4)

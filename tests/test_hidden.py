@@ -1,4 +1,5 @@
 """Spec §11, measured: the projection onto the invisible subspace, hidden energy, the visible part's PSNR and SSIM."""
+
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ def _orthonormal_rows(n: int, seed: int = 0) -> torch.Tensor:
     return q.T.contiguous()
 
 
-@pytest.mark.parametrize("rank", [3, 9, 12])   # more dropped than kept, fewer, none
+@pytest.mark.parametrize("rank", [3, 9, 12])  # more dropped than kept, fewer, none
 def test_projection_matches_the_explicit_projector(rank):
     batch = torch.rand((2, 1, 2, 3), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     vh = _orthonormal_rows(12)
@@ -31,12 +32,12 @@ def test_projection_matches_the_explicit_projector(rank):
 def test_hidden_energy_and_visible_psnr_of_a_known_split():
     # One sample of 4 values, mean 0.5; the invisible subspace is the first coordinate axis.
     x = np.array([[0.5 + 0.3, 0.5 - 0.1, 0.5 - 0.1, 0.5 - 0.1]]).reshape(1, 1, 2, 2)
-    vh = torch.eye(4, dtype=torch.float64)[[1, 2, 3, 0]]      # kept rows first, the dropped axis last
+    vh = torch.eye(4, dtype=torch.float64)[[1, 2, 3, 0]]  # kept rows first, the dropped axis last
     part = hidden.invisible_component(torch.as_tensor(x), vh, 3)
     np.testing.assert_allclose(part.reshape(-1), [0.3, 0, 0, 0], atol=1e-15)
     (share,) = hidden.shares(x, part)
-    assert share.hidden_energy == pytest.approx(0.09 / (0.09 + 3 * 0.01))        # 75 %
-    assert share.visible_psnr == pytest.approx(10 * math.log10(1 / (0.09 / 4)))   # 16.48 dB
+    assert share.hidden_energy == pytest.approx(0.09 / (0.09 + 3 * 0.01))  # 75 %
+    assert share.visible_psnr == pytest.approx(10 * math.log10(1 / (0.09 / 4)))  # 16.48 dB
     np.testing.assert_allclose(hidden.visible_parts(x, part).reshape(-1), [0.5, 0.4, 0.4, 0.4])
 
 
@@ -51,20 +52,20 @@ def test_full_rank_hides_nothing_and_reports_no_infinity():
     assert hidden.reading([20.0], 20.0) == "the gradient shows a degraded image"
     assert hidden.reading([10.0], 10.0) == "the visible part is a poor picture of the image"
     constant = np.full((1, 1, 4, 4), 0.5)
-    assert hidden.shares(constant, np.zeros_like(constant))[0].hidden_energy is None   # no energy to share
+    assert hidden.shares(constant, np.zeros_like(constant))[0].hidden_energy is None  # no energy to share
 
 
 def test_ssim_on_one_window_equals_the_formula_by_hand():
     rng = np.random.default_rng(3)
     x = rng.random((1, 11, 11))
     y = np.clip(x + 0.1 * rng.standard_normal((1, 11, 11)), 0, 1)
-    line = np.exp(-((np.arange(11) - 5) ** 2) / (2 * 1.5 ** 2))
+    line = np.exp(-((np.arange(11) - 5) ** 2) / (2 * 1.5**2))
     w = np.outer(line, line) / line.sum() ** 2
     mx, my = (w * x[0]).sum(), (w * y[0]).sum()
-    vx, vy = (w * x[0] ** 2).sum() - mx ** 2, (w * y[0] ** 2).sum() - my ** 2
+    vx, vy = (w * x[0] ** 2).sum() - mx**2, (w * y[0] ** 2).sum() - my**2
     cov = (w * x[0] * y[0]).sum() - mx * my
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    expected = (2 * mx * my + c1) * (2 * cov + c2) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))
+    c1, c2 = 0.01**2, 0.03**2
+    expected = (2 * mx * my + c1) * (2 * cov + c2) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
     assert hidden.ssim(x, y) == pytest.approx(expected, rel=1e-12)
     assert hidden.ssim(x, x) == pytest.approx(1.0) and hidden.ssim(x, y) < 0.95
-    assert hidden.ssim(np.zeros(16), np.zeros(16)) is None      # not an image
+    assert hidden.ssim(np.zeros(16), np.zeros(16)) is None  # not an image

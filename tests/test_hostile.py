@@ -1,6 +1,7 @@
 """Hostile and broken inputs (issue 23): a model file that ends the process, hangs, or prints into the report, and
 report paths that cannot be written. Each case: its exit code, one stderr line where it fails, JSON that parses
 where it passes. The model files are in tests/hostile/; `rankaudit` runs as the user runs it (a fresh process)."""
+
 import json
 import os
 import resource
@@ -17,8 +18,15 @@ HOSTILE = REPO / "tests" / "hostile"
 
 def rankaudit(*args, module=False, timeout=240, **kwargs):
     command = [sys.executable, "-m", "rankaudit"] if module else ["rankaudit"]
-    return subprocess.run(command + [str(a) for a in args], check=False, capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, **kwargs)
+    return subprocess.run(
+        command + [str(a) for a in args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        **kwargs,
+    )
 
 
 def error_line(stderr: str, *fragments: str) -> str:
@@ -32,25 +40,37 @@ def error_line(stderr: str, *fragments: str) -> str:
 
 # ---- the model ends the process, or never returns -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("module", [False, True], ids=["console-script", "python-m"])
 def test_os_exit_at_import_is_exit_3_naming_the_line(module):
     done = rankaudit(HOSTILE / "exit_at_import.py", "--format", "json", module=module)
     assert done.returncode == 3 and done.stdout == ""
-    error_line(done.stderr, "the model file ended the process", "os._exit(0) at tests/hostile/exit_at_import.py:18",
-               "during the import of")
+    error_line(
+        done.stderr,
+        "the model file ended the process",
+        "os._exit(0) at tests/hostile/exit_at_import.py:18",
+        "during the import of",
+    )
 
 
 def test_sys_exit_in_forward_is_exit_3_naming_the_line():
     done = rankaudit(HOSTILE / "exit_in_forward.py", "--format", "json")
     assert done.returncode == 3 and done.stdout == ""
-    error_line(done.stderr, "the model file ended the process", "SystemExit(0)",
-               "tests/hostile/exit_in_forward.py:15 (`sys.exit(0)`)", "during the trace of")
+    error_line(
+        done.stderr,
+        "the model file ended the process",
+        "SystemExit(0)",
+        "tests/hostile/exit_in_forward.py:15 (`sys.exit(0)`)",
+        "during the trace of",
+    )
 
 
 def test_system_exit_in_the_constructor_is_the_models_not_plain_pytorchs(run_cli):
-    code, out, err = run_cli(HOSTILE / "exit_in_constructor.py")   # in-process: main() alone catches it too
+    code, out, err = run_cli(HOSTILE / "exit_in_constructor.py")  # in-process: main() alone catches it too
     assert code == 3 and out == ""
-    line = error_line(err, "SystemExit(3)", "exit_in_constructor.py:11 (`raise SystemExit(3)`)", "during the build of Net()")
+    line = error_line(
+        err, "SystemExit(3)", "exit_in_constructor.py:11 (`raise SystemExit(3)`)", "during the build of Net()"
+    )
     assert "plain PyTorch" not in line
 
 
@@ -82,29 +102,36 @@ def test_the_timeout_from_the_configuration(tmp_path, run_cli):
     assert done.returncode == 3
     error_line(done.stderr, "loop.py did not finish within 3 s")
     (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\ntimeout = -1\n")
-    code, _, err = run_cli(model)   # refused before the import: in-process is safe
+    code, _, err = run_cli(model)  # refused before the import: in-process is safe
     assert code == 2
     error_line(err, "timeout must be a positive number of seconds")
 
 
 def test_ctrl_c_is_exit_130_without_a_report_or_traceback():
-    process = subprocess.Popen(["rankaudit", HOSTILE / "sleep_at_import.py", "--format", "json"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        ["rankaudit", HOSTILE / "sleep_at_import.py", "--format", "json"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     seen = ""
-    while "importing" not in seen and time.monotonic() < deadline:   # the model runs: torch is loaded
+    while "importing" not in seen and time.monotonic() < deadline:  # the model runs: torch is loaded
         seen += process.stderr.readline()
     maps = f"/proc/{process.pid}/maps"
-    if os.path.exists(maps):   # the supervising parent stays light: torch is loaded in the child only
+    if os.path.exists(maps):  # the supervising parent stays light: torch is loaded in the child only
         with open(maps) as mapped:
             assert "libtorch" not in mapped.read()
-    os.killpg(process.pid, signal.SIGINT)   # as a terminal's Ctrl-C: the whole process group
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130 and out == ""
     error_line(err, "interrupted")
 
 
 # ---- the model's stdout never reaches the report ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("report", ["json", "sarif"])
 def test_a_model_that_prints_leaves_the_json_report_intact(report):
@@ -132,9 +159,28 @@ def test_compare_and_suggest_keep_their_json_on_stdout():
 
 
 def test_every_image_verifier_keeps_the_json_on_stdout():
-    done = rankaudit(HOSTILE / "noisy_image.py", "--verify", "rank", "--verify", "gdbr", "--verify", "rgap",
-                     "--verify", "dp", "--dp-noise", "1", "--samples", "2", "--trials", "1", "--steps", "5",
-                     "--format", "json", timeout=600)
+    done = rankaudit(
+        HOSTILE / "noisy_image.py",
+        "--verify",
+        "rank",
+        "--verify",
+        "gdbr",
+        "--verify",
+        "rgap",
+        "--verify",
+        "dp",
+        "--dp-noise",
+        "1",
+        "--samples",
+        "2",
+        "--trials",
+        "1",
+        "--steps",
+        "5",
+        "--format",
+        "json",
+        timeout=600,
+    )
     assert done.returncode in (0, 1), done.stderr[-800:]
     payload = json.loads(done.stdout)
     assert payload["input_shape"] == [3, 8, 8]
@@ -151,18 +197,27 @@ def test_dager_keeps_the_json_on_stdout():
 
 # ---- report paths: checked before the model runs, written atomically ---------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["missing-folder", "under-a-file", "too-long", "a-folder"])
 def test_an_unwritable_report_path_is_refused_before_the_analysis(run_cli, tmp_path, case):
     (tmp_path / "file").write_text("x")
-    path = {"missing-folder": tmp_path / "nope" / "r.json", "under-a-file": tmp_path / "file" / "r.json",
-            "too-long": tmp_path / ("r" * 300 + ".json"), "a-folder": tmp_path}[case]
+    path = {
+        "missing-folder": tmp_path / "nope" / "r.json",
+        "under-a-file": tmp_path / "file" / "r.json",
+        "too-long": tmp_path / ("r" * 300 + ".json"),
+        "a-folder": tmp_path,
+    }[case]
     for option in ("-o", "--html"):
         code, out, err = run_cli(HOSTILE / "marked.py", "--format", "json", option, path)
         assert code == 2 and out == ""
-        line = error_line(err, str(path))   # a folder is click's own check: "Invalid value for '-o' ..."
-        assert {"missing-folder": "does not exist", "under-a-file": "is not a folder",
-                "too-long": "File name too long", "a-folder": "is a directory"}[case] in line
-        assert "marked.py imported" not in err   # refused before the model's import
+        line = error_line(err, str(path))  # a folder is click's own check: "Invalid value for '-o' ..."
+        assert {
+            "missing-folder": "does not exist",
+            "under-a-file": "is not a folder",
+            "too-long": "File name too long",
+            "a-folder": "is a directory",
+        }[case] in line
+        assert "marked.py imported" not in err  # refused before the model's import
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
@@ -184,8 +239,9 @@ def test_artifacts_under_a_file_is_refused(run_cli, tmp_path):
 
 
 def test_output_and_html_naming_the_same_file_is_refused(run_cli, tmp_path):
-    code, out, err = run_cli(HOSTILE / "marked.py", "--format", "json", "-o", tmp_path / "r", "--html",
-                             tmp_path / "." / "r")
+    code, out, err = run_cli(
+        HOSTILE / "marked.py", "--format", "json", "-o", tmp_path / "r", "--html", tmp_path / "." / "r"
+    )
     assert code == 2 and out == ""
     error_line(err, "-o and --html both name")
     assert not (tmp_path / "r").exists()
@@ -215,7 +271,7 @@ def test_a_failed_write_leaves_nothing_behind_and_keeps_the_old_report(tmp_path)
     assert report.read_text() == "the old report"
     done = rankaudit(HOSTILE / "marked.py", "--quiet", "--html", page, preexec_fn=_limit_file_size)
     assert done.returncode == 2 and not page.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]   # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no temporary file left
 
 
 def test_reports_are_written_whole(run_cli, tmp_path):
@@ -230,7 +286,14 @@ def test_reports_are_written_whole(run_cli, tmp_path):
 
 def test_a_broken_stdout_is_one_line():
     with open("/dev/full", "w") as full:
-        done = subprocess.run(["rankaudit", HOSTILE / "marked.py", "--format", "json"], check=False, stdout=full,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=240)
+        done = subprocess.run(
+            ["rankaudit", HOSTILE / "marked.py", "--format", "json"],
+            check=False,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=240,
+        )
     assert done.returncode == 2
     error_line(done.stderr.replace("marked.py imported\n", ""), "stdout", "No space left on device")

@@ -1,4 +1,5 @@
 """The HTML report: self-contained (no URL of any kind), well-formed SVG, and every finding of the Result on the page."""
+
 from __future__ import annotations
 
 import base64
@@ -8,11 +9,11 @@ import xml.etree.ElementTree as ET
 from importlib.resources import files
 
 import pytest
-from markupsafe import escape
 import torch
+from conftest import EXAMPLES, analyse_module
+from markupsafe import escape
 from torch import nn
 
-from conftest import EXAMPLES, analyse_module
 from rankaudit.audit import audit
 from rankaudit.report import html, svg
 
@@ -44,10 +45,11 @@ def _section(document: str, css_class: str) -> str:
 
 # --- self-contained -----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_page_references_no_url_at_all(pages, name):
     document = pages[name]
-    assert "http" not in document.lower()          # inline SVG carries no xmlns, so not even a namespace URL
+    assert "http" not in document.lower()  # inline SVG carries no xmlns, so not even a namespace URL
     for value in URL_ATTRIBUTE.findall(document):
         assert value.startswith(("#", "data:")), f"external reference {value!r}"
     for value in re.findall(r"url\(\s*([^)]*)\)", document):
@@ -78,6 +80,7 @@ def test_ids_are_unique_across_several_models(results):
 
 
 # --- the findings are on the page --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_verdict_and_critical_layer_lead_the_page(results, pages, name):
@@ -114,7 +117,7 @@ def test_the_bound_and_its_min_cut_are_drawn(results):
     bound = _section(document, "card bound-card")
     assert "rank ≤ 3,056 (99.5%)" in bound and "certified deficit 16 of 3,072" in bound
     assert "∇conv1, ∇conv2, ∇fc" in bound
-    graph = document[document.index('id="m1-graph"'):]
+    graph = document[document.index('id="m1-graph"') :]
     assert graph.count('<rect class="cut"') == 3
     exposed = html.render([results["cnn6"]])
     assert exposed.count('<rect class="cut"') == 1 and "no certified deficit" in exposed
@@ -204,6 +207,7 @@ def test_branches_and_cat_are_laid_out():
 
 # --- verification ------------------------------------------------------------------------------------------------
 
+
 def _png(path, shade: int) -> bytes:
     from PIL import Image
 
@@ -219,22 +223,62 @@ def _synthetic_verification(tmp_path) -> tuple[dict, dict]:
     reconstruction = _png(tmp_path / "rec0.png", 200)
     missing = tmp_path / "nowhere" / "rec1.png"
     verification = {
-        "rgap": {"attack": "rgap", "device": "cpu", "median_mse": 0.0012345, "median_psnr": 29.087,
-                 "seconds": 1.25, "confirms": True, "note": "synthetic run for the report test",
-                 "samples": [
-                     {"index": 0, "mse": 0.0004321, "psnr": 33.64, "seconds": 0.5,
-                      "original_png": str(tmp_path / "orig0.png"), "reconstruction_png": str(tmp_path / "rec0.png")},
-                     {"index": 1, "mse": 0.0098761, "psnr": float("inf"), "seconds": 0.7,
-                      "original_png": str(tmp_path / "orig1.png"), "reconstruction_png": str(missing)},
-                     {"index": 2, "mse": None, "psnr": None, "seconds": 0.1,
-                      "original_png": None, "reconstruction_png": None},
-                 ],
-                 "layers": [{"name": "conv1", "unknowns": 3072, "rank": 3072, "local_deficit": 0,
-                             "residual": 1.5e-07, "condition": 412.5},
-                            {"name": "conv2", "unknowns": 3468, "rank": 3456, "local_deficit": 12,
-                             "residual": 0.02}]},       # no "condition": shown as n/a
-        "gdbr": {"shared_layer": "fc", "batch_size": 16, "ins_acc": 0.9375, "cls_acc": 1.0, "trials": 5,
-                 "seconds": 0.3, "recovered": {"3": 7, "5": 9, "1": 0}, "true": {"3": 6, "5": 9, "1": 1}},
+        "rgap": {
+            "attack": "rgap",
+            "device": "cpu",
+            "median_mse": 0.0012345,
+            "median_psnr": 29.087,
+            "seconds": 1.25,
+            "confirms": True,
+            "note": "synthetic run for the report test",
+            "samples": [
+                {
+                    "index": 0,
+                    "mse": 0.0004321,
+                    "psnr": 33.64,
+                    "seconds": 0.5,
+                    "original_png": str(tmp_path / "orig0.png"),
+                    "reconstruction_png": str(tmp_path / "rec0.png"),
+                },
+                {
+                    "index": 1,
+                    "mse": 0.0098761,
+                    "psnr": float("inf"),
+                    "seconds": 0.7,
+                    "original_png": str(tmp_path / "orig1.png"),
+                    "reconstruction_png": str(missing),
+                },
+                {
+                    "index": 2,
+                    "mse": None,
+                    "psnr": None,
+                    "seconds": 0.1,
+                    "original_png": None,
+                    "reconstruction_png": None,
+                },
+            ],
+            "layers": [
+                {
+                    "name": "conv1",
+                    "unknowns": 3072,
+                    "rank": 3072,
+                    "local_deficit": 0,
+                    "residual": 1.5e-07,
+                    "condition": 412.5,
+                },
+                {"name": "conv2", "unknowns": 3468, "rank": 3456, "local_deficit": 12, "residual": 0.02},
+            ],
+        },  # no "condition": shown as n/a
+        "gdbr": {
+            "shared_layer": "fc",
+            "batch_size": 16,
+            "ins_acc": 0.9375,
+            "cls_acc": 1.0,
+            "trials": 5,
+            "seconds": 0.3,
+            "recovered": {"3": 7, "5": 9, "1": 0},
+            "true": {"3": 6, "5": 9, "1": 1},
+        },
     }
     expected = {"originals": originals, "reconstruction": reconstruction, "missing": str(missing)}
     return verification, expected
@@ -252,13 +296,14 @@ def test_verification_images_are_embedded_and_numbers_printed(results, tmp_path)
     for number in ("0.001234", "29.09", "0.0004321", "33.64", "0.009876", "∞"):
         assert number in section, number
     assert "confirms the static verdict" in section
-    assert "412.5" in section and "1.5e-07" in section          # the per-layer ranks table
+    assert "412.5" in section and "1.5e-07" in section  # the per-layer ranks table
     assert section.count('class="deficit"') == 1 and "n/a" in section
-    assert "93.8%" in section and "100.0%" in section           # GDBR accuracies
+    assert "93.8%" in section and "100.0%" in section  # GDBR accuracies
     chart = next(block for block in _svgs(section) if 'class="bars"' in block)
     root = ET.fromstring(chart)
-    assert ["1", "3", "5"] == [t.text for t in root.iter("text") if t.text in ("1", "3", "5")
-                               and t.get("text-anchor") == "middle"]
+    assert ["1", "3", "5"] == [
+        t.text for t in root.iter("text") if t.text in ("1", "3", "5") and t.get("text-anchor") == "middle"
+    ]
     assert "recovered 7, true 6" in chart
     assert "http" not in document.lower()
 
@@ -268,7 +313,7 @@ def test_missing_image_is_reported_not_fatal(results, tmp_path):
     result.verification, expected = _synthetic_verification(tmp_path)
     (tmp_path / "orig0.png").write_bytes(b"GIF89a not a png")
     section = _section(html.render([result]), "card verify")
-    assert section.count('class="missing"') == 4                # bad file, missing file, two never saved
+    assert section.count('class="missing"') == 4  # bad file, missing file, two never saved
     assert "file not found" in section and escape(expected["missing"]) in section
     assert "not a PNG file" in section
     assert "not saved by the verifier" in section
@@ -277,8 +322,16 @@ def test_missing_image_is_reported_not_fatal(results, tmp_path):
 def test_relative_image_paths_resolve_against_base_dir(results, tmp_path):
     result = copy.deepcopy(results["cnn6"])
     result.verification, _ = _synthetic_verification(tmp_path)
-    result.verification["rgap"]["samples"] = [{"index": 0, "mse": 0.1, "psnr": 10.0, "seconds": 0.1,
-                                               "original_png": "orig0.png", "reconstruction_png": "rec0.png"}]
+    result.verification["rgap"]["samples"] = [
+        {
+            "index": 0,
+            "mse": 0.1,
+            "psnr": 10.0,
+            "seconds": 0.1,
+            "original_png": "orig0.png",
+            "reconstruction_png": "rec0.png",
+        }
+    ]
     del result.verification["gdbr"]
     document = html.render([result], base_dir=tmp_path)
     assert document.count("data:image/png;base64,") == 2

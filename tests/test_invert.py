@@ -112,9 +112,7 @@ def test_attack_is_deterministic_under_seed():
 
 def test_attack_leaves_the_model_as_it_was():
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)
-    )
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
     model.train()
     before = {name: t.detach().clone() for name, t in model.state_dict().items()}
     target = client_gradient(model, photo_patches(1, 8, 1)[0], 2, "cross-entropy")
@@ -252,8 +250,9 @@ def test_batched_run_matches_one_image_at_a_time():
     batched = run_inverting(model, images, "cross-entropy", steps=100, restarts=2, device="cpu", seed=4)
     for index in range(3):
         target = client_gradient(model, images[index], batched.labels[index], "cross-entropy")
-        alone = invert_gradients(model, target, (1, 8, 8), "cross-entropy", steps=100, restarts=2, device="cpu",
-                                 seed=4 + index)
+        alone = invert_gradients(
+            model, target, (1, 8, 8), "cross-entropy", steps=100, restarts=2, device="cpu", seed=4 + index
+        )
         assert alone.per_sample_gradients == "vmap"
         assert torch.allclose(alone.x_hat, batched.x_hat[index], atol=1e-9, rtol=0)
         assert alone.restart_losses == pytest.approx(batched.outcomes[index].restart_losses, rel=1e-9)
@@ -332,8 +331,7 @@ def test_tolerance_stops_each_restart_on_its_own():
     image = photo_patches(1, 8, 1)[0]
     target = client_gradient(model, image, 3, "cross-entropy")
     full = invert_gradients(model, target, (1, 8, 8), 3, steps=300, restarts=2, device="cpu", seed=1)
-    early = invert_gradients(model, target, (1, 8, 8), 3, steps=300, restarts=2, device="cpu", seed=1,
-                             tolerance=1e-4)
+    early = invert_gradients(model, target, (1, 8, 8), 3, steps=300, restarts=2, device="cpu", seed=1, tolerance=1e-4)
     assert full.steps_run == 600
     assert early.final_loss <= 1e-4
     assert early.steps_run < 600 and early.steps_run % 10 == 0

@@ -1,9 +1,9 @@
 """The static gradient-bridge rule (GDBR Theorems 1-2, Eq. 16-19) on nets whose answer is known by hand."""
+
 import json
 
-from torch import nn
-
 from conftest import EXAMPLES, analyse_module
+from torch import nn
 
 
 def bridges(result):
@@ -14,19 +14,29 @@ def test_mlp6_every_layer_bridges_to_the_logits(run_cli):
     code, out, _ = run_cli(EXAMPLES / "mlp6.py", "--format", "json")
     leakage = json.loads(out)["label_leakage"]
     assert leakage["risk"] == "high"
-    assert [(l["name"], l["bridge"], l["blocked_by"]) for l in leakage["layers"]] == [
-        (name, True, None) for name in ("fc1", "fc2", "fc3", "fc4", "fc5", "fc6", "classifier")]
-    assert [l["direct"] for l in leakage["layers"]] == [False] * 6 + [True]
+    assert [(layer["name"], layer["bridge"], layer["blocked_by"]) for layer in leakage["layers"]] == [
+        (name, True, None) for name in ("fc1", "fc2", "fc3", "fc4", "fc5", "fc6", "classifier")
+    ]
+    assert [layer["direct"] for layer in leakage["layers"]] == [False] * 6 + [True]
 
 
 def test_a_widening_layer_blocks_the_bridge_below_it():
-    build = lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(),  # noqa: E731
-                                  nn.Linear(16, 48), nn.ReLU(), nn.Linear(48, 10))
+    def build():
+        return nn.Sequential(
+            nn.Linear(32, 64),
+            nn.ReLU(),
+            nn.Linear(64, 16),
+            nn.ReLU(),
+            nn.Linear(16, 48),
+            nn.ReLU(),
+            nn.Linear(48, 10),
+        )
+
     result = analyse_module(build, (32,))
     assert bridges(result) == {
-        "0": (False, "4", "widens"),   # 64 -> 16 narrows, then 16 -> 48 widens: blocked at "4"
+        "0": (False, "4", "widens"),  # 64 -> 16 narrows, then 16 -> 48 widens: blocked at "4"
         "2": (False, "4", "widens"),
-        "4": (True, None, "bridge"),   # its own width does not matter; 48 -> 10 after it narrows
+        "4": (True, None, "bridge"),  # its own width does not matter; 48 -> 10 after it narrows
         "6": (True, None, "direct"),
     }
     assert result.label_leakage.risk == "high"
@@ -40,17 +50,24 @@ def test_sigmoid_on_the_way_blocks_but_leaky_relu_does_not():
 
 
 def test_conv_with_spatial_output_cannot_start_a_bridge_but_a_1x1_output_can():
-    build = lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 6, 4), nn.ReLU(),  # noqa: E731
-                                  nn.Flatten(), nn.Linear(6, 4))
+    def build():
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3),
+            nn.ReLU(),
+            nn.Conv2d(8, 6, 4),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(6, 4),
+        )
+
     result = analyse_module(build, (3, 6, 6))
-    assert bridges(result) == {"0": (False, "0", "positions"), "2": (True, None, "bridge"),
-                               "5": (True, None, "direct")}
+    assert bridges(result) == {"0": (False, "0", "positions"), "2": (True, None, "bridge"), "5": (True, None, "direct")}
 
 
 def test_withholding_the_last_layers_leaves_the_risk_to_the_bridge(run_cli):
     code, out, _ = run_cli(EXAMPLES / "mlp6.py", "--withheld-layers", "fc6,classifier", "--format", "json")
     leakage = json.loads(out)["label_leakage"]
-    shared = {l["name"] for l in leakage["layers"] if l["shared"]}
+    shared = {layer["name"] for layer in leakage["layers"] if layer["shared"]}
     assert shared == {"fc1", "fc2", "fc3", "fc4", "fc5"} and leakage["risk"] == "high"
     code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--withheld-layers", "fc", "--format", "json")
     assert json.loads(out)["label_leakage"]["risk"] == "low"

@@ -1,4 +1,5 @@
 """The analysis never allocates real weights; functional forms, dense layers and not-modelled ops count as the spec says."""
+
 import json
 import subprocess
 import sys
@@ -6,9 +7,9 @@ import textwrap
 
 import torch
 import torch.nn.functional as F
+from conftest import EXAMPLES, REPO, analyse_module, row
 from torch import nn
 
-from conftest import EXAMPLES, REPO, analyse_module, row
 from rankaudit.load import load_model
 
 TEN_BILLION = """
@@ -36,13 +37,16 @@ def test_ten_billion_parameters_analysed_within_1_5_gb(tmp_path):
     path = tmp_path / "huge.py"
     path.write_text(textwrap.dedent(TEN_BILLION))
     # VmHWM (this process image's own peak), not ru_maxrss, which Linux carries over from the parent at exec.
-    probe = ("import json, re, sys\nfrom rankaudit.cli import main\n"
-             "try:\n    main([sys.argv[1], '--format', 'json', '-o', sys.argv[2]])\nexcept SystemExit as e:\n"
-             "    code = e.code\npeak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())\n"
-             "print(json.dumps({'code': code, 'max_rss_kib': int(peak.group(1))}))\n")
+    probe = (
+        "import json, re, sys\nfrom rankaudit.cli import main\n"
+        "try:\n    main([sys.argv[1], '--format', 'json', '-o', sys.argv[2]])\nexcept SystemExit as e:\n"
+        "    code = e.code\npeak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())\n"
+        "print(json.dumps({'code': code, 'max_rss_kib': int(peak.group(1))}))\n"
+    )
     report = tmp_path / "huge.json"
-    done = subprocess.run([sys.executable, "-c", probe, str(path), str(report)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(path), str(report)], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     payload = json.loads(report.read_text())
@@ -139,8 +143,9 @@ def test_not_modelled_ops_are_caveats_never_silent():
 
 
 def test_relu_note_once_per_model():
-    result = analyse_module(lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(),
-                                                  nn.Linear(4, 1)), (4,))
+    result = analyse_module(
+        lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)), (4,)
+    )
     notes = [c for c in result.caveats if c.code == "RA102"]
     assert len(notes) == 1 and "upper bound" in notes[0].message
     smooth = analyse_module(lambda: nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)), (4,))
@@ -189,11 +194,13 @@ def test_initialisers_are_skipped_on_meta_but_not_on_real_devices(tmp_path):
     """torch's first normal_ on meta imports torch._dynamo (seconds); building on meta must not pay for it."""
     path = tmp_path / "init_heavy.py"
     path.write_text(textwrap.dedent(INIT_HEAVY))
-    probe = ("import sys\nfrom rankaudit.audit import audit\nfrom rankaudit.load import load_model\n"
-             "r = audit(sys.argv[1])\nassert [l.name for l in r.layers] == ['conv', 'fc'], r.layers\n"
-             "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')\n"
-             "real = load_model(sys.argv[1], device='cpu').module\n"
-             "print(float(real.conv.weight.std()) > 0.05, 0.015 < float(real.fc.weight.std()) < 0.025)\n")
+    probe = (
+        "import sys\nfrom rankaudit.audit import audit\nfrom rankaudit.load import load_model\n"
+        "r = audit(sys.argv[1])\nassert [l.name for l in r.layers] == ['conv', 'fc'], r.layers\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')\n"
+        "real = load_model(sys.argv[1], device='cpu').module\n"
+        "print(float(real.conv.weight.std()) > 0.05, 0.015 < float(real.fc.weight.std()) < 0.025)\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["no-dynamo", "True", "True"]

@@ -1,4 +1,5 @@
 """The pre-commit hook through the real pre-commit framework: a protected model commits, an exposed one is blocked."""
+
 import os
 import shutil
 import subprocess
@@ -7,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import EXAMPLES, REPO
 
 
@@ -26,8 +26,18 @@ def _snapshot_of_checkout(target: Path) -> str:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     _git(target, "add", "-A")
-    _git(target, "-c", "user.email=ci@rankaudit", "-c", "user.name=ci", "commit", "--quiet", "--allow-empty",
-         "-m", "snapshot")
+    _git(
+        target,
+        "-c",
+        "user.email=ci@rankaudit",
+        "-c",
+        "user.name=ci",
+        "commit",
+        "--quiet",
+        "--allow-empty",
+        "-m",
+        "snapshot",
+    )
     return _git(target, "rev-parse", "HEAD").stdout.strip()
 
 
@@ -50,15 +60,24 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
     project.mkdir()
     _git(project, "init", "--quiet")
     (project / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n")
+        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n"
+    )
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("torch==2.13.0\n")  # the CPU build; analysis never needs CUDA
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "PIP_CONSTRAINT": str(constraints),
-           # Let the hook's virtualenv see the torch already installed instead of copying 1 GB again.
-           "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true", "GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@rankaudit",
-           "GIT_COMMITTER_NAME": "ci", "GIT_COMMITTER_EMAIL": "ci@rankaudit"}
-    installed = subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True,
-                               text=True, env=env)
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+        "PIP_CONSTRAINT": str(constraints),
+        # Let the hook's virtualenv see the torch already installed instead of copying 1 GB again.
+        "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true",
+        "GIT_AUTHOR_NAME": "ci",
+        "GIT_AUTHOR_EMAIL": "ci@rankaudit",
+        "GIT_COMMITTER_NAME": "ci",
+        "GIT_COMMITTER_EMAIL": "ci@rankaudit",
+    }
+    installed = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True, text=True, env=env
+    )
     assert installed.returncode == 0, installed.stderr
     _git(project, "add", ".pre-commit-config.yaml", env=env)
     _git(project, "commit", "--quiet", "--no-verify", "-m", "config", env=env)

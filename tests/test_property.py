@@ -1,10 +1,11 @@
 """Property: on random conv/linear/residual nets, every row's |x|, |W|, |z| is what a real forward pass measures."""
+
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
-from torch import nn
-
 from conftest import analyse_module
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
 
 COUNTED = (nn.Conv2d, nn.Linear, nn.AvgPool2d, nn.MaxPool2d)
 
@@ -17,8 +18,9 @@ class Residual(nn.Module):
         self.conv2 = nn.Conv2d(channels_out, channels_out, kernel, padding=kernel // 2)
         self.shortcut = None
         if stride != 1 or channels_in != channels_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(channels_out))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False), nn.BatchNorm2d(channels_out)
+            )
 
     def forward(self, x):
         out = self.conv2(F.leaky_relu(self.bn(self.conv1(x))))
@@ -54,8 +56,9 @@ class RandomNet(nn.Module):
 
 
 steps = st.one_of(
-    st.tuples(st.just("conv"), st.integers(1, 6), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2),
-              st.booleans()),
+    st.tuples(
+        st.just("conv"), st.integers(1, 6), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2), st.booleans()
+    ),
     st.tuples(st.just("residual"), st.integers(1, 6), st.integers(1, 2), st.sampled_from([1, 3])),
     st.tuples(st.just("pool"), st.booleans()),
 )
@@ -68,6 +71,7 @@ def measured_counts(model, input_shape):
         def record(module, inputs, output):
             params = sum(p.numel() for p in module.parameters())
             counts[name] = (inputs[0].numel(), params, output.numel())
+
         return record
 
     for name, module in model.named_modules():
@@ -80,8 +84,13 @@ def measured_counts(model, input_shape):
 
 
 @settings(max_examples=40, deadline=None)
-@given(plan=st.lists(steps, min_size=1, max_size=5), channels=st.integers(1, 3), size=st.integers(6, 14),
-       classes=st.integers(1, 4), batch=st.integers(1, 3))
+@given(
+    plan=st.lists(steps, min_size=1, max_size=5),
+    channels=st.integers(1, 3),
+    size=st.integers(6, 14),
+    classes=st.integers(1, 4),
+    batch=st.integers(1, 3),
+)
 def test_counts_match_a_real_forward_pass(plan, channels, size, classes, batch):
     input_shape = (channels, size, size)
     real = RandomNet(plan, channels, size, classes)
@@ -96,4 +105,5 @@ def test_counts_match_a_real_forward_pass(plan, channels, size, classes, batch):
         assert r.weights == w + sum(expected[f][1] for f in r.folded)
         assert r.ra_i == r.inputs - r.weights - r.outputs - r.virtual
     assert result.critical_layer is None or rows[result.critical_layer].ra_i == max(
-        r.ra_i for r in result.layers if not r.dense)
+        r.ra_i for r in result.layers if not r.dense
+    )

@@ -1,6 +1,7 @@
 """--verify rank (spec §10): the measured rank of ∂g/∂x on R-GAP's reference nets and the modern examples, against
 the exact Jacobian of a small model, with batches, withheld and frozen layers; the CLI line, JSON, artifacts, HTML
 and the errors."""
+
 import json
 import math
 import textwrap
@@ -11,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import EXAMPLES, measured_rank
+
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.verify import budget, rank
 
@@ -151,7 +152,7 @@ def test_withheld_and_frozen_layers_lower_the_rank():
     everything = rank.measure(model, images, labels)
     without_fc1 = rank.measure(model, images, labels, withheld)
     assert everything.rank == 16 and without_fc1.rank <= 5
-    model.fc1.requires_grad_(False)        # frozen: the client sends nothing for fc1 either
+    model.fc1.requires_grad_(False)  # frozen: the client sends nothing for fc1 either
     assert rank.measure(model, images, labels).rank == without_fc1.rank
     assert rank.shared_parameter_names(model, shared_layers=["fc2"]) == ["fc2.weight", "fc2.bias"]
     with pytest.raises(UsageError, match="no trainable parameter belongs to fc9"):
@@ -165,7 +166,7 @@ def test_chunking_does_not_change_the_answer():
     pieces = rank.measure(model, images, labels, seed=1, chunk_rows=7)
     assert pieces.chunk_rows == 7 and whole.chunk_rows > 7
     assert pieces.rank == whole.rank
-    np.testing.assert_allclose(pieces.singular_values[:whole.rank], whole.singular_values[:whole.rank], rtol=1e-9)
+    np.testing.assert_allclose(pieces.singular_values[: whole.rank], whole.singular_values[: whole.rank], rtol=1e-9)
 
 
 # ---- custom autograd.Functions: torch.func refuses them, plain autograd differentiates them twice -----------------
@@ -218,12 +219,13 @@ def test_a_custom_function_with_a_differentiable_backward_falls_back_to_autograd
     by_hand = rank.measure(_tiny(activation=_Apply(_TanhByHand)), images, labels)
     assert by_hand.method == "reverse-over-reverse" and reference.method == "forward-over-reverse"
     assert by_hand.rank == reference.rank
-    kept = reference.rank   # the dropped values are rounding noise, different on each path
+    kept = reference.rank  # the dropped values are rounding noise, different on each path
     np.testing.assert_allclose(by_hand.singular_values[:kept], reference.singular_values[:kept], rtol=1e-8)
 
 
-@pytest.mark.parametrize("function, why", [(_OnceDifferentiableTanh, "@once_differentiable"),
-                                           (_NumpyTanh, "outside autograd")])
+@pytest.mark.parametrize(
+    "function, why", [(_OnceDifferentiableTanh, "@once_differentiable"), (_NumpyTanh, "outside autograd")]
+)
 def test_an_op_without_double_backward_is_named(function, why):
     images, labels = _batch(1)
     with pytest.raises(ModelLoadError, match=function.__qualname__) as error:
@@ -241,8 +243,23 @@ def tiny_file(tmp_path):
     return path
 
 
-RANK_KEYS = {"unknowns", "rank", "deficit", "tolerance", "gap", "seconds", "device", "samples", "confirms",
-             "judgement", "bound", "internal_error", "directions", "reliable", "method"}
+RANK_KEYS = {
+    "unknowns",
+    "rank",
+    "deficit",
+    "tolerance",
+    "gap",
+    "seconds",
+    "device",
+    "samples",
+    "confirms",
+    "judgement",
+    "bound",
+    "internal_error",
+    "directions",
+    "reliable",
+    "method",
+}
 
 
 def test_cli_json_per_image_samples_and_the_static_verdict(run_cli, tiny_file):
@@ -264,15 +281,16 @@ def test_cli_batch_withheld_layers_artifacts_and_html(run_cli, tiny_file, tmp_pa
     code, out, err = run_cli(tiny_file, "--verify", "rank", "--batch-size", "8", "--artifacts", art, "--html", page)
     line = next(line for line in out.splitlines() if line.startswith("Rank check"))
     assert line.startswith("Rank check (∂g/∂x, one batch of 8): rank ") and "/ 128 unknowns, deficit " in line
-    assert " s on cpu in float64: " in line   # a deficit is always settled in float64
+    assert " s on cpu in float64: " in line  # a deficit is always settled in float64
     pngs, npys = sorted(art.glob("invisible_direction_*.png")), sorted(art.glob("invisible_direction_*.npy"))
     assert len(pngs) == len(npys) == 16
     assert np.load(npys[0]).shape == (8, 1, 4, 4)
     html = page.read_text()
     assert "Measured: rank" in html and "Input directions the gradient cannot see" in html
     assert html.count('alt="invisible input direction') == 16
-    code, out, err = run_cli(tiny_file, "--verify", "rank", "--withheld-layers", "fc1", "--samples", "1",
-                             "--format", "json")
+    code, out, err = run_cli(
+        tiny_file, "--verify", "rank", "--withheld-layers", "fc1", "--samples", "1", "--format", "json"
+    )
     verification = json.loads(out)["verification"]["rank"]
     assert verification["rank"] <= 5 and verification["shared_parameters"] == ["fc2.weight", "fc2.bias"]
 
@@ -282,7 +300,7 @@ def test_vit_tiny_line(run_cli):
     line = next(line for line in out.splitlines() if line.startswith("Rank check"))
     assert line.startswith("Rank check (∂g/∂x, 1 image): rank 768 / 768 unknowns, deficit 0, gap ")
     assert line.endswith("(one gradient determines the input).")
-    assert "confirms exposed" in line   # the bound (spec §9) finds no cut: exposed, as measured
+    assert "confirms exposed" in line  # the bound (spec §9) finds no cut: exposed, as measured
 
 
 def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
@@ -292,11 +310,21 @@ def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
     from rankaudit.verify.runner import verify_rank
 
     result = audit(str(tiny_file))
-    result.identifiability = Identifiability(unknowns=16, rank_bound=3, certified_deficit=13,
-                                             recoverable_fraction=3 / 16, bottleneck=["fc2"], verdict="protected")
+    result.identifiability = Identifiability(
+        unknowns=16,
+        rank_bound=3,
+        certified_deficit=13,
+        recoverable_fraction=3 / 16,
+        bottleneck=["fc2"],
+        verdict="protected",
+    )
     verification = verify_rank(result, str(tiny_file), samples=1, show_progress=False)
-    assert verification["bound"] == {"rank_bound": 3, "certified_deficit": 13, "consistent": False,
-                                     "internal_error": verification["internal_error"]}
+    assert verification["bound"] == {
+        "rank_bound": 3,
+        "certified_deficit": 13,
+        "consistent": False,
+        "internal_error": verification["internal_error"],
+    }
     assert "the static bound is wrong" in verification["internal_error"]
     assert "the static bound is wrong" in table.render([result])
 
@@ -309,8 +337,14 @@ def test_the_internal_error_reaches_stderr_even_with_quiet(run_cli, tiny_file, m
 
     def audit_with_a_wrong_bound(*args, **kwargs):
         result = real_audit(*args, **kwargs)
-        result.identifiability = Identifiability(unknowns=16, rank_bound=3, certified_deficit=13,
-                                                 recoverable_fraction=3 / 16, bottleneck=["fc2"], verdict="protected")
+        result.identifiability = Identifiability(
+            unknowns=16,
+            rank_bound=3,
+            certified_deficit=13,
+            recoverable_fraction=3 / 16,
+            bottleneck=["fc2"],
+            verdict="protected",
+        )
         return result
 
     monkeypatch.setattr(audit_module, "audit", audit_with_a_wrong_bound)
@@ -322,11 +356,13 @@ def test_the_internal_error_reaches_stderr_even_with_quiet(run_cli, tiny_file, m
 def test_a_sketch_beyond_the_devices_memory_is_refused_with_the_figures(run_cli, monkeypatch):
     """A 4 GiB machine: half of it, less 1.5 GiB for the chunks, is 0.5 GiB; CNN6 at B = 6 needs 18,448 x 18,432
     float64 values twice over, 5.1 GiB."""
-    monkeypatch.setattr(budget, "_physical_memory", lambda: (4 * 2 ** 30, "RAM"))
+    monkeypatch.setattr(budget, "_physical_memory", lambda: (4 * 2**30, "RAM"))
     code, _, err = run_cli(EXAMPLES / "cnn6.py", "--verify", "rank", "--batch-size", "6", "--device", "cpu")
     assert code == 2 and err.count("\n") == 1
-    assert ("needs 5.1 GiB for its 18,448 x 18,432 float64 sketch and its factorisation (n = 6 x 3x32x32 = 18,432 "
-            "unknowns), more than the 0.5 GiB it may use on cpu (50% of the 4.0 GiB of RAM") in err
+    assert (
+        "needs 5.1 GiB for its 18,448 x 18,432 float64 sketch and its factorisation (n = 6 x 3x32x32 = 18,432 "
+        "unknowns), more than the 0.5 GiB it may use on cpu (50% of the 4.0 GiB of RAM"
+    ) in err
     assert "--input-shape" in err and "--device cuda" in err
 
 
@@ -347,7 +383,10 @@ def test_a_defense_needs_an_attack_it_applies_to(run_cli, tiny_file):
 
 def test_an_op_without_double_backward_exits_3_from_the_cli(run_cli, tmp_path):
     path = tmp_path / "once_model.py"
-    path.write_text(TINY_SOURCE.replace("import torch.nn as nn\n", textwrap.dedent('''
+    path.write_text(
+        TINY_SOURCE.replace(
+            "import torch.nn as nn\n",
+            textwrap.dedent("""
         import torch.nn as nn
         from torch.autograd.function import once_differentiable
 
@@ -364,7 +403,9 @@ def test_an_op_without_double_backward_exits_3_from_the_cli(run_cli, tmp_path):
             def backward(ctx, grad):
                 (y,) = ctx.saved_tensors
                 return grad * (1 - y * y)
-    ''')).replace("return self.fc2(self.act(", "return self.fc2(FastTanh.apply("))
+    """),
+        ).replace("return self.fc2(self.act(", "return self.fc2(FastTanh.apply(")
+    )
     code, _, err = run_cli(path, "--verify", "rank", "--samples", "1")
     assert code == 3 and "FastTanh has no double backward" in err and err.count("\n") == 1
 
@@ -398,7 +439,7 @@ def test_fig2_e_hides_little_of_the_first_default_crop():
     verification = payload["verification"]["rank"]
     assert code == 1 and payload["verdict"] == "partial"
     (entry,) = verification["samples"][0]["inputs"]
-    assert 0.0095 <= entry["hidden_energy"] <= 0.0205        # the spec's 1.0-2.0 %, to its rounding
+    assert 0.0095 <= entry["hidden_energy"] <= 0.0205  # the spec's 1.0-2.0 %, to its rounding
     assert 30.6 <= entry["visible_psnr"] <= 39.7 and entry["visible_ssim"] > 0.95
     assert verification["hidden_energy_median"] == entry["hidden_energy"]
     assert verification["visible_psnr_median"] == entry["visible_psnr"]
@@ -410,8 +451,9 @@ def test_fig2_e_hides_little_of_the_first_default_crop():
 
 def test_a_batch_of_two_reports_each_inputs_share(run_cli, tiny_file, tmp_path):
     art = tmp_path / "art"
-    code, out, err = run_cli(tiny_file, "--verify", "rank", "--batch-size", "2", "--artifacts", art, "--format",
-                             "json", "--fail-on", "never")
+    code, out, err = run_cli(
+        tiny_file, "--verify", "rank", "--batch-size", "2", "--artifacts", art, "--format", "json", "--fail-on", "never"
+    )
     verification = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))["verification"]
     rank_check = verification["rank"]
     (sample,) = rank_check["samples"]
@@ -447,7 +489,7 @@ class NearlyDependent(nn.Module):
         self.mix = nn.Linear(4, 4, bias=False)
         scales = torch.tensor([1.0, 1.0, 1.0, small], dtype=torch.float64)
         if small == 0:
-            q = torch.eye(4, dtype=torch.float64)   # an exactly dependent direction: x's last entry is never read
+            q = torch.eye(4, dtype=torch.float64)  # an exactly dependent direction: x's last entry is never read
         self.mix.weight.data = (q @ torch.diag(scales) @ q.T).float()
         self.mix.weight.requires_grad_(False)
         self.hidden = nn.Linear(4, 6)
@@ -457,14 +499,18 @@ class NearlyDependent(nn.Module):
         return self.out(torch.tanh(self.hidden(self.mix(x))))
 
 
-@pytest.mark.parametrize("small, precision, why, expected", [
-    (1.0, "float32", "float32 rows: full rank with σ_min", 4),
-    # σ_min ≈ 3e-6 against float32 rows off by about 1e-6: full rank in float32 too, but inside the margin of 10.
-    (1e-6, "float64", "is only", 4),
-    # Exactly dependent (the last input is never read): the float32 sketch shows the deficit too, and a deficit is
-    # only ever settled in float64.
-    (0.0, "float64", "showed rank 3 of 4", 3),
-], ids=["well-conditioned", "inside-the-margin", "dependent"])
+@pytest.mark.parametrize(
+    "small, precision, why, expected",
+    [
+        (1.0, "float32", "float32 rows: full rank with σ_min", 4),
+        # σ_min ≈ 3e-6 against float32 rows off by about 1e-6: full rank in float32 too, but inside the margin of 10.
+        (1e-6, "float64", "is only", 4),
+        # Exactly dependent (the last input is never read): the float32 sketch shows the deficit too, and a deficit is
+        # only ever settled in float64.
+        (0.0, "float64", "showed rank 3 of 4", 3),
+    ],
+    ids=["well-conditioned", "inside-the-margin", "dependent"],
+)
 def test_precision_float32_is_kept_only_when_it_shows_full_rank_with_a_margin(small, precision, why, expected):
     torch.manual_seed(0)
     model = NearlyDependent(small)

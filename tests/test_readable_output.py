@@ -1,20 +1,20 @@
 """Issue 22: readable output on big models: repeated layer rows and caveats grouped (-v lists all), plurals right,
 ρ printed as the percentage the rest of the report prints."""
+
 from __future__ import annotations
 
 import re
 import textwrap
 
 import pytest
+from conftest import EXAMPLES
 
 from rankaudit.levels import count, percent
 from rankaudit.report.table import MAX_TABLE_ROWS, SHOWN_NAMES
 
-from conftest import EXAMPLES
-
 BLOCKS = 45
 # Forty-five identical blocks, each with a LayerNorm and a GELU (neither modelled: two RA101 caveats a block).
-DEEP_MLP = f'''
+DEEP_MLP = f"""
 import torch.nn as nn
 
 INPUT_SHAPE = (16,)
@@ -31,7 +31,7 @@ class Deep(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
-'''
+"""
 
 
 @pytest.fixture
@@ -46,15 +46,17 @@ def test_repeated_rows_and_caveats_collapse_and_v_lists_them(run_cli, deep):
     assert code == 0
     lines = out.splitlines()
     rows = [line for line in lines if re.match(r"^[ >] +blocks\.\d+\.0 ", line)]
-    assert len(rows) == 1 and "blocks.0.0" in rows[0]                    # the first block's Linear only
+    assert len(rows) == 1 and "blocks.0.0" in rows[0]  # the first block's Linear only
     assert f"   ... {BLOCKS - 1} more rows, blocks.1.0 to blocks.{BLOCKS - 1}.0, each repeating a row above" in out
-    assert any(re.match(r"^[ >] +head +Linear", line) for line in lines)   # a row unlike the others stays
+    assert any(re.match(r"^[ >] +head +Linear", line) for line in lines)  # a row unlike the others stays
     caveats = 2 * BLOCKS
     assert f"Caveats ({caveats}, grouped by rule and op; -v lists each):" in out
     groups = [line for line in lines if line.startswith("  RA101 × ")]
     assert len(groups) == 2
-    assert groups[0].startswith(f"  RA101 × {BLOCKS} (blocks.0.1, blocks.1.1, blocks.2.1 and {BLOCKS - SHOWN_NAMES} "
-                                "more): LayerNorm is not modelled")
+    assert groups[0].startswith(
+        f"  RA101 × {BLOCKS} (blocks.0.1, blocks.1.1, blocks.2.1 and {BLOCKS - SHOWN_NAMES} "
+        "more): LayerNorm is not modelled"
+    )
     assert len(lines) < 30
 
     _, verbose, _ = run_cli(deep, "--fail-on", "never", "-v")
@@ -69,7 +71,7 @@ def test_a_short_table_is_printed_whole(run_cli):
     assert MAX_TABLE_ROWS >= 30
 
 
-LLAMA = '''
+LLAMA = """
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -83,7 +85,7 @@ CONFIG = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_h
 class DeepLlama(LlamaForCausalLM):
     def __init__(self):
         super().__init__(CONFIG)
-'''
+"""
 
 
 def test_a_many_block_llm_prints_under_sixty_lines(run_cli, tmp_path):
@@ -93,7 +95,7 @@ def test_a_many_block_llm_prints_under_sixty_lines(run_cli, tmp_path):
     path = tmp_path / "deep_llama.py"
     path.write_text(textwrap.dedent(LLAMA.format(layers=8)))
     code, out, _ = run_cli(path)
-    assert code == 1                                                    # exposed, the token set too
+    assert code == 1  # exposed, the token set too
     assert len(out.splitlines()) < 60
     assert "Caveats (42, grouped by rule and op; -v lists each):" in out
     assert re.search(r"  RA101 × 17 \(model\.layers\.0\.input_layernorm, .* and 14 more\): LlamaRMSNorm", out)
@@ -102,8 +104,10 @@ def test_a_many_block_llm_prints_under_sixty_lines(run_cli, tmp_path):
     assert len(verbose.splitlines()) > 120 and "model.layers.7.mlp.down_proj" in verbose
 
 
-@pytest.mark.parametrize("number, word, expected", [(1, "step", "1 step"), (2, "step", "2 steps"),
-                                                    (1000, "step", "1,000 steps"), (0, "client", "0 clients")])
+@pytest.mark.parametrize(
+    "number, word, expected",
+    [(1, "step", "1 step"), (2, "step", "2 steps"), (1000, "step", "1,000 steps"), (0, "client", "0 clients")],
+)
 def test_counts_have_the_right_plural(number, word, expected):
     assert count(number, word) == expected
 
@@ -111,8 +115,9 @@ def test_counts_have_the_right_plural(number, word, expected):
 def test_round_lines_print_rho_as_the_percentage(run_cli):
     """cnn6 at N = 64, B = 4, C = 2: the round as a whole is capped by the update's 125,456 values of 393,216
     unknowns, ρ = 31.9 %, written the same way on both lines."""
-    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--local-samples", "64", "--batch-size", "4", "--clients", "2",
-                           "--fail-on", "never")
+    code, out, _ = run_cli(
+        EXAMPLES / "cnn6.py", "--local-samples", "64", "--batch-size", "4", "--clients", "2", "--fail-on", "never"
+    )
     round_line = next(line for line in out.splitlines() if line.startswith("Round: rank <="))
     whole_line = next(line for line in out.splitlines() if line.startswith("The round as a whole:"))
     assert "= 125,456, ρ = 31.9 %:" in round_line

@@ -1,4 +1,5 @@
 """Real third-party models from tiny configs (built offline): each loads, traces and counts like forward hooks."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,8 @@ from collections import defaultdict
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import EXAMPLES, REPO
+from torch import nn
 
 transformers = pytest.importorskip("transformers")
 from transformers.pytorch_utils import Conv1D  # noqa: E402
@@ -23,35 +23,93 @@ COUNTED_OPS = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D"}
 # name -> (model class, config class, config keyword arguments, kind). Sizes are tiny: the whole file runs on
 # two shared CPU cores.
 MODELS = {
-    "bert": ("BertForSequenceClassification", "BertConfig",
-             dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                  max_position_embeddings=64), "text"),
-    "distilbert": ("DistilBertForSequenceClassification", "DistilBertConfig",
-                   dict(vocab_size=500, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64),
-                   "text"),
-    "gpt2": ("GPT2LMHeadModel", "GPT2Config",
-             dict(vocab_size=500, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0),
-             "text"),
-    "llama": ("LlamaForCausalLM", "LlamaConfig",
-              dict(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=64), "text"),
-    "t5": ("T5ForConditionalGeneration", "T5Config",
-           dict(vocab_size=500, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4), "text"),
-    "vit": ("ViTForImageClassification", "ViTConfig",
-            dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=64, num_labels=3), "image"),
-    "swin": ("SwinForImageClassification", "SwinConfig",
-             dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
-                  num_labels=3), "image"),
-    "convnext": ("ConvNextForImageClassification", "ConvNextConfig",
-                 dict(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32, num_labels=3), "image"),
-    "resnet": ("ResNetForImageClassification", "ResNetConfig",
-               dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3), "image"),
+    "bert": (
+        "BertForSequenceClassification",
+        "BertConfig",
+        dict(
+            vocab_size=500,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        "text",
+    ),
+    "distilbert": (
+        "DistilBertForSequenceClassification",
+        "DistilBertConfig",
+        dict(vocab_size=500, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64),
+        "text",
+    ),
+    "gpt2": (
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        dict(vocab_size=500, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0),
+        "text",
+    ),
+    "llama": (
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(
+            vocab_size=500,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        ),
+        "text",
+    ),
+    "t5": (
+        "T5ForConditionalGeneration",
+        "T5Config",
+        dict(vocab_size=500, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4),
+        "text",
+    ),
+    "vit": (
+        "ViTForImageClassification",
+        "ViTConfig",
+        dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=3,
+        ),
+        "image",
+    ),
+    "swin": (
+        "SwinForImageClassification",
+        "SwinConfig",
+        dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4, num_labels=3),
+        "image",
+    ),
+    "convnext": (
+        "ConvNextForImageClassification",
+        "ConvNextConfig",
+        dict(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32, num_labels=3),
+        "image",
+    ),
+    "resnet": (
+        "ResNetForImageClassification",
+        "ResNetConfig",
+        dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3),
+        "image",
+    ),
 }
 TEXT = [name for name, spec in MODELS.items() if spec[3] == "text"]
 IMAGES = [name for name, spec in MODELS.items() if spec[3] == "image"]
-EMBEDDING = {"bert": "bert.embeddings.word_embeddings", "distilbert": "distilbert.embeddings.word_embeddings",
-             "gpt2": "transformer.wte", "llama": "model.embed_tokens", "t5": "encoder.embed_tokens"}
+EMBEDDING = {
+    "bert": "bert.embeddings.word_embeddings",
+    "distilbert": "distilbert.embeddings.word_embeddings",
+    "gpt2": "transformer.wte",
+    "llama": "model.embed_tokens",
+    "t5": "encoder.embed_tokens",
+}
 
 
 def _config(name: str):
@@ -64,13 +122,15 @@ def _model_file(tmp_path, name: str, sequence: int = 16) -> str:
     shape = f"({sequence},)" if kind == "text" else "(3, 32, 32)"
     dtype = "torch.long" if kind == "text" else "torch.float32"
     path = tmp_path / f"{name}_tiny.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         import torch
         from transformers import {model_class}, {config_class}
         INPUT_SHAPE = {shape}
         INPUT_DTYPE = {dtype}
         model = {model_class}({config_class}(**{kwargs!r}))
-    """))
+    """)
+    )
     return str(path)
 
 
@@ -95,8 +155,10 @@ def _counted_rows(payload: dict) -> dict[str, list[tuple[int, int, int]]]:
 def _as_counted(hooked: dict, payload: dict) -> dict:
     """Hook measurements as the rows hold them: a folded projection shows its |W| only."""
     folded = {name for row in payload["layers"] for name in row["folded"]}
-    return {name: [("folded", w, "folded") for _, w, _ in calls] if name in folded else calls
-            for name, calls in hooked.items()}
+    return {
+        name: [("folded", w, "folded") for _, w, _ in calls] if name in folded else calls
+        for name, calls in hooked.items()
+    }
 
 
 def _hooked_rows(name: str, sequence: int = 16) -> dict[str, list[tuple[int, int, int]]]:
@@ -111,6 +173,7 @@ def _hooked_rows(name: str, sequence: int = 16) -> dict[str, list[tuple[int, int
             # Per sample: windowed attention folds windows into dimension 0, so divide by the real batch.
             trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
             measured[module_name].append((inputs[0].numel() // REAL_BATCH, trainable, output.numel() // REAL_BATCH))
+
         return record
 
     for module_name, module in model.named_modules():
@@ -121,7 +184,8 @@ def _hooked_rows(name: str, sequence: int = 16) -> dict[str, list[tuple[int, int
             ids = torch.randint(0, config.vocab_size, (REAL_BATCH, sequence))
             extra = {"decoder_input_ids": ids} if config.is_encoder_decoder else {}
             model(input_ids=ids, use_cache=False, **extra) if "use_cache" in _parameters(model) else model(
-                input_ids=ids, **extra)
+                input_ids=ids, **extra
+            )
         else:
             model(torch.rand(REAL_BATCH, 3, 32, 32))
     return dict(measured)
@@ -144,7 +208,7 @@ def test_image_models_count_like_forward_hooks(run_cli, tmp_path, name):
         # The class token is a parameter, not input: it joins the patches (cat) without unknowns (spec §5), so the
         # first block's projections see 16 patches x 32 unknowns, not the 17 x 32 entries a hook measures.
         for projection in ("q_proj", "k_proj", "v_proj"):
-            (x, w, z), = hooked[f"vit.layers.0.attention.{projection}"]
+            ((x, w, z),) = hooked[f"vit.layers.0.attention.{projection}"]
             hooked[f"vit.layers.0.attention.{projection}"] = [(x - 32, w, z)]
     assert _counted_rows(payload) == hooked
 
@@ -214,8 +278,9 @@ def test_tied_embedding_rows_of_the_batch_stand_out_on_a_real_gradient():
 def test_several_inputs_with_a_mask_that_carries_no_unknowns(run_cli, tmp_path):
     path = _model_file(tmp_path, "bert")
     with open(path) as handle:
-        text = handle.read().replace("INPUT_SHAPE = (16,)",
-                                     'INPUT_SHAPE = {"input_ids": (16,), "attention_mask": (16,)}')
+        text = handle.read().replace(
+            "INPUT_SHAPE = (16,)", 'INPUT_SHAPE = {"input_ids": (16,), "attention_mask": (16,)}'
+        )
     with open(path, "w") as handle:
         handle.write(text)
     _, payload = _analyse(run_cli, path)
@@ -240,11 +305,15 @@ def test_regnet_style_constructor_computes_with_tensors(run_cli):
     measured = defaultdict(list)
     for module_name, module in model.named_modules():
         if isinstance(module, COUNTED):
-            module.register_forward_hook(lambda m, i, o, n=module_name: measured[n].append(
-                (i[0].numel() // REAL_BATCH, sum(p.numel() for p in m.parameters()), o.numel() // REAL_BATCH)))
+            module.register_forward_hook(
+                lambda m, i, o, n=module_name: measured[n].append(
+                    (i[0].numel() // REAL_BATCH, sum(p.numel() for p in m.parameters()), o.numel() // REAL_BATCH)
+                )
+            )
     model(torch.rand(REAL_BATCH, 3, 32, 32))
-    rows = {r["name"]: (r["inputs"], r["own_weights"], r["outputs"])
-            for r in payload["layers"] if r["op"] in COUNTED_OPS}
+    rows = {
+        r["name"]: (r["inputs"], r["own_weights"], r["outputs"]) for r in payload["layers"] if r["op"] in COUNTED_OPS
+    }
     projections = {name for name in measured if name.endswith(".proj.0")}  # folded into their block's first layer
     assert rows == {name: calls[0] for name, calls in measured.items() if name not in projections}
 
@@ -282,7 +351,8 @@ def test_a_file_that_fails_on_its_own_is_told_so(run_cli, tmp_path):
 
 def test_forward_kwargs_from_the_model_file_reach_forward(run_cli, tmp_path):
     path = tmp_path / "switch.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import torch.nn as nn
         INPUT_SHAPE = (8,)
         FORWARD_KWARGS = {"wide": True}
@@ -293,7 +363,8 @@ def test_forward_kwargs_from_the_model_file_reach_forward(run_cli, tmp_path):
             def forward(self, x, wide=False, return_dict=False):
                 out = self.broad(x) if wide else self.narrow(x)
                 return {"logits": out, "extra": self.narrow(x)} if return_dict else out
-    """))
+    """)
+    )
     _, payload = _analyse(run_cli, str(path), "-v")
     assert [row["name"] for row in payload["layers"]] == ["broad"]  # only the logits' path is counted
     assert payload["forward_kwargs"] == ["return_dict=True", "wide=True"]
@@ -302,11 +373,13 @@ def test_forward_kwargs_from_the_model_file_reach_forward(run_cli, tmp_path):
 def test_ten_billion_parameter_benchmark_model_builds_without_weights():
     # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into ru_maxrss across the exec, and by the
     # time this runs the pytest process holds gigabytes of cached rank sketches.
-    probe = ("import re\nfrom rankaudit.load import load_model\n"
-             "m = load_model('benchmarks/models/mlp_10b.py')\n"
-             "parameters = list(m.module.parameters())\n"
-             "peak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
-             "print(m.build, sum(p.numel() for p in parameters), all(p.is_meta for p in parameters), peak)\n")
+    probe = (
+        "import re\nfrom rankaudit.load import load_model\n"
+        "m = load_model('benchmarks/models/mlp_10b.py')\n"
+        "parameters = list(m.module.parameters())\n"
+        "peak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+        "print(m.build, sum(p.numel() for p in parameters), all(p.is_meta for p in parameters), peak)\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     build, parameters, all_meta, max_rss_kib = done.stdout.split()
@@ -376,10 +449,10 @@ def test_direct_params_name_what_each_op_reads():
         model = ClassToken()
     traced = trace_model(model, (3, 4))
     direct = {record.op: record.direct_params for record in traced.records.values()}
-    assert direct["cat"] == [("cls_token", 8)]          # through the untraced expand
+    assert direct["cat"] == [("cls_token", 8)]  # through the untraced expand
     assert direct["add"] == [("pos_embed", 32)]
     assert direct["LayerNorm"] == [("norm.weight", 8), ("norm.bias", 8)]
-    assert direct["mul"] == [("scale", 0)]               # frozen: no gradient to share
+    assert direct["mul"] == [("scale", 0)]  # frozen: no gradient to share
     assert traced.input_ids == [traced.input_id]
 
 
@@ -393,7 +466,8 @@ def test_a_peft_wrapper_gets_the_wrapped_models_switches(run_cli, tmp_path):
         "def build():\n"
         "    base = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=32, vocab_size=100,\n"
         "                                      bos_token_id=0, eos_token_id=0))\n"
-        "    return get_peft_model(base, LoraConfig(r=4, target_modules=['c_attn'], fan_in_fan_out=True))\n")
+        "    return get_peft_model(base, LoraConfig(r=4, target_modules=['c_attn'], fan_in_fan_out=True))\n"
+    )
     code, out, err = run_cli(f"{model}:build", "--format", "json")
     assert code in (0, 1), err
     payload = json.loads(out)

@@ -1,9 +1,10 @@
 """The spec's reference values (§8) and R-GAP Figure 4, through the whole path from a model file."""
+
 import json
 
 import pytest
-
 from conftest import EXAMPLES
+
 from rankaudit.audit import audit
 
 FIGURE_2 = [
@@ -26,7 +27,7 @@ def test_figure_2_through_the_json_contract(run_cli, filename, ra_i, critical, v
     code, out, _ = run_cli(EXAMPLES / filename, "--format", "json")
     payload = json.loads(out)
     assert (payload["ra_i"], payload["critical_layer"], payload["verdict"]) == (ra_i, critical, verdict)
-    assert code == 1   # none is protected: exposed, or partial with most directions still recoverable (spec §11)
+    assert code == 1  # none is protected: exposed, or partial with most directions still recoverable (spec §11)
     code, _, _ = run_cli(EXAMPLES / filename, "--fail-on", "exposed")
     assert code == (1 if verdict == "exposed" else 0)
 
@@ -61,17 +62,29 @@ def test_resnet18_w16_figure_4():
     assert critical.folded == ["layer2.0.downsample.0"] and critical.weights == 4608 + 512
     assert critical.block == "layer2.0"
     assert {b.name: b.kind for b in base.blocks} == {
-        "layer1.0": "identity", "layer1.1": "identity", "layer2.0": "projection", "layer2.1": "identity",
-        "layer3.0": "projection", "layer3.1": "identity", "layer4.0": "projection", "layer4.1": "identity"}
+        "layer1.0": "identity",
+        "layer1.1": "identity",
+        "layer2.0": "projection",
+        "layer2.1": "identity",
+        "layer3.0": "projection",
+        "layer3.1": "identity",
+        "layer4.0": "projection",
+        "layer4.1": "identity",
+    }
     assert len(cut3.blocks) == 7 and "layer2.0" not in {b.name for b in cut3.blocks}
 
 
 def test_cnn6_counts():
     result = audit(str(EXAMPLES / "cnn6.py"))
     assert [(r.name, r.inputs, r.weights, r.outputs) for r in result.layers] == [
-        ("conv1", 3072, 576, 3468), ("conv2", 3468, 3888, 2916), ("conv3", 2916, 11664, 2916),
-        ("conv4", 2916, 11664, 2916), ("conv5", 2916, 20736, 1600), ("conv6", 1600, 73728, 3200),
-        ("fc", 3200, 3200, 1)]
+        ("conv1", 3072, 576, 3468),
+        ("conv2", 3468, 3888, 2916),
+        ("conv3", 2916, 11664, 2916),
+        ("conv4", 2916, 11664, 2916),
+        ("conv5", 2916, 20736, 1600),
+        ("conv6", 1600, 73728, 3200),
+        ("fc", 3200, 3200, 1),
+    ]
     assert (result.ra_i, result.critical_layer, result.verdict) == (-972, "conv1", "exposed")
 
 
@@ -85,7 +98,10 @@ def test_lenet_and_lenet_star_count_alike():
     lenet, leaky = audit(str(EXAMPLES / "lenet.py")), audit(str(EXAMPLES / "lenet_leaky.py"))
     assert [r.ra_i for r in lenet.layers] == [r.ra_i for r in leaky.layers]
     assert [(r.inputs, r.weights, r.outputs) for r in lenet.layers][:3] == [
-        (784, 300, 2352), (2352, 3600, 588), (588, 3600, 588)]
+        (784, 300, 2352),
+        (2352, 3600, 588),
+        (588, 3600, 588),
+    ]
 
 
 def test_mlp6_every_layer_dense_at_batch_1():

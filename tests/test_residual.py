@@ -1,9 +1,9 @@
 """Spec §5 on small blocks whose counts can be checked by hand."""
+
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from conftest import analyse_module, row
+from torch import nn
 
 
 class IdentityBlock(nn.Module):
@@ -29,7 +29,7 @@ class IdentityBlock(nn.Module):
 
 def test_identity_block_in_place_and_functional_add_count_the_same():
     for in_place in (True, False):
-        result = analyse_module(lambda: IdentityBlock(in_place), (1, 8, 8))
+        result = analyse_module(lambda in_place=in_place: IdentityBlock(in_place), (1, 8, 8))
         stem, a, b, head = result.layers
         assert (stem.ra_i, a.virtual) == (64 - 36 - 256, 192)
         assert a.ra_i == 256 - 144 - 256 - 192
@@ -78,9 +78,9 @@ class Bottleneck(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.reduce = nn.Conv2d(16, 2, 1, bias=False)   # x 256, W 32, z 32: deficit 192 inside
-        self.expand = nn.Conv2d(2, 16, 1, bias=False)   # x 32,  W 32, z 256
-        self.head = nn.Conv2d(16, 1, 4, bias=False)     # dense: kernel covers the 4x4 input
+        self.reduce = nn.Conv2d(16, 2, 1, bias=False)  # x 256, W 32, z 32: deficit 192 inside
+        self.expand = nn.Conv2d(2, 16, 1, bias=False)  # x 32,  W 32, z 256
+        self.head = nn.Conv2d(16, 1, 4, bias=False)  # dense: kernel covers the 4x4 input
 
     def forward(self, x):
         return self.head(F.leaky_relu(self.expand(F.leaky_relu(self.reduce(x)))) + x)
@@ -110,7 +110,7 @@ def test_cutting_the_skip_lets_the_deficit_through():
 class CatMerge(nn.Module):
     def __init__(self):
         super().__init__()
-        self.left = nn.Conv2d(1, 2, 3, padding=1, bias=False)   # 16 -> 32: V 16
+        self.left = nn.Conv2d(1, 2, 3, padding=1, bias=False)  # 16 -> 32: V 16
         self.right = nn.Conv2d(1, 3, 3, padding=1, bias=False)  # 16 -> 48: V 32
         self.fuse = nn.Conv2d(5, 1, 1, bias=False)
 

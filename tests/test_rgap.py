@@ -133,8 +133,9 @@ def test_linear_with_bias_first_layer_is_exact():
 def test_cross_entropy_top_with_and_without_bias():
     torch.manual_seed(0)
     with_bias = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    no_bias = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.LeakyReLU(0.2), nn.Flatten(),
-                            nn.Linear(256, 10, bias=False))
+    no_bias = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(256, 10, bias=False)
+    )
     images, _ = load_images(None, (1, 8, 8), 2, seed=1)
     for net in (with_bias, no_bias):
         r = run_rgap(net, images, device="cpu", seed=0, loss="cross-entropy")
@@ -144,8 +145,9 @@ def test_cross_entropy_top_with_and_without_bias():
 
 def test_twin_data_is_a_scaled_copy():
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.LeakyReLU(0.2), nn.Flatten(),
-                        nn.Linear(256, 1, bias=False)).double()
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(256, 1, bias=False)
+    ).double()
     chain = extract_chain(net, (1, 8, 8))
     weights = dict(net.named_parameters())
     images, _ = load_images(None, (1, 8, 8), 1, seed=0)
@@ -234,8 +236,13 @@ def test_unsupported_models_name_the_layer():
 
 
 def test_chain_handles_asymmetric_padding_and_conv1d():
-    net = nn.Sequential(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(1, 6, 3, stride=1, bias=False), nn.Tanh(),
-                        nn.Flatten(), nn.Linear(6 * 9 * 4, 1, bias=False)).double()
+    net = nn.Sequential(
+        nn.ZeroPad2d((1, 0, 2, 1)),
+        nn.Conv2d(1, 6, 3, stride=1, bias=False),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(6 * 9 * 4, 1, bias=False),
+    ).double()
     chain = extract_chain(net, (1, 8, 5))
     conv = [s for s in chain if s.kind == "conv"][0]
     assert conv.padding == (2, 1, 1, 0) and conv.in_shape == (1, 8, 5)
@@ -243,14 +250,19 @@ def test_chain_handles_asymmetric_padding_and_conv1d():
     x = torch.rand(1, 8, 5, dtype=torch.float64)
     rec = reconstruct(chain, dict(net.named_parameters()), client_gradients(net, x, 1))
     assert float((rec.x - x).abs().max()) < 1e-8
-    net1d = nn.Sequential(nn.Conv1d(2, 8, 3, stride=2, padding=1, bias=False), nn.LeakyReLU(0.1),
-                          nn.Flatten(), nn.Linear(8 * 8, 1, bias=False)).double()
+    net1d = nn.Sequential(
+        nn.Conv1d(2, 8, 3, stride=2, padding=1, bias=False),
+        nn.LeakyReLU(0.1),
+        nn.Flatten(),
+        nn.Linear(8 * 8, 1, bias=False),
+    ).double()
     x = torch.rand(2, 16, dtype=torch.float64)
     rec = reconstruct(extract_chain(net1d, (2, 16)), dict(net1d.named_parameters()), client_gradients(net1d, x, -1))
     assert float((rec.x - x).abs().max()) < 1e-8
 
 
 # --------------------------------------------------------------------------- data.py
+
 
 def neighbour_correlation(img: torch.Tensor) -> float:
     a, b = img[..., :, 1:].flatten(), img[..., :, :-1].flatten()

@@ -1,5 +1,6 @@
 """The federated round (spec §12): building and validating it, its static bound, the measured rank of the update
 through unrolled local training, and the FedAvg inversion attack."""
+
 import dataclasses
 import importlib.util
 import math
@@ -7,8 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import EXAMPLES
+
 from rankaudit.bound import identifiability, round_identifiability
 from rankaudit.config import load_settings
 from rankaudit.errors import UsageError
@@ -17,8 +18,13 @@ from rankaudit.round import Round, build_round
 from rankaudit.trace import trace_model
 
 # Spec §9's reference values (one sample, 3x32x32, all gradients shared): (rank bound, certified deficit).
-FIG2_BOUNDS = {"fig2_a": (3072, 0), "fig2_b": (2667, 405), "fig2_c": (2667, 405), "fig2_d": (3072, 0),
-               "fig2_e": (3056, 16)}
+FIG2_BOUNDS = {
+    "fig2_a": (3072, 0),
+    "fig2_b": (2667, 405),
+    "fig2_c": (2667, 405),
+    "fig2_d": (3072, 0),
+    "fig2_e": (3056, 16),
+}
 CNN6_PARAMETERS = 125_456
 
 
@@ -45,17 +51,20 @@ def test_round_defaults_are_fedsgd_and_steps_count_the_short_batch():
     assert build_round({"batch_size": 1, "clients": 3}).secure_aggregation
 
 
-@pytest.mark.parametrize("flags, problem", [
-    ({"batch_size": 4, "local_samples": 2}, "local samples N = 2 is below the batch size B = 4"),
-    ({"batch_size": 1, "local_epochs": 0}, "local epochs E = 0 is not an integer >= 1"),
-    ({"batch_size": 1, "clients": 0}, "clients C = 0 is not an integer >= 1"),
-    ({"batch_size": 1, "lr": 0.0}, "learning rate 0.0 is not a finite number above 0"),
-    ({"batch_size": 1, "lr": -0.1}, "learning rate -0.1 is not a finite number above 0"),
-    ({"batch_size": 1, "lr": math.nan}, "learning rate nan is not a finite number above 0"),
-    ({"batch_size": 1, "optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'"),
-    ({"batch_size": 1, "momentum": 1.0}, "momentum 1.0 is outside [0, 1)"),
-    ({"batch_size": 1, "optimizer": "adam", "momentum": 0.9}, "momentum 0.9 given with the adam optimizer"),
-])
+@pytest.mark.parametrize(
+    "flags, problem",
+    [
+        ({"batch_size": 4, "local_samples": 2}, "local samples N = 2 is below the batch size B = 4"),
+        ({"batch_size": 1, "local_epochs": 0}, "local epochs E = 0 is not an integer >= 1"),
+        ({"batch_size": 1, "clients": 0}, "clients C = 0 is not an integer >= 1"),
+        ({"batch_size": 1, "lr": 0.0}, "learning rate 0.0 is not a finite number above 0"),
+        ({"batch_size": 1, "lr": -0.1}, "learning rate -0.1 is not a finite number above 0"),
+        ({"batch_size": 1, "lr": math.nan}, "learning rate nan is not a finite number above 0"),
+        ({"batch_size": 1, "optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'"),
+        ({"batch_size": 1, "momentum": 1.0}, "momentum 1.0 is outside [0, 1)"),
+        ({"batch_size": 1, "optimizer": "adam", "momentum": 0.9}, "momentum 0.9 given with the adam optimizer"),
+    ],
+)
 def test_invalid_rounds_are_one_line_usage_errors(flags, problem):
     with pytest.raises(UsageError) as caught:
         build_round(flags)
@@ -70,23 +79,34 @@ def write_config(tmp_path, body: str):
 
 
 def test_config_round_table_and_flags_win(tmp_path):
-    model = write_config(tmp_path, "[tool.rankaudit.round]\nlocal-samples = 500\nbatch-size = 32\nlocal-epochs = 2\n"
-                                   "lr = 0.05\nclients = 100\n")
+    model = write_config(
+        tmp_path,
+        "[tool.rankaudit.round]\nlocal-samples = 500\nbatch-size = 32\nlocal-epochs = 2\nlr = 0.05\nclients = 100\n",
+    )
     settings = load_settings(model)
     assert settings.batch_size == 32
     assert settings.round == {"local_samples": 500, "local_epochs": 2, "lr": 0.05, "clients": 100}
     round_ = build_round({"batch_size": settings.batch_size, "local_epochs": 3, "lr": None}, settings.round)
-    assert (round_.samples, round_.batch_size, round_.local_epochs, round_.lr, round_.clients) == (500, 32, 3, 0.05, 100)
+    assert (round_.samples, round_.batch_size, round_.local_epochs, round_.lr, round_.clients) == (
+        500,
+        32,
+        3,
+        0.05,
+        100,
+    )
     assert round_.steps == 3 * 16
 
 
-@pytest.mark.parametrize("body, problem", [
-    ("[tool.rankaudit.round]\nlocal-epoch = 2\n", "unknown key local-epoch in [tool.rankaudit.round]"),
-    ("[tool.rankaudit.round]\nlocal-epochs = 1.5\n", "round.local-epochs must be an integer >= 1"),
-    ("[tool.rankaudit.round]\nlr = \"fast\"\n", "round.lr must be a number"),
-    ("[tool.rankaudit.round]\noptimizer = 3\n", "round.optimizer must be a string"),
-    ("batch-size = 8\n[tool.rankaudit.round]\nbatch-size = 4\n", "batch-size is 8 in [tool.rankaudit] but 4"),
-])
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        ("[tool.rankaudit.round]\nlocal-epoch = 2\n", "unknown key local-epoch in [tool.rankaudit.round]"),
+        ("[tool.rankaudit.round]\nlocal-epochs = 1.5\n", "round.local-epochs must be an integer >= 1"),
+        ('[tool.rankaudit.round]\nlr = "fast"\n', "round.lr must be a number"),
+        ("[tool.rankaudit.round]\noptimizer = 3\n", "round.optimizer must be a string"),
+        ("batch-size = 8\n[tool.rankaudit.round]\nbatch-size = 4\n", "batch-size is 8 in [tool.rankaudit] but 4"),
+    ],
+)
 def test_config_round_errors(tmp_path, body, problem):
     with pytest.raises(UsageError) as caught:
         load_settings(write_config(tmp_path, body))
@@ -100,7 +120,7 @@ def test_config_round_errors(tmp_path, body, problem):
 def test_fedsgd_round_is_the_single_gradient_bound(name):
     traced = traced_example(name)
     bound = round_identifiability(traced, Round(batch_size=1))
-    assert dataclasses.replace(bound, sample=None) == identifiability(traced, 1)   # plus the per-sample bound (§14)
+    assert dataclasses.replace(bound, sample=None) == identifiability(traced, 1)  # plus the per-sample bound (§14)
     assert (bound.rank_bound, bound.certified_deficit) == FIG2_BOUNDS[name]
     assert bound.round is None
 
@@ -114,7 +134,10 @@ def test_round_formula_on_hand_checkable_cases():
     """
     cnn6 = traced_example("cnn6")
     bound = round_identifiability(cnn6, build_round({"batch_size": 2, "local_samples": 3, "local_epochs": 2}))
-    assert {(term.batch_size, term.steps, term.rank_bound) for term in bound.round.terms} == {(2, 2, 6144), (1, 2, 3072)}
+    assert {(term.batch_size, term.steps, term.rank_bound) for term in bound.round.terms} == {
+        (2, 2, 6144),
+        (1, 2, 3072),
+    }
     assert (bound.unknowns, bound.round.steps_bound, bound.rank_bound, bound.verdict) == (9216, 18432, 9216, "exposed")
     assert bound.round.binding == "unknowns"
     bound = round_identifiability(cnn6, build_round({"batch_size": 4, "local_samples": 64}))
@@ -134,7 +157,7 @@ def test_parameter_cap_certifies_once_the_samples_outnumber_the_update():
     above = round_identifiability(cnn6, build_round({"batch_size": 1, "local_samples": 41}))
     assert (below.certified_deficit, below.verdict) == (0, "exposed")
     assert (above.certified_deficit, above.round.binding) == (41 * 3072 - CNN6_PARAMETERS, "update-values")
-    assert len(above.round.terms) == 1   # §9's network ran once for the 41 steps of one kind
+    assert len(above.round.terms) == 1  # §9's network ran once for the 41 steps of one kind
 
 
 def test_secure_aggregation_over_two_clients_doubles_the_unknowns():
@@ -168,19 +191,30 @@ def test_local_training_matches_torch_optim(optimizer, momentum):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     x, y = torch.rand(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
-    round_ = build_round({"batch_size": 2, "local_samples": 5, "local_epochs": 2, "lr": 0.05,
-                          "optimizer": optimizer, "momentum": momentum})
+    round_ = build_round(
+        {
+            "batch_size": 2,
+            "local_samples": 5,
+            "local_epochs": 2,
+            "lr": 0.05,
+            "optimizer": optimizer,
+            "momentum": momentum,
+        }
+    )
     names = [name for name, _ in net.named_parameters()]
     simulated = LocalTraining(net, round_, "cross-entropy", names).update(x[None], y[None])
     trained = [p.detach().clone() for p in net.parameters()]
     copy = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     copy.load_state_dict(net.state_dict())
-    opt = (torch.optim.SGD(copy.parameters(), lr=0.05, momentum=momentum) if optimizer == "sgd"
-           else torch.optim.Adam(copy.parameters(), lr=0.05))
+    opt = (
+        torch.optim.SGD(copy.parameters(), lr=0.05, momentum=momentum)
+        if optimizer == "sgd"
+        else torch.optim.Adam(copy.parameters(), lr=0.05)
+    )
     for _ in range(2):
         for start in range(0, 5, 2):
             opt.zero_grad()
-            nn.functional.cross_entropy(copy(x[start:start + 2]), y[start:start + 2]).backward()
+            nn.functional.cross_entropy(copy(x[start : start + 2]), y[start : start + 2]).backward()
             opt.step()
     expected = torch.cat([(p.detach() - p0).reshape(-1) for p, p0 in zip(copy.parameters(), trained)])
     assert torch.allclose(simulated, expected, atol=1e-12, rtol=1e-9)
@@ -216,8 +250,8 @@ def residual_round_ranks():
 def test_second_epoch_adds_rank_and_the_bound_holds(residual_round_ranks):
     ranks = {key: measurement.rank for key, (measurement, _) in residual_round_ranks.items()}
     assert ranks[(2, 1, 2)] >= ranks[(2, 1, 1)]
-    assert ranks[(2, 1, 1)] < 384 and ranks[(2, 2, 1)] < 384   # one epoch leaves directions hidden
-    assert ranks[(2, 1, 2)] == 384                               # the second epoch determines both samples
+    assert ranks[(2, 1, 1)] < 384 and ranks[(2, 2, 1)] < 384  # one epoch leaves directions hidden
+    assert ranks[(2, 1, 2)] == 384  # the second epoch determines both samples
     for measurement, bound in residual_round_ranks.values():
         assert measurement.unknowns == bound.unknowns == 384
         assert measurement.rank <= bound.rank_bound
@@ -232,8 +266,16 @@ def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, mome
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2))
     with torch.device("meta"):
         traced = trace_model(nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2)), (1, 3, 4))
-    round_ = build_round({"local_samples": 4, "batch_size": 2, "local_epochs": 2, "optimizer": optimizer,
-                          "momentum": momentum, "clients": 2})
+    round_ = build_round(
+        {
+            "local_samples": 4,
+            "batch_size": 2,
+            "local_epochs": 2,
+            "optimizer": optimizer,
+            "momentum": momentum,
+            "clients": 2,
+        }
+    )
     x = torch.rand((2, 4, 1, 3, 4), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     y = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 1]])
     measured = measure_round(net, x, y, round_)
@@ -246,7 +288,10 @@ def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, mome
 def test_round_rank_refuses_rounds_beyond_its_limits():
     from rankaudit.verify.round_rank import MAX_STEPS, check_round_size
 
-    with pytest.raises(UsageError, match=r"needs .* GiB for its .* float64 sketch .* 2 \(--clients\) x 1 \(--local-samples\) x 3x256x256"):
+    with pytest.raises(
+        UsageError,
+        match=r"needs .* GiB for its .* float64 sketch .* 2 \(--clients\) x 1 \(--local-samples\) x 3x256x256",
+    ):
         check_round_size(build_round({"batch_size": 1, "local_samples": 1, "clients": 2}), (3, 256, 256))
     with pytest.raises(UsageError, match=f"above the {MAX_STEPS}"):
         check_round_size(build_round({"batch_size": 1, "local_samples": 2, "local_epochs": MAX_STEPS}), (1, 2, 2))
@@ -285,8 +330,15 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
     monkeypatch.setattr(client.LocalTraining, "update", lambda self, *a: calls.append(1) or original(self, *a))
     torch.manual_seed(0)
     round_ = build_round({"local_samples": 2, "batch_size": 1})
-    attack = fedavg.invert_round(SmallCNN(), photographs(2).reshape(1, 2, 3, 8, 8), torch.tensor([[3, 7]]), round_,
-                                 "cross-entropy", steps=150, restarts=4)
+    attack = fedavg.invert_round(
+        SmallCNN(),
+        photographs(2).reshape(1, 2, 3, 8, 8),
+        torch.tensor([[3, 7]]),
+        round_,
+        "cross-entropy",
+        steps=150,
+        restarts=4,
+    )
     assert min(attack.psnr[0]) > 35 and attack.median_mse < 1e-3
     # One simulated round per optimisation step for all four restarts (vmap), plus the target, the prior's scale at
     # the starting points and the final score.
@@ -300,8 +352,15 @@ def test_fedavg_attack_on_an_aggregate_reports_each_client():
 
     torch.manual_seed(0)
     round_ = build_round({"local_samples": 2, "batch_size": 1, "clients": 2})
-    attack = fedavg.invert_round(SmallCNN(), photographs(4).reshape(2, 2, 3, 8, 8), torch.tensor([[0, 1], [2, 3]]),
-                                 round_, "cross-entropy", steps=150, restarts=2)
+    attack = fedavg.invert_round(
+        SmallCNN(),
+        photographs(4).reshape(2, 2, 3, 8, 8),
+        torch.tensor([[0, 1], [2, 3]]),
+        round_,
+        "cross-entropy",
+        steps=150,
+        restarts=2,
+    )
     assert len(attack.client_median_psnr) == 2 and len(attack.psnr[1]) == 2
     assert all(value > 20 for value in attack.client_median_psnr)
     assert attack.reconstructions.shape == (2, 2, 3, 8, 8)
@@ -317,16 +376,30 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
 
     code, out, _ = run_cli(CNN6, "--local-samples", 64, "--batch-size", 4, "--format", "json")
     payload = json.loads(out)
-    assert payload["round"] == {"local_samples": 64, "batch_size": 4, "local_epochs": 1, "steps": 16, "lr": 0.1,
-                                "optimizer": "sgd", "momentum": 0.0, "clients": 1, "secure_aggregation": False,
-                                "fedsgd": False}
-    assert payload["identifiability"]["verdict"] == "partial" and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
-    assert payload["verdict"] == "exposed"    # spec §14: each sample's bound is R(1) = 3,072 = |x|
+    assert payload["round"] == {
+        "local_samples": 64,
+        "batch_size": 4,
+        "local_epochs": 1,
+        "steps": 16,
+        "lr": 0.1,
+        "optimizer": "sgd",
+        "momentum": 0.0,
+        "clients": 1,
+        "secure_aggregation": False,
+        "fedsgd": False,
+    }
+    assert (
+        payload["identifiability"]["verdict"] == "partial"
+        and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
+    )
+    assert payload["verdict"] == "exposed"  # spec §14: each sample's bound is R(1) = 3,072 = |x|
     assert payload["identifiability"]["round"]["binding"] == "update-values"
     code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--clients", 3)
     header = out.splitlines()[0]
-    assert header.endswith("FedAvg round: N = 4 local samples, batch 2, 2 local epochs, K = 4 steps of sgd, lr 0.1; "
-                           "secure aggregation over C = 3 clients")
+    assert header.endswith(
+        "FedAvg round: N = 4 local samples, batch 2, 2 local epochs, K = 4 steps of sgd, lr 0.1; "
+        "secure aggregation over C = 3 clients"
+    )
     assert "Round: rank <= min(n = 36,864 unknowns, |θ_s| = 125,456 update values" in out
     assert "R-GAP has no multi-step form" in out and code == 1
     code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--format", "sarif")
@@ -340,14 +413,17 @@ def test_cli_fedsgd_output_has_no_round_lines(run_cli):
     assert plain == explicit and "Round:" not in plain and "FedAvg" not in plain
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--local-samples", 1, "--batch-size", 2], "local samples N = 1 is below the batch size B = 2"),
-    (["--local-epochs", 0], "local epochs E = 0 is not an integer >= 1"),
-    (["--clients", -1], "clients C = -1 is not an integer >= 1"),
-    (["--lr", "inf"], "learning rate inf is not a finite number above 0"),
-    (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
-    (["--momentum", 0.9, "--optimizer", "adam"], "momentum 0.9 given with the adam optimizer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--local-samples", 1, "--batch-size", 2], "local samples N = 1 is below the batch size B = 2"),
+        (["--local-epochs", 0], "local epochs E = 0 is not an integer >= 1"),
+        (["--clients", -1], "clients C = -1 is not an integer >= 1"),
+        (["--lr", "inf"], "learning rate inf is not a finite number above 0"),
+        (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
+        (["--momentum", 0.9, "--optimizer", "adam"], "momentum 0.9 given with the adam optimizer"),
+    ],
+)
 def test_cli_round_errors_exit_2_in_one_line(run_cli, args, message):
     code, out, err = run_cli(CNN6, *args)
     assert code == 2 and message in err and "fix:" in err and len(err.strip().splitlines()) == 1
@@ -358,12 +434,13 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
     import shutil
 
     shutil.copy(CNN6, tmp_path / "cnn6.py")
-    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit.round]\nlocal-samples = 64\nbatch-size = 4\n"
-                                             "clients = 2\n", encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.rankaudit.round]\nlocal-samples = 64\nbatch-size = 4\nclients = 2\n", encoding="utf-8"
+    )
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json")
     payload = json.loads(out)
     assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "protected"
-    assert payload["verdict"] == "exposed"    # spec §14: the round as a whole, not each sample
+    assert payload["verdict"] == "exposed"  # spec §14: the round as a whole, not each sample
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
     shown = json.loads(out)["round"]
     assert (shown["clients"], shown["local_samples"], shown["batch_size"]) == (1, 8, 4)
@@ -376,19 +453,24 @@ def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
     it is."""
     import json
 
-    code, out, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2,
-                           "--format", "json")
+    code, out, _ = run_cli(
+        "suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--format", "json"
+    )
     review = json.loads(out)["round_review"]
     settings = {s["knob"]: s for s in review["settings"]}
     assert (review["verdict"], review["rank_bound"], review["unknowns"]) == ("exposed", 3072, 3072)
     assert (review["whole_verdict"], review["whole_rank_bound"], review["whole_unknowns"]) == ("exposed", 12288, 12288)
-    assert settings["local-samples"]["value"] is None and "protected from N = 82" in settings["local-samples"][
-        "explanation"]
+    assert (
+        settings["local-samples"]["value"] is None
+        and "protected from N = 82" in settings["local-samples"]["explanation"]
+    )
     assert settings["clients"]["value"] is None and "protected from C = 21" in settings["clients"]["explanation"]
     assert settings["local-epochs"]["value"] is None and not settings["local-epochs"]["unbounded"]
     _, table, _ = run_cli("suggest", CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2)
-    assert "Smallest number of securely aggregated clients C for each sample protected: none (no C protects a " \
-           "sample" in table
+    assert (
+        "Smallest number of securely aggregated clients C for each sample protected: none (no C protects a "
+        "sample" in table
+    )
     # withholding all but conv1 leaves |θ_s| = 576 <= 0.5 x 3,072: that protects each sample, so it is no noise-only case
     assert "makes each sample protected" in table and "No structural edit protects a sample" not in table
 
@@ -425,11 +507,31 @@ def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
     import json
 
     model = tmp_path / "res.py"
-    model.write_text((EXAMPLES / "resnet2_tiny.py").read_text(encoding="utf-8").replace(
-        "INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)").replace("width: int = 8", "width: int = 4"),
-        encoding="utf-8")
-    code, out, err = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--local-epochs", 2, "--verify", "rank",
-                             "--verify", "rgap", "--steps", 20, "--format", "json", "-q")
+    model.write_text(
+        (EXAMPLES / "resnet2_tiny.py")
+        .read_text(encoding="utf-8")
+        .replace("INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)")
+        .replace("width: int = 8", "width: int = 4"),
+        encoding="utf-8",
+    )
+    code, out, err = run_cli(
+        model,
+        "--local-samples",
+        2,
+        "--batch-size",
+        1,
+        "--local-epochs",
+        2,
+        "--verify",
+        "rank",
+        "--verify",
+        "rgap",
+        "--steps",
+        20,
+        "--format",
+        "json",
+        "-q",
+    )
     payload = json.loads(out)
     rank = payload["verification"]["rank"]
     assert (rank["rank"], rank["unknowns"], rank["round"]["steps"]) == (384, 384, 4)
@@ -447,18 +549,35 @@ def test_the_rounds_rank_check_reports_each_samples_hidden_part(run_cli, tmp_pat
     import json
 
     model = tmp_path / "res.py"
-    model.write_text((EXAMPLES / "resnet2_tiny.py").read_text(encoding="utf-8").replace(
-        "INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)").replace("width: int = 8", "width: int = 4"),
-        encoding="utf-8")
-    code, out, _ = run_cli(model, "--local-samples", 2, "--batch-size", 1, "--verify", "rank", "--format", "json",
-                           "-q", "--fail-on", "never")
+    model.write_text(
+        (EXAMPLES / "resnet2_tiny.py")
+        .read_text(encoding="utf-8")
+        .replace("INPUT_SHAPE = (3, 16, 16)", "INPUT_SHAPE = (3, 8, 8)")
+        .replace("width: int = 8", "width: int = 4"),
+        encoding="utf-8",
+    )
+    code, out, _ = run_cli(
+        model,
+        "--local-samples",
+        2,
+        "--batch-size",
+        1,
+        "--verify",
+        "rank",
+        "--format",
+        "json",
+        "-q",
+        "--fail-on",
+        "never",
+    )
     rank = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))["verification"]["rank"]
     assert code == 0 and rank["deficit"] == 384 - rank["rank"] > 0
     entries = rank["samples"][0]["inputs"]
     assert [entry["index"] for entry in entries] == [0, 1]
     assert all(0 < entry["hidden_energy"] < 1 for entry in entries)
-    assert rank["hidden_energy_median"] == pytest.approx(sorted(e["hidden_energy"] for e in entries)[0] / 2
-                                                         + sorted(e["hidden_energy"] for e in entries)[1] / 2)
+    assert rank["hidden_energy_median"] == pytest.approx(
+        sorted(e["hidden_energy"] for e in entries)[0] / 2 + sorted(e["hidden_energy"] for e in entries)[1] / 2
+    )
     assert rank["visible_reading"]
 
 
@@ -468,10 +587,17 @@ def test_html_round_card_names_the_round_and_its_cap():
 
     result = audit(str(CNN6), round_=build_round({"batch_size": 4, "local_samples": 64, "clients": 2}))
     page = html.render([result])
-    card = page[page.index("Federated round"):]
-    card = card[:card.index("</section>")]
-    for shown in ("64", "16", "393,216", "125,456", "update-values", "31.9 %",   # ρ as levels.percent writes it
-                  "The update has only 125,456 values for 393,216 unknowns"):
+    card = page[page.index("Federated round") :]
+    card = card[: card.index("</section>")]
+    for shown in (
+        "64",
+        "16",
+        "393,216",
+        "125,456",
+        "update-values",
+        "31.9 %",  # ρ as levels.percent writes it
+        "The update has only 125,456 values for 393,216 unknowns",
+    ):
         assert shown in card
     assert "Federated round" not in html.render([audit(str(CNN6))])
 
@@ -520,8 +646,10 @@ def test_fedavg_attack_keeps_each_restarts_best_iterate_at_the_models_precision(
         found = training.update(attack.reconstructions, labels)
     distance = float(gradient_distances([found.unsqueeze(0)], [(target / target.norm()).unsqueeze(0)])[0])
     assert distance == pytest.approx(attack.final_distance, rel=1e-9, abs=1e-15)
-    assert fedavg.invert_round(SmallCNN(), images.float(), labels, round_, "cross-entropy", steps=2,
-                               restarts=1).dtype == "float32"
+    assert (
+        fedavg.invert_round(SmallCNN(), images.float(), labels, round_, "cross-entropy", steps=2, restarts=1).dtype
+        == "float32"
+    )
     # A coarse run (lr 1, 4 steps) overshoots: restart 1's last iterate (distance 0.324) is worse than its best
     # (0.292), and that best beats every last iterate (0.321 at best), so keeping the last one loses the winner.
     coarse = fedavg.invert_round(model, images, labels, round_, "cross-entropy", steps=4, restarts=2, lr=1.0)

@@ -1,12 +1,13 @@
 """Spec §14: the per-sample bound R_s = min(|x|, |θ_s|, E_i·R(1)), its verdict and its findings."""
+
 import json
 import textwrap
 
 import pytest
 import torch
+from conftest import EXAMPLES
 from torch import nn
 
-from conftest import EXAMPLES
 from rankaudit.audit import audit
 from rankaudit.bound import round_identifiability, sample_identifiability
 from rankaudit.report import table
@@ -20,6 +21,7 @@ MLP = EXAMPLES / "mlp_bias.py"
 
 def traced_example(name: str):
     from rankaudit.load import load_model
+
     loaded = load_model(str(EXAMPLES / f"{name}.py"), None, device="meta")
     return trace_model(loaded.module, loaded.input_shape)
 
@@ -49,9 +51,16 @@ def traced_pooled():
 # The MLP of spec §14 (examples/mlp_bias.py): |x| = 3·8·8 = 192; |θ_s| = 192·6 + 6 + 6·10 + 10 = 1,228; R(1) = 192
 # (the input feeds fc1's 1,158-value gradient directly). R_s = min(192, 1,228, E·192) = 192 for every round:
 # exposed, while the round's bound at N = 32, B = 8, E = 1 is min(6,144, 1,228, 4·R(8)) = 1,228 (ρ 0.20).
-@pytest.mark.parametrize("round_", [Round(), Round(batch_size=8), Round(batch_size=8, local_samples=32),
-                                    Round(batch_size=4, local_samples=16, local_epochs=2),
-                                    Round(batch_size=32, local_samples=5000, clients=10)])
+@pytest.mark.parametrize(
+    "round_",
+    [
+        Round(),
+        Round(batch_size=8),
+        Round(batch_size=8, local_samples=32),
+        Round(batch_size=4, local_samples=16, local_epochs=2),
+        Round(batch_size=32, local_samples=5000, clients=10),
+    ],
+)
 def test_mlp_sample_bound_is_the_whole_sample_at_every_round(round_):
     bound = round_identifiability(traced_example("mlp_bias"), round_)
     sample = bound.sample
@@ -67,7 +76,7 @@ def test_mlp_round_of_the_issue_is_protected_as_a_batch_only():
 
 
 def test_fig2_b_sample_bound_is_r1_times_epochs_capped():
-    traced = traced_example("fig2_b")          # spec §9: R(1) = 2,667 of 3,072; |θ_s| = 2,667 too
+    traced = traced_example("fig2_b")  # spec §9: R(1) = 2,667 of 3,072; |θ_s| = 2,667 too
     for round_ in (Round(), Round(batch_size=8), Round(batch_size=8, local_samples=16)):
         sample = sample_identifiability(traced, round_)
         assert (sample.rank_bound, sample.binding, sample.level) == (2667, "steps", "partial")
@@ -132,8 +141,9 @@ def test_fedsgd_batch_one_reads_as_before_on_every_example(example):
     assert (bound.sample.rank_bound, bound.sample.unknowns) == (bound.rank_bound, bound.unknowns)
     assert result.verdict == bound.verdict == bound.sample.level == payload["verdict"]
     assert payload["identifiability"]["rank_bound"] == payload["identifiability"]["sample"]["rank_bound"]
-    assert result.summary.startswith(f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: "
-                                     f"{bound.verdict}.")
+    assert result.summary.startswith(
+        f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {bound.verdict}."
+    )
     assert "Bound (each sample)" not in table.render([result]) and "as a whole" not in result.summary
 
 
@@ -143,11 +153,15 @@ def test_fedsgd_batch_one_reads_as_before_on_every_example(example):
 def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8)
     assert code == 1
-    assert ("Bound (each sample): rank <= 192 of 192 unknowns per sample (100 % recoverable; protected needs at most "
-            "50 %): exposed. Each sample is read by 1 local step; one step's gradient can determine one sample (§9 "
-            "at batch size 1 certifies nothing)") in out
-    assert ("The round as a whole: rank <= 1,228 of 6,144 (20 %): no attack recovers all 32 samples at once; this is "
-            "no guarantee for any one of them.") in out
+    assert (
+        "Bound (each sample): rank <= 192 of 192 unknowns per sample (100 % recoverable; protected needs at most "
+        "50 %): exposed. Each sample is read by 1 local step; one step's gradient can determine one sample (§9 "
+        "at batch size 1 certifies nothing)"
+    ) in out
+    assert (
+        "The round as a whole: rank <= 1,228 of 6,144 (20 %): no attack recovers all 32 samples at once; this is "
+        "no guarantee for any one of them."
+    ) in out
     assert "Sample readout: fc1 (Linear with bias, 6 units, ReLU) reads each sample's 192-value input" in out
     assert "Policy: FAIL: verdict is exposed (each sample)" in out
     assert out.index("Bound (each sample)") < out.index("The round as a whole")
@@ -157,11 +171,23 @@ def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
     # the batch/round fields keep their meaning: 1,228 of 6,144, protected as a whole
     bound = payload["identifiability"]
     assert (bound["rank_bound"], bound["unknowns"], bound["verdict"]) == (1228, 6144, "protected")
-    assert bound["sample"] == {"rank_bound": 192, "unknowns": 192, "recoverable_fraction": 1.0, "level": "exposed",
-                               "steps_per_sample": 1, "single_sample_bound": 192, "binding": "unknowns"}
+    assert bound["sample"] == {
+        "rank_bound": 192,
+        "unknowns": 192,
+        "recoverable_fraction": 1.0,
+        "level": "exposed",
+        "steps_per_sample": 1,
+        "single_sample_bound": 192,
+        "binding": "unknowns",
+    }
     (readout,) = payload["bias_readout"]
-    assert (readout["name"], readout["units"], readout["width"], readout["reads_input"], readout["exact"]) == \
-        ("fc1", 6, 192, True, True)
+    assert (readout["name"], readout["units"], readout["width"], readout["reads_input"], readout["exact"]) == (
+        "fc1",
+        6,
+        192,
+        True,
+        True,
+    )
     assert (readout["batch_size"], readout["samples"], readout["whole_batch"]) == (8, 32, False)
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--quiet")
     assert code == 1 and "exposed (each sample)" in out and "The round as a whole: rank <= 1,228" in out
@@ -202,7 +228,7 @@ def test_cnn6_at_a_real_round_is_no_longer_protected():
 
 
 def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
-    dp = ("--dp-noise", 4, "--max-reconstruction", 0.05)   # q = B/N = 0.25, T = 4 from the round: B(0.01) = 0.0144
+    dp = ("--dp-noise", 4, "--max-reconstruction", 0.05)  # q = B/N = 0.25, T = 4 from the round: B(0.01) = 0.0144
     code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--format", "json")
     payload = json.loads(out)
     assert code == 0 and payload["verdict"] == "exposed"
@@ -213,21 +239,34 @@ def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):
     verdict = next(r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "RA004")
     assert "The policy passes, carried by the noise, not the structure" in verdict["message"]["text"]
     # the same noise added by the server bounds the released model, never what the server sees
-    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--noise-by", "server",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        MLP, "--local-samples", 32, "--batch-size", 8, *dp, "--noise-by", "server", "--format", "json"
+    )
     payload = json.loads(out)
     assert code == 1 and payload["policy"]["carried_by"] == "none"
     assert "it bounds what the released model reveals, not what the server sees" in payload["policy"]["reasons"][0]
     assert payload["dp"]["noise_by"] == "server" and "not what the server sees" in payload["summary"] + out
     # noise above the ceiling carries nothing
-    code, out, _ = run_cli(MLP, "--local-samples", 32, "--batch-size", 8, "--dp-noise", 4, "--max-reconstruction",
-                           0.012, "--format", "json")
+    code, out, _ = run_cli(
+        MLP,
+        "--local-samples",
+        32,
+        "--batch-size",
+        8,
+        "--dp-noise",
+        4,
+        "--max-reconstruction",
+        0.012,
+        "--format",
+        "json",
+    )
     assert code == 1 and json.loads(out)["policy"]["carried_by"] == "none"
 
 
 def test_structure_carries_a_protected_sample():
-    result = audit(str(EXAMPLES / "strided_stem.py"),
-                   round_=Round(dp=DPSettings(noise_multiplier=4.0, max_reconstruction=0.05)))
+    result = audit(
+        str(EXAMPLES / "strided_stem.py"), round_=Round(dp=DPSettings(noise_multiplier=4.0, max_reconstruction=0.05))
+    )
     assert result.verdict == "protected" and result.policy.passed and result.policy.carried_by == "structure"
 
 
@@ -310,7 +349,7 @@ def test_round_review_epochs_per_sample():
 def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
     code, out, _ = run_cli("suggest", EXAMPLES / "fig2_d.py", "--format", "json")
     payload = json.loads(out)
-    assert payload["noise_is_the_way"] is False     # withholding fc protects each sample of fig2_d
+    assert payload["noise_is_the_way"] is False  # withholding fc protects each sample of fig2_d
     code, out, _ = run_cli("suggest", str(EXAMPLES / "strided_stem.py"))
     assert "No structural edit protects a sample" not in out
     code, out, _ = run_cli("suggest", MLP, "--local-samples", 32, "--batch-size", 8)
@@ -319,18 +358,23 @@ def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
 
 def test_batchnorm_models_say_the_bound_is_for_eval_mode():
     result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2)
-    assert "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, " \
-           "in eval mode" in result.meaning
+    assert (
+        "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, "
+        "in eval mode" in result.meaning
+    )
     assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning
 
 
 def test_a_frozen_weight_sends_no_row_to_read_out(tmp_path):
     path = tmp_path / "frozen.py"
-    path.write_text(textwrap.dedent(READOUT_MODELS) + textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent(READOUT_MODELS)
+        + textwrap.dedent("""
         class FrozenWeight(OnePositionConv):
             def __init__(self):
                 super().__init__()
                 self.conv.weight.requires_grad_(False)
-    """))
+    """)
+    )
     assert audit(f"{path}:FrozenWeight").bias_readout == []
     assert len(audit(f"{path}:OnePositionConv").bias_readout) == 1

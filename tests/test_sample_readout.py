@@ -1,13 +1,14 @@
 """Spec §14, measured: --verify bias reads out exactly the samples a unit fires for alone (and claims no other), and
 --verify rank's per-sample ranks rank(J_i) stay within the per-sample bound R_s, worst sample first."""
+
 import json
 import textwrap
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import EXAMPLES
+
 from rankaudit.round import Round
 from rankaudit.verify import bias, rank
 from rankaudit.verify.data import load_images
@@ -95,8 +96,9 @@ def test_a_unit_firing_for_two_samples_reads_none(tmp_path):
 def test_over_a_round_the_unit_reads_its_sample_from_the_second_step(run_cli, tmp_path):
     model, data, images = _constructed(tmp_path, batch=8, target=5)
     page = tmp_path / "report.html"
-    code, out, err = run_cli(model, "--local-samples", 8, "-b", 4, "--data", data, "--verify", "bias",
-                             "--format", "json", "--html", page)
+    code, out, err = run_cli(
+        model, "--local-samples", 8, "-b", 4, "--data", data, "--verify", "bias", "--format", "json", "--html", page
+    )
     readout = json.loads(out)["verification"]["bias"]
     assert readout["samples_read"] == [5] and readout["samples"] == 8
     assert "a round of N = 8, B = 4, E = 1 (2 local steps)" == readout["batch"]
@@ -114,8 +116,14 @@ def test_the_issues_mlp_round_reads_as_many_samples_as_units_isolate_one():
         model, _ = build_real_model(spec, (3, 8, 8), seed)
         images, _ = load_images(None, (3, 8, 8), 32, seed)
         labels = rank.draw_labels(32, "cross-entropy", 10, seed)[None]
-        readout = bias.read_out(model, images[None].double(), labels, round_, "cross-entropy",
-                                [name for name, _ in model.named_parameters()])
+        readout = bias.read_out(
+            model,
+            images[None].double(),
+            labels,
+            round_,
+            "cross-entropy",
+            [name for name, _ in model.named_parameters()],
+        )
         fc1 = readout.layers[0]
         assert fc1.name == "fc1" and fc1.reads_input
         assert len(fc1.units_read) == fc1.units_firing_for_one_sample
@@ -133,8 +141,12 @@ def test_rgap_on_a_batch_reports_the_readout_first(run_cli, tmp_path):
 
 # ---- --verify rank, each sample --------------------------------------------------------------------------------
 
-SMALL_MLP = (EXAMPLES / "mlp_bias.py").read_text(encoding="utf-8").replace(
-    "INPUT_SHAPE = (3, 8, 8)", "INPUT_SHAPE = (3, 4, 4)").replace("3 * 8 * 8", "3 * 4 * 4")
+SMALL_MLP = (
+    (EXAMPLES / "mlp_bias.py")
+    .read_text(encoding="utf-8")
+    .replace("INPUT_SHAPE = (3, 8, 8)", "INPUT_SHAPE = (3, 4, 4)")
+    .replace("3 * 8 * 8", "3 * 4 * 4")
+)
 
 
 @pytest.mark.parametrize("args", [("-b", "4"), ("--local-samples", "4", "-b", "2", "--local-epochs", "2")])
@@ -150,8 +162,12 @@ def test_each_samples_rank_stays_within_the_per_sample_bound(run_cli, tmp_path, 
     assert check["worst"]["index"] == 1 and check["worst"]["hidden_energy"] < 1e-12
     assert "determines the input of sample 1" in check["agreement"]
     bound = payload["identifiability"]["sample"]
-    assert check["sample_bound"] == {"rank_bound": bound["rank_bound"], "unknowns": 48, "consistent": True,
-                                     "internal_error": None}
+    assert check["sample_bound"] == {
+        "rank_bound": bound["rank_bound"],
+        "unknowns": 48,
+        "consistent": True,
+        "internal_error": None,
+    }
     assert len(check["per_sample_rank"]) == 4 and max(check["per_sample_rank"]) <= bound["rank_bound"]
     # The column blocks of one sketch: no sample's rank exceeds the batch's, and together they reach it.
     assert max(check["per_sample_rank"]) <= check["rank"] <= sum(check["per_sample_rank"])
@@ -172,7 +188,8 @@ def test_a_sample_rank_above_the_per_sample_bound_is_an_internal_error(tmp_path)
     model.write_text(SMALL_MLP, encoding="utf-8")
     result = audit(str(model), batch_size=2)
     result.identifiability = dataclasses.replace(
-        result.identifiability, sample=dataclasses.replace(result.identifiability.sample, rank_bound=5))
+        result.identifiability, sample=dataclasses.replace(result.identifiability.sample, rank_bound=5)
+    )
     check = verify_rank(result, str(model), show_progress=False)
     assert not check["sample_bound"]["consistent"]
     assert "exceeds the per-sample upper bound R_s = 5" in check["internal_error"]

@@ -1,13 +1,12 @@
 """SARIF output validated against the official SARIF 2.1.0 schema, with stable rule ids and source locations."""
+
 import json
 import os
 import shutil
 import subprocess
 import tarfile
-from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, REPO
 
 # The OASIS schema ships inside this npm package; fetched at test time, never copied into the repo.
@@ -29,8 +28,9 @@ def sarif_schema(tmp_path_factory):
         if npm is None:
             _unavailable("npm is needed to fetch the SARIF 2.1.0 schema")
         work = tmp_path_factory.mktemp("npm")
-        done = subprocess.run([npm, "pack", SCHEMA_PACKAGE, "--silent"], cwd=work, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [npm, "pack", SCHEMA_PACKAGE, "--silent"], cwd=work, capture_output=True, text=True, timeout=120
+        )
         tarballs = list(work.glob("*.tgz"))
         if done.returncode != 0 or not tarballs:
             _unavailable(f"could not fetch {SCHEMA_PACKAGE}: {done.stderr.strip()[:200]}")
@@ -100,10 +100,12 @@ def test_partial_is_its_own_rule(run_cli):
 
 def test_caveats_become_note_results_with_their_own_rules(run_cli, tmp_path):
     model = tmp_path / "gelu.py"
-    model.write_text("import torch.nn as nn\nINPUT_SHAPE = (8,)\nclass Net(nn.Module):\n"
-                     "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n"
-                     "        self.act = nn.GELU()\n        self.out = nn.Linear(8, 1)\n"
-                     "    def forward(self, x):\n        return self.out(self.act(self.fc(x)))\n")
+    model.write_text(
+        "import torch.nn as nn\nINPUT_SHAPE = (8,)\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n"
+        "        self.act = nn.GELU()\n        self.out = nn.Linear(8, 1)\n"
+        "    def forward(self, x):\n        return self.out(self.act(self.fc(x)))\n"
+    )
     _, log = sarif_of(run_cli, model)
     notes = [r for r in log["runs"][0]["results"] if r["ruleId"] == "RA101"]
     assert len(notes) == 1 and notes[0]["level"] == "note" and "GELU" in notes[0]["message"]["text"]
@@ -121,7 +123,9 @@ def test_no_certified_deficit_is_its_own_rule(run_cli):
     assert code == 1 and len(by_rule["RA004"]) == 1 and "RA001" not in by_rule
     assert by_rule["RA004"][0]["properties"]["rank_bound"] == by_rule["RA004"][0]["properties"]["unknowns"] == 768
     rules = {rule["id"]: rule for rule in run["tool"]["driver"]["rules"]}
-    assert rules["RA004"]["name"] == "no-certified-deficit" and rules["RA004"]["defaultConfiguration"]["level"] == "error"
+    assert (
+        rules["RA004"]["name"] == "no-certified-deficit" and rules["RA004"]["defaultConfiguration"]["level"] == "error"
+    )
     # A certified model (fig2-b, deficit 405) gets neither.
     _, log = sarif_of(run_cli, EXAMPLES / "fig2_b.py")
     assert not [r for r in log["runs"][0]["results"] if r["ruleId"] in ("RA001", "RA004")]

@@ -1,4 +1,5 @@
 """Each analytic shape rule gives what the real op gives on a real tensor, including rejecting bad inputs."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,9 @@ MODULE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("module, shape", MODULE_CASES, ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else str(v))
+@pytest.mark.parametrize(
+    "module, shape", MODULE_CASES, ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else str(v)
+)
 def test_module_rules_match_real_ops(module, shape):
     x = torch.randn(shape)
     expected = tuple(module.eval()(x).shape)

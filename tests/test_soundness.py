@@ -1,11 +1,12 @@
 """The identifiability bound against the exact answer: the measured rank never exceeds it, and no model whose input
 one gradient determines is called partial or protected (spec §9 against §10)."""
+
 import pytest
 import torch
-
 from conftest import EXAMPLES, analyse_module, measured_rank
-from rankaudit.verify import rank
 from test_bound import _RandomBranching
+
+from rankaudit.verify import rank
 
 # Token models take ids, not images: their unknowns start at the embedding (see tests/test_dager.py and
 # tests/test_real_models.py); every example that reads a float tensor is here.
@@ -75,6 +76,11 @@ def _plan(seed: int) -> list:
     generator = torch.Generator().manual_seed(seed)
     ops = ["conv", "conv", "cat", "add", "gate"]
     steps = 3 + int(torch.randint(0, 5, (1,), generator=generator))
-    return [(ops[int(torch.randint(0, 5, (1,), generator=generator))],
-             tuple(int(v) for v in torch.randint(0, 21, (2,), generator=generator)),
-             1 + int(torch.randint(0, 6, (1,), generator=generator))) for _ in range(steps)]
+    return [
+        (
+            ops[int(torch.randint(0, 5, (1,), generator=generator))],
+            tuple(int(v) for v in torch.randint(0, 21, (2,), generator=generator)),
+            1 + int(torch.randint(0, 6, (1,), generator=generator)),
+        )
+        for _ in range(steps)
+    ]

@@ -1,14 +1,15 @@
 """The substitution table (rankaudit/verify/substitute.py): each stand-in equals its op's output and first derivative,
 makes the double backward possible, and the MobileNetV3- and LCNet-style examples become checkable."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import measured_rank
 from torch import nn
 from torch.func import grad, jvp
 
-from conftest import measured_rank
 from rankaudit.verify import rank
 from rankaudit.verify.substitute import SUBSTITUTES, differentiable_ops
 
@@ -56,7 +57,7 @@ def _input_gradient_tangent(op, width=8):
 
     def objective(w, x):
         y = op(w * x)
-        return (y ** 2).sum() + y.sum() * (w ** 2).sum()
+        return (y**2).sum() + y.sum() * (w**2).sum()
 
     input_gradient = grad(objective, argnums=1)
     return jvp(lambda w_: input_gradient(w_, x), (w,), (torch.ones_like(w),))[1]
@@ -78,14 +79,49 @@ def test_hardsigmoid_lacks_a_double_backward_and_the_mode_supplies_it():
     assert torch.isfinite(second).all()
 
 
-@pytest.mark.parametrize("op", [
-    F.hardswish, F.relu6, F.silu, F.gelu, lambda t: F.gelu(t, approximate="tanh"), F.mish, F.elu, F.selu,
-    F.celu, F.softplus, F.logsigmoid, F.hardshrink, F.softshrink, F.softsign, F.hardtanh,
-    lambda t: F.channel_shuffle(t.reshape(1, 4, 1, 2), 2).reshape(-1),
-    lambda t: F.interpolate(t.reshape(1, 1, 2, 4), scale_factor=2, mode="bilinear").reshape(-1),
-    lambda t: F.max_pool2d(t.reshape(1, 2, 2, 2), 3, 2, 1).reshape(-1),
-], ids=["hardswish", "relu6", "silu", "gelu", "gelu-tanh", "mish", "elu", "selu", "celu", "softplus", "logsigmoid",
-        "hardshrink", "softshrink", "softsign", "hardtanh", "channel_shuffle", "bilinear", "max_pool"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        F.hardswish,
+        F.relu6,
+        F.silu,
+        F.gelu,
+        lambda t: F.gelu(t, approximate="tanh"),
+        F.mish,
+        F.elu,
+        F.selu,
+        F.celu,
+        F.softplus,
+        F.logsigmoid,
+        F.hardshrink,
+        F.softshrink,
+        F.softsign,
+        F.hardtanh,
+        lambda t: F.channel_shuffle(t.reshape(1, 4, 1, 2), 2).reshape(-1),
+        lambda t: F.interpolate(t.reshape(1, 1, 2, 4), scale_factor=2, mode="bilinear").reshape(-1),
+        lambda t: F.max_pool2d(t.reshape(1, 2, 2, 2), 3, 2, 1).reshape(-1),
+    ],
+    ids=[
+        "hardswish",
+        "relu6",
+        "silu",
+        "gelu",
+        "gelu-tanh",
+        "mish",
+        "elu",
+        "selu",
+        "celu",
+        "softplus",
+        "logsigmoid",
+        "hardshrink",
+        "softshrink",
+        "softsign",
+        "hardtanh",
+        "channel_shuffle",
+        "bilinear",
+        "max_pool",
+    ],
+)
 def test_every_listed_op_family_has_a_double_backward_under_the_substitutes(op):
     """The families substitute.py's docstring names as twice differentiable as they are (torch 2.13)."""
     with differentiable_ops() as mode:
@@ -125,8 +161,9 @@ def test_efficientnet_and_mobilenetv2_examples_rank_respects_the_bound(example, 
 @pytest.mark.parametrize("example", ["efficientnet_tiny", "mobilenetv2_tiny"])
 def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
     """SiLU, sigmoid and ReLU6 have a double backward of their own: the sketch's rows run without the mode."""
-    from rankaudit.verify.runner import build_real_model
     from conftest import EXAMPLES
+
+    from rankaudit.verify.runner import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), (3, 16, 16), 0)
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -138,8 +175,9 @@ def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
 
 def test_without_the_substitutes_the_example_would_fail():
     """The reason for the table: the same sketch without the mode stops at hardsigmoid's backward."""
-    from rankaudit.verify.runner import build_real_model
     from conftest import EXAMPLES
+
+    from rankaudit.verify.runner import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / "lcnet_tiny.py"), (3, 16, 16), 0)
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -1,17 +1,20 @@
 """`--verify` through the command line: the JSON contract, the thresholds of the issues, the errors."""
+
 import json
 
 import pytest
-
 from conftest import EXAMPLES
 
 GDBR_KEYS = {"shared_layer", "batch_size", "ins_acc", "cls_acc", "trials", "seconds", "recovered", "true"}
 
 
-@pytest.mark.parametrize("example, flags, layer", [
-    ("mlp6.py", ("--shared-layers", "fc1,fc2", "--aux", "digits"), "fc2"),
-    ("lenet10.py", ("--withheld-layers", "fc2"), "fc1"),
-])
+@pytest.mark.parametrize(
+    "example, flags, layer",
+    [
+        ("mlp6.py", ("--shared-layers", "fc1,fc2", "--aux", "digits"), "fc2"),
+        ("lenet10.py", ("--withheld-layers", "fc2"), "fc1"),
+    ],
+)
 def test_gdbr_recovers_most_labels_of_a_64_batch_from_one_hidden_layer(run_cli, example, flags, layer):
     code, out, err = run_cli(EXAMPLES / example, *flags, "--verify", "gdbr", "--batch-size", "64", "--format", "json")
     payload = json.loads(out)
@@ -48,8 +51,9 @@ RGAP_KEYS = {"attack", "device", "median_mse", "median_psnr", "seconds", "confir
 
 
 def test_rgap_reconstructs_cnn6_and_confirms_exposed(run_cli, tmp_path):
-    code, out, _ = run_cli(EXAMPLES / "cnn6.py", "--verify", "rgap", "--samples", "2", "--format", "json",
-                           "--artifacts", tmp_path / "art")
+    code, out, _ = run_cli(
+        EXAMPLES / "cnn6.py", "--verify", "rgap", "--samples", "2", "--format", "json", "--artifacts", tmp_path / "art"
+    )
     verification = json.loads(out)["verification"]["rgap"]
     assert RGAP_KEYS <= verification.keys()
     assert verification["attack"] == "rgap" and verification["device"] == "cpu"
@@ -75,8 +79,9 @@ def test_rgap_on_cnn6_d_shows_the_deficit_and_the_disagreement(run_cli):
 
 
 def test_resnet_falls_back_to_the_optimisation_attack_with_a_reason(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "resnet18_w16.py", "--verify", "rgap", "--samples", "1", "--steps", "20",
-                           "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "resnet18_w16.py", "--verify", "rgap", "--samples", "1", "--steps", "20", "--format", "json"
+    )
     verification = json.loads(out)["verification"]["rgap"]
     assert verification["attack"] == "inverting-gradients" and verification["layers"] == []
     assert "R-GAP stops at layer1.0" in verification["note"] and "residual" in verification["note"]
@@ -88,8 +93,17 @@ def test_user_data_and_bad_data(run_cli, tmp_path):
 
     images = (np.random.default_rng(0).random((2, 28, 28, 1)) * 255).astype(np.uint8)
     np.save(tmp_path / "digits.npy", images)
-    code, out, _ = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--data", tmp_path / "digits.npy",
-                           "--samples", "2", "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "lenet_leaky.py",
+        "--verify",
+        "rgap",
+        "--data",
+        tmp_path / "digits.npy",
+        "--samples",
+        "2",
+        "--format",
+        "json",
+    )
     verification = json.loads(out)["verification"]["rgap"]
     assert "digits.npy" in verification["images"] and verification["median_mse"] < 1e-8
     code, _, err = run_cli(EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--data", tmp_path / "missing")
@@ -106,8 +120,19 @@ def test_defense_flag_errors(run_cli):
 
 
 def test_adadefense_defeats_gdbr_on_lenet10_and_shows_the_training_cost(run_cli):
-    code, out, _ = run_cli(EXAMPLES / "lenet10.py", "--withheld-layers", "fc2", "--verify", "gdbr", "-b", "64",
-                           "--defense", "adadefense", "--format", "json")
+    code, out, _ = run_cli(
+        EXAMPLES / "lenet10.py",
+        "--withheld-layers",
+        "fc2",
+        "--verify",
+        "gdbr",
+        "-b",
+        "64",
+        "--defense",
+        "adadefense",
+        "--format",
+        "json",
+    )
     verification = json.loads(out)["verification"]
     row = next(r for r in verification["defenses"] if r["defense"] == "adadefense" and r["attack"] == "gdbr")
     assert row["without"] >= 0.9 and row["with"] < row["chance"] < row["without"] and row["degrades"]

@@ -7,7 +7,7 @@ it on a real device (and never run torchinfo on it).
 Layout: flatten a 3x32x32 input (3072 features) -> Linear(3072, 49500) ->
 4 x [ReLU, Linear(49500, 49500)] -> ReLU -> Linear(49500, 1000).
 """
-import torch
+
 from torch import nn
 
 INPUT_SHAPE = (3, 32, 32)
@@ -15,7 +15,7 @@ INPUT_SHAPE = (3, 32, 32)
 
 class MLP10B(nn.Module):
     WIDTH = 49_500
-    DEPTH = 4          # number of WIDTH x WIDTH hidden layers
+    DEPTH = 4  # number of WIDTH x WIDTH hidden layers
     NUM_CLASSES = 1000
 
     def __init__(self):

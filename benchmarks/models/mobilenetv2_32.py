@@ -1,5 +1,6 @@
 """A MobileNetV2-style network at 3x32x32 (width 0.35, CIFAR strides): the depthwise-heavy case of the rank check's
 benchmark (benchmarks/bench_verify.py)."""
+
 import torch.nn as nn
 
 INPUT_SHAPE = (3, 32, 32)
@@ -9,8 +10,10 @@ SETTINGS = [(1, 8, 1, 1), (6, 8, 2, 1), (6, 16, 3, 2), (6, 24, 4, 2), (6, 32, 3,
 
 
 def conv_bn(in_channels, out_channels, kernel, stride, groups=1, activation=True):
-    layers = [nn.Conv2d(in_channels, out_channels, kernel, stride, kernel // 2, groups=groups, bias=False),
-              nn.BatchNorm2d(out_channels)]
+    layers = [
+        nn.Conv2d(in_channels, out_channels, kernel, stride, kernel // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(out_channels),
+    ]
     return nn.Sequential(*layers, nn.ReLU6()) if activation else nn.Sequential(*layers)
 
 
@@ -21,7 +24,10 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = in_channels * expansion
         layers = [conv_bn(in_channels, hidden, 1, 1)] if expansion != 1 else []
-        layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden), conv_bn(hidden, out_channels, 1, 1, activation=False)]
+        layers += [
+            conv_bn(hidden, hidden, 3, stride, groups=hidden),
+            conv_bn(hidden, out_channels, 1, 1, activation=False),
+        ]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and in_channels == out_channels
 

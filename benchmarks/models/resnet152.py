@@ -10,6 +10,7 @@ inside it), so ``rankaudit resnet152.py`` needs no ``:NAME`` suffix.
 
 Expected parameter count: 60,192,808.
 """
+
 import torch
 from torch import nn
 
@@ -30,16 +31,14 @@ class ResNet152(nn.Module):
             out_ch = width * self.expansion
             self.conv1 = nn.Conv2d(in_ch, width, kernel_size=1, bias=False)
             self.bn1 = nn.BatchNorm2d(width)
-            self.conv2 = nn.Conv2d(width, width, kernel_size=3, stride=stride,
-                                   padding=1, bias=False)
+            self.conv2 = nn.Conv2d(width, width, kernel_size=3, stride=stride, padding=1, bias=False)
             self.bn2 = nn.BatchNorm2d(width)
             self.conv3 = nn.Conv2d(width, out_ch, kernel_size=1, bias=False)
             self.bn3 = nn.BatchNorm2d(out_ch)
             self.relu = nn.ReLU(inplace=True)
             if stride != 1 or in_ch != out_ch:
                 self.downsample = nn.Sequential(
-                    nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride,
-                              bias=False),
+                    nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
                     nn.BatchNorm2d(out_ch),
                 )
             else:
@@ -57,8 +56,7 @@ class ResNet152(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3,
-                               bias=False)
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
@@ -77,8 +75,7 @@ class ResNet152(nn.Module):
 
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out",
-                                        nonlinearity="relu")
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             elif isinstance(m, nn.BatchNorm2d):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)

@@ -7,6 +7,7 @@ level, so ``rankaudit resnet18.py`` needs no ``:NAME`` suffix.
 
 Expected parameter count: 11,173,962.
 """
+
 import torch.nn.functional as F
 from torch import nn
 

@@ -1,4 +1,5 @@
 """A deployed app (Flower, Opacus, NVFlare) -> one Round with its DP settings and the model spec, each with its source."""
+
 from __future__ import annotations
 
 import ast
@@ -28,26 +29,34 @@ CONVENTIONAL_KEYS = {
     "local-samples": (),
     "available-clients": (),
 }
-_ROUND_FIELDS = {"local-samples": "local_samples", "batch-size": "batch_size", "local-epochs": "local_epochs",
-                 "lr": "lr", "optimizer": "optimizer", "momentum": "momentum", "clients": "clients",
-                 "server-rounds": "server_rounds", "available-clients": "available_clients"}
+_ROUND_FIELDS = {
+    "local-samples": "local_samples",
+    "batch-size": "batch_size",
+    "local-epochs": "local_epochs",
+    "lr": "lr",
+    "optimizer": "optimizer",
+    "momentum": "momentum",
+    "clients": "clients",
+    "server-rounds": "server_rounds",
+    "available-clients": "available_clients",
+}
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one
 # client, no momentum, one available client are what the app says by stating nothing).
 _SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
 ROUND_TABLE = "[tool.rankaudit.round]"
 DP_TABLE = "[tool.rankaudit.dp]"
-_FLOWER_MIN_CLIENTS = 2   # FedAvg's min_fit_clients / min_train_nodes default
+_FLOWER_MIN_CLIENTS = 2  # FedAvg's min_fit_clients / min_train_nodes default
 
 
 @dataclass(frozen=True)
 class Overrides:
     """What the command line says; None or empty where it says nothing."""
 
-    round: dict[str, object] = field(default_factory=dict)   # Round field -> value (flags given)
-    dp: dict[str, object] = field(default_factory=dict)      # OPTION_RULES key -> value (flags given)
-    run_config: str | None = None                            # --run-config "k=v k2=v2"
-    model_args: tuple[str, ...] = ()                         # --model-arg KEY=VALUE
+    round: dict[str, object] = field(default_factory=dict)  # Round field -> value (flags given)
+    dp: dict[str, object] = field(default_factory=dict)  # OPTION_RULES key -> value (flags given)
+    run_config: str | None = None  # --run-config "k=v k2=v2"
+    model_args: tuple[str, ...] = ()  # --model-arg KEY=VALUE
     input_shape_given: bool = False
 
 
@@ -55,13 +64,13 @@ class Overrides:
 class Deployment:
     """The one value the deployment reader hands on: the round (with DP), the model, and where each came from."""
 
-    kind: str                                   # flower | nvflare
+    kind: str  # flower | nvflare
     root: Path
-    model: str                                  # PATH:NAME, PATH absolute
-    round: object                               # round.Round, its dp set
+    model: str  # PATH:NAME, PATH absolute
+    round: object  # round.Round, its dp set
     model_args: dict[str, object] = field(default_factory=dict)
     withheld_layers: list[str] | None = None
-    settings: list[tuple[str, str, str]] = field(default_factory=list)   # (setting, value, source)
+    settings: list[tuple[str, str, str]] = field(default_factory=list)  # (setting, value, source)
     notes: list[str] = field(default_factory=list)
 
 
@@ -79,12 +88,15 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     elif nvflare.is_nvflare_job(directory):
         app, kind, config = None, "nvflare", {}
         if overrides.run_config:
-            raise UsageError("--run-config overrides a Flower app's run config, and this is an NVFlare job",
-                             "drop --run-config")
+            raise UsageError(
+                "--run-config overrides a Flower app's run config, and this is an NVFlare job", "drop --run-config"
+            )
     else:
-        raise UsageError(f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app]) "
-                         "nor an NVFlare job (config_fed_client.json)",
-                         "give a model file (MODEL.py[:NAME]) or the app's directory")
+        raise UsageError(
+            f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app]) "
+            "nor an NVFlare job (config_fed_client.json)",
+            "give a model file (MODEL.py[:NAME]) or the app's directory",
+        )
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
     model, imported = _model(directory, app, settings)
@@ -95,13 +107,21 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
-    round_ = build_round(values, None)   # validated: a UsageError names the setting
+    round_ = build_round(values, None)  # validated: a UsageError names the setting
     dp, notes = _privacy(mechanisms, read, round_, settings, overrides, sources)
     round_ = replace(round_, dp=dp)
     withheld = _withheld(directory, mechanisms, settings, sources)
     _require(directory, model, settings, overrides, round_, read)
-    return Deployment(kind=kind, root=directory, model=model, round=round_, model_args=model_args,
-                      withheld_layers=withheld, settings=sources.rows, notes=notes + sources.notes)
+    return Deployment(
+        kind=kind,
+        root=directory,
+        model=model,
+        round=round_,
+        model_args=model_args,
+        withheld_layers=withheld,
+        settings=sources.rows,
+        notes=notes + sources.notes,
+    )
 
 
 class _Sources:
@@ -116,25 +136,30 @@ class _Sources:
 
 # ---- the model -----------------------------------------------------------------------------------------------------
 
+
 def _model(directory: Path, app, settings) -> tuple[str, list[str]]:
     """[tool.rankaudit] model, else the one nn.Module class the client app's module imports from the app."""
     if settings.model:
         path_text, _, name = settings.model.partition(":")
-        base = settings.source.parent if settings.source is not None else directory   # relative to its pyproject
+        base = settings.source.parent if settings.source is not None else directory  # relative to its pyproject
         path = base / path_text
         if not path.is_file():
-            raise UsageError(f"[tool.rankaudit] model = {settings.model!r}: {path} does not exist",
-                             f"give the model file relative to {base}, e.g. model = \"pkg/task.py:Net\"")
+            raise UsageError(
+                f"[tool.rankaudit] model = {settings.model!r}: {path} does not exist",
+                f'give the model file relative to {base}, e.g. model = "pkg/task.py:Net"',
+            )
         return _shown(f"{path}:{name}" if name else str(path)), []
     candidates = _candidates(directory, app)
     if len(candidates) == 1:
         return _shown(candidates[0]), [candidates[0]]
     where = f"[tool.rankaudit] of {directory / 'pyproject.toml'}"
     if not candidates:
-        raise UsageError(f"found no nn.Module class in the app that the client app imports ({directory})",
-                         f'name the model: model = "pkg/task.py:Net" (a class or a factory) in {where}')
+        raise UsageError(
+            f"found no nn.Module class in the app that the client app imports ({directory})",
+            f'name the model: model = "pkg/task.py:Net" (a class or a factory) in {where}',
+        )
     shown = ", ".join(_relative(directory, spec) for spec in candidates)
-    raise UsageError(f"the app has several model candidates ({shown})", f"choose one: model = \"...\" in {where}")
+    raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
 
 
 def _shown(spec: str) -> str:
@@ -150,7 +175,7 @@ def _candidates(directory: Path, app) -> list[str]:
     else:
         imports = [(path, None) for path in _python_files(directory)]
     candidates: dict[str, None] = {}
-    factories: dict[str, None] = {}   # only when no class is a candidate: get_model(...) and the like
+    factories: dict[str, None] = {}  # only when no class is a candidate: get_model(...) and the like
     for path, names in imports:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -189,13 +214,16 @@ def parse_value(text: str) -> object:
 def _model_args(settings, overrides: Overrides, config, sources: _Sources) -> dict[str, object]:
     """model-args in [tool.rankaudit], then --model-arg KEY=VALUE over them; a value naming a run-config key
     (`num-classes`) takes that key's value."""
-    given: dict[str, tuple[object, str]] = {key: (value, "[tool.rankaudit] model-args")
-                                            for key, value in (settings.model_args or {}).items()}
+    given: dict[str, tuple[object, str]] = {
+        key: (value, "[tool.rankaudit] model-args") for key, value in (settings.model_args or {}).items()
+    }
     for text in overrides.model_args:
         key, sep, value = text.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise UsageError(f"--model-arg {text!r} is not KEY=VALUE",
-                             "write e.g. --model-arg num_classes=10 (or num_classes=num-classes, a run-config key)")
+            raise UsageError(
+                f"--model-arg {text!r} is not KEY=VALUE",
+                "write e.g. --model-arg num_classes=10 (or num_classes=num-classes, a run-config key)",
+            )
         given[key.strip()] = (parse_value(value.strip()), "--model-arg")
     resolved = {}
     for key, (value, source) in given.items():
@@ -210,13 +238,20 @@ def _model_args(settings, overrides: Overrides, config, sources: _Sources) -> di
 
 # ---- the round -------------------------------------------------------------------------------------------------
 
+
 def _code_files(directory: Path, app) -> list[Path]:
     """The app's packages (those of the client and server components), else every Python file of the job."""
     if app is not None:
         packages = {ref.split(":")[0].split(".")[0] for ref in (app.clientapp, app.serverapp) if ref}
-        files = [path for package in sorted(packages) for path in sorted((directory / package).rglob("*.py"))
-                 if (directory / package).is_dir()]
-        files += [directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()]
+        files = [
+            path
+            for package in sorted(packages)
+            for path in sorted((directory / package).rglob("*.py"))
+            if (directory / package).is_dir()
+        ]
+        files += [
+            directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()
+        ]
         if files:
             return files
     return _python_files(directory)
@@ -236,8 +271,9 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
         for name in names:
             if name in config:
                 value, source = config[name]
-                read[setting] = Found(setting, value, f"{source} {name}" if source == flower.APP_CONFIG
-                                      else f"{source} {name}={value}")
+                read[setting] = Found(
+                    setting, value, f"{source} {name}" if source == flower.APP_CONFIG else f"{source} {name}={value}"
+                )
                 break
     for item in found:
         read.setdefault(item.key, item)
@@ -255,19 +291,25 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
     nodes = read.get("available-clients")
     if settings.dataset_size is not None and "local-samples" not in read and nodes is not None:
         # The smallest partition of an even split: fewer samples per client is the weaker case.
-        read = {**read, "local-samples": Found("local-samples", settings.dataset_size // nodes.value,
-                                               f"dataset-size {settings.dataset_size} ({ROUND_TABLE}) over "
-                                               f"{nodes.value} nodes ({nodes.source}), the smallest partition")}
+        read = {
+            **read,
+            "local-samples": Found(
+                "local-samples",
+                settings.dataset_size // nodes.value,
+                f"dataset-size {settings.dataset_size} ({ROUND_TABLE}) over "
+                f"{nodes.value} nodes ({nodes.source}), the smallest partition",
+            ),
+        }
     values: dict[str, object] = {}
     for setting, name in _ROUND_FIELDS.items():
         if overrides.round.get(name) is not None:
             value, source = overrides.round[name], f"--{setting}"
         elif table.get(name) is not None:
             value, source = table[name], ROUND_TABLE
-        elif setting in read and setting != "available-clients":   # nodes count only with secure aggregation
+        elif setting in read and setting != "available-clients":  # nodes count only with secure aggregation
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
-        elif setting in _SHOWN_DEFAULTS:   # every setting the round uses has a source, a default too
+        elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
             sources.add(setting, _SHOWN_DEFAULTS[setting], "default, not in the app")
             continue
         else:
@@ -283,12 +325,16 @@ def _typed(setting: str, value, source: str):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{setting} read from {source} is {value!r}, not an integer",
-                             f"set {setting} in {ROUND_TABLE} (it wins over the app's value)")
+            raise UsageError(
+                f"{setting} read from {source} is {value!r}, not an integer",
+                f"set {setting} in {ROUND_TABLE} (it wins over the app's value)",
+            )
     elif setting in ("lr", "momentum"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{setting} read from {source} is {value!r}, not a number",
-                             f"set {setting} in {ROUND_TABLE} (it wins over the app's value)")
+            raise UsageError(
+                f"{setting} read from {source} is {value!r}, not a number",
+                f"set {setting} in {ROUND_TABLE} (it wins over the app's value)",
+            )
         value = float(value)
     return value
 
@@ -321,8 +367,10 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
     if "clients" not in values:
         sampled = _sampled_clients(read, mechanisms)
         if sampled is None:
-            sources.notes.append("secure aggregation is on, but the clients per round are not stated: the round is "
-                                 f"judged for one client; set clients = C in {ROUND_TABLE}")
+            sources.notes.append(
+                "secure aggregation is on, but the clients per round are not stated: the round is "
+                f"judged for one client; set clients = C in {ROUND_TABLE}"
+            )
         else:
             values["clients"] = sampled.value
             sources.add("clients", sampled.value, sampled.source)
@@ -334,6 +382,7 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
 
 # ---- privacy ---------------------------------------------------------------------------------------------------
 
+
 def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: _Sources):
     """The DP mechanism of the code (if any) as [tool.rankaudit.dp] keys; the config and the flags over it."""
     from rankaudit.dp import OPTION_RULES, check_option, settings_from
@@ -343,22 +392,29 @@ def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: 
     notes: list[str] = []
     dp_mechanisms = [m for m in mechanisms if m.kind not in ("secagg", "exclude-vars")]
     if len({m.kind for m in dp_mechanisms}) > 1:
-        notes.append("several DP mechanisms in the code (" + ", ".join(f"{m.name} at {m.source}"
-                                                                      for m in dp_mechanisms)
-                     + f"); the first is used: set the others' settings in {DP_TABLE} to judge them")
+        notes.append(
+            "several DP mechanisms in the code ("
+            + ", ".join(f"{m.name} at {m.source}" for m in dp_mechanisms)
+            + f"); the first is used: set the others' settings in {DP_TABLE} to judge them"
+        )
     if dp_mechanisms:
         mechanism = dp_mechanisms[0]
-        reader = {"flower-central": _flower_central, "local-dp": _local_dp, "opacus": _opacus,
-                  "opacus-epsilon": _opacus}[mechanism.kind]
+        reader = {
+            "flower-central": _flower_central,
+            "local-dp": _local_dp,
+            "opacus": _opacus,
+            "opacus-epsilon": _opacus,
+        }[mechanism.kind]
         try:
             found, more = reader(mechanism, read, round_)
         except _Unread as unread:
             given = {**(settings.dp or {}), **overrides.dp}
             if "noise" not in given or unread.key not in given:
-                raise UsageError(f"{mechanism.name} at {mechanism.source}: its {unread.name} is not a literal or a "
-                                 "run-config value rankaudit can read",
-                                 f"set noise = σ and clip = C in {DP_TABLE} of the app's pyproject.toml (or "
-                                 "--dp-noise, --dp-clip)") from None
+                raise UsageError(
+                    f"{mechanism.name} at {mechanism.source}: its {unread.name} is not a literal or a "
+                    "run-config value rankaudit can read",
+                    f"set noise = σ and clip = C in {DP_TABLE} of the app's pyproject.toml (or --dp-noise, --dp-clip)",
+                ) from None
             found, more = _unread_mechanism(mechanism, round_)
         notes += more
     merged: dict[str, tuple[object, str]] = dict(found)
@@ -402,10 +458,16 @@ def _unread_mechanism(mechanism, round_):
     where = f"{mechanism.name} at {mechanism.source}"
     # q and T not named here follow the round (round.dp_for_round, the one place that derives them).
     if mechanism.kind == "flower-central":
-        return {"level": ("client", where), "noise-by": ("server", f"{mechanism.name} adds the noise on the server")}, []
+        return {
+            "level": ("client", where),
+            "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
+        }, []
     if mechanism.kind == "local-dp":
-        return {"level": ("client", where), "noise-by": ("client", f"{where} adds the noise on the client"),
-                "sample-rate": (1.0, f"{where}: the server knows which client sent each update")}, []
+        return {
+            "level": ("client", where),
+            "noise-by": ("client", f"{where} adds the noise on the client"),
+            "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
+        }, []
     return {"level": ("sample", where), "noise-by": ("client", f"{where}: DP-SGD on the client")}, []
 
 
@@ -413,21 +475,27 @@ def _flower_central(mechanism, read, round_):
     """Flower's central DP: clipped updates, Gaussian noise added by the SERVER to the aggregate. Client level;
     q = sampled / available clients, T = server rounds."""
     noise, clip = _need(mechanism, "noise_multiplier"), _need(mechanism, "clipping_norm", "clip")
-    found = {"noise": (float(noise.value), noise.source), "clip": (float(clip.value), clip.source),
-             "level": ("client", f"{mechanism.name} at {mechanism.source}"),
-             "noise-by": ("server", f"{mechanism.name} adds the noise on the server")}
+    found = {
+        "noise": (float(noise.value), noise.source),
+        "clip": (float(clip.value), clip.source),
+        "level": ("client", f"{mechanism.name} at {mechanism.source}"),
+        "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
+    }
     notes = []
     if "Adaptive" in mechanism.name:
         notes.append(f"{mechanism.name}: the clip norm adapts during training; the bound does not depend on it")
     sampled = mechanism.arguments.get("num_sampled_clients")
     nodes = read.get("available-clients")
     if sampled is not None and nodes is not None and isinstance(sampled.value, int) and sampled.value <= nodes.value:
-        found["sample-rate"] = (sampled.value / nodes.value,
-                                f"num_sampled_clients {sampled.value} ({sampled.source}) / {nodes.value} nodes "
-                                f"({nodes.source})")
+        found["sample-rate"] = (
+            sampled.value / nodes.value,
+            f"num_sampled_clients {sampled.value} ({sampled.source}) / {nodes.value} nodes ({nodes.source})",
+        )
     else:
-        notes.append("client-level q = 1: the number of nodes the server samples from is not stated; set "
-                     f"available-clients in {ROUND_TABLE} or options.num-supernodes of the federation")
+        notes.append(
+            "client-level q = 1: the number of nodes the server samples from is not stated; set "
+            f"available-clients in {ROUND_TABLE} or options.num-supernodes of the federation"
+        )
     return found, notes
 
 
@@ -438,15 +506,20 @@ def _local_dp(mechanism, read, round_):
     clip, sensitivity = _need(mechanism, "clipping_norm", "clip"), _need(mechanism, "sensitivity")
     epsilon, delta = _need(mechanism, "epsilon"), _need(mechanism, "delta")
     if not (epsilon.value > 0 and 0 < delta.value < 1 and clip.value > 0):
-        raise UsageError(f"LocalDpMod at {mechanism.source}: epsilon {epsilon.value!r}, delta {delta.value!r} and "
-                         f"clipping_norm {clip.value!r} give no Gaussian noise rankaudit can bound",
-                         f"set noise = σ and clip in {DP_TABLE}")
+        raise UsageError(
+            f"LocalDpMod at {mechanism.source}: epsilon {epsilon.value!r}, delta {delta.value!r} and "
+            f"clipping_norm {clip.value!r} give no Gaussian noise rankaudit can bound",
+            f"set noise = σ and clip in {DP_TABLE}",
+        )
     std = sensitivity.value * math.sqrt(2 * math.log(1.25 / delta.value)) / epsilon.value
     where = f"LocalDpMod at {mechanism.source}"
-    return {"noise": (std / clip.value, f"{where}: sensitivity·√(2 ln(1.25/δ))/ε / clipping_norm"),
-            "clip": (float(clip.value), clip.source), "level": ("client", where),
-            "noise-by": ("client", f"{where} adds the noise on the client"),
-            "sample-rate": (1.0, f"{where}: the server knows which client sent each update")}, []
+    return {
+        "noise": (std / clip.value, f"{where}: sensitivity·√(2 ln(1.25/δ))/ε / clipping_norm"),
+        "clip": (float(clip.value), clip.source),
+        "level": ("client", where),
+        "noise-by": ("client", f"{where} adds the noise on the client"),
+        "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
+    }, []
 
 
 def _opacus(mechanism, read, round_):
@@ -454,12 +527,17 @@ def _opacus(mechanism, read, round_):
     clip = _need(mechanism, "max_grad_norm", "clip")
     where = f"{mechanism.name} at {mechanism.source}"
     notes = []
-    found = {"clip": (float(clip.value), clip.source), "level": ("sample", where),
-             "noise-by": ("client", f"{where}: DP-SGD on the client")}   # q = B/N and T follow the round
+    found = {
+        "clip": (float(clip.value), clip.source),
+        "level": ("sample", where),
+        "noise-by": ("client", f"{where}: DP-SGD on the client"),
+    }  # q = B/N and T follow the round
     poisson = mechanism.arguments.get("poisson_sampling")
     if poisson is not None and poisson.value is False:
-        notes.append(f"{where}: poisson_sampling=False; the bound assumes Poisson sampling at q = B/N, as Opacus' "
-                     "own accountant does, which shuffled batches do not strictly give")
+        notes.append(
+            f"{where}: poisson_sampling=False; the bound assumes Poisson sampling at q = B/N, as Opacus' "
+            "own accountant does, which shuffled batches do not strictly give"
+        )
     if mechanism.kind == "opacus":
         noise = _need(mechanism, "noise_multiplier")
         found["noise"] = (float(noise.value), noise.source)
@@ -469,9 +547,14 @@ def _opacus(mechanism, read, round_):
     from rankaudit.round import round_sampling
 
     sigma = noise_for_epsilon(float(target.value), float(delta.value), round_sampling(round_, "sample")[0], horizon)
-    found["noise"] = (sigma, (f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
-                              f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ "
-                              "slightly)"))
+    found["noise"] = (
+        sigma,
+        (
+            f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
+            f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ "
+            "slightly)"
+        ),
+    )
     return found, notes
 
 
@@ -489,8 +572,9 @@ def noise_for_epsilon(epsilon: float, delta: float, sample_rate: float, steps: i
     while reached(high) > epsilon:
         low, high = high, high * 2
         if high > 1e4:
-            raise UsageError(f"no noise multiplier reaches ε {epsilon:g} at δ {delta:g}",
-                             f"set noise = σ in {DP_TABLE}")
+            raise UsageError(
+                f"no noise multiplier reaches ε {epsilon:g} at δ {delta:g}", f"set noise = σ in {DP_TABLE}"
+            )
     for _ in range(30):
         middle = (low + high) / 2
         low, high = (middle, high) if reached(middle) > epsilon else (low, middle)
@@ -501,17 +585,21 @@ def noise_for_epsilon(epsilon: float, delta: float, sample_rate: float, steps: i
 
 # ---- withheld layers and what must be given ------------------------------------------------------------------------
 
+
 def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[str] | None:
     """NVFlare's ExcludeVars (a config filter or a call in the code): the listed variables never leave the client."""
     if settings.withheld_layers is not None or settings.shared_layers is not None:
         return None
-    found = nvflare.excluded_variables(directory) + [m.arguments["exclude_vars"] for m in mechanisms
-                                                     if m.kind == "exclude-vars" and m.arguments.get("exclude_vars")]
+    found = nvflare.excluded_variables(directory) + [
+        m.arguments["exclude_vars"] for m in mechanisms if m.kind == "exclude-vars" and m.arguments.get("exclude_vars")
+    ]
     names: list[str] = []
     for item in found:
         if isinstance(item.value, str):
-            sources.notes.append(f"ExcludeVars in {item.source} is a regular expression ({item.value!r}); "
-                                 "name the withheld layers in withheld-layers of [tool.rankaudit]")
+            sources.notes.append(
+                f"ExcludeVars in {item.source} is a regular expression ({item.value!r}); "
+                "name the withheld layers in withheld-layers of [tool.rankaudit]"
+            )
             continue
         names += [name for name in item.value if name not in names]
         sources.add("withheld-layers", ",".join(item.value), item.source)
@@ -522,12 +610,16 @@ def _require(directory: Path, model: str, settings, overrides: Overrides, round_
     """What the app cannot say: the input shape and the samples per client. One line naming the key and where."""
     pyproject = directory / "pyproject.toml"
     if settings.input_shape is None and not overrides.input_shape_given and not _declares_input_shape(model):
-        raise UsageError(f"the input shape of {_relative(directory, model)} is not stated in the app",
-                         f'set input-shape = "C,H,W" in [tool.rankaudit] of {pyproject} (or pass --input-shape)')
+        raise UsageError(
+            f"the input shape of {_relative(directory, model)} is not stated in the app",
+            f'set input-shape = "C,H,W" in [tool.rankaudit] of {pyproject} (or pass --input-shape)',
+        )
     if round_.local_samples is None:
-        raise UsageError("the samples each client trains on per round are not stated in the app",
-                         f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N; or "
-                         "dataset-size = D there with the federation's options.num-supernodes)")
+        raise UsageError(
+            "the samples each client trains on per round are not stated in the app",
+            f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N; or "
+            "dataset-size = D there with the federation's options.num-supernodes)",
+        )
 
 
 def _declares_input_shape(model: str) -> bool:
@@ -536,6 +628,11 @@ def _declares_input_shape(model: str) -> bool:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
-    return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-        isinstance(target, ast.Name) and target.id == "INPUT_SHAPE"
-        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])) for node in tree.body)
+    return any(
+        isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(
+            isinstance(target, ast.Name) and target.id == "INPUT_SHAPE"
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+        for node in tree.body
+    )

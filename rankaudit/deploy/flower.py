@@ -1,4 +1,5 @@
 """A Flower app's pyproject.toml: [tool.flwr.app] components and run config, federations, --run-config overrides."""
+
 from __future__ import annotations
 
 import re
@@ -27,10 +28,10 @@ class FlowerApp:
 
     root: Path
     pyproject: Path
-    clientapp: str | None = None            # "pkg.client_app:app"
+    clientapp: str | None = None  # "pkg.client_app:app"
     serverapp: str | None = None
     config: dict[str, tuple[object, str]] = field(default_factory=dict)
-    num_supernodes: tuple[int, str] | None = None   # (nodes, source) of the default (or only) federation
+    num_supernodes: tuple[int, str] | None = None  # (nodes, source) of the default (or only) federation
 
     def module_file(self, reference: str | None) -> Path | None:
         """`pkg.client_app:app` -> root/pkg/client_app.py (or the package's __init__.py), when it exists."""
@@ -41,8 +42,6 @@ class FlowerApp:
             if candidate.is_file():
                 return candidate
         return None
-
-
 
 
 def is_flower_app(directory: Path) -> bool:
@@ -60,8 +59,10 @@ def flatten(table: dict, prefix: str = "") -> dict[str, object]:
         elif isinstance(value, (bool, int, float, str)):
             flat[name] = value
         else:
-            raise UsageError(f"run-config value {name} = {value!r} is not a bool, int, float or string",
-                             "Flower's run config holds only those (and tables of them)")
+            raise UsageError(
+                f"run-config value {name} = {value!r} is not a bool, int, float or string",
+                "Flower's run config holds only those (and tables of them)",
+            )
     return flat
 
 
@@ -81,8 +82,10 @@ def parse_run_config(text: str | None) -> dict[str, object]:
     try:
         return flatten(tomllib.loads("\n".join(f"{key} = {value}" for key, value in pairs)))
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--run-config {text!r} is not in Flower's format ({exc})",
-                         "write space-separated pairs such as 'key1=123 key2=false key3=\"string\"'") from exc
+        raise UsageError(
+            f"--run-config {text!r} is not in Flower's format ({exc})",
+            "write space-separated pairs such as 'key1=123 key2=false key3=\"string\"'",
+        ) from exc
 
 
 def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
@@ -91,14 +94,20 @@ def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
     flwr = read_toml(pyproject).get("tool", {}).get("flwr", {})
     app_table = flwr.get("app", {})
     components = app_table.get("components", {}) if isinstance(app_table, dict) else {}
-    app = FlowerApp(root=directory.resolve(), pyproject=pyproject, clientapp=components.get("clientapp"),
-                    serverapp=components.get("serverapp"))
+    app = FlowerApp(
+        root=directory.resolve(),
+        pyproject=pyproject,
+        clientapp=components.get("clientapp"),
+        serverapp=components.get("serverapp"),
+    )
     app.config = {key: (value, APP_CONFIG) for key, value in flatten(app_table.get("config", {})).items()}
     for key, value in parse_run_config(run_config).items():
-        if key not in app.config:   # Flower refuses an override of a key the app does not declare
+        if key not in app.config:  # Flower refuses an override of a key the app does not declare
             known = ", ".join(sorted(app.config)) or "none"
-            raise UsageError(f"--run-config key {key!r} is not in the app's {APP_CONFIG} (keys: {known})",
-                             "override only keys the app declares, as `flwr run` requires")
+            raise UsageError(
+                f"--run-config key {key!r} is not in the app's {APP_CONFIG} (keys: {known})",
+                "override only keys the app declares, as `flwr run` requires",
+            )
         app.config[key] = (value, RUN_CONFIG_FLAG)
     app.num_supernodes = _num_supernodes(flwr.get("federations", {}))
     return app
@@ -108,9 +117,13 @@ def _num_supernodes(federations: dict) -> tuple[int, str] | None:
     """options.num-supernodes of the default federation, else of the only federation that states it."""
     if not isinstance(federations, dict):
         return None
-    stated = {name: table["options"]["num-supernodes"] for name, table in federations.items()
-              if isinstance(table, dict) and isinstance(table.get("options"), dict)
-              and isinstance(table["options"].get("num-supernodes"), int)}
+    stated = {
+        name: table["options"]["num-supernodes"]
+        for name, table in federations.items()
+        if isinstance(table, dict)
+        and isinstance(table.get("options"), dict)
+        and isinstance(table["options"].get("num-supernodes"), int)
+    }
     default = federations.get("default")
     name = default if default in stated else (next(iter(stated)) if len(stated) == 1 else None)
     if name is None:

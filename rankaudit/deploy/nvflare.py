@@ -1,4 +1,5 @@
 """NVFlare job configs: the ExcludeVars result filter -> the layers a client withholds from what it sends."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,12 @@ _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "di
 
 def client_configs(directory: Path) -> list[Path]:
     """NVFlare client job configs under `directory` (config/config_fed_client.json of each app)."""
-    return sorted(path for name in _CLIENT_CONFIGS for path in directory.rglob(name)
-                  if not _SKIPPED & set(path.relative_to(directory).parts))
+    return sorted(
+        path
+        for name in _CLIENT_CONFIGS
+        for path in directory.rglob(name)
+        if not _SKIPPED & set(path.relative_to(directory).parts)
+    )
 
 
 def is_nvflare_job(directory: Path) -> bool:

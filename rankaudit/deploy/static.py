@@ -1,4 +1,5 @@
 """Client and server code read with ast, never imported: loaders, optimizers, epochs, DP and secure aggregation."""
+
 from __future__ import annotations
 
 import ast
@@ -19,11 +20,13 @@ _POSITIONAL = {
     "ServerConfig": ("num_rounds",),
     "ExcludeVars": ("exclude_vars",),
     **{name: ("strategy", "noise_multiplier", "clipping_norm", "num_sampled_clients") for name in FLOWER_FIXED},
-    **{name: ("strategy", "noise_multiplier", "num_sampled_clients", "initial_clipping_norm")
-       for name in FLOWER_ADAPTIVE},
+    **{
+        name: ("strategy", "noise_multiplier", "num_sampled_clients", "initial_clipping_norm")
+        for name in FLOWER_ADAPTIVE
+    },
 }
-_EVALUATION_WORDS = ("test", "val", "eval", "central")   # server-side evaluation data, not a client's
-_DEPTH = 8   # how many assignments a name is followed through
+_EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
+_DEPTH = 8  # how many assignments a name is followed through
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,8 @@ class Found:
 class Mechanism:
     """A privacy mechanism found in the code: its kind and its arguments as resolved (None: not a literal)."""
 
-    kind: str          # flower-central | local-dp | opacus | opacus-epsilon | secagg
-    name: str          # the class or call as written
+    kind: str  # flower-central | local-dp | opacus | opacus-epsilon | secagg
+    name: str  # the class or call as written
     arguments: dict[str, Found | None]
     source: str
 
@@ -62,8 +65,9 @@ class ModuleReader:
 
     def __init__(self, path: Path, root: Path, config: dict[str, tuple[object, str]]):
         self.path, self.root, self.config = path, root, config
-        self.relative = path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) \
-            else path.as_posix()
+        self.relative = (
+            path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.as_posix()
+        )
         self.tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         self._parents: dict[ast.AST, ast.AST] = {}
         for parent in ast.walk(self.tree):
@@ -110,8 +114,12 @@ class ModuleReader:
             # Both branches literal: the smaller one, the weaker setting (less noise, fewer of anything).
             left, right = self.value(node.body, depth + 1), self.value(node.orelse, depth + 1)
             if left and right and _number(left.value) and _number(right.value):
-                return Found("", min(left.value, right.value),
-                             f"{self.where(node)} (the smaller of {left.value!r} and {right.value!r})", node.lineno)
+                return Found(
+                    "",
+                    min(left.value, right.value),
+                    f"{self.where(node)} (the smaller of {left.value!r} and {right.value!r})",
+                    node.lineno,
+                )
             return None
         if isinstance(node, ast.Name):
             return self._name(node, depth)
@@ -121,8 +129,13 @@ class ModuleReader:
         left, right = self.value(node.left, depth + 1), self.value(node.right, depth + 1)
         if not (left and right and _number(left.value) and _number(right.value)):
             return None
-        operations = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-                      ast.Div: lambda a, b: a / b if b else None, ast.FloorDiv: lambda a, b: a // b if b else None}
+        operations = {
+            ast.Add: lambda a, b: a + b,
+            ast.Sub: lambda a, b: a - b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Div: lambda a, b: a / b if b else None,
+            ast.FloorDiv: lambda a, b: a // b if b else None,
+        }
         operation = operations.get(type(node.op))
         result = operation(left.value, right.value) if operation else None
         if result is None:
@@ -135,8 +148,14 @@ class ModuleReader:
         key = None
         if isinstance(node, ast.Subscript) and _is_run_config(node.value):
             key = node.slice.value if isinstance(node.slice, ast.Constant) else None
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and _is_run_config(node.func.value) and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and _is_run_config(node.func.value)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             key = node.args[0].value
             if key not in self.config and len(node.args) > 1:
                 return self.value(node.args[1])
@@ -155,10 +174,18 @@ class ModuleReader:
             for statement in ast.walk(scope):
                 if scope is self.tree and self.function_of(statement) is not None:
                     continue
-                targets = statement.targets if isinstance(statement, ast.Assign) else \
-                    [statement.target] if isinstance(statement, ast.AnnAssign) and statement.value else []
-                if any(isinstance(t, ast.Name) and t.id == node.id for t in targets) \
-                        and statement.lineno <= node.lineno and (assigned is None or statement.lineno > assigned.lineno):
+                targets = (
+                    statement.targets
+                    if isinstance(statement, ast.Assign)
+                    else [statement.target]
+                    if isinstance(statement, ast.AnnAssign) and statement.value
+                    else []
+                )
+                if (
+                    any(isinstance(t, ast.Name) and t.id == node.id for t in targets)
+                    and statement.lineno <= node.lineno
+                    and (assigned is None or statement.lineno > assigned.lineno)
+                ):
                     assigned = statement
             if assigned is not None:
                 return self.value(assigned.value, depth + 1)
@@ -167,7 +194,7 @@ class ModuleReader:
                 if default is not None:
                     return self.value(default, depth + 1)
                 if any(arg.arg == node.id for arg in _all_arguments(function)):
-                    return None   # a parameter without a default: its value is the caller's
+                    return None  # a parameter without a default: its value is the caller's
         return None
 
     def argument(self, call: ast.Call, name: str) -> ast.AST | None:
@@ -211,8 +238,9 @@ def _number(value) -> bool:
 
 
 def _is_run_config(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "run_config") or \
-        (isinstance(node, ast.Name) and node.id == "run_config")
+    return (isinstance(node, ast.Attribute) and node.attr == "run_config") or (
+        isinstance(node, ast.Name) and node.id == "run_config"
+    )
 
 
 def _all_arguments(function) -> list[ast.arg]:
@@ -223,17 +251,21 @@ def _all_arguments(function) -> list[ast.arg]:
 def _parameter_default(function, name: str) -> ast.AST | None:
     arguments = function.args
     positional = [*arguments.posonlyargs, *arguments.args]
-    defaults = dict(zip([arg.arg for arg in positional[len(positional) - len(arguments.defaults):]],
-                        arguments.defaults))
-    defaults.update({arg.arg: default for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults)
-                     if default is not None})
+    defaults = dict(
+        zip([arg.arg for arg in positional[len(positional) - len(arguments.defaults) :]], arguments.defaults)
+    )
+    defaults.update(
+        {arg.arg: default for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is not None}
+    )
     return defaults.get(name)
 
 
 # ---- what the code says about the round and its privacy --------------------------------------------------------
 
-def read_code(files: list[Path], root: Path, config: dict[str, tuple[object, str]]) \
-        -> tuple[list[Found], list[Mechanism]]:
+
+def read_code(
+    files: list[Path], root: Path, config: dict[str, tuple[object, str]]
+) -> tuple[list[Found], list[Mechanism]]:
     """Every setting found in `files` (first find of a key wins, training loaders before others) and every
     privacy mechanism, in file order."""
     found: list[Found] = []
@@ -242,7 +274,7 @@ def read_code(files: list[Path], root: Path, config: dict[str, tuple[object, str
         try:
             reader = ModuleReader(path, root, config)
         except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue   # a file that does not parse is the loader's business, not the deployment reader's
+            continue  # a file that does not parse is the loader's business, not the deployment reader's
         found += _loaders(reader) + _optimizers(reader) + _epochs(reader) + _rounds(reader)
         mechanisms += _mechanisms(reader)
     return found, mechanisms
@@ -274,13 +306,14 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
             continue
         kind = "sgd" if name == "SGD" else "adam"
         momentum = reader.resolved(call, "momentum", "momentum") if kind == "sgd" else None
-        shown = f"{name}(momentum={momentum.value:g})" if momentum and _number(momentum.value) and momentum.value \
-            else name
+        shown = (
+            f"{name}(momentum={momentum.value:g})" if momentum and _number(momentum.value) and momentum.value else name
+        )
         found.append(Found("optimizer", kind, f"{shown} at {reader.where(call)}", call.lineno))
         lr = reader.resolved(call, "lr", "lr")
         if lr is not None and _number(lr.value):
             found.append(lr)
-        elif reader.argument(call, "lr") is None:   # torch's default: 1e-3 for SGD, Adam and AdamW alike
+        elif reader.argument(call, "lr") is None:  # torch's default: 1e-3 for SGD, Adam and AdamW alike
             found.append(Found("lr", 1e-3, f"{name}'s default lr at {reader.where(call)}", call.lineno))
         if momentum is not None and _number(momentum.value):
             found.append(momentum)
@@ -292,9 +325,13 @@ def _epochs(reader: ModuleReader) -> list[Found]:
     `epochs=E` / `local_epochs=E` passed to a call."""
     found = []
     for node in ast.walk(reader.tree):
-        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and call_name(node.iter) == "range" \
-                and len(node.iter.args) == 1 and any(isinstance(inner, ast.For) for stmt in node.body
-                                                     for inner in ast.walk(stmt)):
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Call)
+            and call_name(node.iter) == "range"
+            and len(node.iter.args) == 1
+            and any(isinstance(inner, ast.For) for stmt in node.body for inner in ast.walk(stmt))
+        ):
             function = reader.function_of(node)
             if function is None or "train" not in function.name.lower():
                 continue
@@ -303,7 +340,7 @@ def _epochs(reader: ModuleReader) -> list[Found]:
                 found.append(Found("local-epochs", count.value, count.source, count.line))
     for call in reader.calls():
         if call_name(call) in ("make_private_with_epsilon",):
-            continue   # its `epochs` is the accountant's horizon, read with the mechanism
+            continue  # its `epochs` is the accountant's horizon, read with the mechanism
         for keyword in call.keywords:
             if keyword.arg in ("epochs", "local_epochs", "num_epochs"):
                 count = reader.value(keyword.value)
@@ -324,8 +361,12 @@ def _rounds(reader: ModuleReader) -> list[Found]:
                 found.append(rounds)
         if name == "ConfigRecord" and call.args and isinstance(call.args[0], ast.Dict):
             found += _sent_config(reader, call.args[0])
-        for keyword, key in (("fraction_fit", "fraction"), ("fraction_train", "fraction"),
-                             ("min_fit_clients", "min-clients"), ("min_train_nodes", "min-clients")):
+        for keyword, key in (
+            ("fraction_fit", "fraction"),
+            ("fraction_train", "fraction"),
+            ("min_fit_clients", "min-clients"),
+            ("min_train_nodes", "min-clients"),
+        ):
             value = reader.resolved(call, keyword, key)
             if value is not None and _number(value.value):
                 found.append(value)
@@ -333,9 +374,16 @@ def _rounds(reader: ModuleReader) -> list[Found]:
 
 
 # Keys of the config the server sends each round (ConfigRecord({"lr": 0.1})) that the client's training reads.
-_SENT_KEYS = {"lr": "lr", "learning-rate": "lr", "learning_rate": "lr", "local-epochs": "local-epochs",
-              "local_epochs": "local-epochs", "epochs": "local-epochs", "batch-size": "batch-size",
-              "batch_size": "batch-size"}
+_SENT_KEYS = {
+    "lr": "lr",
+    "learning-rate": "lr",
+    "learning_rate": "lr",
+    "local-epochs": "local-epochs",
+    "local_epochs": "local-epochs",
+    "epochs": "local-epochs",
+    "batch-size": "batch-size",
+    "batch_size": "batch-size",
+}
 
 
 def _sent_config(reader: ModuleReader, table: ast.Dict) -> list[Found]:
@@ -344,14 +392,21 @@ def _sent_config(reader: ModuleReader, table: ast.Dict) -> list[Found]:
         if isinstance(key, ast.Constant) and key.value in _SENT_KEYS:
             resolved = reader.value(value)
             if resolved is not None and _number(resolved.value):
-                found.append(Found(_SENT_KEYS[key.value], resolved.value,
-                                   f"{resolved.source} (ConfigRecord sent to the clients)", resolved.line))
+                found.append(
+                    Found(
+                        _SENT_KEYS[key.value],
+                        resolved.value,
+                        f"{resolved.source} (ConfigRecord sent to the clients)",
+                        resolved.line,
+                    )
+                )
     return found
 
 
-_OPACUS_ARGUMENTS = {"make_private": ("noise_multiplier", "max_grad_norm", "poisson_sampling"),
-                     "make_private_with_epsilon": ("target_epsilon", "target_delta", "epochs", "max_grad_norm",
-                                                   "poisson_sampling")}
+_OPACUS_ARGUMENTS = {
+    "make_private": ("noise_multiplier", "max_grad_norm", "poisson_sampling"),
+    "make_private_with_epsilon": ("target_epsilon", "target_delta", "epochs", "max_grad_norm", "poisson_sampling"),
+}
 
 
 def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
@@ -361,9 +416,11 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
         where = reader.where(call)
         if name in FLOWER_FIXED or name in FLOWER_ADAPTIVE:
             clip = "clipping_norm" if name in FLOWER_FIXED else "initial_clipping_norm"
-            arguments = {"noise_multiplier": reader.resolved(call, "noise_multiplier", "noise"),
-                         "clipping_norm": reader.resolved(call, clip, "clip"),
-                         "num_sampled_clients": reader.resolved(call, "num_sampled_clients", "sampled-clients")}
+            arguments = {
+                "noise_multiplier": reader.resolved(call, "noise_multiplier", "noise"),
+                "clipping_norm": reader.resolved(call, clip, "clip"),
+                "num_sampled_clients": reader.resolved(call, "num_sampled_clients", "sampled-clients"),
+            }
             if name in FLOWER_ADAPTIVE and arguments["clipping_norm"] is None and reader.argument(call, clip) is None:
                 arguments["clipping_norm"] = Found("clip", 0.1, f"{name}'s default initial_clipping_norm")
             mechanisms.append(Mechanism("flower-central", name, arguments, where))
@@ -377,8 +434,11 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
         elif name == "SecAggPlusWorkflow" or name == "SecAggWorkflow":
             mechanisms.append(Mechanism("secagg", name, {}, where))
         elif name == "ExcludeVars":
-            mechanisms.append(Mechanism("exclude-vars", name,
-                                        {"exclude_vars": reader.resolved(call, "exclude_vars", "withheld")}, where))
+            mechanisms.append(
+                Mechanism(
+                    "exclude-vars", name, {"exclude_vars": reader.resolved(call, "exclude_vars", "withheld")}, where
+                )
+            )
     for node in reader.names():
         name = node.id if isinstance(node, ast.Name) else node.attr
         if name in ("secaggplus_mod", "secagg_mod") and not isinstance(reader._parents.get(node), ast.alias):
@@ -388,6 +448,7 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
 
 
 # ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
+
 
 def module_classes(tree: ast.Module) -> dict[str, int]:
     """Classes in a module that subclass nn.Module (directly, or through another class of the same module):
@@ -401,8 +462,11 @@ def module_classes(tree: ast.Module) -> dict[str, int]:
             return False
         for base in node.bases:
             text = ast.unparse(base)
-            if text in ("nn.Module", "torch.nn.Module", "Module") or text.endswith("LightningModule") \
-                    or is_module(text, seen | {name}):
+            if (
+                text in ("nn.Module", "torch.nn.Module", "Module")
+                or text.endswith("LightningModule")
+                or is_module(text, seen | {name})
+            ):
                 return True
         return False
 
@@ -417,8 +481,11 @@ _FACTORY = re.compile(r"^(get|build|create|make|load|init)_(model|net|network)$"
 
 def model_factories(tree: ast.Module) -> dict[str, int]:
     """Module-level functions whose name says they build a model (get_model, build_net, ...): name -> line."""
-    return {node.name: node.lineno for node in tree.body
-            if isinstance(node, ast.FunctionDef) and _FACTORY.match(node.name.lower())}
+    return {
+        node.name: node.lineno
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and _FACTORY.match(node.name.lower())
+    }
 
 
 def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
@@ -435,10 +502,10 @@ def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = list(package[:len(package) - node.level + 1]) if node.level else []
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
             dotted = base + (node.module.split(".") if node.module else [])
             module = locate(dotted)
-            for alias in node.names:   # `from pkg import task` imports a module, not a name
+            for alias in node.names:  # `from pkg import task` imports a module, not a name
                 submodule = locate(dotted + [alias.name])
                 if submodule is not None:
                     found.append((submodule, None))

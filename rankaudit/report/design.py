@@ -1,4 +1,5 @@
 """SuggestReport and model comparisons -> terminal tables and JSON (the design-review commands)."""
+
 from __future__ import annotations
 
 import json
@@ -23,22 +24,37 @@ def _ra_text(ra_i: int | None, critical_layer: str | None) -> str:
 
 
 def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
-    return {"rankaudit_version": __version__, "model": report.model, "input_shape": list(report.input_shape),
-            "batch_size": report.batch_size, "ra_i": report.ra_i, "critical_layer": report.critical_layer,
-            "verdict": report.verdict, "unknowns": report.unknowns, "rank_bound": report.rank_bound,
-            "certified_deficit": report.certified_deficit, "certifying_batch": report.certifying_batch,
-            "protecting_batch": report.protecting_batch, "deficit_withheld": report.deficit_withheld,
-            "max_recoverable": report.max_recoverable,
-            "recoverable_fraction": report.recoverable_fraction,
-            "certifying_withheld": report.certifying_withheld, "note": report.note, "skipped": report.skipped,
-            "token_span_exposed": report.token_span_exposed, "tokens_per_batch": report.tokens_per_batch,
-            "safe_tokens_per_batch": report.safe_tokens_per_batch, "safe_token_batch": report.safe_token_batch,
-            "seconds": round(report.seconds, 3),
-            "suggestions": [asdict(s) for s in report.suggestions[:top]],
-            "round_review": _round_review_dict(report),
-            "dp_noise": asdict(report.noise) if report.noise else None,
-            "sample": asdict(report.sample) if report.sample else None, "readout_layers": report.readout_layers,
-            "noise_is_the_way": report.noise_is_the_way}
+    return {
+        "rankaudit_version": __version__,
+        "model": report.model,
+        "input_shape": list(report.input_shape),
+        "batch_size": report.batch_size,
+        "ra_i": report.ra_i,
+        "critical_layer": report.critical_layer,
+        "verdict": report.verdict,
+        "unknowns": report.unknowns,
+        "rank_bound": report.rank_bound,
+        "certified_deficit": report.certified_deficit,
+        "certifying_batch": report.certifying_batch,
+        "protecting_batch": report.protecting_batch,
+        "deficit_withheld": report.deficit_withheld,
+        "max_recoverable": report.max_recoverable,
+        "recoverable_fraction": report.recoverable_fraction,
+        "certifying_withheld": report.certifying_withheld,
+        "note": report.note,
+        "skipped": report.skipped,
+        "token_span_exposed": report.token_span_exposed,
+        "tokens_per_batch": report.tokens_per_batch,
+        "safe_tokens_per_batch": report.safe_tokens_per_batch,
+        "safe_token_batch": report.safe_token_batch,
+        "seconds": round(report.seconds, 3),
+        "suggestions": [asdict(s) for s in report.suggestions[:top]],
+        "round_review": _round_review_dict(report),
+        "dp_noise": asdict(report.noise) if report.noise else None,
+        "sample": asdict(report.sample) if report.sample else None,
+        "readout_layers": report.readout_layers,
+        "noise_is_the_way": report.noise_is_the_way,
+    }
 
 
 def _noise_lines(report: SuggestReport) -> list[str]:
@@ -46,18 +62,23 @@ def _noise_lines(report: SuggestReport) -> list[str]:
     noise = report.noise
     if noise is None:
         return []
-    setting = (f"q {noise.sample_rate:.4g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
-               f"{noise.target:g}")
+    setting = (
+        f"q {noise.sample_rate:.4g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction {noise.target:g}"
+    )
     sources = [f"  q: {noise.sample_rate_source}; T: {noise.steps_source}"] if noise.sample_rate_source else []
     sources += [f"  note: {note}" for note in noise.notes]
     if noise.noise_multiplier is None:
-        return [f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search}).",
-                *sources]
+        return [
+            f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search}).",
+            *sources,
+        ]
     epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
     floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
-    return [f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
-            f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
-            *sources]
+    return [
+        f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
+        f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
+        *sources,
+    ]
 
 
 def _round_review_dict(report: SuggestReport) -> dict | None:
@@ -65,14 +86,21 @@ def _round_review_dict(report: SuggestReport) -> dict | None:
     if review is None:
         return None
     shown = asdict(review)
-    shown["round"] = {"local_samples": review.round.samples, "batch_size": review.round.batch_size,
-                      "local_epochs": review.round.local_epochs, "steps": review.round.steps,
-                      "clients": review.round.clients}
+    shown["round"] = {
+        "local_samples": review.round.samples,
+        "batch_size": review.round.batch_size,
+        "local_epochs": review.round.local_epochs,
+        "steps": review.round.steps,
+        "clients": review.round.clients,
+    }
     return shown
 
 
-_KNOB_TEXT = {"local-samples": "Smallest local dataset N", "local-epochs": "Largest number of local epochs E",
-              "clients": "Smallest number of securely aggregated clients C"}
+_KNOB_TEXT = {
+    "local-samples": "Smallest local dataset N",
+    "local-epochs": "Largest number of local epochs E",
+    "clients": "Smallest number of securely aggregated clients C",
+}
 
 
 def _round_lines(report: SuggestReport) -> list[str]:
@@ -82,11 +110,14 @@ def _round_lines(report: SuggestReport) -> list[str]:
         return []
     from rankaudit.round import describe
 
-    lines = ["", f"Round: {describe(review.round)}: each sample: rank bound {review.rank_bound:,} of "
-                 f"{review.unknowns:,} unknowns, ρ = {percent(review.recoverable_fraction)}, {review.verdict} "
-                 f"(protected at ρ <= {percent(review.max_recoverable)}); the round as a whole: rank bound "
-                 f"{review.whole_rank_bound:,} of {review.whole_unknowns:,}, {review.whole_verdict} (no guarantee "
-                 "for any one sample)."]
+    lines = [
+        "",
+        f"Round: {describe(review.round)}: each sample: rank bound {review.rank_bound:,} of "
+        f"{review.unknowns:,} unknowns, ρ = {percent(review.recoverable_fraction)}, {review.verdict} "
+        f"(protected at ρ <= {percent(review.max_recoverable)}); the round as a whole: rank bound "
+        f"{review.whole_rank_bound:,} of {review.whole_unknowns:,}, {review.whole_verdict} (no guarantee "
+        "for any one sample).",
+    ]
     for setting in review.settings:
         head = f"  {_KNOB_TEXT[setting.knob]} for each sample protected: "
         if setting.value is None and not setting.unbounded:
@@ -94,8 +125,10 @@ def _round_lines(report: SuggestReport) -> list[str]:
         elif setting.unbounded:
             lines.append(head + f"any ({setting.explanation}).")
         else:
-            lines.append(head + f"{setting.value:,}: rank bound {setting.rank_bound:,} of {setting.unknowns:,}, "
-                                f"ρ = {percent(setting.recoverable_fraction)} ({setting.explanation}).")
+            lines.append(
+                head + f"{setting.value:,}: rank bound {setting.rank_bound:,} of {setting.unknowns:,}, "
+                f"ρ = {percent(setting.recoverable_fraction)} ({setting.explanation})."
+            )
     lines.append("  Each knob is moved alone, the others as given.")
     return lines
 
@@ -103,23 +136,35 @@ def _round_lines(report: SuggestReport) -> list[str]:
 def _certificates(report: SuggestReport) -> list[str]:
     current = lambda batch: " (the current one)" if batch == report.batch_size else ""  # noqa: E731
     ceiling = f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
-    protecting = (f"{report.protecting_batch}{current(report.protecting_batch)}"
-                  if report.protecting_batch is not None else "none (the ceiling is 0)")
-    lines = [f"The batch as a whole: smallest batch size with a certified deficit: {report.certifying_batch}"
-             f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}. No batch size "
-             "protects any one sample (spec §14): a sample's bound does not depend on it."]
+    protecting = (
+        f"{report.protecting_batch}{current(report.protecting_batch)}"
+        if report.protecting_batch is not None
+        else "none (the ceiling is 0)"
+    )
+    lines = [
+        f"The batch as a whole: smallest batch size with a certified deficit: {report.certifying_batch}"
+        f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}. No batch size "
+        "protects any one sample (spec §14): a sample's bound does not depend on it."
+    ]
     if report.certifying_withheld is None:
-        partial = (f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
-                   if report.deficit_withheld else "")
-        lines.append(f"Withholding gradients: even with every layer's gradient withheld, a sample is not "
-                     f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
-                     f"input).{partial}")
+        partial = (
+            f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
+            if report.deficit_withheld
+            else ""
+        )
+        lines.append(
+            f"Withholding gradients: even with every layer's gradient withheld, a sample is not "
+            f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
+            f"input).{partial}"
+        )
     elif not report.certifying_withheld:
         lines.append("Withholding gradients: none needed, each sample is already protected.")
     else:
-        lines.append(f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
-                     f"makes each sample protected ({ceiling}; found greedily: a certificate, not proven the "
-                     "smallest set).")
+        lines.append(
+            f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
+            f"makes each sample protected ({ceiling}; found greedily: a certificate, not proven the "
+            "smallest set)."
+        )
     lines.extend(_readout_text(report))
     lines.extend(_token_budget(report))
     return lines
@@ -129,19 +174,26 @@ def _readout_text(report: SuggestReport) -> list[str]:
     """Spec §14: the bias readout, and whether anything but noise can protect a sample."""
     lines = []
     if report.readout_layers:
-        lines.append(f"Bias readout: {', '.join(report.readout_layers)} can hand a sample over exactly (a unit that "
-                     "fires for it alone); withholding or removing that bias stops the exact readout (remove-bias "
-                     "rows above), the per-sample bound says what still stays hidden.")
+        lines.append(
+            f"Bias readout: {', '.join(report.readout_layers)} can hand a sample over exactly (a unit that "
+            "fires for it alone); withholding or removing that bias stops the exact readout (remove-bias "
+            "rows above), the per-sample bound says what still stays hidden."
+        )
     if report.noise_is_the_way:
         noise = report.noise
-        least = (f"; with the DP options given, the least noise multiplier is σ = {noise.noise_multiplier:g} (below)"
-                 if noise is not None and noise.noise_multiplier is not None else
-                 "; give DP options with --max-reconstruction to find the least noise multiplier"
-                 if noise is None else "")
-        lines.append("No structural edit protects a sample: no single edit, no set of withheld gradients"
-                     + (" and no round setting" if report.round_review is not None else "")
-                     + " brings each sample within the ceiling. Noise the client adds (DP-SGD, local DP) is the "
-                     f"way{least}.")
+        least = (
+            f"; with the DP options given, the least noise multiplier is σ = {noise.noise_multiplier:g} (below)"
+            if noise is not None and noise.noise_multiplier is not None
+            else "; give DP options with --max-reconstruction to find the least noise multiplier"
+            if noise is None
+            else ""
+        )
+        lines.append(
+            "No structural edit protects a sample: no single edit, no set of withheld gradients"
+            + (" and no round setting" if report.round_review is not None else "")
+            + " brings each sample within the ceiling. Noise the client adds (DP-SGD, local DP) is the "
+            f"way{least}."
+        )
     return lines
 
 
@@ -150,50 +202,92 @@ def _token_budget(report: SuggestReport) -> list[str]:
     if report.safe_tokens_per_batch is None:
         return []
     per_sequence = -(-report.tokens_per_batch // report.batch_size) if report.tokens_per_batch else None
-    now = (f"exposed now through {', '.join(report.token_span_exposed)} at B·n = {report.tokens_per_batch}"
-           if report.token_span_exposed else f"not exposed at B·n = {report.tokens_per_batch}")
-    return [f"Token set (DAGER's span test): {now}; safe from {report.safe_tokens_per_batch} tokens per shared "
-            f"gradient (batch {report.safe_token_batch} at {per_sequence} tokens per sequence), if they give as many distinct "
-            "vectors (repeated tokens lower the count)."]
+    now = (
+        f"exposed now through {', '.join(report.token_span_exposed)} at B·n = {report.tokens_per_batch}"
+        if report.token_span_exposed
+        else f"not exposed at B·n = {report.tokens_per_batch}"
+    )
+    return [
+        f"Token set (DAGER's span test): {now}; safe from {report.safe_tokens_per_batch} tokens per shared "
+        f"gradient (batch {report.safe_token_batch} at {per_sequence} tokens per sequence), if they give as many distinct "
+        "vectors (repeated tokens lower the count)."
+    ]
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
-    sample = (f"each sample: rank bound {report.sample.rank_bound:,} of {report.sample.unknowns:,} "
-              f"({percent(report.sample.recoverable_fraction)} recoverable), {report.verdict}; the batch as a whole: "
-              if report.sample is not None else "")
-    lines = [f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: {sample}rank bound "
-             f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
-             f"({percent(report.recoverable_fraction)} recoverable)"
-             f"{'' if report.sample is not None else ', ' + report.verdict}; "
-             f"{_ra_text(report.ra_i, report.critical_layer)}", ""]
+    sample = (
+        f"each sample: rank bound {report.sample.rank_bound:,} of {report.sample.unknowns:,} "
+        f"({percent(report.sample.recoverable_fraction)} recoverable), {report.verdict}; the batch as a whole: "
+        if report.sample is not None
+        else ""
+    )
+    lines = [
+        f"rankaudit {__version__} suggest  {report.model}  batch {report.batch_size}: {sample}rank bound "
+        f"{report.rank_bound:,} of {report.unknowns:,} unknowns "
+        f"({percent(report.recoverable_fraction)} recoverable)"
+        f"{'' if report.sample is not None else ', ' + report.verdict}; "
+        f"{_ra_text(report.ra_i, report.critical_layer)}",
+        "",
+    ]
     header = ("edit", "target", "detail", "recoverable", "deficit", "RA-i", "critical layer", "Δ params", "verdict")
-    cells = [header] + [(s.edit, s.target, s.detail, percent(s.recoverable_fraction), f"{s.certified_deficit:,}",
-                         _shown(s.ra_i),
-                         s.critical_layer or "-", f"{s.delta_params:+d}",
-                         s.verdict + (" (crosses)" if s.crosses_verdict else ""))
-                        for s in report.suggestions[:top]]
+    cells = [header] + [
+        (
+            s.edit,
+            s.target,
+            s.detail,
+            percent(s.recoverable_fraction),
+            f"{s.certified_deficit:,}",
+            _shown(s.ra_i),
+            s.critical_layer or "-",
+            f"{s.delta_params:+d}",
+            s.verdict + (" (crosses)" if s.crosses_verdict else ""),
+        )
+        for s in report.suggestions[:top]
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        lines.append("  ".join(cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i])
-                               for i, cell in enumerate(row)).rstrip())
-    lines += [*_round_lines(report), "", *_certificates(report), *_noise_lines(report),
-              f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
-              + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "") + ".",
-              report.note]
+        lines.append(
+            "  ".join(
+                cell.rjust(widths[i]) if i in (3, 4, 5, 7) else cell.ljust(widths[i]) for i, cell in enumerate(row)
+            ).rstrip()
+        )
+    lines += [
+        *_round_lines(report),
+        "",
+        *_certificates(report),
+        *_noise_lines(report),
+        f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
+        + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "")
+        + ".",
+        report.note,
+    ]
     return "\n".join(lines) + "\n"
 
 
 def compare_dict(first: Result, second: Result) -> dict:
-    return {"rankaudit_version": __version__, "a": to_dict(first), "b": to_dict(second),
-            "ra_i_delta": None if first.ra_i is None or second.ra_i is None else second.ra_i - first.ra_i,
-            "layers": _matched_layers(first, second)}
+    return {
+        "rankaudit_version": __version__,
+        "a": to_dict(first),
+        "b": to_dict(second),
+        "ra_i_delta": None if first.ra_i is None or second.ra_i is None else second.ra_i - first.ra_i,
+        "layers": _matched_layers(first, second),
+    }
 
 
 def _matched_layers(first: Result, second: Result) -> list[dict]:
     rows = {row.name: row for row in second.layers}
-    return [{"name": row.name, "a": row.ra_i, "b": rows[row.name].ra_i, "delta": rows[row.name].ra_i - row.ra_i,
-             "a_critical": row.critical, "b_critical": rows[row.name].critical}
-            for row in first.layers if row.name in rows]
+    return [
+        {
+            "name": row.name,
+            "a": row.ra_i,
+            "b": rows[row.name].ra_i,
+            "delta": rows[row.name].ra_i - row.ra_i,
+            "a_critical": row.critical,
+            "b_critical": rows[row.name].critical,
+        }
+        for row in first.layers
+        if row.name in rows
+    ]
 
 
 def _bound_text(result: Result) -> str:
@@ -202,23 +296,31 @@ def _bound_text(result: Result) -> str:
         return "no bound"
     from rankaudit.findings import per_sample_view
 
-    text = (f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
-            f"{percent(bound.recoverable_fraction)} recoverable)")
-    if bound.sample is not None and per_sample_view(result):   # spec §14: the verdict is each sample's
+    text = (
+        f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
+        f"{percent(bound.recoverable_fraction)} recoverable)"
+    )
+    if bound.sample is not None and per_sample_view(result):  # spec §14: the verdict is each sample's
         sample = bound.sample
-        text = (f"each sample: rank bound {sample.rank_bound:,} of {sample.unknowns:,} "
-                f"({percent(sample.recoverable_fraction)} recoverable); as a whole: {text}")
+        text = (
+            f"each sample: rank bound {sample.rank_bound:,} of {sample.unknowns:,} "
+            f"({percent(sample.recoverable_fraction)} recoverable); as a whole: {text}"
+        )
     return text
 
 
 def compare_table(first: Result, second: Result) -> str:
     leak = lambda r: r.label_leakage.risk if r.label_leakage else "n/a"  # noqa: E731
-    lines = [f"rankaudit {__version__} compare", "",
-             f"  A  {first.model}: {first.verdict}, {_bound_text(first)}; {_ra_text(first.ra_i, first.critical_layer)}"
-             f"; label leakage {leak(first)}, {first.parameters:,} parameters",
-             f"  B  {second.model}: {second.verdict}, {_bound_text(second)}; "
-             f"{_ra_text(second.ra_i, second.critical_layer)}; label leakage {leak(second)}, "
-             f"{second.parameters:,} parameters", ""]
+    lines = [
+        f"rankaudit {__version__} compare",
+        "",
+        f"  A  {first.model}: {first.verdict}, {_bound_text(first)}; {_ra_text(first.ra_i, first.critical_layer)}"
+        f"; label leakage {leak(first)}, {first.parameters:,} parameters",
+        f"  B  {second.model}: {second.verdict}, {_bound_text(second)}; "
+        f"{_ra_text(second.ra_i, second.critical_layer)}; label leakage {leak(second)}, "
+        f"{second.parameters:,} parameters",
+        "",
+    ]
     matched = _matched_layers(first, second)
     changed = [m for m in matched if m["delta"] or m["a_critical"] != m["b_critical"]]
     if changed:
@@ -234,9 +336,12 @@ def compare_table(first: Result, second: Result) -> str:
     if only:
         lines.append(f"  Layers in one model only: {', '.join(only)}")
     if first.ra_i is not None and second.ra_i is not None:
-        lines += ["", f"RA-i {first.ra_i} -> {second.ra_i} ({second.ra_i - first.ra_i:+d}); verdict "
-                      f"{first.verdict} -> {second.verdict}. Policy applies to B: "
-                      + ("pass" if second.policy.passed else "FAIL: " + "; ".join(second.policy.reasons))]
+        lines += [
+            "",
+            f"RA-i {first.ra_i} -> {second.ra_i} ({second.ra_i - first.ra_i:+d}); verdict "
+            f"{first.verdict} -> {second.verdict}. Policy applies to B: "
+            + ("pass" if second.policy.passed else "FAIL: " + "; ".join(second.policy.reasons)),
+        ]
     return "\n".join(lines) + "\n"
 
 

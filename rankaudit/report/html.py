@@ -5,6 +5,7 @@ reads the Result only (verification images are read from the paths the verifier 
 said so on the page). Layout and styles live in templates/report.html.j2 and templates/report.css; the drawings
 in rankaudit/report/svg.py.
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,18 +24,17 @@ from rankaudit.result import Result
 
 RANK_KEYS = ("name", "unknowns", "rank", "local_deficit", "residual", "condition")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MAX_IMAGE_BYTES = 8 * 1024 * 1024     # a verifier sample is a few KB; anything huge is not one of ours
+MAX_IMAGE_BYTES = 8 * 1024 * 1024  # a verifier sample is a few KB; anything huge is not one of ours
 
 HEADLINES = {
     "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
     "partial": "A deficit is certified, but one shared gradient still sees more of this input than the ceiling allows: "
-               "not protection.",
+    "not protection.",
     "protected": "At least the required share of this input's directions is invisible to one shared gradient.",
 }
 
 BLOCKED_BECAUSE = {
-    "positions": "applies its weights at several positions, so the gradient at the layer's output cannot be "
-                 "read off",
+    "positions": "applies its weights at several positions, so the gradient at the layer's output cannot be read off",
     "shared-weights": "a later layer shares its weights over positions",
     "widens": "a later layer widens the features, so the bridge's matrix is singular",
     "activation": "an activation other than ReLU or LeakyReLU lies on the way to the logits",
@@ -49,11 +49,16 @@ def _template_source(name: str):
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FunctionLoader(_template_source), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(_template_source),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters["num"] = svg.fmt_int
     env.filters["real"] = fmt_real
-    env.filters["percent"] = percent     # levels.percent: the share as every report writes it
+    env.filters["percent"] = percent  # levels.percent: the share as every report writes it
     return env
 
 
@@ -97,8 +102,11 @@ def _image(path, base_dir: Path | None) -> dict:
         return {"src": None, "path": str(path), "problem": reason}
     if not data.startswith(PNG_SIGNATURE):
         return {"src": None, "path": str(path), "problem": "not a PNG file"}
-    return {"src": "data:image/png;base64," + base64.b64encode(data).decode("ascii"), "path": str(path),
-            "problem": None}
+    return {
+        "src": "data:image/png;base64," + base64.b64encode(data).decode("ascii"),
+        "path": str(path),
+        "problem": None,
+    }
 
 
 def _sentence(text) -> str:
@@ -109,37 +117,60 @@ def _sentence(text) -> str:
 def _rgap(data: dict, base_dir: Path | None) -> dict:
     samples = []
     for position, sample in enumerate(data.get("samples") or []):
-        samples.append({"index": sample.get("index", position), "mse": sample.get("mse"), "psnr": sample.get("psnr"),
-                        "seconds": sample.get("seconds"), "ssim": sample.get("ssim"),
-                        "grey_psnr": sample.get("grey_psnr"), "mean_colour_psnr": sample.get("mean_colour_psnr"),
-                        "recovered": sample.get("recovered"),
-                        "original": _image(sample.get("original_png"), base_dir),
-                        "reconstruction": _image(sample.get("reconstruction_png"), base_dir)})
+        samples.append(
+            {
+                "index": sample.get("index", position),
+                "mse": sample.get("mse"),
+                "psnr": sample.get("psnr"),
+                "seconds": sample.get("seconds"),
+                "ssim": sample.get("ssim"),
+                "grey_psnr": sample.get("grey_psnr"),
+                "mean_colour_psnr": sample.get("mean_colour_psnr"),
+                "recovered": sample.get("recovered"),
+                "original": _image(sample.get("original_png"), base_dir),
+                "reconstruction": _image(sample.get("reconstruction_png"), base_dir),
+            }
+        )
     attack = data.get("attack") or "rgap"
-    return {"attack": {"rgap": "R-GAP (closed-form recursive attack)",
-                       "inverting-gradients": "Inverting Gradients (optimisation attack)",
-                       "fedavg-inversion": "FedAvg inversion (optimisation attack on the round's update)"
-                       }.get(attack, attack),
-            "device": data.get("device"), "median_mse": data.get("median_mse"),
-            "median_psnr": data.get("median_psnr"), "seconds": data.get("seconds"),
-            "confirms": data.get("confirms"), "note": _sentence(data.get("note")), "samples": samples,
-            "layers": [{key: layer.get(key) for key in RANK_KEYS} for layer in data.get("layers") or []
-                       if isinstance(layer, dict)],
-            # Issue 21: the baselines beside the PSNR, the outcome they give and the best image.
-            "grey_psnr_median": data.get("grey_psnr_median"),
-            "mean_colour_psnr_median": data.get("mean_colour_psnr_median"),
-            "outcome": data.get("outcome"), "recovered_samples": data.get("recovered_samples"),
-            "best": data.get("best") if isinstance(data.get("best"), dict) else None}
+    return {
+        "attack": {
+            "rgap": "R-GAP (closed-form recursive attack)",
+            "inverting-gradients": "Inverting Gradients (optimisation attack)",
+            "fedavg-inversion": "FedAvg inversion (optimisation attack on the round's update)",
+        }.get(attack, attack),
+        "device": data.get("device"),
+        "median_mse": data.get("median_mse"),
+        "median_psnr": data.get("median_psnr"),
+        "seconds": data.get("seconds"),
+        "confirms": data.get("confirms"),
+        "note": _sentence(data.get("note")),
+        "samples": samples,
+        "layers": [
+            {key: layer.get(key) for key in RANK_KEYS} for layer in data.get("layers") or [] if isinstance(layer, dict)
+        ],
+        # Issue 21: the baselines beside the PSNR, the outcome they give and the best image.
+        "grey_psnr_median": data.get("grey_psnr_median"),
+        "mean_colour_psnr_median": data.get("mean_colour_psnr_median"),
+        "outcome": data.get("outcome"),
+        "recovered_samples": data.get("recovered_samples"),
+        "best": data.get("best") if isinstance(data.get("best"), dict) else None,
+    }
 
 
 def _gdbr(data: dict, prefix: str) -> dict:
     recovered, true = data.get("recovered") or {}, data.get("true") or {}
-    return {"shared_layer": data.get("shared_layer"), "batch_size": data.get("batch_size"),
-            "ins_acc": _fraction(data.get("ins_acc")), "cls_acc": _fraction(data.get("cls_acc")),
-            "trials": data.get("trials"), "seconds": data.get("seconds"),
-            "classes": sorted({str(k) for k in recovered} | {str(k) for k in true}, key=svg._class_key),
-            "recovered": {str(k): v for k, v in recovered.items()}, "true": {str(k): v for k, v in true.items()},
-            "svg": Markup(svg.label_counts(recovered, true, prefix=prefix))}
+    return {
+        "shared_layer": data.get("shared_layer"),
+        "batch_size": data.get("batch_size"),
+        "ins_acc": _fraction(data.get("ins_acc")),
+        "cls_acc": _fraction(data.get("cls_acc")),
+        "trials": data.get("trials"),
+        "seconds": data.get("seconds"),
+        "classes": sorted({str(k) for k in recovered} | {str(k) for k in true}, key=svg._class_key),
+        "recovered": {str(k): v for k, v in recovered.items()},
+        "true": {str(k): v for k, v in true.items()},
+        "svg": Markup(svg.label_counts(recovered, true, prefix=prefix)),
+    }
 
 
 def _embedded(png: bytes | None) -> str | None:
@@ -156,11 +187,17 @@ def _visible_parts(data: dict, images: dict[str, bytes]) -> list[dict]:
         for entry in (sample.get("inputs") or []) if isinstance(sample, dict) else []:
             index = entry.get("index")
             hidden, psnr, ssim = entry.get("hidden_energy"), entry.get("visible_psnr"), entry.get("visible_ssim")
-            shown.append({"index": index, "original": _embedded(images.get(f"rank/original_{index}")),
-                          "visible": _embedded(images.get(f"rank/visible_{index}")),
-                          "hidden": "n/a" if hidden is None else percent(hidden),
-                          "psnr": "∞" if psnr is None else f"{psnr:.1f}",
-                          "ssim": None if ssim is None else f"{ssim:.3f}", "npy": entry.get("visible_npy")})
+            shown.append(
+                {
+                    "index": index,
+                    "original": _embedded(images.get(f"rank/original_{index}")),
+                    "visible": _embedded(images.get(f"rank/visible_{index}")),
+                    "hidden": "n/a" if hidden is None else percent(hidden),
+                    "psnr": "∞" if psnr is None else f"{psnr:.1f}",
+                    "ssim": None if ssim is None else f"{ssim:.3f}",
+                    "npy": entry.get("visible_npy"),
+                }
+            )
     return shown
 
 
@@ -174,19 +211,37 @@ def _worst_first(data: dict, shown: list[dict]) -> list[dict]:
 def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = None) -> dict:
     """--verify rank: the measured rank beside the verdict, what the gradient shows of each input, and the input
     directions it cannot see."""
-    directions = [{"index": d.get("index", i), "singular_value": d.get("singular_value"),
-                   "image": _image(d.get("png"), base_dir) if d.get("png") else None, "npy": d.get("npy")}
-                  for i, d in enumerate(data.get("directions") or []) if isinstance(d, dict)]
-    return {"rank": data.get("rank"), "unknowns": data.get("unknowns"), "deficit": data.get("deficit"),
-            "gap": data.get("gap"), "reliable": data.get("reliable"), "tolerance": data.get("tolerance"),
-            "seconds": data.get("seconds"), "device": data.get("device"), "confirms": data.get("confirms"),
-            "judgement": _sentence(data.get("judgement")), "internal_error": _sentence(data.get("internal_error")),
-            "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)], "directions": directions,
-            "batch_size": data.get("batch_size"), "visible_parts": _worst_first(data, _visible_parts(data, images or {})),
-            "hidden_median": None if data.get("hidden_energy_median") is None
-            else percent(data["hidden_energy_median"]),
-            "psnr_median": data.get("visible_psnr_median"), "reading": data.get("visible_reading"),
-            "worst": _worst(data)}
+    directions = [
+        {
+            "index": d.get("index", i),
+            "singular_value": d.get("singular_value"),
+            "image": _image(d.get("png"), base_dir) if d.get("png") else None,
+            "npy": d.get("npy"),
+        }
+        for i, d in enumerate(data.get("directions") or [])
+        if isinstance(d, dict)
+    ]
+    return {
+        "rank": data.get("rank"),
+        "unknowns": data.get("unknowns"),
+        "deficit": data.get("deficit"),
+        "gap": data.get("gap"),
+        "reliable": data.get("reliable"),
+        "tolerance": data.get("tolerance"),
+        "seconds": data.get("seconds"),
+        "device": data.get("device"),
+        "confirms": data.get("confirms"),
+        "judgement": _sentence(data.get("judgement")),
+        "internal_error": _sentence(data.get("internal_error")),
+        "samples": [s for s in data.get("samples") or [] if isinstance(s, dict)],
+        "directions": directions,
+        "batch_size": data.get("batch_size"),
+        "visible_parts": _worst_first(data, _visible_parts(data, images or {})),
+        "hidden_median": None if data.get("hidden_energy_median") is None else percent(data["hidden_energy_median"]),
+        "psnr_median": data.get("visible_psnr_median"),
+        "reading": data.get("visible_reading"),
+        "worst": _worst(data),
+    }
 
 
 def _worst(data: dict) -> dict | None:
@@ -195,10 +250,19 @@ def _worst(data: dict) -> dict | None:
     if not isinstance(worst, dict) or worst.get("hidden_energy") is None:
         return None
     psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
-    measured = sum(1 for e in data.get("worst_first") or [] if isinstance(e, dict) and e.get("hidden_energy") is not None)
-    return {"index": worst.get("index"), "hidden": percent(worst["hidden_energy"]), "psnr_value": psnr,
-            "psnr": "∞" if psnr is None else f"{psnr:.1f}", "ssim": None if ssim is None else f"{ssim:.3f}",
-            "rank": worst.get("rank"), "under_1": data.get("hiding_under_1_percent"), "measured": measured}
+    measured = sum(
+        1 for e in data.get("worst_first") or [] if isinstance(e, dict) and e.get("hidden_energy") is not None
+    )
+    return {
+        "index": worst.get("index"),
+        "hidden": percent(worst["hidden_energy"]),
+        "psnr_value": psnr,
+        "psnr": "∞" if psnr is None else f"{psnr:.1f}",
+        "ssim": None if ssim is None else f"{ssim:.3f}",
+        "rank": worst.get("rank"),
+        "under_1": data.get("hiding_under_1_percent"),
+        "measured": measured,
+    }
 
 
 ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "Inverting Gradients", "gdbr": "GDBR"}
@@ -222,12 +286,18 @@ def _defenses(verification: dict) -> dict | None:
     for row in rows:
         degrades, fails = bool(row.get("degrades")), bool(row.get("fails_with")) and not row.get("fails_without")
         attack = ATTACK_NAMES.get(row.get("attack"), str(row.get("attack")))
-        table.append({"defense": row.get("label") or row.get("defense"), "description": row.get("description") or "",
-                      "attack": attack,
-                      "metric": "InsAcc" if row.get("metric") == "ins_acc" else "median MSE (PSNR)",
-                      "without": _defense_figure(row, "without"), "with": _defense_figure(row, "with"),
-                      "verdict": ("yes, attack fails" if fails else "yes") if degrades else "no",
-                      "verdict_class": "fails" if degrades and fails else ("" if degrades else "holds")})
+        table.append(
+            {
+                "defense": row.get("label") or row.get("defense"),
+                "description": row.get("description") or "",
+                "attack": attack,
+                "metric": "InsAcc" if row.get("metric") == "ins_acc" else "median MSE (PSNR)",
+                "without": _defense_figure(row, "without"),
+                "with": _defense_figure(row, "with"),
+                "verdict": ("yes, attack fails" if fails else "yes") if degrades else "no",
+                "verdict_class": "fails" if degrades and fails else ("" if degrades else "holds"),
+            }
+        )
         texts = [f"{attack}: {note}" for note in row.get("attack_notes") or []]
         texts += [f"{row.get('label')} vs {attack}: {note}" for note in row.get("notes") or []]
         for text in texts:
@@ -249,9 +319,13 @@ def _leakage(result: Result) -> dict | None:
         if bridge.shared and not bridge.bridge:
             at = "" if bridge.blocked_by in (None, bridge.name) else f" (at {bridge.blocked_by})"
             blocked.setdefault(bridge.kind, []).append(bridge.name + at)
-    return {"risk": leakage.risk, "leaking": leaking,
-            "blocked": [(BLOCKED_BECAUSE.get(kind, kind), names) for kind, names in blocked.items()],
-            "withheld": [b.name for b in leakage.layers if not b.shared], "layers": leakage.layers}
+    return {
+        "risk": leakage.risk,
+        "leaking": leaking,
+        "blocked": [(BLOCKED_BECAUSE.get(kind, kind), names) for kind, names in blocked.items()],
+        "withheld": [b.name for b in leakage.layers if not b.shared],
+        "layers": leakage.layers,
+    }
 
 
 def _tokens(result: Result) -> dict | None:
@@ -262,15 +336,34 @@ def _tokens(result: Result) -> dict | None:
     dager = (result.verification or {}).get("dager")
     dager = dager if isinstance(dager, dict) else None
     if dager is not None:
-        dager = {**dager, "judgement": _sentence(dager.get("judgement")),
-                 "precision_text": _fraction(dager.get("token_precision")),
-                 "recall_text": _fraction(dager.get("token_recall")),
-                 "extension": dager.get("extension") if isinstance(dager.get("extension"), dict) else None}
-    rows = [{"layer": layer, "status": "exposed" if layer.exposed else "frozen" if not layer.trainable
-             else "withheld" if not layer.shared else "safe"} for layer in tokens.layers]
-    return {"t": tokens, "rows": rows, "exposed": tokens.exposed or tokens.span_exposed,
-            "reason": next((layer.reason for layer in tokens.layers if layer.exposed), None),
-            "positions": max((layer.positions for layer in tokens.layers), default=0), "dager": dager}
+        dager = {
+            **dager,
+            "judgement": _sentence(dager.get("judgement")),
+            "precision_text": _fraction(dager.get("token_precision")),
+            "recall_text": _fraction(dager.get("token_recall")),
+            "extension": dager.get("extension") if isinstance(dager.get("extension"), dict) else None,
+        }
+    rows = [
+        {
+            "layer": layer,
+            "status": "exposed"
+            if layer.exposed
+            else "frozen"
+            if not layer.trainable
+            else "withheld"
+            if not layer.shared
+            else "safe",
+        }
+        for layer in tokens.layers
+    ]
+    return {
+        "t": tokens,
+        "rows": rows,
+        "exposed": tokens.exposed or tokens.span_exposed,
+        "reason": next((layer.reason for layer in tokens.layers if layer.exposed), None),
+        "positions": max((layer.positions for layer in tokens.layers), default=0),
+        "dager": dager,
+    }
 
 
 def _round_card(result: Result) -> dict | None:
@@ -282,13 +375,23 @@ def _round_card(result: Result) -> dict | None:
         return None
     bound = result.identifiability
     caps = bound.round if bound is not None else None
-    return {"description": describe(round_), "samples": round_.samples, "batch_size": round_.batch_size,
-            "epochs": round_.local_epochs, "steps": round_.steps, "clients": round_.clients,
-            "optimizer": round_.optimizer, "lr": round_.lr, "momentum": round_.momentum,
-            "unknowns": caps.unknowns if caps else None, "update_values": caps.update_values if caps else None,
-            "steps_bound": caps.steps_bound if caps else None, "binding": caps.binding if caps else None,
-            "explanation": _sentence(caps.explanation) if caps else "",
-            "rho": bound.recoverable_fraction if bound is not None else None}
+    return {
+        "description": describe(round_),
+        "samples": round_.samples,
+        "batch_size": round_.batch_size,
+        "epochs": round_.local_epochs,
+        "steps": round_.steps,
+        "clients": round_.clients,
+        "optimizer": round_.optimizer,
+        "lr": round_.lr,
+        "momentum": round_.momentum,
+        "unknowns": caps.unknowns if caps else None,
+        "update_values": caps.update_values if caps else None,
+        "steps_bound": caps.steps_bound if caps else None,
+        "binding": caps.binding if caps else None,
+        "explanation": _sentence(caps.explanation) if caps else "",
+        "rho": bound.recoverable_fraction if bound is not None else None,
+    }
 
 
 def _dp(result: Result) -> dict | None:
@@ -299,8 +402,12 @@ def _dp(result: Result) -> dict | None:
         return None
     attack = (result.verification or {}).get("dp")
     attack = attack if isinstance(attack, dict) else None
-    return {"d": result.dp, "sentence": _sentence(dp_sentence(result.dp)), "attack": attack,
-            "curve": Markup(svg.dp_curve(result.dp, attack))}
+    return {
+        "d": result.dp,
+        "sentence": _sentence(dp_sentence(result.dp)),
+        "attack": attack,
+        "curve": Markup(svg.dp_curve(result.dp, attack)),
+    }
 
 
 def _headline(result: Result, verdict: str) -> str:
@@ -331,10 +438,20 @@ def _panel(result: Result) -> dict | None:
         return None
     if bound.sample is not None and per_sample_view(result):
         sample = bound.sample
-        return {"rank_bound": sample.rank_bound, "unknowns": sample.unknowns, "each": True,
-                "deficit": sample.unknowns - sample.rank_bound, "fraction": sample.recoverable_fraction}
-    return {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns, "each": False,
-            "deficit": bound.certified_deficit, "fraction": bound.recoverable_fraction}
+        return {
+            "rank_bound": sample.rank_bound,
+            "unknowns": sample.unknowns,
+            "each": True,
+            "deficit": sample.unknowns - sample.rank_bound,
+            "fraction": sample.recoverable_fraction,
+        }
+    return {
+        "rank_bound": bound.rank_bound,
+        "unknowns": bound.unknowns,
+        "each": False,
+        "deficit": bound.certified_deficit,
+        "fraction": bound.recoverable_fraction,
+    }
 
 
 def _whole(result: Result) -> str:
@@ -380,8 +497,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "tokens": _tokens(result),
         "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
         "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
-        "rank": (_rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict)
-                 else None),
+        "rank": (
+            _rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict) else None
+        ),
         "defenses": _defenses(verification),
         "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
@@ -390,8 +508,9 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "suggestions": suggestions,
         "suggest_review": _suggest_review(suggestions),
         "has_merge": any(n.kind in ("add", "cat") for n in (result.architecture.nodes if result.architecture else [])),
-        "has_projection": any(n.kind == "projection"
-                              for n in (result.architecture.nodes if result.architecture else [])),
+        "has_projection": any(
+            n.kind == "projection" for n in (result.architecture.nodes if result.architecture else [])
+        ),
         "series": [(symbol, meaning, colour) for _, symbol, meaning, colour in svg.SERIES],
         "warn": svg.WARN,
     }

@@ -1,4 +1,5 @@
 """Result -> the JSON object whose key names are a contract (add keys freely, never rename)."""
+
 from __future__ import annotations
 
 import json as _json
@@ -19,24 +20,41 @@ def to_dict(result: Result) -> dict:
         "ra_i": result.ra_i,
         "critical_layer": result.critical_layer,
         "verdict": result.verdict,
-        "identifiability": ({**asdict(result.identifiability),
-                             "hidden_estimate": result.identifiability.hidden_estimate}
-                            if result.identifiability else None),
+        "identifiability": (
+            {**asdict(result.identifiability), "hidden_estimate": result.identifiability.hidden_estimate}
+            if result.identifiability
+            else None
+        ),
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,
         "policy": asdict(result.policy) if result.policy else None,
         "layers": [
-            {"name": row.name, "op": row.op, "inputs": row.inputs, "weights": row.weights, "outputs": row.outputs,
-             "virtual": row.virtual, "ra_i": row.ra_i, "dense": row.dense, "side": row.side,
-             "critical": row.critical,
-             "block": row.block, "folded": row.folded, "own_weights": row.own_weights,
-             "reported_params": row.reported_params, "frozen_params": row.frozen_params, "source": row.source}
+            {
+                "name": row.name,
+                "op": row.op,
+                "inputs": row.inputs,
+                "weights": row.weights,
+                "outputs": row.outputs,
+                "virtual": row.virtual,
+                "ra_i": row.ra_i,
+                "dense": row.dense,
+                "side": row.side,
+                "critical": row.critical,
+                "block": row.block,
+                "folded": row.folded,
+                "own_weights": row.own_weights,
+                "reported_params": row.reported_params,
+                "frozen_params": row.frozen_params,
+                "source": row.source,
+            }
             for row in result.layers
         ],
         "blocks": [asdict(block) for block in result.blocks],
-        "caveats": [{"node": c.node, "op": c.op, "message": c.message, "code": c.code, "source": c.source}
-                    for c in result.caveats],
+        "caveats": [
+            {"node": c.node, "op": c.op, "message": c.message, "code": c.code, "source": c.source}
+            for c in result.caveats
+        ],
         "label_leakage": _label_leakage(result),
         "verification": result.verification,
         "seconds": round(result.seconds, 4),
@@ -47,10 +65,17 @@ def to_dict(result: Result) -> dict:
         "round": round_dict(result),
         "dp": _dp(result),
         "bias_readout": [asdict(finding) for finding in result.bias_readout],
-        "deployment": None if result.deployment is None else {
-            "kind": result.deployment.kind, "root": result.deployment.root, "notes": result.deployment.notes,
-            "settings": [{"setting": setting, "value": value, "source": source}
-                         for setting, value, source in result.deployment.settings]},
+        "deployment": None
+        if result.deployment is None
+        else {
+            "kind": result.deployment.kind,
+            "root": result.deployment.root,
+            "notes": result.deployment.notes,
+            "settings": [
+                {"setting": setting, "value": value, "source": source}
+                for setting, value, source in result.deployment.settings
+            ],
+        },
     }
 
 
@@ -68,9 +93,18 @@ def round_dict(result: Result) -> dict | None:
     round_ = result.round
     if round_ is None:
         return None
-    return {"local_samples": round_.samples, "batch_size": round_.batch_size, "local_epochs": round_.local_epochs,
-            "steps": round_.steps, "lr": round_.lr, "optimizer": round_.optimizer, "momentum": round_.momentum,
-            "clients": round_.clients, "secure_aggregation": round_.secure_aggregation, "fedsgd": round_.fedsgd}
+    return {
+        "local_samples": round_.samples,
+        "batch_size": round_.batch_size,
+        "local_epochs": round_.local_epochs,
+        "steps": round_.steps,
+        "lr": round_.lr,
+        "optimizer": round_.optimizer,
+        "momentum": round_.momentum,
+        "clients": round_.clients,
+        "secure_aggregation": round_.secure_aggregation,
+        "fedsgd": round_.fedsgd,
+    }
 
 
 def _input_shape(result: Result) -> list[int] | dict[str, list[int]]:
@@ -84,9 +118,21 @@ def _label_leakage(result: Result) -> dict | None:
     leakage = result.label_leakage
     if leakage is None:
         return None
-    return {"risk": leakage.risk,
-            "layers": [{"name": b.name, "bridge": b.bridge, "blocked_by": b.blocked_by, "shared": b.shared,
-                        "direct": b.direct, "kind": b.kind, "reason": b.reason} for b in leakage.layers]}
+    return {
+        "risk": leakage.risk,
+        "layers": [
+            {
+                "name": b.name,
+                "bridge": b.bridge,
+                "blocked_by": b.blocked_by,
+                "shared": b.shared,
+                "direct": b.direct,
+                "kind": b.kind,
+                "reason": b.reason,
+            }
+            for b in leakage.layers
+        ],
+    }
 
 
 def render(results: list[Result]) -> str:

@@ -1,4 +1,5 @@
 """Result -> SARIF 2.1.0 for code scanning: stable rule ids, results located at the model's source lines."""
+
 from __future__ import annotations
 
 import json
@@ -11,25 +12,66 @@ SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 
 # id -> (name, short description, default level, security-severity). Ids are stable: never renumber.
 RULES = {
-    "RA001": ("input-exposed", "The model's input can be reconstructed completely from one shared gradient "
-              "(RA-i < 0)", "error", "8.0"),
-    "RA002": ("input-boundary", "The critical layer has exactly as many constraints as unknowns (RA-i = 0)",
-              "warning", "5.0"),
-    "RA003": ("label-leakage", "A shared layer's gradient alone reveals the batch's labels (gradient bridge)",
-              "warning", "6.5"),
-    "RA004": ("no-certified-deficit", "No cut through the traced graph stops one shared gradient from determining "
-              "the input (identifiability bound: rank bound = unknowns)", "error", "8.0"),
-    "RA005": ("token-set-exposed", "The token embedding's shared gradient reveals which tokens the batch holds "
-              "(its non-zero rows)", "error", "7.5"),
-    "RA006": ("token-set-span-test", "A shared gradient of a layer reading per-token vectors has rank below its "
-              "input width, so a span test over the vocabulary reads the batch's token set (DAGER)", "error", "7.5"),
-    "RA007": ("input-partial", "A deficit is certified, but more of the input's directions than the allowed ceiling "
-              "(--max-recoverable) can be recovered from one shared gradient: not protection", "warning", "6.5"),
-    "RA009": ("dp-reconstruction-bound", "The DP noise bounds a reconstruction's success only above the allowed "
-              "ceiling: B(κ) > --max-reconstruction (spec §13)", "error", "7.0"),
-    "RA010": ("bias-readout", "A shared layer with a trainable bias and a ReLU-like activation reads per-sample "
-              "vectors: a unit that fires for one sample alone hands that sample's input to the layer over exactly "
-              "(weight update row / bias update; Qian et al., Prop. 1; spec §14)", "warning", "7.0"),
+    "RA001": (
+        "input-exposed",
+        "The model's input can be reconstructed completely from one shared gradient (RA-i < 0)",
+        "error",
+        "8.0",
+    ),
+    "RA002": (
+        "input-boundary",
+        "The critical layer has exactly as many constraints as unknowns (RA-i = 0)",
+        "warning",
+        "5.0",
+    ),
+    "RA003": (
+        "label-leakage",
+        "A shared layer's gradient alone reveals the batch's labels (gradient bridge)",
+        "warning",
+        "6.5",
+    ),
+    "RA004": (
+        "no-certified-deficit",
+        "No cut through the traced graph stops one shared gradient from determining "
+        "the input (identifiability bound: rank bound = unknowns)",
+        "error",
+        "8.0",
+    ),
+    "RA005": (
+        "token-set-exposed",
+        "The token embedding's shared gradient reveals which tokens the batch holds (its non-zero rows)",
+        "error",
+        "7.5",
+    ),
+    "RA006": (
+        "token-set-span-test",
+        "A shared gradient of a layer reading per-token vectors has rank below its "
+        "input width, so a span test over the vocabulary reads the batch's token set (DAGER)",
+        "error",
+        "7.5",
+    ),
+    "RA007": (
+        "input-partial",
+        "A deficit is certified, but more of the input's directions than the allowed ceiling "
+        "(--max-recoverable) can be recovered from one shared gradient: not protection",
+        "warning",
+        "6.5",
+    ),
+    "RA009": (
+        "dp-reconstruction-bound",
+        "The DP noise bounds a reconstruction's success only above the allowed "
+        "ceiling: B(κ) > --max-reconstruction (spec §13)",
+        "error",
+        "7.0",
+    ),
+    "RA010": (
+        "bias-readout",
+        "A shared layer with a trainable bias and a ReLU-like activation reads per-sample "
+        "vectors: a unit that fires for one sample alone hands that sample's input to the layer over exactly "
+        "(weight update row / bias update; Qian et al., Prop. 1; spec §14)",
+        "warning",
+        "7.0",
+    ),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
@@ -67,10 +109,14 @@ def _location(result: Result, source: str | None) -> dict:
 
 def _rule(rule_id: str) -> dict:
     name, description, level, severity = RULES[rule_id]
-    return {"id": rule_id, "name": name, "shortDescription": {"text": description},
-            "defaultConfiguration": {"level": level},
-            "help": {"text": "See the rankaudit README: exit codes, caveat codes and the limits of the method."},
-            "properties": {"security-severity": severity, "tags": ["security", "privacy", "federated-learning"]}}
+    return {
+        "id": rule_id,
+        "name": name,
+        "shortDescription": {"text": description},
+        "defaultConfiguration": {"level": level},
+        "help": {"text": "See the rankaudit README: exit codes, caveat codes and the limits of the method."},
+        "properties": {"security-severity": severity, "tags": ["security", "privacy", "federated-learning"]},
+    }
 
 
 def _results_for(result: Result) -> list[dict]:
@@ -83,77 +129,146 @@ def _results_for(result: Result) -> list[dict]:
         verdict_rule = _VERDICT_RULE[result.verdict]
         from rankaudit.findings import carried_by_sentence
 
-        carried = carried_by_sentence(result) if result.policy is not None and \
-            result.policy.carried_by == "noise" else ""
-        found.append({"ruleId": verdict_rule, "level": RULES[verdict_rule][2],
-                      "message": {"text": f"{result.model}: {result.summary}"
-                                          + (f" The policy passes, {carried}." if carried else "")},
-                      "locations": [_location(result, None)],
-                      "properties": {"rank_bound": bound.rank_bound, "unknowns": bound.unknowns,
-                                     "recoverable_fraction": bound.recoverable_fraction,
-                                     "max_recoverable": bound.max_recoverable, "verdict": result.verdict,
-                                     "bottleneck": bound.bottleneck, "batch_size": result.batch_size,
-                                     **_sample_properties(result), **_round_properties(result)}})
+        carried = (
+            carried_by_sentence(result) if result.policy is not None and result.policy.carried_by == "noise" else ""
+        )
+        found.append(
+            {
+                "ruleId": verdict_rule,
+                "level": RULES[verdict_rule][2],
+                "message": {
+                    "text": f"{result.model}: {result.summary}" + (f" The policy passes, {carried}." if carried else "")
+                },
+                "locations": [_location(result, None)],
+                "properties": {
+                    "rank_bound": bound.rank_bound,
+                    "unknowns": bound.unknowns,
+                    "recoverable_fraction": bound.recoverable_fraction,
+                    "max_recoverable": bound.max_recoverable,
+                    "verdict": result.verdict,
+                    "bottleneck": bound.bottleneck,
+                    "batch_size": result.batch_size,
+                    **_sample_properties(result),
+                    **_round_properties(result),
+                },
+            }
+        )
     rule_id = _RA_RULE.get(ra_verdict(result.ra_i))
     if rule_id:
-        found.append({"ruleId": rule_id, "level": RULES[rule_id][2],
-                      "message": {"text": f"{result.model}: {ra_sentence(result)}"},
-                      "locations": [_location(result, row.source if row else None)],
-                      "properties": {"ra_i": result.ra_i, "critical_layer": result.critical_layer,
-                                     "batch_size": result.batch_size}})
+        found.append(
+            {
+                "ruleId": rule_id,
+                "level": RULES[rule_id][2],
+                "message": {"text": f"{result.model}: {ra_sentence(result)}"},
+                "locations": [_location(result, row.source if row else None)],
+                "properties": {
+                    "ra_i": result.ra_i,
+                    "critical_layer": result.critical_layer,
+                    "batch_size": result.batch_size,
+                },
+            }
+        )
     leakage = result.label_leakage
     if leakage is not None and leakage.risk == "high":
         leaking = leakage.leaking
         rows = {row.name: row for row in result.layers}
         first = rows.get(leaking[0])
-        found.append({"ruleId": "RA003", "level": RULES["RA003"][2],
-                      "message": {"text": f"{result.model}: the gradient of any one of {', '.join(leaking)} reveals "
-                                          "the batch's labels (GDBR gradient bridge / iDLG)."},
-                      "locations": [_location(result, first.source if first else None)],
-                      "properties": {"layers": leaking}})
+        found.append(
+            {
+                "ruleId": "RA003",
+                "level": RULES["RA003"][2],
+                "message": {
+                    "text": f"{result.model}: the gradient of any one of {', '.join(leaking)} reveals "
+                    "the batch's labels (GDBR gradient bridge / iDLG)."
+                },
+                "locations": [_location(result, first.source if first else None)],
+                "properties": {"layers": leaking},
+            }
+        )
     tokens = result.token_leakage
     if tokens is not None and tokens.exposed:
         exposing = [e for e in tokens.embeddings if e.exposed]
-        found.append({"ruleId": "RA005", "level": RULES["RA005"][2],
-                      "message": {"text": f"{result.model}: " + "; ".join(e.reason for e in exposing) + "."},
-                      "locations": [_location(result, exposing[0].source)],
-                      "properties": {"embeddings": [e.name for e in exposing],
-                                     "tokens_per_batch": tokens.tokens_per_batch}})
+        found.append(
+            {
+                "ruleId": "RA005",
+                "level": RULES["RA005"][2],
+                "message": {"text": f"{result.model}: " + "; ".join(e.reason for e in exposing) + "."},
+                "locations": [_location(result, exposing[0].source)],
+                "properties": {"embeddings": [e.name for e in exposing], "tokens_per_batch": tokens.tokens_per_batch},
+            }
+        )
     if tokens is not None and tokens.span_exposed:
         exposing = [layer for layer in tokens.layers if layer.exposed]
-        found.append({"ruleId": "RA006", "level": RULES["RA006"][2],
-                      "message": {"text": f"{result.model}: {exposing[0].reason}; safe from "
-                                          f"{tokens.safe_tokens_per_batch} tokens per shared gradient."},
-                      "locations": [_location(result, exposing[0].source)],
-                      "properties": {"layers": [layer.name for layer in exposing],
-                                     "tokens_per_batch": exposing[0].tokens_per_batch, "d_in": exposing[0].d_in,
-                                     "safe_tokens_per_batch": tokens.safe_tokens_per_batch}})
+        found.append(
+            {
+                "ruleId": "RA006",
+                "level": RULES["RA006"][2],
+                "message": {
+                    "text": f"{result.model}: {exposing[0].reason}; safe from "
+                    f"{tokens.safe_tokens_per_batch} tokens per shared gradient."
+                },
+                "locations": [_location(result, exposing[0].source)],
+                "properties": {
+                    "layers": [layer.name for layer in exposing],
+                    "tokens_per_batch": exposing[0].tokens_per_batch,
+                    "d_in": exposing[0].d_in,
+                    "safe_tokens_per_batch": tokens.safe_tokens_per_batch,
+                },
+            }
+        )
     for finding in result.bias_readout:
-        found.append({"ruleId": "RA010", "level": RULES["RA010"][2],
-                      "message": {"text": f"{result.model}: {finding.message}. Fix: {finding.fix}."},
-                      "locations": [_location(result, finding.source)],
-                      "properties": {"layer": finding.name, "op": finding.op, "units": finding.units,
-                                     "width": finding.width, "reads_input": finding.reads_input,
-                                     "activation": finding.activation, "exact": finding.exact,
-                                     "batch_size": finding.batch_size, "samples": finding.samples,
-                                     "whole_batch": finding.whole_batch}})
+        found.append(
+            {
+                "ruleId": "RA010",
+                "level": RULES["RA010"][2],
+                "message": {"text": f"{result.model}: {finding.message}. Fix: {finding.fix}."},
+                "locations": [_location(result, finding.source)],
+                "properties": {
+                    "layer": finding.name,
+                    "op": finding.op,
+                    "units": finding.units,
+                    "width": finding.width,
+                    "reads_input": finding.reads_input,
+                    "activation": finding.activation,
+                    "exact": finding.exact,
+                    "batch_size": finding.batch_size,
+                    "samples": finding.samples,
+                    "whole_batch": finding.whole_batch,
+                },
+            }
+        )
     dp = result.dp
     if dp is not None and dp.within_limit is False:
         from rankaudit.findings import dp_sentence
 
-        found.append({"ruleId": "RA009", "level": RULES["RA009"][2],
-                      "message": {"text": f"{result.model}: {dp_sentence(dp)}, above the allowed "
-                                          f"{dp.max_reconstruction:g}."},
-                      "locations": [_location(result, None)],
-                      "properties": {"level": dp.level, "noise_multiplier": dp.noise_multiplier,
-                                     "sample_rate": dp.sample_rate, "steps": dp.steps, "epsilon": dp.epsilon,
-                                     "delta": dp.delta, "prior": dp.prior,
-                                     "reconstruction_bound": dp.reconstruction_bound,
-                                     "max_reconstruction": dp.max_reconstruction}})
+        found.append(
+            {
+                "ruleId": "RA009",
+                "level": RULES["RA009"][2],
+                "message": {"text": f"{result.model}: {dp_sentence(dp)}, above the allowed {dp.max_reconstruction:g}."},
+                "locations": [_location(result, None)],
+                "properties": {
+                    "level": dp.level,
+                    "noise_multiplier": dp.noise_multiplier,
+                    "sample_rate": dp.sample_rate,
+                    "steps": dp.steps,
+                    "epsilon": dp.epsilon,
+                    "delta": dp.delta,
+                    "prior": dp.prior,
+                    "reconstruction_bound": dp.reconstruction_bound,
+                    "max_reconstruction": dp.max_reconstruction,
+                },
+            }
+        )
     for caveat in result.caveats:
-        found.append({"ruleId": caveat.code, "level": "note",
-                      "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
-                      "locations": [_location(result, caveat.source)]})
+        found.append(
+            {
+                "ruleId": caveat.code,
+                "level": "note",
+                "message": {"text": f"{caveat.node} ({caveat.op}): {caveat.message}"},
+                "locations": [_location(result, caveat.source)],
+            }
+        )
     return found
 
 
@@ -162,9 +277,16 @@ def _sample_properties(result: Result) -> dict:
     sample = result.identifiability.sample
     if sample is None:
         return {}
-    return {"sample": {"rank_bound": sample.rank_bound, "unknowns": sample.unknowns,
-                       "recoverable_fraction": sample.recoverable_fraction, "level": sample.level,
-                       "steps_per_sample": sample.steps_per_sample, "binding": sample.binding}}
+    return {
+        "sample": {
+            "rank_bound": sample.rank_bound,
+            "unknowns": sample.unknowns,
+            "recoverable_fraction": sample.recoverable_fraction,
+            "level": sample.level,
+            "steps_per_sample": sample.steps_per_sample,
+            "binding": sample.binding,
+        }
+    }
 
 
 def _round_properties(result: Result) -> dict:
@@ -174,23 +296,39 @@ def _round_properties(result: Result) -> dict:
     if result.round is None or result.round.fedsgd:
         return {}
     caps = result.identifiability.round
-    return {"round": round_dict(result), "binding_cap": caps.binding if caps else None,
-            "binding_explanation": caps.explanation if caps else None}
+    return {
+        "round": round_dict(result),
+        "binding_cap": caps.binding if caps else None,
+        "binding_explanation": caps.explanation if caps else None,
+    }
 
 
 def to_sarif(results: list[Result]) -> dict:
     findings = [finding for result in results for finding in _results_for(result)]
-    used = sorted({finding["ruleId"] for finding in findings} | set(_RA_RULE.values()) | set(_VERDICT_RULE.values())
-                  | {"RA003", "RA005", "RA006", "RA010"} | ({"RA009"} if any(r.dp for r in results) else set()))
+    used = sorted(
+        {finding["ruleId"] for finding in findings}
+        | set(_RA_RULE.values())
+        | set(_VERDICT_RULE.values())
+        | {"RA003", "RA005", "RA006", "RA010"}
+        | ({"RA009"} if any(r.dp for r in results) else set())
+    )
     return {
         "$schema": SCHEMA_URI,
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "rankaudit", "version": __version__, "semanticVersion": __version__,
-                                "rules": [_rule(rule_id) for rule_id in used]}},
-            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().resolve().as_uri() + "/"}},
-            "results": findings,
-        }],
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "rankaudit",
+                        "version": __version__,
+                        "semanticVersion": __version__,
+                        "rules": [_rule(rule_id) for rule_id in used],
+                    }
+                },
+                "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().resolve().as_uri() + "/"}},
+                "results": findings,
+            }
+        ],
     }
 
 

@@ -5,6 +5,7 @@ entities), without xmlns (inline SVG in HTML5 needs none, so the page holds no U
 and scaled by the page's CSS. Ids inside a drawing carry the caller's prefix, so several drawings share one page.
 They read the Result only.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,11 +20,11 @@ INK = "#0f172a"
 MUTED = "#475569"
 GRID = "#e2e8f0"
 RA_BAR = "#334155"
-WARN = "#c2410c"            # the critical layer, everywhere
+WARN = "#c2410c"  # the critical layer, everywhere
 WARN_LIGHT = "#ffedd5"
 DENSE = "#94a3b8"
-CUT = "#7c3aed"              # the identifiability bound's min cut
-SERIES = (                  # (LayerRow field, symbol, meaning, colour of its faint bar)
+CUT = "#7c3aed"  # the identifiability bound's min cut
+SERIES = (  # (LayerRow field, symbol, meaning, colour of its faint bar)
     ("inputs", "|x|", "unknowns", "#2563eb"),
     ("weights", "|W|", "gradient constraints", "#7c3aed"),
     ("outputs", "|z|", "weight constraints", "#0d9488"),
@@ -31,7 +32,7 @@ SERIES = (                  # (LayerRow field, symbol, meaning, colour of its fa
 )
 MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 SANS = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif"
-MONO_CHAR = 0.6             # advance of one monospace character, in font sizes
+MONO_CHAR = 0.6  # advance of one monospace character, in font sizes
 
 
 def x(value) -> str:
@@ -71,25 +72,31 @@ def compact(value: float) -> str:
 
 
 def _truncate(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[:max(chars - 1, 1)] + "…"
+    return text if len(text) <= chars else text[: max(chars - 1, 1)] + "…"
 
 
-def _svg_open(width: float, height: float, label: str, css_class: str, min_width: float | None = None,
-              grow: float = 1.0) -> str:
+def _svg_open(
+    width: float, height: float, label: str, css_class: str, min_width: float | None = None, grow: float = 1.0
+) -> str:
     """The opening tag: scales with its container down to `min_width` px and up to `grow` times its own size."""
     style = f"max-width:{_f(width * grow)}px" + (f";min-width:{_f(min_width)}px" if min_width else "")
-    return (f'<svg class="{css_class}" viewBox="0 0 {_f(width)} {_f(height)}" width="100%" role="img" '
-            f'aria-label="{x(label)}" style="{style}" preserveAspectRatio="xMinYMin meet" '
-            f'font-family="{x(SANS)}">')
+    return (
+        f'<svg class="{css_class}" viewBox="0 0 {_f(width)} {_f(height)}" width="100%" role="img" '
+        f'aria-label="{x(label)}" style="{style}" preserveAspectRatio="xMinYMin meet" '
+        f'font-family="{x(SANS)}">'
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # RA_i per layer
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _row_tooltip(row: LayerRow) -> str:
-    text = (f"{row.name} ({row.op}): RA_i = {fmt_int(row.ra_i)} = |x| {fmt_int(row.inputs)} − |W| "
-            f"{fmt_int(row.weights)} − |z| {fmt_int(row.outputs)} − V {fmt_int(row.virtual)}")
+    text = (
+        f"{row.name} ({row.op}): RA_i = {fmt_int(row.ra_i)} = |x| {fmt_int(row.inputs)} − |W| "
+        f"{fmt_int(row.weights)} − |z| {fmt_int(row.outputs)} − V {fmt_int(row.virtual)}"
+    )
     if row.critical:
         text += "; the critical layer: it sets the network's RA-i"
     if row.dense:
@@ -110,7 +117,7 @@ def ra_chart(result: Result, prefix: str = "c") -> str:
     name_w = min(max(max(len(r.name) for r in rows) * font * MONO_CHAR + 24, 96), 230)
     value_w = max(max(len(fmt_int(r.ra_i)) for r in rows) * font * 0.62 + 18, 64)
     plot_w = 320
-    width = name_w + value_w + plot_w + 12      # layer | RA_i | bars: what matters first survives a narrow screen
+    width = name_w + value_w + plot_w + 12  # layer | RA_i | bars: what matters first survives a narrow screen
     top, row_h, bottom = 40, 30, 44
     height = top + row_h * len(rows) + bottom
     values = [symlog(getattr(r, field)) for r in rows for field, *_ in SERIES] + [symlog(r.ra_i) for r in rows]
@@ -124,16 +131,22 @@ def ra_chart(result: Result, prefix: str = "c") -> str:
         return x0 + (symlog(value) - lo) / (hi - lo) * plot_w
 
     zero = px(0)
-    out = [_svg_open(width, height, f"RA_i per layer of {result.model_name}", "chart", min_width=width * 0.68,
-                     grow=1.25)]
-    out.append(f'<defs><pattern id="{prefix}-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-               f'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e2e8f0"/>'
-               f'<line x1="0" y1="0" x2="0" y2="6" stroke="{DENSE}" stroke-width="3"/></pattern></defs>')
+    out = [
+        _svg_open(width, height, f"RA_i per layer of {result.model_name}", "chart", min_width=width * 0.68, grow=1.25)
+    ]
+    out.append(
+        f'<defs><pattern id="{prefix}-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        f'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e2e8f0"/>'
+        f'<line x1="0" y1="0" x2="0" y2="6" stroke="{DENSE}" stroke-width="3"/></pattern></defs>'
+    )
     # Column headers.
-    out.append(f'<text x="{_f(name_w - 10)}" y="16" text-anchor="end" font-size="11" fill="{MUTED}" '
-               f'font-weight="600">layer</text>')
-    out.append(f'<text x="{_f(value_x)}" y="16" text-anchor="end" font-size="11" fill="{MUTED}" '
-               f'font-weight="600">RA_i</text>')
+    out.append(
+        f'<text x="{_f(name_w - 10)}" y="16" text-anchor="end" font-size="11" fill="{MUTED}" '
+        f'font-weight="600">layer</text>'
+    )
+    out.append(
+        f'<text x="{_f(value_x)}" y="16" text-anchor="end" font-size="11" fill="{MUTED}" font-weight="600">RA_i</text>'
+    )
     # Row bands: zebra, critical highlighted.
     for i, row in enumerate(rows):
         y = top + i * row_h
@@ -148,50 +161,70 @@ def ra_chart(result: Result, prefix: str = "c") -> str:
         value = 0 if k == 0 else math.copysign(10 ** abs(k), k)
         tx = x0 + (k - lo) / (hi - lo) * plot_w
         if k != 0:
-            out.append(f'<line x1="{_f(tx)}" y1="{top - 4}" x2="{_f(tx)}" y2="{_f(height - bottom + 4)}" '
-                       f'stroke="{GRID}" stroke-width="1"/>')
+            out.append(
+                f'<line x1="{_f(tx)}" y1="{top - 4}" x2="{_f(tx)}" y2="{_f(height - bottom + 4)}" '
+                f'stroke="{GRID}" stroke-width="1"/>'
+            )
         if k % step == 0:
-            out.append(f'<text x="{_f(tx)}" y="{top - 10}" text-anchor="middle" font-size="11" '
-                       f'fill="{MUTED}">{x(compact(value))}</text>')
+            out.append(
+                f'<text x="{_f(tx)}" y="{top - 10}" text-anchor="middle" font-size="11" '
+                f'fill="{MUTED}">{x(compact(value))}</text>'
+            )
     for i, row in enumerate(rows):
         y = top + i * row_h
         mid = y + row_h / 2
         name_fill = WARN if row.critical else (MUTED if row.dense else INK)
         weight = ' font-weight="700"' if row.critical else ""
-        out.append(f'<text x="{_f(name_w - 10)}" y="{_f(mid + 4)}" text-anchor="end" font-size="{font}" '
-                   f'font-family="{x(MONO)}" fill="{name_fill}"{weight}>{x(_truncate(row.name, 34))}'
-                   f'<title>{x(row.name)} ({x(row.op)})</title></text>')
+        out.append(
+            f'<text x="{_f(name_w - 10)}" y="{_f(mid + 4)}" text-anchor="end" font-size="{font}" '
+            f'font-family="{x(MONO)}" fill="{name_fill}"{weight}>{x(_truncate(row.name, 34))}'
+            f"<title>{x(row.name)} ({x(row.op)})</title></text>"
+        )
         # Faint ingredient bars, stacked in the row.
         for k, (field, symbol, meaning, colour) in enumerate(SERIES):
             value = getattr(row, field)
             if value == 0:
                 continue
             a, b = sorted((zero, px(value)))
-            out.append(f'<rect x="{_f(a)}" y="{_f(y + 3 + k * 6)}" width="{_f(max(b - a, 1))}" height="5" '
-                       f'fill="{colour}" fill-opacity="0.32"><title>{x(row.name)}: {symbol} = '
-                       f'{fmt_int(value)} ({meaning})</title></rect>')
+            out.append(
+                f'<rect x="{_f(a)}" y="{_f(y + 3 + k * 6)}" width="{_f(max(b - a, 1))}" height="5" '
+                f'fill="{colour}" fill-opacity="0.32"><title>{x(row.name)}: {symbol} = '
+                f"{fmt_int(value)} ({meaning})</title></rect>"
+            )
         # RA_i, in front.
         a, b = sorted((zero, px(row.ra_i)))
         fill = WARN if row.critical else (f"url(#{prefix}-hatch)" if row.dense else RA_BAR)
-        out.append(f'<rect x="{_f(a)}" y="{_f(mid - 6)}" width="{_f(max(b - a, 1.5))}" height="12" rx="2" '
-                   f'fill="{fill}" stroke="#ffffff" stroke-width="1"><title>{x(_row_tooltip(row))}</title></rect>')
+        out.append(
+            f'<rect x="{_f(a)}" y="{_f(mid - 6)}" width="{_f(max(b - a, 1.5))}" height="12" rx="2" '
+            f'fill="{fill}" stroke="#ffffff" stroke-width="1"><title>{x(_row_tooltip(row))}</title></rect>'
+        )
         value_fill = WARN if row.critical else (MUTED if row.dense else INK)
         style = ' font-style="italic"' if row.dense else ""
-        out.append(f'<text x="{_f(value_x)}" y="{_f(mid + 4)}" text-anchor="end" font-size="{font}" '
-                   f'fill="{value_fill}"{weight}{style}>{x(fmt_int(row.ra_i))}'
-                   f'<title>{x(_row_tooltip(row))}</title></text>')
+        out.append(
+            f'<text x="{_f(value_x)}" y="{_f(mid + 4)}" text-anchor="end" font-size="{font}" '
+            f'fill="{value_fill}"{weight}{style}>{x(fmt_int(row.ra_i))}'
+            f"<title>{x(_row_tooltip(row))}</title></text>"
+        )
     # Zero line on top of everything.
-    out.append(f'<line x1="{_f(zero)}" y1="{top - 4}" x2="{_f(zero)}" y2="{_f(height - bottom + 4)}" '
-               f'stroke="{INK}" stroke-width="1.5"/>')
+    out.append(
+        f'<line x1="{_f(zero)}" y1="{top - 4}" x2="{_f(zero)}" y2="{_f(height - bottom + 4)}" '
+        f'stroke="{INK}" stroke-width="1.5"/>'
+    )
     base = height - bottom
     if zero - x0 > 140:
-        out.append(f'<text x="{_f(zero - 6)}" y="{_f(base + 18)}" text-anchor="end" font-size="11" '
-                   f'fill="{MUTED}">← RA_i &lt; 0: over-determined</text>')
+        out.append(
+            f'<text x="{_f(zero - 6)}" y="{_f(base + 18)}" text-anchor="end" font-size="11" '
+            f'fill="{MUTED}">← RA_i &lt; 0: over-determined</text>'
+        )
     if x1 - zero > 140:
-        out.append(f'<text x="{_f(zero + 6)}" y="{_f(base + 18)}" font-size="11" fill="{MUTED}">'
-                   f'RA_i &gt; 0: more unknowns →</text>')
-    out.append(f'<text x="{_f((x0 + x1) / 2)}" y="{_f(base + 36)}" text-anchor="middle" font-size="11" '
-               f'fill="{MUTED}">symmetric log scale: sign · log10(1 + |value|)</text>')
+        out.append(
+            f'<text x="{_f(zero + 6)}" y="{_f(base + 18)}" font-size="11" fill="{MUTED}">'
+            f"RA_i &gt; 0: more unknowns →</text>"
+        )
+    out.append(
+        f'<text x="{_f((x0 + x1) / 2)}" y="{_f(base + 36)}" text-anchor="middle" font-size="11" '
+        f'fill="{MUTED}">symmetric log scale: sign · log10(1 + |value|)</text>'
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -213,7 +246,7 @@ def _ranks(arch: Architecture) -> tuple[nx.DiGraph, dict[str, int], list[str]]:
     order = {node.id: i for i, node in enumerate(arch.nodes)}
     graph.add_nodes_from(order)
     graph.add_edges_from((u, v) for u, v in arch.edges if u in order and v in order and u != v)
-    if not nx.is_directed_acyclic_graph(graph):   # never from a trace; draw it as a list rather than fail
+    if not nx.is_directed_acyclic_graph(graph):  # never from a trace; draw it as a list rather than fail
         return graph, {n: order[n] for n in order}, list(order)
     rank = {}
     for depth, generation in enumerate(nx.topological_generations(graph)):
@@ -280,7 +313,7 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
         return CIRCLE_R if nodes[node_id].kind in ("add", "cat") else NODE_H / 2
 
     # Route the edges first: side channels decide the left margin.
-    routes = []      # (u, v, how, channel slot or None)
+    routes = []  # (u, v, how, channel slot or None)
     channels: dict[str, list[tuple[int, int, int]]] = {"left": [], "right": []}
     for u, v in graph.edges:
         ru, rv, lu, lv = rank[u], rank[v], lane[u], lane[v]
@@ -295,7 +328,7 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
             routes.append((u, v, "across-then-down", None))
         else:
             side = "right" if min(lu, lv) > 0 else "left"
-            slot = 0      # the first channel whose edges do not overlap this one's ranks (touching counts)
+            slot = 0  # the first channel whose edges do not overlap this one's ranks (touching counts)
             while any(s == slot and not (rv < a or b < ru) for a, b, s in channels[side]):
                 slot += 1
             channels[side].append((ru, rv, slot))
@@ -304,8 +337,14 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
     right_slots = 1 + max((s for *_, kind, s in routes if kind == "right"), default=-1)
     margin = 14
     left_pad = margin + left_slots * CHANNEL_PITCH + (8 if left_slots else 0)
-    width = left_pad + len(lanes) * LANE_PITCH - (LANE_PITCH - NODE_W) + right_slots * CHANNEL_PITCH \
-        + (8 if right_slots else 0) + margin
+    width = (
+        left_pad
+        + len(lanes) * LANE_PITCH
+        - (LANE_PITCH - NODE_W)
+        + right_slots * CHANNEL_PITCH
+        + (8 if right_slots else 0)
+        + margin
+    )
     max_rank = max(rank.values())
     top = 30
     height = top + max_rank * RANK_PITCH + NODE_H + 16
@@ -326,9 +365,11 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
         return lanes_right + 10 + slot * CHANNEL_PITCH
 
     out = [_svg_open(width, height, f"architecture of {result.model_name}", "graph", min_width=width * 0.75)]
-    out.append(f'<defs><marker id="{prefix}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-               f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{MUTED}"/>'
-               f'</marker></defs>')
+    out.append(
+        f'<defs><marker id="{prefix}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{MUTED}"/>'
+        f"</marker></defs>"
+    )
 
     # Residual blocks: shaded rectangles behind their layers, projection and merge.
     node_by_name = {node.name: node.id for node in arch.nodes}
@@ -352,11 +393,13 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
         if "right" in sides:
             right = max(right, channel_x("right", right_slots - 1) + 6)
         dash = ' stroke-dasharray="5 3"' if block.kind == "approximate" else ""
-        out.append(f'<g class="block"><rect x="{_f(left)}" y="{_f(upper)}" width="{_f(right - left)}" '
-                   f'height="{_f(lower - upper)}" rx="8" fill="#eef2ff" stroke="#a5b4fc"{dash}/>'
-                   f'<text x="{_f(label_x)}" y="{_f(upper + 14)}" font-size="11" font-weight="600" fill="#3730a3" '
-                   f'font-family="{x(MONO)}">{x(block.name)}<title>residual block {x(block.name)}: '
-                   f'{x(block.kind)} shortcut</title></text></g>')
+        out.append(
+            f'<g class="block"><rect x="{_f(left)}" y="{_f(upper)}" width="{_f(right - left)}" '
+            f'height="{_f(lower - upper)}" rx="8" fill="#eef2ff" stroke="#a5b4fc"{dash}/>'
+            f'<text x="{_f(label_x)}" y="{_f(upper + 14)}" font-size="11" font-weight="600" fill="#3730a3" '
+            f'font-family="{x(MONO)}">{x(block.name)}<title>residual block {x(block.name)}: '
+            f"{x(block.kind)} shortcut</title></text></g>"
+        )
 
     # Edges.
     for u, v, kind, slot in routes:
@@ -380,8 +423,7 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
             chan = channel_x(kind, slot)
             sign = -1 if kind == "left" else 1
             d = _corner_path([(ux_ + sign * side_u, uy_), (chan, uy_), (chan, vy_), (vx_ + sign * (side_v + 1), vy_)])
-        out.append(f'<path d="{d}" fill="none" stroke="{MUTED}" stroke-width="1.4" '
-                   f'marker-end="url(#{prefix}-arrow)"/>')
+        out.append(f'<path d="{d}" fill="none" stroke="{MUTED}" stroke-width="1.4" marker-end="url(#{prefix}-arrow)"/>')
 
     # Nodes; those on the bound's min cut get a dashed ring first, so the node draws over its inner half.
     label_chars = int((NODE_W - 14) / (12 * MONO_CHAR))
@@ -394,29 +436,35 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
             names = ", ".join(label for label in bound.bottleneck)
             half_w = (CIRCLE_R if node.kind in ("add", "cat") else NODE_W / 2) + 5
             half_h = half_height(node_id) + 5
-            out.append(f'<rect class="cut" x="{_f(px_ - half_w)}" y="{_f(py_ - half_h)}" width="{_f(2 * half_w)}" '
-                       f'height="{_f(2 * half_h)}" rx="8" fill="none" stroke="{CUT}" stroke-width="2" '
-                       f'stroke-dasharray="5 3"><title>{x(f"on the min cut of the identifiability bound ({names})")}'
-                       f'</title></rect>')
+            out.append(
+                f'<rect class="cut" x="{_f(px_ - half_w)}" y="{_f(py_ - half_h)}" width="{_f(2 * half_w)}" '
+                f'height="{_f(2 * half_h)}" rx="8" fill="none" stroke="{CUT}" stroke-width="2" '
+                f'stroke-dasharray="5 3"><title>{x(f"on the min cut of the identifiability bound ({names})")}'
+                f"</title></rect>"
+            )
         row = rows.get(node_id) or (by_name.get(node.name) if node.kind == "layer" else None)
         if node.kind in ("add", "cat"):
             symbol = "+" if node.kind == "add" else "cat"
             merge_of = f" (merge of block {node.block})" if node.block else ""
-            out.append(f'<g class="merge"><title>{x(node.name)}: {x(node.kind)}{x(merge_of)}</title>'
-                       f'<circle cx="{_f(px_)}" cy="{_f(py_)}" r="{CIRCLE_R}" fill="#ffffff" stroke="{MUTED}" '
-                       f'stroke-width="1.5"/><text x="{_f(px_)}" y="{_f(py_ + (5 if symbol == "+" else 3))}" '
-                       f'text-anchor="middle" font-size="{15 if symbol == "+" else 9}" font-weight="700" '
-                       f'fill="{INK}">{symbol}</text></g>')
+            out.append(
+                f'<g class="merge"><title>{x(node.name)}: {x(node.kind)}{x(merge_of)}</title>'
+                f'<circle cx="{_f(px_)}" cy="{_f(py_)}" r="{CIRCLE_R}" fill="#ffffff" stroke="{MUTED}" '
+                f'stroke-width="1.5"/><text x="{_f(px_)}" y="{_f(py_ + (5 if symbol == "+" else 3))}" '
+                f'text-anchor="middle" font-size="{15 if symbol == "+" else 9}" font-weight="700" '
+                f'fill="{INK}">{symbol}</text></g>'
+            )
             continue
         left, upper = px_ - NODE_W / 2, py_ - NODE_H / 2
         critical = bool(row and row.critical)
         if node.kind in ("input", "output"):
             shape = "×".join(str(d) for d in result.input_shape) if node.kind == "input" else ""
             title = f"{node.name} {shape}".strip()
-            out.append(f'<g class="io"><title>{x(title)}</title><rect x="{_f(left)}" y="{_f(upper)}" '
-                       f'width="{NODE_W}" height="{NODE_H}" rx="{NODE_H / 2}" fill="#1e293b"/>'
-                       f'<text x="{_f(px_)}" y="{_f(py_ + 4)}" text-anchor="middle" font-size="12" '
-                       f'fill="#ffffff">{x(_truncate(title, 26))}</text></g>')
+            out.append(
+                f'<g class="io"><title>{x(title)}</title><rect x="{_f(left)}" y="{_f(upper)}" '
+                f'width="{NODE_W}" height="{NODE_H}" rx="{NODE_H / 2}" fill="#1e293b"/>'
+                f'<text x="{_f(px_)}" y="{_f(py_ + 4)}" text-anchor="middle" font-size="12" '
+                f'fill="#ffffff">{x(_truncate(title, 26))}</text></g>'
+            )
             continue
         if node.kind == "projection":
             fill, stroke, dash, width_ = "#f5f3ff", "#6d28d9", ' stroke-dasharray="5 3"', 1.5
@@ -432,14 +480,16 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
             detail = f"{node.op} · RA_i {fmt_int(row.ra_i)}" if row is not None else node.op
         tooltip = _row_tooltip(row) if row is not None else f"{node.name} ({node.op}, {node.kind})"
         name_fill = WARN if critical else INK
-        out.append(f'<g class="node{" critical" if critical else ""}"><title>{x(tooltip)}</title>'
-                   f'<rect x="{_f(left)}" y="{_f(upper)}" width="{NODE_W}" height="{NODE_H}" rx="5" fill="{fill}" '
-                   f'stroke="{stroke}" stroke-width="{width_}"{dash}/>'
-                   f'<text x="{_f(px_)}" y="{_f(upper + 15)}" text-anchor="middle" font-size="12" '
-                   f'font-family="{x(MONO)}" fill="{name_fill}" font-weight="{700 if critical else 600}">'
-                   f'{x(_truncate(node.name, label_chars))}</text>'
-                   f'<text x="{_f(px_)}" y="{_f(upper + 29)}" text-anchor="middle" font-size="10" '
-                   f'fill="{WARN if critical else MUTED}">{x(_truncate(detail, 34))}</text></g>')
+        out.append(
+            f'<g class="node{" critical" if critical else ""}"><title>{x(tooltip)}</title>'
+            f'<rect x="{_f(left)}" y="{_f(upper)}" width="{NODE_W}" height="{NODE_H}" rx="5" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{width_}"{dash}/>'
+            f'<text x="{_f(px_)}" y="{_f(upper + 15)}" text-anchor="middle" font-size="12" '
+            f'font-family="{x(MONO)}" fill="{name_fill}" font-weight="{700 if critical else 600}">'
+            f"{x(_truncate(node.name, label_chars))}</text>"
+            f'<text x="{_f(px_)}" y="{_f(upper + 29)}" text-anchor="middle" font-size="10" '
+            f'fill="{WARN if critical else MUTED}">{x(_truncate(detail, 34))}</text></g>'
+        )
     out.append("</svg>")
     return "".join(out)
 
@@ -451,19 +501,28 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
         return ""
     width, height, bar_y, bar_h = 560, 64, 8, 26
     recoverable = width * bound.rank_bound / bound.unknowns
-    out = [_svg_open(width, height, f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns", "bound", 280,
-                     grow=2.0)]
+    out = [
+        _svg_open(width, height, f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns", "bound", 280, grow=2.0)
+    ]
     out.append(f'<rect x="0" y="{bar_y}" width="{width}" height="{bar_h}" rx="4" fill="{GRID}"/>')
-    out.append(f'<rect x="0" y="{bar_y}" width="{_f(recoverable)}" height="{bar_h}" rx="4" fill="{WARN}">'
-               f'<title>{x(f"up to {bound.rank_bound:,} input directions the gradient may determine")}</title></rect>')
+    out.append(
+        f'<rect x="0" y="{bar_y}" width="{_f(recoverable)}" height="{bar_h}" rx="4" fill="{WARN}">'
+        f"<title>{x(f'up to {bound.rank_bound:,} input directions the gradient may determine')}</title></rect>"
+    )
     if bound.certified_deficit:
-        out.append(f'<rect x="{_f(recoverable)}" y="{bar_y}" width="{_f(width - recoverable)}" height="{bar_h}" '
-                   f'fill="#15803d"><title>{x(f"{bound.certified_deficit:,} directions no gradient sees")}</title>'
-                   f'</rect>')
-    out.append(f'<text x="4" y="{bar_y + bar_h + 18}" font-size="12" fill="{INK}">rank ≤ {fmt_int(bound.rank_bound)} '
-               f'({bound.recoverable_fraction:.1%})</text>')
-    out.append(f'<text x="{width - 4}" y="{bar_y + bar_h + 18}" font-size="12" text-anchor="end" fill="{INK}">'
-               f'certified deficit {fmt_int(bound.certified_deficit)} of {fmt_int(bound.unknowns)}</text>')
+        out.append(
+            f'<rect x="{_f(recoverable)}" y="{bar_y}" width="{_f(width - recoverable)}" height="{bar_h}" '
+            f'fill="#15803d"><title>{x(f"{bound.certified_deficit:,} directions no gradient sees")}</title>'
+            f"</rect>"
+        )
+    out.append(
+        f'<text x="4" y="{bar_y + bar_h + 18}" font-size="12" fill="{INK}">rank ≤ {fmt_int(bound.rank_bound)} '
+        f"({bound.recoverable_fraction:.1%})</text>"
+    )
+    out.append(
+        f'<text x="{width - 4}" y="{bar_y + bar_h + 18}" font-size="12" text-anchor="end" fill="{INK}">'
+        f"certified deficit {fmt_int(bound.certified_deficit)} of {fmt_int(bound.unknowns)}</text>"
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -471,6 +530,7 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # GDBR: recovered vs true label counts
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _class_key(label: str):
     try:
@@ -496,28 +556,37 @@ def label_counts(recovered: dict, true: dict, prefix: str = "l") -> str:
     step = max(1, math.ceil(top_count / 5))
     for tick in range(0, top_count + 1, step):
         ty = top + plot_h - tick / top_count * plot_h
-        out.append(f'<line x1="{left}" y1="{_f(ty)}" x2="{_f(width - right)}" y2="{_f(ty)}" stroke="{GRID}"/>'
-                   f'<text x="{left - 6}" y="{_f(ty + 3)}" text-anchor="end" font-size="10" fill="{MUTED}">'
-                   f'{tick}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{_f(ty)}" x2="{_f(width - right)}" y2="{_f(ty)}" stroke="{GRID}"/>'
+            f'<text x="{left - 6}" y="{_f(ty + 3)}" text-anchor="end" font-size="10" fill="{MUTED}">'
+            f"{tick}</text>"
+        )
     for i, label in enumerate(classes):
         gx = left + i * group + (group - 2 * bar - 2) / 2
         got, want = recovered.get(label, 0), true.get(label, 0)
         for j, (value, colour, what) in enumerate(((want, "#94a3b8", "true"), (got, "#2563eb", "recovered"))):
             h = value / top_count * plot_h
-            out.append(f'<rect x="{_f(gx + j * (bar + 2))}" y="{_f(top + plot_h - h)}" width="{bar}" '
-                       f'height="{_f(max(h, 0))}" fill="{colour}"><title>class {x(label)}: {what} {value} '
-                       f'(recovered {got}, true {want})</title></rect>')
+            out.append(
+                f'<rect x="{_f(gx + j * (bar + 2))}" y="{_f(top + plot_h - h)}" width="{bar}" '
+                f'height="{_f(max(h, 0))}" fill="{colour}"><title>class {x(label)}: {what} {value} '
+                f"(recovered {got}, true {want})</title></rect>"
+            )
         mismatch = got != want
         weight = ' font-weight="700"' if mismatch else ""
-        out.append(f'<text x="{_f(left + i * group + group / 2)}" y="{_f(top + plot_h + 15)}" text-anchor="middle" '
-                   f'font-size="11" fill="{WARN if mismatch else INK}"{weight}>{x(label)}</text>')
+        out.append(
+            f'<text x="{_f(left + i * group + group / 2)}" y="{_f(top + plot_h + 15)}" text-anchor="middle" '
+            f'font-size="11" fill="{WARN if mismatch else INK}"{weight}>{x(label)}</text>'
+        )
         if mismatch:
-            out.append(f'<text x="{_f(left + i * group + group / 2)}" y="{_f(top + plot_h + 28)}" '
-                       f'text-anchor="middle" font-size="10" fill="{WARN}">{got - want:+d}</text>')
-    out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{_f(width - right)}" y2="{top + plot_h}" '
-               f'stroke="{INK}"/>')
-    out.append(f'<text x="{_f(left + (width - left - right) / 2)}" y="{_f(height - 2)}" text-anchor="middle" '
-               f'font-size="10" fill="{MUTED}">class (red: recovered count differs, by the amount shown)</text>')
+            out.append(
+                f'<text x="{_f(left + i * group + group / 2)}" y="{_f(top + plot_h + 28)}" '
+                f'text-anchor="middle" font-size="10" fill="{WARN}">{got - want:+d}</text>'
+            )
+    out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{_f(width - right)}" y2="{top + plot_h}" stroke="{INK}"/>')
+    out.append(
+        f'<text x="{_f(left + (width - left - right) / 2)}" y="{_f(height - 2)}" text-anchor="middle" '
+        f'font-size="10" fill="{MUTED}">class (red: recovered count differs, by the amount shown)</text>'
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -546,50 +615,65 @@ def dp_curve(dp: DPBound, attack: dict | None = None) -> str:
         return left + min(max(share, 0.0), 1.0) * (width - left - right)
 
     def py(value: float) -> float:
-        share = (math.log10(max(value, 10.0 ** low_exp)) - low_exp) / (high_exp - low_exp)
+        share = (math.log10(max(value, 10.0**low_exp)) - low_exp) / (high_exp - low_exp)
         return top + (1 - min(max(share, 0.0), 1.0)) * (height - top - bottom)
 
-    label = (f"DP bound B(κ) over the prior κ: {len(points)} points, B({dp.prior:g}) = "
-             f"{dp.reconstruction_bound:.3g}")
+    label = f"DP bound B(κ) over the prior κ: {len(points)} points, B({dp.prior:g}) = {dp.reconstruction_bound:.3g}"
     out = [_svg_open(width, height, label, "dpcurve", 300, grow=1.5)]
     for exponent in range(low_exp, high_exp + 1):
-        value = 10.0 ** exponent
-        out.append(f'<line x1="{_f(px(value))}" y1="{top}" x2="{_f(px(value))}" y2="{height - bottom}" '
-                   f'stroke="{GRID}"/><line x1="{left}" y1="{_f(py(value))}" x2="{width - right}" '
-                   f'y2="{_f(py(value))}" stroke="{GRID}"/>'
-                   f'<text x="{_f(px(value))}" y="{height - bottom + 16}" text-anchor="middle" font-size="11" '
-                   f'fill="{MUTED}">{x(f"{value:g}")}</text>'
-                   f'<text x="{left - 6}" y="{_f(py(value) + 4)}" text-anchor="end" font-size="11" '
-                   f'fill="{MUTED}">{x(f"{value:g}")}</text>')
-    out.append(f'<text x="{_f(left + (width - left - right) / 2)}" y="{height - 6}" text-anchor="middle" '
-               f'font-size="11" fill="{INK}">prior κ: an attack\'s success without the update</text>')
-    out.append(f'<text x="14" y="{_f(top + (height - top - bottom) / 2)}" text-anchor="middle" font-size="11" '
-               f'fill="{INK}" transform="rotate(-90 14 {_f(top + (height - top - bottom) / 2)})">bound B(κ)</text>')
-    out.append(f'<line x1="{_f(px(1e-4))}" y1="{_f(py(1e-4))}" x2="{_f(px(1))}" y2="{_f(py(1))}" '
-               f'stroke="{DP_BASELINE}" stroke-dasharray="5 4"><title>B = κ: guessing, what no noise can go below'
-               f'</title></line>')
+        value = 10.0**exponent
+        out.append(
+            f'<line x1="{_f(px(value))}" y1="{top}" x2="{_f(px(value))}" y2="{height - bottom}" '
+            f'stroke="{GRID}"/><line x1="{left}" y1="{_f(py(value))}" x2="{width - right}" '
+            f'y2="{_f(py(value))}" stroke="{GRID}"/>'
+            f'<text x="{_f(px(value))}" y="{height - bottom + 16}" text-anchor="middle" font-size="11" '
+            f'fill="{MUTED}">{x(f"{value:g}")}</text>'
+            f'<text x="{left - 6}" y="{_f(py(value) + 4)}" text-anchor="end" font-size="11" '
+            f'fill="{MUTED}">{x(f"{value:g}")}</text>'
+        )
+    out.append(
+        f'<text x="{_f(left + (width - left - right) / 2)}" y="{height - 6}" text-anchor="middle" '
+        f'font-size="11" fill="{INK}">prior κ: an attack\'s success without the update</text>'
+    )
+    out.append(
+        f'<text x="14" y="{_f(top + (height - top - bottom) / 2)}" text-anchor="middle" font-size="11" '
+        f'fill="{INK}" transform="rotate(-90 14 {_f(top + (height - top - bottom) / 2)})">bound B(κ)</text>'
+    )
+    out.append(
+        f'<line x1="{_f(px(1e-4))}" y1="{_f(py(1e-4))}" x2="{_f(px(1))}" y2="{_f(py(1))}" '
+        f'stroke="{DP_BASELINE}" stroke-dasharray="5 4"><title>B = κ: guessing, what no noise can go below'
+        f"</title></line>"
+    )
     if dp.max_reconstruction is not None:
         ceiling = py(dp.max_reconstruction)
-        out.append(f'<line x1="{left}" y1="{_f(ceiling)}" x2="{width - right}" y2="{_f(ceiling)}" stroke="{WARN}" '
-                   f'stroke-dasharray="2 3"><title>{x(f"--max-reconstruction {dp.max_reconstruction:g}")}</title>'
-                   f'</line><text x="{width - right - 4}" y="{_f(ceiling - 5)}" text-anchor="end" font-size="11" '
-                   f'fill="{WARN}">{x(f"max {dp.max_reconstruction:g}")}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{_f(ceiling)}" x2="{width - right}" y2="{_f(ceiling)}" stroke="{WARN}" '
+            f'stroke-dasharray="2 3"><title>{x(f"--max-reconstruction {dp.max_reconstruction:g}")}</title>'
+            f'</line><text x="{width - right - 4}" y="{_f(ceiling - 5)}" text-anchor="end" font-size="11" '
+            f'fill="{WARN}">{x(f"max {dp.max_reconstruction:g}")}</text>'
+        )
     path = " ".join(f"{'M' if i == 0 else 'L'}{_f(px(k))} {_f(py(b))}" for i, (k, b) in enumerate(points))
     out.append(f'<path d="{path}" fill="none" stroke="{DP_CURVE}" stroke-width="2.5"/>')
     for kappa, bound in points:
-        out.append(f'<circle cx="{_f(px(kappa))}" cy="{_f(py(bound))}" r="3" fill="{DP_CURVE}">'
-                   f'<title>{x(f"B({kappa:g}) = {bound:.3g}")}</title></circle>')
+        out.append(
+            f'<circle cx="{_f(px(kappa))}" cy="{_f(py(bound))}" r="3" fill="{DP_CURVE}">'
+            f"<title>{x(f'B({kappa:g}) = {bound:.3g}')}</title></circle>"
+        )
     yours = f"your prior {dp.prior:g}: B = {dp.reconstruction_bound:.3g}"
-    out.append(f'<circle cx="{_f(px(dp.prior))}" cy="{_f(py(dp.reconstruction_bound))}" r="6" fill="none" '
-               f'stroke="{INK}" stroke-width="2"><title>{x(yours)}</title></circle>')
+    out.append(
+        f'<circle cx="{_f(px(dp.prior))}" cy="{_f(py(dp.reconstruction_bound))}" r="6" fill="none" '
+        f'stroke="{INK}" stroke-width="2"><title>{x(yours)}</title></circle>'
+    )
     if attack and attack.get("candidates"):
         kappa = 1.0 / attack["candidates"]
         low, high = attack["interval"]
         cx = px(kappa) + 8
         rate, candidates = attack["success_rate"], attack["candidates"]
         tip = f"measured attack success {rate:.3f}, 95 % interval [{low:.3f}, {high:.3f}], at κ = 1/{candidates}"
-        out.append(f'<g><title>{x(tip)}</title><line x1="{_f(cx)}" y1="{_f(py(low))}" x2="{_f(cx)}" '
-                   f'y2="{_f(py(high))}" stroke="{WARN}" stroke-width="2"/><rect x="{_f(cx - 4)}" '
-                   f'y="{_f(py(rate) - 4)}" width="8" height="8" fill="{WARN}"/></g>')
+        out.append(
+            f'<g><title>{x(tip)}</title><line x1="{_f(cx)}" y1="{_f(py(low))}" x2="{_f(cx)}" '
+            f'y2="{_f(py(high))}" stroke="{WARN}" stroke-width="2"/><rect x="{_f(cx - 4)}" '
+            f'y="{_f(py(rate) - 4)}" width="8" height="8" fill="{WARN}"/></g>'
+        )
     out.append("</svg>")
     return "".join(out)

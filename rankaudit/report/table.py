@@ -1,4 +1,5 @@
 """Result -> a readable terminal table with the critical row marked and the verdict spelled out."""
+
 from __future__ import annotations
 
 import re
@@ -42,14 +43,18 @@ def _conclusion_lines(result: Result, warn: str, color: bool) -> list[str]:
     cut = f"min cut: {cut}" if cut else "no cut: nothing is shared"
     if bound.sample is not None and per_sample_view(result):
         sample = bound.sample
-        head = (f"Bound (each sample): rank <= {sample.rank_bound:,} of {sample.unknowns:,} unknowns per sample "
-                f"({percent(sample.recoverable_fraction)} recoverable; protected needs at most "
-                f"{percent(bound.max_recoverable)}): {verdict}. {result.meaning[:1].upper() + result.meaning[1:]}.")
+        head = (
+            f"Bound (each sample): rank <= {sample.rank_bound:,} of {sample.unknowns:,} unknowns per sample "
+            f"({percent(sample.recoverable_fraction)} recoverable; protected needs at most "
+            f"{percent(bound.max_recoverable)}): {verdict}. {result.meaning[:1].upper() + result.meaning[1:]}."
+        )
         return [head, whole_sentence(result) + f" {cut[:1].upper() + cut[1:]}.", ra_sentence(result)]
-    head = (f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
-            f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
-            f"{percent(bound.max_recoverable)}; {cut}): {verdict}. "
-            f"{result.meaning[:1].upper() + result.meaning[1:]}.")
+    head = (
+        f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
+        f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
+        f"{percent(bound.max_recoverable)}; {cut}): {verdict}. "
+        f"{result.meaning[:1].upper() + result.meaning[1:]}."
+    )
     return [head, ra_sentence(result)]
 
 
@@ -68,9 +73,11 @@ def _round_lines(result: Result) -> list[str]:
     from rankaudit.levels import percent
 
     caps = bound.round
-    return [f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
-            f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {percent(bound.recoverable_fraction)}: "
-            f"{caps.explanation}."]
+    return [
+        f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
+        f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {percent(bound.recoverable_fraction)}: "
+        f"{caps.explanation}."
+    ]
 
 
 def _readout_lines(result: Result) -> list[str]:
@@ -100,8 +107,10 @@ def _label_lines(result: Result, verbose: bool = False) -> list[str]:
         return []
     leaking = leakage.leaking
     if leaking:
-        head = (f"Label leakage: {leakage.risk}. The gradient of any one of {', '.join(leaking)} reveals the "
-                "batch's labels (GDBR gradient bridge / iDLG), even with the other layers' gradients withheld.")
+        head = (
+            f"Label leakage: {leakage.risk}. The gradient of any one of {', '.join(leaking)} reveals the "
+            "batch's labels (GDBR gradient bridge / iDLG), even with the other layers' gradients withheld."
+        )
     else:
         head = "Label leakage: low. No shared layer's gradient bridges to the logits."
     lines = ["", head]
@@ -132,13 +141,26 @@ def _input_rows(result: Result) -> list[tuple[str, ...]]:
     rows = []
     for info in result.inputs:
         if info.role == "tokens" and info.unknowns_at and info.unknowns:
-            rows.append(("", info.unknowns_at, "Embedding", "-", "-", f"{result.batch_size * info.unknowns}", "-", "-",
-                         f"input: {info.name} -> unknowns start here"))
+            rows.append(
+                (
+                    "",
+                    info.unknowns_at,
+                    "Embedding",
+                    "-",
+                    "-",
+                    f"{result.batch_size * info.unknowns}",
+                    "-",
+                    "-",
+                    f"input: {info.name} -> unknowns start here",
+                )
+            )
     return rows
 
 
-_BUILDS = {"meta-parameters": "parameters on the meta device, the constructor's own arithmetic on the CPU",
-           "meta": "everything on the meta device (building with CPU arithmetic failed)"}
+_BUILDS = {
+    "meta-parameters": "parameters on the meta device, the constructor's own arithmetic on the CPU",
+    "meta": "everything on the meta device (building with CPU arithmetic failed)",
+}
 
 
 def _token_lines(result: Result) -> list[str]:
@@ -160,25 +182,45 @@ def _span_lines(result: Result) -> list[str]:
     lines = ["", f"Token leakage through the layers reading per-token vectors (DAGER's span test): {state}."]
     cells = [("layer", "d_in", "d_out", "B·n", "candidates", "")]
     for layer in tokens.layers:
-        status = "exposed" if layer.exposed else ("frozen" if not layer.trainable else
-                                                  "withheld" if not layer.shared else "safe")
-        cells.append((layer.name, str(layer.d_in), str(layer.d_out), str(layer.tokens_per_batch),
-                      f"{layer.candidates:,}", status))
+        status = (
+            "exposed"
+            if layer.exposed
+            else ("frozen" if not layer.trainable else "withheld" if not layer.shared else "safe")
+        )
+        cells.append(
+            (
+                layer.name,
+                str(layer.d_in),
+                str(layer.d_out),
+                str(layer.tokens_per_batch),
+                f"{layer.candidates:,}",
+                status,
+            )
+        )
     widths = [max(len(row[i]) for row in cells) for i in range(6)]
     for row in cells:
-        lines.append("  " + "  ".join(cell.rjust(widths[i]) if 0 < i < 5 else cell.ljust(widths[i])
-                                      for i, cell in enumerate(row)).rstrip())
+        lines.append(
+            "  "
+            + "  ".join(
+                cell.rjust(widths[i]) if 0 < i < 5 else cell.ljust(widths[i]) for i, cell in enumerate(row)
+            ).rstrip()
+        )
     exposing = [layer for layer in tokens.layers if layer.exposed]
     if exposing:
         lines.append(f"  {exposing[0].reason}.")
     if tokens.safe_tokens_per_batch is not None:
-        lines.append(f"  Safe budget: at least {tokens.safe_tokens_per_batch} tokens per shared gradient (batch "
-                     f"{tokens.safe_batch_size} at {max(l.positions for l in tokens.layers)} tokens per sequence), "
-                     f"and only if they give {tokens.safe_tokens_per_batch} distinct vectors ("
-                     + ("repeated tokens count once" if not any(l.position_dependent for l in tokens.layers)
-                        else "a token repeated at the same position counts once")
-                     + "): from there the exact span test fails on every shared layer; optimisation attacks that "
-                     "go past the rank condition are not ruled out.")
+        lines.append(
+            f"  Safe budget: at least {tokens.safe_tokens_per_batch} tokens per shared gradient (batch "
+            f"{tokens.safe_batch_size} at {max(layer.positions for layer in tokens.layers)} tokens per sequence), "
+            f"and only if they give {tokens.safe_tokens_per_batch} distinct vectors ("
+            + (
+                "repeated tokens count once"
+                if not any(layer.position_dependent for layer in tokens.layers)
+                else "a token repeated at the same position counts once"
+            )
+            + "): from there the exact span test fails on every shared layer; optimisation attacks that "
+            "go past the rank condition are not ruled out."
+        )
     else:
         lines.append("  No such layer's gradient is sent.")
     return lines
@@ -187,13 +229,18 @@ def _span_lines(result: Result) -> list[str]:
 def _verbose_lines(result: Result) -> list[str]:
     from rankaudit.levels import count
 
-    lines = ["", f"Traced with {result.tracer} in {result.seconds:.3f} s; {count(len(result.layers), 'counted layer')}, "
-             f"{count(len(result.blocks), 'residual block')}."]
+    lines = [
+        "",
+        f"Traced with {result.tracer} in {result.seconds:.3f} s; {count(len(result.layers), 'counted layer')}, "
+        f"{count(len(result.blocks), 'residual block')}.",
+    ]
     if result.build in _BUILDS:
         lines.append(f"Built with {_BUILDS[result.build]}.")
     if result.call_notes:
-        lines.append(f"forward() called with {', '.join(result.call_notes)} (the logits carry the loss; caches "
-                     "and other outputs are not counted).")
+        lines.append(
+            f"forward() called with {', '.join(result.call_notes)} (the logits carry the loss; caches "
+            "and other outputs are not counted)."
+        )
     for block in result.blocks:
         shortcut = ", ".join(block.shortcut_layers) or "identity"
         lines.append(f"  block {block.name}: main {', '.join(block.main_layers)}; shortcut {shortcut} ({block.kind})")
@@ -210,15 +257,19 @@ def _number(value) -> str:
 def _baseline_lines(attack: dict) -> list[str]:
     """The input attack's PSNR beside what a guess that reads no gradient scores, and its best image (issue 21)."""
     best = attack.get("best") or {}
-    lines = [f"  baselines (read no gradient): flat grey {_number(attack['grey_psnr_median'])} dB, each image's own "
-             f"mean colour {_number(attack['mean_colour_psnr_median'])} dB (medians); "
-             f"{attack['recovered_samples']} of {len(attack['samples'])} image(s) beat both: {attack['outcome']}"]
+    lines = [
+        f"  baselines (read no gradient): flat grey {_number(attack['grey_psnr_median'])} dB, each image's own "
+        f"mean colour {_number(attack['mean_colour_psnr_median'])} dB (medians); "
+        f"{attack['recovered_samples']} of {len(attack['samples'])} image(s) beat both: {attack['outcome']}"
+    ]
     if best:
         ssim = "" if best.get("ssim") is None else f", SSIM {best['ssim']:.3f}"
-        lines.append(f"  best image {best['index']}: PSNR {_number(best['psnr'])} dB{ssim} (grey "
-                     f"{_number(best['grey_psnr'])}, mean colour {_number(best['mean_colour_psnr'])} dB: "
-                     f"{'recovered' if best['recovered'] else 'failed'}); "
-                     f"median PSNR {_number(attack['median_psnr'])} dB")
+        lines.append(
+            f"  best image {best['index']}: PSNR {_number(best['psnr'])} dB{ssim} (grey "
+            f"{_number(best['grey_psnr'])}, mean colour {_number(best['mean_colour_psnr'])} dB: "
+            f"{'recovered' if best['recovered'] else 'failed'}); "
+            f"median PSNR {_number(attack['median_psnr'])} dB"
+        )
     return lines
 
 
@@ -230,15 +281,20 @@ def _bias_lines(readout: dict | None) -> list[str]:
         return []
     setup = readout.get("setup_seconds") or 0.0
     took = f"{readout['seconds']:.2f} s" + (f" after {setup:.1f} s of torch.func's first use" if setup >= 0.5 else "")
-    lines = ["", f"Bias readout ({readout['batch']}, {readout['device']}, {took}): "
-                 f"{readout['headline']}; {readout['judgement']}."]
+    lines = [
+        "",
+        f"Bias readout ({readout['batch']}, {readout['device']}, {took}): "
+        f"{readout['headline']}; {readout['judgement']}.",
+    ]
     if readout.get("internal_error"):
         lines.append(f"  {readout['internal_error']}")
     for layer in readout["layers"]:
         reads = "the input itself" if layer["reads_input"] else "features"
-        lines.append(f"  {layer['name']} ({layer['op']}, {layer['units']} units, {layer['live_units']} live, reads "
-                     f"{reads}): {count(len(layer['units_read']), 'unit')} read a sample exactly; "
-                     f"{layer['units_firing_for_one_sample']} passed a gradient for one sample alone")
+        lines.append(
+            f"  {layer['name']} ({layer['op']}, {layer['units']} units, {layer['live_units']} live, reads "
+            f"{reads}): {count(len(layer['units_read']), 'unit')} read a sample exactly; "
+            f"{layer['units_firing_for_one_sample']} passed a gradient for one sample alone"
+        )
     psnrs = [s for s in readout["per_sample"] if s["psnr_measured"]]
     if psnrs:
         shown = ", ".join(f"{s['index']}: {'exact' if s['read_exactly'] else _number(s['psnr'])}" for s in psnrs)
@@ -254,35 +310,52 @@ def _verification_lines(result: Result) -> list[str]:
     rgap = result.verification.get("rgap")
     if rgap:
         name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
-        lines += ["", f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
-                  f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
-                  f"{rgap['judgement']}."] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
+        lines += [
+            "",
+            f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
+            f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
+            f"{rgap['judgement']}.",
+        ] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
         if "outcome" in rgap:
             lines += _baseline_lines(rgap)
         if rgap["layers"]:
             lines.append("  layer            unknowns    rank  deficit  residual  condition")
             for layer in rgap["layers"]:
-                lines.append(f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
-                             f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}")
+                lines.append(
+                    f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
+                    f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}"
+                )
         for sample in rgap["samples"]:
             client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
             beside = ""
             if "recovered" in sample:
-                beside = (f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
-                          f" dB: {'recovered' if sample['recovered'] else 'failed'})")
-            lines.append(f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
-                         f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s")
+                beside = (
+                    f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
+                    f" dB: {'recovered' if sample['recovered'] else 'failed'})"
+                )
+            lines.append(
+                f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
+                f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s"
+            )
         for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
             lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
     gdbr = result.verification.get("gdbr")
     if gdbr:
-        lines += ["", f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
-                  f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
-                  f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
-                  f"  An equal-count guess that reads no gradient scores InsAcc {gdbr['chance_ins_acc']:.1%} on these "
-                  "batches: " + ("GDBR beats it." if gdbr["beats_chance"] else
-                                 "GDBR does no better, so this run does not show label leakage."),
-                  f"  recovered {gdbr['recovered']}", f"  true      {gdbr['true']}"]
+        lines += [
+            "",
+            f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
+            f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
+            f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
+            f"  An equal-count guess that reads no gradient scores InsAcc {gdbr['chance_ins_acc']:.1%} on these "
+            "batches: "
+            + (
+                "GDBR beats it."
+                if gdbr["beats_chance"]
+                else "GDBR does no better, so this run does not show label leakage."
+            ),
+            f"  recovered {gdbr['recovered']}",
+            f"  true      {gdbr['true']}",
+        ]
     lines.extend(_rank_lines(result.verification.get("rank")))
     lines.extend(_dager_lines(result.verification.get("dager")))
     lines.extend(_dp_attack_lines(result.verification.get("dp")))
@@ -316,16 +389,21 @@ def _dp_lines(result: Result) -> list[str]:
     unit = "a sample" if dp.level == "sample" else "a client's update"
     rate = f"q {dp.sample_rate:.4g}" + (f" ({dp.sample_rate_source})" if dp.sample_rate_source else "")
     steps = f"T {dp.steps:,}" + (f" ({dp.steps_source})" if dp.steps_source else "")
-    lines = ["", f"{dp_sentence(dp)}.",
-             f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}; {rate}; {steps}",
-             f"  the unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
-             *(f"  note: {note}" for note in dp.notes),
-             "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
-             "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values())]
+    lines = [
+        "",
+        f"{dp_sentence(dp)}.",
+        f"  σ {dp.noise_multiplier:g}, clip {dp.clip:g}; {rate}; {steps}",
+        f"  the unit is {unit}; {dp.accountant}, {dp.seconds:.2f} s",
+        *(f"  note: {note}" for note in dp.notes),
+        "  prior κ      " + "  ".join(f"{key:>7}" for key in dp.bounds),
+        "  bound B(κ)   " + "  ".join(f"{value:>7.3g}" for value in dp.bounds.values()),
+    ]
     if dp.max_reconstruction is not None:
         verdict = "within" if dp.within_limit else "ABOVE"
-        lines.append(f"  B({dp.prior:g}) = {dp.reconstruction_bound:.3g}: {verdict} --max-reconstruction "
-                     f"{dp.max_reconstruction:g}")
+        lines.append(
+            f"  B({dp.prior:g}) = {dp.reconstruction_bound:.3g}: {verdict} --max-reconstruction "
+            f"{dp.max_reconstruction:g}"
+        )
     return lines
 
 
@@ -334,12 +412,20 @@ def _dp_attack_lines(attack: dict | None) -> list[str]:
     if not attack:
         return []
     low, high = attack["interval"]
-    where = ("at or below the bound" if attack["below_bound"] else
-             "the interval straddles the bound" if not attack["internal_error"] else "ABOVE the bound")
-    lines = ["", f"Verification (informed attack on the DP noise, {attack['candidates']} candidates, "
-                 f"{attack['trials']:,} trials, {attack['device']}, {attack['seconds']:.1f} s): success "
-                 f"{attack['success_rate']:.3f} (95 % interval [{low:.3f}, {high:.3f}]) against the bound "
-                 f"B(1/{attack['candidates']}) = {attack['bound']:.3f} and the prior {attack['prior']:.3g}: {where}."]
+    where = (
+        "at or below the bound"
+        if attack["below_bound"]
+        else "the interval straddles the bound"
+        if not attack["internal_error"]
+        else "ABOVE the bound"
+    )
+    lines = [
+        "",
+        f"Verification (informed attack on the DP noise, {attack['candidates']} candidates, "
+        f"{attack['trials']:,} trials, {attack['device']}, {attack['seconds']:.1f} s): success "
+        f"{attack['success_rate']:.3f} (95 % interval [{low:.3f}, {high:.3f}]) against the bound "
+        f"B(1/{attack['candidates']}) = {attack['bound']:.3f} and the prior {attack['prior']:.3g}: {where}.",
+    ]
     if attack["internal_error"]:
         lines.append(f"  {attack['internal_error']}")
     return lines + [f"  {note}" for note in attack["notes"]]
@@ -350,16 +436,21 @@ def _dager_lines(dager: dict | None) -> list[str]:
     if not dager:
         return []
     layers = ", ".join(dager.get("layers") or [dager["layer"]])
-    lines = ["", f"Verification (DAGER's span test on the gradient of {layers}, batch {dager['batch_size']} x "
-                 f"{dager['positions']} tokens, {dager['device']}, {dager['seconds']:.1f} s): rank {dager['rank']} "
-                 f"of d_in {dager['d_in']}; token precision {dager['token_precision']:.3f}, recall "
-                 f"{dager['token_recall']:.3f} ({dager['recovered_tokens']} recovered, {dager['true_tokens']} true, "
-                 f"{dager['candidates_tested']:,} candidates in {dager['span_seconds']:.2f} s); {dager['judgement']}."]
+    lines = [
+        "",
+        f"Verification (DAGER's span test on the gradient of {layers}, batch {dager['batch_size']} x "
+        f"{dager['positions']} tokens, {dager['device']}, {dager['seconds']:.1f} s): rank {dager['rank']} "
+        f"of d_in {dager['d_in']}; token precision {dager['token_precision']:.3f}, recall "
+        f"{dager['token_recall']:.3f} ({dager['recovered_tokens']} recovered, {dager['true_tokens']} true, "
+        f"{dager['candidates_tested']:,} candidates in {dager['span_seconds']:.2f} s); {dager['judgement']}.",
+    ]
     extension = dager.get("extension")
     if extension and "seconds" in extension:
-        lines.append(f"  Decoder: greedy extension with the gradient of {extension['layer']}: "
-                     f"{extension['exact_sequences']} of {extension['sequences']} sequences recovered exactly "
-                     f"({extension['note']}).")
+        lines.append(
+            f"  Decoder: greedy extension with the gradient of {extension['layer']}: "
+            f"{extension['exact_sequences']} of {extension['sequences']} sequences recovered exactly "
+            f"({extension['note']})."
+        )
     elif extension:
         lines.append(f"  Decoder: {extension['note']}.")
     elif not dager["decoder"]:
@@ -384,21 +475,27 @@ def _worst_sample_lines(rank: dict) -> list[str]:
     ranks = rank.get("per_sample_rank") or []
     bound = rank.get("sample_bound")
     if len(ranks) > 1 or bound:
-        counts = ", ".join(f"{value} x {count}" if count > 1 else str(value)
-                           for value, count in sorted(Counter(ranks).items(), reverse=True))
-        lines.append(f"  each sample: rank(J_i) {counts}" + (f" (per-sample bound R_s = {bound['rank_bound']} of "
-                                                                f"{bound['unknowns']})" if bound else ""))
+        counts = ", ".join(
+            f"{value} x {count}" if count > 1 else str(value)
+            for value, count in sorted(Counter(ranks).items(), reverse=True)
+        )
+        lines.append(
+            f"  each sample: rank(J_i) {counts}"
+            + (f" (per-sample bound R_s = {bound['rank_bound']} of {bound['unknowns']})" if bound else "")
+        )
     worst = rank.get("worst")
     if worst and worst.get("hidden_energy") is not None:
         psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
-        if rank.get("rank") == 0:      # an empty gradient: no visible-part figure (issue 23)
+        if rank.get("rank") == 0:  # an empty gradient: no visible-part figure (issue 23)
             shown = "nothing visible (rank 0)"
         else:
             shown = "visible part " + ("∞ dB (nothing hidden)" if psnr is None else f"{psnr:.1f} dB")
             shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
         measured = sum(1 for e in rank.get("worst_first") or [] if e.get("hidden_energy") is not None)
-        lines.append(f"  worst sample: {worst['index']} hides {percent(worst['hidden_energy'])} of its energy "
-                     f"({shown}); {rank.get('hiding_under_1_percent')} of {measured} hide under 1 %")
+        lines.append(
+            f"  worst sample: {worst['index']} hides {percent(worst['hidden_energy'])} of its energy "
+            f"({shown}); {rank.get('hiding_under_1_percent')} of {measured} hide under 1 %"
+        )
     return lines
 
 
@@ -413,15 +510,18 @@ def _hidden_lines(rank: dict) -> list[str]:
     psnr = rank.get("visible_psnr_median")
     ssim = rank.get("visible_ssim_median")
     if rank.get("rank") == 0:
-        shown = "nothing visible"             # an empty gradient: no figure of an all-zero projection
+        shown = "nothing visible"  # an empty gradient: no figure of an all-zero projection
     else:
-        shown = (f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)")
+        shown = f"visible part {psnr:.1f} dB PSNR" if psnr is not None else "visible part ∞ dB PSNR (nothing hidden)"
         shown += f", SSIM {ssim:.3f}" if ssim is not None else ""
-    line = (f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
-            f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)")
+    line = (
+        f"  hidden: {percent(rank['hidden_energy_median'])} of {what} energy (median of {len(inputs)}); "
+        f"{shown}: {rank.get('visible_reading')} (first order, without an image prior)"
+    )
     if len(inputs) > 1:
         line += "; per input: " + ", ".join(
-            "n/a" if e.get("hidden_energy") is None else percent(e["hidden_energy"]) for e in inputs)
+            "n/a" if e.get("hidden_energy") is None else percent(e["hidden_energy"]) for e in inputs
+        )
     return [line]
 
 
@@ -438,17 +538,25 @@ def _rank_lines(rank: dict | None) -> list[str]:
     if not rank:
         return []
     samples = len(rank["samples"])
-    inputs = (f"{samples} image{'s' if samples != 1 else ''}" if rank["batch_size"] == 1
-              else f"one batch of {rank['batch_size']}")
+    inputs = (
+        f"{samples} image{'s' if samples != 1 else ''}"
+        if rank["batch_size"] == 1
+        else f"one batch of {rank['batch_size']}"
+    )
     if rank.get("round"):
         shown = rank["round"]
-        inputs = (f"∂u/∂X, the update of {count(shown['steps'], 'local step')} over {shown['clients']} x "
-                  f"{count(shown['local_samples'], 'sample')}")
+        inputs = (
+            f"∂u/∂X, the update of {count(shown['steps'], 'local step')} over {shown['clients']} x "
+            f"{count(shown['local_samples'], 'sample')}"
+        )
     else:
         inputs = f"∂g/∂x, {inputs}"
-    lines = ["", f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
-                 f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
-                 f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}."]
+    lines = [
+        "",
+        f"Rank check ({inputs}): rank {rank['rank']} / {rank['unknowns']} unknowns, "
+        f"deficit {rank['deficit']}, gap {_rank_gap(rank)}, "
+        f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}.",
+    ]
     lines.extend(_worst_sample_lines(rank))
     lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
@@ -456,11 +564,16 @@ def _rank_lines(rank: dict | None) -> list[str]:
     if not rank["reliable"]:
         lines.append("  the gap is under 1e3: this rank depends on the tolerance and is not reliable")
     if len({sample["rank"] for sample in rank["samples"]}) > 1:
-        lines.append("  ranks per image: " + ", ".join(str(sample["rank"]) for sample in rank["samples"])
-                     + " (the headline is the largest, the generic rank)")
+        lines.append(
+            "  ranks per image: "
+            + ", ".join(str(sample["rank"]) for sample in rank["samples"])
+            + " (the headline is the largest, the generic rank)"
+        )
     if rank.get("directions"):
-        lines.append(f"  {len(rank['directions'])} invisible input directions saved, e.g. "
-                     f"{rank['directions'][0]['png'] or rank['directions'][0]['npy']}")
+        lines.append(
+            f"  {len(rank['directions'])} invisible input directions saved, e.g. "
+            f"{rank['directions'][0]['png'] or rank['directions'][0]['npy']}"
+        )
     return lines
 
 
@@ -490,18 +603,32 @@ def _defense_lines(result: Result) -> list[str]:
         return []
     lines = []
     if rows:
-        lines += ["", "Defenses (the same attack on the same images/batches, without and with each defense; the attack "
-                      "sees only what the client shares):"]
+        lines += [
+            "",
+            "Defenses (the same attack on the same images/batches, without and with each defense; the attack "
+            "sees only what the client shares):",
+        ]
         cells = [("defense", "attack", "metric", "without", "with", "degrades?")]
         for row in rows:
             metric = "InsAcc" if row.get("metric") == "ins_acc" else "median MSE (PSNR)"
-            cells.append((row.get("label") or row.get("defense", "?"), _ATTACK_NAMES.get(row.get("attack"),
-                          str(row.get("attack"))), metric, _defense_value(row, "without"), _defense_value(row, "with"),
-                          _defense_verdict(row)))
+            cells.append(
+                (
+                    row.get("label") or row.get("defense", "?"),
+                    _ATTACK_NAMES.get(row.get("attack"), str(row.get("attack"))),
+                    metric,
+                    _defense_value(row, "without"),
+                    _defense_value(row, "with"),
+                    _defense_verdict(row),
+                )
+            )
         widths = [max(len(line[i]) for line in cells) for i in range(6)]
         for line in cells:
-            lines.append("  " + "  ".join(cell.rjust(widths[i]) if i in (3, 4) else cell.ljust(widths[i])
-                                          for i, cell in enumerate(line)).rstrip())
+            lines.append(
+                "  "
+                + "  ".join(
+                    cell.rjust(widths[i]) if i in (3, 4) else cell.ljust(widths[i]) for i, cell in enumerate(line)
+                ).rstrip()
+            )
         seen = set()
         for row in rows:
             attack = _ATTACK_NAMES.get(row.get("attack"), str(row.get("attack")))
@@ -513,10 +640,13 @@ def _defense_lines(result: Result) -> list[str]:
                     seen.add(text)
                     lines.append(text)
     if training:
-        lines += ["", f"AdaDefense's cost in training: FedAvg, {training['rounds']} rounds x {training['clients']} "
-                      f"clients, {training.get('model', 'a small MLP')} on {training.get('data', 'digits')}: test "
-                      f"accuracy {training['accuracy_without']:.1%} without, {training['accuracy_with']:.1%} with the "
-                      "stand-in."]
+        lines += [
+            "",
+            f"AdaDefense's cost in training: FedAvg, {training['rounds']} rounds x {training['clients']} "
+            f"clients, {training.get('model', 'a small MLP')} on {training.get('data', 'digits')}: test "
+            f"accuracy {training['accuracy_without']:.1%} without, {training['accuracy_with']:.1%} with the "
+            "stand-in.",
+        ]
     return lines
 
 
@@ -529,8 +659,18 @@ SHOWN_NAMES = 3
 
 def _row_pattern(row: LayerRow) -> tuple:
     """What makes a row worth printing again: its name with the numbers taken out, its op and its counts."""
-    return (re.sub(r"\d+", "#", row.name), row.op, row.inputs, row.weights, row.outputs, row.virtual, row.ra_i,
-            row.dense, row.side, tuple(re.sub(r"\d+", "#", name) for name in row.folded))
+    return (
+        re.sub(r"\d+", "#", row.name),
+        row.op,
+        row.inputs,
+        row.weights,
+        row.outputs,
+        row.virtual,
+        row.ra_i,
+        row.dense,
+        row.side,
+        tuple(re.sub(r"\d+", "#", name) for name in row.folded),
+    )
 
 
 def _visible_rows(result: Result, verbose: bool) -> list[LayerRow | tuple[int, str, str]]:
@@ -558,8 +698,10 @@ def _visible_rows(result: Result, verbose: bool) -> list[LayerRow | tuple[int, s
 
 
 def _hidden_rows_text(count: int, first: str, last: str) -> str:
-    return (f"   ... {count:,} more rows, {first} to {last}, each repeating a row above (the same op and counts, "
-            "the name up to its numbers; -v lists every row)")
+    return (
+        f"   ... {count:,} more rows, {first} to {last}, each repeating a row above (the same op and counts, "
+        "the name up to its numbers; -v lists every row)"
+    )
 
 
 def _names(names: list[str], verbose: bool) -> str:
@@ -578,8 +720,11 @@ def _caveat_lines(result: Result, verbose: bool) -> list[str]:
     groups: dict[tuple[str, str], list] = {}
     for caveat in result.caveats:
         groups.setdefault((caveat.code, caveat.op), []).append(caveat)
-    head = "Caveats:" if len(groups) == len(result.caveats) else \
-        f"Caveats ({len(result.caveats):,}, grouped by rule and op; -v lists each):"
+    head = (
+        "Caveats:"
+        if len(groups) == len(result.caveats)
+        else f"Caveats ({len(result.caveats):,}, grouped by rule and op; -v lists each):"
+    )
     lines = ["", head]
     for (code, _), members in groups.items():
         first = members[0]
@@ -593,13 +738,34 @@ def _caveat_lines(result: Result, verbose: bool) -> list[str]:
 
 
 def render_one(result: Result, color: bool = False, verbose: bool = False) -> str:
-    lines = [f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
-             f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
-             + _round_header(result), *_deployment_lines(result), ""]
+    lines = [
+        f"rankaudit {__version__}  {result.model} ({result.model_name})  input {_input_text(result)}  "
+        f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
+        + _round_header(result),
+        *_deployment_lines(result),
+        "",
+    ]
     visible = _visible_rows(result, verbose)
-    cells = [HEADERS] + _input_rows(result) + [
-        (">" if row.critical else "", row.name, row.op, f"{row.inputs}", f"{row.weights}", f"{row.outputs}",
-         f"{row.virtual}", f"{row.ra_i}", _notes(row)) if isinstance(row, LayerRow) else row for row in visible]
+    cells = (
+        [HEADERS]
+        + _input_rows(result)
+        + [
+            (
+                ">" if row.critical else "",
+                row.name,
+                row.op,
+                f"{row.inputs}",
+                f"{row.weights}",
+                f"{row.outputs}",
+                f"{row.virtual}",
+                f"{row.ra_i}",
+                _notes(row),
+            )
+            if isinstance(row, LayerRow)
+            else row
+            for row in visible
+        ]
+    )
     widths = [max(len(line[i]) for line in cells if len(line) == len(HEADERS)) for i in range(len(HEADERS))]
     warn = VERDICT_COLOR.get(result.verdict, "0")
     for index, line in enumerate(cells):
@@ -632,11 +798,17 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
             from rankaudit.findings import carried_by_sentence
 
             carried = carried_by_sentence(result)
-            lines.append(f"Policy: pass (--fail-on {result.policy.fail_on}"
-                         + (f", --min-ra {result.policy.min_ra}" if result.policy.min_ra is not None else "")
-                         + (f", --max-recoverable {result.policy.max_recoverable:g}"
-                            if result.policy.max_recoverable is not None else "") + ")"
-                         + (f": {carried}" if carried else ""))
+            lines.append(
+                f"Policy: pass (--fail-on {result.policy.fail_on}"
+                + (f", --min-ra {result.policy.min_ra}" if result.policy.min_ra is not None else "")
+                + (
+                    f", --max-recoverable {result.policy.max_recoverable:g}"
+                    if result.policy.max_recoverable is not None
+                    else ""
+                )
+                + ")"
+                + (f": {carried}" if carried else "")
+            )
         else:
             lines.append("Policy: FAIL: " + "; ".join(result.policy.reasons))
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ is therefore shown beside two reconstructions that read no gradient at all, scor
 An image counts as recovered only when its reconstruction's PSNR is strictly above both; the attack's outcome is
 ``recovered`` when every image is, ``failed`` when none is, and ``partly recovered`` in between.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,11 @@ from rankaudit.verify.hidden import ssim
 
 GREY_LEVEL = 0.5
 RECOVERED, PARTLY, FAILED = "recovered", "partly recovered", "failed"
-DESCRIPTION = (f"baselines that read no gradient: a flat grey image ({GREY_LEVEL:g} everywhere) and each image's "
-               "own per-channel mean colour (the best flat image for that image, an oracle); an image counts as "
-               "recovered only when its PSNR is above both")
+DESCRIPTION = (
+    f"baselines that read no gradient: a flat grey image ({GREY_LEVEL:g} everywhere) and each image's "
+    "own per-channel mean colour (the best flat image for that image, an oracle); an image counts as "
+    "recovered only when its PSNR is above both"
+)
 
 
 @dataclass(frozen=True)
@@ -73,16 +76,23 @@ def score(originals: torch.Tensor, reconstructions: torch.Tensor) -> list[Scored
     originals = originals.detach().to(device="cpu", dtype=torch.float64)
     reconstructions = reconstructions.detach().to(device="cpu", dtype=torch.float64)
     if originals.shape != reconstructions.shape:
-        raise ValueError(f"originals {tuple(originals.shape)} and reconstructions {tuple(reconstructions.shape)} "
-                         "differ in shape")
+        raise ValueError(
+            f"originals {tuple(originals.shape)} and reconstructions {tuple(reconstructions.shape)} differ in shape"
+        )
     grey, mean = grey_images(originals), mean_colour_images(originals)
     scored = []
     for index in range(originals.shape[0]):
         truth, found = originals[index], reconstructions[index]
         finite = bool(torch.isfinite(found).all())
-        scored.append(Scored(index, _psnr(truth, found) if finite else -math.inf,
-                             ssim(truth.numpy(), found.numpy()) if finite else None,
-                             _psnr(truth, grey[index]), _psnr(truth, mean[index])))
+        scored.append(
+            Scored(
+                index,
+                _psnr(truth, found) if finite else -math.inf,
+                ssim(truth.numpy(), found.numpy()) if finite else None,
+                _psnr(truth, grey[index]),
+                _psnr(truth, mean[index]),
+            )
+        )
     return scored
 
 
@@ -107,8 +117,12 @@ def outcome(scored: list[Scored]) -> str:
 
 def sample_fields(entry: Scored) -> dict:
     """The keys each attacked image's JSON entry gains."""
-    return {"ssim": entry.ssim, "grey_psnr": _finite(entry.grey_psnr),
-            "mean_colour_psnr": _finite(entry.mean_colour_psnr), "recovered": entry.recovered}
+    return {
+        "ssim": entry.ssim,
+        "grey_psnr": _finite(entry.grey_psnr),
+        "mean_colour_psnr": _finite(entry.mean_colour_psnr),
+        "recovered": entry.recovered,
+    }
 
 
 def summary(scored: list[Scored], labels: list[int] | None = None) -> dict:
@@ -121,10 +135,16 @@ def summary(scored: list[Scored], labels: list[int] | None = None) -> dict:
         "median_ssim": _median_ssim(scored),
         "grey_psnr_median": _median([s.grey_psnr for s in scored]),
         "mean_colour_psnr_median": _median([s.mean_colour_psnr for s in scored]),
-        "best": None if best is None else {"index": best.index, "psnr": _finite(best.psnr), "ssim": best.ssim,
-                                           "grey_psnr": _finite(best.grey_psnr),
-                                           "mean_colour_psnr": _finite(best.mean_colour_psnr),
-                                           "recovered": best.recovered},
+        "best": None
+        if best is None
+        else {
+            "index": best.index,
+            "psnr": _finite(best.psnr),
+            "ssim": best.ssim,
+            "grey_psnr": _finite(best.grey_psnr),
+            "mean_colour_psnr": _finite(best.mean_colour_psnr),
+            "recovered": best.recovered,
+        },
         "recovered_samples": sum(s.recovered for s in scored),
         "outcome": outcome(scored),
         "baselines": DESCRIPTION,

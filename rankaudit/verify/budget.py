@@ -1,4 +1,5 @@
 """How large a rank sketch the device can hold: the float64 sketch, its factorisation and the chunks of rows."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ CPU_RAM_SHARE = 0.5
 # On CUDA they may take this share of the memory free when the check starts (the allocator needs slack).
 CUDA_SKETCH_SHARE = 0.8
 # On a CPU there is no allocator to ask; one chunk of rows may take about this much memory.
-CPU_CHUNK_BYTES = 1536 * 2 ** 20
+CPU_CHUNK_BYTES = 1536 * 2**20
 
 
 def sketch_bytes(rows: int, unknowns: int, *, vectors: bool = False) -> int:
@@ -36,12 +37,14 @@ def memory_budget(device: str | torch.device) -> tuple[int, str]:
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(CUDA_SKETCH_SHARE * free), f"{CUDA_SKETCH_SHARE:.0%} of the GPU's {free / 2 ** 30:.1f} GiB free"
+        return int(CUDA_SKETCH_SHARE * free), f"{CUDA_SKETCH_SHARE:.0%} of the GPU's {free / 2**30:.1f} GiB free"
     physical, where = _physical_memory()
     # The chunks of rows take up to CPU_CHUNK_BYTES besides the sketch.
-    return (max(0, int(CPU_RAM_SHARE * physical) - CPU_CHUNK_BYTES),
-            f"{CPU_RAM_SHARE:.0%} of the {physical / 2 ** 30:.1f} GiB of {where}, less "
-            f"{CPU_CHUNK_BYTES / 2 ** 30:.1f} GiB for the chunks of rows")
+    return (
+        max(0, int(CPU_RAM_SHARE * physical) - CPU_CHUNK_BYTES),
+        f"{CPU_RAM_SHARE:.0%} of the {physical / 2**30:.1f} GiB of {where}, less "
+        f"{CPU_CHUNK_BYTES / 2**30:.1f} GiB for the chunks of rows",
+    )
 
 
 def _physical_memory() -> tuple[int, str]:
@@ -52,9 +55,10 @@ def _physical_memory() -> tuple[int, str]:
         try:
             import psutil
         except ImportError:
-            raise UsageError("cannot tell how much RAM this machine has (no os.sysconf, no psutil)",
-                             'pip install "rankaudit[bench]" (psutil), or run --verify rank with --device cuda') \
-                from None
+            raise UsageError(
+                "cannot tell how much RAM this machine has (no os.sysconf, no psutil)",
+                'pip install "rankaudit[bench]" (psutil), or run --verify rank with --device cuda',
+            ) from None
         physical, where = int(psutil.virtual_memory().total), "RAM"
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
@@ -68,8 +72,16 @@ def _physical_memory() -> tuple[int, str]:
     return physical, where
 
 
-def check_size(unknowns: int, rows: int, input_shape: tuple[int, ...], batch_size: int, *,
-               device: str | torch.device = "cpu", vectors: bool = False, counted_by: dict[str, int] | None = None):
+def check_size(
+    unknowns: int,
+    rows: int,
+    input_shape: tuple[int, ...],
+    batch_size: int,
+    *,
+    device: str | torch.device = "cpu",
+    vectors: bool = False,
+    counted_by: dict[str, int] | None = None,
+):
     """Refuse a sketch whose float64 matrix and factorisation do not fit the device's memory budget, before any
     work; the message gives both figures and the fixes. ``counted_by``: the flags whose product is the number of
     samples (a round's --clients and --local-samples; default --batch-size), each named in the message."""
@@ -79,17 +91,20 @@ def check_size(unknowns: int, rows: int, input_shape: tuple[int, ...], batch_siz
         return
     shape = "x".join(str(d) for d in input_shape)
     device = torch.device(device)
-    samples = (" x ".join(f"{value:,} ({flag})" for flag, value in counted_by.items()) if counted_by
-               else str(batch_size))
+    samples = " x ".join(f"{value:,} ({flag})" for flag, value in counted_by.items()) if counted_by else str(batch_size)
     flags = " or ".join(counted_by or ["--batch-size"])
-    fixes = ("check it at a lower resolution with --input-shape (a convolutional or patch-based model is "
-             f"resolution-independent), or lower {flags}")
+    fixes = (
+        "check it at a lower resolution with --input-shape (a convolutional or patch-based model is "
+        f"resolution-independent), or lower {flags}"
+    )
     if device.type == "cpu":
         fixes += "; or use --device cuda on a machine whose GPU has the memory"
     raise UsageError(
-        f"--verify rank needs {needed / 2 ** 30:.1f} GiB for its {rows:,} x {unknowns:,} float64 sketch and its "
+        f"--verify rank needs {needed / 2**30:.1f} GiB for its {rows:,} x {unknowns:,} float64 sketch and its "
         f"{'SVD with vectors' if vectors else 'factorisation'} (n = {samples} x {shape} = {unknowns:,} unknowns), "
-        f"more than the {budget / 2 ** 30:.1f} GiB it may use on {device.type} ({rule})", fixes)
+        f"more than the {budget / 2**30:.1f} GiB it may use on {device.type} ({rule})",
+        fixes,
+    )
 
 
 def largest_unknowns(budget: int, extra_rows: int, *, vectors: bool = False) -> int:

@@ -5,10 +5,11 @@ products through the whole unrolled training and the attack can batch candidates
 The model runs in eval mode (BatchNorm on its running statistics, as every other verifier does); each step's
 loss is the mean over its mini-batch; the batch order is fixed and the same in every epoch (samples 0..B-1 first).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -84,13 +85,16 @@ class LocalTraining:
         first = beta1 * first + (1 - beta1) * gradient
         second = beta2 * second + (1 - beta2) * gradient * gradient
         state[name] = (first, second)
-        corrected = second / (1 - beta2 ** step)
+        corrected = second / (1 - beta2**step)
         # sqrt has an infinite slope at 0: where a gradient is exactly zero (a dead unit) its update is zero too,
         # and the safe form keeps the derivative there finite (0) instead of 0 x inf = NaN.
         positive = corrected > 0
-        root = torch.where(positive, torch.sqrt(torch.where(positive, corrected, torch.ones_like(corrected))),
-                           torch.zeros_like(corrected))
-        return weight - lr / (1 - beta1 ** step) * first / (root + ADAM_EPS)
+        root = torch.where(
+            positive,
+            torch.sqrt(torch.where(positive, corrected, torch.ones_like(corrected))),
+            torch.zeros_like(corrected),
+        )
+        return weight - lr / (1 - beta1**step) * first / (root + ADAM_EPS)
 
     def update(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Σ_c u_c: what the server sees; the clients run side by side under vmap."""
@@ -128,8 +132,9 @@ def _first_non_finite_step(training: LocalTraining, inputs: torch.Tensor, labels
     return None
 
 
-def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch.Tensor, labels: torch.Tensor,
-                         verifier: str) -> None:
+def check_local_training(
+    net: nn.Module, round_: Round, loss: str, inputs: torch.Tensor, labels: torch.Tensor, verifier: str
+) -> None:
     """Raise the right error when the round's local training, in float32 as clients run it, is not finite (issue 23),
     before any sketch or attack.
 
@@ -162,7 +167,9 @@ def check_local_training(net: nn.Module, round_: Round, loss: str, inputs: torch
                 raise UsageError(
                     f"{verifier}: the local training diverges at --lr {round_.lr:g}: step {step} of client "
                     f"{client + 1} gives non-finite {'weights' if what == 'step' else 'gradients'}, while a "
-                    f"millionth of that rate stays finite", "lower --lr (the default is 0.1) or --local-epochs")
+                    f"millionth of that rate stays finite",
+                    "lower --lr (the default is 0.1) or --local-epochs",
+                )
             client, step, weights, what = again
     part = training.batches()[step - 1]
     x, y = inputs[client, part], labels[client, part]

@@ -1,4 +1,5 @@
 """--verify dager: DAGER's span test on a real gradient of a language model: recovered tokens against the true ones."""
+
 from __future__ import annotations
 
 import inspect
@@ -26,11 +27,11 @@ MAX_TRIALS_PER_STEP = 50_000
 class SpanBasis:
     """An orthonormal basis of a gradient's row space in the layer's input space, and how its rank was set."""
 
-    basis: torch.Tensor          # d_in x rank
+    basis: torch.Tensor  # d_in x rank
     rank: int
-    tolerance: float             # singular values above it count
-    largest: float               # σ_1
-    last_kept: float | None      # σ_rank
+    tolerance: float  # singular values above it count
+    largest: float  # σ_1
+    last_kept: float | None  # σ_rank
     first_dropped: float | None  # σ_rank+1
 
 
@@ -48,9 +49,14 @@ def span_basis(gradient: torch.Tensor) -> SpanBasis:
     largest = float(singular[0]) if singular.numel() else 0.0
     tolerance = largest * max(gradient.shape) * torch.finfo(gradient.dtype).eps
     rank = int((singular > tolerance).sum()) if largest > 0 else 0
-    return SpanBasis(left[:, :rank].contiguous().to(gradient.device), rank, tolerance, largest,
-                     float(singular[rank - 1]) if rank else None,
-                     float(singular[rank]) if rank < singular.numel() else None)
+    return SpanBasis(
+        left[:, :rank].contiguous().to(gradient.device),
+        rank,
+        tolerance,
+        largest,
+        float(singular[rank - 1]) if rank else None,
+        float(singular[rank]) if rank < singular.numel() else None,
+    )
 
 
 def span_distances(basis: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
@@ -72,7 +78,7 @@ class LanguageModelCall:
     model: nn.Module
     token_input: str
     positional: bool
-    other_inputs: dict[str, str] = field(default_factory=dict)   # name -> same | mask | positions | zeros
+    other_inputs: dict[str, str] = field(default_factory=dict)  # name -> same | mask | positions | zeros
     switches: dict = field(default_factory=dict)
 
     def __call__(self, ids: torch.Tensor):
@@ -193,17 +199,27 @@ def wake_lora(model: nn.Module, names: list[str], seed: int) -> list[str]:
     return changed
 
 
-def _loss(logits: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor, causal: bool, vocab_size: int,
-          generator: torch.Generator) -> tuple[torch.Tensor, str]:
+def _loss(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    causal: bool,
+    vocab_size: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, str]:
     """Next-token cross-entropy for a decoder, cross-entropy on random labels for a classifier."""
     functional = nn.functional
     if logits.dim() == 3 and causal and logits.shape[-1] == vocab_size:
-        return (functional.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1)),
-                "next-token cross-entropy (each sequence's n targets: the tokens after its n inputs)")
+        return (
+            functional.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1)),
+            "next-token cross-entropy (each sequence's n targets: the tokens after its n inputs)",
+        )
     if logits.dim() == 3:
         labels = torch.randint(logits.shape[-1], logits.shape[:2], generator=generator).to(logits.device)
-        return (functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)),
-                "cross-entropy on random per-position labels")
+        return (
+            functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)),
+            "cross-entropy on random per-position labels",
+        )
     if logits.dim() == 2:
         labels = torch.randint(logits.shape[-1], logits.shape[:1], generator=generator).to(logits.device)
         return functional.cross_entropy(logits, labels), "cross-entropy on random class labels"
@@ -212,11 +228,11 @@ def _loss(logits: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor, causal
 
 @dataclass
 class DagerOutcome:
-    layers: list[str]                         # the layers whose gradients span the test's subspace
+    layers: list[str]  # the layers whose gradients span the test's subspace
     d_in: int
     basis: SpanBasis
-    true_pairs: set[tuple[int, int]]          # (token, position) of the batch
-    passed: list[tuple[int, int, float]]      # (token, position, distance) accepted by the span test
+    true_pairs: set[tuple[int, int]]  # (token, position) of the batch
+    passed: list[tuple[int, int, float]]  # (token, position, distance) accepted by the span test
     candidates_tested: int
     position_dependent: bool
     causal: bool
@@ -226,8 +242,8 @@ class DagerOutcome:
     recovered_sequences: list[tuple[int, ...]] = field(default_factory=list)
     extension: dict | None = None
     notes: list[str] = field(default_factory=list)
-    nearest_rejected: float | None = None      # the smallest distance among the candidates the test rejected
-    method: str = ""                           # how the candidates' vectors were obtained
+    nearest_rejected: float | None = None  # the smallest distance among the candidates the test rejected
+    method: str = ""  # how the candidates' vectors were obtained
 
 
 def _candidate_layout(vocab_size: int, positions: int, position_dependent: bool):
@@ -245,6 +261,7 @@ def _candidate_layout(vocab_size: int, positions: int, position_dependent: bool)
 
         def tokens(start: int, stop: int) -> torch.Tensor:
             return (torch.arange(start * positions, stop * positions) % vocab_size).reshape(stop - start, positions)
+
     return rows, tokens
 
 
@@ -252,31 +269,59 @@ def _candidate_layout(vocab_size: int, positions: int, position_dependent: bool)
 class SpanTest:
     """The span test over the vocabulary: what passed, how many vectors were tested, and how."""
 
-    accepted: list[tuple[int, int, float]]    # (token, position, relative distance) below the threshold
+    accepted: list[tuple[int, int, float]]  # (token, position, relative distance) below the threshold
     tested: int
-    nearest_rejected: float | None            # the smallest distance among the rejected: the margin left
-    method: str                               # how the candidates' vectors were obtained
+    nearest_rejected: float | None  # the smallest distance among the rejected: the margin left
+    method: str  # how the candidates' vectors were obtained
 
 
-def span_test_vocabulary(call: LanguageModelCall, module: nn.Module, basis: torch.Tensor, *, vocab_size: int,
-                         positions: int, position_dependent: bool, device, threshold: float = DISTANCE_THRESHOLD,
-                         norm: nn.Module | None = None, progress=None) -> SpanTest:
+def span_test_vocabulary(
+    call: LanguageModelCall,
+    module: nn.Module,
+    basis: torch.Tensor,
+    *,
+    vocab_size: int,
+    positions: int,
+    position_dependent: bool,
+    device,
+    threshold: float = DISTANCE_THRESHOLD,
+    norm: nn.Module | None = None,
+    progress=None,
+) -> SpanTest:
     """Test every candidate's input vector to `module` against the span.
 
     With `norm` (the LayerNorm the layer reads) and position-dependent vectors, first try the exact shortcut of
     `layer_norm_shortcut`; otherwise, or when its checks fail, run every candidate through the model."""
     if norm is not None and position_dependent and isinstance(norm, nn.LayerNorm):
-        shortcut = layer_norm_shortcut(call, module, norm, basis, vocab_size=vocab_size, positions=positions,
-                                       device=device, threshold=threshold, progress=progress)
+        shortcut = layer_norm_shortcut(
+            call,
+            module,
+            norm,
+            basis,
+            vocab_size=vocab_size,
+            positions=positions,
+            device=device,
+            threshold=threshold,
+            progress=progress,
+        )
         if shortcut is not None:
             return shortcut
-    return _span_test_through_model(call, module, basis, vocab_size=vocab_size, positions=positions,
-                                    position_dependent=position_dependent, device=device, threshold=threshold,
-                                    progress=progress)
+    return _span_test_through_model(
+        call,
+        module,
+        basis,
+        vocab_size=vocab_size,
+        positions=positions,
+        position_dependent=position_dependent,
+        device=device,
+        threshold=threshold,
+        progress=progress,
+    )
 
 
-def _span_test_through_model(call, module, basis, *, vocab_size, positions, position_dependent, device, threshold,
-                             progress) -> SpanTest:
+def _span_test_through_model(
+    call, module, basis, *, vocab_size, positions, position_dependent, device, threshold, progress
+) -> SpanTest:
     rows, tokens = _candidate_layout(vocab_size, positions, position_dependent)
     d_in = basis.shape[0]
     chunk = max(1, CHUNK_ELEMENTS // max(1, positions * d_in))
@@ -287,8 +332,11 @@ def _span_test_through_model(call, module, basis, *, vocab_size, positions, posi
         stop = min(rows, start + chunk)
         ids = tokens(start, stop)
         vectors = layer_input(call, module, ids.to(device)).reshape(stop - start, positions, -1)
-        distances = span_distances(basis, vectors.reshape(-1, vectors.shape[-1]).to(basis.dtype)).reshape(
-            stop - start, positions).cpu()
+        distances = (
+            span_distances(basis, vectors.reshape(-1, vectors.shape[-1]).to(basis.dtype))
+            .reshape(stop - start, positions)
+            .cpu()
+        )
         flat_ids = ids.reshape(-1)
         flat_positions = torch.arange(positions).repeat(stop - start)
         flat_distances = distances.reshape(-1)
@@ -298,16 +346,21 @@ def _span_test_through_model(call, module, basis, *, vocab_size, positions, posi
         flat_ids, column, flat_distances = flat_ids[fresh], column[fresh], flat_distances[fresh]
         tested += int(fresh.sum())
         hits = flat_distances < threshold
-        for token, position, distance in zip(flat_ids[hits].tolist(), column[hits].tolist(),
-                                             flat_distances[hits].tolist()):
+        for token, position, distance in zip(
+            flat_ids[hits].tolist(), column[hits].tolist(), flat_distances[hits].tolist()
+        ):
             accepted.append((token, position, distance))
         if (~hits).any():
             nearest_rejected = min(nearest_rejected, float(flat_distances[~hits].min()))
         if progress is not None:
             progress(stop, rows)
     what = "every (token, position) pair" if position_dependent else "every token once"
-    return SpanTest(accepted, tested, None if nearest_rejected == math.inf else nearest_rejected,
-                    f"{what} run through the model up to the layer")
+    return SpanTest(
+        accepted,
+        tested,
+        None if nearest_rejected == math.inf else nearest_rejected,
+        f"{what} run through the model up to the layer",
+    )
 
 
 # The shortcut's checks: pairs drawn at random, and the largest relative difference allowed from the model's own
@@ -316,9 +369,18 @@ SHORTCUT_CHECKS = 256
 SHORTCUT_AGREEMENT = 1e-9
 
 
-def layer_norm_shortcut(call: LanguageModelCall, module: nn.Module, norm: nn.LayerNorm, basis: torch.Tensor, *,
-                        vocab_size: int, positions: int, device, threshold: float = DISTANCE_THRESHOLD,
-                        progress=None) -> SpanTest | None:
+def layer_norm_shortcut(
+    call: LanguageModelCall,
+    module: nn.Module,
+    norm: nn.LayerNorm,
+    basis: torch.Tensor,
+    *,
+    vocab_size: int,
+    positions: int,
+    device,
+    threshold: float = DISTANCE_THRESHOLD,
+    progress=None,
+) -> SpanTest | None:
     """The span test for x = LayerNorm(a_v + c_p) without forming the V·n vectors: the distance of x to the span
     expands into inner products of the centred, scaled a_v and c_p (V x n matrix products), as GPT-2 and BERT add
     a position embedding to the token's before the norm.
@@ -329,22 +391,27 @@ def layer_norm_shortcut(call: LanguageModelCall, module: nn.Module, norm: nn.Lay
     if tuple(norm.normalized_shape) != (basis.shape[0],):
         return None
     dtype = basis.dtype
-    first = [layer_input(call, norm, torch.arange(start, min(vocab_size, start + 4096)).unsqueeze(1).to(device))
-             for start in range(0, vocab_size, 4096)]
-    token_part = torch.cat([x.reshape(-1, x.shape[-1]) for x in first]).to(dtype)              # a_v + c_0
+    first = [
+        layer_input(call, norm, torch.arange(start, min(vocab_size, start + 4096)).unsqueeze(1).to(device))
+        for start in range(0, vocab_size, 4096)
+    ]
+    token_part = torch.cat([x.reshape(-1, x.shape[-1]) for x in first]).to(dtype)  # a_v + c_0
     along = layer_input(call, norm, torch.zeros((1, positions), dtype=torch.long, device=device))
-    offsets = (along.reshape(positions, -1).to(dtype) - along.reshape(positions, -1)[0].to(dtype))  # c_p - c_0
+    offsets = along.reshape(positions, -1).to(dtype) - along.reshape(positions, -1)[0].to(dtype)  # c_p - c_0
     if not _shortcut_agrees(call, module, norm, token_part, offsets, vocab_size, positions, device):
         return None
     d = basis.shape[0]
-    gamma = (norm.weight.detach().to(dtype) if norm.weight is not None else torch.ones(d, dtype=dtype, device=device))
-    beta = (norm.bias.detach().to(dtype) if getattr(norm, "bias", None) is not None
-            else torch.zeros(d, dtype=dtype, device=device))
+    gamma = norm.weight.detach().to(dtype) if norm.weight is not None else torch.ones(d, dtype=dtype, device=device)
+    beta = (
+        norm.bias.detach().to(dtype)
+        if getattr(norm, "bias", None) is not None
+        else torch.zeros(d, dtype=dtype, device=device)
+    )
 
     def complement(v):  # v minus its projection on the span
         return v - (v @ basis) @ basis.T
 
-    w = offsets - offsets.mean(dim=1, keepdim=True)                     # centred c_p
+    w = offsets - offsets.mean(dim=1, keepdim=True)  # centred c_p
     scaled_w, beta_out = gamma * w, complement(beta)
     w_out = complement(scaled_w)
     w_sq, scaled_w_sq, w_out_sq = (w * w).sum(1), (scaled_w * scaled_w).sum(1), (w_out * w_out).sum(1)
@@ -352,16 +419,22 @@ def layer_norm_shortcut(call: LanguageModelCall, module: nn.Module, norm: nn.Lay
     nearest_rejected = math.inf
     chunk = max(1, CHUNK_ELEMENTS // max(1, d + positions))
     for start in range(0, vocab_size, chunk):
-        u = token_part[start:start + chunk]
-        u = u - u.mean(dim=1, keepdim=True)                             # centred a_v
+        u = token_part[start : start + chunk]
+        u = u - u.mean(dim=1, keepdim=True)  # centred a_v
         scaled_u = gamma * u
         u_out = complement(scaled_u)
         variance = ((u * u).sum(1, keepdim=True) + 2 * u @ w.T + w_sq) / d + norm.eps
         sigma = variance.sqrt()
-        full = (((scaled_u * scaled_u).sum(1, keepdim=True) + 2 * scaled_u @ scaled_w.T + scaled_w_sq) / variance
-                + 2 * ((scaled_u @ beta).unsqueeze(1) + scaled_w @ beta) / sigma + beta @ beta)
-        outside = (((u_out * u_out).sum(1, keepdim=True) + 2 * u_out @ w_out.T + w_out_sq) / variance
-                   + 2 * ((u_out @ beta_out).unsqueeze(1) + w_out @ beta_out) / sigma + beta_out @ beta_out)
+        full = (
+            ((scaled_u * scaled_u).sum(1, keepdim=True) + 2 * scaled_u @ scaled_w.T + scaled_w_sq) / variance
+            + 2 * ((scaled_u @ beta).unsqueeze(1) + scaled_w @ beta) / sigma
+            + beta @ beta
+        )
+        outside = (
+            ((u_out * u_out).sum(1, keepdim=True) + 2 * u_out @ w_out.T + w_out_sq) / variance
+            + 2 * ((u_out @ beta_out).unsqueeze(1) + w_out @ beta_out) / sigma
+            + beta_out @ beta_out
+        )
         distance = (outside.clamp_min(0) / full.clamp_min(torch.finfo(dtype).tiny)).sqrt().cpu()
         hits = distance < threshold
         for token, position in hits.nonzero().tolist():
@@ -370,9 +443,13 @@ def layer_norm_shortcut(call: LanguageModelCall, module: nn.Module, norm: nn.Lay
             nearest_rejected = min(nearest_rejected, float(distance[~hits].min()))
         if progress is not None:
             progress(min(vocab_size, start + chunk), vocab_size)
-    return SpanTest(accepted, vocab_size * positions, None if nearest_rejected == math.inf else nearest_rejected,
-                    f"every (token, position) pair, through LayerNorm(token part + position part) in closed form "
-                    f"(checked against the model's own layer input on {SHORTCUT_CHECKS} random pairs)")
+    return SpanTest(
+        accepted,
+        vocab_size * positions,
+        None if nearest_rejected == math.inf else nearest_rejected,
+        f"every (token, position) pair, through LayerNorm(token part + position part) in closed form "
+        f"(checked against the model's own layer input on {SHORTCUT_CHECKS} random pairs)",
+    )
 
 
 def _shortcut_agrees(call, module, norm, token_part, offsets, vocab_size, positions, device) -> bool:
@@ -392,8 +469,16 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).norm(dim=1) <= SHORTCUT_AGREEMENT * b.norm(dim=1).clamp_min(1e-30)).all())
 
 
-def extend_sequences(call: LanguageModelCall, module: nn.Module, basis: torch.Tensor, per_position: list[list[int]],
-                     *, batch_size: int, device, threshold: float = DISTANCE_THRESHOLD) -> tuple[list[tuple], str]:
+def extend_sequences(
+    call: LanguageModelCall,
+    module: nn.Module,
+    basis: torch.Tensor,
+    per_position: list[list[int]],
+    *,
+    batch_size: int,
+    device,
+    threshold: float = DISTANCE_THRESHOLD,
+) -> tuple[list[tuple], str]:
     """DAGER's greedy decoder search: grow prefixes one token at a time, keeping a prefix when the second layer's
     input at its last position (a function of the whole prefix, through causal attention) lies in the span of the
     second layer's gradient. Returns the full-length sequences found and a note."""
@@ -404,13 +489,15 @@ def extend_sequences(call: LanguageModelCall, module: nn.Module, basis: torch.Te
         if not trials:
             return [], f"no candidate passed at position {position}"
         if len(trials) > MAX_TRIALS_PER_STEP:
-            return [], (f"stopped at position {position}: {len(trials):,} prefixes to try (the first layer's test "
-                        "let too many tokens through)")
+            return [], (
+                f"stopped at position {position}: {len(trials):,} prefixes to try (the first layer's test "
+                "let too many tokens through)"
+            )
         ids = torch.tensor(trials, dtype=torch.long)
         chunk = max(1, CHUNK_ELEMENTS // max(1, (position + 1) * basis.shape[0]))
         distances = []
         for start in range(0, len(trials), chunk):
-            vectors = layer_input(call, module, ids[start:start + chunk].to(device))
+            vectors = layer_input(call, module, ids[start : start + chunk].to(device))
             last = vectors.reshape(min(chunk, len(trials) - start), position + 1, -1)[:, -1]
             distances.append(span_distances(basis, last.to(basis.dtype)).cpu())
         distance = torch.cat(distances)
@@ -439,8 +526,9 @@ def _module(model: nn.Module, name: str) -> nn.Module:
         raise AttackUnsupported(name, "the real model has no module of this name (the trace named it)") from exc
 
 
-def group_gradient(call: LanguageModelCall, modules: list[nn.Module], names: list[str],
-                   inputs: torch.Tensor) -> tuple[torch.Tensor, int]:
+def group_gradient(
+    call: LanguageModelCall, modules: list[nn.Module], names: list[str], inputs: torch.Tensor
+) -> tuple[torch.Tensor, int]:
     """The weight gradients of layers that read the same per-token vectors (q, k and v), each as d_in x d_out and
     scaled to unit norm, side by side: their row spaces all lie in span{x_t}, and together they cover every
     position (a causal decoder's query at position 0 attends to itself alone, so ∇W_q never sees x_0)."""
@@ -472,10 +560,22 @@ def _weighted(names: list[str], model: nn.Module) -> list[nn.Module]:
     return modules
 
 
-def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, positions: int, vocab_size: int,
-              position_dependent: bool, device, seed: int = 0, extend: bool = True,
-              threshold: float = DISTANCE_THRESHOLD, ids: torch.Tensor | None = None,
-              norm: str | None = None, progress=None) -> DagerOutcome:
+def run_dager(
+    call: LanguageModelCall,
+    layers: list[str],
+    *,
+    batch_size: int,
+    positions: int,
+    vocab_size: int,
+    position_dependent: bool,
+    device,
+    seed: int = 0,
+    extend: bool = True,
+    threshold: float = DISTANCE_THRESHOLD,
+    ids: torch.Tensor | None = None,
+    norm: str | None = None,
+    progress=None,
+) -> DagerOutcome:
     """One client batch (random tokens unless `ids` is given), its real gradient, the span test of every
     candidate against the gradients of `layers` (layers reading the same per-token vectors) and, for a decoder,
     the greedy extension with the same layers of the next block."""
@@ -484,7 +584,7 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
     generator = torch.Generator().manual_seed(seed)
     if ids is None:
         ids = torch.randint(vocab_size, (batch_size, positions + 1), generator=generator)
-    inputs, targets = ids[:, :positions].to(device), ids[:, 1:positions + 1].to(device)
+    inputs, targets = ids[:, :positions].to(device), ids[:, 1 : positions + 1].to(device)
     causal = is_causal(call, vocab_size, positions, device)
     second = [next_block(layer, model) for layer in layers] if extend and causal else []
     second = [name for name in second if name is not None]
@@ -496,9 +596,14 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
         loss.backward()
     # The span test on a NaN gradient would accept or reject tokens at random: refuse, naming the op that broke it.
     sent = [p for p in model.parameters() if p.requires_grad]
-    finite.require_finite("--verify dager", (logits, loss), [p.grad for p in sent if p.grad is not None],
-                          model=model, parameters=sent,
-                          rerun=lambda: _logits_and_loss(call, inputs, targets, causal, vocab_size, seed))
+    finite.require_finite(
+        "--verify dager",
+        (logits, loss),
+        [p.grad for p in sent if p.grad is not None],
+        model=model,
+        parameters=sent,
+        rerun=lambda: _logits_and_loss(call, inputs, targets, causal, vocab_size, seed),
+    )
     started = time.perf_counter()
     gradient, d_in = group_gradient(call, modules, layers, inputs)
     basis = span_basis(gradient)
@@ -509,20 +614,55 @@ def run_dager(call: LanguageModelCall, layers: list[str], *, batch_size: int, po
         except AttackUnsupported:
             second_basis = None
     model.zero_grad(set_to_none=True)
-    test = span_test_vocabulary(call, modules[0], basis.basis.to(device), vocab_size=vocab_size, positions=positions,
-                                position_dependent=position_dependent, device=device, threshold=threshold,
-                                norm=_norm_module(model, norm), progress=progress)
+    test = span_test_vocabulary(
+        call,
+        modules[0],
+        basis.basis.to(device),
+        vocab_size=vocab_size,
+        positions=positions,
+        position_dependent=position_dependent,
+        device=device,
+        threshold=threshold,
+        norm=_norm_module(model, norm),
+        progress=progress,
+    )
     span_seconds = time.perf_counter() - started
     true_pairs = {(int(t), p) for row in inputs.cpu() for p, t in enumerate(row.tolist())}
-    outcome = DagerOutcome(list(layers), d_in, basis, true_pairs, test.accepted, test.tested, position_dependent,
-                           causal, loss_name, span_seconds, [tuple(row) for row in inputs.cpu().tolist()], notes=[],
-                           nearest_rejected=test.nearest_rejected, method=test.method)
+    outcome = DagerOutcome(
+        list(layers),
+        d_in,
+        basis,
+        true_pairs,
+        test.accepted,
+        test.tested,
+        position_dependent,
+        causal,
+        loss_name,
+        span_seconds,
+        [tuple(row) for row in inputs.cpu().tolist()],
+        notes=[],
+        nearest_rejected=test.nearest_rejected,
+        method=test.method,
+    )
     if woken:
-        outcome.notes.append(f"peft initialises LoRA's B to zero, which makes the first round's ∇A zero; drew "
-                             f"{', '.join(woken)} at random, as after some rounds of training")
+        outcome.notes.append(
+            f"peft initialises LoRA's B to zero, which makes the first round's ∇A zero; drew "
+            f"{', '.join(woken)} at random, as after some rounds of training"
+        )
     if causal and extend:
-        outcome.extension = _extension(call, model, second, second_basis, test.accepted, outcome, batch_size, positions,
-                                       position_dependent, device, threshold)
+        outcome.extension = _extension(
+            call,
+            model,
+            second,
+            second_basis,
+            test.accepted,
+            outcome,
+            batch_size,
+            positions,
+            position_dependent,
+            device,
+            threshold,
+        )
     return outcome
 
 
@@ -531,35 +671,75 @@ def _logits_and_loss(call, inputs, targets, causal, vocab_size, seed):
     return logits, _loss(logits, inputs, targets, causal, vocab_size, torch.Generator().manual_seed(seed))[0]
 
 
-def _extension(call, model, second: list[str], second_basis, passed, outcome, batch_size, positions,
-               position_dependent, device, threshold) -> dict:
+def _extension(
+    call,
+    model,
+    second: list[str],
+    second_basis,
+    passed,
+    outcome,
+    batch_size,
+    positions,
+    position_dependent,
+    device,
+    threshold,
+) -> dict:
     sequences = len(set(outcome.sequences))
     if not second:
         return {"layer": None, "note": "the model has no second block with the same layers: no extension"}
     shown = ", ".join(second)
     if second_basis is None:
         return {"layer": shown, "note": f"the gradient of {shown} is zero or missing: no extension"}
-    summary = {"layer": shown, "rank": second_basis.rank, "tolerance": second_basis.tolerance,
-               "sequences": sequences, "exact_sequences": 0, "exact_sequence_rate": 0.0, "recovered_sequences": 0}
+    summary = {
+        "layer": shown,
+        "rank": second_basis.rank,
+        "tolerance": second_basis.tolerance,
+        "sequences": sequences,
+        "exact_sequences": 0,
+        "exact_sequence_rate": 0.0,
+        "recovered_sequences": 0,
+    }
     if second_basis.rank >= second_basis.basis.shape[0] - 1:
-        return {**summary, "note": (f"not attempted: the second layer's gradient has rank {second_basis.rank} of "
-                                    f"{second_basis.basis.shape[0]}, so its span test cannot tell prefixes apart")}
+        return {
+            **summary,
+            "note": (
+                f"not attempted: the second layer's gradient has rank {second_basis.rank} of "
+                f"{second_basis.basis.shape[0]}, so its span test cannot tell prefixes apart"
+            ),
+        }
     if len(passed) > MAX_PREFIXES_PER_SEQUENCE * len(outcome.true_pairs):
-        return {**summary, "note": (f"not attempted: the first layer's test accepted {len(passed):,} candidates for "
-                                    f"{len(outcome.true_pairs)} token positions, so it narrowed nothing down")}
+        return {
+            **summary,
+            "note": (
+                f"not attempted: the first layer's test accepted {len(passed):,} candidates for "
+                f"{len(outcome.true_pairs)} token positions, so it narrowed nothing down"
+            ),
+        }
     tokens = sorted({token for token, _, _ in passed})
     if position_dependent:
         per_position = [sorted({token for token, position, _ in passed if position == p}) for p in range(positions)]
     else:
         per_position = [tokens] * positions
     started = time.perf_counter()
-    found, note = extend_sequences(call, _module(model, second[0]), second_basis.basis.to(device), per_position,
-                                   batch_size=batch_size, device=device, threshold=threshold)
+    found, note = extend_sequences(
+        call,
+        _module(model, second[0]),
+        second_basis.basis.to(device),
+        per_position,
+        batch_size=batch_size,
+        device=device,
+        threshold=threshold,
+    )
     outcome.recovered_sequences = found
     exact = sum(1 for sequence in set(outcome.sequences) if sequence in set(found))
-    return {**summary, "recovered_sequences": len(found), "exact_sequences": exact,
-            "exact_sequence_rate": exact / sequences if sequences else 0.0,
-            "seconds": round(time.perf_counter() - started, 3), "note": note}
+    return {
+        **summary,
+        "recovered_sequences": len(found),
+        "exact_sequences": exact,
+        "exact_sequence_rate": exact / sequences if sequences else 0.0,
+        "seconds": round(time.perf_counter() - started, 3),
+        "note": note,
+    }
 
 
 def forward_call(model: nn.Module, specs, forward_kwargs: dict) -> LanguageModelCall:

@@ -28,8 +28,9 @@ def load_images(source: str | None, shape: tuple[int, int, int], n: int, seed: i
     """
     c, h, w = (int(s) for s in shape)
     if c not in (1, 3):
-        raise DataError(f"images with {c} channels are not supported: use a model input with 1 (grey) or 3 (RGB) "
-                        "channels")
+        raise DataError(
+            f"images with {c} channels are not supported: use a model input with 1 (grey) or 3 (RGB) channels"
+        )
     if n < 1:
         raise DataError(f"asked for {n} images: ask for at least 1")
     if source is None:
@@ -66,16 +67,20 @@ def _photo_crops(c: int, h: int, w: int, n: int, seed: int) -> torch.Tensor:
     try:
         from sklearn.datasets import load_sample_images
     except ImportError as exc:
-        raise DataError("the default images need scikit-learn and pillow: pip install scikit-learn pillow, "
-                        "or pass an image directory/.npy") from exc
+        raise DataError(
+            "the default images need scikit-learn and pillow: pip install scikit-learn pillow, "
+            "or pass an image directory/.npy"
+        ) from exc
     photos = [torch.from_numpy(np.array(im)).permute(2, 0, 1).double() / 255.0 for im in load_sample_images().images]
     tallest = max(photo.shape[1] for photo in photos)
     widest = max(photo.shape[2] for photo in photos)
     if h > min(photo.shape[1] for photo in photos) or w > min(photo.shape[2] for photo in photos):
         # A crop would have to be blown up past the photograph itself (issue 23: 3x512x512 failed inside randint).
-        raise DataError(f"the input {h}x{w} is larger than scikit-learn's sample photographs ({tallest}x{widest}), "
-                        "the default images: a --data source is needed; fix: pass --data DIR (PNG/JPEG images) or "
-                        f"--data FILE.npy (N x {c} x {h} x {w} in [0, 1])")
+        raise DataError(
+            f"the input {h}x{w} is larger than scikit-learn's sample photographs ({tallest}x{widest}), "
+            "the default images: a --data source is needed; fix: pass --data DIR (PNG/JPEG images) or "
+            f"--data FILE.npy (N x {c} x {h} x {w} in [0, 1])"
+        )
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -90,7 +95,7 @@ def _photo_crops(c: int, h: int, w: int, n: int, seed: int) -> torch.Tensor:
         cw = min(pw, max(1, round(side * w / h)))
         top = int(torch.randint(0, ph - ch + 1, (), generator=gen))
         left = int(torch.randint(0, pw - cw + 1, (), generator=gen))
-        crop = photo[:, top:top + ch, left:left + cw]
+        crop = photo[:, top : top + ch, left : left + cw]
         out.append(_to_channels(_resize(crop, h, w), c))
     return torch.stack(out).float()
 
@@ -143,8 +148,10 @@ def _from_npy(path: Path, c: int, h: int, w: int, n: int) -> tuple[torch.Tensor,
     elif np.issubdtype(data.dtype, np.floating):
         t = torch.from_numpy(np.ascontiguousarray(data)).double()
         if not torch.isfinite(t).all() or t.min() < 0 or t.max() > 1:
-            raise DataError(f"{path} holds floats outside [0, 1] (min {float(t.min()):.3g}, max {float(t.max()):.3g}):"
-                            " scale them to [0, 1] or save uint8 0-255")
+            raise DataError(
+                f"{path} holds floats outside [0, 1] (min {float(t.min()):.3g}, max {float(t.max()):.3g}):"
+                " scale them to [0, 1] or save uint8 0-255"
+            )
         kind = "float"
     else:
         raise DataError(f"{path} has dtype {data.dtype}: save uint8 0-255 or float 0-1")

@@ -16,6 +16,7 @@ rounds (its random generator, or its Adam moments and step count) and comes from
 :func:`fedavg_accuracy` trains a small MLP on scikit-learn's digits with FedAvg, each client sharing its defended
 update, and returns the test accuracy: the price of a defense in utility.
 """
+
 from __future__ import annotations
 
 import copy
@@ -122,7 +123,7 @@ class Defense:
             return _adam_stand_in(grads, state, self.options["beta1"], self.options["beta2"], self.options["eps"])
         raise DefenseError(f"unknown defense {self.name!r}", f"use one of {', '.join(DEFENSES)}")
 
-    def client(self, seed: int = 0, warmup: list[Grads] | None = None) -> "ClientDefense":
+    def client(self, seed: int = 0, warmup: list[Grads] | None = None) -> ClientDefense:
         """The ``grads -> grads`` callable the attacks take; see :class:`ClientDefense`."""
         return ClientDefense(self, seed, warmup)
 
@@ -161,8 +162,11 @@ class ClientDefense:
 
 
 def _copy_state(state: dict) -> dict:
-    return {"m": {k: v.clone() for k, v in state["m"].items()}, "v": {k: v.clone() for k, v in state["v"].items()},
-            "t": state["t"]}
+    return {
+        "m": {k: v.clone() for k, v in state["m"].items()},
+        "v": {k: v.clone() for k, v in state["v"].items()},
+        "t": state["t"],
+    }
 
 
 def _add_noise(g: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
@@ -200,8 +204,8 @@ def _adam_stand_in(grads: Grads, state: dict, beta1: float, beta2: float, eps: f
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g * g
         state["m"][name], state["v"][name] = m, v
-        m_hat = m / (1 - beta1 ** t)
-        v_hat = v / (1 - beta2 ** t)
+        m_hat = m / (1 - beta1**t)
+        v_hat = v / (1 - beta2**t)
         shared[name] = m_hat / (v_hat.sqrt() + eps)
     return shared
 
@@ -209,8 +213,15 @@ def _adam_stand_in(grads: Grads, state: dict, beta1: float, beta2: float, eps: f
 # --------------------------------------------------------------------------- parsing --defense values
 
 _ADADEFENSE_DEFAULTS = {"beta1": ADAM_BETA1, "beta2": ADAM_BETA2, "eps": ADAM_EPS, "warmup": 0}
-_ADADEFENSE_KEYS = {"beta1": "beta1", "b1": "beta1", "beta2": "beta2", "b2": "beta2", "eps": "eps",
-                    "epsilon": "eps", "warmup": "warmup"}
+_ADADEFENSE_KEYS = {
+    "beta1": "beta1",
+    "b1": "beta1",
+    "beta2": "beta2",
+    "b2": "beta2",
+    "eps": "eps",
+    "epsilon": "eps",
+    "warmup": "warmup",
+}
 _USAGE = "write noise[:SIGMA], prune[:FRACTION] or adadefense[:BETA2 | EPS | key=value,...]"
 
 
@@ -242,27 +253,35 @@ def parse_defense(spec: str) -> Defense:
     if name in ("ada", "ad", "ada-defense", "ada_defense"):
         name = "adadefense"
     if name not in DEFENSES:
-        raise DefenseError(f"--defense {text}: unknown defense {name!r}",
-                           f"use one of noise, prune, adadefense ({_USAGE})")
+        raise DefenseError(
+            f"--defense {text}: unknown defense {name!r}", f"use one of noise, prune, adadefense ({_USAGE})"
+        )
     if sep and not param:
         raise DefenseError(f"--defense {text}: nothing after the colon", _USAGE)
     if name == "noise":
         sigma = _number(param, "sigma", text) if param else DEFAULT_NOISE_SIGMA
         if sigma <= 0:
-            raise DefenseError(f"--defense {text}: sigma must be positive, got {sigma:g}",
-                               "give the noise's standard deviation, e.g. noise:0.01")
+            raise DefenseError(
+                f"--defense {text}: sigma must be positive, got {sigma:g}",
+                "give the noise's standard deviation, e.g. noise:0.01",
+            )
         return Defense("noise", sigma, f"Gaussian noise N(0, {sigma:g}²) added to every gradient entry")
     if name == "prune":
         fraction = _number(param, "fraction", text) if param else DEFAULT_PRUNE_FRACTION
         if fraction > 1 and fraction < 100:
             fraction_hint = f"prune:{fraction / 100:g}"
-            raise DefenseError(f"--defense {text}: the pruned fraction must lie in [0, 1), got {fraction:g}",
-                               f"give a fraction, e.g. {fraction_hint} for {fraction:g}%")
+            raise DefenseError(
+                f"--defense {text}: the pruned fraction must lie in [0, 1), got {fraction:g}",
+                f"give a fraction, e.g. {fraction_hint} for {fraction:g}%",
+            )
         if not 0 <= fraction < 1:
-            raise DefenseError(f"--defense {text}: the pruned fraction must lie in [0, 1), got {fraction:g}",
-                               "give a fraction, e.g. prune:0.9 to zero the 90% smallest entries")
-        return Defense("prune", fraction, f"the {fraction:.0%} smallest-magnitude entries of every gradient tensor "
-                                          "set to zero")
+            raise DefenseError(
+                f"--defense {text}: the pruned fraction must lie in [0, 1), got {fraction:g}",
+                "give a fraction, e.g. prune:0.9 to zero the 90% smallest entries",
+            )
+        return Defense(
+            "prune", fraction, f"the {fraction:.0%} smallest-magnitude entries of every gradient tensor set to zero"
+        )
     options = dict(_ADADEFENSE_DEFAULTS)
     for item in (p.strip() for p in param.split(",")) if param else ():
         if not item:
@@ -271,8 +290,10 @@ def parse_defense(spec: str) -> Defense:
         if eq:
             canonical = _ADADEFENSE_KEYS.get(key.strip().lower())
             if canonical is None:
-                raise DefenseError(f"--defense {text}: unknown AdaDefense option {key.strip()!r}",
-                                   "use beta1=, beta2=, eps= or warmup=")
+                raise DefenseError(
+                    f"--defense {text}: unknown AdaDefense option {key.strip()!r}",
+                    "use beta1=, beta2=, eps= or warmup=",
+                )
             options[canonical] = _number(value.strip(), canonical, text)
         else:
             number = _number(key, "parameter", text)
@@ -281,24 +302,36 @@ def parse_defense(spec: str) -> Defense:
             elif 0 < number < 0.5:
                 options["eps"] = number
             else:
-                raise DefenseError(f"--defense {text}: a bare AdaDefense parameter is β2 in [0.5, 1) or ε in "
-                                   f"(0, 0.5), got {number:g}", "write adadefense:beta2=... or adadefense:eps=...")
+                raise DefenseError(
+                    f"--defense {text}: a bare AdaDefense parameter is β2 in [0.5, 1) or ε in (0, 0.5), got {number:g}",
+                    "write adadefense:beta2=... or adadefense:eps=...",
+                )
     for key in ("beta1", "beta2"):
         if not 0 <= options[key] < 1:
-            raise DefenseError(f"--defense {text}: {key} must lie in [0, 1), got {options[key]:g}",
-                               f"e.g. adadefense:{key}={_ADADEFENSE_DEFAULTS[key]:g}")
+            raise DefenseError(
+                f"--defense {text}: {key} must lie in [0, 1), got {options[key]:g}",
+                f"e.g. adadefense:{key}={_ADADEFENSE_DEFAULTS[key]:g}",
+            )
     if options["eps"] <= 0:
-        raise DefenseError(f"--defense {text}: eps must be positive, got {options['eps']:g}",
-                           "e.g. adadefense:eps=1e-8")
+        raise DefenseError(
+            f"--defense {text}: eps must be positive, got {options['eps']:g}", "e.g. adadefense:eps=1e-8"
+        )
     warmup = options["warmup"]
     if warmup < 0 or warmup != int(warmup) or warmup > 1000:
-        raise DefenseError(f"--defense {text}: warmup counts earlier rounds, a whole number 0-1000, got {warmup:g}",
-                           "e.g. adadefense:warmup=5")
+        raise DefenseError(
+            f"--defense {text}: warmup counts earlier rounds, a whole number 0-1000, got {warmup:g}",
+            "e.g. adadefense:warmup=5",
+        )
     options["warmup"] = int(warmup)
-    description = (f"the client shares Adam's stand-in m̂/(√v̂+ε) (β1={options['beta1']:g}, "
-                   f"β2={options['beta2']:g}, ε={options['eps']:g}) instead of its gradient, moments kept local; "
-                   + ("attacked in its first round (zero moments)" if not options["warmup"] else
-                      f"attacked after {options['warmup']} earlier rounds on other data"))
+    description = (
+        f"the client shares Adam's stand-in m̂/(√v̂+ε) (β1={options['beta1']:g}, "
+        f"β2={options['beta2']:g}, ε={options['eps']:g}) instead of its gradient, moments kept local; "
+        + (
+            "attacked in its first round (zero moments)"
+            if not options["warmup"]
+            else f"attacked after {options['warmup']} earlier rounds on other data"
+        )
+    )
     return Defense("adadefense", options["eps"], description, options)
 
 
@@ -350,9 +383,17 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(1) == y).double().mean())
 
 
-def fedavg_accuracy(defense: Defense | None, rounds: int = FEDAVG_ROUNDS, clients: int = FEDAVG_CLIENTS,
-                    seed: int = 0, *, local_steps: int = FEDAVG_LOCAL_STEPS, local_lr: float = FEDAVG_LOCAL_LR,
-                    batch_size: int = FEDAVG_LOCAL_BATCH, server_lr: float | None = None) -> dict:
+def fedavg_accuracy(
+    defense: Defense | None,
+    rounds: int = FEDAVG_ROUNDS,
+    clients: int = FEDAVG_CLIENTS,
+    seed: int = 0,
+    *,
+    local_steps: int = FEDAVG_LOCAL_STEPS,
+    local_lr: float = FEDAVG_LOCAL_LR,
+    batch_size: int = FEDAVG_LOCAL_BATCH,
+    server_lr: float | None = None,
+) -> dict:
     """Train a 64-128-64-10 ReLU MLP on scikit-learn's digits (8x8, 1,797 images, 30 % held out) with FedAvg.
 
     Every round each client starts from the global model, takes ``local_steps`` SGD steps (lr ``local_lr``,
@@ -397,8 +438,13 @@ def fedavg_accuracy(defense: Defense | None, rounds: int = FEDAVG_ROUNDS, client
     return {
         "accuracy": _accuracy(model, x_test, y_test),
         "train_accuracy": _accuracy(model, x_train, y_train),
-        "rounds": rounds, "clients": clients, "local_steps": local_steps, "local_lr": local_lr,
-        "batch_size": batch_size, "server_lr": server_lr, "seed": seed,
+        "rounds": rounds,
+        "clients": clients,
+        "local_steps": local_steps,
+        "local_lr": local_lr,
+        "batch_size": batch_size,
+        "server_lr": server_lr,
+        "seed": seed,
         "defense": defense.spec if defense is not None else None,
         "model": "MLP 64-128-64-10 (ReLU)",
         "data": f"scikit-learn digits 8x8 ({len(y_train)} train / {len(y_test)} test images, IID shards)",

@@ -1,4 +1,5 @@
 """--verify dp: the informed, prior-aware reconstruction attack on DP noise (spec §13), measured against B(1/M)."""
+
 from __future__ import annotations
 
 import math
@@ -19,9 +20,9 @@ KNOWN_CLIENTS = 3
 # Up to this many noise values (trials x steps x gradient size) the update is drawn in full, as DP-SGD draws it;
 # beyond it, the noise's projection onto the candidates' span (exactly the same law for every likelihood the attack
 # computes, which reads the update only through its inner products with the candidates).
-FULL_DRAW_LIMIT = 2 ** 28
-CHUNK_ELEMENTS = 2 ** 23          # noise values drawn at once in the full draw
-GRADIENT_CHUNK = 32               # units per vmap call of the per-unit gradients
+FULL_DRAW_LIMIT = 2**28
+CHUNK_ELEMENTS = 2**23  # noise values drawn at once in the full draw
+GRADIENT_CHUNK = 32  # units per vmap call of the per-unit gradients
 CONFIDENCE = 0.95
 # Client level: the samples of all simulated clients (candidates and known ones) drawn at most.
 MAX_CLIENT_SAMPLES = 4096
@@ -31,7 +32,7 @@ MAX_CLIENT_SAMPLES = 4096
 class AttackOutcome:
     successes: int
     trials: int
-    draw: str                     # full | span
+    draw: str  # full | span
     seconds: float
     device: str
 
@@ -46,8 +47,9 @@ def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE)
     return low, high
 
 
-def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float,
-                   device: str) -> torch.Tensor:
+def unit_gradients(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float, device: str
+) -> torch.Tensor:
     """Each unit's flattened gradient clipped to norm `clip` (g · min(1, c/‖g‖)), as DP-SGD clips it, returned in
     units of c (clip_in_units).
 
@@ -61,8 +63,10 @@ def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
     net = model.to(device)
     params = {name: p.detach() for name, p in net.named_parameters() if p.requires_grad}
     if not params:
-        raise UsageError("the model has no trainable parameters, so it sends no gradient to clip and noise",
-                         "make some parameters trainable (requires_grad) or drop --verify dp")
+        raise UsageError(
+            "the model has no trainable parameters, so it sends no gradient to clip and noise",
+            "make some parameters trainable (requires_grad) or drop --verify dp",
+        )
     buffers = {name: b.detach() for name, b in net.named_buffers()}
 
     def unit_loss(values, x, y):
@@ -71,14 +75,16 @@ def unit_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
     per_unit = vmap(grad(unit_loss), in_dims=(None, 0, 0))
     flat = []
     for start in range(0, len(inputs), GRADIENT_CHUNK):
-        x = inputs[start:start + GRADIENT_CHUNK].to(device)
-        y = labels[start:start + GRADIENT_CHUNK].to(device)
+        x = inputs[start : start + GRADIENT_CHUNK].to(device)
+        y = labels[start : start + GRADIENT_CHUNK].to(device)
         grads = per_unit(params, x, y)
         flat.append(torch.cat([g.reshape(len(x), -1) for g in grads.values()], dim=1))
     gradients = torch.cat(flat)
     if not torch.isfinite(gradients).all():
-        raise UsageError("a per-sample gradient is not finite (NaN or infinite)",
-                         "check the model's forward pass on real inputs (a log of zero, a division by zero)")
+        raise UsageError(
+            "a per-sample gradient is not finite (NaN or infinite)",
+            "check the model's forward pass on real inputs (a log of zero, a division by zero)",
+        )
     return clip_in_units(gradients, clip)
 
 
@@ -87,13 +93,15 @@ def clip_in_units(gradients: torch.Tensor, clip: float) -> torch.Tensor:
     under- or overflows (issue 23); the attack, whose likelihoods read only ⟨y, g⟩/(σc)², is the same in these
     units with c = 1. The ratio is taken in float64; a zero gradient stays zero."""
     norms = gradients.double().norm(dim=1, keepdim=True)
-    scale = torch.where(norms > 0, torch.minimum(1.0 / norms, torch.full_like(norms, 1.0 / clip)),
-                        torch.zeros_like(norms))
+    scale = torch.where(
+        norms > 0, torch.minimum(1.0 / norms, torch.full_like(norms, 1.0 / clip)), torch.zeros_like(norms)
+    )
     return (gradients.double() * scale).to(gradients.dtype)
 
 
-def client_updates(model: nn.Module, round_: Round, inputs: torch.Tensor, labels: torch.Tensor, loss: str,
-                   clip: float, device: str) -> torch.Tensor:
+def client_updates(
+    model: nn.Module, round_: Round, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float, device: str
+) -> torch.Tensor:
     """Each client's round update u = θ_K − θ₀, simulated by rankaudit.verify.client's local training (N samples,
     batch B, E epochs, the round's optimizer, from the server's weights θ₀), flattened and clipped to norm `clip`
     as DP-FedAvg clips a client's whole update, in units of `clip` (clip_in_units). inputs: U x N x ..., labels:
@@ -105,17 +113,25 @@ def client_updates(model: nn.Module, round_: Round, inputs: torch.Tensor, labels
     net = model.to(device)
     shared = [name for name, p in net.named_parameters() if p.requires_grad]
     if not shared:
-        raise UsageError("the model has no trainable parameters, so a client sends no update to clip and noise",
-                         "make some parameters trainable (requires_grad) or drop --verify dp")
+        raise UsageError(
+            "the model has no trainable parameters, so a client sends no update to clip and noise",
+            "make some parameters trainable (requires_grad) or drop --verify dp",
+        )
     training = LocalTraining(net, round_, loss, shared)
     per_client = vmap(training.client_update)
     with torch.no_grad():
-        updates = torch.cat([per_client(inputs[start:start + GRADIENT_CHUNK].to(device),
-                                        labels[start:start + GRADIENT_CHUNK].to(device))
-                             for start in range(0, len(inputs), GRADIENT_CHUNK)])
+        updates = torch.cat(
+            [
+                per_client(
+                    inputs[start : start + GRADIENT_CHUNK].to(device), labels[start : start + GRADIENT_CHUNK].to(device)
+                )
+                for start in range(0, len(inputs), GRADIENT_CHUNK)
+            ]
+        )
     if not torch.isfinite(updates).all():
-        raise UsageError("a simulated client update is not finite (the local training diverged)",
-                         "lower --lr or --local-epochs")
+        raise UsageError(
+            "a simulated client update is not finite (the local training diverged)", "lower --lr or --local-epochs"
+        )
     return clip_in_units(updates, clip)
 
 
@@ -124,14 +140,25 @@ def separation_note(gradients: torch.Tensor, clip: float) -> str:
     norms = gradients.norm(dim=1)
     unit = gradients / norms.clamp(min=torch.finfo(gradients.dtype).tiny)[:, None]
     cosines = (unit @ unit.T).fill_diagonal_(float("nan"))
-    return (f"candidates' clipped gradient norms: median {float(norms.median()) / clip:.3g} of c; largest pairwise "
-            f"cosine {float(cosines.nan_to_num(-1.0).max()):.3g} (the attack meets the bound at norm c and "
-            "orthogonal gradients; smaller or aligned ones leave it below)")
+    return (
+        f"candidates' clipped gradient norms: median {float(norms.median()) / clip:.3g} of c; largest pairwise "
+        f"cosine {float(cosines.nan_to_num(-1.0).max()):.3g} (the attack meets the bound at norm c and "
+        "orthogonal gradients; smaller or aligned ones leave it below)"
+    )
 
 
-def informed_attack(candidates: torch.Tensor, known: torch.Tensor | None, *, noise_multiplier: float, clip: float,
-                    sample_rate: float, steps: int, trials: int, seed: int = 0,
-                    full_draw_limit: int = FULL_DRAW_LIMIT) -> AttackOutcome:
+def informed_attack(
+    candidates: torch.Tensor,
+    known: torch.Tensor | None,
+    *,
+    noise_multiplier: float,
+    clip: float,
+    sample_rate: float,
+    steps: int,
+    trials: int,
+    seed: int = 0,
+    full_draw_limit: int = FULL_DRAW_LIMIT,
+) -> AttackOutcome:
     """Spec §13's attack: per trial a target among the M candidates (uniform, so κ = 1/M), T steps of DP-SGD.
 
     Each step every unit takes part with probability q (Poisson sampling), the update is the sum of the clipped
@@ -157,24 +184,28 @@ def informed_attack(candidates: torch.Tensor, known: torch.Tensor | None, *, noi
     for first in range(0, trials, per_chunk):
         n = min(per_chunk, trials - first)
         targets = torch.randint(count, (n,), generator=generator, device=device)
-        sampled = (torch.rand((n, steps, 1), generator=generator, device=device, dtype=candidates.dtype)
-                   < sample_rate).to(candidates.dtype)
+        sampled = (
+            torch.rand((n, steps, 1), generator=generator, device=device, dtype=candidates.dtype) < sample_rate
+        ).to(candidates.dtype)
         if draw == "full":
             noise = torch.randn((n, steps, size), generator=generator, device=device, dtype=candidates.dtype) * scale
             update = sampled * candidates[targets][:, None, :] + noise
             if known is not None and len(known):
-                took_part = (torch.rand((n, steps, len(known)), generator=generator, device=device,
-                                        dtype=candidates.dtype) < sample_rate).to(candidates.dtype)
+                took_part = (
+                    torch.rand((n, steps, len(known)), generator=generator, device=device, dtype=candidates.dtype)
+                    < sample_rate
+                ).to(candidates.dtype)
                 others = took_part @ known
-                update = (update + others) - others     # what the server receives, less what the attacker knows
+                update = (update + others) - others  # what the server receives, less what the attacker knows
             scores = update @ candidates.T
         else:
             projected = torch.randn((n, steps, count), generator=generator, device=device, dtype=candidates.dtype)
             scores = sampled * gram[targets][:, None, :] + scale * projected @ root.T
-        log_ratio = (scores - half_norms) / scale ** 2
+        log_ratio = (scores - half_norms) / scale**2
         if sample_rate < 1:
-            log_ratio = torch.logaddexp(torch.full_like(log_ratio, math.log1p(-sample_rate)),
-                                        math.log(sample_rate) + log_ratio)
+            log_ratio = torch.logaddexp(
+                torch.full_like(log_ratio, math.log1p(-sample_rate)), math.log(sample_rate) + log_ratio
+            )
         guesses = log_ratio.sum(dim=1).argmax(dim=1)
         successes += int((guesses == targets).sum())
     return AttackOutcome(successes, trials, draw, time.perf_counter() - start, str(device))
@@ -184,9 +215,9 @@ def informed_attack(candidates: torch.Tensor, known: torch.Tensor | None, *, noi
 # (trial, step, candidate) (a score, the mixture's log-likelihood ratio, the sum and the argmax), about 1e9 a second
 # on a CPU core, so the ceiling is about a minute. The units: each is an image drawn and a per-unit gradient held.
 ATTACK_OPERATIONS_PER_SCORE = 10
-MAX_ATTACK_OPERATIONS = 5 * 10 ** 10
+MAX_ATTACK_OPERATIONS = 5 * 10**10
 MAX_UNITS = 100_000
-MAX_GRADIENT_VALUES = 2 * 10 ** 9
+MAX_GRADIENT_VALUES = 2 * 10**9
 
 
 def check_attack_size(result: Result, settings: DPSettings, candidates: int, trials: int) -> None:
@@ -196,19 +227,32 @@ def check_attack_size(result: Result, settings: DPSettings, candidates: int, tri
         raise UsageError(
             f"--verify dp would score {trials:,} trials x {settings.steps:,} steps x {candidates:,} candidates, about "
             f"{operations:.2g} operations ({operations / 1e9 / 60:.2g} CPU-minutes); the most it runs is "
-            f"{MAX_ATTACK_OPERATIONS:.0e}", "lower --samples (the trials), --dp-candidates or --dp-steps")
+            f"{MAX_ATTACK_OPERATIONS:.0e}",
+            "lower --samples (the trials), --dp-candidates or --dp-steps",
+        )
     per_unit = 1 if settings.level == "sample" else result.batch_size
     units = candidates + (result.batch_size - 1 if settings.level == "sample" else KNOWN_CLIENTS)
     values = units * max(result.parameters, 1)
     if units * per_unit > MAX_UNITS or values > MAX_GRADIENT_VALUES:
         raise UsageError(
             f"--verify dp would draw {units * per_unit:,} inputs and hold {units:,} per-unit gradients of "
-            f"{result.parameters:,} values ({8 * values / 2 ** 30:.3g} GiB in float64); the most it takes is "
-            f"{MAX_UNITS:,} inputs and {MAX_GRADIENT_VALUES:.0e} values", "lower --dp-candidates (default 10)")
+            f"{result.parameters:,} values ({8 * values / 2**30:.3g} GiB in float64); the most it takes is "
+            f"{MAX_UNITS:,} inputs and {MAX_GRADIENT_VALUES:.0e} values",
+            "lower --dp-candidates (default 10)",
+        )
 
 
-def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: int = DEFAULT_CANDIDATES,
-              trials: int = DEFAULT_TRIALS, seed: int = 0, device: str = "auto", data: str | None = None) -> dict:
+def verify_dp(
+    result: Result,
+    spec: str,
+    settings: DPSettings,
+    *,
+    candidates: int = DEFAULT_CANDIDATES,
+    trials: int = DEFAULT_TRIALS,
+    seed: int = 0,
+    device: str = "auto",
+    data: str | None = None,
+) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
     from rankaudit import dp
     from rankaudit.verify import rank
@@ -221,8 +265,10 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
         raise UsageError(f"--samples {trials}: the attack needs at least one trial", "pass --samples >= 1, e.g. 1000")
     check_attack_size(result, settings, candidates, trials)
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
-        raise UsageError("--verify dp draws real images as candidates; this model reads token ids or several inputs",
-                         "use --verify dp on models with a single float input")
+        raise UsageError(
+            "--verify dp draws real images as candidates; this model reads token ids or several inputs",
+            "use --verify dp on models with a single float input",
+        )
     device = resolve_device(device)
     round_ = result.round or Round(batch_size=result.batch_size)
     client = settings.level == "client"
@@ -233,10 +279,13 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
     known_units = min(round_.population - 1, KNOWN_CLIENTS) if client else result.batch_size - 1
     units = candidates + known_units
     if client and units * per_unit > MAX_CLIENT_SAMPLES:
-        raise UsageError(f"--verify dp at the client level simulates {units} clients' local training over N = "
-                         f"{per_unit:,} samples each ({units * per_unit:,} samples), above the "
-                         f"{MAX_CLIENT_SAMPLES:,} it draws", "check the mechanism on a smaller round (a smaller "
-                         "--local-samples; the bound B(κ) does not depend on N) or fewer --dp-candidates")
+        raise UsageError(
+            f"--verify dp at the client level simulates {units} clients' local training over N = "
+            f"{per_unit:,} samples each ({units * per_unit:,} samples), above the "
+            f"{MAX_CLIENT_SAMPLES:,} it draws",
+            "check the mechanism on a smaller round (a smaller "
+            "--local-samples; the bound B(κ) does not depend on N) or fewer --dp-candidates",
+        )
     model, weights = build_real_model(spec, result.input_shape, seed)
     inputs, source = _rank_inputs(result, data, units * per_unit, seed)
     with torch.no_grad():
@@ -245,51 +294,94 @@ def verify_dp(result: Result, spec: str, settings: DPSettings, *, candidates: in
     labels = rank.draw_labels(len(inputs), loss, logits, seed)
     shape = tuple(inputs.shape[1:])
     if client:
-        gradients = client_updates(model, round_, inputs.reshape(units, per_unit, *shape),
-                                   labels.reshape(units, per_unit), loss, settings.clip, device)
+        gradients = client_updates(
+            model,
+            round_,
+            inputs.reshape(units, per_unit, *shape),
+            labels.reshape(units, per_unit),
+            loss,
+            settings.clip,
+            device,
+        )
     else:
-        gradients = unit_gradients(model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit),
-                                   loss, settings.clip, device)
-    outcome = informed_attack(gradients[:candidates], gradients[candidates:],
-                              noise_multiplier=settings.noise_multiplier, clip=1.0,       # gradients in units of c
-                              sample_rate=settings.sample_rate, steps=settings.steps, trials=trials, seed=seed)
+        gradients = unit_gradients(
+            model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit), loss, settings.clip, device
+        )
+    outcome = informed_attack(
+        gradients[:candidates],
+        gradients[candidates:],
+        noise_multiplier=settings.noise_multiplier,
+        clip=1.0,  # gradients in units of c
+        sample_rate=settings.sample_rate,
+        steps=settings.steps,
+        trials=trials,
+        seed=seed,
+    )
     rate = outcome.successes / outcome.trials
     low, high = clopper_pearson(outcome.successes, outcome.trials)
     bound = dp.bound_at(settings.noise_multiplier, settings.sample_rate, settings.steps, 1.0 / candidates)
     internal_error = None
     if low > bound:
-        internal_error = (f"internal error: the attack's success rate {rate:.3f} (95 % interval [{low:.3f}, "
-                          f"{high:.3f}]) lies above the certified bound B(1/{candidates}) = {bound:.3f}: the bound or "
-                          "the simulated mechanism is wrong")
+        internal_error = (
+            f"internal error: the attack's success rate {rate:.3f} (95 % interval [{low:.3f}, "
+            f"{high:.3f}]) lies above the certified bound B(1/{candidates}) = {bound:.3f}: the bound or "
+            "the simulated mechanism is wrong"
+        )
     from rankaudit.levels import count
     from rankaudit.round import describe
 
     if client:
-        unit = (f"client's whole round: its update θ_K − θ₀ from simulated local training ({describe(round_)}), "
-                f"clipped to c")
-        others = (f"{count(known_units, 'other client')} of the {round_.population - 1:,} the server samples from, "
-                  "each taking part with probability q, known to the attacker and subtracted (as many more would "
-                  "change nothing)" if known_units else "no other client")
-        rounds = ("the same server weights θ₀ in each of the T rounds (the bound holds for any weights; the attack "
-                  "sees the same update each round)")
+        unit = (
+            f"client's whole round: its update θ_K − θ₀ from simulated local training ({describe(round_)}), "
+            f"clipped to c"
+        )
+        others = (
+            f"{count(known_units, 'other client')} of the {round_.population - 1:,} the server samples from, "
+            "each taking part with probability q, known to the attacker and subtracted (as many more would "
+            "change nothing)"
+            if known_units
+            else "no other client"
+        )
+        rounds = (
+            "the same server weights θ₀ in each of the T rounds (the bound holds for any weights; the attack "
+            "sees the same update each round)"
+        )
     else:
         unit = "sample"
         others = f"{count(known_units, 'other sample')} of its batch known to the attacker"
         rounds = "the same weights in each of the T steps"
     verification = {
-        "candidates": candidates, "trials": outcome.trials, "successes": outcome.successes,
-        "success_rate": rate, "interval": [low, high], "confidence": CONFIDENCE, "bound": bound,
-        "prior": 1.0 / candidates, "seconds": round(outcome.seconds, 3), "device": outcome.device,
-        "draw": outcome.draw, "level": settings.level, "noise_multiplier": settings.noise_multiplier,
-        "clip": settings.clip, "sample_rate": settings.sample_rate, "steps": settings.steps,
-        "below_bound": high <= bound, "internal_error": internal_error,
-        "notes": [f"weights: {weights}", f"inputs: {source}", f"loss: {loss}, labels drawn with seed {seed}",
-                  f"unit: a {unit}; {others}", rounds,
-                  f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g} "
-                  "(computed in units of it)",
-                  separation_note(gradients[:candidates], 1.0),
-                  "noise drawn in full" if outcome.draw == "full" else
-                  "noise drawn in the candidates' span (the same law for every likelihood the attack reads)"],
+        "candidates": candidates,
+        "trials": outcome.trials,
+        "successes": outcome.successes,
+        "success_rate": rate,
+        "interval": [low, high],
+        "confidence": CONFIDENCE,
+        "bound": bound,
+        "prior": 1.0 / candidates,
+        "seconds": round(outcome.seconds, 3),
+        "device": outcome.device,
+        "draw": outcome.draw,
+        "level": settings.level,
+        "noise_multiplier": settings.noise_multiplier,
+        "clip": settings.clip,
+        "sample_rate": settings.sample_rate,
+        "steps": settings.steps,
+        "below_bound": high <= bound,
+        "internal_error": internal_error,
+        "notes": [
+            f"weights: {weights}",
+            f"inputs: {source}",
+            f"loss: {loss}, labels drawn with seed {seed}",
+            f"unit: a {unit}; {others}",
+            rounds,
+            f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g} "
+            "(computed in units of it)",
+            separation_note(gradients[:candidates], 1.0),
+            "noise drawn in full"
+            if outcome.draw == "full"
+            else "noise drawn in the candidates' span (the same law for every likelihood the attack reads)",
+        ],
     }
     result.verification["dp"] = verification
     return verification

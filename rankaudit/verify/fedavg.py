@@ -12,12 +12,13 @@ together, and each client's recovery is reported on its own.
 R-GAP has no multi-step form (its closed form inverts one gradient layer by layer): for a round with more than one
 step or client this is the attack `--verify rgap` runs.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -25,8 +26,14 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
 from rankaudit.verify.client import LocalTraining, check_local_training
-from rankaudit.verify.invert import (DEFAULT_LR, DEFAULT_TV_UNTIL, adam_update,
-                                     gradient_distances, psnr_from_mse, total_variations)
+from rankaudit.verify.invert import (
+    DEFAULT_LR,
+    DEFAULT_TV_UNTIL,
+    adam_update,
+    gradient_distances,
+    psnr_from_mse,
+    total_variations,
+)
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -49,40 +56,59 @@ ROUND_TV_WEIGHT = 2e-2
 class RoundAttack:
     """The attack on one round: reconstructions matched to the originals, errors per image and per client."""
 
-    reconstructions: torch.Tensor      # (C, N, *sample), in the originals' order after matching
-    mse: list[list[float]]             # [client][sample]
+    reconstructions: torch.Tensor  # (C, N, *sample), in the originals' order after matching
+    mse: list[list[float]]  # [client][sample]
     psnr: list[list[float]]
     client_median_psnr: list[float]
     median_mse: float
     median_psnr: float
-    final_distance: float              # the winning restart's best distance to the observed update
+    final_distance: float  # the winning restart's best distance to the observed update
     restarts: int
     steps: int
     seconds: float
     device: str
-    candidates_per_pass: int           # restarts carried through one vmapped pass
+    candidates_per_pass: int  # restarts carried through one vmapped pass
     notes: list[str] = field(default_factory=list)
-    best_distances: list[float] = field(default_factory=list)       # per restart: its best iterate's distance
+    best_distances: list[float] = field(default_factory=list)  # per restart: its best iterate's distance
     last_iterate_distances: list[float] = field(default_factory=list)  # per restart: its last iterate's distance
     dtype: str = "float64"
     tv_weight: float = math.nan
     tv_until: float = math.nan
-    tv_weight_applied: float = math.nan   # tv_weight scaled by the distance's pull (_prior_scale)
+    tv_weight_applied: float = math.nan  # tv_weight scaled by the distance's pull (_prior_scale)
 
 
-def observed_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str,
-                    shared: list[str] | None = None) -> torch.Tensor:
+def observed_update(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    round_: Round,
+    loss: str,
+    shared: list[str] | None = None,
+) -> torch.Tensor:
     """The update the server receives: Σ_c (θ_K − θ₀) over the shared parameters, flat."""
     names = shared or [name for name, p in model.named_parameters() if p.requires_grad]
     with torch.no_grad():
         return LocalTraining(model, round_, loss, names).update(images, labels)
 
 
-def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_: Round, loss: str, *,
-                 shared: list[str] | None = None, steps: int = 1000, restarts: int = 2, lr: float = DEFAULT_LR,
-                 tv_weight: float = ROUND_TV_WEIGHT, tv_until: float = DEFAULT_TV_UNTIL,
-                 device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> RoundAttack:
+def invert_round(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    round_: Round,
+    loss: str,
+    *,
+    shared: list[str] | None = None,
+    steps: int = 1000,
+    restarts: int = 2,
+    lr: float = DEFAULT_LR,
+    tv_weight: float = ROUND_TV_WEIGHT,
+    tv_until: float = DEFAULT_TV_UNTIL,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RoundAttack:
     """Reconstruct ``images`` (C x N x ...) from the round's aggregated update; ``labels`` (C x N) are known.
 
     ``model`` holds θ₀. ``dtype`` defaults to the model's own (the verifier builds it in float64, the precision of
@@ -94,9 +120,11 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     (see ROUND_TV_WEIGHT) for the first ``tv_until`` of the steps, then the update alone is fitted.
     """
     if images.shape[:2] != (round_.clients, round_.samples) or labels.shape != images.shape[:2]:
-        raise UsageError(f"images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match the round's "
-                         f"{round_.clients} client(s) x {round_.samples} samples",
-                         "give images shaped (clients, local samples, C, H, W) and labels (clients, local samples)")
+        raise UsageError(
+            f"images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match the round's "
+            f"{round_.clients} client(s) x {round_.samples} samples",
+            "give images shaped (clients, local samples, C, H, W) and labels (clients, local samples)",
+        )
     if steps < 1 or restarts < 1:
         raise UsageError(f"{steps} steps x {restarts} restarts", "give at least one step and one restart")
     from torch.func import grad, vmap
@@ -114,8 +142,9 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     with torch.no_grad():
         target = training.update(truth, labels)
     if not torch.isfinite(target).all():
-        raise UsageError("the simulated round's update is not finite (the local training diverged)",
-                         "lower --lr or --local-epochs")
+        raise UsageError(
+            "the simulated round's update is not finite (the local training diverged)", "lower --lr or --local-epochs"
+        )
     unit_target = (target / target.norm().clamp_min(1e-30)).unsqueeze(0)
 
     def distance_to_target(candidate: torch.Tensor) -> torch.Tensor:
@@ -145,7 +174,7 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
             if step in milestones:
                 rate.mul_(0.1)
             if step == tv_off:
-                tv.zero_()   # the prior guides the start; the end fits the update alone
+                tv.zero_()  # the prior guides the start; the end fits the update alone
             input_grad, distance = step_all(x)
             _keep_best(x, distance, best_x, best, per_restart)
             x = adam_update(x, input_grad.sign(), first, second, steps_done, rate, ADAM_BETAS, ADAM_EPS).clamp_(0, 1)
@@ -161,18 +190,37 @@ def invert_round(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, r
     psnr = [[psnr_from_mse(e) for e in client] for client in mse]
     flat = sorted(e for client in mse for e in client)
     median_mse = float(torch.tensor(flat).median())
-    notes = [f"labels and batch order known to the server (as in the FedSGD attacks); {restarts} restarts x "
-             f"{steps} steps in one vmapped batch in {str(dtype).replace('torch.', '')}; each restart keeps its "
-             f"best iterate (least distance to the update), the best restart wins",
-             f"prior: total variation x {applied:.3g} ({tv_weight:g} x the ratio of the distance's mean input "
-             f"gradient to the prior's at the starting points) for the first {tv_until:.0%} of the steps, then the "
-             "update alone",
-             "the aggregate is the same for any order of the clients and of same-label samples within a batch: "
-             "reconstructions are matched to the originals of the same label by the assignment of least total MSE"]
-    return RoundAttack(reconstruction, mse, psnr, [_median(client) for client in psnr], median_mse,
-                       psnr_from_mse(median_mse), float(best[winner]), restarts, steps, time.perf_counter() - started,
-                       str(device), restarts, notes, best.tolist(), _finite_list(final),
-                       str(dtype).replace("torch.", ""), tv_weight, tv_until, applied)
+    notes = [
+        f"labels and batch order known to the server (as in the FedSGD attacks); {restarts} restarts x "
+        f"{steps} steps in one vmapped batch in {str(dtype).replace('torch.', '')}; each restart keeps its "
+        f"best iterate (least distance to the update), the best restart wins",
+        f"prior: total variation x {applied:.3g} ({tv_weight:g} x the ratio of the distance's mean input "
+        f"gradient to the prior's at the starting points) for the first {tv_until:.0%} of the steps, then the "
+        "update alone",
+        "the aggregate is the same for any order of the clients and of same-label samples within a batch: "
+        "reconstructions are matched to the originals of the same label by the assignment of least total MSE",
+    ]
+    return RoundAttack(
+        reconstruction,
+        mse,
+        psnr,
+        [_median(client) for client in psnr],
+        median_mse,
+        psnr_from_mse(median_mse),
+        float(best[winner]),
+        restarts,
+        steps,
+        time.perf_counter() - started,
+        str(device),
+        restarts,
+        notes,
+        best.tolist(),
+        _finite_list(final),
+        str(dtype).replace("torch.", ""),
+        tv_weight,
+        tv_until,
+        applied,
+    )
 
 
 def _prior_scale(distance_grads: torch.Tensor, prior_grads: torch.Tensor) -> float:
@@ -184,8 +232,9 @@ def _prior_scale(distance_grads: torch.Tensor, prior_grads: torch.Tensor) -> flo
     return ratio if math.isfinite(ratio) and ratio > 0 else 1.0
 
 
-def _keep_best(x: torch.Tensor, distance: torch.Tensor, best_x: torch.Tensor, best: torch.Tensor,
-               per_restart: tuple[int, ...]) -> None:
+def _keep_best(
+    x: torch.Tensor, distance: torch.Tensor, best_x: torch.Tensor, best: torch.Tensor, per_restart: tuple[int, ...]
+) -> None:
     """Where a restart's iterate fits the update better than its best so far, it becomes the best (a NaN never
     does)."""
     improved = distance < best

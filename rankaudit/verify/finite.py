@@ -7,9 +7,11 @@ the forward pass (a ``TorchFunctionMode``, with module hooks naming the module t
 the backward pass (a post-hook per autograd node), and the first op whose inputs were finite and whose output was not
 is named in a one-line :class:`NonFiniteError` (exit 3). Found by re-running with checks, never by guessing.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,8 +19,10 @@ from torch.overrides import TorchFunctionMode
 
 from rankaudit.errors import ModelLoadError
 
-FIX = ("make the model finite at these inputs (guard sqrt/log/division at 0, e.g. add an eps), or check the weights "
-       "the model file loads")
+FIX = (
+    "make the model finite at these inputs (guard sqrt/log/division at 0, e.g. add an eps), or check the weights "
+    "the model file loads"
+)
 
 
 class NonFiniteError(ModelLoadError):
@@ -46,9 +50,16 @@ def all_finite(*values: Any) -> bool:
     return bool(torch.stack([c.to("cpu") for c in checks]).all()) if len(checks) > 1 else bool(checks[0])
 
 
-def require_finite(verifier: str, output: Any, gradients: Any, *, model: nn.Module,
-                   rerun: Callable[[], tuple[Any, torch.Tensor]], parameters: Sequence[torch.Tensor],
-                   inputs: Any = None) -> None:
+def require_finite(
+    verifier: str,
+    output: Any,
+    gradients: Any,
+    *,
+    model: nn.Module,
+    rerun: Callable[[], tuple[Any, torch.Tensor]],
+    parameters: Sequence[torch.Tensor],
+    inputs: Any = None,
+) -> None:
     """Raise NonFiniteError unless ``output`` and ``gradients`` are finite.
 
     ``rerun()`` repeats the verifier's forward pass and loss at the same inputs, returning (output, loss);
@@ -60,8 +71,14 @@ def require_finite(verifier: str, output: Any, gradients: Any, *, model: nn.Modu
     raise locate(verifier, model, rerun, parameters, inputs=inputs)
 
 
-def locate(verifier: str, model: nn.Module, rerun: Callable[[], tuple[Any, torch.Tensor]],
-           parameters: Sequence[torch.Tensor], *, inputs: Any = None) -> NonFiniteError:
+def locate(
+    verifier: str,
+    model: nn.Module,
+    rerun: Callable[[], tuple[Any, torch.Tensor]],
+    parameters: Sequence[torch.Tensor],
+    *,
+    inputs: Any = None,
+) -> NonFiniteError:
     """Re-run the forward and backward pass with checks; the error naming the first non-finite value's source."""
     if inputs is not None and not all_finite(inputs):
         return NonFiniteError(f"{verifier}: the inputs hold NaN or Inf", "give finite inputs (--data)")
@@ -78,8 +95,9 @@ def locate(verifier: str, model: nn.Module, rerun: Callable[[], tuple[Any, torch
         if culprit is None and not all_finite(output, loss):
             culprit = "an op the checks could not see (not a torch call from Python)"
         if culprit is not None:
-            return NonFiniteError(f"{verifier}: the forward pass is not finite at the inputs: first NaN/Inf from "
-                                  f"{culprit}", FIX)
+            return NonFiniteError(
+                f"{verifier}: the forward pass is not finite at the inputs: first NaN/Inf from {culprit}", FIX
+            )
         hooks = locator.watch_backward(loss)
         try:
             wanted = [p for p in parameters if p.requires_grad]
@@ -88,15 +106,25 @@ def locate(verifier: str, model: nn.Module, rerun: Callable[[], tuple[Any, torch
             for hook in hooks:
                 hook.remove()
     if locator.backward_culprit is not None:
-        return NonFiniteError(f"{verifier}: the shared gradient is not finite at the inputs (the forward pass is): "
-                              f"first NaN/Inf from {locator.backward_culprit}", FIX)
-    return NonFiniteError(f"{verifier}: the model's output or shared gradient is not finite at the inputs, but a "
-                          "second run with checks produced finite values (the model is not deterministic)", FIX)
+        return NonFiniteError(
+            f"{verifier}: the shared gradient is not finite at the inputs (the forward pass is): "
+            f"first NaN/Inf from {locator.backward_culprit}",
+            FIX,
+        )
+    return NonFiniteError(
+        f"{verifier}: the model's output or shared gradient is not finite at the inputs, but a "
+        "second run with checks produced finite values (the model is not deterministic)",
+        FIX,
+    )
 
 
 def _op_name(func) -> str:
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
-    name = name.replace("_VariableFunctionsClass.", "").replace("_TensorBase.", "Tensor.").replace("TensorBase.", "Tensor.")
+    name = (
+        name.replace("_VariableFunctionsClass.", "")
+        .replace("_TensorBase.", "Tensor.")
+        .replace("TensorBase.", "Tensor.")
+    )
     module = getattr(func, "__module__", None) or ""
     if module.startswith("torch.nn.functional"):
         return f"F.{name}"
@@ -115,13 +143,15 @@ class _Locator(TorchFunctionMode):
         self.stack: list[str] = []
         self.forward_culprit: str | None = None
         self.backward_culprit: str | None = None
-        self.made_by: dict[int, str] = {}     # id(autograd node) -> "torch.sqrt in module act"
-        self.nodes: list = []                 # kept alive so their ids stay unique
+        self.made_by: dict[int, str] = {}  # id(autograd node) -> "torch.sqrt in module act"
+        self.nodes: list = []  # kept alive so their ids stay unique
         self._handles: list = []
 
     def __enter__(self):
-        self._handles = [nn.modules.module.register_module_forward_pre_hook(self._enter_module),
-                         nn.modules.module.register_module_forward_hook(self._leave_module)]
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(self._enter_module),
+            nn.modules.module.register_module_forward_hook(self._leave_module),
+        ]
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -178,15 +208,18 @@ class _Locator(TorchFunctionMode):
             outgoing = [g for g in grad_inputs if g is not None]
             if all_finite(incoming) and not all_finite(outgoing):
                 made = self.made_by.get(id(node))
-                self.backward_culprit = (f"the backward of {made} ({node.name()})" if made
-                                         else f"the backward node {node.name()}")
+                self.backward_culprit = (
+                    f"the backward of {made} ({node.name()})" if made else f"the backward node {node.name()}"
+                )
 
         return hook
 
 
 def sketch_error(verifier: str) -> NonFiniteError:
     """The first-order gradient is finite but its derivative (a row of the rank sketch) is not."""
-    return NonFiniteError(f"{verifier}: the derivative of the shared gradient is not finite at the inputs (the "
-                          "output and the gradient are): an op's second derivative overflows there, so no rank is "
-                          "reported", FIX)
-
+    return NonFiniteError(
+        f"{verifier}: the derivative of the shared gradient is not finite at the inputs (the "
+        "output and the gradient are): an op's second derivative overflows there, so no rank is "
+        "reported",
+        FIX,
+    )

@@ -7,8 +7,8 @@ import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -49,8 +49,16 @@ _FORWARD_CHUNK = 256
 
 _RELU_FUNCTIONS = {F.relu, torch.relu, F.leaky_relu, torch.relu_, F.relu_, F.leaky_relu_}
 _RELU_METHODS = {"relu", "relu_"}
-_PASS_MODULES = (nn.Flatten, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-                 nn.Unflatten)
+_PASS_MODULES = (
+    nn.Flatten,
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.Unflatten,
+)
 _PASS_FUNCTIONS = {torch.flatten, torch.reshape, F.dropout}
 _PASS_METHODS = {"view", "reshape", "flatten", "contiguous"}
 _SHAPE_QUERIES = {"size", "dim", "numel"}
@@ -120,8 +128,9 @@ def _class_counts(class_dist: str, n_classes: int, batch_size: int, gen: torch.G
         return counts
     if class_dist == "imbalanced":
         weights = torch.empty(n_classes, dtype=torch.float64)
-        weights[torch.randperm(n_classes, generator=gen)] = _IMBALANCE_RATIO ** torch.arange(n_classes,
-                                                                                              dtype=torch.float64)
+        weights[torch.randperm(n_classes, generator=gen)] = _IMBALANCE_RATIO ** torch.arange(
+            n_classes, dtype=torch.float64
+        )
         draws = torch.multinomial(weights, batch_size, replacement=True, generator=gen)
         return torch.bincount(draws, minlength=n_classes)
     raise ValueError(f"class_dist must be one of {CLASS_DISTRIBUTIONS}, got {class_dist!r}")
@@ -133,8 +142,9 @@ def _draw(pool: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
     return pool[torch.randint(len(pool), (count,), generator=gen)]
 
 
-def victim_batch(n_classes: int, input_shape: tuple[int, int, int], batch_size: int, class_dist: str = "random",
-                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def victim_batch(
+    n_classes: int, input_shape: tuple[int, int, int], batch_size: int, class_dist: str = "random", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A labelled batch of real digits (scikit-learn's 8x8 ``load_digits``) resized to ``input_shape``.
 
     Images are bilinearly resized to H x W, lie in [0, 1] and are copied into every channel.
@@ -208,8 +218,15 @@ def client_gradient(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
             output, loss = output_and_loss()
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         # Label counts read off a NaN gradient are not a result: refuse, naming the op that made it.
-        finite.require_finite("--verify gdbr", (output, loss), grads, model=model, rerun=output_and_loss,
-                              parameters=[p for _, p in named], inputs=images)
+        finite.require_finite(
+            "--verify gdbr",
+            (output, loss),
+            grads,
+            model=model,
+            rerun=output_and_loss,
+            parameters=[p for _, p in named],
+            inputs=images,
+        )
     finally:
         model.train(was_training)
     return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}
@@ -220,9 +237,12 @@ def client_gradient(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 
 def _is_shape_query(node: torch.fx.Node) -> bool:
     """``x.size(0)`` and friends read a shape, not values: not a branch of the gradient."""
-    return ((node.op == "call_method" and node.target in _SHAPE_QUERIES)
-            or (node.op == "call_function" and getattr(node.target, "__name__", "") == "getattr"
-                and len(node.args) > 1 and node.args[1] == "shape"))
+    return (node.op == "call_method" and node.target in _SHAPE_QUERIES) or (
+        node.op == "call_function"
+        and getattr(node.target, "__name__", "") == "getattr"
+        and len(node.args) > 1
+        and node.args[1] == "shape"
+    )
 
 
 def _chain_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -244,10 +264,16 @@ def _classify(node: torch.fx.Node, modules: dict[str, nn.Module]) -> BridgeLink:
         if isinstance(module, _PASS_MODULES):
             return BridgeLink("reshape", name)
         if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            raise GDBRUnsupported(name, f"{type(module).__name__} above the shared layer: the bridge (W Wᵀ)⁻¹W "
-                                  "passes Linear layers only (GDBR Eq. 18-19)")
-        raise GDBRUnsupported(name, f"{type(module).__name__} lies on the bridge; it passes only Linear, ReLU, "
-                              "LeakyReLU and reshapes (Lemma 4: ∇z ⊙ z = ∇a ⊙ a needs a ReLU-like activation)")
+            raise GDBRUnsupported(
+                name,
+                f"{type(module).__name__} above the shared layer: the bridge (W Wᵀ)⁻¹W "
+                "passes Linear layers only (GDBR Eq. 18-19)",
+            )
+        raise GDBRUnsupported(
+            name,
+            f"{type(module).__name__} lies on the bridge; it passes only Linear, ReLU, "
+            "LeakyReLU and reshapes (Lemma 4: ∇z ⊙ z = ∇a ⊙ a needs a ReLU-like activation)",
+        )
     if node.op == "call_function":
         if node.target in _RELU_FUNCTIONS:
             slope = 0.0
@@ -257,15 +283,17 @@ def _classify(node: torch.fx.Node, modules: dict[str, nn.Module]) -> BridgeLink:
         if node.target in _PASS_FUNCTIONS:
             return BridgeLink("reshape", node.name)
         what = getattr(node.target, "__name__", str(node.target))
-        raise GDBRUnsupported(node.name, f"{what} lies on the bridge; it passes only Linear, ReLU, LeakyReLU "
-                              "and reshapes")
+        raise GDBRUnsupported(
+            node.name, f"{what} lies on the bridge; it passes only Linear, ReLU, LeakyReLU and reshapes"
+        )
     if node.op == "call_method":
         if node.target in _RELU_METHODS:
             return BridgeLink("relu", node.name)
         if node.target in _PASS_METHODS:
             return BridgeLink("reshape", node.name)
-        raise GDBRUnsupported(node.name, f".{node.target}() lies on the bridge; it passes only Linear, ReLU, "
-                              "LeakyReLU and reshapes")
+        raise GDBRUnsupported(
+            node.name, f".{node.target}() lies on the bridge; it passes only Linear, ReLU, LeakyReLU and reshapes"
+        )
     raise GDBRUnsupported(node.name, f"{node.op} node on the bridge")
 
 
@@ -278,8 +306,10 @@ def bridge_path(model: nn.Module, shared_layer: str) -> list[BridgeLink]:
     try:
         graph_module = torch.fx.symbolic_trace(model)
     except Exception as exc:  # fx raises many types for data-dependent control flow
-        raise GDBRUnsupported(type(model).__name__, f"torch.fx cannot trace the model ({type(exc).__name__}): "
-                              "the bridge needs a static chain to the logits") from exc
+        raise GDBRUnsupported(
+            type(model).__name__,
+            f"torch.fx cannot trace the model ({type(exc).__name__}): the bridge needs a static chain to the logits",
+        ) from exc
     modules = dict(graph_module.named_modules())
     calls = [n for n in graph_module.graph.nodes if n.op == "call_module" and n.target == shared_layer]
     if not calls:
@@ -290,19 +320,26 @@ def bridge_path(model: nn.Module, shared_layer: str) -> list[BridgeLink]:
         raise GDBRUnsupported(shared_layer, f"is applied {len(calls)} times: its gradient sums several uses")
     shared_module = modules[shared_layer]
     if not isinstance(shared_module, (nn.Linear, nn.Conv2d)):
-        raise GDBRUnsupported(shared_layer, f"{type(shared_module).__name__}: GDBR reads ∇a from the weight gradient "
-                              "of a Linear or Conv2d layer only (Theorems 1-2)")
+        raise GDBRUnsupported(
+            shared_layer,
+            f"{type(shared_module).__name__}: GDBR reads ∇a from the weight gradient "
+            "of a Linear or Conv2d layer only (Theorems 1-2)",
+        )
     if isinstance(shared_module, nn.Conv2d) and shared_module.groups != 1:
-        raise GDBRUnsupported(shared_layer, "grouped convolution: ⟨∇W_k, W_j⟩ pairs kernels that see different "
-                              "input channels")
+        raise GDBRUnsupported(
+            shared_layer, "grouped convolution: ⟨∇W_k, W_j⟩ pairs kernels that see different input channels"
+        )
     links: list[BridgeLink] = []
     node = calls[0]
     while True:
         users = [user for user in node.users if not _is_shape_query(user)]
         if len(users) != 1:
             where = shared_layer if node is calls[0] else links[-1].name
-            raise GDBRUnsupported(where, f"its output feeds {len(users)} ops (a branch or skip connection): "
-                                  "the bridge follows a single chain to the logits")
+            raise GDBRUnsupported(
+                where,
+                f"its output feeds {len(users)} ops (a branch or skip connection): "
+                "the bridge follows a single chain to the logits",
+            )
         nxt = users[0]
         if nxt.op == "output":
             break
@@ -315,14 +352,19 @@ def bridge_path(model: nn.Module, shared_layer: str) -> list[BridgeLink]:
         links.append(link)
         node = nxt
     if not any(link.kind == "linear" for link in links):
-        raise GDBRUnsupported(shared_layer, "produces the logits: GDBR bridges from a hidden layer (the logits "
-                              "layer's own gradient is the one assumed withheld)")
+        raise GDBRUnsupported(
+            shared_layer,
+            "produces the logits: GDBR bridges from a hidden layer (the logits "
+            "layer's own gradient is the one assumed withheld)",
+        )
     return links
 
 
 def _widens(width_in: int, width_out: int) -> str:
-    return (f"widens {width_in} -> {width_out}: W Wᵀ ({width_out}x{width_out}) has rank at most {width_in}, so "
-            "(W Wᵀ)⁻¹W does not exist and the bridge is blocked")
+    return (
+        f"widens {width_in} -> {width_out}: W Wᵀ ({width_out}x{width_out}) has rank at most {width_in}, so "
+        "(W Wᵀ)⁻¹W does not exist and the bridge is blocked"
+    )
 
 
 class _LeftInverse:
@@ -342,8 +384,11 @@ class _LeftInverse:
         tol = gram.diagonal().max() * (max(rows, cols) * torch.finfo(torch.float32).eps) ** 2
         deficient = int(info) != 0 or bool((pivots <= tol).any()) or not bool(torch.isfinite(pivots).all())
         if deficient:
-            raise GDBRUnsupported(name, f"W ({rows}x{cols}) is not full row rank: W Wᵀ is singular, so "
-                                  "(W Wᵀ)⁻¹W does not exist and the bridge is blocked")
+            raise GDBRUnsupported(
+                name,
+                f"W ({rows}x{cols}) is not full row rank: W Wᵀ is singular, so "
+                "(W Wᵀ)⁻¹W does not exist and the bridge is blocked",
+            )
         self.cholesky = cholesky
 
     def __call__(self, grad_input: torch.Tensor) -> torch.Tensor:
@@ -357,8 +402,11 @@ def _bridge(model: nn.Module, links: list[BridgeLink]) -> list[_LeftInverse]:
     ReLUs are passed as identities: with the paper's positive bottom layers every unit is active,
     so ∇z = ∇a there (Theorem 1's proof). Reshapes do not touch a flattened gradient.
     """
-    return [_LeftInverse(model.get_submodule(link.name).weight.detach(), link.name)
-            for link in links if link.kind == "linear"]
+    return [
+        _LeftInverse(model.get_submodule(link.name).weight.detach(), link.name)
+        for link in links
+        if link.kind == "linear"
+    ]
 
 
 # --------------------------------------------------------------------------- estimation
@@ -382,8 +430,9 @@ def _input_shape(model: nn.Module, input_shape) -> tuple[int, int, int]:
     return tuple(int(s) for s in shape)
 
 
-def _estimate_features(model: nn.Module, shared_layer: str, first_act: BridgeLink | None,
-                       inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _estimate_features(
+    model: nn.Module, shared_layer: str, first_act: BridgeLink | None, inputs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ã (Assumption 1) and p̃ (Assumption 2): batch means over ``inputs`` of the feature and the softmax.
 
     The feature is φ'(z) ⊙ (z − b), which pairs with ∇W Wᵀ = ∇z (z − b)ᵀ (Lemma 1); with the
@@ -419,8 +468,9 @@ def _estimate_features(model: nn.Module, shared_layer: str, first_act: BridgeLin
     return feature, prob_sum / count
 
 
-def _activation_gradient(weight: torch.Tensor, grad: torch.Tensor, feature: torch.Tensor,
-                         estimator: str) -> torch.Tensor:
+def _activation_gradient(
+    weight: torch.Tensor, grad: torch.Tensor, feature: torch.Tensor, estimator: str
+) -> torch.Tensor:
     """Batch-averaged ∇ā of the shared layer's output from ∇W̄ and ã (Eq. 14 for FC, Eq. 17 for 1x1 Conv).
 
     ``diagonal``: ∇ā_k = diag(∇W̄ Wᵀ)_k / ã_k, Eq. 14/17 as printed. ``rank_one``: the same
@@ -463,10 +513,19 @@ def largest_remainder(estimate: torch.Tensor, total: int) -> torch.Tensor:
     return counts
 
 
-def gdbr_attack(model: nn.Module, shared_layer: str, shared_grads: dict[str, torch.Tensor], batch_size: int,
-                aux: torch.Tensor | None = None, device: str | torch.device = "auto", seed: int = 0, *,
-                input_shape: tuple[int, int, int] | None = None, estimator: str = "rank_one",
-                n_dummy: int = DEFAULT_DUMMIES) -> torch.Tensor:
+def gdbr_attack(
+    model: nn.Module,
+    shared_layer: str,
+    shared_grads: dict[str, torch.Tensor],
+    batch_size: int,
+    aux: torch.Tensor | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    *,
+    input_shape: tuple[int, int, int] | None = None,
+    estimator: str = "rank_one",
+    n_dummy: int = DEFAULT_DUMMIES,
+) -> torch.Tensor:
     """Recover the per-class label counts of a batch from ``shared_layer``'s weight gradient alone.
 
     1. ã and p̃ from ``aux`` or, without it, ``n_dummy`` N(0, 1) inputs (Sec. V-D3), through ``model``.
@@ -488,15 +547,36 @@ def gdbr_attack(model: nn.Module, shared_layer: str, shared_grads: dict[str, tor
     was_training = net.training
     net.eval()
     try:
-        return _attack(net, shared_layer, links, shared_grads[key].to(dev), batch_size, aux, dev, seed,
-                       _input_shape(model, input_shape) if aux is None else None, estimator, n_dummy)
+        return _attack(
+            net,
+            shared_layer,
+            links,
+            shared_grads[key].to(dev),
+            batch_size,
+            aux,
+            dev,
+            seed,
+            _input_shape(model, input_shape) if aux is None else None,
+            estimator,
+            n_dummy,
+        )
     finally:
         net.train(was_training)
 
 
-def _attack(net: nn.Module, shared_layer: str, links: list[BridgeLink], grad: torch.Tensor, batch_size: int,
-            aux: torch.Tensor | None, dev: torch.device, seed: int, shape: tuple[int, int, int] | None,
-            estimator: str, n_dummy: int) -> torch.Tensor:
+def _attack(
+    net: nn.Module,
+    shared_layer: str,
+    links: list[BridgeLink],
+    grad: torch.Tensor,
+    batch_size: int,
+    aux: torch.Tensor | None,
+    dev: torch.device,
+    seed: int,
+    shape: tuple[int, int, int] | None,
+    estimator: str,
+    n_dummy: int,
+) -> torch.Tensor:
     """Steps 1-4 of gdbr_attack on a model already on ``dev`` and in eval mode."""
     shared = net.get_submodule(shared_layer)
     bridge = _bridge(net, links)
@@ -510,9 +590,12 @@ def _attack(net: nn.Module, shared_layer: str, links: list[BridgeLink], grad: to
     dtype = next(net.parameters()).dtype
     feature, p_tilde = _estimate_features(net, shared_layer, first_act, inputs.to(device=dev, dtype=dtype))
     if isinstance(shared, nn.Conv2d) and feature[0].numel() != 1:
-        raise GDBRUnsupported(shared_layer, f"output is {feature.shape[1]}x{feature.shape[2]} per channel: "
-                              "⟨∇W_k, W_k⟩ sums over positions, so ∇a of each position cannot be read off "
-                              "(Theorem 2 needs a 1x1 output)")
+        raise GDBRUnsupported(
+            shared_layer,
+            f"output is {feature.shape[1]}x{feature.shape[2]} per channel: "
+            "⟨∇W_k, W_k⟩ sums over positions, so ∇a of each position cannot be read off "
+            "(Theorem 2 needs a 1x1 output)",
+        )
     grad_a = _activation_gradient(shared.weight.detach(), grad, feature, estimator)
     grad_logits = grad_a
     for left_inverse in bridge:
@@ -552,12 +635,22 @@ def _as_dict(counts: torch.Tensor) -> dict[int, int]:
     return {i: int(c) for i, c in enumerate(counts.tolist()) if c > 0}
 
 
-def run_gdbr(model: nn.Module, shared_layer: str, batch_size: int, trials: int = 5, class_dist: str = "random",
-             aux: torch.Tensor | None = None, device: str | torch.device = "auto", seed: int = 0,
-             progress: Callable[[int, int], None] | None = None, *,
-             input_shape: tuple[int, int, int] | None = None, estimator: str = "rank_one",
-             n_dummy: int = DEFAULT_DUMMIES,
-             defense: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> GDBRResult:
+def run_gdbr(
+    model: nn.Module,
+    shared_layer: str,
+    batch_size: int,
+    trials: int = 5,
+    class_dist: str = "random",
+    aux: torch.Tensor | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    input_shape: tuple[int, int, int] | None = None,
+    estimator: str = "rank_one",
+    n_dummy: int = DEFAULT_DUMMIES,
+    defense: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+) -> GDBRResult:
     """Attack ``trials`` victim batches of real digits on ``model`` as it is (see :func:`init_like_paper`).
 
     Trial t uses seed ``seed * 1000 + t`` for its batch and its dummies. The client shares every
@@ -584,17 +677,29 @@ def run_gdbr(model: nn.Module, shared_layer: str, batch_size: int, trials: int =
         grads = client_gradient(net, images.to(dev), labels.to(dev))
         if defense is not None:
             grads = {name: g.to(dev) for name, g in defense(grads).items()}
-        recovered = gdbr_attack(net, shared_layer, {key: grads[key]}, batch_size, aux=aux, device=dev,
-                                seed=trial_seed, input_shape=shape, estimator=estimator, n_dummy=n_dummy)
+        recovered = gdbr_attack(
+            net,
+            shared_layer,
+            {key: grads[key]},
+            batch_size,
+            aux=aux,
+            device=dev,
+            seed=trial_seed,
+            input_shape=shape,
+            estimator=estimator,
+            n_dummy=n_dummy,
+        )
         true = torch.bincount(labels, minlength=n_classes)
-        records.append({
-            "seed": trial_seed,
-            "ins_acc": ins_acc(recovered, true),
-            "cls_acc": cls_acc(recovered, true),
-            "recovered": _as_dict(recovered),
-            "true": _as_dict(true),
-            "seconds": time.perf_counter() - trial_start,
-        })
+        records.append(
+            {
+                "seed": trial_seed,
+                "ins_acc": ins_acc(recovered, true),
+                "cls_acc": cls_acc(recovered, true),
+                "recovered": _as_dict(recovered),
+                "true": _as_dict(true),
+                "seconds": time.perf_counter() - trial_start,
+            }
+        )
         if progress is not None:
             progress(t + 1, trials)
     median_trial = sorted(records, key=lambda r: (r["ins_acc"], r["seed"]))[(trials - 1) // 2]

@@ -7,6 +7,7 @@ from the gradient to first order without an image prior. The visible part is sco
 SSIM (Wang, Bovik, Sheikh & Simoncelli 2004: 11x11 Gaussian window, σ = 1.5, K1 = 0.01, K2 = 0.03), both
 written here (no image library needed), on the images' range [0, 1].
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-DATA_RANGE = 1.0          # the verifiers' images lie in [0, 1]
+DATA_RANGE = 1.0  # the verifiers' images lie in [0, 1]
 SSIM_WINDOW = 11
 SSIM_SIGMA = 1.5
 SSIM_K1, SSIM_K2 = 0.01, 0.03
@@ -26,9 +27,9 @@ SSIM_K1, SSIM_K2 = 0.01, 0.03
 class InputShare:
     """One input of a checked batch: its share of the invisible subspace and its visible part's quality."""
 
-    hidden_energy: float | None    # ‖(P c)_i‖² / ‖c_i‖²; None for a constant input (c_i = 0)
-    visible_psnr: float | None     # dB; None when the visible part is the input itself (PSNR infinite)
-    visible_ssim: float | None     # None for inputs that are not images (C x H x W)
+    hidden_energy: float | None  # ‖(P c)_i‖² / ‖c_i‖²; None for a constant input (c_i = 0)
+    visible_psnr: float | None  # dB; None when the visible part is the input itself (PSNR infinite)
+    visible_ssim: float | None  # None for inputs that are not images (C x H x W)
 
 
 def centred(batch: torch.Tensor) -> torch.Tensor:
@@ -73,13 +74,13 @@ def psnr(reference: np.ndarray, estimate: np.ndarray, data_range: float = DATA_R
     mse = float(np.mean((reference - estimate) ** 2))
     if mse == 0.0:
         return None
-    value = 10.0 * math.log10(data_range ** 2 / mse)
+    value = 10.0 * math.log10(data_range**2 / mse)
     return value if math.isfinite(value) else None
 
 
 def _gaussian_window(size: int, sigma: float) -> torch.Tensor:
     offsets = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    line = torch.exp(-offsets ** 2 / (2 * sigma ** 2))
+    line = torch.exp(-(offsets**2) / (2 * sigma**2))
     line = line / line.sum()
     return torch.outer(line, line)
 
@@ -93,14 +94,14 @@ def ssim(reference: np.ndarray, estimate: np.ndarray, data_range: float = DATA_R
     size = min(SSIM_WINDOW, min(reference.shape[1:]))
     size -= 1 - size % 2
     window = _gaussian_window(size, SSIM_SIGMA * size / SSIM_WINDOW)[None, None]
-    x = torch.as_tensor(reference, dtype=torch.float64)[:, None]     # channels as a batch of 1-channel images
+    x = torch.as_tensor(reference, dtype=torch.float64)[:, None]  # channels as a batch of 1-channel images
     y = torch.as_tensor(estimate, dtype=torch.float64)[:, None]
     mu_x, mu_y = F.conv2d(x, window), F.conv2d(y, window)
-    var_x = F.conv2d(x * x, window) - mu_x ** 2
-    var_y = F.conv2d(y * y, window) - mu_y ** 2
+    var_x = F.conv2d(x * x, window) - mu_x**2
+    var_y = F.conv2d(y * y, window) - mu_y**2
     cov = F.conv2d(x * y, window) - mu_x * mu_y
     c1, c2 = (SSIM_K1 * data_range) ** 2, (SSIM_K2 * data_range) ** 2
-    index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
+    index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
     value = float(index.mean())
     return value if math.isfinite(value) else None
 
@@ -111,10 +112,13 @@ def shares(batch: np.ndarray, invisible: np.ndarray) -> list[InputShare]:
     visible = visible_parts(batch, invisible)
     found = []
     for original, centre, hidden, seen in zip(batch, centred_batch, invisible, visible):
-        energy = float(np.sum(centre ** 2))
-        share = float(np.sum(hidden ** 2)) / energy if energy > 0 else None
-        found.append(InputShare(share if share is None or math.isfinite(share) else None,
-                                psnr(original, seen), ssim(original, seen)))
+        energy = float(np.sum(centre**2))
+        share = float(np.sum(hidden**2)) / energy if energy > 0 else None
+        found.append(
+            InputShare(
+                share if share is None or math.isfinite(share) else None, psnr(original, seen), ssim(original, seen)
+            )
+        )
     return found
 
 
@@ -126,7 +130,7 @@ def median(values: list[float | None], *, none_is_infinite: bool = False) -> flo
         if not ordered:
             return None
         middle = len(ordered) // 2
-        picks = ordered[middle - 1:middle + 1] if len(ordered) % 2 == 0 else [ordered[middle]]
+        picks = ordered[middle - 1 : middle + 1] if len(ordered) % 2 == 0 else [ordered[middle]]
         return None if any(v is None for v in picks) else float(np.mean(picks))
     present = [v for v in values if v is not None]
     return float(np.median(present)) if present else None

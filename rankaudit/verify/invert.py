@@ -7,8 +7,8 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -323,8 +323,9 @@ def invert_gradients(
     spec = as_loss_spec(label_or_loss_spec)
     sample_shape = tuple(int(d) for d in input_shape)
     run_device = resolve_device(device)
-    settings = _Settings(steps, restarts, lr, tv_weight, tv_until, (float(bounds[0]), float(bounds[1])),
-                         signed_gradients, tolerance)
+    settings = _Settings(
+        steps, restarts, lr, tv_weight, tv_until, (float(bounds[0]), float(bounds[1])), signed_gradients, tolerance
+    )
     started = time.perf_counter()
     attacked_model = _model_on(model, run_device)
     names = _shared_names(attacked_model, target_grads)
@@ -437,27 +438,33 @@ def _invert_images(
             else:
                 counter.total += steps * restarts * (len(images[index].labels) - 1)
 
-    candidates = [_Candidate(i, label, restart) for i, image in enumerate(images)
-                  for label in image.labels for restart in range(restarts)]
+    candidates = [
+        _Candidate(i, label, restart)
+        for i, image in enumerate(images)
+        for label in image.labels
+        for restart in range(restarts)
+    ]
     runs = inversion.optimise(candidates, images, steps)
     outcomes = []
     for index, image in enumerate(images):
         mine = [k for k, candidate in enumerate(candidates) if candidate.image == index]
         # The first of equal distances wins, as when the restarts ran one after another.
         best = min(mine, key=lambda k: runs.distances[k])
-        outcomes.append(InvertOutcome(
-            x_hat=runs.x[best].cpu(),
-            final_loss=runs.distances[best],
-            steps_run=probe_steps_taken[index] + sum(runs.steps[k] for k in mine),
-            seconds=math.nan,
-            restart_losses=[runs.distances[k] for k in mine],
-            initial_loss=runs.initial[best],
-            label=candidates[best].label,
-            candidate_labels=list(image.labels),
-            probe_losses=probe_losses.get(index, []),
-            per_sample_gradients=VECTORISED if inversion.vectorised else LOOPED,
-            cuda_graph=inversion.graphed,
-        ))
+        outcomes.append(
+            InvertOutcome(
+                x_hat=runs.x[best].cpu(),
+                final_loss=runs.distances[best],
+                steps_run=probe_steps_taken[index] + sum(runs.steps[k] for k in mine),
+                seconds=math.nan,
+                restart_losses=[runs.distances[k] for k in mine],
+                initial_loss=runs.initial[best],
+                label=candidates[best].label,
+                candidate_labels=list(image.labels),
+                probe_losses=probe_losses.get(index, []),
+                per_sample_gradients=VECTORISED if inversion.vectorised else LOOPED,
+                cuda_graph=inversion.graphed,
+            )
+        )
     return outcomes
 
 
@@ -470,8 +477,15 @@ class _BatchedInversion:
     input gradient (candidates do not interact, so the sum separates).
     """
 
-    def __init__(self, model: nn.Module, names: list[str], kind: str, sample_shape: tuple[int, ...],
-                 settings: _Settings, counter: _StepCounter) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        names: list[str],
+        kind: str,
+        sample_shape: tuple[int, ...],
+        settings: _Settings,
+        counter: _StepCounter,
+    ) -> None:
         parameters = dict(model.named_parameters())
         # Parameters outside `names` (not shared, or frozen) and buffers are read from the module itself.
         self.shared = {name: parameters[name].detach() for name in names}
@@ -484,7 +498,8 @@ class _BatchedInversion:
             raise ValueError(f"the logistic loss needs a single logit, the model gave {self.classes}")
         shared_numel = sum(t.numel() for t in self.shared.values())
         self.group_size = _group_size(
-            _COPIES_PER_CANDIDATE * (shared_numel + activations) * first.element_size(), self.device)
+            _COPIES_PER_CANDIDATE * (shared_numel + activations) * first.element_size(), self.device
+        )
         self.vectorised = True
         self.graphed = False
         self.use_tv = settings.tv_weight > 0 and len(sample_shape) == 3
@@ -492,10 +507,16 @@ class _BatchedInversion:
 
     def optimise(self, candidates: list[_Candidate], images: list[_Image], budget: int) -> _Runs:
         """Run ``budget`` steps for every candidate, in groups small enough for the device's free memory."""
-        parts = [self._optimise_group(candidates[start:start + self.group_size], images, budget)
-                 for start in range(0, len(candidates), self.group_size)]
-        return _Runs(torch.cat([p.x for p in parts]), [d for p in parts for d in p.distances],
-                     [d for p in parts for d in p.initial], [s for p in parts for s in p.steps])
+        parts = [
+            self._optimise_group(candidates[start : start + self.group_size], images, budget)
+            for start in range(0, len(candidates), self.group_size)
+        ]
+        return _Runs(
+            torch.cat([p.x for p in parts]),
+            [d for p in parts for d in p.distances],
+            [d for p in parts for d in p.initial],
+            [s for p in parts for s in p.steps],
+        )
 
     def per_sample_gradients(self, x: torch.Tensor, codes: torch.Tensor) -> list[torch.Tensor]:
         """Each candidate's gradient of the client's loss, one [K, *parameter shape] tensor per shared parameter."""
@@ -517,13 +538,15 @@ class _BatchedInversion:
         output = torch.func.functional_call(self.model, shared, (x.unsqueeze(0),))
         return _coded_loss(output, code, self.kind)
 
-    def objective_and_input_grad(self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor],
-                                 tv_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def objective_and_input_grad(
+        self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor], tv_weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(d objective / d x for every candidate, every candidate's gradient distance)."""
         return self._objective_and_input_grad(x, codes, unit_targets, tv_weight)
 
-    def _objective(self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor],
-                   tv_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _objective(
+        self, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor], tv_weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         distances = gradient_distances(self.per_sample_gradients(x, codes), unit_targets)
         total = distances.sum()
         if tv_weight is not None:
@@ -552,9 +575,12 @@ class _BatchedInversion:
     @torch.no_grad()
     def _optimise_group(self, candidates: list[_Candidate], images: list[_Image], budget: int) -> _Runs:
         settings = self.settings
-        group = _Group(self, self._starts(candidates, images), self._codes([c.label for c in candidates]),
-                       [torch.stack([images[c.image].unit_targets[i] for c in candidates])
-                        for i in range(len(self.names))])
+        group = _Group(
+            self,
+            self._starts(candidates, images),
+            self._codes([c.label for c in candidates]),
+            [torch.stack([images[c.image].unit_targets[i] for c in candidates]) for i in range(len(self.names))],
+        )
         milestones = sorted({max(1, int(budget * fraction)) for fraction in (3 / 8, 5 / 8, 7 / 8)})
         tv_steps = int(round(settings.tv_until * budget))
         replay = _CudaGraphStep(group.step, group.written()) if self.device.type == "cuda" and _CUDA_GRAPHS else None
@@ -606,8 +632,9 @@ class _Group:
     BETAS = (0.9, 0.999)
     EPS = 1e-8
 
-    def __init__(self, inversion: _BatchedInversion, x: torch.Tensor, codes: torch.Tensor,
-                 unit_targets: list[torch.Tensor]) -> None:
+    def __init__(
+        self, inversion: _BatchedInversion, x: torch.Tensor, codes: torch.Tensor, unit_targets: list[torch.Tensor]
+    ) -> None:
         settings = inversion.settings
         count, device, dtype = x.shape[0], x.device, x.dtype
         self.inversion, self.settings = inversion, settings
@@ -626,27 +653,45 @@ class _Group:
 
     def written(self) -> list[torch.Tensor]:
         """Every tensor :meth:`step` writes."""
-        return [self.x, self.first_moment, self.second_moment, self.steps_done, self.best_x, self.best_distance,
-                self.distances, self.steps_taken]
+        return [
+            self.x,
+            self.first_moment,
+            self.second_moment,
+            self.steps_done,
+            self.best_x,
+            self.best_distance,
+            self.distances,
+            self.steps_taken,
+        ]
 
     def step(self) -> None:
         input_grad, distances = self.inversion.objective_and_input_grad(
-            self.x, self.codes, self.unit_targets, self.tv_weight)
+            self.x, self.codes, self.unit_targets, self.tv_weight
+        )
         if self.settings.signed_gradients:
             input_grad = input_grad.sign()
         self.distances.copy_(distances)
         improved = (distances < self.best_distance) & self.active
         self.best_x.copy_(torch.where(improved.view(self.per_candidate), self.x, self.best_x))
         self.best_distance.copy_(torch.where(improved, distances, self.best_distance))
-        moved = adam_update(self.x, input_grad, self.first_moment, self.second_moment, self.steps_done, self.lr,
-                            self.BETAS, self.EPS)
+        moved = adam_update(
+            self.x, input_grad, self.first_moment, self.second_moment, self.steps_done, self.lr, self.BETAS, self.EPS
+        )
         # A candidate that met the tolerance stays where it stopped.
         self.x.copy_(torch.where(self.active.view(self.per_candidate), moved.clamp_(*self.settings.bounds), self.x))
         self.steps_taken += self.active
 
 
-def adam_update(x: torch.Tensor, gradient: torch.Tensor, first_moment: torch.Tensor, second_moment: torch.Tensor,
-                steps_done: torch.Tensor, lr: torch.Tensor, betas: tuple[float, float], eps: float) -> torch.Tensor:
+def adam_update(
+    x: torch.Tensor,
+    gradient: torch.Tensor,
+    first_moment: torch.Tensor,
+    second_moment: torch.Tensor,
+    steps_done: torch.Tensor,
+    lr: torch.Tensor,
+    betas: tuple[float, float],
+    eps: float,
+) -> torch.Tensor:
     """One Adam step: updates the moments and the step count in place and returns the moved ``x``.
 
     The same arithmetic as ``torch.optim.Adam`` (no weight decay, no AMSGrad), with the step count and learning
@@ -656,8 +701,8 @@ def adam_update(x: torch.Tensor, gradient: torch.Tensor, first_moment: torch.Ten
     steps_done += 1
     first_moment.lerp_(gradient, 1 - beta1)
     second_moment.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
-    step_size = lr / (1 - beta1 ** steps_done)
-    denominator = (second_moment.sqrt() / (1 - beta2 ** steps_done).sqrt()).add_(eps)
+    step_size = lr / (1 - beta1**steps_done)
+    denominator = (second_moment.sqrt() / (1 - beta2**steps_done).sqrt()).add_(eps)
     return x - step_size * first_moment / denominator
 
 
@@ -707,8 +752,9 @@ class _CudaGraphStep:
             with torch.cuda.graph(graph):
                 self.step()
             graph.replay()
-            agrees = all(torch.allclose(tensor, wanted, rtol=1e-5, atol=1e-12)
-                         for tensor, wanted in zip(self.state, expected))
+            agrees = all(
+                torch.allclose(tensor, wanted, rtol=1e-5, atol=1e-12) for tensor, wanted in zip(self.state, expected)
+            )
         except RuntimeError:
             agrees = False
         if agrees:
@@ -734,8 +780,9 @@ def _math_attention():
     return sdpa_kernel(SDPBackend.MATH)
 
 
-def _probe_sizes(model: nn.Module, sample_shape: tuple[int, ...], device: torch.device,
-                 dtype: torch.dtype) -> tuple[int, int]:
+def _probe_sizes(
+    model: nn.Module, sample_shape: tuple[int, ...], device: torch.device, dtype: torch.dtype
+) -> tuple[int, int]:
     """(output values for one sample, values all leaf modules produce for it), from one forward pass on zeros."""
     produced = [0]
 
@@ -782,13 +829,16 @@ def _shared_names(model: nn.Module, target_grads: dict[str, torch.Tensor]) -> li
         raise ValueError("target_grads shares no parameter with the model")
     for name in names:
         if parameters[name].shape != target_grads[name].shape:
-            raise ValueError(f"gradient for {name} has shape {tuple(target_grads[name].shape)}, "
-                             f"the parameter {tuple(parameters[name].shape)}")
+            raise ValueError(
+                f"gradient for {name} has shape {tuple(target_grads[name].shape)}, "
+                f"the parameter {tuple(parameters[name].shape)}"
+            )
     return names
 
 
-def _unit_targets(target_grads: dict[str, torch.Tensor], names: list[str], device: torch.device,
-                  dtype: torch.dtype) -> list[torch.Tensor]:
+def _unit_targets(
+    target_grads: dict[str, torch.Tensor], names: list[str], device: torch.device, dtype: torch.dtype
+) -> list[torch.Tensor]:
     return unit_gradient([target_grads[name].detach().to(device=device, dtype=dtype) for name in names])
 
 
@@ -877,8 +927,15 @@ def client_gradient(model: nn.Module, x: torch.Tensor, label: int, kind: str) ->
             output, loss = output_and_loss()
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         # The attack would match a NaN target and still report an MSE: refuse, naming the op that made it.
-        finite.require_finite("--verify rgap (inverting gradients)", (output, loss), grads, model=model,
-                              rerun=output_and_loss, parameters=[p for _, p in named], inputs=x)
+        finite.require_finite(
+            "--verify rgap (inverting gradients)",
+            (output, loss),
+            grads,
+            model=model,
+            rerun=output_and_loss,
+            parameters=[p for _, p in named],
+            inputs=x,
+        )
     finally:
         model.train(was_training)
     return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}

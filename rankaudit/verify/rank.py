@@ -25,6 +25,7 @@ For callers other than the CLI (benchmarks, notebooks)::
 ``shared`` (parameter names, default every trainable parameter) chooses what the client sends;
 :func:`shared_parameter_names` turns --shared-layers / --withheld-layers into it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,8 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -71,25 +72,25 @@ LOSSES = ("cross-entropy", "logistic")
 class RankMeasurement:
     """One sketch: the rank of ∂g/∂x at one input (a batch of B samples counts as one input of B·|x| values)."""
 
-    unknowns: int                  # n = B·|x|
+    unknowns: int  # n = B·|x|
     rank: int
-    deficit: int                   # n - rank: input directions the shared gradient cannot see
-    tolerance: float               # singular values of S at or below this are dropped
-    gap: float | None              # σ_last_kept / σ_first_dropped; at full rank σ_min / tolerance; None at rank 0
-    reliable: bool                 # gap >= RELIABLE_GAP
+    deficit: int  # n - rank: input directions the shared gradient cannot see
+    tolerance: float  # singular values of S at or below this are dropped
+    gap: float | None  # σ_last_kept / σ_first_dropped; at full rank σ_min / tolerance; None at rank 0
+    reliable: bool  # gap >= RELIABLE_GAP
     sigma_max: float
     sigma_min_kept: float | None
     singular_values: np.ndarray | None  # of S, descending, when a full SVD ran (not when QR showed full rank)
-    spectrum: str                  # how: svd | qr+inverse-iteration
-    seconds: float                 # sketch and SVD
+    spectrum: str  # how: svd | qr+inverse-iteration
+    seconds: float  # sketch and SVD
     sketch_seconds: float
     spectrum_seconds: float
     device: str
-    method: str                    # forward-over-reverse | reverse-over-reverse
+    method: str  # forward-over-reverse | reverse-over-reverse
     loss: str
     sketch_rows: int
     chunk_rows: int
-    shared_gradient_size: int      # m: entries of the shared gradient g
+    shared_gradient_size: int  # m: entries of the shared gradient g
     shared_parameters: list[str] = field(default_factory=list)
     # Right singular vectors of the smallest dropped singular values, shaped like the input batch (up to
     # `directions` of them, smallest first), with their singular values; empty at full rank.
@@ -98,14 +99,15 @@ class RankMeasurement:
     # With hidden=True: P c, the batch with each sample's mean removed, projected onto the whole measured
     # invisible subspace (all n - rank dropped directions), shaped like the batch; zeros at full rank.
     invisible: np.ndarray | None = None
-    precision: str = "float64"     # the sketch whose spectrum gave the rank: float32 (accepted) | float64
-    precision_note: str = ""       # why that precision
+    precision: str = "float64"  # the sketch whose spectrum gave the rank: float32 (accepted) | float64
+    precision_note: str = ""  # why that precision
     # Spec §14: rank(J_i) of each sample of the batch from its column block of the same sketch (R·J_i), in order.
     sample_ranks: list[int] = field(default_factory=list)
 
 
-def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None = None,
-                           withheld_layers: Iterable[str] | None = None) -> list[str]:
+def shared_parameter_names(
+    model: nn.Module, shared_layers: Iterable[str] | None = None, withheld_layers: Iterable[str] | None = None
+) -> list[str]:
     """The trainable parameters whose gradients the client sends.
 
     Default: all of them, the ones a layer applies and the ones an op reads directly (class token, position
@@ -115,8 +117,9 @@ def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None
     """
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     if shared_layers and withheld_layers:
-        raise UsageError("both --shared-layers and --withheld-layers given",
-                         "name either the shared or the withheld ones")
+        raise UsageError(
+            "both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones"
+        )
     named = list(shared_layers or withheld_layers or [])
 
     def owned_by(parameter: str, layer: str) -> bool:
@@ -124,8 +127,10 @@ def shared_parameter_names(model: nn.Module, shared_layers: Iterable[str] | None
 
     unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable)]
     if unmatched:
-        raise UsageError(f"no trainable parameter belongs to {', '.join(unmatched)} in the model with real weights",
-                         "name modules that own parameters (e.g. conv1) or parameters themselves (e.g. cls_token)")
+        raise UsageError(
+            f"no trainable parameter belongs to {', '.join(unmatched)} in the model with real weights",
+            "name modules that own parameters (e.g. conv1) or parameters themselves (e.g. cls_token)",
+        )
     if shared_layers:
         return [p for p in trainable if any(owned_by(p, layer) for layer in named)]
     if withheld_layers:
@@ -158,8 +163,10 @@ def logits_of(output) -> torch.Tensor:
         return output.logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise UsageError(f"the model returns {type(output).__name__}, not logits",
-                     "return the logits tensor (or an object with .logits) from forward()")
+    raise UsageError(
+        f"the model returns {type(output).__name__}, not logits",
+        "return the logits tensor (or an object with .logits) from forward()",
+    )
 
 
 def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
@@ -169,10 +176,21 @@ def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared: Iterable[str] | None = None, *,
-            device: str | torch.device = "cpu", seed: int = 0, loss: str | None = None, directions: int = 0,
-            chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None,
-            hidden: bool = False, precision: str = "float64") -> RankMeasurement:
+def measure(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    shared: Iterable[str] | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    loss: str | None = None,
+    directions: int = 0,
+    chunk_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    hidden: bool = False,
+    precision: str = "float64",
+) -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
     g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
@@ -208,8 +226,10 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     names = list(trainable) if shared is None else list(dict.fromkeys(shared))
     missing = [name for name in names if name not in trainable]
     if missing:
-        raise UsageError(f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
-                         "name parameters from model.named_parameters() that require grad")
+        raise UsageError(
+            f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
+            "name parameters from model.named_parameters() that require grad",
+        )
     m = sum(trainable[name].numel() for name in names)
     # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
     # gradient values than unknowns, m + 16 rows are enough.
@@ -223,9 +243,18 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(PRECISIONS)}")
     accepted, precision_note = None, "float64 asked for"
     if names and precision != "float64":
-        accepted, precision_note = _float32_attempt(net, x, labels, loss, names, rows, seed=seed,
-                                                    chunk_rows=chunk_rows, progress=progress,
-                                                    checked=precision == "auto")
+        accepted, precision_note = _float32_attempt(
+            net,
+            x,
+            labels,
+            loss,
+            names,
+            rows,
+            seed=seed,
+            chunk_rows=chunk_rows,
+            progress=progress,
+            checked=precision == "auto",
+        )
     if accepted is not None:
         method, used_chunk, spectrum, sketched = accepted
     else:
@@ -233,8 +262,9 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
         method, used_chunk = "none", 0
         if names:
             with _math_attention(), differentiable_ops():
-                method, used_chunk = _fill_sketch(net, x, labels, loss, names, sketch, seed=seed,
-                                                  chunk_rows=chunk_rows, progress=progress)
+                method, used_chunk = _fill_sketch(
+                    net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress
+                )
         if not finite.all_finite(sketch):
             raise finite.sketch_error("--verify rank")
         if device.type == "cuda":
@@ -253,9 +283,9 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     if spectrum.right_vectors is not None and rank < unknowns:
         # Rows of Vh past the rank span the null space of S, which is the null space of J.
         take = min(directions, unknowns - rank)
-        found = spectrum.right_vectors[unknowns - take:].flip(0).reshape(take, *images.shape).cpu().numpy()
+        found = spectrum.right_vectors[unknowns - take :].flip(0).reshape(take, *images.shape).cpu().numpy()
         padded = np.concatenate([spectrum.values, np.zeros(max(0, unknowns - spectrum.values.size))])
-        found_values = [float(v) for v in padded[unknowns - take:][::-1]]   # smallest first
+        found_values = [float(v) for v in padded[unknowns - take :][::-1]]  # smallest first
     invisible = None
     if hidden:
         from rankaudit.verify import hidden as hidden_part
@@ -264,17 +294,34 @@ def measure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, shared
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return RankMeasurement(
-        unknowns=unknowns, rank=rank, deficit=unknowns - rank, tolerance=spectrum.tolerance, gap=spectrum.gap,
+        unknowns=unknowns,
+        rank=rank,
+        deficit=unknowns - rank,
+        tolerance=spectrum.tolerance,
+        gap=spectrum.gap,
         # An empty gradient (no shared value, or all zero) has rank 0 exactly: no tolerance decides it (issue 23).
         reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0 or not spectrum.sigma_max,
         sigma_max=spectrum.sigma_max,
-        sigma_min_kept=spectrum.sigma_min_kept, singular_values=spectrum.values, spectrum=spectrum.how,
-        seconds=time.perf_counter() - started, sketch_seconds=sketched - started,
-        spectrum_seconds=time.perf_counter() - sketched, device=str(device), method=method, loss=loss, sketch_rows=rows,
-        chunk_rows=used_chunk, shared_gradient_size=m, shared_parameters=names, directions=found,
-        direction_singular_values=found_values, invisible=invisible,
-        precision="float32" if accepted is not None else "float64", precision_note=precision_note,
-        sample_ranks=per_sample)
+        sigma_min_kept=spectrum.sigma_min_kept,
+        singular_values=spectrum.values,
+        spectrum=spectrum.how,
+        seconds=time.perf_counter() - started,
+        sketch_seconds=sketched - started,
+        spectrum_seconds=time.perf_counter() - sketched,
+        device=str(device),
+        method=method,
+        loss=loss,
+        sketch_rows=rows,
+        chunk_rows=used_chunk,
+        shared_gradient_size=m,
+        shared_parameters=names,
+        directions=found,
+        direction_singular_values=found_values,
+        invisible=invisible,
+        precision="float32" if accepted is not None else "float64",
+        precision_note=precision_note,
+        sample_ranks=per_sample,
+    )
 
 
 def sample_ranks(sketch: torch.Tensor, samples: int, rank: int) -> list[int]:
@@ -285,11 +332,22 @@ def sample_ranks(sketch: torch.Tensor, samples: int, rank: int) -> list[int]:
     width = sketch.shape[1] // samples
     if samples == 1 or rank >= sketch.shape[1]:
         return [min(rank, width)] * samples if rank >= sketch.shape[1] else [rank]
-    return [_spectrum(sketch[:, i * width:(i + 1) * width], want_vectors=False).rank for i in range(samples)]
+    return [_spectrum(sketch[:, i * width : (i + 1) * width], want_vectors=False).rank for i in range(samples)]
 
 
-def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str], rows: int, *,
-                     seed: int, chunk_rows: int | None, progress, checked: bool):
+def _float32_attempt(
+    net: nn.Module,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    loss: str,
+    names: list[str],
+    rows: int,
+    *,
+    seed: int,
+    chunk_rows: int | None,
+    progress,
+    checked: bool,
+):
     """((method, chunk rows, spectrum, time sketched) when a float32 sketch settles the rank, else None; why).
 
     The rows (the double backward, where the time goes) run in float32; the factorisation runs in float64 on the
@@ -306,8 +364,9 @@ def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss
     single = copy.deepcopy(net).float()
     sketch = torch.zeros(rows, unknowns, dtype=torch.float32, device=x.device)
     with _math_attention(), differentiable_ops():
-        method, used_chunk = _fill_sketch(single, x.float(), labels, loss, names, sketch, seed=seed,
-                                          chunk_rows=chunk_rows, progress=progress)
+        method, used_chunk = _fill_sketch(
+            single, x.float(), labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress
+        )
     del single
     if not finite.all_finite(sketch):
         return None, "the float32 sketch overflowed, so the rank was computed in float64"
@@ -321,8 +380,10 @@ def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss
         return (method, used_chunk, spectrum, sketched), "float32 rows asked for (not checked against float64)"
     seconds = f"{time.perf_counter() - started:.1f} s"
     if spectrum.rank < unknowns or spectrum.sigma_min_kept is None:
-        return None, (f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; only float64 can "
-                      "settle a deficit, so the rank was computed in float64")
+        return None, (
+            f"the float32 sketch ({seconds}) showed rank {spectrum.rank} of {unknowns}; only float64 can "
+            "settle a deficit, so the rank was computed in float64"
+        )
     probe = min(PRECISION_PROBE_ROWS, rows)
     exact = torch.zeros(probe, unknowns, dtype=torch.float64, device=x.device)
     with _math_attention(), differentiable_ops():
@@ -333,21 +394,34 @@ def _float32_attempt(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss
     clearance = spectrum.sigma_min_kept / error if error > 0 else math.inf
     if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
         lower = spectrum.sigma_min_kept - error
-        spectrum = _Spectrum(spectrum.rank, spectrum.tolerance, lower / spectrum.tolerance if spectrum.tolerance
-                             else math.inf, spectrum.sigma_max, lower, spectrum.values, None, spectrum.how)
+        spectrum = _Spectrum(
+            spectrum.rank,
+            spectrum.tolerance,
+            lower / spectrum.tolerance if spectrum.tolerance else math.inf,
+            spectrum.sigma_max,
+            lower,
+            spectrum.values,
+            None,
+            spectrum.how,
+        )
         return (method, used_chunk, spectrum, sketched), (
             f"float32 rows: full rank with σ_min {spectrum.sigma_min_kept + error:.3g}, {clearance:.3g}x the "
             f"float32 error {error:.3g} (rows off by up to {relative:.2g} of their norm against {probe} rows "
-            f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}")
-    return None, (f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
-                  f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
-                  "computed in float64")
+            f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}"
+        )
+    return None, (
+        f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
+        f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
+        "computed in float64"
+    )
 
 
-def _require_finite_gradient(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str,
-                             parameters: list[torch.Tensor]):
+def _require_finite_gradient(
+    net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, parameters: list[torch.Tensor]
+):
     """The output and the shared gradient at x must be finite before anything is sketched (spec: no figure from
     non-finite numbers); finite.py names the op that broke them."""
+
     def rerun():
         output = net(x)
         return output, _loss(output, labels, loss)
@@ -355,8 +429,9 @@ def _require_finite_gradient(net: nn.Module, x: torch.Tensor, labels: torch.Tens
     with torch.enable_grad(), _math_attention(), differentiable_ops():
         output, objective = rerun()
         gradients = torch.autograd.grad(objective, parameters, allow_unused=True) if parameters else ()
-        finite.require_finite("--verify rank", (output, objective), gradients, model=net, rerun=rerun,
-                              parameters=parameters, inputs=x)
+        finite.require_finite(
+            "--verify rank", (output, objective), gradients, model=net, rerun=rerun, parameters=parameters, inputs=x
+        )
 
 
 @dataclass
@@ -366,9 +441,9 @@ class _Spectrum:
     gap: float | None
     sigma_max: float
     sigma_min_kept: float | None
-    values: np.ndarray | None             # every singular value, when a full SVD ran
-    right_vectors: torch.Tensor | None    # rows of Vh, when asked for
-    how: str                              # svd | qr+inverse-iteration
+    values: np.ndarray | None  # every singular value, when a full SVD ran
+    right_vectors: torch.Tensor | None  # rows of Vh, when asked for
+    how: str  # svd | qr+inverse-iteration
 
 
 def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
@@ -387,7 +462,7 @@ def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
     with _lapack_threads(sketch.device):
         quick = _full_rank_by_qr(sketch)
         if quick is not None:
-            return quick   # full rank: no dropped values, no invisible directions to show
+            return quick  # full rank: no dropped values, no invisible directions to show
         if want_vectors:
             # With fewer rows than unknowns, the reduced Vh misses part of the null space: ask for all of it.
             _, values, vh = torch.linalg.svd(sketch, full_matrices=sketch.shape[0] < sketch.shape[1])
@@ -472,9 +547,18 @@ class _math_attention:
 # ---- the sketch ----------------------------------------------------------------------------------------------
 
 
-def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str, names: list[str],
-                 sketch: torch.Tensor, *, seed: int, chunk_rows: int | None,
-                 progress: Callable[[int, int], None] | None) -> tuple[str, int]:
+def _fill_sketch(
+    net: nn.Module,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    loss: str,
+    names: list[str],
+    sketch: torch.Tensor,
+    *,
+    seed: int,
+    chunk_rows: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[str, int]:
     """Write R·J into ``sketch`` chunk by chunk; returns the method used and the chunk size."""
     shapes = [tuple(dict(net.named_parameters())[name].shape) for name in names]
     fast = _ForwardOverReverse(net, x, labels, loss, names)
@@ -490,17 +574,32 @@ def _fill_sketch(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: st
                 slow.append(_ReverseOverReverse(net, x, labels, loss, names, why=unsupported))
         return slow[0](directions)
 
-    size = fill_in_chunks(sketch, shapes, rows_of, seed=seed, chunk_rows=chunk_rows, progress=progress,
-                          activation_numel=lambda: _activation_numel(net, x, labels, loss),
-                          too_large="one row of the rank sketch does not fit in the GPU's free memory",
-                          fix="use --device cpu, or a lower --input-shape / --batch-size")
+    size = fill_in_chunks(
+        sketch,
+        shapes,
+        rows_of,
+        seed=seed,
+        chunk_rows=chunk_rows,
+        progress=progress,
+        activation_numel=lambda: _activation_numel(net, x, labels, loss),
+        too_large="one row of the rank sketch does not fit in the GPU's free memory",
+        fix="use --device cpu, or a lower --input-shape / --batch-size",
+    )
     return ("reverse-over-reverse" if slow else "forward-over-reverse"), size
 
 
-def fill_in_chunks(sketch: torch.Tensor, shapes: list[tuple[int, ...]],
-                   rows_of: Callable[[list[torch.Tensor]], torch.Tensor], *, seed: int, chunk_rows: int | None,
-                   progress: Callable[[int, int], None] | None, activation_numel: Callable[[], int],
-                   too_large: str, fix: str) -> int:
+def fill_in_chunks(
+    sketch: torch.Tensor,
+    shapes: list[tuple[int, ...]],
+    rows_of: Callable[[list[torch.Tensor]], torch.Tensor],
+    *,
+    seed: int,
+    chunk_rows: int | None,
+    progress: Callable[[int, int], None] | None,
+    activation_numel: Callable[[], int],
+    too_large: str,
+    fix: str,
+) -> int:
     """Write the rows ``rows_of(directions)`` of R·J into ``sketch``, a chunk of Gaussian directions (one tensor per
     shape in ``shapes``) at a time; returns the chunk size used. The single gradient's sketch and the round's
     (verify/round_rank.py) share it.
@@ -509,8 +608,11 @@ def fill_in_chunks(sketch: torch.Tensor, shapes: list[tuple[int, ...]],
     a probe chunk measures what a row costs and the rest is sized to the free memory, halving on running out."""
     device = sketch.device
     rows = sketch.shape[0]
-    size = chunk_rows or (min(PROBE_ROWS, rows) if device.type == "cuda" else
-                          _cpu_chunk(sum(math.prod(shape) for shape in shapes), activation_numel(), rows))
+    size = chunk_rows or (
+        min(PROBE_ROWS, rows)
+        if device.type == "cuda"
+        else _cpu_chunk(sum(math.prod(shape) for shape in shapes), activation_numel(), rows)
+    )
     size = max(1, min(size, rows))
     generator = torch.Generator(device=device)
     done, sized = 0, chunk_rows is not None or device.type != "cuda"
@@ -530,7 +632,7 @@ def fill_in_chunks(sketch: torch.Tensor, shapes: list[tuple[int, ...]],
                 raise UsageError(too_large, fix) from None
             size, sized = max(1, count // 2), True
             continue
-        sketch[done:done + count] = block.reshape(count, -1)
+        sketch[done : done + count] = block.reshape(count, -1)
         done += count
         if not sized:
             # The probe chunk measured what one row costs; size the rest to the memory that is free now.
@@ -543,8 +645,14 @@ def fill_in_chunks(sketch: torch.Tensor, shapes: list[tuple[int, ...]],
     return size
 
 
-def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: int,
-                   generator: torch.Generator, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
+def _gaussian_rows(
+    first: int,
+    count: int,
+    shapes: list[tuple[int, ...]],
+    seed: int,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float64,
+) -> list[torch.Tensor]:
     """Rows first .. first + count - 1 of R, cut into one (count, *shape) tensor of ``dtype`` per shared parameter
     (the float32 and the float64 sketch use the same R).
 
@@ -557,11 +665,13 @@ def _gaussian_rows(first: int, count: int, shapes: list[tuple[int, ...]], seed: 
     sizes = [math.prod(shape) for shape in shapes]
     drawn = torch.empty((count, sum(sizes)), device=generator.device, dtype=torch.float32)
     for offset in range(count):
-        generator.manual_seed((seed * 2 ** 24 + first + offset) % 2 ** 63)
+        generator.manual_seed((seed * 2**24 + first + offset) % 2**63)
         drawn[offset].normal_(generator=generator)
     # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
-    return [torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
-            for block, shape in zip(drawn.split(sizes, dim=1), shapes)]
+    return [
+        torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
+        for block, shape in zip(drawn.split(sizes, dim=1), shapes)
+    ]
 
 
 def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
@@ -637,10 +747,12 @@ class _ReverseOverReverse:
                     hook.remove()
         if severed:
             name, why = severed[0]
-            raise ModelLoadError(f"{name} has no double backward: {why}, so ∂g/∂x cannot be taken through it",
-                                 "write its backward with differentiable torch operations (or give the "
-                                 "autograd.Function setup_context and jvp, for torch.func), or replace the op "
-                                 "for this check")
+            raise ModelLoadError(
+                f"{name} has no double backward: {why}, so ∂g/∂x cannot be taken through it",
+                "write its backward with differentiable torch operations (or give the "
+                "autograd.Function setup_context and jvp, for torch.func), or replace the op "
+                "for this check",
+            )
         self.pieces = [(g, p) for g, p in zip(gradients, parameters)]
         differentiable = [g.reshape(-1) for g, _ in self.pieces if g is not None and g.requires_grad]
         self.flat = torch.cat(differentiable) if differentiable else None
@@ -655,8 +767,9 @@ class _ReverseOverReverse:
             return torch.zeros((count, *self.x.shape), dtype=self.x.dtype, device=self.x.device)
         cotangent = torch.cat([d.reshape(count, -1) for d, keep in zip(directions, self.mask) if keep], dim=1)
         try:
-            (block,) = torch.autograd.grad(self.flat, self.x, grad_outputs=cotangent, retain_graph=True,
-                                           is_grads_batched=True, allow_unused=True)
+            (block,) = torch.autograd.grad(
+                self.flat, self.x, grad_outputs=cotangent, retain_graph=True, is_grads_batched=True, allow_unused=True
+            )
         except RuntimeError as exc:
             raise _no_double_backward(exc, self.custom) from exc
         if block is None:
@@ -706,17 +819,23 @@ _ERROR_NODES = ("torch::autograd::Error", "torch::autograd::DelayedError")
 
 def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    fix = ("write the backward with differentiable torch operations (not @once_differentiable), or replace the op "
-           "for this check")
+    fix = (
+        "write the backward with differentiable torch operations (not @once_differentiable), or replace the op "
+        "for this check"
+    )
     if "once_differentiable" in message:
         marked = [_function_name(n) for n in custom if hasattr(n._forward_cls.backward, "__wrapped__")]
         name = marked[0] if marked else (_function_name(custom[0]) if custom else "a custom autograd.Function")
-        return ModelLoadError(f"{name} has no double backward: its backward is marked @once_differentiable, so "
-                              "∂g/∂x cannot be taken through it", fix)
+        return ModelLoadError(
+            f"{name} has no double backward: its backward is marked @once_differentiable, so "
+            "∂g/∂x cannot be taken through it",
+            fix,
+        )
     op = re.search(r"derivative for ['\"]?([\w.:]+)['\"]? is not implemented", message)
     if op:
         return ModelLoadError(
-            f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it", fix)
+            f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it", fix
+        )
     return ModelLoadError(f"the shared gradient cannot be differentiated with respect to the input: {message}", fix)
 
 
@@ -728,17 +847,26 @@ def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str
     (spec §11; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
     agree with (confirms None). `agreement` is the short form the table prints."""
     deficit = unknowns - rank
-    measured = ("one gradient determines the input" if deficit == 0 else
-                f"{deficit} input directions are invisible to the gradient")
-    detail = (f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}" if deficit == 0 else
-              f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}")
+    measured = (
+        "one gradient determines the input"
+        if deficit == 0
+        else f"{deficit} input directions are invisible to the gradient"
+    )
+    detail = (
+        f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}"
+        if deficit == 0
+        else f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}"
+    )
     if verdict in ("exposed", "partial", "protected"):
         confirms = (deficit == 0) == (verdict == "exposed")
         if confirms:
             return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"
         return False, f"disagrees with {verdict} ({measured})", f"disagrees: the analysis says {verdict}, but {detail}"
-    return (None, f"no verdict to compare with ({measured})",
-            f"no verdict to compare with ({verdict or 'none'}): {detail}")
+    return (
+        None,
+        f"no verdict to compare with ({measured})",
+        f"no verdict to compare with ({verdict or 'none'}): {detail}",
+    )
 
 
 def bound_check(identifiability, rank: int) -> dict | None:
@@ -747,12 +875,12 @@ def bound_check(identifiability, rank: int) -> dict | None:
         return None
     bound = int(identifiability.rank_bound)
     consistent = rank <= bound
-    check = {"rank_bound": bound, "certified_deficit": int(identifiability.certified_deficit),
-             "consistent": consistent}
+    check = {"rank_bound": bound, "certified_deficit": int(identifiability.certified_deficit), "consistent": consistent}
     if not consistent:
         check["internal_error"] = (
             f"internal error: the measured rank {rank} exceeds the static upper bound {bound} (spec §9): the static "
-            "bound is wrong for this model; please report it with this model file")
+            "bound is wrong for this model; please report it with this model file"
+        )
     return check
 
 

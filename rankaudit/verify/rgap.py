@@ -7,8 +7,8 @@ import math
 import operator
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -109,18 +109,46 @@ class RGapResult:
 # --------------------------------------------------------------------------- chain extraction
 
 _NOT_INJECTIVE = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Threshold)
-_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.InstanceNorm1d,
-          nn.InstanceNorm2d, nn.LayerNorm, nn.LocalResponseNorm)
-_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-          nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)
-_SUPPORTED = ("supported: Linear, Conv1d/Conv2d (groups=1, zero padding), LeakyReLU, Sigmoid, Tanh, "
-              "Identity, flatten/reshape/view, zero padding before a conv")
+_NORMS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+)
+_POOLS = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+)
+_SUPPORTED = (
+    "supported: Linear, Conv1d/Conv2d (groups=1, zero padding), LeakyReLU, Sigmoid, Tanh, "
+    "Identity, flatten/reshape/view, zero padding before a conv"
+)
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "contiguous", "squeeze", "unsqueeze"}
 _SHAPE_QUERIES = {"size", "dim", "numel"}
 _MERGE_NAMES = {
-    operator.add: "residual add", operator.iadd: "residual add", torch.add: "residual add",
-    operator.sub: "subtraction", torch.sub: "subtraction", operator.mul: "product", torch.mul: "product",
-    operator.matmul: "matmul", torch.matmul: "matmul", torch.cat: "concatenation", torch.stack: "stack",
+    operator.add: "residual add",
+    operator.iadd: "residual add",
+    torch.add: "residual add",
+    operator.sub: "subtraction",
+    torch.sub: "subtraction",
+    operator.mul: "product",
+    torch.mul: "product",
+    operator.matmul: "matmul",
+    torch.matmul: "matmul",
+    torch.cat: "concatenation",
+    torch.stack: "stack",
 }
 
 
@@ -150,8 +178,9 @@ def _conv_padding(padding, kernel: tuple[int, int], dilation: tuple[int, int]) -
     return (ph, ph, pw, pw)
 
 
-def _conv_step(name, dims, weight_name, bias_name, w_shape, stride, padding, dilation, groups,
-               in_shape, out_shape) -> Step:
+def _conv_step(
+    name, dims, weight_name, bias_name, w_shape, stride, padding, dilation, groups, in_shape, out_shape
+) -> Step:
     if groups != 1:
         raise RGapUnsupported(name, f"grouped convolution (groups={groups}) is not supported by this R-GAP")
     if dims == 1:
@@ -164,8 +193,17 @@ def _conv_step(name, dims, weight_name, bias_name, w_shape, stride, padding, dil
     else:
         stride, dilation = _pair(stride), _pair(dilation)
         pad = _conv_padding(padding, (w_shape[-2], w_shape[-1]), dilation)
-    return Step("conv", name, in_shape, out_shape, weight=weight_name, bias=bias_name,
-                stride=stride, dilation=dilation, padding=pad)
+    return Step(
+        "conv",
+        name,
+        in_shape,
+        out_shape,
+        weight=weight_name,
+        bias=bias_name,
+        stride=stride,
+        dilation=dilation,
+        padding=pad,
+    )
 
 
 def _first(v):
@@ -176,17 +214,34 @@ def _module_step(node, mod: nn.Module, in_shape, out_shape) -> Step:
     name = str(node.target)
     if isinstance(mod, nn.Linear):
         if len(in_shape) != 1:
-            raise RGapUnsupported(name, f"Linear applied over several positions (input {in_shape}) "
-                                        "is not supported by this R-GAP")
-        return Step("linear", name, in_shape, out_shape, weight=f"{name}.weight",
-                    bias=f"{name}.bias" if mod.bias is not None else None)
+            raise RGapUnsupported(
+                name, f"Linear applied over several positions (input {in_shape}) is not supported by this R-GAP"
+            )
+        return Step(
+            "linear",
+            name,
+            in_shape,
+            out_shape,
+            weight=f"{name}.weight",
+            bias=f"{name}.bias" if mod.bias is not None else None,
+        )
     if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
         if mod.padding_mode != "zeros":
             raise RGapUnsupported(name, f"padding_mode={mod.padding_mode!r}: only zero padding is supported")
         dims = 1 if isinstance(mod, nn.Conv1d) else 2
-        return _conv_step(name, dims, f"{name}.weight", f"{name}.bias" if mod.bias is not None else None,
-                          tuple(mod.weight.shape), mod.stride, mod.padding, mod.dilation, mod.groups,
-                          in_shape, out_shape)
+        return _conv_step(
+            name,
+            dims,
+            f"{name}.weight",
+            f"{name}.bias" if mod.bias is not None else None,
+            tuple(mod.weight.shape),
+            mod.stride,
+            mod.padding,
+            mod.dilation,
+            mod.groups,
+            in_shape,
+            out_shape,
+        )
     if isinstance(mod, nn.LeakyReLU):
         if mod.negative_slope <= 0:
             raise _not_injective(name, f"LeakyReLU with negative_slope={mod.negative_slope}")
@@ -208,8 +263,11 @@ def _module_step(node, mod: nn.Module, in_shape, out_shape) -> Step:
     if isinstance(mod, _NOT_INJECTIVE):
         raise _not_injective(name, type(mod).__name__)
     if isinstance(mod, _NORMS):
-        raise RGapUnsupported(name, f"{type(mod).__name__} is not supported: R-GAP inverts chains of "
-                                    "Linear/Conv layers and invertible activations only")
+        raise RGapUnsupported(
+            name,
+            f"{type(mod).__name__} is not supported: R-GAP inverts chains of "
+            "Linear/Conv layers and invertible activations only",
+        )
     if isinstance(mod, _POOLS):
         raise RGapUnsupported(name, f"{type(mod).__name__}: R-GAP has no inverse for pooling")
     raise RGapUnsupported(name, f"{type(mod).__name__} is not supported by R-GAP ({_SUPPORTED})")
@@ -249,8 +307,14 @@ def _function_step(node, in_shape, out_shape) -> Step:
     if fn is F.linear:
         if len(in_shape) != 1:
             raise RGapUnsupported(name, "Linear applied over several positions is not supported by this R-GAP")
-        return Step("linear", name, in_shape, out_shape, weight=_get_attr_name(node, arg(1, "weight"), "weight"),
-                    bias=_get_attr_name(node, arg(2, "bias"), "bias"))
+        return Step(
+            "linear",
+            name,
+            in_shape,
+            out_shape,
+            weight=_get_attr_name(node, arg(1, "weight"), "weight"),
+            bias=_get_attr_name(node, arg(2, "bias"), "bias"),
+        )
     if fn in (F.conv1d, F.conv2d):
         w = _get_attr_name(node, arg(1, "weight"), "weight")
         wnode = arg(1, "weight")
@@ -258,9 +322,19 @@ def _function_step(node, in_shape, out_shape) -> Step:
         if w_shape is None:
             raise RGapUnsupported(name, "cannot read the convolution's weight shape")
         dims = 1 if fn is F.conv1d else 2
-        return _conv_step(name, dims, w, _get_attr_name(node, arg(2, "bias"), "bias"), w_shape,
-                          arg(3, "stride", 1), arg(4, "padding", 0), arg(5, "dilation", 1), arg(6, "groups", 1),
-                          in_shape, out_shape)
+        return _conv_step(
+            name,
+            dims,
+            w,
+            _get_attr_name(node, arg(2, "bias"), "bias"),
+            w_shape,
+            arg(3, "stride", 1),
+            arg(4, "padding", 0),
+            arg(5, "dilation", 1),
+            arg(6, "groups", 1),
+            in_shape,
+            out_shape,
+        )
     if fn is F.leaky_relu:
         slope = float(arg(1, "negative_slope", 0.01))
         if slope <= 0:
@@ -343,8 +417,9 @@ def extract_chain(model: nn.Module, input_shape: tuple) -> list[Step]:
         if not inputs:
             continue
         if not _is_tensor_node(n):
-            if (n.op == "call_method" and n.target in _SHAPE_QUERIES) or \
-               (n.op == "call_function" and n.target in (getattr, operator.getitem, len)):
+            if (n.op == "call_method" and n.target in _SHAPE_QUERIES) or (
+                n.op == "call_function" and n.target in (getattr, operator.getitem, len)
+            ):
                 continue  # only reads the shape, not the values
             raise RGapUnsupported(_module_path(n), f"{n.op} {n.target} produces a non-tensor from the data")
         data.add(n)
@@ -377,8 +452,10 @@ def extract_chain(model: nn.Module, input_shape: tuple) -> list[Step]:
     for n in data:
         users = [u for u in n.users if u in data or u.op == "output"]
         if len(users) > 1:
-            raise RGapUnsupported(_module_path(n), f"branch at {_module_path(n)}: its output feeds {len(users)} ops; "
-                                                   "R-GAP handles chains only")
+            raise RGapUnsupported(
+                _module_path(n),
+                f"branch at {_module_path(n)}: its output feeds {len(users)} ops; R-GAP handles chains only",
+            )
     out_node = [n for n in nodes if n.op == "output"][0]
     if not isinstance(out_node.args[0], torch.fx.Node):
         raise RGapUnsupported(type(model).__name__, "the model must return a single tensor")
@@ -391,16 +468,22 @@ def extract_chain(model: nn.Module, input_shape: tuple) -> list[Step]:
     for s in layers:
         if s.weight in seen:
             # The shared gradient would then be a sum over both uses, which Algorithm 1 does not model.
-            raise RGapUnsupported(s.name, f"weight {s.weight} is used by two layers ({seen[s.weight]} and {s.name}): "
-                                          "R-GAP needs each layer's parameters used once")
+            raise RGapUnsupported(
+                s.name,
+                f"weight {s.weight} is used by two layers ({seen[s.weight]} and {s.name}): "
+                "R-GAP needs each layer's parameters used once",
+            )
         seen[s.weight] = s.name
     top = max(i for i, s in enumerate(steps) if s.is_layer)
     if steps[top].kind != "linear":
         raise RGapUnsupported(steps[top].name, "the output layer must be a Linear layer")
-    for s in steps[top + 1:]:
+    for s in steps[top + 1 :]:
         if not (s.kind == "reshape" or (s.kind == "act" and s.act == "identity")):
-            raise RGapUnsupported(s.name, "an activation after the output layer is not supported: the model's "
-                                          "output must be the logit(s) the loss is applied to")
+            raise RGapUnsupported(
+                s.name,
+                "an activation after the output layer is not supported: the model's "
+                "output must be the logit(s) the loss is applied to",
+            )
     return steps
 
 
@@ -412,15 +495,17 @@ def _merge_padding(steps: list[Step]) -> list[Step]:
             if pending is None:
                 pending = s
             else:
-                pending = replace(pending, out_shape=s.out_shape,
-                                  padding=tuple(a + b for a, b in zip(pending.padding, s.padding)))
+                pending = replace(
+                    pending, out_shape=s.out_shape, padding=tuple(a + b for a, b in zip(pending.padding, s.padding))
+                )
             continue
         if pending is not None:
             if s.kind != "conv":
-                raise RGapUnsupported(pending.name, "zero padding that is not directly followed by a convolution "
-                                                    "is not supported by R-GAP")
-            s = replace(s, in_shape=pending.in_shape,
-                        padding=tuple(a + b for a, b in zip(s.padding, pending.padding)))
+                raise RGapUnsupported(
+                    pending.name,
+                    "zero padding that is not directly followed by a convolution is not supported by R-GAP",
+                )
+            s = replace(s, in_shape=pending.in_shape, padding=tuple(a + b for a, b in zip(s.padding, pending.padding)))
             pending = None
         out.append(s)
     if pending is not None:
@@ -429,6 +514,7 @@ def _merge_padding(steps: list[Step]) -> list[Step]:
 
 
 # --------------------------------------------------------------------------- chain arithmetic
+
 
 def _kernel4(step: Step, weights: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
     w = weights[step.weight]
@@ -452,8 +538,8 @@ def _as_image(step: Step, x: torch.Tensor) -> torch.Tensor:
 
 
 def _layer_forward(step: Step, w4, b, x: torch.Tensor) -> torch.Tensor:
-    t, bt, l, r = step.padding
-    xp = F.pad(_as_image(step, x)[None], (l, r, t, bt))
+    top, bottom, left, right = step.padding
+    xp = F.pad(_as_image(step, x)[None], (left, right, top, bottom))
     z = F.conv2d(xp, w4, b, stride=step.stride, dilation=step.dilation)[0]
     return z.reshape(step.out_shape)
 
@@ -461,14 +547,15 @@ def _layer_forward(step: Step, w4, b, x: torch.Tensor) -> torch.Tensor:
 def _layer_backward(step: Step, w4, g_out: torch.Tensor) -> torch.Tensor:
     """dL/d(input) of a layer from dL/d(output): W^T applied to g, padding cropped."""
     c, h, w = _as_image(step, torch.empty(step.in_shape, device="meta")).shape
-    t, bt, l, r = step.padding
+    top, bottom, left, right = step.padding
     o = w4.shape[0]
     g = g_out.reshape(o, -1)
-    ho = (h + t + bt - step.dilation[0] * (w4.shape[2] - 1) - 1) // step.stride[0] + 1
+    ho = (h + top + bottom - step.dilation[0] * (w4.shape[2] - 1) - 1) // step.stride[0] + 1
     g = g.reshape(1, o, ho, -1)
-    gp = torch.nn.grad.conv2d_input((1, c, h + t + bt, w + l + r), w4, g, stride=step.stride,
-                                    dilation=step.dilation)
-    return gp[0, :, t:t + h, l:l + w].reshape(step.in_shape)
+    gp = torch.nn.grad.conv2d_input(
+        (1, c, h + top + bottom, w + left + right), w4, g, stride=step.stride, dilation=step.dilation
+    )
+    return gp[0, :, top : top + h, left : left + w].reshape(step.in_shape)
 
 
 def _act_forward(step: Step, x):
@@ -523,6 +610,7 @@ def chain_forward(chain: list[Step], weights: dict, x: torch.Tensor) -> list[tor
 
 # --------------------------------------------------------------------------- client side
 
+
 def client_gradients(model: nn.Module, x: torch.Tensor, y: int, loss: str = "logistic") -> dict[str, torch.Tensor]:
     """The gradient one client shares for one unbatched sample x (parameter name -> gradient).
 
@@ -547,12 +635,20 @@ def client_gradients(model: nn.Module, x: torch.Tensor, y: int, loss: str = "log
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(ell, [p for _, p in named], allow_unused=True)
     # No reconstruction (and no MSE) from a NaN gradient: name the op that made it.
-    finite.require_finite("--verify rgap (R-GAP)", (out, ell), grads, model=model, rerun=output_and_loss,
-                          parameters=[p for _, p in named], inputs=x)
+    finite.require_finite(
+        "--verify rgap (R-GAP)",
+        (out, ell),
+        grads,
+        model=model,
+        rerun=output_and_loss,
+        parameters=[p for _, p in named],
+        inputs=x,
+    )
     return {n: (torch.zeros_like(p) if g is None else g.detach()) for (n, p), g in zip(named, grads)}
 
 
 # --------------------------------------------------------------------------- one layer's linear system
+
 
 def _rank_tol(m: int, n: int, dtype) -> float:
     # NumPy/LAPACK convention: singular values below max(m, n) * eps * sigma_max cannot be told
@@ -575,24 +671,27 @@ class _LayerSystem:
         self.step, self.w4 = step, w4
         o, c, kh, kw = w4.shape
         _, h, w = _as_image(step, torch.empty(step.in_shape, device="meta")).shape
-        t, bt, l, r = step.padding
-        hp, wp = h + t + bt, w + l + r
+        top, bottom, left, right = step.padding
+        hp, wp = h + top + bottom, w + left + right
         self.o, self.c, self.h, self.w, self.hp, self.wp, self.kk = o, c, h, w, hp, wp, kh * kw
         if h * w > _MAX_SPATIAL:
-            raise RGapUnsupported(step.name, f"input of {h}x{w} pixels per channel is too large for the dense "
-                                             f"R-GAP solve (limit {_MAX_SPATIAL})")
+            raise RGapUnsupported(
+                step.name,
+                f"input of {h}x{w} pixels per channel is too large for the dense R-GAP solve (limit {_MAX_SPATIAL})",
+            )
         dev, dt = w4.device, w4.dtype
         grid = torch.arange(hp * wp, device=dev, dtype=torch.float64).reshape(1, 1, hp, wp)
         idx = F.unfold(grid, (kh, kw), dilation=step.dilation, stride=step.stride)[0].round().long()  # (K, L)
         self.n_out = idx.shape[1]
         interior = torch.full((hp * wp,), -1, dtype=torch.long, device=dev)
-        rows = torch.arange(t, t + h, device=dev)[:, None] * wp + torch.arange(l, l + w, device=dev)[None, :]
+        rows = torch.arange(top, top + h, device=dev)[:, None] * wp + torch.arange(left, left + w, device=dev)[None, :]
         interior[rows.reshape(-1)] = torch.arange(h * w, device=dev)
         col = interior[idx]  # (K, L), -1 where the kernel reads padding
         kmat = k_out.reshape(o, self.n_out).to(dt)
         g = torch.zeros(o * self.kk, h * w, dtype=dt, device=dev)
-        row_ids = (torch.arange(o, device=dev)[:, None, None] * self.kk
-                   + torch.arange(self.kk, device=dev)[None, :, None]).expand(o, self.kk, self.n_out)
+        row_ids = (
+            torch.arange(o, device=dev)[:, None, None] * self.kk + torch.arange(self.kk, device=dev)[None, :, None]
+        ).expand(o, self.kk, self.n_out)
         cols = col[None].expand(o, -1, -1)
         vals = kmat[:, None, :].expand(o, self.kk, self.n_out)
         keep = cols >= 0
@@ -606,10 +705,11 @@ class _LayerSystem:
 
     def apply_w(self, x_int: torch.Tensor) -> torch.Tensor:
         """W_i applied to a batch of interior inputs (B, C, H, W) -> (B, O*L), bias excluded."""
-        t, bt, l, r = self.step.padding
-        xp = F.pad(x_int, (l, r, t, bt))
+        top, bottom, left, right = self.step.padding
+        xp = F.pad(x_int, (left, right, top, bottom))
         return F.conv2d(xp, self.w4, None, stride=self.step.stride, dilation=self.step.dilation).reshape(
-            x_int.shape[0], -1)
+            x_int.shape[0], -1
+        )
 
     def null_block(self, n_basis: torch.Tensor) -> torch.Tensor:
         """W_i (I_C (x) N): each null-space basis image of G placed in each channel and convolved.
@@ -618,11 +718,11 @@ class _LayerSystem:
         """
         nn_ = n_basis.shape[1]
         imgs = n_basis.T.reshape(nn_, 1, self.h, self.w)
-        t, bt, l, r = self.step.padding
-        imgs = F.pad(imgs, (l, r, t, bt))
+        top, bottom, left, right = self.step.padding
+        imgs = F.pad(imgs, (left, right, top, bottom))
         blocks = []
         for ch in range(self.c):
-            out = F.conv2d(imgs, self.w4[:, ch:ch + 1], None, stride=self.step.stride, dilation=self.step.dilation)
+            out = F.conv2d(imgs, self.w4[:, ch : ch + 1], None, stride=self.step.stride, dilation=self.step.dilation)
             blocks.append(out.reshape(nn_, -1).T)
         return torch.cat(blocks, dim=1)
 
@@ -732,8 +832,11 @@ def _solve_layer(step: Step, w4, b, grad_w, z_out, k_out):
     rank_y, cond_y = 0, math.nan
     if nnull:
         if sysm.o * sysm.n_out * c * nnull > _MAX_DENSE_ENTRIES:
-            raise RGapUnsupported(step.name, f"the weight-constraint block ({sysm.o * sysm.n_out} x {c * nnull}) "
-                                             "is too large for the dense R-GAP solve")
+            raise RGapUnsupported(
+                step.name,
+                f"the weight-constraint block ({sysm.o * sysm.n_out} x {c * nnull}) "
+                "is too large for the dense R-GAP solve",
+            )
         n_basis = vh[r:].T  # (HW, nnull)
         y_mat = sysm.null_block(n_basis)
         rhs = zb - sysm.apply_w(x_cols.T.reshape(1, c, h, w))[0]
@@ -773,6 +876,7 @@ def _layer_rank(step: Step, w4, k_out) -> LayerSolve:
 
 # --------------------------------------------------------------------------- the top layer
 
+
 def _logistic_value(m: float) -> float:
     """<dL/dW, W> = (dl/dmu) mu as a function of the margin m = y*mu, for l = log(1 + e^-m)."""
     if m >= 0:
@@ -806,8 +910,10 @@ def _margin_roots(v: float) -> tuple[list[float], str | None]:
         return [0.0], None
     vmin = _logistic_value(_M_STAR)
     if v <= vmin:
-        return [_M_STAR], (f"<dL/dW, W> = {v:.4g} is below the logistic loss's minimum {vmin:.4g}: "
-                           "gradients are inconsistent (noise?); using the extremum")
+        return [_M_STAR], (
+            f"<dL/dW, W> = {v:.4g} is below the logistic loss's minimum {vmin:.4g}: "
+            "gradients are inconsistent (noise?); using the extremum"
+        )
     return [_bisect(_logistic_value, 0.0, _M_STAR, v), _bisect(_logistic_value, _M_STAR, 800.0, v)], None
 
 
@@ -829,8 +935,10 @@ def _top_candidates(step: Step, w4, b, grads: dict, loss: str) -> tuple[list[_Ca
     n_out = w.shape[0]
     if loss == "logistic":
         if n_out != 1:
-            raise RGapUnsupported(step.name, f"logistic loss needs a single logit; {step.name} has {n_out} outputs "
-                                             "(use loss='cross-entropy')")
+            raise RGapUnsupported(
+                step.name,
+                f"logistic loss needs a single logit; {step.name} has {n_out} outputs (use loss='cross-entropy')",
+            )
         if b is not None:
             # dL/db = dl/dmu = -y / (1 + e^m): its sign gives y, its size gives m uniquely (no twin).
             d = float(grads[step.bias].reshape(()))
@@ -850,9 +958,15 @@ def _top_candidates(step: Step, w4, b, grads: dict, loss: str) -> tuple[list[_Ca
         for m in roots:
             for y in (1, -1):
                 d = -y / (1 + math.exp(m)) if m < 700 else -y * math.exp(-m)
-                cands.append(_Candidate(torch.tensor([d], dtype=dt, device=dev),
-                                        torch.tensor([y * m], dtype=dt, device=dev), y, m,
-                                        f"y={y:+d}, margin={m:.6g}"))
+                cands.append(
+                    _Candidate(
+                        torch.tensor([d], dtype=dt, device=dev),
+                        torch.tensor([y * m], dtype=dt, device=dev),
+                        y,
+                        m,
+                        f"y={y:+d}, margin={m:.6g}",
+                    )
+                )
         return cands, notes
     # cross-entropy: dL/dz = softmax(z) - e_y has exactly one negative entry, at the label (iDLG).
     if b is not None:
@@ -896,6 +1010,7 @@ def _top_candidates(step: Step, w4, b, grads: dict, loss: str) -> tuple[list[_Ca
 
 def _fit_softmax_scale(us, vs, wv, e_y, s1) -> float:
     """t > 0 minimising ||(s1/t) us + e_y - softmax(t wv)|| by a log grid and golden section."""
+
     def resid(log_t):
         t = math.exp(log_t)
         return float((((s1 / t) * us + e_y) - torch.softmax(t * wv, 0)).norm())
@@ -914,6 +1029,7 @@ def _fit_softmax_scale(us, vs, wv, e_y, s1) -> float:
 
 
 # --------------------------------------------------------------------------- the recursion
+
 
 @dataclass(eq=False)
 class _State:
@@ -986,7 +1102,7 @@ def _descend(chain, weights, grads, st: _State) -> _State:
 def _final_input(chain, st: _State, input_shape) -> torch.Tensor:
     x = st.x
     if st.pos > 0:
-        for s in reversed(chain[:st.pos]):
+        for s in reversed(chain[: st.pos]):
             x = x.reshape(s.in_shape)
             if s.kind == "act":
                 x, _ = _act_inverse(s, x)
@@ -1003,12 +1119,17 @@ def _box_distance(x: torch.Tensor) -> float:
 
 
 def _homogeneous(chain: list[Step]) -> bool:
-    return all((s.kind != "act" or s.act in ("leaky_relu", "identity")) and not (s.is_layer and s.bias)
-               for s in chain)
+    return all((s.kind != "act" or s.act in ("leaky_relu", "identity")) and not (s.is_layer and s.bias) for s in chain)
 
 
-def reconstruct(chain: list[Step], weights: dict, gradients: dict, loss: str = "logistic",
-                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> Reconstruction:
+def reconstruct(
+    chain: list[Step],
+    weights: dict,
+    gradients: dict,
+    loss: str = "logistic",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float64,
+) -> Reconstruction:
     """Algorithm 1: recover the input from one sample's gradients, top layer first; layers come back bottom-up."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
@@ -1051,8 +1172,10 @@ def reconstruct(chain: list[Step], weights: dict, gradients: dict, loss: str = "
         survivors = [st for st in states if misfit[id(st)] <= 10 * least + 1e-9]
         for st in states:
             if all(st is not k_ for k_ in survivors):
-                why_rejected[id(st.cand)] = (f"it breaks the <dW, W> channel identities of the layer below "
-                                             f"(relative misfit {misfit[id(st)]:.2g} vs {least:.2g})")
+                why_rejected[id(st.cand)] = (
+                    f"it breaks the <dW, W> channel identities of the layer below "
+                    f"(relative misfit {misfit[id(st)]:.2g} vs {least:.2g})"
+                )
         states = survivors
 
     finals: list[tuple[_State, torch.Tensor]] = []
@@ -1078,8 +1201,10 @@ def reconstruct(chain: list[Step], weights: dict, gradients: dict, loss: str = "
     plausible = [(f, x) for f, x in finals if _worst_residual(f) <= 10 * best + 1e-9]
     for f, _ in finals:
         if all(f is not p for p, _ in plausible):
-            why_rejected[id(f.cand)] = (f"its reconstruction misfits the layer constraints (relative residual "
-                                        f"{_worst_residual(f):.2g} vs {best:.2g})")
+            why_rejected[id(f.cand)] = (
+                f"its reconstruction misfits the layer constraints (relative residual "
+                f"{_worst_residual(f):.2g} vs {best:.2g})"
+            )
     # Exact twins give identical gradients, so only a prior can choose: pixel values lie in [0, 1];
     # among candidates inside the box take the larger one, since the twin of a natural image is
     # usually a faint scaled copy.
@@ -1089,29 +1214,46 @@ def reconstruct(chain: list[Step], weights: dict, gradients: dict, loss: str = "
     margins = sorted({c.margin for c in cands if c.margin is not None})
     if loss == "logistic" and len(margins) > 1:
         alive = {f.cand.margin for f, _ in plausible}
-        head = (f"twin data (Appendix B): margins {margins[0]:.4g} and {margins[1]:.4g} both fit "
-                f"<dL/dW, W> = {-margins[0] / (1 + math.exp(margins[0])):.4g}; ")
+        head = (
+            f"twin data (Appendix B): margins {margins[0]:.4g} and {margins[1]:.4g} both fit "
+            f"<dL/dW, W> = {-margins[0] / (1 + math.exp(margins[0])):.4g}; "
+        )
         if len(alive) > 1:
-            notes.append(head + "both reconstructions explain the gradients exactly (the twin is the input "
-                                f"rescaled); chose margin {chosen.cand.margin:.4g} by the [0,1] pixel-range prior, "
-                                "the other is in Reconstruction.alternatives")
+            notes.append(
+                head + "both reconstructions explain the gradients exactly (the twin is the input "
+                f"rescaled); chose margin {chosen.cand.margin:.4g} by the [0,1] pixel-range prior, "
+                "the other is in Reconstruction.alternatives"
+            )
         else:
-            reasons = sorted({why_rejected[id(c)] for c in cands
-                              if c.margin != chosen.cand.margin and id(c) in why_rejected})
+            reasons = sorted(
+                {why_rejected[id(c)] for c in cands if c.margin != chosen.cand.margin and id(c) in why_rejected}
+            )
             notes.append(head + f"the twin was rejected: {'; '.join(reasons) or 'it fits worse'}")
     if float(grads[ts.weight].abs().max()) == 0.0:
-        notes.append("the output layer's gradient is exactly zero (saturated loss): it carries no information "
-                     "about this sample, the reconstruction is meaningless")
+        notes.append(
+            "the output layer's gradient is exactly zero (saturated loss): it carries no information "
+            "about this sample, the reconstruction is meaningless"
+        )
     # Report layers bottom-up, the order the user reads a model in.
-    return Reconstruction(x=x, layers=list(reversed(chosen.solves)), notes=notes, label=chosen.cand.label,
-                          alternatives=others)
+    return Reconstruction(
+        x=x, layers=list(reversed(chosen.solves)), notes=notes, label=chosen.cand.label, alternatives=others
+    )
 
 
 # --------------------------------------------------------------------------- numerical rank on its own
 
-def numerical_rank(chain: list[Step], weights: dict, gradients: dict | None = None, *, loss: str = "logistic",
-                   seed: int = 0, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu",
-                   only: set[str] | None = None) -> list[LayerSolve]:
+
+def numerical_rank(
+    chain: list[Step],
+    weights: dict,
+    gradients: dict | None = None,
+    *,
+    loss: str = "logistic",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+    only: set[str] | None = None,
+) -> list[LayerSolve]:
     """|x_i| - rank(A_i) per layer (spec §7 numerical mode), bottom layer first.
 
     Without gradients, the k_i come from a seeded uniform [0,1] input pushed through the given weights
@@ -1132,7 +1274,7 @@ def numerical_rank(chain: list[Step], weights: dict, gradients: dict | None = No
         g = (-y * torch.sigmoid(-y * logits)).reshape(chain[top].out_shape)
     else:
         label = int(torch.randint(logits.numel(), (), generator=gen))
-        g = (torch.softmax(logits, 0) - F.one_hot(torch.tensor(label), logits.numel()).to(dtype).to(device))
+        g = torch.softmax(logits, 0) - F.one_hot(torch.tensor(label), logits.numel()).to(dtype).to(device)
     g = g.reshape(chain[top].out_shape)
     result = []
     for i in range(top, -1, -1):
@@ -1151,6 +1293,7 @@ def numerical_rank(chain: list[Step], weights: dict, gradients: dict | None = No
 
 # --------------------------------------------------------------------------- the attack on a set of images
 
+
 def _reconstruct_defended(chain, weights, grads, loss, dev, dtype, shape) -> Reconstruction:
     """reconstruct() on a defended gradient, which need not be a gradient at all: where the algebra breaks
     (no valid top-layer candidate, a singular or non-finite system), the attacker has nothing, scored as zeros."""
@@ -1158,9 +1301,12 @@ def _reconstruct_defended(chain, weights, grads, loss, dev, dtype, shape) -> Rec
         rec = reconstruct(chain, weights, grads, loss, dev, dtype)
     except (RGapUnsupported, RuntimeError, ValueError, ZeroDivisionError, OverflowError) as exc:
         reason = exc.reason if isinstance(exc, RGapUnsupported) else f"{type(exc).__name__}: {exc}"
-        return Reconstruction(x=torch.zeros(shape, dtype=dtype, device=dev), layers=[],
-                              notes=[f"R-GAP failed on the defended gradient ({reason}); scored as an all-zero image"],
-                              label=None)
+        return Reconstruction(
+            x=torch.zeros(shape, dtype=dtype, device=dev),
+            layers=[],
+            notes=[f"R-GAP failed on the defended gradient ({reason}); scored as an all-zero image"],
+            label=None,
+        )
     if not bool(torch.isfinite(rec.x).all()):
         rec.notes.append("the reconstruction from the defended gradient is not finite; non-finite pixels scored as 0")
         rec.x = torch.nan_to_num(rec.x, nan=0.0, posinf=0.0, neginf=0.0)
@@ -1173,9 +1319,16 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def run_rgap(model: nn.Module, images: torch.Tensor, device: str = "auto", seed: int = 0, loss: str = "logistic",
-             progress: Callable[[int, int], None] | None = None, *,
-             defense: Callable[[dict], dict] | None = None) -> RGapResult:
+def run_rgap(
+    model: nn.Module,
+    images: torch.Tensor,
+    device: str = "auto",
+    seed: int = 0,
+    loss: str = "logistic",
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    defense: Callable[[dict], dict] | None = None,
+) -> RGapResult:
     """Attack each image's single-sample gradient with R-GAP and score the reconstruction.
 
     MSE is on the raw reconstruction (what the algebra recovered); PSNR is on the reconstruction
@@ -1240,9 +1393,15 @@ def run_rgap(model: nn.Module, images: torch.Tensor, device: str = "auto", seed:
             progress(i + 1, n)
     return RGapResult(
         reconstructions=torch.stack(recs) if recs else torch.empty(0),
-        mse=mses, psnr=psnrs, seconds=secs,
+        mse=mses,
+        psnr=psnrs,
+        seconds=secs,
         median_mse=statistics.median(mses) if mses else math.nan,
         median_psnr=statistics.median(psnrs) if psnrs else math.nan,
         median_seconds=statistics.median(secs) if secs else math.nan,
-        layers=layers, notes=notes, device=str(dev), labels=labels, recovered_labels=rlabels,
+        layers=layers,
+        notes=notes,
+        device=str(dev),
+        labels=labels,
+        recovered_labels=rlabels,
     )

@@ -17,10 +17,11 @@ but a double backward, which the rank check's reverse-over-reverse fallback uses
 
 The analysis path never runs these: it reads the model on the meta device and never differentiates.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,11 +51,11 @@ def _native_channel_shuffle(input: torch.Tensor, groups: int) -> torch.Tensor:
 class Substitute:
     """One op without a derivative of its backward, and the composition that replaces it."""
 
-    name: str                                   # the op as PyTorch's error message names it (aten::...)
-    targets: tuple[Callable, ...]               # every Python entry point that reaches it
-    replacement: Callable[..., torch.Tensor]    # same signature as the targets
-    composition: str                            # the formula, for the docs and the table test
-    missing: str                                # what PyTorch lacks
+    name: str  # the op as PyTorch's error message names it (aten::...)
+    targets: tuple[Callable, ...]  # every Python entry point that reaches it
+    replacement: Callable[..., torch.Tensor]  # same signature as the targets
+    composition: str  # the formula, for the docs and the table test
+    missing: str  # what PyTorch lacks
 
 
 def _entry_points(*names: str) -> tuple[Callable, ...]:
@@ -72,13 +73,27 @@ def _entry_points(*names: str) -> tuple[Callable, ...]:
 # per entry checks both, and one more that the original still lacks the double backward (so a PyTorch that gains
 # it shows up as a failing test, and the entry can go).
 SUBSTITUTES: tuple[Substitute, ...] = (
-    Substitute("aten::hardsigmoid", _entry_points("F.hardsigmoid", "torch._C._nn.hardsigmoid"), _hardsigmoid,
-               "relu6(x + 3) / 6", "aten::hardsigmoid_backward has no derivative (nor a forward-mode rule)"),
-    Substitute("aten::hardsigmoid_", _entry_points("torch._C._nn.hardsigmoid_"), _hardsigmoid_inplace,
-               "x.copy_(relu6(x + 3) / 6)", "aten::hardsigmoid_backward has no derivative (nor a forward-mode rule)"),
-    Substitute("aten::native_channel_shuffle", _entry_points("torch.native_channel_shuffle"),
-               _native_channel_shuffle, "x.reshape(B, g, C/g, ...).transpose(1, 2).reshape(B, C, ...)",
-               "aten::native_channel_shuffle has no derivative at all"),
+    Substitute(
+        "aten::hardsigmoid",
+        _entry_points("F.hardsigmoid", "torch._C._nn.hardsigmoid"),
+        _hardsigmoid,
+        "relu6(x + 3) / 6",
+        "aten::hardsigmoid_backward has no derivative (nor a forward-mode rule)",
+    ),
+    Substitute(
+        "aten::hardsigmoid_",
+        _entry_points("torch._C._nn.hardsigmoid_"),
+        _hardsigmoid_inplace,
+        "x.copy_(relu6(x + 3) / 6)",
+        "aten::hardsigmoid_backward has no derivative (nor a forward-mode rule)",
+    ),
+    Substitute(
+        "aten::native_channel_shuffle",
+        _entry_points("torch.native_channel_shuffle"),
+        _native_channel_shuffle,
+        "x.reshape(B, g, C/g, ...).transpose(1, 2).reshape(B, C, ...)",
+        "aten::native_channel_shuffle has no derivative at all",
+    ),
 )
 
 _BY_TARGET: dict[Callable, Substitute] = {target: entry for entry in SUBSTITUTES for target in entry.targets}

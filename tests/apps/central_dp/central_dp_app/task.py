@@ -1,4 +1,5 @@
 """central_dp_app: the model and its training (literal batch size, epochs and optimizer)."""
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

@@ -1,6 +1,5 @@
 """factory_app: the ClientApp (never run by rankaudit)."""
-from flwr.clientapp import ClientApp
 
-from factory_app.task import LogisticRegression, get_model
+from flwr.clientapp import ClientApp
 
 app = ClientApp()

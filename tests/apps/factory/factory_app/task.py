@@ -1,4 +1,5 @@
 """factory_app: two models that need arguments."""
+
 from torch import nn
 
 

@@ -1,4 +1,5 @@
 """local_dp_app: the ServerApp (never run by rankaudit)."""
+
 from flwr.server import ServerApp, ServerConfig
 from flwr.server.strategy import FedAvg
 

@@ -1,4 +1,5 @@
 """opacus_app: the model."""
+
 import torch
 from torch import nn
 

@@ -1,4 +1,5 @@
 """quickstart_app: a module the client app does not import (its model is no candidate)."""
+
 from torch import nn
 
 

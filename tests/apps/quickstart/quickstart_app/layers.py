@@ -1,4 +1,5 @@
 """quickstart_app: a layer the model imports from its own package."""
+
 from torch import nn
 
 

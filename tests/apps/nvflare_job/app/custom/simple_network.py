@@ -1,4 +1,5 @@
 """An NVFlare-style job's network; its clients withhold fc1 with ExcludeVars."""
+
 import torch
 from torch import nn
 
