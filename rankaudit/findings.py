@@ -7,11 +7,15 @@ import math
 from rankaudit.bound import identifiability, sample_identifiability
 
 # The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
-from rankaudit.levels import (
+from rankaudit.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
     DEFAULT_FAIL_ON,
+    DEFAULT_MAX_RECOVERABLE,
+    FAIL_ON_CHOICES,
     FAILING_VERDICTS,
+    VERDICT_LEVELS,
     count,
     percent,
+    verdict_level,
 )
 from rankaudit.ops import Role
 from rankaudit.result import (

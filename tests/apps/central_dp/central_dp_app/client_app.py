@@ -1,5 +1,4 @@
 """central_dp_app: the ClientApp with the SecAgg+ and clipping mods (imports flwr; never run by rankaudit)."""
-
 from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import fixedclipping_mod, secaggplus_mod
 

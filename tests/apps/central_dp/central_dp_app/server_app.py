@@ -1,5 +1,4 @@
 """central_dp_app: central DP with client-side clipping and server-side noise, over SecAgg+ (never run by rankaudit)."""
-
 from flwr.common import Context
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
@@ -19,10 +18,7 @@ def main(grid: Grid, context: Context) -> None:
         num_sampled_clients=num_sampled_clients,
     )
     context = LegacyContext(context=context, config=ServerConfig(num_rounds=3), strategy=strategy)
-    workflow = DefaultWorkflow(
-        fit_workflow=SecAggPlusWorkflow(
-            num_shares=context.run_config["num-shares"],
-            reconstruction_threshold=context.run_config["reconstruction-threshold"],
-        )
-    )
+    workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
+        num_shares=context.run_config["num-shares"],
+        reconstruction_threshold=context.run_config["reconstruction-threshold"]))
     workflow(grid, context)

@@ -1,5 +1,4 @@
 """central_dp_app: the model and its training (literal batch size, epochs and optimizer)."""
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

@@ -1,5 +1,4 @@
 """factory_app: two models that need arguments."""
-
 from torch import nn
 
 

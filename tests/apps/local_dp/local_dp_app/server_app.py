@@ -1,5 +1,4 @@
 """local_dp_app: the ServerApp (never run by rankaudit)."""
-
 from flwr.server import ServerApp, ServerConfig
 from flwr.server.strategy import FedAvg
 

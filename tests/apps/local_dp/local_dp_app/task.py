@@ -1,5 +1,4 @@
 """local_dp_app: the model and its data (positional DataLoader batch size)."""
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

@@ -1,5 +1,4 @@
 """opacus_app: DP-SGD with Opacus' make_private on each client (imports flwr and opacus; never run by rankaudit)."""
-
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp

@@ -1,5 +1,4 @@
 """opacus_app: the model."""
-
 import torch
 from torch import nn
 

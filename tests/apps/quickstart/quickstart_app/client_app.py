@@ -1,5 +1,4 @@
 """quickstart_app: the ClientApp (imports flwr; rankaudit never runs it)."""
-
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 

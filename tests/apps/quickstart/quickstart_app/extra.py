@@ -1,5 +1,4 @@
 """quickstart_app: a module the client app does not import (its model is no candidate)."""
-
 from torch import nn
 
 

@@ -1,5 +1,4 @@
 """quickstart_app: a layer the model imports from its own package."""
-
 from torch import nn
 
 

@@ -1,5 +1,4 @@
 """quickstart_app: the model, the data and the training loop."""
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

@@ -1,5 +1,4 @@
 """An NVFlare-style job's network; its clients withhold fc1 with ExcludeVars."""
-
 import torch
 from torch import nn
 
