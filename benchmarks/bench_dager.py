@@ -35,7 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.verify import dager  # noqa: E402
+from rankaudit.verify.attacks import dager
 from rankaudit.verify.runner import resolve_device  # noqa: E402
 
 CPU_TARGET_S, GPU_TARGET_S = 60.0, 5.0

@@ -63,8 +63,8 @@ def bench_accountant(repeat: int) -> dict:
 
 def bench_attack(trials: int, device: str) -> list[dict]:
     from rankaudit.audit import audit
-    from rankaudit.verify import rank
-    from rankaudit.verify.dp import clopper_pearson, informed_attack, unit_gradients
+    from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack, unit_gradients
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.runner import _rank_inputs, build_real_model
 
     spec = str(REPO / "examples" / "cnn6.py")

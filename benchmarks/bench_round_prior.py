@@ -8,7 +8,7 @@ Run from the repository root:
                                            [--tv-until 0.625,1] [--dtype float64,float32]
 
 Builds the model as the verifier does (random weights, seed 0, float64), draws the verifier's labels, takes the
-verifier's images (photograph crops, or --data), and runs rankaudit.verify.fedavg.invert_round once per
+verifier's images (photograph crops, or --data), and runs rankaudit.verify.attacks.fedavg.invert_round once per
 (dtype, relative TV weight, TV until) on the same round; prints one JSON line per run: median / best PSNR, the
 baselines' medians, how many images beat both, the winning restart's best distance. A benchmark, not a test: it exits 0.
 """
@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.round import build_round  # noqa: E402
-from rankaudit.verify import baselines, data, fedavg, rank  # noqa: E402
+from rankaudit.verify import baselines, data
+from rankaudit.verify.attacks import fedavg
+from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.runner import build_real_model  # noqa: E402
 
 

@@ -121,7 +121,7 @@ def timm_entries(directory: Path) -> list[Entry]:
 
 def measure_entry(spec: str, result, *, device: str, precision: str, seed: int = 0):
     """The measured rank at a seeded uniform input, as tests/conftest.py's measured_rank draws it."""
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.runner import build_real_model
 
     model, _ = build_real_model(spec, result.input_shape, seed)

@@ -41,11 +41,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.verify import data, gdbr, invert, rgap  # noqa: E402
+from rankaudit.verify import data
+from rankaudit.verify.attacks import gdbr, invert, rgap
 from rankaudit.verify.runner import resolve_device  # noqa: E402
 
 try:
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
 except ImportError:  # a tree from before --verify rank: its rows say so
     rank = None
 
@@ -129,7 +130,7 @@ def cuda_present() -> bool:
 def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int, precision: str = "float64") -> dict:
     """One rank check at batch size 1 on a real image, as `--verify rank` runs it."""
     if rank is None:
-        return {"model": label, "skipped": "rankaudit.verify.rank is not in this tree"}
+        return {"model": label, "skipped": "rankaudit.verify.rank.jacobian is not in this tree"}
     image, source = data.load_images(None, (3, 32, 32), 1, seed)
     with torch.no_grad():
         classes = model(image.to(next(model.parameters()).dtype)).numel()

@@ -808,7 +808,7 @@ def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data,
             "--verify dp attacks the DP noise, but no noise multiplier is given",
             "add --dp-noise σ (and --dp-clip, --dp-sample-rate, --dp-steps as trained)",
         )
-    from rankaudit.verify import dp as dp_attack
+    from rankaudit.verify.attacks import dp as dp_attack
 
     measured = dp_attack.verify_dp(
         result,
@@ -1032,7 +1032,7 @@ def _bias_readout(result, spec, attacks, *, seed, device, data, shared_layers, w
     round_ = result.round
     batch = result.batch_size > 1 or (round_ is not None and not round_.fedsgd)
     if "bias" in attacks or ("rgap" in attacks and batch):
-        from rankaudit.verify import bias
+        from rankaudit.verify.attacks import bias
 
         measured = bias.verify_bias(
             result,

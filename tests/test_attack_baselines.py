@@ -63,7 +63,7 @@ def _tiny_cnn(tmp_path):
 def test_a_round_attack_below_the_grey_image_is_reported_as_failed(run_cli, tmp_path, monkeypatch):
     """The FedAvg inversion's output replaced by the inverted originals (6 dB below grey on every image): the JSON,
     the judgement and the table say failed, with both baselines and the best image beside the median."""
-    from rankaudit.verify import fedavg
+    from rankaudit.verify.attacks import fedavg
 
     monkeypatch.setattr(fedavg, "_match", lambda found, originals, labels: 1 - originals)
     model = _tiny_cnn(tmp_path)

@@ -53,7 +53,7 @@ def test_gdbr_and_the_optimisation_attack_on_cuda(run_cli):
 def _inverting_on(device, monkeypatch=None, graphs=True):
     from test_invert import over_determined_net, photo_patches
 
-    from rankaudit.verify import invert
+    from rankaudit.verify.attacks import invert
 
     if monkeypatch is not None:
         monkeypatch.setattr(invert, "_CUDA_GRAPHS", graphs)
@@ -84,7 +84,7 @@ def test_the_batched_attack_on_cuda_recovers_what_it_recovers_on_cpu():
 
 def _rank_on(device, example):
     from rankaudit.audit import audit
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.runner import build_real_model
 
     spec = str(EXAMPLES / f"{example}.py")
@@ -142,7 +142,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
     664 of 768."""
     from conftest import measured_rank
 
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.runner import build_real_model
 
     for example in ("mobilenetv3_tiny", "lcnet_tiny"):
@@ -156,7 +156,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
 
 
 def test_device_memory_budget_and_non_finite_refusal_on_cuda(run_cli, tmp_path):
-    from rankaudit.verify import budget
+    from rankaudit.verify.rank import budget
 
     available, rule = budget.memory_budget("cuda")
     assert available > 0 and "free" in rule

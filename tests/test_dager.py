@@ -18,7 +18,8 @@ from rankaudit.errors import UsageError
 from rankaudit.load import load_model
 from rankaudit.report import sarif, table
 from rankaudit.trace import input_specs, trace_model
-from rankaudit.verify import dager, runner
+from rankaudit.verify import runner
+from rankaudit.verify.attacks import dager
 
 SEQUENCE = 16
 D_MODEL = 128

@@ -19,7 +19,9 @@ from conftest import EXAMPLES
 from rankaudit.audit import audit
 from rankaudit.errors import UsageError
 from rankaudit.report import html, table
-from rankaudit.verify import gdbr, runner
+from rankaudit.verify import runner
+from rankaudit.verify.attacks import gdbr
+from rankaudit.verify.attacks.invert import run_inverting
 from rankaudit.verify.defenses import (
     ADADEFENSE_SERVER_LR,
     DEFAULT_NOISE_SIGMA,
@@ -28,7 +30,6 @@ from rankaudit.verify.defenses import (
     fedavg_accuracy,
     parse_defense,
 )
-from rankaudit.verify.invert import run_inverting
 
 
 def load_example(file_name: str, class_name: str):

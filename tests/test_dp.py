@@ -22,7 +22,7 @@ from scipy.stats import norm
 from rankaudit import dp
 from rankaudit.errors import UsageError
 from rankaudit.round import DPSettings
-from rankaudit.verify.dp import clopper_pearson, informed_attack
+from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack
 
 # Spec §13's reference table: (q, σ, T) -> ε at δ = 1e-5, B(0.1), B(0.01), B(0.001).
 EXACT_ROWS = [((1.0, 1.0, 1), 4.38, (0.389, 0.0924, 0.0183)), ((1.0, 4.0, 1), 0.93, (0.151, 0.0189, 0.0023))]
@@ -191,7 +191,7 @@ def lenet_result():
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])
 def test_the_attack_on_real_clipped_gradients_stays_below_the_bound(lenet_result, sigma):
-    from rankaudit.verify.dp import verify_dp
+    from rankaudit.verify.attacks.dp import verify_dp
 
     settings = DPSettings(noise_multiplier=sigma, clip=1.0)
     measured = verify_dp(lenet_result, str(EXAMPLES / "lenet.py"), settings, trials=1500, seed=0, device="cpu")
@@ -413,7 +413,7 @@ def test_client_level_units_are_whole_rounds_of_local_training():
     the round's simulated local training, clipped; the other clients the server samples from are known."""
     from rankaudit.audit import audit
     from rankaudit.round import Round
-    from rankaudit.verify.dp import KNOWN_CLIENTS, verify_dp
+    from rankaudit.verify.attacks.dp import KNOWN_CLIENTS, verify_dp
 
     round_ = Round(batch_size=2, local_samples=4, local_epochs=2, clients=2, available_clients=4, server_rounds=4)
     result = audit(str(EXAMPLES / "lenet.py"), round_=round_)
@@ -441,7 +441,7 @@ def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
     """The client-level units come from the round's local training: with one step (N = B, E = 1) the update is
     −η · the batch gradient, so its clipped direction is exactly opposite the gradient's."""
     from rankaudit.round import Round
-    from rankaudit.verify.dp import client_updates, unit_gradients
+    from rankaudit.verify.attacks.dp import client_updates, unit_gradients
     from rankaudit.verify.runner import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / "fig2_a.py"), (3, 32, 32), 0)
@@ -480,7 +480,7 @@ def test_verify_dp_from_the_command_line_stays_below_the_bound(run_cli):
 
 
 def test_an_interval_above_the_bound_is_an_internal_error_on_stderr(run_cli, monkeypatch):
-    from rankaudit.verify import dp as attack_module
+    from rankaudit.verify.attacks import dp as attack_module
 
     real = attack_module.informed_attack
     monkeypatch.setattr(

@@ -152,7 +152,7 @@ def test_finite_values_pass_without_a_second_run():
 def test_the_sketch_itself_is_checked_before_its_svd():
     """A finite shared gradient whose derivative in x is not: sqrt at 0 (the gradient reads sqrt(x), ∂g/∂x reads
     its infinite slope)."""
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
 
     class Curved(nn.Module):
         def __init__(self):

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 from conftest import EXAMPLES
 
-from rankaudit.verify import gdbr
-from rankaudit.verify.gdbr import GDBRUnsupported
+from rankaudit.verify.attacks import gdbr
+from rankaudit.verify.attacks.gdbr import GDBRUnsupported
 
 LENET_SHAPE = (1, 28, 28)
 

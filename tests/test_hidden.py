@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rankaudit.verify import hidden
+from rankaudit.verify.rank import hidden
 
 
 def _orthonormal_rows(n: int, seed: int = 0) -> torch.Tensor:

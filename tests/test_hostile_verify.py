@@ -162,7 +162,7 @@ def test_an_input_larger_than_the_photographs_needs_data(run_cli):
 
 
 def test_the_dp_attack_reads_gradients_in_units_of_the_clip_norm():
-    from rankaudit.verify.dp import clip_in_units, informed_attack
+    from rankaudit.verify.attacks.dp import clip_in_units, informed_attack
 
     gradients = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
     reference = clip_in_units(gradients, 0.5)

@@ -1,4 +1,4 @@
-"""Tests for the optimisation attack (rankaudit.verify.invert) and the progress bar (rankaudit.progress)."""
+"""Tests for the optimisation attack (rankaudit.verify.attacks.invert) and the progress bar (rankaudit.progress)."""
 
 import io
 import sys
@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rankaudit.progress import ProgressBar
-from rankaudit.verify.invert import (
+from rankaudit.verify.attacks.invert import (
     LossSpec,
     client_gradient,
     infer_label_idlg,
@@ -260,7 +260,7 @@ def test_batched_run_matches_one_image_at_a_time():
 
 
 def test_batches_split_to_fit_memory_give_the_same_reconstructions(monkeypatch):
-    from rankaudit.verify import invert
+    from rankaudit.verify.attacks import invert
 
     model = over_determined_net()
     images = photo_patches(1, 8, 2)
@@ -339,7 +339,7 @@ def test_tolerance_stops_each_restart_on_its_own():
 
 
 def test_adam_update_is_torch_adam():
-    from rankaudit.verify.invert import adam_update
+    from rankaudit.verify.attacks.invert import adam_update
 
     generator = torch.Generator().manual_seed(0)
     start = torch.rand((4, 3), generator=generator, dtype=torch.float64)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from conftest import EXAMPLES, measured_rank
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.verify import budget, rank
+from rankaudit.verify.rank import budget
+from rankaudit.verify.rank import jacobian as rank
 
 MODERN_EXAMPLES = ["densenet_tiny", "inception_tiny", "se_tiny", "convnext_tiny", "mixer_tiny", "vit_tiny"]
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from rankaudit.verify.data import DataError, load_images
-from rankaudit.verify.rgap import (
+from rankaudit.verify.attacks.rgap import (
     RGapUnsupported,
     client_gradients,
     extract_chain,
@@ -19,6 +18,7 @@ from rankaudit.verify.rgap import (
     reconstruct,
     run_rgap,
 )
+from rankaudit.verify.data import DataError, load_images
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -169,7 +169,7 @@ def test_twin_data_is_a_scaled_copy():
 
 
 def test_least_squares_paths_agree():
-    from rankaudit.verify.rgap import _least_squares
+    from rankaudit.verify.attacks.rgap import _least_squares
 
     gen = torch.Generator().manual_seed(0)
     full = torch.randn(300, 120, generator=gen, dtype=torch.float64)

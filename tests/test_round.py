@@ -230,7 +230,7 @@ ROUNDS = [(2, 2, 1), (2, 1, 1), (2, 1, 2)]
 
 @pytest.fixture(scope="module")
 def residual_round_ranks():
-    from rankaudit.verify.round_rank import measure_round
+    from rankaudit.verify.rank.round_jacobian import measure_round
 
     build = example_class("resnet2_tiny", "ResNet2Tiny")
     torch.manual_seed(0)
@@ -260,7 +260,7 @@ def test_second_epoch_adds_rank_and_the_bound_holds(residual_round_ranks):
 
 @pytest.mark.parametrize("optimizer, momentum", [("sgd", 0.9), ("adam", 0.0)])
 def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, momentum):
-    from rankaudit.verify.round_rank import measure_round
+    from rankaudit.verify.rank.round_jacobian import measure_round
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2))
@@ -286,7 +286,7 @@ def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, mome
 
 
 def test_round_rank_refuses_rounds_beyond_its_limits():
-    from rankaudit.verify.round_rank import MAX_STEPS, check_round_size
+    from rankaudit.verify.rank.round_jacobian import MAX_STEPS, check_round_size
 
     with pytest.raises(
         UsageError,
@@ -323,7 +323,8 @@ def photographs(count: int) -> torch.Tensor:
 def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
     """Measured: 2 photographs at 3x8x8, N = 2, B = 1 (two local steps), 150 steps x 4 restarts: PSNR 42.9 and
     43.4 dB (2.6 s on two CPU cores)."""
-    from rankaudit.verify import client, fedavg
+    from rankaudit.verify import client
+    from rankaudit.verify.attacks import fedavg
 
     calls = []
     original = client.LocalTraining.update
@@ -348,7 +349,7 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
 def test_fedavg_attack_on_an_aggregate_reports_each_client():
     """Measured: 2 clients x 2 images under secure aggregation, 150 steps x 2 restarts: PSNR 28.0, 30.8 (client 0)
     and 28.3, 24.8 dB (client 1), medians 29.4 and 26.5 dB; every image matched to an original of its label."""
-    from rankaudit.verify import fedavg
+    from rankaudit.verify.attacks import fedavg
 
     torch.manual_seed(0)
     round_ = build_round({"local_samples": 2, "batch_size": 1, "clients": 2})
@@ -606,8 +607,8 @@ def test_round_rank_with_a_withheld_layer_stays_under_the_bound():
     """Flatten, Linear(12, 3), Tanh, Linear(3, 2) with the last layer's gradient withheld; N = 4, B = 2, E = 2:
     48 unknowns, an update of the first layer's 39 values (the withheld layer still trains locally). Measured:
     rank 39, the bound 39 (the |θ_s| cap)."""
-    from rankaudit.verify.rank import shared_parameter_names
-    from rankaudit.verify.round_rank import measure_round
+    from rankaudit.verify.rank.jacobian import shared_parameter_names
+    from rankaudit.verify.rank.round_jacobian import measure_round
 
     def build():
         return nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2))
@@ -627,9 +628,9 @@ def test_round_rank_with_a_withheld_layer_stays_under_the_bound():
 def test_fedavg_attack_keeps_each_restarts_best_iterate_at_the_models_precision():
     """Issue 21: the reconstruction is the winning restart's best iterate (never worse than its last one), and the
     attack runs in the model's dtype (the verifier's float64), not float32."""
-    from rankaudit.verify import fedavg
+    from rankaudit.verify.attacks import fedavg
+    from rankaudit.verify.attacks.invert import gradient_distances
     from rankaudit.verify.client import LocalTraining
-    from rankaudit.verify.invert import gradient_distances
 
     torch.manual_seed(0)
     model = SmallCNN().double()

@@ -10,8 +10,9 @@ import torch
 from conftest import EXAMPLES
 
 from rankaudit.round import Round
-from rankaudit.verify import bias, rank
+from rankaudit.verify.attacks import bias
 from rankaudit.verify.data import load_images
+from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.runner import build_real_model
 
 # 3x4x4 images -> Linear 4 -> ReLU -> Linear 3. Unit 0 of fc1 looks along (x_target - mean) and its bias sits

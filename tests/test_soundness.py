@@ -6,7 +6,7 @@ import torch
 from conftest import EXAMPLES, analyse_module, measured_rank
 from test_bound import _RandomBranching
 
-from rankaudit.verify import rank
+from rankaudit.verify.rank import jacobian as rank
 
 # Token models take ids, not images: their unknowns start at the embedding (see tests/test_dager.py and
 # tests/test_real_models.py); every example that reads a float tensor is here.

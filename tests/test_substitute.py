@@ -10,7 +10,7 @@ from conftest import measured_rank
 from torch import nn
 from torch.func import grad, jvp
 
-from rankaudit.verify import rank
+from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.substitute import SUBSTITUTES, differentiable_ops
 
 # Inputs for each entry's op, and how to call the original and its targets with them.

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rankaudit.round import Round
-from rankaudit.verify.rank import _loss
+from rankaudit.verify.rank.jacobian import _loss
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8

@@ -1,7 +1,7 @@
 """--verify rank|rgap for a round that is not FedSGD -> Result.verification: the FedSGD fields plus the round.
 
-`rank`: rank(∂u/∂X) of the round's (aggregated) update over all C·N·|x| inputs (rankaudit.verify.round_rank).
-`rgap`: R-GAP has no multi-step form, so the FedAvg inversion attack runs instead (rankaudit.verify.fedavg).
+`rank`: rank(∂u/∂X) of the round's (aggregated) update over all C·N·|x| inputs (rankaudit.verify.rank.round_jacobian).
+`rgap`: R-GAP has no multi-step form, so the FedAvg inversion attack runs instead (rankaudit.verify.attacks.fedavg).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[tor
 
 
 def _labels(model, inputs: torch.Tensor, seed: int) -> tuple[torch.Tensor, str]:
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
 
     with torch.no_grad():
         logits = rank.logits_of(model(inputs[0, :1])).numel()
@@ -70,7 +70,8 @@ def verify_round_rank(
     withheld_layers=None,
 ) -> dict:
     """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
-    from rankaudit.verify import rank, round_rank
+    from rankaudit.verify.rank import jacobian as rank
+    from rankaudit.verify.rank import round_jacobian as round_rank
 
     round_ = result.round
     device = resolve_device(device)
@@ -207,7 +208,7 @@ def check_attack_round_size(
     """Refuse a round the inversion (or `verifier`'s one simulation of it: steps = restarts = 1) cannot finish, with
     the estimate and the flags that made it large, before any model code runs."""
     from rankaudit.levels import count
-    from rankaudit.verify.round_rank import MAX_STEPS
+    from rankaudit.verify.rank.round_jacobian import MAX_STEPS
 
     samples = round_.clients * round_.samples
     passes = steps * restarts * samples * round_.local_epochs
@@ -244,7 +245,7 @@ def verify_round_inputs(
 ) -> dict:
     """The FedAvg inversion attack on the round's update; fill result.verification['rgap'] (R-GAP's slot: the input
     attack), with a per-client recovery."""
-    from rankaudit.verify import fedavg
+    from rankaudit.verify.attacks import fedavg
 
     round_ = result.round
     if len(result.input_shape) != 3:

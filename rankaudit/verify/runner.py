@@ -154,7 +154,7 @@ def _attack_images(
 ):
     """R-GAP on `images`, or inverting gradients where R-GAP cannot go (always, with `optimisation`):
     (attack, outcome, reconstructions, why R-GAP stopped or None)."""
-    from rankaudit.verify import invert, rgap
+    from rankaudit.verify.attacks import invert, rgap
 
     samples = len(images)
     try:
@@ -387,7 +387,7 @@ def _dager_layer(result: Result):
 def _token_call(result: Result, spec: str, seed: int, device: str):
     """The real model in float64 on `device`, where its weights came from, and how to call it with token ids."""
     from rankaudit.trace import input_specs
-    from rankaudit.verify import dager
+    from rankaudit.verify.attacks import dager
 
     named = {info.name: info for info in result.inputs}
     dtypes = {name: getattr(torch, info.dtype) for name, info in named.items()}
@@ -408,7 +408,8 @@ def verify_tokens(
 ) -> dict:
     """DAGER (Petrov et al., NeurIPS 2024) on a real gradient: random token batches of the model's vocabulary at
     the analysed batch size and sequence length; fill result.verification['dager']."""
-    from rankaudit.verify import AttackUnsupported, dager
+    from rankaudit.verify import AttackUnsupported
+    from rankaudit.verify.attacks import dager
 
     device = resolve_device(device)
     target = _dager_layer(result)
@@ -451,7 +452,7 @@ def verify_tokens(
 def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str, device: str, seconds: float) -> dict:
     """The JSON shape of verification.dager, and whether the run agrees with the static finding: exposed when any
     layer of the group is (their gradients together span at least what the exposed one's does)."""
-    from rankaudit.verify import dager
+    from rankaudit.verify.attacks import dager
 
     target = next((layer for layer in group if layer.exposed), group[0])
 
@@ -558,7 +559,7 @@ def _gdbr_layer(result: Result) -> str:
 def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor | None, str]:
     """The attacker's stand-in inputs for estimating activations and probabilities (GDBR §V-D3)."""
     from rankaudit.verify import data as image_data
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     generator = torch.Generator().manual_seed(seed + 7919)
     if aux in (None, "dummy"):
@@ -577,7 +578,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
 
 def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     """The shared layer GDBR reads, the model with the paper's bottom-layer init, those layers, the aux inputs."""
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     layer = _gdbr_layer(result)
     if len(result.input_shape) != 3:
@@ -609,7 +610,7 @@ def _run_gdbr(
     defense=None,
     title: str = "",
 ):
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     try:
         with ProgressBar(trials, f"GDBR{title}", enabled=show_progress) as per_trial:
@@ -774,13 +775,13 @@ def verify_rank(
     withheld_layers: list[str] | None = None,
     precision: str = "auto",
 ) -> dict:
-    """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank); fill result.verification['rank'].
+    """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank.jacobian); fill result.verification['rank'].
 
     Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
     an image can only lose rank to a coincidence such as a dead unit). Batch size B > 1: one sketch of one
     batch of B images. Compares the headline with the verdict and with the static bound (spec §9).
     """
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
 
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         fed = ", ".join(f"{info.name} ({info.role}, {info.dtype})" for info in result.inputs)
@@ -918,7 +919,7 @@ def read_worst_sample(
 ):
     """Spec §14 in the rank check's JSON: the per-sample keys, and confirms / judgement read the worst sample (the
     batch's reading stays under batch_*); a rank(J_i) above R_s joins internal_error."""
-    from rankaudit.verify.per_sample import sample_reading
+    from rankaudit.verify.rank.per_sample import sample_reading
 
     if not ranks:  # unmeasured (an unchecked float32 sketch below full rank): the batch's reading stands
         verification["per_sample_rank"] = None
@@ -943,10 +944,10 @@ def read_worst_sample(
 def _what_the_gradient_shows(
     result: Result, images: torch.Tensor, batches: list[slice], measurements: list, artifacts: str | None
 ) -> dict:
-    """Spec §11, measured: each input's hidden energy and visible part (rankaudit.verify.hidden), the medians
+    """Spec §11, measured: each input's hidden energy and visible part (rankaudit.verify.rank.hidden), the medians
     over all inputs, PNGs of the originals and visible parts for the HTML report (result.images), and with
     --artifacts the visible parts as .npy and PNG."""
-    from rankaudit.verify import hidden
+    from rankaudit.verify.rank import hidden
 
     per_sample, every = [], []
     for _number, (part, measurement) in enumerate(zip(batches, measurements)):
@@ -1054,7 +1055,7 @@ def _strength_note(defense, rms: float, what: str) -> str | None:
 def _input_warmup(model: nn.Module, input_shape, loss: str, rounds: int, seed: int) -> list[dict]:
     """The gradients of `rounds` earlier rounds on other images: crops of the photographs under another seed."""
     from rankaudit.verify import data as image_data
-    from rankaudit.verify import rgap
+    from rankaudit.verify.attacks import rgap
 
     if rounds == 0:
         return []
@@ -1074,7 +1075,7 @@ def _input_warmup(model: nn.Module, input_shape, loss: str, rounds: int, seed: i
 
 def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int, seed: int) -> list[dict]:
     """The gradients of `rounds` earlier rounds on other digit batches (seeds no trial uses)."""
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     if rounds == 0:
         return []
@@ -1092,7 +1093,7 @@ def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int
 
 def _first_batch_gradient(model: nn.Module, result: Result, class_dist: str, seed: int) -> dict:
     """The client's gradient on the first trial's victim batch (for the scale of the shared gradient)."""
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
@@ -1103,7 +1104,7 @@ def _first_batch_gradient(model: nn.Module, result: Result, class_dist: str, see
 
 def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: int, seed: int) -> float:
     """InsAcc of an attacker who reads nothing and guesses equal counts per class, on the same victim batches."""
-    from rankaudit.verify import gdbr
+    from rankaudit.verify.attacks import gdbr
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
@@ -1120,7 +1121,7 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
 def _input_rows(
     result, run: _InputRun, defenses, *, seed, device, steps, restarts, show_progress, optimisation=False
 ) -> list[dict]:
-    from rankaudit.verify import rgap
+    from rankaudit.verify.attacks import rgap
 
     model, images, source, loss = run.model, run.images, run.source, run.loss
     shape = tuple(result.input_shape)

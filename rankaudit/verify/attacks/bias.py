@@ -98,7 +98,7 @@ class _Features:
         """{layer: [(input, ∂L/∂output) per call]}."""
         from torch.func import functional_call
 
-        from rankaudit.verify.rank import _loss
+        from rankaudit.verify.rank.jacobian import _loss
 
         self.seen = {name: [] for name, _ in self.layers}
         try:
@@ -280,7 +280,7 @@ def read_out(
 
 def _nearest_psnr(candidates: torch.Tensor, x: torch.Tensor) -> list[tuple[int, float | None]]:
     """For a layer that reads the input: each sample's PSNR against its nearest ratio (None: identical)."""
-    from rankaudit.verify.hidden import psnr
+    from rankaudit.verify.rank.hidden import psnr
 
     if not len(candidates):
         return []
@@ -310,7 +310,7 @@ def verify_bias(
     import dataclasses
 
     from rankaudit.errors import UsageError
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.round_runner import _labels, check_attack_round_size
     from rankaudit.verify.runner import _rank_inputs, build_real_model, resolve_device
 

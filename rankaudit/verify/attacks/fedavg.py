@@ -3,7 +3,7 @@
 The server knows θ₀, the round (N, B, E, lr, optimizer, C) and, as in the FedSGD attacks, every sample's label
 and the batch order. It simulates the clients' local training from θ₀ on candidate inputs (rankaudit.verify.client)
 and moves the candidates so that the simulated update points the way the observed one does: cosine distance between
-the two updates plus a total-variation prior (Geiping et al. 2020's objective, rankaudit.verify.invert's helpers),
+the two updates plus a total-variation prior (Geiping et al. 2020's objective, rankaudit.verify.attacks.invert's helpers),
 minimised with Adam on the sign of the input gradient, the candidates projected into [0, 1]. Every restart is one
 row of a batch: ``vmap`` carries all of them (and, inside each, all C clients) through one pass, on the GPU when
 present. With secure aggregation the server sees only Σ_c u_c: the candidates of all C clients are fitted to it
@@ -25,8 +25,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
-from rankaudit.verify.client import LocalTraining, check_local_training
-from rankaudit.verify.invert import (
+from rankaudit.verify.attacks.invert import (
     DEFAULT_LR,
     DEFAULT_TV_UNTIL,
     adam_update,
@@ -34,6 +33,7 @@ from rankaudit.verify.invert import (
     psnr_from_mse,
     total_variations,
 )
+from rankaudit.verify.client import LocalTraining, check_local_training
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -115,7 +115,7 @@ def invert_round(
     the single-gradient attack): in float32 the cosine distance of two updates stops resolving a better fit long
     before the input is pinned down. All ``restarts`` run as one batch. Each restart keeps its best iterate (the
     lowest distance to the observed update, scored before every step and once after the last), and the restart
-    whose best is lowest wins, as in :func:`rankaudit.verify.invert.invert_gradients`. The TV prior weighs
+    whose best is lowest wins, as in :func:`rankaudit.verify.attacks.invert.invert_gradients`. The TV prior weighs
     ``tv_weight`` times the ratio of the distance's mean input gradient to the prior's at the starting points
     (see ROUND_TV_WEIGHT) for the first ``tv_until`` of the steps, then the update alone is fitted.
     """

@@ -1,7 +1,7 @@
 """Spec §14, measured: each sample's rank(J_i) against the per-sample bound R_s, and the worst sample first.
 
 The rank check sketches J over all of a batch's (or round's) unknowns; sample i's column block of that sketch is
-R·J_i (rankaudit.verify.rank.sample_ranks), so rank(J_i) comes free. A rank above R_s means the static per-sample
+R·J_i (rankaudit.verify.rank.jacobian.sample_ranks), so rank(J_i) comes free. A rank above R_s means the static per-sample
 bound is wrong: an internal error. The hidden energy h_i of each sample (spec §11, with all samples unknown) is
 ordered worst first, and the judgement reads the worst sample: the one the update sees most of.
 """

@@ -43,7 +43,7 @@ from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.verify import finite
-from rankaudit.verify.budget import CPU_CHUNK_BYTES, check_size, memory_budget, sketch_bytes
+from rankaudit.verify.rank.budget import CPU_CHUNK_BYTES, check_size, memory_budget, sketch_bytes
 from rankaudit.verify.substitute import differentiable_ops
 
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
@@ -201,7 +201,7 @@ def measure(
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
     return P c, the batch's mean-removed input projected onto the whole invisible subspace (spec §11; a full SVD
-    with vectors unless the rank is full), for :mod:`rankaudit.verify.hidden`. ``precision``:
+    with vectors unless the rank is full), for :mod:`rankaudit.verify.rank.hidden`. ``precision``:
     "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
     least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see
     _float32_attempt) or "float32" (unchecked; for benchmarks).
@@ -288,7 +288,7 @@ def measure(
         found_values = [float(v) for v in padded[unknowns - take :][::-1]]  # smallest first
     invisible = None
     if hidden:
-        from rankaudit.verify import hidden as hidden_part
+        from rankaudit.verify.rank import hidden as hidden_part
 
         invisible = hidden_part.measured_invisible(x, spectrum.right_vectors, rank)
     if device.type == "cuda":

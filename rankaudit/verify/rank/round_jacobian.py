@@ -1,6 +1,6 @@
 """--verify rank for a federated round: the numerical rank of J = ∂u/∂X, the update's Jacobian in all C·N·|x| inputs.
 
-Spec §12's exact check, sketched as §10 does the single gradient (rankaudit.verify.rank): S = R·J with
+Spec §12's exact check, sketched as §10 does the single gradient (rankaudit.verify.rank.jacobian): S = R·J with
 min(|θ_s|, n) + 16 Gaussian rows, each row rᵀJ = ∂/∂X ⟨r, u(X)⟩ a vector-Jacobian product through the unrolled
 local training (a double backward through every step, and through the weights later steps receive from earlier
 ones); ``torch.func.vjp`` records the training once and ``vmap`` pushes a chunk of rows back through it together.
@@ -22,12 +22,13 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
-from rankaudit.verify import finite, rank
-from rankaudit.verify.budget import check_size, memory_budget, sketch_bytes
+from rankaudit.verify import finite
 from rankaudit.verify.client import LocalTraining, unknowns_of
+from rankaudit.verify.rank import jacobian as rank
+from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 
 # rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
-from rankaudit.verify.rank import (
+from rankaudit.verify.rank.jacobian import (
     OVERSAMPLING,
     RELIABLE_GAP,
     RankMeasurement,
@@ -144,7 +145,7 @@ def measure_round(
         found_values = [float(v) for v in padded[unknowns - take :][::-1]]
     invisible = None
     if hidden:
-        from rankaudit.verify import hidden as hidden_part
+        from rankaudit.verify.rank import hidden as hidden_part
 
         invisible = hidden_part.measured_invisible(x.reshape(-1, *x.shape[2:]), spectrum.right_vectors, spectrum.rank)
     return RankMeasurement(

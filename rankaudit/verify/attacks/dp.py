@@ -58,7 +58,7 @@ def unit_gradients(
     """
     from torch.func import functional_call, grad, vmap
 
-    from rankaudit.verify.rank import _loss
+    from rankaudit.verify.rank.jacobian import _loss
 
     net = model.to(device)
     params = {name: p.detach() for name, p in net.named_parameters() if p.requires_grad}
@@ -255,7 +255,7 @@ def verify_dp(
 ) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
     from rankaudit import dp
-    from rankaudit.verify import rank
+    from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.runner import _rank_inputs, build_real_model, resolve_device
 
     dp.validate(settings)
