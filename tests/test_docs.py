@@ -320,3 +320,13 @@ def test_mkdocs_build_strict_offline(tmp_path):
 
     assert all(opt in cli_page for p in check.params if isinstance(p, click.Option) for opt in p.opts)
     assert not (site / "hooks.py").exists()
+
+
+def test_sarif_rule_table_matches_the_rules():
+    """docs/schema.md lists every SARIF rule with the name, level and security-severity the report writes."""
+    from rankaudit.report.sarif import RULES
+
+    page = (DOCS / "schema.md").read_text(encoding="utf-8")
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| `(RA\d+)` \| `([\w-]+)` \| (\w+) \| ([\d.]+) \|", page, re.M)}
+    expected = {rule: (name, level, severity) for rule, (name, _, level, severity) in RULES.items()}
+    assert rows == expected
