@@ -35,8 +35,9 @@ def _command_markdown(command: click.Command, path: list[str], level: int) -> li
         # click's \b line keeps the next paragraph as written: drop the marker, keep the paragraph.
         help_text = inspect.cleandoc(re.sub("[ \t]*\b\n", "", command.help))
         lines += ["```text", help_text, "```", ""]
-    arguments = [p for p in command.params if isinstance(p, click.Argument)]
-    options = [p for p in command.params if isinstance(p, click.Option)]
+    params = command.get_params(ctx)  # with click's own -h/--help
+    arguments = [p for p in params if isinstance(p, click.Argument)]
+    options = [p for p in params if isinstance(p, click.Option)]
     if arguments:
         lines += ["Arguments: " + ", ".join(f"`{a.make_metavar(ctx)}`" for a in arguments), ""]
     if options:
