@@ -111,8 +111,8 @@ def test_readme_reaches_the_ci_page_in_one_click():
     assert "docs/ci.md" in _LINK.findall(README.read_text(encoding="utf-8"))
 
 
-def test_readme_links_and_anchors_resolve():
-    assert _broken_links(README) == []
+def test_readme_and_changelog_links_and_anchors_resolve():
+    assert _broken_links(README) + _broken_links(ROOT / "CHANGELOG.md") == []
 
 
 def test_docs_links_and_anchors_resolve():
@@ -360,7 +360,7 @@ def _missing_code_reference(dotted: str) -> bool:
 def test_files_and_modules_named_in_the_docs_exist():
     """A page naming a module, example, benchmark or test that was moved or removed fails here (with the page)."""
     stale = []
-    for page in [README, *_pages()]:
+    for page in [README, ROOT / "CHANGELOG.md", *_pages()]:
         text = page.read_text(encoding="utf-8")
         for path in sorted(set(_REPO_PATH.findall(text))):
             placeholder = "*" in path or any(part.split(".")[0].isupper() for part in path.split("/"))  # examples/X.py
