@@ -360,7 +360,7 @@ def _missing_code_reference(dotted: str) -> bool:
 def test_files_and_modules_named_in_the_docs_exist():
     """A page naming a module, example, benchmark or test that was moved or removed fails here (with the page)."""
     stale = []
-    for page in [README, ROOT / "CHANGELOG.md", *_pages()]:
+    for page in [README, *_pages()]:  # not CHANGELOG.md: its history names the paths of its day
         text = page.read_text(encoding="utf-8")
         for path in sorted(set(_REPO_PATH.findall(text))):
             placeholder = "*" in path or any(part.split(".")[0].isupper() for part in path.split("/"))  # examples/X.py
