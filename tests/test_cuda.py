@@ -53,10 +53,10 @@ def test_gdbr_and_the_optimisation_attack_on_cuda(run_cli):
 def _inverting_on(device, monkeypatch=None, graphs=True):
     from test_invert import over_determined_net, photo_patches
 
-    from rankaudit.verify.attacks import invert
+    from rankaudit.verify.attacks import invert, invert_loop
 
     if monkeypatch is not None:
-        monkeypatch.setattr(invert, "_CUDA_GRAPHS", graphs)
+        monkeypatch.setattr(invert_loop, "_CUDA_GRAPHS", graphs)
     # Over-determined (64 unknowns against a 64x256 first-layer gradient): every image is recovered.
     model = over_determined_net().double()
     images = photo_patches(1, 8, 3).double()

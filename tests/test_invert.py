@@ -260,12 +260,12 @@ def test_batched_run_matches_one_image_at_a_time():
 
 
 def test_batches_split_to_fit_memory_give_the_same_reconstructions(monkeypatch):
-    from rankaudit.verify.attacks import invert
+    from rankaudit.verify.attacks import invert_loop
 
     model = over_determined_net()
     images = photo_patches(1, 8, 2)
     whole = run_inverting(model, images, "cross-entropy", steps=60, restarts=2, device="cpu", seed=2)
-    monkeypatch.setattr(invert, "_group_size", lambda bytes_per_candidate, device: 1)
+    monkeypatch.setattr(invert_loop, "_group_size", lambda bytes_per_candidate, device: 1)
     split = run_inverting(model, images, "cross-entropy", steps=60, restarts=2, device="cpu", seed=2)
     assert torch.allclose(whole.x_hat, split.x_hat, atol=1e-6, rtol=0)
     assert split.steps_run == [120, 120]

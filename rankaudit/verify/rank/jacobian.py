@@ -24,85 +24,63 @@ For callers other than the CLI (benchmarks, notebooks)::
 
 ``shared`` (parameter names, default every trainable parameter) chooses what the client sends;
 :func:`shared_parameter_names` turns --shared-layers / --withheld-layers into it.
+
+The steps live beside this module, in the order the data flows: the rows of S in :mod:`.sketch`, the rank decided
+from its singular values in :mod:`.spectrum`, the record and its readings in :mod:`.measurement`.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import os
-import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.errors import UsageError
 from rankaudit.verify import finite
-from rankaudit.verify.rank.budget import CPU_CHUNK_BYTES, check_size, memory_budget, sketch_bytes
+from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
+
+# The measurement's pieces live beside it (sketch, spectrum, measurement); the ones marked F401 are imported back
+# because the verifiers, the round's check, tests and benchmarks reach them as `jacobian.NAME`.
+from rankaudit.verify.rank.measurement import (
+    RankMeasurement,
+    bound_check,  # noqa: F401
+    judge,  # noqa: F401
+    save_directions,  # noqa: F401
+)
+from rankaudit.verify.rank.sketch import (
+    _activation_numel,  # noqa: F401
+    _fill_sketch,
+    _ForwardOverReverse,  # noqa: F401
+    _loss,
+    _math_attention,
+    fill_in_chunks,  # noqa: F401
+    logits_of,
+)
+from rankaudit.verify.rank.spectrum import (
+    RELIABLE_GAP,
+    TOLERANCE_RULE,  # noqa: F401
+    _Spectrum,
+    _spectrum,
+    sample_ranks,
+)
 from rankaudit.verify.substitute import differentiable_ops
 
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
 # for any p >= 0; p = 16 keeps the smallest kept singular value of S close to J's (a square Gaussian is
 # ill-conditioned).
 OVERSAMPLING = 16
-# A rank whose last kept and first dropped singular values are less than three orders of magnitude apart
-# depends on where the tolerance falls: flag it.
-RELIABLE_GAP = 1e3
 MAX_DIRECTIONS = 16
 # --verify rank's precision choice (see _float32_attempt): a float32 sketch shows full rank when its σ_min clears
 # float32's error floor this many times over; PRECISION_PROBE_ROWS rows recomputed in float64 measure that error.
 PRECISIONS = ("auto", "float64", "float32")
 FLOAT32_MARGIN = 10.0
 PRECISION_PROBE_ROWS = 8
-# On CUDA, a chunk may take this share of the memory that is free after a probe chunk.
-CUDA_FREE_SHARE = 0.5
-# Beyond this many rows per pass, a larger batch no longer makes the kernels more efficient.
-MAX_CHUNK_ROWS = 1024
-PROBE_ROWS = 8
-TOLERANCE_RULE = "sigma_max * max(rows, n) * eps(float64)"
 LOSSES = ("cross-entropy", "logistic")
-
-
-@dataclass
-class RankMeasurement:
-    """One sketch: the rank of ∂g/∂x at one input (a batch of B samples counts as one input of B·|x| values)."""
-
-    unknowns: int  # n = B·|x|
-    rank: int
-    deficit: int  # n - rank: input directions the shared gradient cannot see
-    tolerance: float  # singular values of S at or below this are dropped
-    gap: float | None  # σ_last_kept / σ_first_dropped; at full rank σ_min / tolerance; None at rank 0
-    reliable: bool  # gap >= RELIABLE_GAP
-    sigma_max: float
-    sigma_min_kept: float | None
-    singular_values: np.ndarray | None  # of S, descending, when a full SVD ran (not when QR showed full rank)
-    spectrum: str  # how: svd | qr+inverse-iteration
-    seconds: float  # sketch and SVD
-    sketch_seconds: float
-    spectrum_seconds: float
-    device: str
-    method: str  # forward-over-reverse | reverse-over-reverse
-    loss: str
-    sketch_rows: int
-    chunk_rows: int
-    shared_gradient_size: int  # m: entries of the shared gradient g
-    shared_parameters: list[str] = field(default_factory=list)
-    # Right singular vectors of the smallest dropped singular values, shaped like the input batch (up to
-    # `directions` of them, smallest first), with their singular values; empty at full rank.
-    directions: np.ndarray | None = None
-    direction_singular_values: list[float] = field(default_factory=list)
-    # With hidden=True: P c, the batch with each sample's mean removed, projected onto the whole measured
-    # invisible subspace (all n - rank dropped directions), shaped like the batch; zeros at full rank.
-    invisible: np.ndarray | None = None
-    precision: str = "float64"  # the sketch whose spectrum gave the rank: float32 (accepted) | float64
-    precision_note: str = ""  # why that precision
-    # Spec §14: rank(J_i) of each sample of the batch from its column block of the same sketch (R·J_i), in order.
-    sample_ranks: list[int] = field(default_factory=list)
 
 
 def shared_parameter_names(
@@ -153,27 +131,6 @@ def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
         else:
             labels.append(int(torch.randint(classes, (), generator=generator)))
     return torch.tensor(labels, dtype=torch.long)
-
-
-def logits_of(output) -> torch.Tensor:
-    """The logits of a forward pass: the tensor itself, a model output's .logits, or a tuple's first element."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise UsageError(
-        f"the model returns {type(output).__name__}, not logits",
-        "return the logits tensor (or an object with .logits) from forward()",
-    )
-
-
-def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
-    logits = logits_of(output).reshape(labels.shape[0], -1)
-    if loss == "logistic":
-        return F.softplus(-labels.to(logits.dtype) * logits[:, 0]).mean()
-    return F.cross_entropy(logits, labels)
 
 
 def measure(
@@ -324,17 +281,6 @@ def measure(
     )
 
 
-def sample_ranks(sketch: torch.Tensor, samples: int, rank: int) -> list[int]:
-    """rank(J_i) of each of ``samples`` equal column blocks of the sketch S = R·J (spec §14): S's columns of sample
-    i are R·J_i, whose rank is rank(J_i) since R has at least min(m, |x|) + 16 rows. Each block by the same rule
-    as the whole (QR when it clearly has full rank, else its singular values above LAPACK's tolerance); at full
-    rank of S (``rank`` = its column count) every block has full rank and nothing is factorised again."""
-    width = sketch.shape[1] // samples
-    if samples == 1 or rank >= sketch.shape[1]:
-        return [min(rank, width)] * samples if rank >= sketch.shape[1] else [rank]
-    return [_spectrum(sketch[:, i * width : (i + 1) * width], want_vectors=False).rank for i in range(samples)]
-
-
 def _float32_attempt(
     net: nn.Module,
     x: torch.Tensor,
@@ -432,487 +378,3 @@ def _require_finite_gradient(
         finite.require_finite(
             "--verify rank", (output, objective), gradients, model=net, rerun=rerun, parameters=parameters, inputs=x
         )
-
-
-@dataclass
-class _Spectrum:
-    rank: int
-    tolerance: float
-    gap: float | None
-    sigma_max: float
-    sigma_min_kept: float | None
-    values: np.ndarray | None  # every singular value, when a full SVD ran
-    right_vectors: torch.Tensor | None  # rows of Vh, when asked for
-    how: str  # svd | qr+inverse-iteration
-
-
-def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
-    return sigma_max * max(sketch.shape) * float(torch.finfo(sketch.dtype).eps)
-
-
-def _spectrum(sketch: torch.Tensor, *, want_vectors: bool) -> _Spectrum:
-    """Rank, tolerance and gap of the sketch.
-
-    An SVD of an (n + 16) x n matrix costs about 8n³/3 flops, half of them memory-bound; a QR costs a
-    third of that in matrix products and has the same singular values in its n x n factor R. So full rank is
-    first tried cheaply: power iteration gives σ_max, inverse iteration with two triangular solves per step
-    gives σ_min (its estimate only ever errs high, by a factor near 1 after INVERSE_STEPS steps); when σ_min
-    clears the tolerance by RELIABLE_GAP, the sketch has full rank. Anything else gets the full SVD.
-    """
-    with _lapack_threads(sketch.device):
-        quick = _full_rank_by_qr(sketch)
-        if quick is not None:
-            return quick  # full rank: no dropped values, no invisible directions to show
-        if want_vectors:
-            # With fewer rows than unknowns, the reduced Vh misses part of the null space: ask for all of it.
-            _, values, vh = torch.linalg.svd(sketch, full_matrices=sketch.shape[0] < sketch.shape[1])
-        else:
-            values, vh = torch.linalg.svdvals(sketch), None
-    values = values.cpu().numpy()
-    sigma_max = float(values[0]) if values.size else 0.0
-    tolerance = _tolerance(sigma_max, sketch)
-    rank = int(np.count_nonzero(values > tolerance)) if sigma_max > 0 else 0
-    if rank == 0:
-        gap = None
-    elif rank < values.size:
-        gap = math.inf if values[rank] == 0 else float(values[rank - 1] / values[rank])
-    else:
-        gap = math.inf if tolerance == 0 else float(values[rank - 1]) / tolerance
-    return _Spectrum(rank, tolerance, gap, sigma_max, float(values[rank - 1]) if rank else None, values, vh, "svd")
-
-
-POWER_STEPS = 30
-INVERSE_STEPS = 30
-
-
-def _full_rank_by_qr(sketch: torch.Tensor) -> _Spectrum | None:
-    """Full rank with a clear margin, shown from the triangular factor alone; None when that is not shown."""
-    rows, n = sketch.shape
-    if rows < n:
-        return None
-    _, triangular = torch.linalg.qr(sketch, mode="r")
-    generator = torch.Generator(device=sketch.device).manual_seed(0)
-    vector = torch.randn((n, 1), generator=generator, dtype=sketch.dtype, device=sketch.device)
-    for _ in range(POWER_STEPS):
-        vector = triangular.T @ (triangular @ vector)
-        vector = vector / vector.norm()
-    sigma_max = float((triangular @ vector).norm())
-    if not math.isfinite(sigma_max) or sigma_max == 0:
-        return None
-    vector = torch.randn((n, 1), generator=generator, dtype=sketch.dtype, device=sketch.device)
-    for _ in range(INVERSE_STEPS):
-        vector = torch.linalg.solve_triangular(triangular.T, vector, upper=False)
-        vector = torch.linalg.solve_triangular(triangular, vector, upper=True)
-        norm = vector.norm()
-        if not torch.isfinite(norm) or norm == 0:
-            return None
-        vector = vector / norm
-    sigma_min = float((triangular @ vector).norm())
-    tolerance = _tolerance(sigma_max, sketch)
-    if not math.isfinite(sigma_min) or sigma_min < RELIABLE_GAP * tolerance:
-        return None
-    return _Spectrum(n, tolerance, sigma_min / tolerance, sigma_max, sigma_min, None, None, "qr+inverse-iteration")
-
-
-class _lapack_threads:
-    """One thread for the CPU factorisations when the cores are already busy: OpenMP's spin-waiting made an SVD
-    16x slower with two threads than with one on a shared 2-core machine at load 10 (1,536², 32 s against 1.9 s)."""
-
-    def __init__(self, device: torch.device):
-        self.cpu = device.type == "cpu" and os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5
-
-    def __enter__(self):
-        if self.cpu:
-            self._threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        if self.cpu:
-            torch.set_num_threads(self._threads)
-
-
-class _math_attention:
-    """Fused attention kernels have no double backward; the math backend has."""
-
-    def __enter__(self):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        self._context = sdpa_kernel(SDPBackend.MATH)
-        return self._context.__enter__()
-
-    def __exit__(self, *exc):
-        return self._context.__exit__(*exc)
-
-
-# ---- the sketch ----------------------------------------------------------------------------------------------
-
-
-def _fill_sketch(
-    net: nn.Module,
-    x: torch.Tensor,
-    labels: torch.Tensor,
-    loss: str,
-    names: list[str],
-    sketch: torch.Tensor,
-    *,
-    seed: int,
-    chunk_rows: int | None,
-    progress: Callable[[int, int], None] | None,
-) -> tuple[str, int]:
-    """Write R·J into ``sketch`` chunk by chunk; returns the method used and the chunk size."""
-    shapes = [tuple(dict(net.named_parameters())[name].shape) for name in names]
-    fast = _ForwardOverReverse(net, x, labels, loss, names)
-    slow: list[_ReverseOverReverse] = []
-
-    def rows_of(directions: list[torch.Tensor]) -> torch.Tensor:
-        if not slow:
-            try:
-                return fast(directions)
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except Exception as unsupported:  # torch.func refuses the model: plain autograd can still do it
-                slow.append(_ReverseOverReverse(net, x, labels, loss, names, why=unsupported))
-        return slow[0](directions)
-
-    size = fill_in_chunks(
-        sketch,
-        shapes,
-        rows_of,
-        seed=seed,
-        chunk_rows=chunk_rows,
-        progress=progress,
-        activation_numel=lambda: _activation_numel(net, x, labels, loss),
-        too_large="one row of the rank sketch does not fit in the GPU's free memory",
-        fix="use --device cpu, or a lower --input-shape / --batch-size",
-    )
-    return ("reverse-over-reverse" if slow else "forward-over-reverse"), size
-
-
-def fill_in_chunks(
-    sketch: torch.Tensor,
-    shapes: list[tuple[int, ...]],
-    rows_of: Callable[[list[torch.Tensor]], torch.Tensor],
-    *,
-    seed: int,
-    chunk_rows: int | None,
-    progress: Callable[[int, int], None] | None,
-    activation_numel: Callable[[], int],
-    too_large: str,
-    fix: str,
-) -> int:
-    """Write the rows ``rows_of(directions)`` of R·J into ``sketch``, a chunk of Gaussian directions (one tensor per
-    shape in ``shapes``) at a time; returns the chunk size used. The single gradient's sketch and the round's
-    (verify/round_rank.py) share it.
-
-    On a CPU a chunk is sized from the parameters and ``activation_numel()`` (the entries one pass saves); on CUDA
-    a probe chunk measures what a row costs and the rest is sized to the free memory, halving on running out."""
-    device = sketch.device
-    rows = sketch.shape[0]
-    size = chunk_rows or (
-        min(PROBE_ROWS, rows)
-        if device.type == "cuda"
-        else _cpu_chunk(sum(math.prod(shape) for shape in shapes), activation_numel(), rows)
-    )
-    size = max(1, min(size, rows))
-    generator = torch.Generator(device=device)
-    done, sized = 0, chunk_rows is not None or device.type != "cuda"
-    while done < rows:
-        count = min(size, rows - done)
-        if device.type == "cuda" and not sized:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-        directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype)
-        try:
-            block = rows_of(directions)
-        except torch.cuda.OutOfMemoryError:
-            del directions
-            torch.cuda.empty_cache()
-            if count == 1:
-                raise UsageError(too_large, fix) from None
-            size, sized = max(1, count // 2), True
-            continue
-        sketch[done : done + count] = block.reshape(count, -1)
-        done += count
-        if not sized:
-            # The probe chunk measured what one row costs; size the rest to the memory that is free now.
-            per_row = max(torch.cuda.max_memory_allocated(device) - before, 1) / count
-            free = torch.cuda.mem_get_info(device)[0]
-            size, sized = int(max(1, min(MAX_CHUNK_ROWS, CUDA_FREE_SHARE * free / per_row))), True
-        del directions, block
-        if progress is not None:
-            progress(done, rows)
-    return size
-
-
-def _gaussian_rows(
-    first: int,
-    count: int,
-    shapes: list[tuple[int, ...]],
-    seed: int,
-    generator: torch.Generator,
-    dtype: torch.dtype = torch.float64,
-) -> list[torch.Tensor]:
-    """Rows first .. first + count - 1 of R, cut into one (count, *shape) tensor of ``dtype`` per shared parameter
-    (the float32 and the float64 sketch use the same R).
-
-    Each row has its own seed, so R is the same however it is chunked (the CPU's normal sampler fills blocks of
-    16: one stream cut at other places gives other numbers). Drawn in float32, then widened: every entry is still
-    an exact float64 Gaussian sample (at float32 resolution, which changes nothing about rank(R·J) = rank(J)), and
-    PyTorch's CPU sampler is 5x faster for float32; R has rows x m entries, 3.9e9 for Figure 2(c)'s 1.26M
-    parameters, and drawing them dominated its sketch.
-    """
-    sizes = [math.prod(shape) for shape in shapes]
-    drawn = torch.empty((count, sum(sizes)), device=generator.device, dtype=torch.float32)
-    for offset in range(count):
-        generator.manual_seed((seed * 2**24 + first + offset) % 2**63)
-        drawn[offset].normal_(generator=generator)
-    # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
-    return [
-        torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
-        for block, shape in zip(drawn.split(sizes, dim=1), shapes)
-    ]
-
-
-def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
-    # Per row: the random direction (float32 draws and their float64 copy: 1.5m, counted as 2m), and a tangent
-    # of every saved activation in the forward and in the backward pass (2 per entry). Measured peak memory on
-    # CNN6 and the DenseNet example at 3x16x16 lies within 10 % of this.
-    per_row = 8 * (2 * shared_numel + 2 * activation_numel)
-    return int(max(1, min(rows, MAX_CHUNK_ROWS, CPU_CHUNK_BYTES // max(per_row, 1))))
-
-
-def _activation_numel(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, loss: str) -> int:
-    """Entries autograd saves for one forward pass and loss, parameters aside: the activations a row's tangents
-    mirror."""
-    total = [0]
-    parameters = {p.data_ptr() for p in net.parameters()}
-
-    def pack(tensor):
-        if tensor.data_ptr() not in parameters:
-            total[0] += tensor.numel()
-        return tensor
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _loss(net(x.clone().requires_grad_()), labels, loss)
-    return total[0]
-
-
-class _ForwardOverReverse:
-    """rᵀJ = d/dε ∂L/∂x (θ + ε r): jvp of the input gradient along r, vmapped over a chunk of r."""
-
-    def __init__(self, net, x, labels, loss, names):
-        from torch.func import functional_call, grad, jvp, vmap
-
-        parameters = {name: p.detach() for name, p in net.named_parameters()}
-        buffers = {name: b.detach() for name, b in net.named_buffers()}
-        shared = {name: parameters[name] for name in names}
-        fixed = {name: p for name, p in parameters.items() if name not in shared}
-        self.names = names
-
-        def loss_of(shared_values, inputs):
-            logits = functional_call(net, ({**fixed, **shared_values}, buffers), (inputs,))
-            return _loss(logits, labels, loss)
-
-        input_gradient = grad(loss_of, argnums=1)
-
-        def row(direction):
-            return jvp(lambda values: input_gradient(values, x), (shared,), (direction,))[1]
-
-        self._rows = vmap(row)
-
-    def __call__(self, directions: list[torch.Tensor]) -> torch.Tensor:
-        with torch.no_grad():
-            return self._rows(dict(zip(self.names, directions)))
-
-
-class _ReverseOverReverse:
-    """rᵀJ = ∂/∂x ⟨r, g(x)⟩ by a double backward through plain autograd, batched with is_grads_batched."""
-
-    def __init__(self, net, x, labels, loss, names, why: Exception):
-        self.x = x.clone().requires_grad_()
-        named = dict(net.named_parameters())
-        parameters = [named[name] for name in names]
-        with torch.enable_grad():
-            objective = _loss(net(self.x), labels, loss)
-            custom = _custom_functions(objective.grad_fn)
-            severed: list[tuple[str, str]] = []
-            hooks = [node.register_hook(_severance_check(node, severed)) for node in custom]
-            try:
-                gradients = torch.autograd.grad(objective, parameters, create_graph=True, allow_unused=True)
-            except RuntimeError as exc:
-                raise _no_double_backward(exc, custom) from exc
-            finally:
-                for hook in hooks:
-                    hook.remove()
-        if severed:
-            name, why = severed[0]
-            raise ModelLoadError(
-                f"{name} has no double backward: {why}, so ∂g/∂x cannot be taken through it",
-                "write its backward with differentiable torch operations (or give the "
-                "autograd.Function setup_context and jvp, for torch.func), or replace the op "
-                "for this check",
-            )
-        self.pieces = [(g, p) for g, p in zip(gradients, parameters)]
-        differentiable = [g.reshape(-1) for g, _ in self.pieces if g is not None and g.requires_grad]
-        self.flat = torch.cat(differentiable) if differentiable else None
-        # Which entries of R meet a gradient that depends on x: the rest multiply a constant and drop out.
-        self.mask = [g is not None and g.requires_grad for g, _ in self.pieces]
-        self.custom = custom
-        self.why = why
-
-    def __call__(self, directions: list[torch.Tensor]) -> torch.Tensor:
-        count = directions[0].shape[0]
-        if self.flat is None:
-            return torch.zeros((count, *self.x.shape), dtype=self.x.dtype, device=self.x.device)
-        cotangent = torch.cat([d.reshape(count, -1) for d, keep in zip(directions, self.mask) if keep], dim=1)
-        try:
-            (block,) = torch.autograd.grad(
-                self.flat, self.x, grad_outputs=cotangent, retain_graph=True, is_grads_batched=True, allow_unused=True
-            )
-        except RuntimeError as exc:
-            raise _no_double_backward(exc, self.custom) from exc
-        if block is None:
-            return torch.zeros((count, *self.x.shape), dtype=self.x.dtype, device=self.x.device)
-        return block.detach()
-
-
-def _custom_functions(root) -> list:
-    """The custom autograd.Function nodes in a backward graph."""
-    seen, stack, found = set(), [root], []
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if hasattr(node, "_forward_cls"):
-            found.append(node)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
-
-
-def _function_name(node) -> str:
-    cls = node._forward_cls
-    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ not in ("__main__", None) else cls.__qualname__
-
-
-def _severance_check(node, severed: list[tuple[str, str]]):
-    """A backward run with create_graph must return gradients autograd can differentiate again: ones that still
-    require grad when its incoming gradients do, and not wrapped in the error node of @once_differentiable
-    (whose inputs were computed without a graph, so a second backward may silently skip it instead of failing)."""
-
-    def hook(grad_inputs, grad_outputs):
-        incoming = any(g is not None and g.requires_grad for g in grad_outputs)
-        outgoing = [g for g in grad_inputs if g is not None]
-        if not incoming or not outgoing:
-            return
-        if any(g.grad_fn is not None and g.grad_fn.name() in _ERROR_NODES for g in outgoing):
-            severed.append((_function_name(node), "its backward is marked @once_differentiable"))
-        elif not any(g.requires_grad for g in outgoing):
-            severed.append((_function_name(node), "its backward returns gradients computed outside autograd"))
-
-    return hook
-
-
-_ERROR_NODES = ("torch::autograd::Error", "torch::autograd::DelayedError")
-
-
-def _no_double_backward(exc: RuntimeError, custom: list) -> ModelLoadError:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    fix = (
-        "write the backward with differentiable torch operations (not @once_differentiable), or replace the op "
-        "for this check"
-    )
-    if "once_differentiable" in message:
-        marked = [_function_name(n) for n in custom if hasattr(n._forward_cls.backward, "__wrapped__")]
-        name = marked[0] if marked else (_function_name(custom[0]) if custom else "a custom autograd.Function")
-        return ModelLoadError(
-            f"{name} has no double backward: its backward is marked @once_differentiable, so "
-            "∂g/∂x cannot be taken through it",
-            fix,
-        )
-    op = re.search(r"derivative for ['\"]?([\w.:]+)['\"]? is not implemented", message)
-    if op:
-        return ModelLoadError(
-            f"{op.group(1)} has no double backward ({message}), so ∂g/∂x cannot be taken through it", fix
-        )
-    return ModelLoadError(f"the shared gradient cannot be differentiated with respect to the input: {message}", fix)
-
-
-# ---- against the static verdict -----------------------------------------------------------------------------
-
-
-def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str]:
-    """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `partial` and `protected`
-    (spec §11; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
-    agree with (confirms None). `agreement` is the short form the table prints."""
-    deficit = unknowns - rank
-    measured = (
-        "one gradient determines the input"
-        if deficit == 0
-        else f"{deficit} input directions are invisible to the gradient"
-    )
-    detail = (
-        f"the gradient's Jacobian has full rank {rank} of {unknowns}: {measured}"
-        if deficit == 0
-        else f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}"
-    )
-    if verdict in ("exposed", "partial", "protected"):
-        confirms = (deficit == 0) == (verdict == "exposed")
-        if confirms:
-            return True, f"confirms {verdict} ({measured})", f"confirms {verdict}: {detail}"
-        return False, f"disagrees with {verdict} ({measured})", f"disagrees: the analysis says {verdict}, but {detail}"
-    return (
-        None,
-        f"no verdict to compare with ({measured})",
-        f"no verdict to compare with ({verdict or 'none'}): {detail}",
-    )
-
-
-def bound_check(identifiability, rank: int) -> dict | None:
-    """The measured rank against the static upper bound of spec §9; a rank above it means the bound is wrong."""
-    if identifiability is None:
-        return None
-    bound = int(identifiability.rank_bound)
-    consistent = rank <= bound
-    check = {"rank_bound": bound, "certified_deficit": int(identifiability.certified_deficit), "consistent": consistent}
-    if not consistent:
-        check["internal_error"] = (
-            f"internal error: the measured rank {rank} exceeds the static upper bound {bound} (spec §9): the static "
-            "bound is wrong for this model; please report it with this model file"
-        )
-    return check
-
-
-def save_directions(directory, measurement: RankMeasurement) -> list[dict]:
-    """The invisible input directions as .npy (raw, unit norm) and PNG (scaled to ±max|v| around mid-grey)."""
-    from pathlib import Path
-
-    if measurement.directions is None:
-        return []
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    saved = []
-    for index, (direction, value) in enumerate(zip(measurement.directions, measurement.direction_singular_values)):
-        npy = directory / f"invisible_direction_{index}.npy"
-        np.save(npy, direction)
-        png = _save_direction_png(directory / f"invisible_direction_{index}.png", direction)
-        saved.append({"index": index, "singular_value": value, "npy": str(npy), "png": png})
-    return saved
-
-
-def _save_direction_png(target, direction: np.ndarray) -> str | None:
-    """One PNG per direction, the batch's samples side by side; None for inputs that are not images."""
-    from PIL import Image
-
-    if direction.ndim != 4 or direction.shape[1] not in (1, 3):
-        return None
-    peak = float(np.abs(direction).max()) or 1.0
-    # Signed values around grey: the direction's sign is arbitrary, its pattern is the point.
-    scaled = np.clip(0.5 + 0.5 * direction / peak, 0.0, 1.0)
-    tiles = [np.transpose(sample, (1, 2, 0)) for sample in scaled]
-    separator = np.ones((tiles[0].shape[0], 1, tiles[0].shape[2]))
-    strip = np.concatenate([piece for tile in tiles for piece in (tile, separator)][:-1], axis=1)
-    pixels = (strip * 255.0 + 0.5).astype(np.uint8)
-    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(target)
-    return str(target)
