@@ -1,5 +1,4 @@
-"""What a shared gradient gives away beyond the count: the labels (GDBR), the tokens (embedding rows, DAGER) and
-single samples (the bias readout)."""
+"""What a shared gradient gives away beyond the count: labels (GDBR), tokens (DAGER), a sample (bias readout)."""
 
 from __future__ import annotations
 
