@@ -32,6 +32,7 @@ from rankaudit.op_counting import (
     count_slice,
     count_transparent,
     count_unmodelled,
+    not_modelled,  # noqa: F401  (re-exported: ops named it before the rules moved)
 )
 from rankaudit.op_shapes import (
     ShapeMismatch,  # noqa: F401  (re-exported: the shape rules' tests read it from ops)

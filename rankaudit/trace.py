@@ -18,6 +18,9 @@ from rankaudit.layer_records import (
     TracedModel,
 )
 from rankaudit.trace_inputs import (
+    ROLE_DATA,  # noqa: F401  (re-exported)
+    ROLE_IDS,  # noqa: F401  (re-exported)
+    ROLE_MASK,  # noqa: F401  (re-exported)
     ROLE_TOKENS,
     TOKEN_DTYPE_FIX,
     InputSpec,  # noqa: F401  (re-exported)
