@@ -1,0 +1,211 @@
+"""torch.fx's symbolic trace, run on meta tensors to record each call's shapes and counting facts."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from rankaudit import ops
+from rankaudit.code_location import first_line, is_user_file, relative_path, where_raised
+from rankaudit.errors import TraceError
+from rankaudit.layer_records import GraphBuilder, NodeRecord, parameters_in
+from rankaudit.trace_inputs import TOKEN_DTYPE_FIX, InputSpec, check_inputs_given, wants_token_ids
+
+
+class _MetaShapeRecorder(fx.Interpreter):
+    """Runs a symbolically traced module on meta tensors and records each call's counting facts."""
+
+    def __init__(self, module: fx.GraphModule, builder: GraphBuilder, specs: dict[str, InputSpec]):
+        super().__init__(module)
+        self.builder = builder
+        self.specs = specs
+        self.calls: dict[str, int] = {}
+        # A tied parameter has one name however many modules hold it: the first, as named_parameters() gives it.
+        self.canonical = {id(p): name for name, p in module.named_parameters()}
+        builder.parameters_at = self.parameters_at
+
+    def parameter_name(self, parameter: nn.Parameter, fallback: str) -> str:
+        return self.canonical.get(id(parameter), fallback)
+
+    def parameters_at(self, node: fx.Node) -> list[tuple[str, nn.Parameter]]:
+        if node.op == "get_attr":
+            value = self.fetch_attr(node.target)
+            return [(self.parameter_name(value, node.target), value)] if isinstance(value, nn.Parameter) else []
+        if node.op == "call_module":
+            return [
+                (self.parameter_name(p, f"{node.target}.{local}"), p)
+                for local, p in self.fetch_attr(node.target).named_parameters()
+            ]
+        return []
+
+    def _family(self, n: fx.Node) -> tuple[str, Any, ops.OpFamily | None]:
+        if n.op == "call_module":
+            module = self.fetch_attr(n.target)
+            return "module", module, ops.family_of("module", module)
+        if n.op == "call_function":
+            return "function", n.target, ops.family_of("function", n.target)
+        if n.op == "call_method":
+            return "method", n.target, ops.family_of("method", n.target)
+        return n.op, n.target, None
+
+    def _evaluate(self, n: fx.Node, target: Any, family: ops.OpFamily | None) -> Any:
+        if family is not None and family.shape is not None:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            shape = family.shape(target, args, kwargs)
+            if shape is not None:
+                return torch.empty(shape, device="meta")
+        return super().run_node(n)
+
+    def run_node(self, n: fx.Node) -> Any:
+        kind, target, family = self._family(n)
+        try:
+            value = self._evaluate(n, target, family)
+        except TraceError:
+            raise
+        except Exception as exc:
+            label = n.target if n.op == "call_module" else n.name
+            raise TraceError(
+                f"shape propagation failed at {label}: {first_line(exc)}{where_raised(exc)}",
+                TOKEN_DTYPE_FIX
+                if wants_token_ids(exc)
+                else "check the input shape (--input-shape or INPUT_SHAPE) against the model's first layer",
+            ) from exc
+        if n.op == "placeholder":
+            self.builder.add_placeholder(n, value, self.specs.get(n.name))
+        elif n.op in ("call_module", "call_function", "call_method"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            source = n.meta.get("rankaudit_source")
+            if n.op == "call_module":
+                module = self.fetch_attr(n.target)
+                self.builder.add_call(
+                    n,
+                    "module",
+                    module,
+                    type(module).__name__,
+                    n.target,
+                    module,
+                    args,
+                    kwargs,
+                    value,
+                    list(module.parameters()),
+                    source,
+                    [(self.parameter_name(p, f"{n.target}.{local}"), p) for local, p in module.named_parameters()],
+                )
+            elif n.op == "call_function":
+                display = getattr(n.target, "__name__", str(n.target))
+                self.builder.add_call(
+                    n,
+                    "function",
+                    n.target,
+                    display,
+                    n.name,
+                    None,
+                    args,
+                    kwargs,
+                    value,
+                    parameters_in((args, kwargs)),
+                    source,
+                )
+            else:
+                self.builder.add_call(
+                    n,
+                    "method",
+                    n.target,
+                    n.target,
+                    n.name,
+                    None,
+                    args,
+                    kwargs,
+                    value,
+                    parameters_in((args, kwargs)),
+                    source,
+                )
+        elif n.op == "output":
+            self.builder.output_ids = _output_choice(n.args[0] if n.args else None, self.builder.records)
+        return value
+
+
+def _output_choice(structure: Any, records: dict[str, NodeRecord]) -> list[str]:
+    """The logits among forward()'s outputs: an entry named `logits` (dict, ModelOutput), else the first
+    traced tensor; caches and hidden states beside them carry no loss."""
+    leaves: list[tuple[str | None, Any]] = []
+
+    def walk(value, key=None):
+        if isinstance(value, fx.Node):
+            leaves.append((key, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, k)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v, key if len(value) == 1 else None)
+
+    walk(structure)
+    traced = [(key, node.name) for key, node in leaves if node.name in records]
+    named = [name for key, name in traced if key == "logits"]
+    if named:
+        return named[:1]
+    return [traced[0][1]] if traced else []
+
+
+class _SourceRecordingTracer(fx.Tracer):
+    """torch.fx's tracer, noting for each node the model-code line that created it.
+
+    fx's own record_stack_traces imports much of torch on first use (over a second); a frame walk is enough.
+    Norm and activation modules of other libraries (LlamaRMSNorm, NewGELUActivation) are leaves, like torch.nn's.
+    """
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None and not is_user_file(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            node.meta["rankaudit_source"] = f"{relative_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        return node
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) or ops.atomic_kind(m) is not None
+
+
+_CONCRETE_SUFFIX = re.compile(r"_\d+$")
+
+
+def trace_with_fx(
+    model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor], switches: dict[str, Any]
+) -> GraphBuilder:
+    tracer = _SourceRecordingTracer()
+    graph = tracer.trace(model, concrete_args=switches or None)
+    module = fx.GraphModule(tracer.root, graph)
+    by_name = {spec.name: spec for spec in specs}
+    positional = [spec for spec in specs if spec.positional]
+    values, placeholder_specs, missing = [], {}, []
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        target = str(node.target)
+        if positional and not values:
+            spec = positional[0]
+        else:
+            spec = by_name.get(target)
+        if spec is not None:
+            values.append(examples[spec.name])
+            placeholder_specs[node.name] = spec
+        elif target in switches or _CONCRETE_SUFFIX.sub("", target) in switches:
+            values.append(switches.get(target, switches.get(_CONCRETE_SUFFIX.sub("", target))))
+        elif node.args:
+            values.append(node.args[0])
+        elif target.startswith("*"):
+            continue
+        else:
+            missing.append(target)
+            values.append(None)
+    check_inputs_given(missing, specs)
+    builder = GraphBuilder()
+    _MetaShapeRecorder(module, builder, placeholder_specs).run(*values)
+    return builder

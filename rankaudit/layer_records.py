@@ -1,0 +1,379 @@
+"""The traced graph as layer records (NodeRecord, TracedModel) and the builder that adds one record per call."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from rankaudit import ops
+from rankaudit.trace_inputs import ROLE_DATA, ROLE_TOKENS, InputSpec
+
+
+@dataclass
+class NodeRecord:
+    """One traced call that depends on the model's input."""
+
+    id: str  # the graph node's unique name
+    name: str  # module qualified name (layer2.0.conv1) or fx node name (add_1)
+    op: str  # display: Conv2d, relu, add
+    family: str  # the ops registry family key
+    counting: ops.Counting
+    output_numel: int  # per sample: traced with batch size 1
+    output_shape: tuple[int, ...] | None
+    inputs: list[str]  # ids of the traced operands, in argument order
+    source: str | None = None  # file:line of the call in the model's code
+    # (qualified parameter name, trainable numel) of every parameter that reaches this op other than through
+    # another traced op: a module call's own parameters, and parameters among a function's arguments or behind
+    # untraced get_attr/expand/reshape chains (cls_token.expand(B, -1, -1) read by a cat). Frozen ones: numel 0.
+    direct_params: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class TokenEmbedding:
+    """An embedding lookup of the token ids: the continuous unknowns start at its output."""
+
+    record: str  # the input record it produces
+    name: str  # the module (transformer.wte) or the op
+    weight: str  # the table's qualified parameter name
+    vocab_size: int
+    dim: int
+    trainable: bool
+    token_input: str  # the forward() input whose ids it reads
+    tied_with: list[str] = field(default_factory=list)  # other traced ops reading the same table (a tied head)
+
+
+@dataclass
+class TracedModel:
+    records: dict[str, NodeRecord]  # node id -> record, for every traced call that depends on the input
+    successors: dict[str, list[str]]  # node id -> the records that read its output: edges follow the data
+    order: list[str]  # execution order (a topological order)
+    input_id: str  # the primary source of unknowns: the input tensor, or its token embedding
+    output_ids: list[str]  # the tensor the loss reads: the logits (first output, or one named logits)
+    tracer: str  # "torch.fx" or "torch.export"
+    fallback_reason: str | None  # why torch.fx was not used
+    parameters: int  # all parameters of the model, trainable or not
+    # Every record where unknowns start, input_id first: float inputs and token embeddings. Records with no
+    # inputs that are not listed here (none today) would carry no unknowns.
+    input_ids: list[str] = field(default_factory=list)
+    inputs: list[InputSpec] = field(default_factory=list)
+    token_embeddings: list[TokenEmbedding] = field(default_factory=list)
+    call_notes: list[str] = field(default_factory=list)  # how forward() was called: use_cache=False, ...
+    input_starts: dict[str, str] = field(default_factory=dict)  # forward() input -> the record its unknowns start at
+
+    def __post_init__(self):
+        if not self.input_ids:
+            self.input_ids = [self.input_id]
+
+    def record(self, node_id: str) -> NodeRecord:
+        return self.records[node_id]
+
+    def ancestors(self, node_id: str) -> set[str]:
+        """Every record upstream of node_id (not itself)."""
+        return self._reach(node_id, lambda n: self.records[n].inputs)
+
+    def descendants(self, node_id: str) -> set[str]:
+        return self._reach(node_id, lambda n: self.successors.get(n, ()))
+
+    def _reach(self, start: str, neighbours) -> set[str]:
+        seen, frontier = set(), [start]
+        while frontier:
+            for neighbour in neighbours(frontier.pop()):
+                if neighbour not in seen:
+                    seen.add(neighbour)
+                    frontier.append(neighbour)
+        return seen
+
+    @functools.cached_property
+    def graph(self):
+        """The same graph as a networkx DiGraph with a "record" attribute per node.
+
+        Built on first use: the counting walks the dicts above, so a plain analysis never pays for importing
+        networkx (about 0.14 s, a tenth of a whole run).
+        """
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        for node_id in self.order:
+            graph.add_node(node_id, record=self.records[node_id])
+        graph.add_edges_from((source, target) for source, targets in self.successors.items() for target in targets)
+        return graph
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
+    return found
+
+
+# Families whose output is a rearrangement of their input's entries: token ids stay token ids through them.
+_ID_PRESERVING = {"reshape", "slice", "cat", "stack"}
+
+
+class GraphBuilder:
+    """Collects NodeRecords and their edges, whichever tracer produced the calls."""
+
+    def __init__(self, parameters_at=lambda node: ()):
+        # node -> [(qualified name, parameter)] that the node itself holds (get_attr in fx, placeholders in export)
+        self.parameters_at = parameters_at
+        self.records: dict[str, NodeRecord] = {}
+        self.successors: dict[str, list[str]] = {}
+        self.order: list[str] = []
+        self.traced: set[str] = set()
+        self.names_used: dict[str, int] = {}
+        self.input_id: str | None = None
+        self.input_ids: list[str] = []
+        self.output_ids: list[str] = []
+        # Nodes computed from integer or mask inputs alone: no unknowns. Value: the token input whose ids the
+        # node still holds (through views and slices), else None (a mask, a comparison, a cumsum of positions).
+        self.discrete: dict[str, str | None] = {}
+        self.embeddings: dict[tuple, str] = {}  # (table, token input, shape) -> the input record
+        self.token_embeddings: list[TokenEmbedding] = []
+        self.atomic_calls_seen: set[str] = set()
+        self.input_starts: dict[str, str] = {}
+
+    def unique_name(self, name: str) -> str:
+        count = self.names_used.get(name, 0) + 1
+        self.names_used[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def add_input(
+        self,
+        node_id: str,
+        value: torch.Tensor,
+        name: str = "input",
+        op: str = "input",
+        source: str | None = None,
+        direct: list[tuple[str, int]] | None = None,
+    ):
+        shape = tuple(value.shape)
+        record = NodeRecord(
+            node_id,
+            self.unique_name(name) if name != "input" else name,
+            op,
+            "input",
+            ops.Counting(ops.Role.TRANSPARENT),
+            math.prod(shape),
+            shape,
+            [],
+            source,
+            direct or [],
+        )
+        self._add(record)
+        self.input_ids.append(node_id)
+        if self.input_id is None:
+            self.input_id = node_id
+
+    def add_placeholder(self, node: fx.Node, value: Any, spec: InputSpec | None):
+        """A forward() input: float data starts the unknowns here; ids and masks are followed, not counted."""
+        if spec is None or not isinstance(value, torch.Tensor):
+            return
+        if spec.role == ROLE_DATA:
+            self.add_input(node.name, value)
+            self.input_starts[spec.name] = node.name
+        else:
+            self.discrete[node.name] = (spec.same_as or spec.name) if spec.role == ROLE_TOKENS else None
+
+    def direct_params(self, node: fx.Node, own: list[tuple[str, nn.Parameter]] = ()) -> list[tuple[str, int]]:
+        """Parameters reaching `node` without passing through a traced op: `own` first, then the untraced chains."""
+        found = {name: param for name, param in self._direct_parameters(node, own)}
+        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
+
+    def _direct_parameters(self, node: fx.Node, own=()) -> list[tuple[str, nn.Parameter]]:
+        found = {name: param for name, param in own}
+        seen, frontier = set(), list(node.all_input_nodes)
+        while frontier:
+            current = frontier.pop(0)
+            if current.name in seen or current.name in self.traced:
+                continue
+            seen.add(current.name)
+            for name, param in self.parameters_at(current):
+                found.setdefault(name, param)
+            frontier.extend(current.all_input_nodes)
+        return list(found.items())
+
+    def _follow_ids(
+        self, node: fx.Node, family: ops.OpFamily, name: str, display: str, value: Any, own_params, source: str | None
+    ):
+        """An op on ids or masks alone: an embedding of token ids starts the unknowns; others pass ids on."""
+        discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
+        if not discrete_args:
+            return
+        tokens = [self.discrete[a.name] for a in discrete_args if self.discrete[a.name] is not None]
+        if family.key == "embedding" and tokens and isinstance(value, torch.Tensor) and value.is_floating_point():
+            self._add_token_embedding(node, name, display, value, own_params, tokens[0], source)
+        elif family.key in _ID_PRESERVING and tokens:
+            self.discrete[node.name] = tokens[0]
+        else:
+            self.discrete[node.name] = None
+
+    def _add_token_embedding(
+        self,
+        node: fx.Node,
+        name: str,
+        display: str,
+        value: torch.Tensor,
+        own_params,
+        token_input: str,
+        source: str | None,
+    ):
+        tables = [(n, p) for n, p in self._direct_parameters(node, own_params) if p.dim() == 2]
+        direct = self.direct_params(node, own_params)
+        table_name, table = tables[0] if tables else (name, None)
+        key = (table_name, token_input, tuple(value.shape))
+        if key in self.embeddings:
+            # The same table looked up with the same ids (a decoder fed the encoder's ids): the same tensor, so
+            # the same unknowns; a view of the first lookup, whose table gets both gradients.
+            record = NodeRecord(
+                node.name,
+                self.unique_name(name),
+                display,
+                "embedding",
+                ops.Counting(ops.Role.TRANSPARENT),
+                value.numel(),
+                tuple(value.shape),
+                [self.embeddings[key]],
+                source,
+                direct,
+            )
+            self._add(record)
+            return
+        self.add_input(node.name, value, name=name, op=display, source=source, direct=direct)
+        self.embeddings[key] = node.name
+        self.input_starts.setdefault(token_input, node.name)
+        if table is not None:
+            self.token_embeddings.append(
+                TokenEmbedding(
+                    node.name,
+                    self.records[node.name].name,
+                    table_name,
+                    table.shape[0],
+                    table.shape[1],
+                    table.requires_grad,
+                    token_input,
+                )
+            )
+
+    def add_call(
+        self,
+        node: fx.Node,
+        kind: str,
+        target: Any,
+        display: str,
+        name: str,
+        module: nn.Module | None,
+        args: tuple,
+        kwargs: dict,
+        value: Any,
+        params: list[nn.Parameter],
+        source: str | None,
+        own_params: list[tuple[str, nn.Parameter]] = (),
+        atomic: tuple[str, str, nn.Module] | None = None,
+    ):
+        """One call. `atomic`: (call key, qualified name, module) when the op is part of a norm or activation
+        module that export decomposed (LlamaRMSNorm's pow, mean, rsqrt, mul): counted as that one module."""
+        family = ops.family_of("module", atomic[2]) if atomic else ops.family_of(kind, target)
+        traced_args = [a for a in node.all_input_nodes if a.name in self.traced]
+        if not traced_args:
+            # Depends on constants, parameters, ids or masks only: not part of the unknowns' flow.
+            self._follow_ids(node, family, name, display, value, own_params, source)
+            return
+        tensors = tensors_in(value)
+        if not tensors:
+            self.traced.add(node.name)  # e.g. x.size(0): traced, but no tensor to count
+            return
+        if not any(a.name in self.records for a in traced_args):
+            # Reads only the input's shape, e.g. cls_token.expand(x.shape[0], -1, -1): its values do not depend
+            # on the input, so it carries no unknowns and is no row (spec §5).
+            return
+        operand_shapes = [torch.Size(v.shape) for v in _traced_operand_values(node, args, kwargs, self.traced)]
+        if isinstance(value, torch.Tensor):
+            output_shape, output_numel = tuple(value.shape), value.numel()
+        else:
+            output_shape, output_numel = None, sum(t.numel() for t in tensors)
+        facts = ops.OpFacts(
+            display,
+            module,
+            args,
+            kwargs,
+            operand_shapes,
+            torch.Size(output_shape) if output_shape is not None else None,
+            output_numel,
+            params,
+        )
+        direct = self.direct_params(node, own_params)
+        if atomic:
+            call_key, name, atomic_module = atomic
+            display = type(atomic_module).__name__
+            counting = self._atomic_counting(
+                call_key, display, direct, sum(p.numel() for p in atomic_module.parameters())
+            )
+        else:
+            counting = family.handler(facts)
+            family = ops.refine_family(family, counting)
+        inputs = [a.name for a in traced_args if a.name in self.records]
+        record = NodeRecord(
+            node.name,
+            self.unique_name(name),
+            display,
+            family.key,
+            counting,
+            output_numel,
+            output_shape,
+            inputs,
+            source,
+            direct,
+        )
+        self._add(record)
+
+    def _atomic_counting(
+        self, call_key: str, display: str, direct: list[tuple[str, int]], module_params: int
+    ) -> ops.Counting:
+        # One caveat per module call, on its first op; every op inside keeps the count (norms and activations
+        # keep the size), whatever the single op does (mean, rsqrt). Parameters are reported where they are read.
+        params = sum(numel for _, numel in direct)
+        first = call_key not in self.atomic_calls_seen
+        self.atomic_calls_seen.add(call_key)
+        caveat = None
+        if first:
+            caveat = f"{display} is not modelled by the rank analysis"
+            if module_params:
+                caveat += f"; its {module_params} parameters are not counted"
+            caveat += "; counted as transparent (same size in and out)"
+        return ops.Counting(ops.Role.TRANSPARENT, reported_params=params, caveat=caveat)
+
+    def _add(self, record: NodeRecord):
+        self.records[record.id] = record
+        for source_id in dict.fromkeys(record.inputs):  # x + x reads x once as far as edges go
+            self.successors.setdefault(source_id, []).append(record.id)
+        self.order.append(record.id)
+        self.traced.add(record.id)
+
+
+def _traced_operand_values(node: fx.Node, args: tuple, kwargs: dict, traced: set[str]) -> list[torch.Tensor]:
+    """The resolved tensor values of the operands that come from traced nodes, in argument order."""
+    values: list[torch.Tensor] = []
+
+    def visit(raw, resolved):
+        if isinstance(raw, fx.Node):
+            if raw.name in traced and isinstance(resolved, torch.Tensor):
+                values.append(resolved)
+        elif isinstance(raw, (tuple, list)) and isinstance(resolved, (tuple, list)):
+            for r, v in zip(raw, resolved):
+                visit(r, v)
+        elif isinstance(raw, dict) and isinstance(resolved, dict):
+            for key in raw:
+                visit(raw[key], resolved.get(key))
+
+    visit(tuple(node.args), args)
+    visit(dict(node.kwargs), kwargs)
+    return values
+
+
+def parameters_in(values: Any) -> list[nn.Parameter]:
+    return [t for t in tensors_in(values) if isinstance(t, nn.Parameter)]

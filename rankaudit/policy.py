@@ -1,0 +1,104 @@
+"""The exit-code policy: which findings fail the run (--fail-on, --min-ra, the token findings, --max-reconstruction)."""
+
+from __future__ import annotations
+
+from rankaudit.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
+from rankaudit.meaning import per_sample_view, ra_verdict
+from rankaudit.result import PolicyOutcome, Result
+
+
+def evaluate_policy(
+    result: Result, fail_on: str = DEFAULT_FAIL_ON, min_ra: int | None = None, max_recoverable: float | None = None
+) -> PolicyOutcome:
+    """Exit-code policy: fail on a verdict level `fail_on` names (by default anything short of `protected`), on
+    RA-i below `min_ra`, and on the token findings. `max_recoverable` is the ceiling the verdict level was
+    computed with (spec §11); it is recorded here, the level already applies it."""
+    reasons = []
+    bound = result.identifiability
+    each = bound is not None and bound.sample is not None and per_sample_view(result)
+    carried_by = "structure" if fail_on != "never" else "none"
+    if result.verdict in FAILING_VERDICTS[fail_on]:
+        carried_by = "none"
+        if result.verdict == "partial" and bound is not None:
+            fraction = bound.sample.recoverable_fraction if each else bound.recoverable_fraction
+            whose = "each sample's" if each else "the input's"
+            reasons.append(
+                f"verdict is partial{' (each sample)' if each else ''}: up to {percent(fraction)} of "
+                f"{whose} directions are recoverable, above the allowed {percent(bound.max_recoverable)} "
+                f"(--fail-on {fail_on}; --max-recoverable sets the ceiling, --fail-on exposed keeps the old "
+                "gate)"
+            )
+        elif each:
+            reasons.append(
+                f"verdict is {result.verdict} (each sample): nothing certifies that any part of one "
+                f"sample stays hidden (--fail-on {fail_on})"
+            )
+        else:
+            reasons.append(f"verdict is {result.verdict} (--fail-on {fail_on})")
+    if fail_on == "boundary" and ra_verdict(result.ra_i) != "protected":
+        # The bound has no boundary case: the strictest level also asks R-GAP's closed form to stop somewhere.
+        shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
+        reasons.append(f"RA-i {shown} <= 0: R-GAP's closed form is not stopped (--fail-on boundary)")
+    if min_ra is not None and (result.ra_i is None or result.ra_i < min_ra):
+        shown = "undefined (every layer dense)" if result.ra_i is None else str(result.ra_i)
+        reasons.append(f"RA-i {shown} is below the required minimum {min_ra} (--min-ra)")
+    tokens = result.token_leakage
+    if tokens is not None and tokens.exposed and fail_on != "never":
+        reasons.append(
+            f"the token set is exposed by the gradient of {', '.join(tokens.exposing)} "
+            f"(--fail-on {fail_on}; withhold or freeze the embedding to pass)"
+        )
+    if tokens is not None and tokens.span_exposed and fail_on != "never":
+        exposing = [layer for layer in tokens.layers if layer.exposed]
+        first = exposing[0]
+        reasons.append(
+            f"the batch's tokens can be read from the gradient of {', '.join(layer.name for layer in exposing)} by "
+            f"a span test (B·n = {first.tokens_per_batch} < d_in = {first.d_in}; DAGER) (--fail-on "
+            f"{fail_on}; send at least {tokens.safe_tokens_per_batch} distinct tokens per gradient, e.g. "
+            f"batch {tokens.safe_batch_size}, or withhold those layers' gradients to pass)"
+        )
+    ceiling = bound.max_recoverable if bound is not None else max_recoverable
+    return PolicyOutcome(
+        fail_on=fail_on,
+        min_ra=min_ra,
+        passed=not reasons,
+        reasons=reasons,
+        max_recoverable=ceiling,
+        carried_by=carried_by,
+    )
+
+
+def apply_dp(result: Result, settings) -> Result:
+    """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
+    B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
+    structural exposure."""
+    from rankaudit.dp import dp_bound
+
+    result.dp = dp_bound(settings)
+    result.dp.noise_by = getattr(settings, "noise_by", "client")
+    policy = result.policy
+    if result.dp.within_limit is False and policy is not None:
+        policy.reasons.append(
+            f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
+            f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
+            f"`rankaudit suggest` with the same DP options names the least noise that meets it)"
+        )
+        policy.passed = False
+    elif (
+        result.dp.within_limit
+        and policy is not None
+        and policy.carried_by == "none"
+        and result.verdict in FAILING_VERDICTS[policy.fail_on]
+    ):
+        # Spec §14 + §13: the structure leaves the sample open; the noise may still bound every reconstruction.
+        verdict_reason = next((r for r in policy.reasons if r.startswith(f"verdict is {result.verdict}")), None)
+        if result.dp.noise_by == "client" and verdict_reason is not None:
+            policy.reasons.remove(verdict_reason)
+            policy.carried_by = "noise"
+            policy.passed = not policy.reasons
+        elif verdict_reason is not None:
+            policy.reasons[policy.reasons.index(verdict_reason)] = (
+                verdict_reason + "; the DP noise is added by the server (--noise-by server): it bounds what the "
+                "released model reveals, not what the server sees, so it cannot carry the verdict"
+            )
+    return result
