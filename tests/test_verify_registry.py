@@ -10,7 +10,7 @@ from conftest import EXAMPLES
 
 from rankaudit.cli import check
 from rankaudit.verify import registry
-from rankaudit.verify.registry import Need, Verifier
+from rankaudit.verify.registry import Verifier
 
 
 def _fake_record(context):
@@ -27,7 +27,7 @@ def _fake_record(context):
 FAKE = Verifier(
     name="fake",
     help="a verifier the test registers.",
-    needs=frozenset({Need.ONE_GRADIENT}),
+    needs=frozenset(),
     run=_fake_record,
 )
 
@@ -68,8 +68,8 @@ def test_a_record_s_internal_error_is_said_on_stderr(run_cli, fake_registered):
     assert "internal error" not in err and "lenet.py: the fake's bound was broken" in err
 
 
-def test_a_verifier_that_reads_one_gradient_refuses_a_round(run_cli, fake_registered):
-    """The dispatch reads the verifier's needs, not its name: ONE_GRADIENT refuses a round of several steps."""
+def test_a_verifier_without_a_round_form_refuses_a_round(run_cli, fake_registered):
+    """The dispatch reads the verifier's needs, not its name: one without Need.ROUND refuses a round of two steps."""
     code, _, err = run_cli(EXAMPLES / "lenet.py", "--verify", "fake", "--local-samples", "4", "-b", "2")
     assert code == 2 and "--verify fake reads one shared gradient" in err and "2 local steps" in err
 

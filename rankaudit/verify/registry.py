@@ -34,13 +34,13 @@ _MODULES = (
 
 
 class Need(str, Enum):
-    """What a verifier needs; the dispatch below reads these, never a verifier's name."""
+    """What a verifier needs. The dispatch below reads IMAGES, TOKENS, ROUND and DP_NOISE (never a verifier's
+    name); LABELS, GPU and TRAINABLE say what the verifier itself checks or prefers."""
 
     IMAGES = "images"  # real images or real-valued inputs: Pillow (the [verify] extra), scipy in a round
     LABELS = "labels"  # labelled batches
     TOKENS = "tokens"  # random token batches of the vocabulary: runs before the image extras are checked
-    ONE_GRADIENT = "one gradient"  # reads one shared gradient: refuses a round that is not FedSGD
-    ROUND = "round"  # has a form for a round that is not FedSGD
+    ROUND = "a round"  # has a form for a round that is not FedSGD; without it, such a round is refused
     DP_NOISE = "DP settings"  # attacks the DP noise: runs first and alone, takes no --defense
     GPU = "a GPU preferred"  # --device auto picks CUDA when present
     TRAINABLE = "a trainable model"  # refuses a model that shares no gradient
@@ -181,7 +181,7 @@ def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str
         return
     supervise.enter(f"--verify {', '.join(verifier.name for verifier in group)} of {context.spec}")
     if context.in_round:
-        single = [verifier.name for verifier in group if Need.ONE_GRADIENT in verifier.needs]
+        single = [verifier.name for verifier in group if Need.ROUND not in verifier.needs]
         if single or context.defense_specs:
             from rankaudit.levels import count
 

@@ -29,7 +29,7 @@ VERIFIER = Verifier(
     name="dager",
     help="a language model's token set from the span of a first-block projection's gradient (DAGER's test; "
     "random token batches of the vocabulary).",
-    needs=frozenset({Need.TOKENS, Need.ONE_GRADIENT, Need.GPU}),
+    needs=frozenset({Need.TOKENS, Need.GPU}),
     run=run,
     order=10,
 )
