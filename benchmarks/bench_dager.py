@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.verify.attacks import dager
-from rankaudit.verify.runner import resolve_device  # noqa: E402
+from rankaudit.verify.model import resolve_device  # noqa: E402
 
 CPU_TARGET_S, GPU_TARGET_S = 60.0, 5.0
 WIDTH = 768

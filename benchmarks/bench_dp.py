@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from rankaudit import dp  # noqa: E402
 from rankaudit.round import DPSettings  # noqa: E402
-from rankaudit.verify.runner import resolve_device  # noqa: E402
+from rankaudit.verify.model import resolve_device  # noqa: E402
 
 ACCOUNTANT_TARGET_S = 1.0
 STEPS = 10_000
@@ -64,13 +64,14 @@ def bench_accountant(repeat: int) -> dict:
 def bench_attack(trials: int, device: str) -> list[dict]:
     from rankaudit.audit import audit
     from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack, unit_gradients
+    from rankaudit.verify.inputs import real_inputs
+    from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.runner import _rank_inputs, build_real_model
 
     spec = str(REPO / "examples" / "cnn6.py")
     result = audit(spec)
     model, _ = build_real_model(spec, result.input_shape, 0)
-    images, _ = _rank_inputs(result, None, 10, 0)
+    images, _ = real_inputs(result, None, 10, 0)
     labels = rank.draw_labels(10, "logistic", 1, 0)
     gradients = unit_gradients(model, images[:, None], labels[:, None], "logistic", 1.0, device)
     # Clipping to the median norm puts every candidate at norm c, where the attack is strongest.

@@ -31,9 +31,9 @@ from rankaudit.audit import audit  # noqa: E402
 from rankaudit.round import build_round  # noqa: E402
 from rankaudit.verify import data
 from rankaudit.verify.attacks import fedavg
+from rankaudit.verify.model import build_real_model  # noqa: E402
 from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.rank import round_jacobian as round_rank
-from rankaudit.verify.runner import build_real_model  # noqa: E402
 
 MODEL = str(REPO / "examples" / "cnn6.py")
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 from rankaudit.round import build_round  # noqa: E402
 from rankaudit.verify import baselines, data
 from rankaudit.verify.attacks import fedavg
+from rankaudit.verify.model import build_real_model  # noqa: E402
 from rankaudit.verify.rank import jacobian as rank
-from rankaudit.verify.runner import build_real_model  # noqa: E402
 
 
 def main() -> None:

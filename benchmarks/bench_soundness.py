@@ -121,8 +121,8 @@ def timm_entries(directory: Path) -> list[Entry]:
 
 def measure_entry(spec: str, result, *, device: str, precision: str, seed: int = 0):
     """The measured rank at a seeded uniform input, as tests/conftest.py's measured_rank draws it."""
+    from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.runner import build_real_model
 
     model, _ = build_real_model(spec, result.input_shape, seed)
     generator = torch.Generator().manual_seed(seed)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None, measure: Callable | None = None) -> list
     parser.add_argument("--max-params", type=int, help="Skip models with more parameters (too slow).")
     parser.add_argument("--out", help="Write the rows as JSON.")
     args = parser.parse_args(argv)
-    from rankaudit.verify.runner import resolve_device
+    from rankaudit.verify.model import resolve_device
 
     device = resolve_device(args.device)
     measure = measure or (lambda spec, result: measure_entry(spec, result, device=device, precision=args.precision))

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from rankaudit.verify import data
 from rankaudit.verify.attacks import gdbr, invert, rgap
-from rankaudit.verify.runner import resolve_device  # noqa: E402
+from rankaudit.verify.model import resolve_device  # noqa: E402
 
 try:
     from rankaudit.verify.rank import jacobian as rank

@@ -6,7 +6,6 @@ import dataclasses
 import importlib
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -14,6 +13,7 @@ from rankaudit import __version__, supervise
 from rankaudit import output as report_files
 from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
+from rankaudit.run_settings import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
@@ -44,6 +44,37 @@ def cli():
     Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded, traced or verified (or it
     ended the process, or overran --timeout), 130 interrupted.
     """
+
+
+class _VerifierChoice(click.Choice):
+    """--verify's choices: the registry's names (rankaudit.verify.registry), read when click asks for them."""
+
+    def __init__(self):
+        super().__init__(())
+
+    @property
+    def choices(self):
+        from rankaudit.verify import registry
+
+        return tuple(registry.names())
+
+    @choices.setter
+    def choices(self, value):
+        pass  # click.Choice.__init__ sets them; the registry holds them
+
+
+class _VerifyOption(click.Option):
+    """--verify: its help is each registered verifier's sentence (rankaudit.verify.registry.help_text)."""
+
+    @property
+    def help(self):
+        from rankaudit.verify import registry
+
+        return registry.help_text()
+
+    @help.setter
+    def help(self, value):
+        pass
 
 
 def _parse_shape(ctx, param, value):
@@ -101,16 +132,10 @@ _ROUND_OPTIONS = [
         help="Clients the server samples each round's C from (default C); client-level DP's q = C/M.",
     ),
 ]
-ROUND_FLAGS = (
-    "local_samples",
-    "local_epochs",
-    "lr",
-    "optimizer",
-    "momentum",
-    "clients",
-    "server_rounds",
-    "available_clients",
-)
+
+
+def _round_flags(ctx: click.Context) -> dict:
+    return {name: ctx.params.get(name) for name in ROUND_FLAGS}
 
 
 def _round_options(command):
@@ -201,121 +226,6 @@ def _timeout_option(command):
     )(command)
 
 
-def _round(
-    ctx: click.Context,
-    batch_size: int,
-    configured: dict | None,
-    dp_options: dict | None = None,
-    dp_configured: dict | None = None,
-):
-    """The round from this command's flags and the configuration's table (flags win), with the DP settings from
-    `dp_options` (the DP flags) over `dp_configured` ([tool.rankaudit.dp]): q and T follow the round unless given."""
-    from rankaudit.dp import settings_from
-    from rankaudit.round import build_round
-
-    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
-    values = _dp_values(dp_options or {}, dp_configured)
-    return build_round(
-        {**flags, "batch_size": batch_size},
-        configured,
-        dp=settings_from(values),
-        dp_given=_dp_sources(dp_options or {}, dp_configured),
-    )
-
-
-_DP_FLAGS = {
-    "noise": "dp_noise",
-    "clip": "dp_clip",
-    "sample-rate": "dp_sample_rate",
-    "steps": "dp_steps",
-    "delta": "dp_delta",
-    "level": "dp_level",
-    "prior": "prior",
-    "max-reconstruction": "max_reconstruction",
-    "noise-by": "noise_by",
-}
-
-
-def _dp_values(options: dict, configured: dict | None) -> dict:
-    """The DP options keyed as in [tool.rankaudit.dp]: the config's, then the flags' over them (flags win)."""
-    from rankaudit.dp import check_option
-
-    merged = dict(configured or {})
-    for key, parameter in _DP_FLAGS.items():
-        if options.get(parameter) is not None:
-            merged[key] = check_option(key, options[parameter])
-    return merged
-
-
-def _dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
-    """Where q and T were given (DPSettings field -> the flag or the config key); absent ones follow the round."""
-    sources = {}
-    for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
-        if options.get(_DP_FLAGS[key]) is not None:
-            sources[field] = f"--dp-{key}"
-        elif configured and key in configured:
-            sources[field] = f"[tool.rankaudit.dp] {key}"
-    return sources
-
-
-def _noise_suggestion(options: dict, configured: dict | None, round_=None):
-    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T, from the round unless given
-    (None without DP options)."""
-    from rankaudit.dp import noise_search
-
-    return noise_search(_dp_values(options, configured), round_, _dp_sources(options, configured))
-
-
-def _deployment(ctx: click.Context, spec: str, options: dict, run_config: str | None, model_args: tuple[str, ...]):
-    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy), this command's flags over them; None for a
-    model file."""
-    if not Path(spec).is_dir():
-        if run_config:
-            raise UsageError(
-                "--run-config overrides a Flower app's run config",
-                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
-            )
-        return None
-    from rankaudit.deploy import Overrides, read_deployment
-
-    flags = {name: ctx.params.get(name) for name in ROUND_FLAGS}
-    if ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE:
-        flags["batch_size"] = ctx.params["batch_size"]
-    return read_deployment(
-        Path(spec),
-        Overrides(
-            round=flags,
-            dp=_dp_values(options, None),
-            run_config=run_config,
-            model_args=model_args,
-            input_shape_given=ctx.params.get("input_shape") is not None,
-        ),
-    )
-
-
-def _as_layers(names: list[str] | None, result) -> list[str] | None:
-    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
-    from rankaudit.audit import layer_of
-
-    layers = [row.name for row in result.layers]
-    return [layer_of(name, layers) for name in names] if names else names
-
-
-def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
-    """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
-    if deployment is not None:
-        return deployment.model_args or None
-    from rankaudit.deploy import parse_value
-
-    parsed = {}
-    for text in model_args:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise UsageError(f"--model-arg {text!r} is not KEY=VALUE", "write e.g. --model-arg num_classes=10")
-        parsed[key.strip()] = parse_value(value.strip())
-    return parsed or None
-
-
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option(
@@ -379,20 +289,7 @@ def _model_args(deployment, model_args: tuple[str, ...]) -> dict | None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
-@click.option(
-    "--verify",
-    "verify",
-    multiple=True,
-    type=click.Choice(["rgap", "gdbr", "rank", "dager", "dp", "bias"]),
-    help="Also run the attack: rgap (input reconstruction; inverting gradients where R-GAP cannot go), "
-    "gdbr (label recovery from one shared hidden layer) or rank (the numerical rank of the shared "
-    "gradient's Jacobian in the input: the exact answer, any architecture). Needs the [verify] extra. "
-    "dager: a language model's token set from the span of a first-block projection's gradient "
-    "(DAGER's test; random token batches of the vocabulary). dp: the informed attack on the DP noise "
-    "of --dp-noise ..., its success rate beside the bound B(1/M) (needs the [dp] extra). bias: the "
-    "bias readout (Qian et al.): which samples of the batch or round a unit's weight update divided "
-    "by its bias update gives exactly (rgap on a batch or a round runs it first).",
-)
+@click.option("--verify", "verify", multiple=True, cls=_VerifyOption, type=_VerifierChoice())
 @click.option(
     "--samples",
     type=click.IntRange(min=1),
@@ -513,109 +410,77 @@ def check(
     read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
     from rankaudit.audit import audit
-    from rankaudit.config import load_settings
-    from rankaudit.load import split_model_spec
+    from rankaudit.run_settings import CONFIGURABLE, as_layers, deployment_read, model_settings, read_app
+    from rankaudit.verify import registry
 
-    if defenses and not set(verify) - {"dp"}:
-        raise UsageError("--defense needs an attack to defend against", "add --verify rgap and/or --verify gdbr")
-    if dp_candidates is not None and "dp" not in verify:
-        raise UsageError(
-            "--dp-candidates sets the candidates of --verify dp", "add --verify dp or drop --dp-candidates"
-        )
+    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates})
     report_files.check_outputs(output, html_path, artifacts)
-    given = {
-        name
-        for name in (
-            "input_shape",
-            "batch_size",
-            "fail_on",
-            "min_ra",
-            "max_recoverable",
-            "shared_layers",
-            "withheld_layers",
-        )
-        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-    }
+    commandline = click.core.ParameterSource.COMMANDLINE
+    given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
+    values = {name: ctx.params[name] for name in CONFIGURABLE}
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
-            deployment = _deployment(ctx, spec, options, run_config, model_args)
-            spec = deployment.model if deployment is not None else spec
-            settings = load_settings(split_model_spec(spec)[0])
-            supervise.set_config_timeout(settings.timeout)
-
-            def pick(name, value, settings=settings):
-                # A flag given on the command line wins; else the model's [tool.rankaudit] value, if it has one.
-                return value if name in given or getattr(settings, name) is None else getattr(settings, name)
-
-            # One value for the whole run: the round, with its DP settings, handed to every step.
-            round_ = (
-                deployment.round
-                if deployment is not None
-                else _round(ctx, pick("batch_size", batch_size), settings.round, options, settings.dp)
+            deployment = read_app(
+                spec,
+                _round_flags(ctx),
+                options,
+                run_config,
+                model_args,
+                batch_size=batch_size if ctx.get_parameter_source("batch_size") is commandline else None,
+                input_shape_given=input_shape is not None,
             )
-            withheld = pick("withheld_layers", withheld_layers)
-            if deployment is not None and not withheld and not pick("shared_layers", shared_layers):
-                withheld = deployment.withheld_layers  # NVFlare's ExcludeVars
-            arguments = _model_args(deployment, model_args)
-            if arguments and verify:
-                raise UsageError(
-                    "--verify builds the model without the factory's arguments (not supported yet)",
-                    "verify through a zero-argument factory that passes them: PATH:factory",
-                )
+            spec = deployment.model if deployment is not None else spec
+            chosen = model_settings(
+                spec,
+                deployment,
+                values,
+                given,
+                round_flags=_round_flags(ctx),
+                dp_options=options,
+                model_args=model_args,
+                verifying=bool(verify),
+            )
             result = audit(
                 spec,
-                input_shape=pick("input_shape", input_shape),
-                round_=round_,
-                batch_size=round_.batch_size,
-                fail_on=pick("fail_on", fail_on),
-                min_ra=pick("min_ra", min_ra),
-                max_recoverable=pick("max_recoverable", max_recoverable),
-                shared_layers=pick("shared_layers", shared_layers),
-                withheld_layers=withheld,
+                input_shape=chosen.input_shape,
+                round_=chosen.round,
+                batch_size=chosen.round.batch_size,
+                fail_on=chosen.fail_on,
+                min_ra=chosen.min_ra,
+                max_recoverable=chosen.max_recoverable,
+                shared_layers=chosen.shared_layers,
+                withheld_layers=chosen.withheld_layers,
                 input_dtype=input_dtype,
-                model_args=arguments,
+                model_args=chosen.model_args,
             )
             if deployment is not None:
-                from rankaudit.result import DeploymentRead
-
-                result.deployment = DeploymentRead(
-                    deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes
-                )
-            if "dp" in verify:
-                _run_dp_attack(
+                result.deployment = deployment_read(deployment)
+            if verify:
+                request = registry.VerifyContext(
                     result,
                     spec,
-                    round_.dp,
-                    candidates=dp_candidates,
                     seed=seed,
                     device=device,
-                    data=data,
-                    trials=samples
-                    if ctx.get_parameter_source("samples") is click.core.ParameterSource.COMMANDLINE
-                    else None,
-                )
-            if set(verify) - {"dp"}:
-                _run_verifiers(
-                    result,
-                    spec,
-                    [attack for attack in verify if attack != "dp"],
                     samples=samples,
-                    seed=seed,
-                    device=device,
+                    samples_given=ctx.get_parameter_source("samples") is commandline,
                     data=data,
                     steps=steps,
                     artifacts=artifacts,
                     trials=trials,
                     class_dist=class_dist,
                     aux=aux,
-                    defenses=defenses,
-                    several=len(models) > 1,
-                    show_progress=not quiet,
-                    shared_layers=_as_layers(pick("shared_layers", shared_layers), result),
-                    withheld_layers=_as_layers(withheld, result),
+                    dp=chosen.round.dp,
+                    dp_candidates=dp_candidates,
+                    defense_specs=tuple(defenses),
+                    shared_layers=as_layers(chosen.shared_layers, result),
+                    withheld_layers=as_layers(chosen.withheld_layers, result),
                     rank_precision=rank_precision,
+                    show_progress=not quiet,
+                    several=len(models) > 1,
+                    requested=tuple(verify),
                 )
+                registry.run_verifiers(verify, request, _error)
         except Exception as raised:
             exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
@@ -683,6 +548,7 @@ def suggest_command(
     from rankaudit.config import load_settings
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
+    from rankaudit.run_settings import build_run_round, noise_suggestion
     from rankaudit.suggest import suggest
 
     if dp_candidates is not None:
@@ -705,8 +571,8 @@ def suggest_command(
 
     input_shape, batch_size = pick("input_shape", input_shape), pick("batch_size", batch_size)
     max_recoverable = pick("max_recoverable", max_recoverable)
-    whole_round = _round(ctx, batch_size, settings.round)
-    noise = _noise_suggestion(options, settings.dp, whole_round)
+    whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
+    noise = noise_suggestion(options, settings.dp, whole_round)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
     report = dataclasses.replace(
@@ -799,252 +665,6 @@ def _write(text: str, output: str | None):
         click.echo(f"rankaudit: wrote {output}", err=True)
     else:
         supervise.write_stdout(text)
-
-
-def _run_dp_attack(result, spec, dp_settings, *, candidates, seed, device, data, trials):
-    """--verify dp: the informed attack on the DP noise; the interval above the bound is an internal error."""
-    if dp_settings is None:
-        raise UsageError(
-            "--verify dp attacks the DP noise, but no noise multiplier is given",
-            "add --dp-noise σ (and --dp-clip, --dp-sample-rate, --dp-steps as trained)",
-        )
-    from rankaudit.verify.attacks import dp as dp_attack
-
-    measured = dp_attack.verify_dp(
-        result,
-        spec,
-        dp_settings,
-        candidates=dp_attack.DEFAULT_CANDIDATES if candidates is None else candidates,
-        trials=dp_attack.DEFAULT_TRIALS if trials is None else trials,
-        seed=seed,
-        device=device,
-        data=data,
-    )
-    if measured.get("internal_error"):
-        _error(f"{spec}: {measured['internal_error']}")  # on stderr, never hidden by --quiet or -o
-
-
-def _run_verifiers(
-    result,
-    spec,
-    attacks,
-    *,
-    samples,
-    seed,
-    device,
-    data,
-    steps,
-    artifacts,
-    trials,
-    class_dist,
-    aux,
-    defenses,
-    several,
-    show_progress,
-    shared_layers=None,
-    withheld_layers=None,
-    rank_precision="auto",
-):
-    supervise.enter(f"--verify {', '.join(attacks)} of {spec}")
-    round_ = result.round
-    if round_ is not None and not round_.fedsgd:
-        _verify_round(
-            result,
-            spec,
-            attacks,
-            seed=seed,
-            device=device,
-            data=data,
-            steps=steps,
-            artifacts=artifacts,
-            defenses=defenses,
-            show_progress=show_progress,
-            shared_layers=shared_layers,
-            withheld_layers=withheld_layers,
-        )
-        return
-    if defenses and not {"rgap", "gdbr"} & set(attacks):
-        raise UsageError(
-            "--defense applies to the rgap and gdbr attacks; --verify rank measures the undefended gradient",
-            "add --verify rgap and/or --verify gdbr, or drop --defense",
-        )
-    if "dager" in attacks:
-        # Token batches need neither images nor Pillow: DAGER runs before the image attacks' extras are checked.
-        if data:
-            raise UsageError(
-                "--verify dager draws random token batches from the vocabulary and reads no --data",
-                "leave out --data with --verify dager",
-            )
-        from rankaudit.verify import runner
-
-        runner.verify_tokens(result, spec, seed=seed, device=device, show_progress=show_progress)
-        attacks = [attack for attack in attacks if attack != "dager"]
-        if not attacks:
-            return
-    try:
-        import PIL  # noqa: F401 - the verifier's images need Pillow
-
-        from rankaudit.verify import runner
-    except ImportError as exc:
-        raise UsageError(
-            f"--verify needs the verifier's extras ({exc.name} is missing)", 'pip install "rankaudit[verify]"'
-        ) from exc
-    if artifacts and several:
-        artifacts = str(Path(artifacts) / Path(spec.rsplit(":", 1)[0]).stem)
-    parsed = []
-    if defenses:
-        from rankaudit.verify.defenses import parse_defense
-
-        parsed = [parse_defense(text) for text in defenses]  # a bad spec is a UsageError: exit 2
-    _bias_readout(
-        result,
-        spec,
-        attacks,
-        seed=seed,
-        device=device,
-        data=data,
-        shared_layers=shared_layers,
-        withheld_layers=withheld_layers,
-    )
-    # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
-    if "rgap" in attacks:
-        runner.verify_inputs(
-            result,
-            spec,
-            samples=samples,
-            seed=seed,
-            device=device,
-            data=data,
-            steps=steps,
-            artifacts=artifacts,
-            show_progress=show_progress,
-            defenses=parsed,
-        )
-    if "gdbr" in attacks:
-        runner.verify_labels(
-            result,
-            spec,
-            trials=trials,
-            class_dist=class_dist,
-            aux=aux,
-            device=device,
-            seed=seed,
-            show_progress=show_progress,
-            defenses=parsed,
-        )
-    if "rank" in attacks:
-        measured = runner.verify_rank(
-            result,
-            spec,
-            samples=samples,
-            seed=seed,
-            device=device,
-            data=data,
-            artifacts=artifacts,
-            show_progress=show_progress,
-            shared_layers=shared_layers,
-            withheld_layers=withheld_layers,
-            precision=rank_precision,
-        )
-        if measured.get("internal_error"):
-            _error(f"{spec}: {measured['internal_error']}")  # on stderr too: never hidden by --quiet or -o
-    if parsed:
-        runner.verify_training_cost(result, parsed, seed=seed, show_progress=show_progress)
-
-
-def _verify_round(
-    result,
-    spec,
-    attacks,
-    *,
-    seed,
-    device,
-    data,
-    steps,
-    artifacts,
-    defenses,
-    show_progress,
-    shared_layers,
-    withheld_layers,
-):
-    """A round that is not FedSGD: the rank of its update and the FedAvg inversion; the one-gradient attacks refuse."""
-    single = [attack for attack in attacks if attack in ("gdbr", "dager")]
-    if single or defenses:
-        what = f"--verify {single[0]}" if single else "--defense"
-        from rankaudit.levels import count
-
-        raise UsageError(
-            f"{what} reads one shared gradient, and this round sends the update of "
-            f"{count(result.round.steps, 'local step')} from {count(result.round.clients, 'client')}",
-            "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the "
-            "round's flags to check one gradient",
-        )
-    try:
-        import PIL  # noqa: F401 - the verifier's images need Pillow
-        import scipy  # noqa: F401 - the attack matches reconstructions to originals
-
-        from rankaudit.verify import round_runner
-    except ImportError as exc:
-        raise UsageError(
-            f"--verify needs the verifier's extras ({exc.name} is missing)", 'pip install "rankaudit[verify]"'
-        ) from exc
-    if "rgap" in attacks:  # refused up front, before the bias readout that runs first spends its time
-        round_runner.check_attack_round_size(result.round, tuple(result.input_shape), steps, 2)
-    _bias_readout(
-        result,
-        spec,
-        attacks,
-        seed=seed,
-        device=device,
-        data=data,
-        shared_layers=shared_layers,
-        withheld_layers=withheld_layers,
-    )
-    if "rgap" in attacks:
-        round_runner.verify_round_inputs(
-            result,
-            spec,
-            seed=seed,
-            device=device,
-            data=data,
-            steps=steps,
-            artifacts=artifacts,
-            show_progress=show_progress,
-        )
-    if "rank" in attacks:
-        measured = round_runner.verify_round_rank(
-            result,
-            spec,
-            seed=seed,
-            device=device,
-            data=data,
-            artifacts=artifacts,
-            show_progress=show_progress,
-            shared_layers=shared_layers,
-            withheld_layers=withheld_layers,
-        )
-        if measured.get("internal_error"):
-            _error(f"{spec}: {measured['internal_error']}")
-
-
-def _bias_readout(result, spec, attacks, *, seed, device, data, shared_layers, withheld_layers):
-    """--verify bias, and the readout --verify rgap runs first on a batch (B > 1) or a round (spec §14)."""
-    round_ = result.round
-    batch = result.batch_size > 1 or (round_ is not None and not round_.fedsgd)
-    if "bias" in attacks or ("rgap" in attacks and batch):
-        from rankaudit.verify.attacks import bias
-
-        measured = bias.verify_bias(
-            result,
-            spec,
-            seed=seed,
-            device=device,
-            data=data,
-            shared_layers=shared_layers,
-            withheld_layers=withheld_layers,
-        )
-        if measured.get("internal_error"):
-            _error(f"{spec}: {measured['internal_error']}")  # on stderr too: never hidden by --quiet or -o
 
 
 def _use_color() -> bool:

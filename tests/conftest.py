@@ -35,8 +35,8 @@ def measured_rank(example: str, batch_size: int = 1, seed: int = 0):
     key = (example, batch_size, seed)
     if key not in _MEASURED:
         from rankaudit.audit import audit
+        from rankaudit.verify.model import build_real_model
         from rankaudit.verify.rank import jacobian as rank
-        from rankaudit.verify.runner import build_real_model
 
         spec = str(EXAMPLES / f"{example}.py")
         result = audit(spec, batch_size=batch_size)

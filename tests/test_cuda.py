@@ -84,8 +84,8 @@ def test_the_batched_attack_on_cuda_recovers_what_it_recovers_on_cpu():
 
 def _rank_on(device, example):
     from rankaudit.audit import audit
+    from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.runner import build_real_model
 
     spec = str(EXAMPLES / f"{example}.py")
     result = audit(spec)
@@ -142,8 +142,8 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
     664 of 768."""
     from conftest import measured_rank
 
+    from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.runner import build_real_model
 
     for example in ("mobilenetv3_tiny", "lcnet_tiny"):
         result, on_cpu = measured_rank(example)

@@ -18,8 +18,7 @@ from rankaudit.errors import UsageError
 from rankaudit.load import load_model
 from rankaudit.report import sarif, table
 from rankaudit.trace import input_specs, trace_model
-from rankaudit.verify import runner
-from rankaudit.verify.attacks import dager
+from rankaudit.verify.attacks import dager, dager_check
 
 SEQUENCE = 16
 D_MODEL = 128
@@ -177,7 +176,7 @@ def test_repeated_tokens_keep_a_position_free_batch_exposed_at_b_n_equal_d(llama
     outcome, precision, recall = subject.attack(8)
     distinct = len({token for token, _ in outcome.true_pairs})
     assert distinct < D_MODEL and outcome.basis.rank == distinct and (precision, recall) == (1.0, 1.0)
-    summary = runner.dager_summary(outcome, [layer for layer in tokens.layers], 8, 2000, "random", "cpu", 0.0)
+    summary = dager_check.dager_summary(outcome, [layer for layer in tokens.layers], 8, 2000, "random", "cpu", 0.0)
     assert summary["expected_exposed"] and summary["confirms"] and summary["distinct_vectors"] == distinct
     assert summary["pair_precision"] is None  # positions carry nothing here
 
@@ -266,7 +265,7 @@ def test_sarif_table_and_policy_follow_the_finding():
     assert "RA006" not in {f["ruleId"] for f in sarif.to_sarif([withheld])["runs"][0]["results"]}
     assert not any("span test" in reason for reason in withheld.policy.reasons)
     with pytest.raises(UsageError, match="no shared, trainable layer reads per-token vectors"):
-        runner.verify_tokens(withheld, GPT2, show_progress=False)
+        dager_check.verify_tokens(withheld, GPT2, show_progress=False)
 
 
 def _basis_for(subject: Subject, layer: str, batch_size: int = 2):

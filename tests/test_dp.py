@@ -442,7 +442,7 @@ def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
     −η · the batch gradient, so its clipped direction is exactly opposite the gradient's."""
     from rankaudit.round import Round
     from rankaudit.verify.attacks.dp import client_updates, unit_gradients
-    from rankaudit.verify.runner import build_real_model
+    from rankaudit.verify.model import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / "fig2_a.py"), (3, 32, 32), 0)
     inputs = torch.rand((3, 2, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.float64)

@@ -308,7 +308,7 @@ def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
     from rankaudit.audit import audit
     from rankaudit.report import table
     from rankaudit.result import Identifiability
-    from rankaudit.verify.runner import verify_rank
+    from rankaudit.verify.rank.check import verify_rank
 
     result = audit(str(tiny_file))
     result.identifiability = Identifiability(

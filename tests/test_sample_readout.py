@@ -12,8 +12,8 @@ from conftest import EXAMPLES
 from rankaudit.round import Round
 from rankaudit.verify.attacks import bias
 from rankaudit.verify.data import load_images
+from rankaudit.verify.model import build_real_model
 from rankaudit.verify.rank import jacobian as rank
-from rankaudit.verify.runner import build_real_model
 
 # 3x4x4 images -> Linear 4 -> ReLU -> Linear 3. Unit 0 of fc1 looks along (x_target - mean) and its bias sits
 # between the FIRE_FOR-th and the next largest score, so it fires for exactly FIRE_FOR samples of the batch; units
@@ -183,7 +183,7 @@ def test_a_sample_rank_above_the_per_sample_bound_is_an_internal_error(tmp_path)
 
     from rankaudit.audit import audit
     from rankaudit.report import table
-    from rankaudit.verify.runner import verify_rank
+    from rankaudit.verify.rank.check import verify_rank
 
     model = tmp_path / "small_mlp.py"
     model.write_text(SMALL_MLP, encoding="utf-8")

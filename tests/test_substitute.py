@@ -163,7 +163,7 @@ def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
     """SiLU, sigmoid and ReLU6 have a double backward of their own: the sketch's rows run without the mode."""
     from conftest import EXAMPLES
 
-    from rankaudit.verify.runner import build_real_model
+    from rankaudit.verify.model import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), (3, 16, 16), 0)
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -177,7 +177,7 @@ def test_without_the_substitutes_the_example_would_fail():
     """The reason for the table: the same sketch without the mode stops at hardsigmoid's backward."""
     from conftest import EXAMPLES
 
-    from rankaudit.verify.runner import build_real_model
+    from rankaudit.verify.model import build_real_model
 
     model, _ = build_real_model(str(EXAMPLES / "lcnet_tiny.py"), (3, 16, 16), 0)
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -310,9 +310,10 @@ def verify_bias(
     import dataclasses
 
     from rankaudit.errors import UsageError
+    from rankaudit.verify.attacks.fedavg import check_attack_round_size
+    from rankaudit.verify.inputs import real_inputs, round_labels
+    from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.round_runner import _labels, check_attack_round_size
-    from rankaudit.verify.runner import _rank_inputs, build_real_model, resolve_device
 
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         raise UsageError(
@@ -325,9 +326,9 @@ def verify_bias(
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
-    flat, source = _rank_inputs(result, data, round_.clients * round_.samples, seed)
+    flat, source = real_inputs(result, data, round_.clients * round_.samples, seed)
     inputs = flat.reshape(round_.clients, round_.samples, *flat.shape[1:])
-    labels, loss = _labels(model, inputs, seed)
+    labels, loss = round_labels(model, inputs, seed)
     readout = read_out(model, inputs, labels, round_, loss, shared, device=device)
     verification = dataclasses.asdict(readout)
     verification.update(bias_summary(result, readout))

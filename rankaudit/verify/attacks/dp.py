@@ -255,8 +255,9 @@ def verify_dp(
 ) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
     from rankaudit import dp
+    from rankaudit.verify.inputs import real_inputs
+    from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
-    from rankaudit.verify.runner import _rank_inputs, build_real_model, resolve_device
 
     dp.validate(settings)
     if candidates < 2:
@@ -287,7 +288,7 @@ def verify_dp(
             "--local-samples; the bound B(κ) does not depend on N) or fewer --dp-candidates",
         )
     model, weights = build_real_model(spec, result.input_shape, seed)
-    inputs, source = _rank_inputs(result, data, units * per_unit, seed)
+    inputs, source = real_inputs(result, data, units * per_unit, seed)
     with torch.no_grad():
         logits = rank.logits_of(model(inputs[:1])).numel()
     loss = rank.loss_name_for(logits)

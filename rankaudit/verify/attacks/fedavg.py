@@ -273,3 +273,38 @@ def _match(reconstruction: torch.Tensor, originals: torch.Tensor, labels: torch.
     ordered = torch.empty_like(wanted)
     ordered[torch.as_tensor(rows)] = found[torch.as_tensor(columns)]
     return ordered.reshape(originals.shape)
+
+
+# The FedAvg inversion's limits (issue 23), checked before any image is loaded: sample-gradient passes (each with
+# its double backward; a small CNN does about 1e4 a second on a CPU core) and values its candidates hold at once.
+MAX_SAMPLE_PASSES = 10**10
+MAX_CANDIDATE_VALUES = 2 * 10**9
+
+
+def check_attack_round_size(
+    round_, sample_shape: tuple[int, ...], steps: int, restarts: int, verifier: str = "--verify rgap"
+) -> None:
+    """Refuse a round the inversion (or `verifier`'s one simulation of it: steps = restarts = 1) cannot finish, with
+    the estimate and the flags that made it large, before any model code runs."""
+    from rankaudit.levels import count
+    from rankaudit.verify.rank.round_jacobian import MAX_STEPS
+
+    samples = round_.clients * round_.samples
+    passes = steps * restarts * samples * round_.local_epochs
+    values = samples * restarts * math.prod(sample_shape)
+    if round_.steps > MAX_STEPS:
+        raise UsageError(
+            f"{verifier} unrolls all {round_.steps:,} local steps of the round ("
+            f"{count(round_.local_epochs, 'epoch')} of {count(round_.samples, 'sample')} in batches of "
+            f"{round_.batch_size:,}), above the "
+            f"{MAX_STEPS} it supports",
+            "check fewer --local-epochs or --local-samples, or a larger --batch-size",
+        )
+    if passes > MAX_SAMPLE_PASSES or values > MAX_CANDIDATE_VALUES:
+        raise UsageError(
+            f"{verifier} on this round would run {passes:.2g} sample-gradient passes ({steps:,} attack steps x "
+            f"{restarts} restarts x {round_.clients:,} (--clients) x {round_.samples:,} (--local-samples) x "
+            f"{round_.local_epochs:,} (--local-epochs)) and hold {values:.2g} candidate values; the most it runs is "
+            f"{MAX_SAMPLE_PASSES:.0e} passes and {MAX_CANDIDATE_VALUES:.0e} values",
+            "lower --clients, --local-samples, --local-epochs or --steps",
+        )

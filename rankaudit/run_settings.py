@@ -1,0 +1,232 @@
+"""One model's settings for a run: the flags over [tool.rankaudit] over a deployment's values, resolved once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankaudit.errors import UsageError
+
+if TYPE_CHECKING:
+    from rankaudit.round import Round
+
+# The round's flags (spec §12), by their parameter names; they mirror [tool.rankaudit.round].
+ROUND_FLAGS = (
+    "local_samples",
+    "local_epochs",
+    "lr",
+    "optimizer",
+    "momentum",
+    "clients",
+    "server_rounds",
+    "available_clients",
+)
+
+
+def build_run_round(
+    flags: dict,
+    batch_size: int,
+    configured: dict | None,
+    dp_options: dict | None = None,
+    dp_configured: dict | None = None,
+):
+    """The round from the command's round `flags` and the configuration's table (flags win), with the DP settings
+    from `dp_options` (the DP flags) over `dp_configured` ([tool.rankaudit.dp]): q and T follow the round unless
+    given."""
+    from rankaudit.dp import settings_from
+    from rankaudit.round import build_round
+
+    values = _dp_values(dp_options or {}, dp_configured)
+    return build_round(
+        {**flags, "batch_size": batch_size},
+        configured,
+        dp=settings_from(values),
+        dp_given=_dp_sources(dp_options or {}, dp_configured),
+    )
+
+
+_DP_FLAGS = {
+    "noise": "dp_noise",
+    "clip": "dp_clip",
+    "sample-rate": "dp_sample_rate",
+    "steps": "dp_steps",
+    "delta": "dp_delta",
+    "level": "dp_level",
+    "prior": "prior",
+    "max-reconstruction": "max_reconstruction",
+    "noise-by": "noise_by",
+}
+
+
+def _dp_values(options: dict, configured: dict | None) -> dict:
+    """The DP options keyed as in [tool.rankaudit.dp]: the config's, then the flags' over them (flags win)."""
+    from rankaudit.dp import check_option
+
+    merged = dict(configured or {})
+    for key, parameter in _DP_FLAGS.items():
+        if options.get(parameter) is not None:
+            merged[key] = check_option(key, options[parameter])
+    return merged
+
+
+def _dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
+    """Where q and T were given (DPSettings field -> the flag or the config key); absent ones follow the round."""
+    sources = {}
+    for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
+        if options.get(_DP_FLAGS[key]) is not None:
+            sources[field] = f"--dp-{key}"
+        elif configured and key in configured:
+            sources[field] = f"[tool.rankaudit.dp] {key}"
+    return sources
+
+
+def noise_suggestion(options: dict, configured: dict | None, round_=None):
+    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T, from the round unless given
+    (None without DP options)."""
+    from rankaudit.dp import noise_search
+
+    return noise_search(_dp_values(options, configured), round_, _dp_sources(options, configured))
+
+
+def read_app(
+    spec: str,
+    flags: dict,
+    options: dict,
+    run_config: str | None,
+    model_args: tuple[str, ...],
+    *,
+    batch_size: int | None,
+    input_shape_given: bool,
+):
+    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy), the command's round `flags` (and
+    `batch_size` where given on the command line) over them; None for a model file."""
+    if not Path(spec).is_dir():
+        if run_config:
+            raise UsageError(
+                "--run-config overrides a Flower app's run config",
+                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
+            )
+        return None
+    from rankaudit.deploy import Overrides, read_deployment
+
+    if batch_size is not None:
+        flags = {**flags, "batch_size": batch_size}
+    return read_deployment(
+        Path(spec),
+        Overrides(
+            round=flags,
+            dp=_dp_values(options, None),
+            run_config=run_config,
+            model_args=model_args,
+            input_shape_given=input_shape_given,
+        ),
+    )
+
+
+def as_layers(names: list[str] | None, result) -> list[str] | None:
+    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
+    from rankaudit.audit import layer_of
+
+    layers = [row.name for row in result.layers]
+    return [layer_of(name, layers) for name in names] if names else names
+
+
+def factory_arguments(deployment, model_args: tuple[str, ...]) -> dict | None:
+    """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
+    if deployment is not None:
+        return deployment.model_args or None
+    from rankaudit.deploy import parse_value
+
+    parsed = {}
+    for text in model_args:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--model-arg {text!r} is not KEY=VALUE", "write e.g. --model-arg num_classes=10")
+        parsed[key.strip()] = parse_value(value.strip())
+    return parsed or None
+
+
+# The options `check` reads from [tool.rankaudit] where the command line does not give them.
+CONFIGURABLE = (
+    "input_shape",
+    "batch_size",
+    "fail_on",
+    "min_ra",
+    "max_recoverable",
+    "shared_layers",
+    "withheld_layers",
+)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What `check` analyses one model with: the round (with its DP settings) and the chosen options."""
+
+    round: Round
+    input_shape: tuple | None
+    fail_on: str
+    min_ra: int | None
+    max_recoverable: float | None
+    shared_layers: list[str] | None
+    withheld_layers: list[str] | None
+    model_args: dict | None
+
+
+def model_settings(
+    spec: str,
+    deployment,
+    values: dict,
+    given: set[str],
+    *,
+    round_flags: dict,
+    dp_options: dict,
+    model_args: tuple[str, ...],
+    verifying: bool,
+) -> ModelSettings:
+    """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
+    deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
+    from rankaudit import supervise
+    from rankaudit.config import load_settings
+    from rankaudit.load import split_model_spec
+
+    settings = load_settings(split_model_spec(spec)[0])
+    supervise.set_config_timeout(settings.timeout)
+
+    def pick(name):
+        return values[name] if name in given or getattr(settings, name) is None else getattr(settings, name)
+
+    # One value for the whole run: the round, with its DP settings, handed to every step.
+    round_ = (
+        deployment.round
+        if deployment is not None
+        else build_run_round(round_flags, pick("batch_size"), settings.round, dp_options, settings.dp)
+    )
+    withheld = pick("withheld_layers")
+    if deployment is not None and not withheld and not pick("shared_layers"):
+        withheld = deployment.withheld_layers  # NVFlare's ExcludeVars
+    arguments = factory_arguments(deployment, model_args)
+    if arguments and verifying:
+        raise UsageError(
+            "--verify builds the model without the factory's arguments (not supported yet)",
+            "verify through a zero-argument factory that passes them: PATH:factory",
+        )
+    return ModelSettings(
+        round=round_,
+        input_shape=pick("input_shape"),
+        fail_on=pick("fail_on"),
+        min_ra=pick("min_ra"),
+        max_recoverable=pick("max_recoverable"),
+        shared_layers=pick("shared_layers"),
+        withheld_layers=withheld,
+        model_args=arguments,
+    )
+
+
+def deployment_read(deployment):
+    """What the report says about the deployment that was read (its paths relative to the working directory)."""
+    import os
+
+    from rankaudit.result import DeploymentRead
+
+    return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)

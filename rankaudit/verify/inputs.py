@@ -1,0 +1,49 @@
+"""The inputs a verifier feeds the real model: real images where the input is one, else seeded values; labels."""
+
+from __future__ import annotations
+
+import torch
+
+from rankaudit.errors import UsageError
+from rankaudit.result import Result
+
+
+def real_inputs(result: Result, data: str | None, count: int, seed: int) -> tuple[torch.Tensor, str]:
+    """Real images where the input is one (1 or 3 channels, or --data given); seeded uniform values otherwise."""
+    from rankaudit.verify import data as image_data
+
+    shape = tuple(result.input_shape)
+    if data is not None or (len(shape) == 3 and shape[0] in (1, 3)):
+        try:
+            images, source = image_data.load_images(data, shape, count, seed)
+        except image_data.DataError as exc:
+            raise UsageError(str(exc)) from exc
+        return images.to(torch.float64), source
+    generator = torch.Generator().manual_seed(seed)
+    return (
+        torch.rand((count, *shape), generator=generator, dtype=torch.float64),
+        f"{count} seeded uniform random inputs on [0, 1] (the input is not an image; --data gives real ones)",
+    )
+
+
+def round_inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
+    """C·N inputs shaped (C, N, *sample): real images where the input is one, seeded uniform values otherwise."""
+    round_ = result.round
+    if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
+        raise UsageError(
+            f"--verify {what} for a round differentiates the update with respect to one real-valued "
+            "input, and this model takes several or token ids",
+            "verify a model with a single float input",
+        )
+    flat, source = real_inputs(result, data, round_.clients * round_.samples, seed)
+    return flat.reshape(round_.clients, round_.samples, *flat.shape[1:]), source
+
+
+def round_labels(model, inputs: torch.Tensor, seed: int) -> tuple[torch.Tensor, str]:
+    from rankaudit.verify.rank import jacobian as rank
+
+    with torch.no_grad():
+        logits = rank.logits_of(model(inputs[0, :1])).numel()
+    loss = rank.loss_name_for(logits)
+    count = inputs.shape[0] * inputs.shape[1]
+    return rank.draw_labels(count, loss, logits, seed).reshape(inputs.shape[:2]), loss

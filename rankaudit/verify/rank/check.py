@@ -1,0 +1,461 @@
+"""--verify rank: the numerical rank of the shared gradient's (or the round's update's) Jacobian in the input."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankaudit.errors import UsageError
+from rankaudit.progress import ProgressBar
+from rankaudit.verify.registry import Need, Verifier, VerifyContext
+from rankaudit.verify.scoring import finite
+
+if TYPE_CHECKING:
+    from rankaudit.result import Result
+
+
+def run(context: VerifyContext) -> dict:
+    """One gradient: one sketch per image (B = 1) or of one batch; a round: one sketch of its whole update."""
+    common = dict(
+        seed=context.seed,
+        device=context.device,
+        data=context.data,
+        artifacts=context.artifacts,
+        show_progress=context.show_progress,
+        shared_layers=context.shared_layers,
+        withheld_layers=context.withheld_layers,
+    )
+    if context.in_round:
+        return verify_round_rank(context.result, context.spec, **common)
+    return verify_rank(
+        context.result, context.spec, samples=context.samples, precision=context.rank_precision, **common
+    )
+
+
+VERIFIER = Verifier(
+    name="rank",
+    help="the numerical rank of the shared gradient's Jacobian in the input: the exact answer, any architecture "
+    "(needs the [verify] extra).",
+    needs=frozenset({Need.IMAGES, Need.ROUND, Need.GPU}),
+    run=run,
+    order=50,
+)
+
+
+def verify_rank(
+    result: Result,
+    spec: str,
+    *,
+    samples: int = 4,
+    seed: int = 0,
+    device: str = "auto",
+    data: str | None = None,
+    artifacts: str | None = None,
+    show_progress: bool = True,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    precision: str = "auto",
+) -> dict:
+    """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank.jacobian); fill result.verification['rank'].
+
+    Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
+    an image can only lose rank to a coincidence such as a dead unit). Batch size B > 1: one sketch of one
+    batch of B images. Compares the headline with the verdict and with the static bound (spec §9).
+    """
+    import torch
+
+    from rankaudit.verify.inputs import real_inputs
+    from rankaudit.verify.model import build_real_model, resolve_device
+    from rankaudit.verify.rank import jacobian as rank
+
+    if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
+        fed = ", ".join(f"{info.name} ({info.role}, {info.dtype})" for info in result.inputs)
+        raise UsageError(
+            f"--verify rank differentiates the gradient with respect to one real-valued input; this model takes {fed}",
+            "token ids are discrete: the token-leakage finding covers them; use --verify rank on "
+            "models with a single float input",
+        )
+    batch = result.batch_size
+    device = resolve_device(device)
+    model, weights = build_real_model(spec, result.input_shape, seed)
+    shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
+    images, source = real_inputs(result, data, samples if batch == 1 else batch, seed)
+    with torch.no_grad():
+        logits = rank.logits_of(model(images[:1])).numel()
+    loss = rank.loss_name_for(logits)
+    labels = rank.draw_labels(len(images), loss, logits, seed)
+    batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
+    measurements = []
+    with ProgressBar(len(batches), "rank sketch", enabled=show_progress) as bar:
+        for number, part in enumerate(batches):
+            measurements.append(
+                rank.measure(
+                    model,
+                    images[part],
+                    labels[part],
+                    shared,
+                    device=device,
+                    seed=seed + number,
+                    loss=loss,
+                    directions=rank.MAX_DIRECTIONS if artifacts else 0,
+                    hidden=True,
+                    precision=precision,
+                    progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows),
+                )
+            )
+    headline = max(measurements, key=lambda m: m.rank)
+    confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
+    bound = rank.bound_check(result.identifiability, headline.rank)
+    notes = [
+        f"weights: {weights}",
+        f"inputs: {source}",
+        f"loss: {loss}, labels drawn with seed {seed}",
+        f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
+        f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in {headline.precision}, "
+        f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}",
+    ]
+    notes.append(f"precision: {headline.precision_note}")
+    if not headline.reliable:
+        notes.append(
+            f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
+            "depends on where the tolerance falls"
+        )
+    if batch > 1:
+        notes.append(f"one batch of {batch} images (--samples applies at batch size 1)")
+    if len({m.rank for m in measurements}) > 1:
+        notes.append(
+            "ranks differ between images: "
+            + ", ".join(str(m.rank) for m in measurements)
+            + "; the headline is the largest (the generic rank)"
+        )
+    if any(m.invisible is None for m in measurements):
+        notes.append(
+            "hidden energy not measured for a deficient batch: the SVD's vectors it needs did not fit the "
+            "device's memory (or --rank-precision float32 skipped them); lower --input-shape to measure it"
+        )
+    saved = rank.save_directions(artifacts, headline) if artifacts else []
+    seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts)
+    verification = {
+        "unknowns": headline.unknowns,
+        "rank": headline.rank,
+        "deficit": headline.deficit,
+        "tolerance": headline.tolerance,
+        "tolerance_rule": rank.TOLERANCE_RULE,
+        "precision": headline.precision,
+        "precision_note": headline.precision_note,
+        "precisions": [m.precision for m in measurements],
+        "gap": finite(headline.gap or math.nan),
+        "reliable": headline.reliable,
+        "sigma_max": headline.sigma_max,
+        "sigma_min_kept": headline.sigma_min_kept,
+        "seconds": round(sum(m.seconds for m in measurements), 3),
+        "device": headline.device,
+        "method": headline.method,
+        "spectrum": headline.spectrum,
+        "sketch_rows": headline.sketch_rows,
+        "chunk_rows": headline.chunk_rows,
+        "shared_gradient_size": headline.shared_gradient_size,
+        "shared_parameters": shared,
+        "batch_size": batch,
+        "loss": loss,
+        "weights": weights,
+        "inputs": source,
+        "headline": "the largest rank over the samples (the generic rank)" if batch == 1 else "one batch",
+        "samples": [
+            {
+                "index": i,
+                "rank": m.rank,
+                "deficit": m.deficit,
+                "gap": finite(m.gap or math.nan),
+                "reliable": m.reliable,
+                "seconds": round(m.seconds, 3),
+                "inputs": inputs,
+            }
+            for i, (m, inputs) in enumerate(zip(measurements, seen["inputs"]))
+        ],
+        "hidden_energy_median": seen["hidden_energy_median"],
+        "visible_psnr_median": seen["visible_psnr_median"],
+        "visible_ssim_median": seen["visible_ssim_median"],
+        "visible_reading": seen["reading"],
+        "confirms": confirms,
+        "agreement": agreement,
+        "judgement": judgement,
+        "verdict": result.verdict,
+        "bound": bound,
+        "internal_error": bound.get("internal_error") if bound else None,
+        "directions": saved,
+        "notes": notes,
+    }
+    per_sample_ranks = [m.rank for m in measurements] if batch == 1 else measurements[0].sample_ranks
+    read_worst_sample(
+        verification,
+        result,
+        per_sample_ranks,
+        [e for part in seen["inputs"] for e in part],
+        "gradient",
+        keep_agreement=batch == 1,
+    )
+    result.verification["rank"] = verification
+    return verification
+
+
+def read_worst_sample(
+    verification: dict, result: Result, ranks: list[int], inputs: list[dict], what: str, *, keep_agreement: bool = False
+):
+    """Spec §14 in the rank check's JSON: the per-sample keys, and confirms / judgement read the worst sample (the
+    batch's reading stays under batch_*); a rank(J_i) above R_s joins internal_error."""
+    from rankaudit.verify.rank.per_sample import sample_reading
+
+    if not ranks:  # unmeasured (an unchecked float32 sketch below full rank): the batch's reading stands
+        verification["per_sample_rank"] = None
+        return
+    reading = sample_reading(result, ranks, inputs, math.prod(result.input_shape), what=what)
+    verification.update({f"batch_{key}": verification[key] for key in ("confirms", "agreement", "judgement")})
+    verification.update(
+        {
+            key: value
+            for key, value in reading.items()
+            if not key.startswith("sample_") or key in ("sample_bound", "sample_level")
+        }
+    )
+    verification["confirms"], verification["judgement"] = reading["sample_confirms"], reading["sample_judgement"]
+    if not keep_agreement:
+        verification["agreement"] = reading["sample_agreement"]
+    sample_error = (reading["sample_bound"] or {}).get("internal_error")
+    if sample_error:
+        verification["internal_error"] = "; ".join(e for e in (verification.get("internal_error"), sample_error) if e)
+
+
+def _what_the_gradient_shows(
+    result: Result, images, batches: list[slice], measurements: list, artifacts: str | None
+) -> dict:
+    """Spec §11, measured: each input's hidden energy and visible part (rankaudit.verify.rank.hidden), the medians
+    over all inputs, PNGs of the originals and visible parts for the HTML report (result.images), and with
+    --artifacts the visible parts as .npy and PNG."""
+    import numpy as np
+    import torch
+
+    from rankaudit.verify.rank import hidden
+
+    per_sample, every = [], []
+    for _number, (part, measurement) in enumerate(zip(batches, measurements)):
+        batch = images[part].detach().to(torch.float64).cpu().numpy()
+        if measurement.invisible is None:
+            # A deficit without the SVD's vectors (they did not fit the device's memory, or --rank-precision
+            # float32 skipped them): the hidden part is not measured, and the notes say so.
+            per_sample.append(
+                [
+                    {"index": part.start + offset, "hidden_energy": None, "visible_psnr": None, "visible_ssim": None}
+                    for offset in range(len(batch))
+                ]
+            )
+            continue
+        visible = hidden.visible_parts(batch, measurement.invisible)
+        inputs = []
+        for offset, share in enumerate(hidden.shares(batch, measurement.invisible)):
+            index = part.start + offset
+            entry = {
+                "index": index,
+                "hidden_energy": share.hidden_energy,
+                "visible_psnr": share.visible_psnr,
+                "visible_ssim": share.visible_ssim,
+            }
+            for kind, picture in (("original", batch[offset]), ("visible", visible[offset])):
+                png = _png_bytes(picture)
+                if png is not None:
+                    result.images[f"rank/{kind}_{index}"] = png
+            if artifacts:
+                directory = Path(artifacts)
+                directory.mkdir(parents=True, exist_ok=True)
+                np.save(directory / f"visible_part_{index}.npy", visible[offset])
+                entry["visible_npy"] = str(directory / f"visible_part_{index}.npy")
+                png = result.images.get(f"rank/visible_{index}")
+                if png is not None:
+                    (directory / f"visible_part_{index}.png").write_bytes(png)
+                entry["visible_png"] = str(directory / f"visible_part_{index}.png") if png is not None else None
+            inputs.append(entry)
+            every.append(share)
+        per_sample.append(inputs)
+    psnr_median = hidden.median([s.visible_psnr for s in every], none_is_infinite=True)
+    if all(measurement.rank == 0 for measurement in measurements):
+        # An empty gradient shows nothing: no "visible part" figure of an all-zero projection (issue 23).
+        for entry in (entry for inputs in per_sample for entry in inputs):
+            entry["visible_psnr"] = entry["visible_ssim"] = None
+        return {
+            "inputs": per_sample,
+            "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
+            "visible_psnr_median": None,
+            "visible_ssim_median": None,
+            "reading": "the gradient shows nothing of the inputs (rank 0)",
+        }
+    return {
+        "inputs": per_sample,
+        "hidden_energy_median": hidden.median([s.hidden_energy for s in every]),
+        "visible_psnr_median": psnr_median,
+        "visible_ssim_median": hidden.median([s.visible_ssim for s in every]),
+        "reading": hidden.reading([s.visible_psnr for s in every], psnr_median),
+    }
+
+
+def _png_bytes(picture) -> bytes | None:
+    """An image (C x H x W, 1 or 3 channels, [0, 1]) as PNG bytes, clipped to the range; None for other inputs."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    if picture.ndim != 3 or picture.shape[0] not in (1, 3) or not np.all(np.isfinite(picture)):
+        return None
+    pixels = (np.clip(picture, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    pixels = pixels[0] if pixels.shape[0] == 1 else np.transpose(pixels, (1, 2, 0))
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _gap_text(gap: float | None) -> str:
+    return "undefined (rank 0)" if gap is None else f"{gap:.3g}"
+
+
+def verify_round_rank(
+    result: Result,
+    spec: str,
+    *,
+    seed: int = 0,
+    device: str = "auto",
+    data: str | None = None,
+    artifacts: str | None = None,
+    show_progress: bool = True,
+    shared_layers=None,
+    withheld_layers=None,
+) -> dict:
+    """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
+    from rankaudit.report.json import round_dict
+    from rankaudit.verify.client import check_local_training
+    from rankaudit.verify.inputs import round_inputs, round_labels
+    from rankaudit.verify.model import build_real_model, resolve_device
+    from rankaudit.verify.rank import jacobian as rank
+    from rankaudit.verify.rank import round_jacobian as round_rank
+
+    round_ = result.round
+    device = resolve_device(device)
+    round_rank.check_round_size(round_, tuple(result.input_shape), device)
+    model, weights = build_real_model(spec, result.input_shape, seed)
+    shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
+    inputs, source = round_inputs(result, data, seed, "rank")
+    labels, loss = round_labels(model, inputs, seed)
+    check_local_training(model, round_, loss, inputs, labels, "--verify rank for the round")
+    with ProgressBar(1, "round rank sketch", enabled=show_progress) as bar:
+        measured = round_rank.measure_round(
+            model,
+            inputs,
+            labels,
+            round_,
+            shared,
+            device=device,
+            seed=seed,
+            loss=loss,
+            directions=rank.MAX_DIRECTIONS if artifacts else 0,
+            hidden=True,
+            progress=lambda done, rows: bar(done, rows),
+        )
+    if not all(math.isfinite(v) for v in (measured.sigma_max, measured.tolerance)):
+        raise UsageError(
+            "the round's sketch is not finite (the local training diverged at these weights)",
+            "lower --lr or --local-epochs",
+        )
+    confirms, agreement, judgement = rank.judge(result.verdict, measured.rank, measured.unknowns)
+    # rank.judge speaks of one gradient; here the Jacobian is the round's update's.
+    agreement, judgement = (
+        text.replace("one gradient", "the update")
+        .replace("the gradient's", "the update's")
+        .replace("to the gradient", "to the update")
+        for text in (agreement, judgement)
+    )
+    bound = rank.bound_check(result.identifiability, measured.rank)
+    notes = [
+        f"weights: {weights}",
+        f"inputs: {source}",
+        f"loss: {loss}, labels drawn with seed {seed}; batch order fixed, the same each epoch",
+        f"update: {len(shared)} parameter tensors, {measured.shared_gradient_size:,} values, "
+        + ("summed over the clients (secure aggregation)" if round_.secure_aggregation else "one client"),
+        f"sketch: {measured.sketch_rows} Gaussian rows x {measured.unknowns} unknowns in float64, each a "
+        f"vector-Jacobian product through the {round_.steps} unrolled local steps, in chunks of "
+        f"{measured.chunk_rows} rows; rank by {measured.spectrum}",
+        "model in eval mode (BatchNorm on its running statistics) during local training",
+    ]
+    if not measured.reliable:
+        notes.append(
+            f"unreliable: the gap {_gap_text(measured.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
+            "depends on where the tolerance falls"
+        )
+    saved = rank.save_directions(artifacts, _first_client_view(measured)) if artifacts else []
+    # Spec §11 over the round's inputs: every client's samples in one projection, each sample's share reported.
+    flat = inputs.reshape(-1, *inputs.shape[2:])
+    seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts)
+    if measured.invisible is None:
+        notes.append("hidden energy not measured: the SVD's vectors it needs did not fit the device's memory")
+    verification = {
+        "unknowns": measured.unknowns,
+        "rank": measured.rank,
+        "deficit": measured.deficit,
+        "tolerance": measured.tolerance,
+        "tolerance_rule": rank.TOLERANCE_RULE,
+        "gap": finite(measured.gap or math.nan),
+        "reliable": measured.reliable,
+        "sigma_max": measured.sigma_max,
+        "sigma_min_kept": measured.sigma_min_kept,
+        "seconds": round(measured.seconds, 3),
+        "device": measured.device,
+        "method": measured.method,
+        "spectrum": measured.spectrum,
+        "sketch_rows": measured.sketch_rows,
+        "chunk_rows": measured.chunk_rows,
+        "shared_gradient_size": measured.shared_gradient_size,
+        "shared_parameters": shared,
+        "batch_size": round_.batch_size,
+        "loss": loss,
+        "weights": weights,
+        "inputs": source,
+        "headline": "the whole round: every client's samples at once",
+        "samples": [
+            {
+                "index": 0,
+                "rank": measured.rank,
+                "deficit": measured.deficit,
+                "gap": finite(measured.gap or math.nan),
+                "reliable": measured.reliable,
+                "seconds": round(measured.seconds, 3),
+                "inputs": seen["inputs"][0],
+            }
+        ],
+        "hidden_energy_median": seen["hidden_energy_median"],
+        "visible_psnr_median": seen["visible_psnr_median"],
+        "visible_ssim_median": seen["visible_ssim_median"],
+        "visible_reading": seen["reading"] and seen["reading"].replace("the gradient", "the update"),
+        "confirms": confirms,
+        "agreement": agreement,
+        "judgement": judgement,
+        "verdict": result.verdict,
+        "bound": bound,
+        "internal_error": bound.get("internal_error") if bound else None,
+        "directions": saved,
+        "notes": notes,
+        "round": round_dict(result),
+    }
+    read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
+    result.verification["rank"] = verification
+    return verification
+
+
+def _first_client_view(measured):
+    """Directions over (C, N, *sample) flattened to (C·N, *sample) so each saved image shows all samples."""
+    import dataclasses
+
+    if measured.directions is None:
+        return measured
+    shape = measured.directions.shape
+    return dataclasses.replace(
+        measured, directions=measured.directions.reshape(shape[0], shape[1] * shape[2], *shape[3:])
+    )

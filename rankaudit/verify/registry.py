@@ -1,0 +1,235 @@
+"""Registry: `--verify NAME` -> the one module that runs it, what it needs, and the record it returns."""
+
+# Each verifier lives beside what it verifies: verify/rank/check.py measures the rank (verify/rank/ holds the
+# measurement), verify/attacks/<name>_check.py runs one attack (verify/attacks/<name>.py is the algorithm, the
+# `_check` beside it reads the Result, runs the algorithm on real tensors and returns the record). A verifier
+# module's top imports only light modules: the CLI reads the names and help from here before torch is loaded.
+# Adding a verifier: one new module that defines VERIFIER, and its line in _MODULES.
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankaudit.errors import UsageError
+
+if TYPE_CHECKING:
+    from rankaudit.dp import DPSettings
+    from rankaudit.result import Result
+
+# The CLI lists the verifiers in this order (--verify's choices and help); they run in the order of `Verifier.order`.
+_MODULES = (
+    "rankaudit.verify.attacks.rgap_check",
+    "rankaudit.verify.attacks.gdbr_check",
+    "rankaudit.verify.rank.check",
+    "rankaudit.verify.attacks.dager_check",
+    "rankaudit.verify.attacks.dp_check",
+    "rankaudit.verify.attacks.bias_check",
+)
+
+
+class Need(str, Enum):
+    """What a verifier needs. The dispatch below reads IMAGES, TOKENS, ROUND and DP_NOISE (never a verifier's
+    name); LABELS, GPU and TRAINABLE say what the verifier itself checks or prefers."""
+
+    IMAGES = "images"  # real images or real-valued inputs: Pillow (the [verify] extra), scipy in a round
+    LABELS = "labels"  # labelled batches
+    TOKENS = "tokens"  # random token batches of the vocabulary: runs before the image extras are checked
+    ROUND = "a round"  # has a form for a round that is not FedSGD; without it, such a round is refused
+    DP_NOISE = "DP settings"  # attacks the DP noise: runs first and alone, takes no --defense
+    GPU = "a GPU preferred"  # --device auto picks CUDA when present
+    TRAINABLE = "a trainable model"  # refuses a model that shares no gradient
+
+
+@dataclass(frozen=True)
+class VerifyContext:
+    """One model's verification request, built once by the CLI and handed to every verifier."""
+
+    result: Result
+    spec: str
+    seed: int = 0
+    device: str = "auto"
+    samples: int = 4
+    samples_given: bool = False  # --samples on the command line (the DP attack's trials default otherwise)
+    data: str | None = None
+    steps: int = 1000
+    restarts: int = 2
+    artifacts: str | None = None
+    trials: int = 5
+    class_dist: str = "random"
+    aux: str | None = None
+    dp: DPSettings | None = None
+    dp_candidates: int | None = None
+    defense_specs: tuple[str, ...] = ()  # --defense as given
+    defenses: tuple = ()  # the parsed defenses (rankaudit.verify.defenses.Defense), filled by run_verifiers
+    shared_layers: list[str] | None = None
+    withheld_layers: list[str] | None = None
+    rank_precision: str = "auto"
+    show_progress: bool = True
+    several: bool = False  # several models in one run: each keeps its --artifacts in a folder of its own
+    requested: tuple[str, ...] = ()  # the names asked for
+
+    @property
+    def in_round(self) -> bool:
+        """A round that is not FedSGD: the update of several local steps or clients, not one gradient."""
+        return self.result.round is not None and not self.result.round.fedsgd
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """One `--verify NAME`: `run` returns its record, filed under `name` in Result.verification."""
+
+    name: str
+    help: str  # its sentence in --verify's help
+    needs: frozenset[Need]
+    run: Callable[[VerifyContext], dict]
+    order: int = 100  # when it runs among those chosen (lower first)
+    preflight: Callable[[VerifyContext], None] | None = None  # refusals due before any verifier spends time
+    runs_first: Callable[[VerifyContext], tuple[str, ...]] = lambda context: ()  # verifiers it needs run before it
+    defended: Callable[..., list[dict]] | None = None  # (context, defenses, *, optimisation) -> rows: --defense
+    flags: dict[str, str] = field(default_factory=dict)  # its own flags -> what they set (refused without it)
+
+
+_verifiers: dict[str, Verifier] | None = None
+
+
+def verifiers() -> dict[str, Verifier]:
+    """Every registered verifier by name, in the CLI's order (the modules are imported once)."""
+    global _verifiers
+    if _verifiers is None:
+        loaded = [importlib.import_module(module).VERIFIER for module in _MODULES]
+        _verifiers = {verifier.name: verifier for verifier in loaded}
+    return _verifiers
+
+
+def names() -> list[str]:
+    return list(verifiers())
+
+
+def get(name: str) -> Verifier:
+    return verifiers()[name]
+
+
+def help_text() -> str:
+    """--verify's help: each verifier's sentence, in the registry's order."""
+    return "Also run a verifier (repeatable). " + " ".join(f"{v.name}: {v.help}" for v in verifiers().values())
+
+
+def defendable() -> list[str]:
+    """The verifiers --defense repeats against a defended gradient."""
+    return [name for name, verifier in verifiers().items() if verifier.defended is not None]
+
+
+def _apart(verifier: Verifier) -> bool:
+    return Need.DP_NOISE in verifier.needs
+
+
+def check_request(requested, defense_specs, flags: dict[str, Any]) -> None:
+    """Refusals that need no model: --defense with nothing to defend, a verifier's flag without the verifier."""
+    chosen = [get(name) for name in requested]
+    if defense_specs and not [verifier for verifier in chosen if not _apart(verifier)]:
+        raise UsageError(
+            "--defense needs an attack to defend against",
+            "add " + " and/or ".join(f"--verify {name}" for name in defendable()),
+        )
+    for verifier in verifiers().values():
+        for flag, what in verifier.flags.items():
+            if flags.get(flag) is not None and verifier.name not in requested:
+                raise UsageError(
+                    f"{flag} sets {what} of --verify {verifier.name}", f"add --verify {verifier.name} or drop {flag}"
+                )
+
+
+def _require_extras(modules: tuple[str, ...]) -> None:
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(
+            f"--verify needs the verifier's extras ({exc.name} is missing)", 'pip install "rankaudit[verify]"'
+        ) from exc
+
+
+def _file(context: VerifyContext, verifier: Verifier, report_error: Callable[[str], None]) -> dict:
+    """Run one verifier, file its record under its name, say an internal error on stderr (never hidden by -q)."""
+    record = verifier.run(context)
+    context.result.verification[verifier.name] = record
+    if isinstance(record, dict) and record.get("internal_error"):
+        report_error(f"{context.spec}: {record['internal_error']}")
+    return record
+
+
+def _in_order(chosen: list[Verifier]) -> list[Verifier]:
+    unique = {verifier.name: verifier for verifier in chosen}
+    return sorted(unique.values(), key=lambda verifier: verifier.order)
+
+
+def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
+    """Run the requested verifiers on one model: the refusals their needs call for, then each in its order."""
+    from rankaudit import supervise
+
+    chosen = [get(name) for name in requested]
+    for verifier in _in_order([verifier for verifier in chosen if _apart(verifier)]):
+        _file(context, verifier, report_error)
+    group = [verifier for verifier in chosen if not _apart(verifier)]
+    if not group:
+        return
+    supervise.enter(f"--verify {', '.join(verifier.name for verifier in group)} of {context.spec}")
+    if context.in_round:
+        single = [verifier.name for verifier in group if Need.ROUND not in verifier.needs]
+        if single or context.defense_specs:
+            from rankaudit.levels import count
+
+            round_ = context.result.round
+            what = f"--verify {single[0]}" if single else "--defense"
+            raise UsageError(
+                f"{what} reads one shared gradient, and this round sends the update of "
+                f"{count(round_.steps, 'local step')} from {count(round_.clients, 'client')}",
+                "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the round's "
+                "flags to check one gradient",
+            )
+        if any(Need.IMAGES in verifier.needs for verifier in group):
+            _require_extras(("PIL", "scipy"))  # the round's attack matches reconstructions to originals
+    else:
+        if context.defense_specs and not [verifier for verifier in group if verifier.defended is not None]:
+            raise UsageError(
+                "--defense applies to the "
+                + " and ".join(defendable())
+                + " attacks; --verify rank measures the undefended gradient",
+                "add " + " and/or ".join(f"--verify {name}" for name in defendable()) + ", or drop --defense",
+            )
+        # Token batches need neither images nor Pillow: they run before the image verifiers' extras are checked.
+        for verifier in _in_order([verifier for verifier in group if Need.TOKENS in verifier.needs]):
+            _file(context, verifier, report_error)
+        group = [verifier for verifier in group if Need.TOKENS not in verifier.needs]
+        if not group:
+            return
+        if any(Need.IMAGES in verifier.needs for verifier in group):
+            _require_extras(("PIL",))
+        if context.artifacts and context.several:
+            context = dataclasses.replace(
+                context, artifacts=str(Path(context.artifacts) / Path(context.spec.rsplit(":", 1)[0]).stem)
+            )
+        if context.defense_specs:
+            from rankaudit.verify.defenses import parse_defense
+
+            # A bad spec is a UsageError: exit 2.
+            context = dataclasses.replace(context, defenses=tuple(parse_defense(s) for s in context.defense_specs))
+    for verifier in group:
+        if verifier.preflight is not None:
+            verifier.preflight(context)
+    first = [get(name) for verifier in group for name in verifier.runs_first(context)]
+    # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
+    for verifier in _in_order(first + group):
+        _file(context, verifier, report_error)
+    if context.defenses:
+        from rankaudit.verify.defense_runs import verify_training_cost
+
+        verify_training_cost(
+            context.result, list(context.defenses), seed=context.seed, show_progress=context.show_progress
+        )
