@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from rankaudit import __version__
 from rankaudit.levels import percent
-from rankaudit.report import svg
+from rankaudit.report import records, svg
 from rankaudit.result import Result
 
 RANK_KEYS = ("name", "unknowns", "rank", "local_deficit", "residual", "condition")
@@ -473,6 +473,49 @@ def _suggest_review(suggestions) -> list[str]:
     return [line.strip() for line in (*_round_lines(suggestions), *_noise_lines(suggestions)) if line.strip()]
 
 
+# The verifiers with a card of their own: name -> how the card reads its record (record, result, the model's id
+# prefix, base_dir). DAGER's run sits in the token-leakage card and the DP attack in the DP card (`_tokens`,
+# `_dp`). Any other verifier's record gets the generic card (`_generic`).
+CARDS = {
+    "rgap": lambda record, result, prefix, base_dir: _rgap(record, base_dir),
+    "gdbr": lambda record, result, prefix, base_dir: _gdbr(record, f"{prefix}l"),
+    "rank": lambda record, result, prefix, base_dir: _rank(record, base_dir, result.images),
+    "bias": lambda record, result, prefix, base_dir: record,
+}
+IN_OTHER_CARDS = ("dager", "dp")
+
+
+def _generic(name: str, record, card_id: str) -> dict:
+    """A verifier without a card of its own: its judgement, its plain fields as a definition list, its notes."""
+    shown = records.read(name, record)
+    confirms = record.get("confirms") if isinstance(record, dict) else None
+    return {
+        "id": card_id,
+        "name": name,
+        "help": _sentence(shown.help),
+        "judgement": _sentence(shown.judgement),
+        "tone": "ok" if confirms is True else "warn" if confirms is False else None,
+        "internal_error": _sentence(shown.internal_error),
+        "fields": shown.fields,
+        "notes": [_sentence(note) for note in shown.notes],
+        "json_only": shown.json_only,
+    }
+
+
+def _verification_cards(result: Result, prefix: str, base_dir: Path | None) -> dict:
+    """Each verifier's record read by its card: the cards of CARDS by name, and the generic ones as `verifiers`."""
+    verification = result.verification or {}
+    cards = {
+        name: build(verification[name], result, prefix, base_dir) if isinstance(verification.get(name), dict) else None
+        for name, build in CARDS.items()
+    }
+    others = records.without_section(verification, (*CARDS, *IN_OTHER_CARDS))
+    cards["verifiers"] = [
+        _generic(name, verification[name], f"{prefix}-verify-{position}") for position, name in enumerate(others, 1)
+    ]
+    return cards
+
+
 def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) -> dict:
     prefix = f"m{index}"
     verdict = result.verdict or "unknown"
@@ -495,13 +538,8 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "graph": Markup(svg.architecture_graph(result, prefix=f"{prefix}g")),
         "leakage": _leakage(result),
         "tokens": _tokens(result),
-        "rgap": _rgap(verification["rgap"], base_dir) if isinstance(verification.get("rgap"), dict) else None,
-        "gdbr": _gdbr(verification["gdbr"], f"{prefix}l") if isinstance(verification.get("gdbr"), dict) else None,
-        "rank": (
-            _rank(verification["rank"], base_dir, result.images) if isinstance(verification.get("rank"), dict) else None
-        ),
+        **_verification_cards(result, prefix, base_dir),
         "defenses": _defenses(verification),
-        "bias": verification["bias"] if isinstance(verification.get("bias"), dict) else None,
         "round": _round_card(result),
         "deployment": result.deployment,
         "dp": _dp(result),

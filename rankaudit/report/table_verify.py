@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from rankaudit.levels import count, percent
+from rankaudit.report import records
 from rankaudit.result import Result
 
 
@@ -59,61 +61,85 @@ def _bias_lines(readout: dict | None) -> list[str]:
     return lines + [f"  {note}" for note in readout["notes"]] + [f"  inputs: {readout['inputs']}"]
 
 
-def verification_lines(result: Result) -> list[str]:
-    """Each --verify section the run measured: the bias readout, R-GAP or its kin, GDBR, the rank check, DAGER, DP."""
-    lines = _bias_lines(result.verification.get("bias"))
-    rgap = result.verification.get("rgap")
-    if rgap:
-        name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
-        lines += [
-            "",
-            f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
-            f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
-            f"{rgap['judgement']}.",
-        ] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
-        if "outcome" in rgap:
-            lines += _baseline_lines(rgap)
-        if rgap["layers"]:
-            lines.append("  layer            unknowns    rank  deficit  residual  condition")
-            for layer in rgap["layers"]:
-                lines.append(
-                    f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
-                    f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}"
-                )
-        for sample in rgap["samples"]:
-            client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
-            beside = ""
-            if "recovered" in sample:
-                beside = (
-                    f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
-                    f" dB: {'recovered' if sample['recovered'] else 'failed'})"
-                )
+def _rgap_lines(rgap: dict) -> list[str]:
+    """--verify rgap: R-GAP, inverting gradients or the FedAvg inversion, per layer and per image."""
+    name = {"rgap": "R-GAP", "fedavg-inversion": "FedAvg inversion"}.get(rgap["attack"], "inverting gradients")
+    lines = [
+        "",
+        f"Verification ({name}, {count(len(rgap['samples']), 'image')}, {rgap['device']}, {rgap['seconds']:.1f} s): "
+        f"median MSE {_number(rgap['median_mse'])}, median PSNR {_number(rgap['median_psnr'])} dB; "
+        f"{rgap['judgement']}.",
+    ] + [f"  {note}" for note in rgap.get("notes", [rgap["note"]])]
+    if "outcome" in rgap:
+        lines += _baseline_lines(rgap)
+    if rgap["layers"]:
+        lines.append("  layer            unknowns    rank  deficit  residual  condition")
+        for layer in rgap["layers"]:
             lines.append(
-                f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
-                f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s"
+                f"  {layer['name']:<15} {layer['unknowns']:>9} {layer['rank']:>7} {layer['local_deficit']:>8}"
+                f"  {_number(layer['residual']):>8}  {_number(layer['condition']):>9}"
             )
-        for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
-            lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
-    gdbr = result.verification.get("gdbr")
-    if gdbr:
-        lines += [
-            "",
-            f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
-            f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
-            f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
-            f"  An equal-count guess that reads no gradient scores InsAcc {gdbr['chance_ins_acc']:.1%} on these "
-            "batches: "
-            + (
-                "GDBR beats it."
-                if gdbr["beats_chance"]
-                else "GDBR does no better, so this run does not show label leakage."
-            ),
-            f"  recovered {gdbr['recovered']}",
-            f"  true      {gdbr['true']}",
-        ]
-    lines.extend(_rank_lines(result.verification.get("rank")))
-    lines.extend(_dager_lines(result.verification.get("dager")))
-    lines.extend(_dp_attack_lines(result.verification.get("dp")))
+    for sample in rgap["samples"]:
+        client = f" (client {sample['client']})" if "client" in sample and len(rgap.get("clients", [])) > 1 else ""
+        beside = ""
+        if "recovered" in sample:
+            beside = (
+                f" (grey {_number(sample['grey_psnr'])}, mean colour {_number(sample['mean_colour_psnr'])}"
+                f" dB: {'recovered' if sample['recovered'] else 'failed'})"
+            )
+        lines.append(
+            f"  image {sample['index']}{client}: MSE {_number(sample['mse'])}, PSNR "
+            f"{_number(sample['psnr'])} dB{beside}, {sample['seconds']:.2f} s"
+        )
+    for client in rgap.get("clients", []) if len(rgap.get("clients", [])) > 1 else []:
+        lines.append(f"  client {client['client']}: median PSNR {_number(client['median_psnr'])} dB")
+    return lines
+
+
+def _gdbr_lines(gdbr: dict) -> list[str]:
+    """--verify gdbr: the label counts recovered from one layer's gradient beside an equal-count guess."""
+    return [
+        "",
+        f"Verification (GDBR from {gdbr['shared_layer']}'s gradient, batch {gdbr['batch_size']}, "
+        f"{gdbr['trials']} trials, {gdbr['seconds']:.1f} s): InsAcc {gdbr['ins_acc']:.1%}, "
+        f"ClsAcc {gdbr['cls_acc']:.1%} (medians; features from {gdbr['features_from']}).",
+        f"  An equal-count guess that reads no gradient scores InsAcc {gdbr['chance_ins_acc']:.1%} on these "
+        "batches: "
+        + (
+            "GDBR beats it."
+            if gdbr["beats_chance"]
+            else "GDBR does no better, so this run does not show label leakage."
+        ),
+        f"  recovered {gdbr['recovered']}",
+        f"  true      {gdbr['true']}",
+    ]
+
+
+def _generic_lines(name: str, record) -> list[str]:
+    """A verifier with no section here (one registered after this file was written): its record's plain fields."""
+    shown = records.read(name, record)
+    about = f": {shown.help}" if shown.help else ""
+    lines = ["", f"Verification (--verify {name}){about}"]
+    if shown.judgement:
+        lines.append(f"  {shown.judgement}.")
+    if shown.internal_error:
+        lines.append(f"  {shown.internal_error}")
+    lines += [f"  {key}: {value}" for key, value in shown.fields]
+    lines += [f"  {note}." for note in shown.notes]
+    if shown.json_only:
+        lines.append(f"  in the JSON only: {', '.join(shown.json_only)}")
+    return lines
+
+
+def verification_lines(result: Result) -> list[str]:
+    """Each --verify section the run measured, in SECTIONS' order, then any other verifier's record."""
+    lines = []
+    for name, section in SECTIONS.items():
+        record = result.verification.get(name)
+        if record:
+            lines += section(record)
+    for name in records.without_section(result.verification, SECTIONS):
+        lines += _generic_lines(name, result.verification[name])
     return lines
 
 
@@ -277,6 +303,17 @@ def _rank_lines(rank: dict | None) -> list[str]:
             f"{rank['directions'][0]['png'] or rank['directions'][0]['npy']}"
         )
     return lines
+
+
+# Each verifier's own section, in the order the table prints them (the bias readout first: rgap runs it first).
+SECTIONS: dict[str, Callable[[dict], list[str]]] = {
+    "bias": _bias_lines,
+    "rgap": _rgap_lines,
+    "gdbr": _gdbr_lines,
+    "rank": _rank_lines,
+    "dager": _dager_lines,
+    "dp": _dp_attack_lines,
+}
 
 
 _ATTACK_NAMES = {"rgap": "R-GAP", "inverting-gradients": "inverting gradients", "gdbr": "GDBR"}
