@@ -136,7 +136,7 @@ def trace_with_export(
 def _reads_own_parameters(builder: GraphBuilder, node: fx.Node, qualname: str) -> bool:
     return any(
         name.startswith(qualname + ".") and name.count(".") == qualname.count(".") + 1
-        for name, _ in builder._direct_parameters(node)
+        for name, _ in builder.attribution.parameters(node)
     )
 
 

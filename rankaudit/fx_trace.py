@@ -27,7 +27,7 @@ class _MetaShapeRecorder(fx.Interpreter):
         self.calls: dict[str, int] = {}
         # A tied parameter has one name however many modules hold it: the first, as named_parameters() gives it.
         self.canonical = {id(p): name for name, p in module.named_parameters()}
-        builder.parameters_at = self.parameters_at
+        builder.attribution.parameters_at = self.parameters_at
 
     def parameter_name(self, parameter: nn.Parameter, fallback: str) -> str:
         return self.canonical.get(id(parameter), fallback)

@@ -115,12 +115,68 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
 _ID_PRESERVING = {"reshape", "slice", "cat", "stack"}
 
 
-class GraphBuilder:
-    """Collects NodeRecords and their edges, whichever tracer produced the calls."""
+class ParameterAttribution:
+    """Names the parameters that reach a call without passing through another traced op."""
 
-    def __init__(self, parameters_at=lambda node: ()):
+    def __init__(self, parameters_at, traced: set[str]):
         # node -> [(qualified name, parameter)] that the node itself holds (get_attr in fx, placeholders in export)
         self.parameters_at = parameters_at
+        # The builder's own set, shared: the walk stops at traced ops, whose parameters are counted at them.
+        self.traced = traced
+
+    def direct_params(self, node: fx.Node, own: list[tuple[str, nn.Parameter]] = ()) -> list[tuple[str, int]]:
+        """Parameters reaching `node` without passing through a traced op: `own` first, then the untraced chains."""
+        found = {name: param for name, param in self.parameters(node, own)}
+        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
+
+    def parameters(self, node: fx.Node, own=()) -> list[tuple[str, nn.Parameter]]:
+        """The same parameters as (qualified name, parameter), whether trainable or not."""
+        found = {name: param for name, param in own}
+        seen, frontier = set(), list(node.all_input_nodes)
+        while frontier:
+            current = frontier.pop(0)
+            if current.name in seen or current.name in self.traced:
+                continue
+            seen.add(current.name)
+            for name, param in self.parameters_at(current):
+                found.setdefault(name, param)
+            frontier.extend(current.all_input_nodes)
+        return list(found.items())
+
+
+class TokenIdTracker:
+    """Follows token ids and masks through the ops that read nothing else, to the embedding lookups of the ids."""
+
+    def __init__(self):
+        # Nodes computed from integer or mask inputs alone: no unknowns. Value: the token input whose ids the
+        # node still holds (through views and slices), else None (a mask, a comparison, a cumsum of positions).
+        self.discrete: dict[str, str | None] = {}
+        self.lookups: dict[tuple, str] = {}  # (table, token input, shape) -> the input record of the first lookup
+
+    def add_placeholder(self, node: fx.Node, spec: InputSpec):
+        """A forward() input of token ids (held under its token input's name) or a mask (held as None)."""
+        self.discrete[node.name] = (spec.same_as or spec.name) if spec.role == ROLE_TOKENS else None
+
+    def follow(self, node: fx.Node, family: ops.OpFamily, value: Any) -> str | None:
+        """The token input whose ids `node` embeds, when it is an embedding lookup of them (its output starts the
+        unknowns); otherwise None, after noting whether its output still holds ids or only a mask."""
+        discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
+        if not discrete_args:
+            return None
+        tokens = [self.discrete[a.name] for a in discrete_args if self.discrete[a.name] is not None]
+        if family.key == "embedding" and tokens and isinstance(value, torch.Tensor) and value.is_floating_point():
+            return tokens[0]
+        if family.key in _ID_PRESERVING and tokens:
+            self.discrete[node.name] = tokens[0]
+        else:
+            self.discrete[node.name] = None
+        return None
+
+
+class GraphBuilder:
+    """Collects NodeRecords and their edges and counts each call, whichever tracer produced the calls."""
+
+    def __init__(self, parameters_at=lambda node: ()):
         self.records: dict[str, NodeRecord] = {}
         self.successors: dict[str, list[str]] = {}
         self.order: list[str] = []
@@ -129,10 +185,8 @@ class GraphBuilder:
         self.input_id: str | None = None
         self.input_ids: list[str] = []
         self.output_ids: list[str] = []
-        # Nodes computed from integer or mask inputs alone: no unknowns. Value: the token input whose ids the
-        # node still holds (through views and slices), else None (a mask, a comparison, a cumsum of positions).
-        self.discrete: dict[str, str | None] = {}
-        self.embeddings: dict[tuple, str] = {}  # (table, token input, shape) -> the input record
+        self.attribution = ParameterAttribution(parameters_at, self.traced)
+        self.token_ids = TokenIdTracker()
         self.token_embeddings: list[TokenEmbedding] = []
         self.atomic_calls_seen: set[str] = set()
         self.input_starts: dict[str, str] = {}
@@ -177,40 +231,7 @@ class GraphBuilder:
             self.add_input(node.name, value)
             self.input_starts[spec.name] = node.name
         else:
-            self.discrete[node.name] = (spec.same_as or spec.name) if spec.role == ROLE_TOKENS else None
-
-    def direct_params(self, node: fx.Node, own: list[tuple[str, nn.Parameter]] = ()) -> list[tuple[str, int]]:
-        """Parameters reaching `node` without passing through a traced op: `own` first, then the untraced chains."""
-        found = {name: param for name, param in self._direct_parameters(node, own)}
-        return [(name, param.numel() if param.requires_grad else 0) for name, param in found.items()]
-
-    def _direct_parameters(self, node: fx.Node, own=()) -> list[tuple[str, nn.Parameter]]:
-        found = {name: param for name, param in own}
-        seen, frontier = set(), list(node.all_input_nodes)
-        while frontier:
-            current = frontier.pop(0)
-            if current.name in seen or current.name in self.traced:
-                continue
-            seen.add(current.name)
-            for name, param in self.parameters_at(current):
-                found.setdefault(name, param)
-            frontier.extend(current.all_input_nodes)
-        return list(found.items())
-
-    def _follow_ids(
-        self, node: fx.Node, family: ops.OpFamily, name: str, display: str, value: Any, own_params, source: str | None
-    ):
-        """An op on ids or masks alone: an embedding of token ids starts the unknowns; others pass ids on."""
-        discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
-        if not discrete_args:
-            return
-        tokens = [self.discrete[a.name] for a in discrete_args if self.discrete[a.name] is not None]
-        if family.key == "embedding" and tokens and isinstance(value, torch.Tensor) and value.is_floating_point():
-            self._add_token_embedding(node, name, display, value, own_params, tokens[0], source)
-        elif family.key in _ID_PRESERVING and tokens:
-            self.discrete[node.name] = tokens[0]
-        else:
-            self.discrete[node.name] = None
+            self.token_ids.add_placeholder(node, spec)
 
     def _add_token_embedding(
         self,
@@ -222,11 +243,12 @@ class GraphBuilder:
         token_input: str,
         source: str | None,
     ):
-        tables = [(n, p) for n, p in self._direct_parameters(node, own_params) if p.dim() == 2]
-        direct = self.direct_params(node, own_params)
+        """An embedding lookup of token ids: an input record, or a view of an earlier lookup of the same ids."""
+        tables = [(n, p) for n, p in self.attribution.parameters(node, own_params) if p.dim() == 2]
+        direct = self.attribution.direct_params(node, own_params)
         table_name, table = tables[0] if tables else (name, None)
         key = (table_name, token_input, tuple(value.shape))
-        if key in self.embeddings:
+        if key in self.token_ids.lookups:
             # The same table looked up with the same ids (a decoder fed the encoder's ids): the same tensor, so
             # the same unknowns; a view of the first lookup, whose table gets both gradients.
             record = NodeRecord(
@@ -237,14 +259,14 @@ class GraphBuilder:
                 ops.Counting(ops.Role.TRANSPARENT),
                 value.numel(),
                 tuple(value.shape),
-                [self.embeddings[key]],
+                [self.token_ids.lookups[key]],
                 source,
                 direct,
             )
             self._add(record)
             return
         self.add_input(node.name, value, name=name, op=display, source=source, direct=direct)
-        self.embeddings[key] = node.name
+        self.token_ids.lookups[key] = node.name
         self.input_starts.setdefault(token_input, node.name)
         if table is not None:
             self.token_embeddings.append(
@@ -280,8 +302,11 @@ class GraphBuilder:
         family = ops.family_of("module", atomic[2]) if atomic else ops.family_of(kind, target)
         traced_args = [a for a in node.all_input_nodes if a.name in self.traced]
         if not traced_args:
-            # Depends on constants, parameters, ids or masks only: not part of the unknowns' flow.
-            self._follow_ids(node, family, name, display, value, own_params, source)
+            # Depends on constants, parameters, ids or masks only: not part of the unknowns' flow, unless it is
+            # the embedding lookup where token ids become unknowns.
+            token_input = self.token_ids.follow(node, family, value)
+            if token_input is not None:
+                self._add_token_embedding(node, name, display, value, own_params, token_input, source)
             return
         tensors = tensors_in(value)
         if not tensors:
@@ -306,7 +331,7 @@ class GraphBuilder:
             output_numel,
             params,
         )
-        direct = self.direct_params(node, own_params)
+        direct = self.attribution.direct_params(node, own_params)
         if atomic:
             call_key, name, atomic_module = atomic
             display = type(atomic_module).__name__
