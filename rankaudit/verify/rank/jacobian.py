@@ -62,7 +62,7 @@ from rankaudit.verify.rank.sketch import (
     logits_of,
 )
 from rankaudit.verify.rank.spectrum import (
-    RELIABLE_GAP,
+    RELIABLE_GAP,  # noqa: F401  (read as rank.RELIABLE_GAP by the rank check)
     TOLERANCE_RULE,  # noqa: F401
     _Spectrum,
     _spectrum,
@@ -256,8 +256,7 @@ def measure(
         deficit=unknowns - rank,
         tolerance=spectrum.tolerance,
         gap=spectrum.gap,
-        # An empty gradient (no shared value, or all zero) has rank 0 exactly: no tolerance decides it (issue 23).
-        reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0 or not spectrum.sigma_max,
+        reliable=spectrum.reliable(m),
         sigma_max=spectrum.sigma_max,
         sigma_min_kept=spectrum.sigma_min_kept,
         singular_values=spectrum.values,

@@ -30,7 +30,6 @@ from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 # rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
 from rankaudit.verify.rank.jacobian import (
     OVERSAMPLING,
-    RELIABLE_GAP,
     RankMeasurement,
     _activation_numel,
     _math_attention,
@@ -154,7 +153,7 @@ def measure_round(
         deficit=unknowns - spectrum.rank,
         tolerance=spectrum.tolerance,
         gap=spectrum.gap,
-        reliable=(spectrum.gap is not None and spectrum.gap >= RELIABLE_GAP) or m == 0 or not spectrum.sigma_max,
+        reliable=spectrum.reliable(m),
         sigma_max=spectrum.sigma_max,
         sigma_min_kept=spectrum.sigma_min_kept,
         singular_values=spectrum.values,

@@ -37,6 +37,11 @@ class _Spectrum:
     right_vectors: torch.Tensor | None  # rows of Vh, when asked for
     how: str  # svd | qr+inverse-iteration
 
+    def reliable(self, shared_gradient_size: int) -> bool:
+        """The rank does not hang on where the tolerance falls: a gap of RELIABLE_GAP at the cut, or an empty
+        gradient (no shared value, or all zero), whose rank 0 is exact and no tolerance decides (issue 23)."""
+        return (self.gap is not None and self.gap >= RELIABLE_GAP) or shared_gradient_size == 0 or not self.sigma_max
+
 
 def _tolerance(sigma_max: float, sketch: torch.Tensor) -> float:
     return sigma_max * max(sketch.shape) * float(torch.finfo(sketch.dtype).eps)
