@@ -566,11 +566,9 @@ def suggest_command(
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
 
-    def pick(name, value):
-        return value if name in commandline or getattr(settings, name) is None else getattr(settings, name)
-
-    input_shape, batch_size = pick("input_shape", input_shape), pick("batch_size", batch_size)
-    max_recoverable = pick("max_recoverable", max_recoverable)
+    input_shape = settings.in_force("input_shape", input_shape, "input_shape" in commandline)
+    batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
+    max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
     noise = noise_suggestion(options, settings.dp, whole_round)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
@@ -643,10 +641,9 @@ def compare_command(
         settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
         supervise.set_config_timeout(settings.timeout)
         chosen = {
-            name: value
-            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-            or getattr(settings, name, None) is None
-            else getattr(settings, name)
+            name: settings.in_force(
+                name, value, ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+            )
             for name, value in given.items()
         }
         results.append(

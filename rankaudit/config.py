@@ -57,6 +57,12 @@ class Settings:
     dataset_size: int | None = None  # [tool.rankaudit.round] dataset-size: an app's data over its nodes
     timeout: float | None = None  # seconds for each of the model's import, build and trace (supervise.py)
 
+    def in_force(self, name: str, value, on_command_line: bool):
+        """The value a run uses: the flag where given on the command line, else this file's, else `value` (the
+        flag's default)."""
+        configured = getattr(self, name)
+        return value if on_command_line or configured is None else configured
+
 
 def find_pyproject(model_path: Path) -> Path | None:
     """The nearest pyproject.toml with a [tool.rankaudit] table, walking up from the model file (like ruff)."""

@@ -194,7 +194,7 @@ def model_settings(
     supervise.set_config_timeout(settings.timeout)
 
     def pick(name):
-        return values[name] if name in given or getattr(settings, name) is None else getattr(settings, name)
+        return settings.in_force(name, values[name], name in given)
 
     # One value for the whole run: the round, with its DP settings, handed to every step.
     round_ = (
