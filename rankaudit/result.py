@@ -114,6 +114,8 @@ class Identifiability:
     max_recoverable: float = 0.5  # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
     round: RoundBound | None = None  # the round's terms (spec §12) when the update is more than one gradient
     sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
+    certified_hidden_energy: float | None = None  # the batch/round line's certified hidden share of energy
+    spectrum: str | None = None  # the reference distribution the energy figures use (its name, for the report)
 
     @property
     def hidden_estimate(self) -> float:
@@ -139,6 +141,12 @@ class SampleBound:
     single_sample_bound: int  # R(1): §9's bound for one step at batch size 1 (all trainable gradients
     # carry on before the last step; only the shared ones in the last)
     binding: str  # which of the three is the minimum: unknowns | update-values | steps
+    # What the visible directions show (filled by the energy certificate): the share of a typical sample's energy
+    # outside its top R_s principal components for the reference distribution named in Identifiability.spectrum,
+    # for any weights; and the PSNR ceiling of the visible part. None where no certificate was computed.
+    certified_hidden_energy: float | None = None
+    visible_psnr_ceiling: float | None = None
+    rounds: int = 1  # the server rounds whose updates the bound sums over (1: one round, the rest not counted)
 
 
 @dataclass
