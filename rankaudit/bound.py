@@ -27,17 +27,31 @@ class GradientSource:
     numel: int
     owner: str  # the record name of the op that reads it
     owner_is_layer: bool
+    # The qualified names of the parameters it is the gradient of: one vertex per distinct set, so a parameter
+    # read by several calls (tied weights, a module called twice) is one gradient. Empty: the name is the key.
+    parameters: tuple[str, ...] = ()
+
+    @property
+    def vertex(self) -> str:
+        return "g:" + ("+".join(self.parameters) if self.parameters else self.name)
 
 
 def gradient_sources(record: NodeRecord) -> list[GradientSource]:
-    """The shared-gradient candidates this traced op reads: a layer's counted weights (one vertex per module,
-    however often it is called: the gradient is summed over the calls), or the parameters a non-layer op uses
-    directly (class token, position embedding, norm scale)."""
-    counting = record.counting
-    if counting.role is Role.LAYER:
-        name = record.name.split("#")[0]
-        return [GradientSource(name, counting.weights, name, True)] if counting.weights else []
-    return [GradientSource(name, numel, record.name, False) for name, numel in record.direct_params if numel]
+    """The shared gradients of the trainable parameters that reach this traced op, each with its full size, whether
+    the op reads them bare or through untraced ops on parameters alone (self.w * mask, self.w.t(), A @ B), and
+    whatever the op is (a registered layer, a norm, a module the registry does not know).
+
+    A layer whose parameters are all its own (conv1.weight, conv1.bias) is one vertex named after it (one per
+    module, however often it is called: the gradient is summed over the calls); every other parameter is a vertex
+    of its own named after it (class token, norm scale, a hand-written weight, a tied embedding table)."""
+    trainable = sorted((name, numel) for name, numel in record.direct_params if numel)
+    if not trainable:
+        return []
+    layer = record.name.split("#")[0]
+    if record.counting.role is Role.LAYER and all(name.startswith(layer + ".") for name, _ in trainable):
+        names = tuple(name for name, _ in trainable)
+        return [GradientSource(layer, sum(numel for _, numel in trainable), layer, True, names)]
+    return [GradientSource(name, numel, record.name, False, (name,)) for name, numel in trainable]
 
 
 def shared_predicate(
@@ -100,10 +114,11 @@ class FlowNetwork:
                 self._edge(f"t:{operand}", f"t:{node_id}")  # forward data
                 self._edge(f"d:{node_id}", f"d:{operand}")  # backward: δ(out) -> δ(in)
             family = ops.FAMILIES.get(record.family, ops.UNMODELLED)
-            if family.input_dependent_jacobian:
-                for operand in inputs:
-                    self._edge(f"t:{operand}", f"d:{operand}")
             additive = record.family in _ADDITIVE_FAMILIES
+            # A tensor read twice by a product (s * s) is a square: δ(s) is scaled by s itself.
+            repeated = [] if additive else [operand for operand in inputs if record.inputs.count(operand) > 1]
+            for operand in inputs if family.input_dependent_jacobian else repeated:
+                self._edge(f"t:{operand}", f"d:{operand}")
             if len(inputs) >= 2 and not additive:
                 # A product of data tensors: δ of each operand is scaled by the others.
                 for operand in inputs:
@@ -116,14 +131,15 @@ class FlowNetwork:
                 vertex = self._gradient(source, node_id)
                 self._edge(f"d:{node_id}", vertex)
                 if not additive:
-                    for operand in inputs[:1] if source.owner_is_layer else inputs:
+                    # A parameter that multiplies data (a weight, a scale) meets every data operand of the op.
+                    for operand in inputs:
                         self._edge(f"t:{operand}", vertex)
         for output_id in traced.output_ids:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
 
     def _gradient(self, source: GradientSource, node_id: str) -> str:
         """The vertex of one shared gradient, created on first use (a tied parameter is one gradient)."""
-        vertex = f"g:{source.name}"
+        vertex = source.vertex
         if vertex not in self.gradients:
             self.gradients.add(vertex)
             self._split(vertex, source.numel, f"∇{source.name}", node_id)

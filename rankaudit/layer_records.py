@@ -316,7 +316,8 @@ class GraphBuilder:
             # Reads only the input's shape, e.g. cls_token.expand(x.shape[0], -1, -1): its values do not depend
             # on the input, so it carries no unknowns and is no row (spec §5).
             return
-        operand_shapes = [torch.Size(v.shape) for v in _traced_operand_values(node, args, kwargs, self.traced)]
+        operands = _traced_operands(node, args, kwargs, self.traced)
+        operand_shapes = [torch.Size(value.shape) for _, _, value in operands]
         if isinstance(value, torch.Tensor):
             output_shape, output_numel = tuple(value.shape), value.numel()
         else:
@@ -329,7 +330,10 @@ class GraphBuilder:
             operand_shapes,
             torch.Size(output_shape) if output_shape is not None else None,
             output_numel,
-            params,
+            # Every parameter that reaches the call, bare or through untraced ops on parameters (self.w * mask,
+            # self.w.t(), self.A @ self.B): those ops are folded into this call, whose weights they are.
+            [param for _, param in self.attribution.parameters(node, own_params)] or params,
+            tuple(position for position, _, _ in operands),
         )
         direct = self.attribution.direct_params(node, own_params)
         if atomic:
@@ -341,7 +345,9 @@ class GraphBuilder:
         else:
             counting = family.handler(facts)
             family = ops.refine_family(family, counting)
-        inputs = [a.name for a in traced_args if a.name in self.records]
+        # In argument order, a repeated operand as often as it is read: s * s is a product, unlike s + s.
+        inputs = [name for _, name, _ in operands if name in self.records]
+        inputs += [a.name for a in traced_args if a.name in self.records and a.name not in inputs]
         record = NodeRecord(
             node.name,
             self.unique_name(name),
@@ -380,24 +386,27 @@ class GraphBuilder:
         self.traced.add(record.id)
 
 
-def _traced_operand_values(node: fx.Node, args: tuple, kwargs: dict, traced: set[str]) -> list[torch.Tensor]:
-    """The resolved tensor values of the operands that come from traced nodes, in argument order."""
-    values: list[torch.Tensor] = []
+def _traced_operands(node: fx.Node, args: tuple, kwargs: dict, traced: set[str]) -> list[tuple[int | str, str, Any]]:
+    """(position, node name, resolved tensor) of each operand that comes from a traced node, in argument order and
+    as often as it appears; the position is the argument's index, or its keyword, where the operand sits."""
+    found: list[tuple[int | str, str, Any]] = []
 
-    def visit(raw, resolved):
+    def visit(position, raw, resolved):
         if isinstance(raw, fx.Node):
             if raw.name in traced and isinstance(resolved, torch.Tensor):
-                values.append(resolved)
+                found.append((position, raw.name, resolved))
         elif isinstance(raw, (tuple, list)) and isinstance(resolved, (tuple, list)):
             for r, v in zip(raw, resolved):
-                visit(r, v)
+                visit(position, r, v)
         elif isinstance(raw, dict) and isinstance(resolved, dict):
             for key in raw:
-                visit(raw[key], resolved.get(key))
+                visit(position, raw[key], resolved.get(key))
 
-    visit(tuple(node.args), args)
-    visit(dict(node.kwargs), kwargs)
-    return values
+    for index, (raw, resolved) in enumerate(zip(node.args, args)):
+        visit(index, raw, resolved)
+    for key, raw in node.kwargs.items():
+        visit(key, raw, kwargs.get(key))
+    return found
 
 
 def parameters_in(values: Any) -> list[nn.Parameter]:

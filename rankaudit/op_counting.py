@@ -32,7 +32,9 @@ class OpFacts:
     traced_inputs: list[torch.Size]  # shapes of the operands that depend on the model's input
     output_shape: torch.Size | None  # None when the call returns no single tensor
     output_numel: int
-    params: list[nn.Parameter] = field(default_factory=list)  # parameters the call reads
+    params: list[nn.Parameter] = field(default_factory=list)  # parameters the call reads, directly or folded in
+    # Where each traced operand sits among the arguments: its index, or its keyword (traced_inputs' order).
+    traced_positions: tuple[int | str, ...] = ()
 
     def arg(self, index: int, name: str, default: Any = None) -> Any:
         if len(self.args) > index:
@@ -70,6 +72,8 @@ class Counting:
     non_injective: bool = False  # ReLU-like: a zero output removes a weight constraint
     passes_unknowns: bool = True  # transparent ops: the unknowns of the input flow through
     caveat: str | None = None  # set for ops the spec does not model
+    # The call's Jacobian depends on its traced input although its family's does not (1 / x is no scaling).
+    input_dependent_jacobian: bool = False
     # Positions, among the traced operands, that only weight the others (attention's q and k): a layer that
     # reaches the loss only through them is a side branch (spec §5). None: decided from the shapes.
     gates: tuple[int, ...] | None = None
@@ -191,8 +195,15 @@ def count_add(f: OpFacts) -> Counting:
     return Counting(Role.TRANSPARENT, reported_params=f.trainable + f.frozen)
 
 
+_DIVISIONS = ("truediv", "itruediv", "div", "div_", "__truediv__", "__rtruediv__")
+
+
 def count_scale(f: OpFacts) -> Counting:
-    """Multiplying by a constant keeps the count; the product of two activations (gating) is not modelled."""
+    """Multiplying by a constant keeps the count; the product of two activations (gating) is not modelled.
+    Dividing by a traced tensor (1 / x, c / x) is no scaling: its Jacobian depends on that tensor."""
+    if f.op in _DIVISIONS and any(position in (1, "other") for position in f.traced_positions):
+        counting = not_modelled(f, "division by a tensor that depends on the input is not modelled")
+        return dataclasses.replace(counting, input_dependent_jacobian=True)
     if len(f.traced_inputs) >= 2:
         return not_modelled(f, "product of two activations (gating or attention) is not modelled")
     return Counting(Role.TRANSPARENT, reported_params=f.trainable + f.frozen)
@@ -207,7 +218,9 @@ def not_modelled(f: OpFacts, why: str | None = None) -> Counting:
     params = f.trainable + f.frozen
     message = why or f"{f.op} is not modelled by the rank analysis"
     if params:
-        message += f"; its {params} parameters are not counted"
+        message += f"; its {params} parameters are not counted as layer weights"
+    if f.trainable:
+        message += " (their gradients enter the rank bound as reached by all its inputs)"
     if f.traced_inputs and f.output_numel == f.input_numel:
         return Counting(
             Role.TRANSPARENT, reported_params=params, caveat=message + "; counted as transparent (same size in and out)"
@@ -228,10 +241,16 @@ def count_attention(f: OpFacts) -> Counting:
 
 
 def _with_parameter_operand(f: OpFacts) -> tuple[torch.Tensor | None, int]:
-    """The parameter among a product's operands (x @ W, addmm(b, x, W)), and its position among them."""
-    operands = [a for a in f.args if isinstance(a, torch.Tensor)]
-    for position, operand in enumerate(operands):
-        if isinstance(operand, nn.Parameter) and operand.dim() == 2:
+    """The weight matrix among a product's operands (x @ W, addmm(b, x, W), x @ W.t(), x @ (A @ B)): a parameter,
+    or a 2-D operand computed from parameters alone; and its position among the tensor operands."""
+    tensor_positions = [index for index, a in enumerate(f.args) if isinstance(a, torch.Tensor)]
+    for position, index in enumerate(tensor_positions):
+        operand = f.args[index]
+        if operand.dim() != 2:
+            continue
+        if isinstance(operand, nn.Parameter):
+            return operand, position
+        if f.traced_positions and index not in f.traced_positions and f.params:
             return operand, position
     return None, -1
 

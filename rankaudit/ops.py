@@ -144,8 +144,6 @@ register(
         nn.AdaptiveMaxPool1d,
         nn.AdaptiveMaxPool2d,
         nn.AdaptiveMaxPool3d,
-        nn.LPPool1d,
-        nn.LPPool2d,
         nn.Upsample,
         nn.UpsamplingNearest2d,
         nn.UpsamplingBilinear2d,
@@ -202,6 +200,15 @@ register(
         "pixel_shuffle",
         "pixel_unshuffle",
     ),
+)
+# (Σ x^p)^(1/p) over each window: a pooling whose Jacobian depends on the window's values (unlike max or mean).
+register(
+    "lp_pool",
+    count_resampler,
+    shape=resampler_shape,
+    input_dependent_jacobian=True,
+    modules=(nn.LPPool1d, nn.LPPool2d, *((nn.LPPool3d,) if hasattr(nn, "LPPool3d") else ())),
+    functions=(F.lp_pool1d, F.lp_pool2d, *((F.lp_pool3d,) if hasattr(F, "lp_pool3d") else ())),
 )
 register(
     "slice",
@@ -498,6 +505,8 @@ register(
 register("addmm", count_matmul, functions=(torch.addmm,), methods=("addmm",), aten=("addmm",))
 # x @ W with a parameter W: the matmul family's calls that turn out to be Linear layers (constant Jacobian).
 register("matmul_param", count_matmul)
+# A scaling that turned out to divide by a traced tensor (1 / x, c / x): its Jacobian depends on that tensor.
+register("divide_by_data", count_scale, input_dependent_jacobian=True)
 # Copies of entries (broadcast, repeat_kv in grouped-query attention): no new unknowns, a constant Jacobian.
 register(
     "replicate",
@@ -573,4 +582,6 @@ def refine_family(family: OpFamily, counting: Counting) -> OpFamily:
         return FAMILIES["matmul_param"]
     if family.key == "addmm":
         return FAMILIES["matmul"]
+    if counting.input_dependent_jacobian and not family.input_dependent_jacobian:
+        return FAMILIES["divide_by_data"] if family.key == "scale" else UNMODELLED
     return family
