@@ -450,6 +450,54 @@ BASES = (
 )
 
 
+# Larger and deeper chains for the benchmark's sweep (benchmarks/bench_metamorphic.py), not the test suite.
+EXTRA_BASES = (
+    Base(
+        "conv_deep",
+        (3, 12, 12),
+        (
+            _step("shift", Shift, (3, 12, 12)),
+            _step("conv", Conv, 3, 4),
+            _step("square", Square),
+            _step("conv2", Conv, 4, 2),
+            _step("tanh", Activation),
+            _pool("average"),
+            _step("halve", Halve),
+            _step("flatten", Flatten),
+            _step("linear", Linear, 72, 4),
+            _step("gate", Gate),
+            _step("head", Linear, 4, 3),
+        ),
+    ),
+    Base(
+        "l2pool_reciprocal",
+        (2, 8, 8),
+        (
+            _step("shift", Shift, (2, 8, 8)),
+            _pool("l2"),
+            _step("reciprocal", Reciprocal),
+            _step("conv", Conv, 2, 2),
+            _pool("average"),
+            _step("flatten", Flatten),
+            _step("head", Linear, 8, 2),
+        ),
+    ),
+    Base(
+        "tokens_attention_mlp",
+        (1, 6, 8),
+        (
+            _step("tokens", Tokens),
+            _step("norm", Norm, 8),
+            _step("attention", Attention, 8),
+            _step("linear", Linear, 8, 8),
+            _step("gate", Gate),
+            _step("flatten", Flatten),
+            _step("head", Linear, 48, 3),
+        ),
+    ),
+)
+
+
 class Chain(nn.Module):
     def __init__(self, steps: list[nn.Module]):
         super().__init__()
