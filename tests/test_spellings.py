@@ -217,3 +217,20 @@ def test_a_tied_weight_is_one_gradient():
         model = Tied()
     network = FlowNetwork(trace_model(model, (1, 8, 8)), 1, shared_predicate(None, None))
     assert network.gradient_values() == 8 * 64
+
+
+@pytest.mark.parametrize("cause", list(CAUSES))
+def test_the_export_tracer_gives_the_same_bound(cause, monkeypatch):
+    """Where torch.fx cannot trace a model, torch.export does: the same parameters reach the same calls there."""
+    import rankaudit.trace
+
+    shape, build, (_, rewritten) = CAUSES[cause]
+    make = functools.partial(build, rewritten)
+    with_fx, _ = static_bound(make, shape)
+
+    def fx_fails(*args, **kwargs):
+        raise RuntimeError("symbolic tracing failed (forced by the test)")
+
+    monkeypatch.setattr(rankaudit.trace, "trace_with_fx", fx_fails)
+    with_export, _ = static_bound(make, shape)
+    assert with_export == with_fx, f"{cause}: export bound {with_export}, fx bound {with_fx}"
