@@ -334,6 +334,7 @@ class GraphBuilder:
             # self.w.t(), self.A @ self.B): those ops are folded into this call, whose weights they are.
             [param for _, param in self.attribution.parameters(node, own_params)] or params,
             tuple(position for position, _, _ in operands),
+            target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__),
         )
         direct = self.attribution.direct_params(node, own_params)
         if atomic:

@@ -35,6 +35,7 @@ class OpFacts:
     params: list[nn.Parameter] = field(default_factory=list)  # parameters the call reads, directly or folded in
     # Where each traced operand sits among the arguments: its index, or its keyword (traced_inputs' order).
     traced_positions: tuple[int | str, ...] = ()
+    called: str = ""  # the function, method or aten op called (`op` may name the module that holds it)
 
     def arg(self, index: int, name: str, default: Any = None) -> Any:
         if len(self.args) > index:
@@ -201,7 +202,7 @@ _DIVISIONS = ("truediv", "itruediv", "div", "div_", "__truediv__", "__rtruediv__
 def count_scale(f: OpFacts) -> Counting:
     """Multiplying by a constant keeps the count; the product of two activations (gating) is not modelled.
     Dividing by a traced tensor (1 / x, c / x) is no scaling: its Jacobian depends on that tensor."""
-    if f.op in _DIVISIONS and any(position in (1, "other") for position in f.traced_positions):
+    if (f.called or f.op) in _DIVISIONS and any(position in (1, "other") for position in f.traced_positions):
         counting = not_modelled(f, "division by a tensor that depends on the input is not modelled")
         return dataclasses.replace(counting, input_dependent_jacobian=True)
     if len(f.traced_inputs) >= 2:

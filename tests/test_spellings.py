@@ -234,3 +234,33 @@ def test_the_export_tracer_gives_the_same_bound(cause, monkeypatch):
     monkeypatch.setattr(rankaudit.trace, "trace_with_fx", fx_fails)
     with_export, _ = static_bound(make, shape)
     assert with_export == with_fx, f"{cause}: export bound {with_export}, fx bound {with_fx}"
+
+
+def test_a_division_by_data_inside_a_module_with_parameters_is_no_scaling(monkeypatch):
+    """torch.export names a call after the module that holds it when the module has parameters of its own: the
+    division is still recognised by the op called, not by that name."""
+    import rankaudit.trace
+
+    class Divide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = nn.Parameter(2.0 + 0.1 * torch.randn(1, 8, 8))
+            self.c = nn.Parameter(torch.ones(()))  # one value: its own gradient carries next to nothing
+
+        def forward(self, x):
+            return self.c / (x + self.b)
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.divide = Divide()  # a submodule with parameters: export names its calls "divide"
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(F.avg_pool2d(self.divide(x), 4).flatten(1))
+
+    with_fx, _ = static_bound(Scaled, (1, 8, 8))
+    monkeypatch.setattr(rankaudit.trace, "trace_with_fx", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no fx")))
+    with_export, _ = static_bound(Scaled, (1, 8, 8))
+    measured = measured_rank(Scaled, (1, 8, 8)).rank
+    assert with_fx == with_export >= measured, f"fx bound {with_fx}, export bound {with_export}, measured {measured}"
