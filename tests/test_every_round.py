@@ -219,3 +219,45 @@ def test_rank_check_in_training_mode_reads_the_batch_statistics():
     assert max(train.sample_ranks) == 94 <= sample_identifiability(traced(True), Round(batch_size=16)).rank_bound == 99
     assert max(evaluated.sample_ranks) == 51
     assert model.norm.track_running_stats and model.training  # the caller's model is left as it was
+
+
+PATCH_MODEL = """
+from torch import nn
+
+
+class PatchNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 1, 4, stride=4)
+        self.act = nn.SELU()
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.head(self.act(self.patch(x)).flatten(1))
+
+
+INPUT_SHAPE = (3, 8, 8)
+"""
+
+
+def test_the_report_says_what_one_verdict_covers(run_cli, tmp_path):
+    import json
+
+    model = tmp_path / "patch.py"
+    model.write_text(PATCH_MODEL)
+    code, out, _ = run_cli(model)
+    assert code == 0  # one round: protected, 53 of 192
+    assert (
+        "Covers: One server round (the rounds are not known): each further round the client takes part in can add "
+        "up to 53 directions; after 4 rounds nothing is certified hidden." in out
+    )
+    code, out, _ = run_cli(model, "--server-rounds", 4, "--available-clients", 10, "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["verdict"] == "exposed"
+    sample = payload["identifiability"]["sample"]
+    assert (sample["rank_bound"], sample["rounds"], sample["rounds_known"], sample["round_bound"]) == (192, 4, True, 53)
+    assert sample["covers"].startswith("All 4 server rounds: 4 x 53 = 212 directions at most")
+    assert (payload["round"]["server_rounds"], payload["round"]["available_clients"]) == (4, 10)
+    assert payload["round"]["bn_mode"] == "train"
+    code, _, err = run_cli(model, "--bn-mode", "test")
+    assert code == 2 and "--bn-mode" in err
