@@ -151,8 +151,10 @@ class FlowNetwork:
         for node_id in statistics:
             record = self.traced.record(node_id)
             shape = record.output_shape
-            # Traced at batch size 1: (1, C, ...); a shape not known counts every value as a statistic.
-            channels = shape[1] if shape and len(shape) >= 2 else record.output_numel
+            # Traced at batch size 1: (1, C, ...). Another library's normalisation may keep a statistic per value
+            # (a mean over the batch alone), and a shape not known says nothing: every value counts.
+            known = record.family == "norm" and shape and len(shape) >= 2
+            channels = shape[1] if known else record.output_numel
             forward, backward = f"s:{node_id}", f"sδ:{node_id}"
             self._split(forward, 2 * channels, f"batch statistics of {record.name}", node_id)
             self._split(backward, 2 * channels, f"batch statistics of δ{record.name}", node_id)
@@ -455,7 +457,12 @@ def batch_statistics(traced: TracedModel, bn_mode: str) -> list[str]:
     for node_id in traced.order:
         record = traced.record(node_id)
         op = record.op.lower()
-        if record.family != "norm" or op.startswith(_PER_SAMPLE_NORMS) or op in _RUNNING_STATISTICS_OPS:
+        # Another library's normalisation module is traced as one op (the layer_norm family, per sample); one named
+        # for batch normalisation is taken at its word, except a frozen one (fixed statistics by construction).
+        other_library = record.family == "layer_norm" and "batch" in op and not op.startswith("frozen")
+        if record.family != "norm" and not other_library:
+            continue
+        if op.startswith(_PER_SAMPLE_NORMS) or op in _RUNNING_STATISTICS_OPS:
             continue
         if bn_mode == "train" or node_id in traced.eval_batch_statistics or op in _FUNCTIONAL_BATCH_NORMS:
             found.append(node_id)
