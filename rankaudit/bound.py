@@ -137,6 +137,56 @@ class FlowNetwork:
         for output_id in traced.output_ids:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
 
+    def add_rest_of_batch(self, is_shared: Callable[[GradientSource], bool], rest: int, statistics: list[str]):
+        """Spec §16: the other `rest` = B-1 samples of sample i's batch, coupled to it by batch statistics.
+
+        Built on a network at batch size 1 (sample i): a second copy of every tensor and its δ at capacity
+        rest·numel ("r|" vertices) stands for the rest of the batch, held fixed (the source does not reach it), and
+        shares the gradient vertices (the batch gradient sums over the samples). Every op in `statistics`
+        normalises with the batch's mean and variance: a vertex of 2·C values that sample i's and the rest's inputs
+        reach, and that reaches both copies' outputs and δ of the inputs (the normalisation's Jacobian reads the
+        statistics) and its affine parameters' gradients (they read the normalised input). Its backward reads the
+        batch's mean of δ(out) and of δ(out)·x̂ (2·C more values), which carries sample i's δ into the rest's. Every
+        other op works on each sample alone, so these are the only paths between the copies: a cut of this
+        network bounds rank(∂g/∂x_i) with the rest of the batch fixed.
+        """
+        others = FlowNetwork(self.traced, rest, is_shared)
+
+        def renamed(vertex: str) -> str:
+            return vertex if vertex in (SOURCE, SINK) or vertex.startswith("g:") else "r|" + vertex
+
+        for (tail, head), capacity in others.edges.items():
+            if tail == SOURCE:
+                continue  # the rest of the batch is not sample i: x_i reaches it only through the statistics
+            edge = (renamed(tail), renamed(head))
+            self.edges.setdefault(edge, capacity)
+            if (tail, head) in others.labels and edge not in self.labels:
+                self.labels[edge] = f"{others.labels[(tail, head)]} (rest of the batch)"
+                self.owners[edge] = others.owners[(tail, head)]
+        self.gradients |= others.gradients
+        for node_id in statistics:
+            record = self.traced.record(node_id)
+            shape = record.output_shape
+            # Traced at batch size 1: (1, C, ...). Another library's normalisation may keep a statistic per value
+            # (a mean over the batch alone), and a shape not known says nothing: every value counts.
+            known = record.family == "norm" and shape and len(shape) >= 2
+            channels = shape[1] if known else record.output_numel
+            forward, backward = f"s:{node_id}", f"sδ:{node_id}"
+            self._split(forward, 2 * channels, f"batch statistics of {record.name}", node_id)
+            self._split(backward, 2 * channels, f"batch statistics of δ{record.name}", node_id)
+            self._edge(forward, backward)
+            for copy in ("", "r|"):
+                for operand in dict.fromkeys(record.inputs):
+                    self._edge(f"{copy}t:{operand}", forward)
+                    self._edge(f"{copy}t:{operand}", backward)
+                    self._edge(forward, f"{copy}d:{operand}")
+                    self._edge(backward, f"{copy}d:{operand}")
+                self._edge(forward, f"{copy}t:{node_id}")
+                self._edge(f"{copy}d:{node_id}", backward)
+            for source in gradient_sources(record):
+                if f"g:{source.name}" in self.gradients and is_shared(source):
+                    self._edge(forward, f"g:{source.name}")
+
     def _gradient(self, source: GradientSource, node_id: str) -> str:
         """The vertex of one shared gradient, created on first use (a tied parameter is one gradient)."""
         vertex = source.vertex
@@ -403,6 +453,76 @@ def sample_unknowns(traced: TracedModel) -> int:
     return sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
 
 
+# Normalisations whose statistics are each sample's own: InstanceNorm's mean and variance are over one sample's
+# channel, GroupNorm's over one sample's group (in eval mode an InstanceNorm with running statistics reads those,
+# which do not depend on the batch either). Their Jacobian depends on the input (the norm family says so), but
+# they carry no sample into another's gradient.
+_PER_SAMPLE_NORMS = ("instancenorm", "instance_norm", "groupnorm", "group_norm", "native_group_norm")
+# aten spellings that state they normalise with running statistics.
+_RUNNING_STATISTICS_OPS = ("_native_batch_norm_legit_no_training", "_batch_norm_no_update")
+# Function spellings of a batch normalisation: their `training` argument is not recorded, so they count as reading
+# the batch's statistics in eval mode too (the worst case).
+_FUNCTIONAL_BATCH_NORMS = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update")
+
+
+def batch_statistics(traced: TracedModel, bn_mode: str) -> list[str]:
+    """The records that normalise with the batch's mean and variance (spec §16): in training mode every
+    normalisation of the norm family that is not per sample (BatchNorm1d/2d/3d, SyncBatchNorm, their subclasses,
+    F.batch_norm); in eval mode the BatchNorms without running statistics and the functional calls."""
+    found = []
+    for node_id in traced.order:
+        record = traced.record(node_id)
+        op = record.op.lower()
+        # Another library's normalisation module is traced as one op (the layer_norm family, per sample); one named
+        # for batch normalisation is taken at its word, except a frozen one (fixed statistics by construction).
+        other_library = record.family == "layer_norm" and "batch" in op and not op.startswith("frozen")
+        if record.family != "norm" and not other_library:
+            continue
+        if op.startswith(_PER_SAMPLE_NORMS) or op in _RUNNING_STATISTICS_OPS:
+            continue
+        if bn_mode == "train" or node_id in traced.eval_batch_statistics or op in _FUNCTIONAL_BATCH_NORMS:
+            found.append(node_id)
+    return found
+
+
+def _sample_step(
+    traced: TracedModel,
+    cache: dict,
+    batch_size: int,
+    statistics: list[str],
+    every: bool,
+    shared_layers: list[str] | None,
+    withheld_layers: list[str] | None,
+    max_recoverable: float | None,
+) -> int:
+    """One local step's bound on rank(∂g_k/∂x_i): §9's flow at batch size 1 where the samples of a batch do not
+    meet (eval mode, no batch statistics, B = 1); else the flow over sample i and the other B-1 samples of its
+    batch, joined by the statistics (spec §16). `every`: all trainable gradients carry on (a step before the
+    last); else only the shared ones."""
+    if batch_size == 1 or not statistics:
+        key = (1, every)
+        if key not in cache:
+            cache[key] = (
+                identifiability(traced, 1)
+                if every
+                else identifiability(
+                    traced,
+                    1,
+                    shared_layers=shared_layers,
+                    withheld_layers=withheld_layers,
+                    max_recoverable=max_recoverable,
+                )
+            )
+        return cache[key].rank_bound
+    key = ("batch-statistics", batch_size, every)
+    if key not in cache:
+        shared = shared_predicate(None, None) if every else shared_predicate(shared_layers, withheld_layers)
+        network = FlowNetwork(traced, 1, shared)
+        network.add_rest_of_batch(shared, batch_size - 1, statistics)
+        cache[key] = network.min_cut()[0]
+    return cache[key]
+
+
 def sample_identifiability(
     traced: TracedModel,
     round_: Round,
@@ -412,12 +532,19 @@ def sample_identifiability(
     max_recoverable: float | None = None,
     cache: dict | None = None,
 ) -> SampleBound:
-    """rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i (spec §14).
+    """rank(∂u/∂x_i) <= R_s = min(|x|, Σ_t min(|θ_s|, E_i·R(1))) for every sample i (spec §14, §16).
 
     J_i = ∂u/∂x_i moves one sample with every other one fixed. Within a step the batch gradient is a sum of
     per-sample gradients, so ∂g_k/∂x_i is the single-sample Jacobian, bounded by §9's flow at batch size 1; the
     sample reaches u only through the E_i steps that read it (E for a round of E epochs, 1 for FedSGD at any batch
-    size), and all of it ends in the |θ_s| update values. The batch size, N and the clients do not enter.
+    size), and all of it ends in the |θ_s| update values. The batch size, N and the clients do not enter, except
+    through batch statistics: in training mode a BatchNorm carries sample i into every other sample's activations,
+    and R(1) is the flow over sample i and the rest of its batch (at the round's batch size B, the largest batch a
+    sample is in: the flow only grows with the rest's capacity).
+
+    Every server round the client takes part in reads the sample again at new weights, through the same paths:
+    the bound sums one round's term over the rounds counted (Round.rounds_counted: the stated server rounds, else
+    one, and the report says what each further round adds).
 
     With part of the gradients withheld the round's rule holds per step: a step before the last carries every
     trainable gradient on (later steps read the weights it moved), the last step only the shared ones. A sample in
@@ -425,27 +552,25 @@ def sample_identifiability(
     the worst one: E·R_all(1) when some sample is never in the last step's batch (N > B), (E-1)·R_all(1) +
     R_shared(1) when every sample is (N <= B). Without withheld gradients R_all(1) = R_shared(1).
 
-    `cache` is round_identifiability's: the step bounds at batch size 1 and |θ_s| are computed once.
+    `cache` is round_identifiability's: the step bounds and |θ_s| are computed once.
     """
     cache = {} if cache is None else cache
     shared = shared_predicate(shared_layers, withheld_layers)
     partial = bool(shared_layers or withheld_layers)
     per_sample = sample_unknowns(traced)
-    if "update_values" not in cache and round_.steps > 1:
+    rounds = round_.rounds_counted
+    if "update_values" not in cache and (round_.steps > 1 or rounds > 1):
         cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
     # One step: its flow already passes the |θ_s| gradient vertices, so R(1) <= |θ_s| and the cap never binds.
     update_values = cache.get("update_values")
-    if (1, False) not in cache:
-        cache[(1, False)] = identifiability(
-            traced, 1, shared_layers=shared_layers, withheld_layers=withheld_layers, max_recoverable=max_recoverable
-        )
-    last_step = cache[(1, False)].rank_bound  # R_shared(1): the last step, only shared gradients leave
-    if partial and round_.steps > 1:
-        if (1, True) not in cache:
-            cache[(1, True)] = identifiability(traced, 1)
-        earlier_step = cache[(1, True)].rank_bound  # R_all(1): every trainable gradient carries on
-    else:
-        earlier_step = last_step
+    statistics = batch_statistics(traced, round_.bn_mode)
+    batch = round_.batch_size
+
+    def step(every: bool) -> int:
+        return _sample_step(traced, cache, batch, statistics, every, shared_layers, withheld_layers, max_recoverable)
+
+    last_step = step(False)  # R_shared(1): the last step, only shared gradients leave
+    earlier_step = step(True) if partial and round_.steps > 1 else last_step  # R_all(1)
     epochs = 1 if round_.fedsgd else round_.local_epochs
     if epochs == 1 and round_.steps == 1:
         steps_bound = last_step
@@ -453,10 +578,11 @@ def sample_identifiability(
         steps_bound = (epochs - 1) * earlier_step + last_step
     else:
         steps_bound = epochs * earlier_step
-    rank_bound = min(per_sample, steps_bound) if update_values is None else min(per_sample, update_values, steps_bound)
-    if update_values is not None and update_values < min(per_sample, steps_bound):
+    round_bound = steps_bound if update_values is None else min(update_values, steps_bound)
+    rank_bound = min(per_sample, rounds * round_bound)
+    if update_values is not None and update_values < steps_bound and rounds * update_values < per_sample:
         binding = "update-values"
-    elif steps_bound < per_sample:
+    elif rounds * round_bound < per_sample:
         binding = "steps"
     else:
         binding = "unknowns"
@@ -468,6 +594,10 @@ def sample_identifiability(
         steps_per_sample=epochs,
         single_sample_bound=earlier_step if round_.steps > 1 else last_step,
         binding=binding,
+        rounds=rounds,
+        round_bound=round_bound,
+        rounds_known=round_.server_rounds_known,
+        batch_statistics=[traced.record(node_id).name for node_id in statistics] if batch > 1 else [],
     )
 
 

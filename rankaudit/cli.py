@@ -122,7 +122,8 @@ _ROUND_OPTIONS = [
         type=int,
         default=None,
         metavar="R",
-        help="Rounds of the whole training (default 1); DP composes over them.",
+        help="Server rounds the client's updates reach the server in; the per-sample bound and DP add up over "
+        "them (default: not known, the verdict covers one round).",
     ),
     click.option(
         "--available-clients",
@@ -130,6 +131,13 @@ _ROUND_OPTIONS = [
         default=None,
         metavar="M",
         help="Clients the server samples each round's C from (default C); client-level DP's q = C/M.",
+    ),
+    click.option(
+        "--bn-mode",
+        type=click.Choice(["train", "eval"]),
+        default=None,
+        help="How the client's BatchNorm normalises while it trains: train (default) on the batch's own "
+        "statistics, which couple the samples of a batch; eval on its running statistics.",
     ),
 ]
 

@@ -268,6 +268,10 @@ def _round_table(path: Path, table) -> dict[str, object]:
             if not isinstance(value, str):
                 _bad(path, "round.optimizer", 'a string, e.g. "sgd" or "adam"')
             values[field] = value
+        elif key == "bn-mode":
+            if not isinstance(value, str):
+                _bad(path, "round.bn-mode", 'a string, "train" or "eval"')
+            values[field] = value
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 _bad(path, f"round.{key}", "a number")

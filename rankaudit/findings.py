@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankaudit.bound import identifiability, sample_identifiability
+from rankaudit.bound import batch_statistics, identifiability, sample_identifiability
 
 # The leakage findings (leakage.py), the sentences (meaning.py) and the policy (policy.py) have their own modules;
 # the CLI, the reports, suggest and the tests read them from findings, as they did before the split: the names
@@ -35,6 +35,7 @@ from rankaudit.meaning import (
     RA_MEANING,  # noqa: F401  (re-exported)
     bound_meaning,
     carried_by_sentence,  # noqa: F401  (re-exported)
+    coverage_sentence,
     dp_sentence,  # noqa: F401  (re-exported)
     hidden_estimate_sentence,  # noqa: F401  (re-exported)
     per_sample_view,
@@ -49,15 +50,13 @@ from rankaudit.policy import (
     evaluate_policy,
 )
 from rankaudit.result import Caveat, InputInfo, Result
+from rankaudit.round import Round
 from rankaudit.trace import TracedModel
 
 
 def _batch_norms(traced: TracedModel) -> list[str]:
-    return [
-        traced.record(n).name
-        for n in traced.order
-        if traced.record(n).family == "norm" and "batch" in traced.record(n).op.lower()
-    ]
+    """The normalisations that read the batch's statistics when the client trains in training mode."""
+    return [traced.record(node_id).name for node_id in batch_statistics(traced, "train")]
 
 
 def _model_caveats(
@@ -107,8 +106,6 @@ def apply_findings(
         result.identifiability = identifiability(traced, result.batch_size, max_recoverable=max_recoverable)
     bound = result.identifiability
     if bound.sample is None:
-        from rankaudit.round import Round
-
         bound.sample = sample_identifiability(
             traced,
             result.round or Round(batch_size=result.batch_size),
@@ -117,15 +114,11 @@ def apply_findings(
         )
     # Spec §14: the verdict is the sample level; the batch or round level stays as its own sentence.
     result.verdict = bound.sample.level
+    bound.sample.covers = coverage_sentence(
+        bound.sample, result.round or Round(batch_size=result.batch_size), _batch_norms(traced)
+    )
     if per_sample_view(result):
         result.meaning = sample_meaning(bound)
-        norms = _batch_norms(traced)
-        if norms:
-            result.meaning += (
-                f"; {', '.join(norms[:3])}{' ...' if len(norms) > 3 else ''} (BatchNorm) couple the "
-                "samples of a batch in training mode: this bound is for the model as simulated, in "
-                "eval mode"
-            )
         meaning = result.meaning[:1].upper() + result.meaning[1:]
         result.summary = (
             f"Rank bound {bound.sample.rank_bound:,} of {bound.sample.unknowns:,} unknowns per sample: "

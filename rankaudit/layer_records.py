@@ -65,6 +65,8 @@ class TracedModel:
     token_embeddings: list[TokenEmbedding] = field(default_factory=list)
     call_notes: list[str] = field(default_factory=list)  # how forward() was called: use_cache=False, ...
     input_starts: dict[str, str] = field(default_factory=dict)  # forward() input -> the record its unknowns start at
+    # BatchNorm calls that normalise with the batch's statistics even in eval mode (track_running_stats=False)
+    eval_batch_statistics: set[str] = field(default_factory=set)
 
     def __post_init__(self):
         if not self.input_ids:

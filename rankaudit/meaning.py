@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from rankaudit.levels import percent
-from rankaudit.result import DPBound, Identifiability, Result
+from rankaudit.result import DPBound, Identifiability, Result, SampleBound
+from rankaudit.round import Round
 
 # Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.
 NEAR_PERFECT_HIDDEN = 0.05
@@ -112,7 +115,8 @@ def per_sample_view(result: Result) -> bool:
     one sample's gradient and every report reads as before."""
     round_ = result.round
     fedsgd_one = (round_.fedsgd and round_.batch_size == 1) if round_ is not None else result.batch_size == 1
-    return not fedsgd_one
+    sample = result.identifiability.sample if result.identifiability is not None else None
+    return not fedsgd_one or (sample is not None and sample.rounds > 1)
 
 
 def _steps(count: int) -> str:
@@ -123,9 +127,16 @@ def sample_meaning(bound: Identifiability) -> str:
     """What the per-sample verdict means, in one sentence (spec §14)."""
     sample = bound.sample
     steps, one_step = _steps(sample.steps_per_sample), sample.single_sample_bound
+    if sample.rounds > 1:
+        steps += f" in each of {sample.rounds:,} server rounds"
     if sample.level == "exposed":
         if one_step >= sample.unknowns:
             why = "one step's gradient can determine one sample (§9 at batch size 1 certifies nothing)"
+        elif sample.rounds > 1 and sample.round_bound < sample.unknowns:
+            why = (
+                f"one round's update sees at most {sample.round_bound:,} of a sample's {sample.unknowns:,} "
+                f"directions, but its {sample.rounds:,} rounds together can see all of them"
+            )
         else:
             why = (
                 f"one step's gradient sees at most {one_step:,} of a sample's {sample.unknowns:,} directions, but "
@@ -139,10 +150,12 @@ def sample_meaning(bound: Identifiability) -> str:
     if sample.binding == "update-values":
         cap = f"the update has only {sample.rank_bound:,} values"
     else:
-        cap = (
-            f"the {steps} that read it carry at most {sample.rank_bound:,} of its directions (R(1) = "
-            f"{one_step:,} per step)"
+        per_step = (
+            f"{one_step:,} per step with the batch statistics"
+            if sample.batch_statistics
+            else f"R(1) = {one_step:,} per step"
         )
+        cap = f"the {steps} that read it carry at most {sample.rank_bound:,} of its directions ({per_step})"
     text = (
         f"at least {deficit:,} of each sample's {sample.unknowns:,} directions leave the update unchanged (to "
         f"first order), whatever the attack and whatever the other samples, because {cap}: at most "
@@ -151,6 +164,52 @@ def sample_meaning(bound: Identifiability) -> str:
     if sample.level == "partial":
         return text + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection"
     return text + f" (ceiling {percent(bound.max_recoverable)})"
+
+
+def coverage_sentence(sample: SampleBound, round_: Round, batch_norms: list[str]) -> str:
+    """What one verdict covers (spec §16): the server rounds counted, and the BatchNorm mode of the model's
+    `batch_norms` (empty: the model has none, and the mode is not mentioned)."""
+    per_round = sample.round_bound
+    if not sample.rounds_known:
+        text = "One server round"
+        if sample.rank_bound >= sample.unknowns:
+            text += " (the rounds are not known; one round already reaches every direction of a sample)"
+        elif per_round:
+            after = math.ceil(sample.unknowns / per_round)
+            text += (
+                f" (the rounds are not known): each further round the client takes part in can add up to "
+                f"{per_round:,} directions; after {after:,} rounds nothing is certified hidden. Give "
+                "--server-rounds (server-rounds in [tool.rankaudit.round]) to count them"
+            )
+        else:
+            text += " (the rounds are not known; further rounds add nothing: no gradient reaches the server)"
+    elif sample.rounds == 1:
+        text = "The one server round the client takes part in"
+    else:
+        text = (
+            f"All {sample.rounds:,} server rounds: {sample.rounds:,} x {per_round:,} = "
+            f"{sample.rounds * per_round:,} directions at most"
+            + (f", capped at the sample's {sample.unknowns:,}" if sample.rounds * per_round > sample.unknowns else "")
+            + " (every round counted: client sampling lowers the expected number, not the worst case)"
+        )
+    if batch_norms:
+        shown = ", ".join(batch_norms[:3]) + (" ..." if len(batch_norms) > 3 else "")
+        if round_.bn_mode == "eval":
+            text += (
+                f". BatchNorm in eval mode ({shown}: running statistics, --bn-mode eval): a client training in "
+                "training mode couples the samples of a batch, which this bound does not cover"
+            )
+            if sample.batch_statistics:
+                text += f" (except {', '.join(sample.batch_statistics[:3])}: no running statistics, counted)"
+        elif sample.batch_statistics:
+            others = round_.batch_size - 1
+            text += (
+                f". BatchNorm in training mode: the batch statistics of {shown} carry each sample into the other "
+                f"{others:,} sample{'s' if others != 1 else ''} of its batch, and the bound counts these paths"
+            )
+        else:
+            text += f". BatchNorm in training mode ({shown}): a batch of one sample couples nothing"
+    return text + "."
 
 
 def whole_sentence(result: Result) -> str:
@@ -166,8 +225,9 @@ def whole_sentence(result: Result) -> str:
         f"({percent(bound.recoverable_fraction)})"
     )
     if bound.certified_deficit > 0:
-        return f"{head}: no attack recovers all {count:,} samples at once; this is no guarantee for any one of them."
-    return f"{head}: nothing certifies that any part of the {count:,} samples stays hidden."
+        samples = f"all {count:,} samples" if count != 1 else "the sample"
+        return f"{head}: no attack recovers {samples} at once; this is no guarantee for any one of them."
+    return f"{head}: nothing certifies that any part of the {f'{count:,} samples' if count != 1 else 'sample'} stays hidden."
 
 
 # --- differential privacy (spec §13): a section beside the structural verdict -----------------------------------

@@ -14,6 +14,10 @@ DP_LEVELS = ("sample", "client")
 # Who adds the Gaussian noise. Against the honest-but-curious server only noise the client adds counts: noise the
 # server adds after aggregation bounds what the released model reveals, not what the server sees.
 NOISE_BY = ("client", "server")
+# How the client's BatchNorm layers normalise while it trains: `train` on the batch's own mean and variance (what a
+# client in training mode does: the statistics carry each sample into every other sample's gradient), `eval` on
+# their running statistics (a client that freezes them).
+BN_MODES = ("train", "eval")
 
 
 # Issue 23: below this a step's lr·g underflows float32 (smallest normal 1.2e-38 at gradients of 1e-8) and the
@@ -65,6 +69,16 @@ class Round:
     server_rounds: int = 1  # rounds of the whole training (DP composes over them)
     available_clients: int | None = None  # clients the server samples the C from; None: C (all take part)
     dp: DPSettings | None = None
+    bn_mode: str = "train"  # BN_MODES: BatchNorm on the batch's statistics (train) or its running ones (eval)
+    # Whether anyone stated the server rounds (a flag, [tool.rankaudit.round], the deployment). Not known: the
+    # per-sample bound covers one round and the report says what each further round adds.
+    server_rounds_known: bool = False
+
+    @property
+    def rounds_counted(self) -> int:
+        """The server rounds the per-sample bound sums over: all of them where known (client sampling is an
+        expectation, not a guarantee: the worst case is every round), else one."""
+        return self.server_rounds if self.server_rounds_known else 1
 
     @property
     def samples(self) -> int:
@@ -118,6 +132,7 @@ ROUND_KEYS = {
     "clients": "clients",
     "server-rounds": "server_rounds",
     "available-clients": "available_clients",
+    "bn-mode": "bn_mode",
 }
 _FLAG = {field: f"--{key} (`{key}` in [tool.rankaudit.round])" for key, field in ROUND_KEYS.items()}
 
@@ -140,6 +155,7 @@ def build_round(
             given = config.get(field)
         if given is not None:
             values[field] = given
+    values["server_rounds_known"] = "server_rounds" in values
     round_ = validate_round(Round(**values))
     return dataclasses.replace(round_, dp=dp_for_round(round_, dp, dp_given or {}))
 
@@ -254,6 +270,11 @@ def validate_round(round_: Round) -> Round:
             "be a denormal) in the verifiers' float32 and float64 arithmetic, and no rank or attack "
             "measured on it means anything",
             f"give {_FLAG['lr']} as a realistic rate, e.g. 0.05",
+        )
+    if round_.bn_mode not in BN_MODES:
+        raise UsageError(
+            f"unknown BatchNorm mode {round_.bn_mode!r}",
+            f"give {_FLAG['bn_mode']} as train (the batch's statistics, a client in training mode) or eval",
         )
     if round_.optimizer not in OPTIMIZERS:
         raise UsageError(

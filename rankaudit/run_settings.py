@@ -21,6 +21,7 @@ ROUND_FLAGS = (
     "clients",
     "server_rounds",
     "available_clients",
+    "bn_mode",
 )
 
 

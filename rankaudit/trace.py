@@ -129,4 +129,16 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
         token_embeddings=builder.token_embeddings,
         call_notes=notes,
         input_starts=builder.input_starts,
+        eval_batch_statistics=_statistics_without_running_values(model, builder.records),
     )
+
+
+def _statistics_without_running_values(model: nn.Module, records) -> set[str]:
+    """The BatchNorm calls that keep no running statistics: they normalise with the batch's own in eval mode too."""
+    modules = dict(model.named_modules())
+    found = set()
+    for node_id, record in records.items():
+        module = modules.get(record.name.split("#")[0]) if record.family == "norm" else None
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is None:
+            found.add(node_id)
+    return found

@@ -388,6 +388,10 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
         "clients": 1,
         "secure_aggregation": False,
         "fedsgd": False,
+        "server_rounds": 1,
+        "server_rounds_known": False,
+        "available_clients": 1,
+        "bn_mode": "train",
     }
     assert (
         payload["identifiability"]["verdict"] == "partial"

@@ -171,7 +171,7 @@ def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
     # the batch/round fields keep their meaning: 1,228 of 6,144, protected as a whole
     bound = payload["identifiability"]
     assert (bound["rank_bound"], bound["unknowns"], bound["verdict"]) == (1228, 6144, "protected")
-    assert bound["sample"] == {
+    assert {key: bound["sample"][key] for key in list(bound["sample"])[:7]} == {
         "rank_bound": 192,
         "unknowns": 192,
         "recoverable_fraction": 1.0,
@@ -180,6 +180,13 @@ def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
         "single_sample_bound": 192,
         "binding": "unknowns",
     }
+    # one round counted (the server rounds were not given), no BatchNorm to couple the samples
+    assert (bound["sample"]["rounds"], bound["sample"]["rounds_known"], bound["sample"]["round_bound"]) == (
+        1,
+        False,
+        192,
+    )
+    assert bound["sample"]["batch_statistics"] == []
     (readout,) = payload["bias_readout"]
     assert (readout["name"], readout["units"], readout["width"], readout["reads_input"], readout["exact"]) == (
         "fc1",
@@ -358,13 +365,20 @@ def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
     assert "stops the exact bias readout of a sample" in out and "Bias readout: fc1" in out
 
 
-def test_batchnorm_models_say_the_bound_is_for_eval_mode():
-    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2)
+def test_batchnorm_models_say_which_mode_the_bound_covers():
+    """Training mode by default (the bound counts the batch statistics' paths); eval mode named as such."""
+    train = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=2).identifiability.sample
+    assert train.batch_statistics[:2] == ["bn1", "layer1.0.bn1"]
     assert (
-        "(BatchNorm) couple the samples of a batch in training mode: this bound is for the model as simulated, "
-        "in eval mode" in result.meaning
+        "BatchNorm in training mode: the batch statistics of bn1, layer1.0.bn1, layer1.0.bn2 ... carry each sample "
+        "into the other 1 sample of its batch, and the bound counts these paths" in train.covers
     )
-    assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).meaning
+    evaluated = audit(str(EXAMPLES / "resnet18_w16.py"), round_=Round(batch_size=2, bn_mode="eval"))
+    assert evaluated.identifiability.sample.batch_statistics == []
+    assert "BatchNorm in eval mode (bn1, layer1.0.bn1, layer1.0.bn2 ...: running statistics, --bn-mode eval)" in (
+        evaluated.identifiability.sample.covers
+    )
+    assert "BatchNorm" not in audit(str(EXAMPLES / "resnet2_tiny.py"), batch_size=2).identifiability.sample.covers
 
 
 def test_a_frozen_weight_sends_no_row_to_read_out(tmp_path):

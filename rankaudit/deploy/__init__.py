@@ -39,6 +39,7 @@ _ROUND_FIELDS = {
     "clients": "clients",
     "server-rounds": "server_rounds",
     "available-clients": "available_clients",
+    "bn-mode": "bn_mode",
 }
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one

@@ -104,6 +104,10 @@ def round_dict(result: Result) -> dict | None:
         "clients": round_.clients,
         "secure_aggregation": round_.secure_aggregation,
         "fedsgd": round_.fedsgd,
+        "server_rounds": round_.server_rounds,
+        "server_rounds_known": round_.server_rounds_known,
+        "available_clients": round_.population,
+        "bn_mode": round_.bn_mode,
     }
 
 

@@ -285,6 +285,8 @@ def _sample_properties(result: Result) -> dict:
             "level": sample.level,
             "steps_per_sample": sample.steps_per_sample,
             "binding": sample.binding,
+            "rounds": sample.rounds,
+            "rounds_known": sample.rounds_known,
         }
     }
 

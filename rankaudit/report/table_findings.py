@@ -37,12 +37,13 @@ def conclusion_lines(result: Result, verdict: str) -> list[str]:
 
 
 def round_lines(result: Result) -> list[str]:
-    """The round's three caps (spec §12) and which one binds."""
+    """The round's three caps (spec §12) and which one binds; what the verdict covers (server rounds, BatchNorm)."""
     bound = result.identifiability
+    covers = [f"Covers: {bound.sample.covers}"] if bound is not None and bound.sample and bound.sample.covers else []
     if bound is None or bound.round is None:
-        return []
+        return covers
     caps = bound.round
-    return [
+    return covers + [
         f"Round: rank <= min(n = {caps.unknowns:,} unknowns, |θ_s| = {caps.update_values:,} update values, "
         f"Σ_c Σ_k R(B_k) = {caps.steps_bound:,}) = {bound.rank_bound:,}, ρ = {percent(bound.recoverable_fraction)}: "
         f"{caps.explanation}."

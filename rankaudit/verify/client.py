@@ -2,8 +2,12 @@
 
 Pure functions of (parameters, inputs) built on ``torch.func``, so that the rank check can take vector-Jacobian
 products through the whole unrolled training and the attack can batch candidates and clients with ``vmap``.
-The model runs in eval mode (BatchNorm on its running statistics, as every other verifier does); each step's
-loss is the mean over its mini-batch; the batch order is fixed and the same in every epoch (samples 0..B-1 first).
+The model runs as the client trains it in the BatchNorm mode the bound covers (client_mode: BatchNorm on each
+batch's own statistics in training mode, the default; on running statistics with --bn-mode eval; every other
+module in eval mode, so dropout is off); each step's loss is the mean over its mini-batch; the batch order is fixed
+and the same in every epoch (samples 0..B-1 first). Over several server rounds (spec §16) the weights move between
+rounds by the clients' own updates and by a fixed random step that stands for the other clients' (independent of
+the samples).
 """
 
 from __future__ import annotations
@@ -19,6 +23,30 @@ from rankaudit.verify.rank.jacobian import _loss
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
+# The other clients' step between two server rounds, per weight tensor: this share of its mean magnitude, in a
+# random direction fixed by the seed. It only has to move the weights; its size does not enter the bound.
+OTHER_CLIENTS_STEP = 0.05
+# Server rounds the verifiers simulate at most: each one multiplies the sketch's cost; a rank measured over fewer
+# rounds than the bound counts still sits under it (it can only grow with more rounds).
+MAX_SIMULATED_ROUNDS = 8
+
+
+def client_mode(net: nn.Module, bn_mode: str) -> nn.Module:
+    """`net` as a client trains it: eval mode (no dropout), BatchNorm in training mode on each batch's own mean and
+    variance when `bn_mode` is "train" (without updating running statistics: the update does not read them, and an
+    in-place buffer write cannot run under torch.func's transforms), else on its running statistics."""
+    net.eval()
+    if bn_mode == "train":
+        for module in net.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.train()
+                module.track_running_stats = False
+    return net
+
+
+def simulated_rounds(round_: Round) -> int:
+    """The server rounds a verifier simulates: the rounds the bound counts, at most MAX_SIMULATED_ROUNDS."""
+    return min(round_.rounds_counted, MAX_SIMULATED_ROUNDS)
 
 
 class LocalTraining:
@@ -27,20 +55,27 @@ class LocalTraining:
     ``update(X, labels)`` takes X of shape (C, N, *sample) and labels (C, N) and returns the aggregated update
     as one flat vector of |θ_s| values (the shared parameters in ``shared`` order). Frozen parameters stay fixed;
     every trainable one is trained (a withheld layer's weights move too and later steps read them), only the shared
-    ones are sent.
+    ones are sent. With ``rounds`` > 1 it returns every round's update, one after the other (rounds·|θ_s| values):
+    the next round starts from the weights the clients' mean update and the other clients' step (a fixed random
+    one, ``seed``) moved to.
     """
 
-    def __init__(self, net: nn.Module, round_: Round, loss: str, shared: list[str]):
+    def __init__(self, net: nn.Module, round_: Round, loss: str, shared: list[str], rounds: int = 1, seed: int = 0):
         from torch.func import functional_call, grad
 
         self.round = round_
+        self.rounds = rounds
         self.shared = list(shared)
         parameters = {name: p.detach() for name, p in net.named_parameters()}
         self.trainable = [name for name, p in net.named_parameters() if p.requires_grad]
         self.initial = {name: parameters[name] for name in self.trainable}
         frozen = {name: p for name, p in parameters.items() if name not in self.initial}
         buffers = {name: b.detach() for name, b in net.named_buffers()}
-        self.values = sum(self.initial[name].numel() for name in self.shared)
+        self.values = rounds * sum(self.initial[name].numel() for name in self.shared)
+        generator = torch.Generator().manual_seed(seed)
+        self.other_clients = [
+            {name: _other_step(weight, generator) for name, weight in self.initial.items()} for _ in range(rounds - 1)
+        ]
 
         def batch_loss(weights, inputs, labels):
             output = functional_call(net, ({**frozen, **weights}, buffers), (inputs,))
@@ -59,10 +94,13 @@ class LocalTraining:
         weights = self.trajectory(inputs, labels)[-1]
         return torch.cat([(weights[name] - self.initial[name]).reshape(-1) for name in self.shared])
 
-    def trajectory(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def trajectory(
+        self, inputs: torch.Tensor, labels: torch.Tensor, start: dict[str, torch.Tensor] | None = None
+    ) -> list[dict[str, torch.Tensor]]:
         """One client's trainable weights θ₀, θ₁, ..., θ_K: step k reads batches()[k] at θ_k (the bias readout
-        matches a deeper layer's candidates to the features each step saw)."""
-        weights = dict(self.initial)
+        matches a deeper layer's candidates to the features each step saw). θ₀ is the server's (`start`, default
+        the model's own weights)."""
+        weights = dict(self.initial if start is None else start)
         path = [weights]
         state: dict[str, tuple[torch.Tensor, ...]] = {}
         for step, part in enumerate(self.batches(), start=1):
@@ -97,12 +135,34 @@ class LocalTraining:
         return weight - lr / (1 - beta1**step) * first / (root + ADAM_EPS)
 
     def update(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Σ_c u_c: what the server sees; the clients run side by side under vmap."""
+        """Σ_c u_c: what the server sees; the clients run side by side under vmap. Over several rounds, every
+        round's Σ_c u_c in order."""
         from torch.func import vmap
 
-        if inputs.shape[0] == 1:
-            return self.client_update(inputs[0], labels[0])
-        return vmap(self.client_update)(inputs, labels).sum(0)
+        if self.rounds == 1:
+            if inputs.shape[0] == 1:
+                return self.client_update(inputs[0], labels[0])
+            return vmap(self.client_update)(inputs, labels).sum(0)
+        start, sent = dict(self.initial), []
+        for round_index in range(self.rounds):
+            if inputs.shape[0] == 1:
+                reached = {name: w[None] for name, w in self.trajectory(inputs[0], labels[0], start)[-1].items()}
+            else:
+                reached = vmap(lambda x, y, start=start: self.trajectory(x, y, start)[-1])(inputs, labels)
+            moved = {name: reached[name] - start[name] for name in start}
+            sent.append(torch.cat([moved[name].sum(0).reshape(-1) for name in self.shared]))
+            if round_index < self.rounds - 1:
+                others = self.other_clients[round_index]
+                start = {name: start[name] + moved[name].mean(0) + others[name] for name in start}
+        return torch.cat(sent)
+
+
+def _other_step(weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The other clients' contribution to one weight tensor between two rounds: it does not depend on this
+    client's samples (OTHER_CLIENTS_STEP of the tensor's mean magnitude, in a random direction)."""
+    scale = float(weight.detach().abs().mean()) or 1.0
+    direction = torch.randn(weight.shape, generator=generator, dtype=torch.float64)
+    return (OTHER_CLIENTS_STEP * scale * direction).to(device=weight.device, dtype=weight.dtype)
 
 
 def unknowns_of(round_: Round, sample_shape: tuple[int, ...]) -> int:
@@ -152,7 +212,7 @@ def check_local_training(
 
     # In float32, as clients train: the rank check's float64 would carry an --lr that no client's training survives
     # (issue 23: --verify rank passed at --lr 1e305 where rgap's float32 attack diverged).
-    net = copy.deepcopy(net).to(torch.float32)
+    net = client_mode(copy.deepcopy(net).to(torch.float32), round_.bn_mode)
     inputs = inputs.to(torch.float32) if inputs.is_floating_point() else inputs
     with torch.no_grad():
         training = LocalTraining(net, round_, loss, [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,8 @@ def run(context: VerifyContext) -> dict:
         shared_layers=context.shared_layers,
         withheld_layers=context.withheld_layers,
     )
-    if context.in_round:
+    round_ = context.result.round
+    if context.in_round or (round_ is not None and round_.rounds_counted > 1):
         return verify_round_rank(context.result, context.spec, **common)
     return verify_rank(
         context.result, context.spec, samples=context.samples, precision=context.rank_precision, **common
@@ -86,6 +88,8 @@ def verify_rank(
     loss = rank.loss_name_for(logits)
     labels = rank.draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
+    # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
+    bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
     measurements = []
     with ProgressBar(len(batches), "rank sketch", enabled=show_progress) as bar:
         for number, part in enumerate(batches):
@@ -101,6 +105,7 @@ def verify_rank(
                     directions=rank.MAX_DIRECTIONS if artifacts else 0,
                     hidden=True,
                     precision=precision,
+                    bn_mode=bn_mode,
                     progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows),
                 )
             )
@@ -116,6 +121,7 @@ def verify_rank(
         f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}",
     ]
     notes.append(f"precision: {headline.precision_note}")
+    notes.append(_mode_note(bn_mode))
     if not headline.reliable:
         notes.append(
             f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
@@ -332,7 +338,7 @@ def verify_round_rank(
 ) -> dict:
     """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
     from rankaudit.report.json import round_dict
-    from rankaudit.verify.client import check_local_training
+    from rankaudit.verify.client import check_local_training, simulated_rounds
     from rankaudit.verify.inputs import round_inputs, round_labels
     from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
@@ -373,7 +379,15 @@ def verify_round_rank(
         .replace("to the gradient", "to the update")
         for text in (agreement, judgement)
     )
-    bound = rank.bound_check(result.identifiability, measured.rank)
+    rounds = simulated_rounds(round_)
+    # Spec §16: over several rounds the stacked updates can show each round's directions; the round's bound counts
+    # one round, so the whole Jacobian is held to the sum over the rounds simulated.
+    whole = result.identifiability
+    if rounds > 1 and whole is not None:
+        whole = dataclasses.replace(
+            whole, rank_bound=min(measured.unknowns, rounds * whole.rank_bound), certified_deficit=0
+        )
+    bound = rank.bound_check(whole, measured.rank)
     notes = [
         f"weights: {weights}",
         f"inputs: {source}",
@@ -383,8 +397,15 @@ def verify_round_rank(
         f"sketch: {measured.sketch_rows} Gaussian rows x {measured.unknowns} unknowns in float64, each a "
         f"vector-Jacobian product through the {round_.steps} unrolled local steps, in chunks of "
         f"{measured.chunk_rows} rows; rank by {measured.spectrum}",
-        "model in eval mode (BatchNorm on its running statistics) during local training",
+        _mode_note(round_.bn_mode),
     ]
+    if rounds > 1:
+        notes.append(
+            f"server rounds: {rounds} simulated"
+            + (f" of the {round_.rounds_counted:,} counted" if rounds < round_.rounds_counted else "")
+            + ", each round's update stacked; between rounds the weights move by the clients' mean update and a "
+            "fixed random step for the other clients (independent of the samples)"
+        )
     if not measured.reliable:
         notes.append(
             f"unreliable: the gap {_gap_text(measured.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
@@ -447,6 +468,14 @@ def verify_round_rank(
     read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
     result.verification["rank"] = verification
     return verification
+
+
+def _mode_note(bn_mode: str) -> str:
+    return (
+        "BatchNorm in training mode: each batch normalised with its own statistics, as a training client does"
+        if bn_mode == "train"
+        else "BatchNorm in eval mode: running statistics"
+    )
 
 
 def _first_client_view(measured):

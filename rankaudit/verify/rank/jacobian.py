@@ -147,13 +147,15 @@ def measure(
     progress: Callable[[int, int], None] | None = None,
     hidden: bool = False,
     precision: str = "float64",
+    bn_mode: str = "eval",
 ) -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
     g is the gradient of the mean loss over the batch with respect to the ``shared`` parameters (names; default
     every trainable one). ``loss``: "cross-entropy" or "logistic" (default: logistic for a single logit).
-    The model is copied, moved to ``device`` in float64 and put in eval mode (BatchNorm uses its running
-    statistics, as the other verifiers do); attention runs under the math SDPA backend, the only one with a
+    The model is copied, moved to ``device`` in float64 and put in eval mode, its BatchNorm in ``bn_mode``
+    (verify.client.client_mode: "train" normalises with the batch's own statistics, as a client in training mode
+    does; "eval" with the running ones); attention runs under the math SDPA backend, the only one with a
     double backward. ``directions``: also return up to that many right singular vectors of dropped singular
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
@@ -171,12 +173,14 @@ def measure(
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
     started = time.perf_counter()
-    net = copy.deepcopy(model).to(device=device, dtype=torch.float64).eval()
+    from rankaudit.verify.client import client_mode
+
+    net = client_mode(copy.deepcopy(model).to(device=device, dtype=torch.float64), bn_mode)
     x = images.detach().to(device=device, dtype=torch.float64)
     labels = labels.to(device)
     if loss is None:
         with torch.no_grad(), _math_attention():
-            loss = loss_name_for(logits_of(net(x[:1])).numel())
+            loss = loss_name_for(logits_of(net(x))[:1].numel())
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r}", "use cross-entropy or logistic")
     trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}

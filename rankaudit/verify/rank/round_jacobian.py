@@ -23,7 +23,7 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.round import Round
 from rankaudit.verify import finite
-from rankaudit.verify.client import LocalTraining, unknowns_of
+from rankaudit.verify.client import LocalTraining, client_mode, simulated_rounds, unknowns_of
 from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 
@@ -90,12 +90,12 @@ def measure_round(
         )
     check_round_size(round_, tuple(inputs.shape[2:]), device)
     started = time.perf_counter()
-    net = _float64_copy(model, device)
+    net = _float64_copy(model, device, round_.bn_mode)
     x = inputs.detach().to(device=device, dtype=torch.float64)
     labels = labels.to(device)
     if loss is None:
         with torch.no_grad(), _math_attention():
-            loss = rank.loss_name_for(rank.logits_of(net(x[0, :1])).numel())
+            loss = rank.loss_name_for(rank.logits_of(net(x[0, : round_.batch_size]))[:1].numel())
     trainable = [name for name, p in net.named_parameters() if p.requires_grad]
     names = trainable if shared is None else list(dict.fromkeys(shared))
     missing = [name for name in names if name not in trainable]
@@ -104,7 +104,8 @@ def measure_round(
             f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
             "name parameters from model.named_parameters() that require grad",
         )
-    training = LocalTraining(net, round_, loss, names)
+    rounds = simulated_rounds(round_)  # spec §16: every round's update stacked, the weights moving between them
+    training = LocalTraining(net, round_, loss, names, rounds=rounds, seed=seed)
     unknowns, m = int(x.numel()), training.values
     rows = min(m, unknowns) + OVERSAMPLING
     sketch = torch.zeros(rows, unknowns, dtype=torch.float64, device=device)
@@ -120,7 +121,7 @@ def measure_round(
                 seed=seed,
                 chunk_rows=chunk_rows,
                 progress=progress,
-                activation_numel=per_step * round_.steps * round_.clients,
+                activation_numel=per_step * round_.steps * round_.clients * rounds,
             )
     if not finite.all_finite(sketch):
         # No SVD of non-finite numbers: the update or its derivative overflowed somewhere in the local training.
@@ -175,10 +176,10 @@ def measure_round(
     )
 
 
-def _float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
+def _float64_copy(model: nn.Module, device: torch.device, bn_mode: str) -> nn.Module:
     import copy
 
-    return copy.deepcopy(model).to(device=device, dtype=torch.float64).eval()
+    return client_mode(copy.deepcopy(model).to(device=device, dtype=torch.float64), bn_mode)
 
 
 def _fill(
