@@ -19,7 +19,14 @@ def evaluate_policy(
     carried_by = "structure" if fail_on != "never" else "none"
     if result.verdict in FAILING_VERDICTS[fail_on]:
         carried_by = "none"
-        if result.verdict == "partial" and bound is not None:
+        hidden = bound.sample.certified_hidden_energy if bound is not None and bound.sample else None
+        if hidden is not None and result.verdict in ("partial", "exposed"):
+            reasons.append(
+                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {percent(hidden)} of a typical "
+                f"sample's energy is certified hidden, below the {percent(1 - bound.max_recoverable)} protected asks "
+                f"(--fail-on {fail_on}; --max-recoverable sets the share, --fail-on exposed keeps the weaker gate)"
+            )
+        elif result.verdict == "partial" and bound is not None:
             fraction = bound.sample.recoverable_fraction if each else bound.recoverable_fraction
             whose = "each sample's" if each else "the input's"
             reasons.append(

@@ -154,6 +154,7 @@ CONFIGURABLE = (
     "fail_on",
     "min_ra",
     "max_recoverable",
+    "exposed_below",
     "shared_layers",
     "withheld_layers",
 )
@@ -168,6 +169,7 @@ class ModelSettings:
     fail_on: str
     min_ra: int | None
     max_recoverable: float | None
+    exposed_below: float | None
     shared_layers: list[str] | None
     withheld_layers: list[str] | None
     model_args: dict | None
@@ -217,6 +219,7 @@ def model_settings(
         fail_on=pick("fail_on"),
         min_ra=pick("min_ra"),
         max_recoverable=pick("max_recoverable"),
+        exposed_below=pick("exposed_below"),
         shared_layers=pick("shared_layers"),
         withheld_layers=withheld,
         model_args=arguments,
