@@ -262,8 +262,8 @@ def _timeout_option(command):
     type=click.Choice(FAIL_ON_CHOICES),
     default=DEFAULT_FAIL_ON,
     show_default=True,
-    help="partial: exit 1 unless the verdict is protected; exposed: the old, weaker "
-    "gate (exit 1 only without a certified deficit); boundary: partial, and also "
+    help="partial: exit 1 unless the verdict is protected; exposed: the weaker gate (exit 1 only when less than "
+    "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
     "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
 )
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")

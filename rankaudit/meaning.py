@@ -24,13 +24,19 @@ def ra_verdict(ra_i: int | None) -> str:
     return "boundary" if ra_i == 0 else "protected"
 
 
+def energy_percent(share: float) -> str:
+    """A certified hidden share as the reports write it: "less than 0.01 %" where the percent would need more
+    digits than a reader can use."""
+    return "less than 0.01 %" if 0 < share < 1e-4 else percent(share)
+
+
 def hidden_estimate_sentence(bound: Identifiability) -> str:
     """What the batch or round line hides of the energy: the certificate (spec §15) where one was computed, else
     spec §11's estimate, pointing to the measurement."""
     if bound.certified_deficit <= 0:
         return "nothing of the input is certified hidden"
     if bound.certified_hidden_energy is not None:
-        return f"{percent(bound.certified_hidden_energy)} of the samples' energy is certified hidden, for any weights"
+        return f"{energy_percent(bound.certified_hidden_energy)} of the samples' energy is certified hidden, for any weights"
     hidden = bound.hidden_estimate
     expect = "expect a near-perfect reconstruction" if hidden < NEAR_PERFECT_HIDDEN else "expect a degraded one"
     return (
@@ -55,6 +61,13 @@ def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str 
     return "no cut through the graph stops the shared gradient from determining the input: a server can reconstruct it"
 
 
+def _at_least(share: float) -> str:
+    if share <= 0:
+        return "nothing"
+    shown = energy_percent(share)
+    return shown if shown.startswith("less") else f"at least {shown}"
+
+
 def energy_sentence(result: Result) -> str:
     """Spec §15's certificate as the verdict line names it: the hidden share, the PSNR ceiling, the threat it covers,
     the distribution, and, where no architecture reaches `protected`, that noise is the way."""
@@ -69,8 +82,8 @@ def energy_sentence(result: Result) -> str:
     )
     protected_share = 1 - bound.max_recoverable
     text = (
-        f"For any weights, including a server that picks them: at least {percent(sample.certified_hidden_energy)} of "
-        f"a typical sample's energy stays hidden and {psnr} ({bound.spectrum}); protected asks at least "
+        f"For any weights, including a server that picks them: "
+        f"{_at_least(sample.certified_hidden_energy)} of a typical sample's energy stays hidden and {psnr} ({bound.spectrum}); protected asks at least "
         f"{percent(protected_share)} (--max-recoverable)"
     )
     if result.verdict == "protected":

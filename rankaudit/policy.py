@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rankaudit.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
-from rankaudit.meaning import per_sample_view, ra_verdict
+from rankaudit.meaning import energy_percent, per_sample_view, ra_verdict
 from rankaudit.result import PolicyOutcome, Result
 
 
@@ -22,7 +22,7 @@ def evaluate_policy(
         hidden = bound.sample.certified_hidden_energy if bound is not None and bound.sample else None
         if hidden is not None and result.verdict in ("partial", "exposed"):
             reasons.append(
-                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {percent(hidden)} of a typical "
+                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {energy_percent(hidden)} of a typical "
                 f"sample's energy is certified hidden, below the {percent(1 - bound.max_recoverable)} protected asks "
                 f"(--fail-on {fail_on}; --max-recoverable sets the share, --fail-on exposed keeps the weaker gate)"
             )
