@@ -261,3 +261,42 @@ def certify(bound, inputs, data: str | None = None, exposed_below: float | None 
     bound.protected_rank = largest_protected_rank(eigenvalues, 1 - bound.max_recoverable)
     bound.exposed_below = threshold
     return reference
+
+
+REFERENCE_CROP = Path(__file__).with_name("data") / "reference_crop.npy"
+
+
+def _area_matrix(target: int, source: int) -> np.ndarray:
+    """target×source: each output pixel the average of the source pixels its footprint covers (area resampling)."""
+    edges = np.linspace(0.0, source, target + 1)
+    matrix = np.zeros((target, source))
+    for row in range(target):
+        low, high = edges[row], edges[row + 1]
+        for col in range(int(np.floor(low)), min(int(np.ceil(high)), source)):
+            matrix[row, col] = min(high, col + 1) - max(low, col)
+    return matrix / matrix.sum(axis=1, keepdims=True)
+
+
+def reference_picture(shape: tuple[int, ...], rank: int) -> tuple[np.ndarray, np.ndarray, float | None] | None:
+    """One photograph crop shipped with the package (64×64, one of the verifiers' default crops) at C×H×W, and its
+    projection onto the top `rank` components of the shipped spectrum: what a server that picks the weights could
+    see of it at this bound. (original, visible part, PSNR of the visible part); None for inputs that are not 1- or
+    3-channel images."""
+    if len(shape) != 3 or shape[0] not in (1, 3) or min(shape) < 1:
+        return None
+    channels, height, width = (int(s) for s in shape)
+    crop = np.load(REFERENCE_CROP).astype(np.float64) / 255.0  # 3 × 64 × 64
+    if channels == 1:
+        crop = np.tensordot(np.array([0.299, 0.587, 0.114]), crop, axes=1)[None]
+    original = np.einsum("hy,cyx,wx->chw", _area_matrix(height, 64), crop, _area_matrix(width, 64))
+    axes = _colour_axes(channels)[1]
+    to_modes = np.einsum("ca,chw->ahw", axes, original)
+    coefficients = np.einsum("ih,ahw,jw->aij", _dct(height), to_modes, _dct(width))
+    order = np.argsort(_photo_modes(channels, height, width))[::-1]
+    kept = np.zeros(coefficients.size, dtype=bool)
+    kept[order[: max(int(rank), 0)]] = True
+    coefficients = np.where(kept.reshape(coefficients.shape), coefficients, 0.0)
+    visible = np.einsum("ca,aij->cij", axes, np.einsum("ih,aij,jw->ahw", _dct(height), coefficients, _dct(width)))
+    error = float(np.mean((visible - original) ** 2))
+    psnr = 10 * math.log10(1.0 / error) if error > 1e-20 else None  # below: the crop itself, to rounding
+    return original, visible, psnr if psnr is None or math.isfinite(psnr) else None

@@ -226,3 +226,33 @@ def test_the_certificate_is_under_the_hidden_energy_measured_at_the_seeded_weigh
     ]
     assert len(hidden) == 8 and certified is not None
     assert certified <= float(np.mean(hidden)), (certified, hidden)
+
+
+def test_the_html_report_shows_a_reference_photograph_beside_what_the_bound_lets_a_server_see():
+    """The strided stem (R_s = 452 at 3x32x32): the shipped crop (a detailed one: a pagoda) in its top 452 components
+    is a 27.3 dB picture (the typical sample's ceiling is 34.5 dB); no weights, no verifier, no image library."""
+    import base64
+    import re
+    import struct
+    import zlib
+
+    from rankaudit.energy import reference_picture
+    from rankaudit.report import html
+
+    original, visible, psnr = reference_picture((3, 32, 32), 452)
+    assert original.shape == visible.shape == (3, 32, 32) and psnr == pytest.approx(27.3, abs=0.1)
+    assert reference_picture((3, 32, 32), 3072)[2] is None  # every component: the crop itself
+    assert reference_picture((3, 32, 32), 0)[2] < reference_picture((3, 32, 32), 48)[2] < psnr
+    page = html.render([audit(str(EXAMPLES / "strided_stem.py"))])
+    figure = re.search(r'<figure class="visible-pair certificate".*?</figure>', page, re.S).group(0)
+    assert f"its top 452 principal components of the reference spectrum): {psnr:.1f} dB PSNR" in figure
+    pngs = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", figure)
+    assert len(pngs) == 2
+    data = base64.b64decode(pngs[1])
+    width, height = struct.unpack(">II", data[16:24])
+    idat = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[idat - 4 : idat])
+    rows = np.frombuffer(zlib.decompress(data[idat + 4 : idat + 4 + length]), np.uint8).reshape(32, 1 + 32 * 3)
+    decoded = rows[:, 1:].reshape(32, 32, 3).transpose(2, 0, 1) / 255.0
+    assert (width, height) == (32, 32) and np.abs(decoded - np.clip(visible, 0, 1)).max() <= 0.5 / 255 + 1e-9
+    assert "less than 5 % of a typical sample's energy certified hidden" in page
