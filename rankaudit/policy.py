@@ -75,6 +75,29 @@ def evaluate_policy(
     )
 
 
+def _noise_that_would(result: Result) -> str:
+    """Where no architecture reaches `protected` (spec §15), the least client noise that meets the DP rule, from the
+    search `suggest` runs (dp.least_noise at this q, T and δ); elsewhere the pointer to `suggest`."""
+    bound, dp = result.identifiability, result.dp
+    hopeless = (
+        bound is not None
+        and bound.sample is not None
+        and bound.protected_rank is not None
+        and bound.protected_rank < bound.sample.rank_bound
+    )
+    if not hopeless or dp.noise_by != "client":
+        return "`rankaudit suggest` with the same DP options names the least noise that meets it"
+    from rankaudit.dp import least_noise
+
+    found = least_noise(dp.max_reconstruction, dp.prior, dp.sample_rate, dp.steps, dp.delta, dp.level)
+    if found.noise_multiplier is None:
+        return "no noise multiplier up to the search's ceiling meets it at this sampling rate and number of steps"
+    return (
+        f"no architecture change reaches protected on this input; a noise multiplier of at least "
+        f"{found.noise_multiplier:g} would meet it at q {dp.sample_rate:g} and T {dp.steps:,}"
+    )
+
+
 def apply_dp(result: Result, settings) -> Result:
     """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
     B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
@@ -88,7 +111,7 @@ def apply_dp(result: Result, settings) -> Result:
         policy.reasons.append(
             f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
             f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
-            f"`rankaudit suggest` with the same DP options names the least noise that meets it)"
+            f"{_noise_that_would(result)})"
         )
         policy.passed = False
     elif (

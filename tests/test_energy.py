@@ -256,3 +256,17 @@ def test_the_html_report_shows_a_reference_photograph_beside_what_the_bound_lets
     decoded = rows[:, 1:].reshape(32, 32, 3).transpose(2, 0, 1) / 255.0
     assert (width, height) == (32, 32) and np.abs(decoded - np.clip(visible, 0, 1)).max() <= 0.5 / 255 + 1e-9
     assert "less than 5 % of a typical sample's energy certified hidden" in page
+
+
+def test_where_no_architecture_reaches_protected_the_verdict_names_the_noise_that_would():
+    """The strided stem with too little client noise (σ 0.5, B(0.01) 0.37 > 0.05): the reason names the least
+    σ that meets the DP rule at this q and T (1.469, by the same search `suggest` runs), and that σ passes."""
+    weak = audit(
+        str(EXAMPLES / "strided_stem.py"), round_=Round(dp=DPSettings(noise_multiplier=0.5, max_reconstruction=0.05))
+    )
+    (reason,) = [r for r in weak.policy.reasons if r.startswith("DP bound")]
+    assert "no architecture change reaches protected on this input; a noise multiplier of at least 1.469" in reason
+    enough = audit(
+        str(EXAMPLES / "strided_stem.py"), round_=Round(dp=DPSettings(noise_multiplier=1.469, max_reconstruction=0.05))
+    )
+    assert enough.verdict == "exposed" and enough.policy.passed and enough.policy.carried_by == "noise"
