@@ -7,6 +7,7 @@ import time
 from rankaudit import findings, supervise
 from rankaudit.analysis import analyze
 from rankaudit.bound import round_identifiability
+from rankaudit.energy import ReferenceDataError
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
 from rankaudit.ops import Role
@@ -68,12 +69,16 @@ def audit(
     shared_layers: list[str] | None = None,
     withheld_layers: list[str] | None = None,
     max_recoverable: float | None = None,
+    exposed_below: float | None = None,
+    data: str | None = None,
     input_dtype=None,
     round_: Round | None = None,
     model_args: dict | None = None,
 ) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
+    `data` (--data): the user's own samples as the energy certificate's reference distribution (spec §15);
+    `exposed_below`: the hidden share under which a sample is `exposed`.
     `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
     `dp` settings (round.DPSettings) add the DP section and its policy rule (spec §13). None: FedSGD, one gradient
     of a batch of `batch_size`, no DP.
@@ -113,9 +118,19 @@ def audit(
         max_recoverable=max_recoverable,
     )
     result.token_leakage = findings.token_leakage(traced, batch_size, shared)
-    findings.apply_findings(
-        result, traced, fail_on=fail_on, min_ra=min_ra, shared_layers=shared, max_recoverable=max_recoverable
-    )
+    try:
+        findings.apply_findings(
+            result,
+            traced,
+            fail_on=fail_on,
+            min_ra=min_ra,
+            shared_layers=shared,
+            max_recoverable=max_recoverable,
+            data=data,
+            exposed_below=exposed_below,
+        )
+    except ReferenceDataError as exc:
+        raise UsageError(str(exc), "fix --data or leave it out to use the shipped reference") from exc
     if result.round.dp is not None:
         findings.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started

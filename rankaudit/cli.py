@@ -270,8 +270,8 @@ def _timeout_option(command):
     type=click.Choice(FAIL_ON_CHOICES),
     default=DEFAULT_FAIL_ON,
     show_default=True,
-    help="partial: exit 1 unless the verdict is protected; exposed: the old, weaker "
-    "gate (exit 1 only without a certified deficit); boundary: partial, and also "
+    help="partial: exit 1 unless the verdict is protected; exposed: the weaker gate (exit 1 only when less than "
+    "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
     "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
 )
 @click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
@@ -280,8 +280,15 @@ def _timeout_option(command):
     type=click.FloatRange(0, 1),
     default=None,
     metavar="F",
-    help="The ceiling on each sample's recoverable fraction (rank bound / unknowns, spec §14) for the "
-    "verdict protected; above it a certified deficit is only partial (default 0.5).",
+    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
+    "(default 0.5: half); below that the verdict is partial or exposed.",
+)
+@click.option(
+    "--exposed-below",
+    type=click.FloatRange(0, 1),
+    default=None,
+    metavar="F",
+    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
 )
 @click.option(
     "--shared-layers",
@@ -314,7 +321,11 @@ def _timeout_option(command):
     help="auto: CUDA when available, else CPU.",
 )
 @click.option(
-    "--data", metavar="DIR|FILE.npy", help="Images to attack (default: photographs shipped with scikit-learn)."
+    "--data",
+    metavar="DIR|FILE.npy",
+    help="Samples like yours: the reference distribution of the energy certificate (default: a photograph spectrum "
+    "shipped with rankaudit for C,H,W inputs, else white data) and the images to attack (default: photographs "
+    "shipped with scikit-learn).",
 )
 @click.option(
     "--steps",
@@ -387,6 +398,7 @@ def check(
     fail_on,
     min_ra,
     max_recoverable,
+    exposed_below,
     shared_layers,
     withheld_layers,
     quiet,
@@ -457,6 +469,8 @@ def check(
                 fail_on=chosen.fail_on,
                 min_ra=chosen.min_ra,
                 max_recoverable=chosen.max_recoverable,
+                exposed_below=chosen.exposed_below,
+                data=data,
                 shared_layers=chosen.shared_layers,
                 withheld_layers=chosen.withheld_layers,
                 input_dtype=input_dtype,

@@ -19,6 +19,7 @@ TOP_KEYS = {
     "fail-on",
     "min-ra",
     "max-recoverable",
+    "exposed-below",
     "batch-size",
     "shared-layers",
     "withheld-layers",
@@ -42,6 +43,7 @@ class Settings:
     fail_on: str | None = None
     min_ra: int | None = None
     max_recoverable: float | None = None
+    exposed_below: float | None = None
     batch_size: int | None = None
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
@@ -143,6 +145,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             _bad(pyproject, "max-recoverable", "a fraction between 0 and 1, e.g. 0.5")
         settings.max_recoverable = float(value)
+    if "exposed-below" in table:
+        value = table["exposed-below"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            _bad(pyproject, "exposed-below", "a fraction between 0 and 1, e.g. 0.05")
+        settings.exposed_below = float(value)
     if "batch-size" in table:
         settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
     if "shared-layers" in table:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rankaudit.bound import batch_statistics, identifiability, sample_identifiability
+from rankaudit.energy import certify
 
 # The leakage findings (leakage.py), the sentences (meaning.py) and the policy (policy.py) have their own modules;
 # the CLI, the reports, suggest and the tests read them from findings, as they did before the split: the names
@@ -37,6 +38,7 @@ from rankaudit.meaning import (
     carried_by_sentence,  # noqa: F401  (re-exported)
     coverage_sentence,
     dp_sentence,  # noqa: F401  (re-exported)
+    energy_sentence,
     hidden_estimate_sentence,  # noqa: F401  (re-exported)
     per_sample_view,
     ra_sentence,
@@ -91,6 +93,8 @@ def apply_findings(
     min_ra: int | None = None,
     shared_layers: set[str] | None = None,
     max_recoverable: float | None = None,
+    data: str | None = None,
+    exposed_below: float | None = None,
 ) -> Result:
     """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`.
 
@@ -112,6 +116,8 @@ def apply_findings(
             shared_layers=sorted(shared_layers) if shared_layers else None,
             max_recoverable=bound.max_recoverable,
         )
+    # Spec §15: the level is read on energy (the certified hidden share of a typical sample), not on directions.
+    certify(bound, traced.inputs, data, exposed_below)
     # Spec §14: the verdict is the sample level; the batch or round level stays as its own sentence.
     result.verdict = bound.sample.level
     bound.sample.covers = coverage_sentence(
@@ -122,7 +128,8 @@ def apply_findings(
         meaning = result.meaning[:1].upper() + result.meaning[1:]
         result.summary = (
             f"Rank bound {bound.sample.rank_bound:,} of {bound.sample.unknowns:,} unknowns per sample: "
-            f"{result.verdict} (each sample). {meaning}. {whole_sentence(result)} " + ra_sentence(result)
+            f"{result.verdict} (each sample). {meaning}. {energy_sentence(result)} {whole_sentence(result)} "
+            + ra_sentence(result)
         )
     else:
         result.meaning = (
@@ -133,7 +140,7 @@ def apply_findings(
         meaning = result.meaning[:1].upper() + result.meaning[1:]
         result.summary = (
             f"Rank bound {bound.rank_bound:,} of {bound.unknowns:,} unknowns: {result.verdict}. "
-            f"{meaning}. " + ra_sentence(result)
+            f"{meaning}. {energy_sentence(result)} " + ra_sentence(result)
         )
     result.bias_readout = bias_readouts(traced, result, shared_layers)
     result.caveats = _model_caveats(result, non_injective, traced.fallback_reason) + result.caveats

@@ -5,6 +5,9 @@ from __future__ import annotations
 # Weakest protection first, and the default ceiling on the recoverable fraction R/n for `protected`.
 VERDICT_LEVELS = ("exposed", "partial", "protected")
 DEFAULT_MAX_RECOVERABLE = 0.5
+# Spec §15: `exposed` when less than this share of a typical sample's energy is certified hidden (--exposed-below):
+# the visible part of a typical photograph is then above about 26 dB at 32 px.
+DEFAULT_EXPOSED_BELOW = 0.05
 
 # --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before spec §11);
 # partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).

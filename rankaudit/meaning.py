@@ -27,40 +27,34 @@ def ra_verdict(ra_i: int | None) -> str:
     return "boundary" if ra_i == 0 else "protected"
 
 
+def energy_percent(share: float) -> str:
+    """A certified hidden share as the reports write it: "less than 0.01 %" where the percent would need more
+    digits than a reader can use."""
+    return "less than 0.01 %" if 0 < share < 1e-4 else percent(share)
+
+
 def hidden_estimate_sentence(bound: Identifiability) -> str:
-    """Spec §11's static estimate of what a deficit hides of a natural image, pointing to the measurement."""
+    """What the batch or round line hides of the energy: the certificate (spec §15) where one was computed, else
+    spec §11's estimate, pointing to the measurement."""
     if bound.certified_deficit <= 0:
         return "nothing of the input is certified hidden"
+    if bound.certified_hidden_energy is not None:
+        return f"{energy_percent(bound.certified_hidden_energy)} of the samples' energy is certified hidden, for any weights"
     hidden = bound.hidden_estimate
-    expect = (
-        "expect a near-perfect reconstruction"
-        if hidden < NEAR_PERFECT_HIDDEN
-        else "expect a recognisable reconstruction"
-        if bound.verdict == "partial"
-        else "expect a degraded reconstruction"
-    )
+    expect = "expect a near-perfect reconstruction" if hidden < NEAR_PERFECT_HIDDEN else "expect a degraded one"
     return (
-        f"about {percent(hidden)} of an image's energy can be hidden (estimate: deficit / unknowns; --verify rank "
-        f"measures it); {expect}"
+        f"about {percent(hidden)} of the input's directions are hidden (--verify rank measures the energy they "
+        f"hold); {expect}"
     )
 
 
 def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str | None) -> str:
-    """What the verdict means, in one sentence (spec §9, §11)."""
-    if bound.verdict == "protected":
+    """What the bound means, in one sentence (spec §9, §11); the level itself is read on energy (§15)."""
+    if bound.certified_deficit > 0:
         return (
             f"at least {bound.certified_deficit:,} input directions leave every shared gradient unchanged (to "
             f"first order), whatever the attack: at most {percent(bound.recoverable_fraction)} of the input's "
-            f"directions can be recovered (ceiling {percent(bound.max_recoverable)}); "
-            f"{hidden_estimate_sentence(bound)} (protected is not the same as private: the visible directions "
-            "still carry part of the image)"
-        )
-    if bound.verdict == "partial":
-        return (
-            f"only {bound.certified_deficit:,} input directions are certified invisible: up to "
-            f"{percent(bound.recoverable_fraction)} of the input's directions can still be recovered, above the "
-            f"{percent(bound.max_recoverable)} ceiling; {hidden_estimate_sentence(bound)}. This is not "
-            "protection: only a reconstruction of the whole input is ruled out"
+            f"directions can be recovered; {hidden_estimate_sentence(bound)}"
         )
     if ra_i is not None and ra_i > 0:
         return (
@@ -68,6 +62,48 @@ def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str 
             f"form stops at {critical_layer}, but optimisation attacks are not stopped"
         )
     return "no cut through the graph stops the shared gradient from determining the input: a server can reconstruct it"
+
+
+def _at_least(share: float) -> str:
+    if share <= 0:
+        return "nothing"
+    shown = energy_percent(share)
+    return shown if shown.startswith("less") else f"at least {shown}"
+
+
+def energy_sentence(result: Result) -> str:
+    """Spec §15's certificate as the verdict line names it: the hidden share, the PSNR ceiling, the threat it covers,
+    the distribution, and, where no architecture reaches `protected`, that noise is the way."""
+    bound = result.identifiability
+    sample = bound.sample if bound is not None else None
+    if sample is None or sample.certified_hidden_energy is None:
+        return ""
+    psnr = (
+        f"its visible part is at most a {sample.visible_psnr_ceiling:.1f} dB reconstruction"
+        if sample.visible_psnr_ceiling is not None
+        else "its visible part can be the sample itself"
+    )
+    protected_share = 1 - bound.max_recoverable
+    text = (
+        f"For any weights, including a server that picks them: "
+        f"{_at_least(sample.certified_hidden_energy)} of a typical sample's energy stays hidden and {psnr} ({bound.spectrum}); protected asks at least "
+        f"{percent(protected_share)} (--max-recoverable)"
+    )
+    if result.verdict == "protected":
+        return text + "."
+    if result.verdict == "exposed":
+        text += f", and less than {percent(bound.exposed_below)} is exposed (--exposed-below)"
+    text += "."
+    if bound.protected_rank is not None and bound.protected_rank < sample.rank_bound:
+        if bound.protected_rank == 0:
+            text += (
+                " No architecture change reaches protected on this input: a single visible direction already shows "
+                "more than that share of a typical sample's energy; client DP noise can bound every reconstruction "
+                "(`rankaudit suggest` with the DP options names the least noise that does)."
+            )
+        else:
+            text += f" Protected needs a per-sample rank bound of at most {bound.protected_rank:,}."
+    return text
 
 
 def ra_sentence(result: Result) -> str:
@@ -96,14 +132,9 @@ def round_meaning(bound: Identifiability) -> str:
         f"unchanged (to first order), whatever the attack, because {cap}; up to "
         f"{percent(bound.recoverable_fraction)} of them can be recovered"
     )
-    if bound.verdict == "partial":
-        return (
-            reach + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection, only a "
-            "reconstruction of every sample in full is ruled out"
-        )
     return (
-        reach + f" (ceiling {percent(bound.max_recoverable)}); a deficit of the round's inputs as a whole, which "
-        "does not prove that each sample keeps a hidden part"
+        reach + f"; {hidden_estimate_sentence(bound)}; a deficit of the round's inputs as a whole, which does not "
+        "prove that each sample keeps a hidden part"
     )
 
 
@@ -129,7 +160,7 @@ def sample_meaning(bound: Identifiability) -> str:
     steps, one_step = _steps(sample.steps_per_sample), sample.single_sample_bound
     if sample.rounds > 1:
         steps += f" in each of {sample.rounds:,} server rounds"
-    if sample.level == "exposed":
+    if sample.rank_bound >= sample.unknowns:
         if one_step >= sample.unknowns:
             why = "one step's gradient can determine one sample (§9 at batch size 1 certifies nothing)"
         elif sample.rounds > 1 and sample.round_bound < sample.unknowns:
@@ -159,11 +190,9 @@ def sample_meaning(bound: Identifiability) -> str:
     text = (
         f"at least {deficit:,} of each sample's {sample.unknowns:,} directions leave the update unchanged (to "
         f"first order), whatever the attack and whatever the other samples, because {cap}: at most "
-        f"{percent(sample.recoverable_fraction)} of any one sample can be recovered"
+        f"{percent(sample.recoverable_fraction)} of any one sample's directions can be recovered"
     )
-    if sample.level == "partial":
-        return text + f", above the {percent(bound.max_recoverable)} ceiling: this is not protection"
-    return text + f" (ceiling {percent(bound.max_recoverable)})"
+    return text
 
 
 def coverage_sentence(sample: SampleBound, round_: Round, batch_norms: list[str]) -> str:

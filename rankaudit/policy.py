@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rankaudit.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
-from rankaudit.meaning import per_sample_view, ra_verdict
+from rankaudit.meaning import energy_percent, per_sample_view, ra_verdict
 from rankaudit.result import PolicyOutcome, Result
 
 
@@ -19,7 +19,14 @@ def evaluate_policy(
     carried_by = "structure" if fail_on != "never" else "none"
     if result.verdict in FAILING_VERDICTS[fail_on]:
         carried_by = "none"
-        if result.verdict == "partial" and bound is not None:
+        hidden = bound.sample.certified_hidden_energy if bound is not None and bound.sample else None
+        if hidden is not None and result.verdict in ("partial", "exposed"):
+            reasons.append(
+                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {energy_percent(hidden)} of a typical "
+                f"sample's energy is certified hidden, below the {percent(1 - bound.max_recoverable)} protected asks "
+                f"(--fail-on {fail_on}; --max-recoverable sets the share, --fail-on exposed keeps the weaker gate)"
+            )
+        elif result.verdict == "partial" and bound is not None:
             fraction = bound.sample.recoverable_fraction if each else bound.recoverable_fraction
             whose = "each sample's" if each else "the input's"
             reasons.append(
@@ -68,6 +75,29 @@ def evaluate_policy(
     )
 
 
+def _noise_that_would(result: Result) -> str:
+    """Where no architecture reaches `protected` (spec §15), the least client noise that meets the DP rule, from the
+    search `suggest` runs (dp.least_noise at this q, T and δ); elsewhere the pointer to `suggest`."""
+    bound, dp = result.identifiability, result.dp
+    hopeless = (
+        bound is not None
+        and bound.sample is not None
+        and bound.protected_rank is not None
+        and bound.protected_rank < bound.sample.rank_bound
+    )
+    if not hopeless or dp.noise_by != "client":
+        return "`rankaudit suggest` with the same DP options names the least noise that meets it"
+    from rankaudit.dp import least_noise
+
+    found = least_noise(dp.max_reconstruction, dp.prior, dp.sample_rate, dp.steps, dp.delta, dp.level)
+    if found.noise_multiplier is None:
+        return "no noise multiplier up to the search's ceiling meets it at this sampling rate and number of steps"
+    return (
+        f"no architecture change reaches protected on this input; a noise multiplier of at least "
+        f"{found.noise_multiplier:g} would meet it at q {dp.sample_rate:g} and T {dp.steps:,}"
+    )
+
+
 def apply_dp(result: Result, settings) -> Result:
     """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
     B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
@@ -81,7 +111,7 @@ def apply_dp(result: Result, settings) -> Result:
         policy.reasons.append(
             f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
             f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
-            f"`rankaudit suggest` with the same DP options names the least noise that meets it)"
+            f"{_noise_that_would(result)})"
         )
         policy.passed = False
     elif (

@@ -116,6 +116,8 @@ class Identifiability:
     sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
     certified_hidden_energy: float | None = None  # the batch/round line's certified hidden share of energy
     spectrum: str | None = None  # the reference distribution the energy figures use (its name, for the report)
+    exposed_below: float = 0.05  # spec §15: `exposed` when the certified hidden share is below this
+    protected_rank: int | None = None  # the largest R_s at which the certificate reaches `protected` (energy)
 
     @property
     def hidden_estimate(self) -> float:

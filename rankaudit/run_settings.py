@@ -155,6 +155,7 @@ CONFIGURABLE = (
     "fail_on",
     "min_ra",
     "max_recoverable",
+    "exposed_below",
     "shared_layers",
     "withheld_layers",
 )
@@ -169,6 +170,7 @@ class ModelSettings:
     fail_on: str
     min_ra: int | None
     max_recoverable: float | None
+    exposed_below: float | None
     shared_layers: list[str] | None
     withheld_layers: list[str] | None
     model_args: dict | None
@@ -218,6 +220,7 @@ def model_settings(
         fail_on=pick("fail_on"),
         min_ra=pick("min_ra"),
         max_recoverable=pick("max_recoverable"),
+        exposed_below=pick("exposed_below"),
         shared_layers=pick("shared_layers"),
         withheld_layers=withheld,
         model_args=arguments,

@@ -170,7 +170,7 @@ def test_the_visible_parts_stand_beside_the_verdict(browser):
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(page_file.as_uri(), wait_until="load")
     assert errors == []
-    assert page.inner_text(".summary .badge").strip().lower() == "partial" == payload["verdict"]
+    assert page.inner_text(".summary .badge").strip().lower() == "exposed" == payload["verdict"]
     pictures = page.locator(".summary .visible-parts img")
     assert pictures.count() == 2
     assert [pictures.nth(i).get_attribute("alt") for i in range(2)] == ["input 0", "visible part of input 0"]

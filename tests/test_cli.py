@@ -147,15 +147,17 @@ def test_shape_dependent_control_flow_falls_back_to_torch_export(run_cli, tmp_pa
 
 
 def test_policy_exit_codes(run_cli):
-    exposed, partial = EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py"
+    exposed, partial = EXAMPLES / "fig2_a.py", EXAMPLES / "strided_stem.py"
     assert run_cli(exposed)[0] == 1
     assert run_cli(exposed, "--fail-on", "never")[0] == 0
     assert run_cli(exposed, "--fail-on", "exposed")[0] == 1
-    assert run_cli(partial)[0] == 1  # 2,667 of 3,072 recoverable: not protected
-    assert run_cli(partial, "--fail-on", "exposed")[0] == 0
-    assert run_cli(partial, "--fail-on", "exposed", "--min-ra", "405")[0] == 0
-    code, out, _ = run_cli(partial, "--fail-on", "exposed", "--min-ra", "406")
-    assert code == 1 and "below the required minimum 406" in out
+    assert run_cli(EXAMPLES / "fig2_b.py", "--fail-on", "exposed")[0] == 1  # 2,667 of 3,072: nothing hidden to speak of
+    # the strided stem: 0.4 % of a typical photograph's energy certified hidden, partial above --exposed-below 0.001
+    assert run_cli(partial, "--exposed-below", "0.001")[0] == 1
+    assert run_cli(partial, "--exposed-below", "0.001", "--fail-on", "exposed")[0] == 0
+    assert run_cli(partial, "--exposed-below", "0.001", "--fail-on", "exposed", "--min-ra", "2620")[0] == 0
+    code, out, _ = run_cli(partial, "--exposed-below", "0.001", "--fail-on", "exposed", "--min-ra", "2621")
+    assert code == 1 and "below the required minimum 2621" in out
     assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-500")[0] == 0
     assert run_cli(exposed, "--fail-on", "never", "--min-ra", "-400")[0] == 1
 
@@ -172,16 +174,19 @@ def test_boundary_policy(run_cli, tmp_path):
     path = write(tmp_path, "edge.py", body)
     code, out, _ = run_cli(path, "--format", "json")
     payload = json.loads(out)
-    # The bound certifies a deficit: 5 gradient values (weight and bias) cannot pin 9 unknowns, but 5/9 = 56 % of
-    # the directions stay recoverable: partial at the default ceiling of 50 %.
-    assert code == 1 and payload["verdict"] == "partial" and payload["ra_i"] == 0
+    # The bound certifies a deficit: 5 gradient values (weight and bias) cannot pin 9 unknowns, but the 4 hidden
+    # directions hold 1.2 % of a typical photograph's energy: exposed at the default 5 %.
+    assert code == 1 and payload["verdict"] == "exposed" and payload["ra_i"] == 0
     assert payload["identifiability"]["rank_bound"] == 5 and payload["identifiability"]["certified_deficit"] == 4
-    # At a ceiling of 60 % it is protected; R-GAP's index sits at its boundary, which --fail-on boundary refuses.
-    code, out, _ = run_cli(path, "--max-recoverable", "0.6", "--format", "json")
+    assert payload["identifiability"]["sample"]["certified_hidden_energy"] == pytest.approx(0.0116, abs=0.0005)
+    # Asking only 1 % for either level makes it protected; R-GAP's index sits at its boundary, which --fail-on
+    # boundary refuses.
+    low = ("--exposed-below", "0.01", "--max-recoverable", "0.99")
+    code, out, _ = run_cli(path, *low, "--format", "json")
     assert code == 0 and json.loads(out)["verdict"] == "protected"
-    code, out, _ = run_cli(path, "--max-recoverable", "0.6", "--fail-on", "boundary")
+    code, out, _ = run_cli(path, *low, "--fail-on", "boundary")
     assert code == 1 and "RA-i 0 <= 0" in out and "verdict is" not in out
-    code, out, _ = run_cli(path, "--fail-on", "boundary")  # partial and RA-i 0: both reasons
+    code, out, _ = run_cli(path, "--exposed-below", "0.01", "--fail-on", "boundary")  # partial and RA-i 0
     assert code == 1 and "RA-i 0 <= 0" in out and "verdict is partial" in out
 
 
@@ -221,7 +226,7 @@ def test_several_models_exit_with_the_worst(run_cli, tmp_path):
     assert code == 1 and out.count("rankaudit 0.1.0") == 2
     code, out, err = run_cli(EXAMPLES / "fig2_b.py", tmp_path / "missing.py")
     assert code == 2 and "fig2_b.py" in out and "does not exist" in err
-    code, out, _ = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_e.py", "--format", "json", "--fail-on", "exposed")
+    code, out, _ = run_cli(EXAMPLES / "fig2_b.py", EXAMPLES / "fig2_e.py", "--format", "json", "--fail-on", "never")
     assert code == 0 and [m["ra_i"] for m in json.loads(out)] == [405, 316]
 
 
@@ -231,14 +236,18 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
     critical = [line for line in lines if line.startswith(">")]
     assert len(critical) == 1 and "conv2" in critical[0] and "316" in critical[0]
     closing = lines[lines.index(critical[0]) + 3 :][:2]  # after the table: the bound's line, then RA-i's
+    closing = lines[lines.index(critical[0]) + 3 :][:3]  # after the table: the bound, the certificate, RA-i
     assert closing[0].startswith(
-        "Bound: rank <= 3,056 of 3,072 unknowns (99.5 % recoverable; protected needs at most "
-        "50 %; min cut: ∇conv1, ∇conv2, ∇fc): partial."
+        "Bound: rank <= 3,056 of 3,072 unknowns (99.5 % of the directions recoverable; min cut: ∇conv1, ∇conv2, "
+        "∇fc): exposed."
     )
-    assert "Only 16 input directions are certified invisible" in closing[0]
-    assert "about 0.5 % of an image's energy can be hidden" in closing[0]
-    assert "expect a near-perfect reconstruction" in closing[0] and "This is not protection" in closing[0]
-    assert closing[1] == (
+    assert "At least 16 input directions leave every shared gradient unchanged" in closing[0]
+    assert "less than 0.01 % of the samples' energy is certified hidden, for any weights" in closing[0]
+    assert closing[1].startswith(
+        "For any weights, including a server that picks them: less than 0.01 % of a typical sample's energy stays "
+        "hidden and its visible part is at most a 90.9 dB reconstruction"
+    )
+    assert closing[2] == (
         "RA-i 316 at conv2: R-GAP's closed-form recursion stops at the critical layer (more unknowns "
         "than constraints there)."
     )
@@ -262,21 +271,25 @@ def test_debug_shows_the_traceback():
     assert done.returncode != 0 and "Traceback" in done.stderr
 
 
-def test_fig2_e_is_partial_and_fails_by_default_but_passes_the_old_gate(run_cli):
+def test_fig2_e_is_exposed_on_energy_even_at_the_weaker_gate(run_cli):
+    # a certified deficit of 16 of 3,072 directions hides almost nothing of a typical photograph's energy
     code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--format", "json")
     payload = json.loads(out)
-    assert code == 1 and payload["verdict"] == "partial"
+    assert code == 1 and payload["verdict"] == "exposed"
     assert payload["identifiability"]["max_recoverable"] == 0.5 and payload["policy"]["fail_on"] == "partial"
     assert payload["identifiability"]["rank_bound"] == 3056
     assert payload["identifiability"]["hidden_estimate"] == pytest.approx(16 / 3072)
     code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--fail-on", "exposed", "--quiet")
-    assert code == 0 and "fig2_e.py: Rank bound 3,056 of 3,072 unknowns: partial." in out
+    assert code == 1 and "fig2_e.py: Rank bound 3,056 of 3,072 unknowns: exposed." in out
 
 
-def test_a_large_certified_deficit_is_protected_and_passes(run_cli):
+def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(run_cli):
+    # 85 % of the directions hidden, but 0.4 % of a typical photograph's energy: exposed, whatever the direction count
     code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--format", "json")
     payload = json.loads(out)
-    assert code == 0 and payload["verdict"] == "protected" and payload["policy"]["passed"]
+    assert code == 1 and payload["verdict"] == "exposed" and not payload["policy"]["passed"]
     assert (payload["identifiability"]["rank_bound"], payload["identifiability"]["unknowns"]) == (452, 3072)
-    code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--max-recoverable", "0.1")
-    assert code == 1 and "verdict is partial" in out and "allowed 10 %" in out
+    code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--exposed-below", "0.001")
+    assert code == 1 and "verdict is partial: 0.4 % of a typical sample's energy is certified hidden" in out
+    code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--exposed-below", "0.001", "--max-recoverable", "0.999")
+    assert code == 0 and "protected asks at least 0.1 %" in out

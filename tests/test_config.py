@@ -112,24 +112,30 @@ def test_a_pyproject_without_the_table_is_passed_over(run_cli, tmp_path):
     assert run_cli(inner / "exposed.py")[0] == 0
 
 
-def test_max_recoverable_from_config_sets_the_ceiling_of_protected(run_cli, project):
+def test_max_recoverable_from_config_sets_the_share_protected_asks(run_cli, project):
     models = project("""
         [tool.rankaudit]
         max-recoverable = 0.999
+        exposed-below = 0.001
     """)
-    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")  # R/n = 3056/3072 = 0.9948
-    code, out, _ = run_cli(models / "fig2_e.py", "--format", "json")
+    # R_s = 452 of 3,072: 0.4 % of a typical photograph's energy certified hidden
+    shutil.copy(EXAMPLES / "strided_stem.py", models / "stem.py")
+    code, out, _ = run_cli(models / "stem.py", "--format", "json")
     payload = json.loads(out)
     assert code == 0 and payload["verdict"] == "protected" and payload["identifiability"]["max_recoverable"] == 0.999
-    code, out, _ = run_cli(models / "fig2_e.py", "--max-recoverable", "0.5", "--format", "json")  # the flag wins
+    assert payload["identifiability"]["exposed_below"] == 0.001
+    code, out, _ = run_cli(models / "stem.py", "--max-recoverable", "0.5", "--format", "json")  # the flag wins
     assert code == 1 and json.loads(out)["verdict"] == "partial"
     models = project("[tool.rankaudit]\nmax-recoverable = 2\n")
-    code, _, err = run_cli(models / "fig2_e.py")
+    code, _, err = run_cli(models / "stem.py")
     assert code == 2 and "max-recoverable" in err and len(err.strip().splitlines()) == 1
+    models = project("[tool.rankaudit]\nexposed-below = -1\n")
+    code, _, err = run_cli(models / "stem.py")
+    assert code == 2 and "exposed-below" in err and len(err.strip().splitlines()) == 1
 
 
 def test_fail_on_partial_and_exposed_from_config(run_cli, project):
-    models = project('[tool.rankaudit]\nfail-on = "exposed"\n')
-    shutil.copy(EXAMPLES / "fig2_e.py", models / "fig2_e.py")
-    assert run_cli(models / "fig2_e.py")[0] == 0
-    assert run_cli(models / "fig2_e.py", "--fail-on", "partial")[0] == 1
+    models = project('[tool.rankaudit]\nfail-on = "exposed"\nexposed-below = 0.001\n')
+    shutil.copy(EXAMPLES / "strided_stem.py", models / "stem.py")  # 0.4 % certified hidden: partial here
+    assert run_cli(models / "stem.py")[0] == 0
+    assert run_cli(models / "stem.py", "--fail-on", "partial")[0] == 1

@@ -394,7 +394,8 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
         "bn_mode": "train",
     }
     assert (
-        payload["identifiability"]["verdict"] == "partial"
+        # read on energy: 125,456 of the 64 samples' directions leave less than 5 % of their energy hidden
+        payload["identifiability"]["verdict"] == "exposed"
         and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
     )
     assert payload["verdict"] == "exposed"  # spec §14: each sample's bound is R(1) = 3,072 = |x|
@@ -444,7 +445,8 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
     )
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json")
     payload = json.loads(out)
-    assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "protected"
+    # the round as a whole (128 samples, 125,456 update values) hides 0.09 % of their energy: exposed on energy too
+    assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "exposed"
     assert payload["verdict"] == "exposed"  # spec §14: the round as a whole, not each sample
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
     shown = json.loads(out)["round"]

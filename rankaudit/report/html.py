@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from rankaudit import __version__
 from rankaudit.levels import percent
+from rankaudit.meaning import energy_sentence
 from rankaudit.report import records, svg
 from rankaudit.result import Result
 
@@ -454,6 +455,47 @@ def _panel(result: Result) -> dict | None:
     }
 
 
+def _png(picture) -> bytes:
+    """C×H×W in [0, 1] (1 or 3 channels) as PNG bytes: zlib and struct, no image library."""
+    import struct
+    import zlib
+
+    import numpy as np
+
+    pixels = (np.clip(picture, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    channels, height, width = pixels.shape
+    rows = np.transpose(pixels, (1, 2, 0)).reshape(height, width * channels)
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)  # filter type 0 on every scanline
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0 if channels == 1 else 2, 0, 0, 0)
+    return PNG_SIGNATURE + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _certificate_picture(result: Result) -> dict | None:
+    """Spec §15: a shipped photograph crop beside its projection onto the top R_s components of the shipped
+    spectrum, captioned with the PSNR: what a server that picks the weights could see of it. No weights needed."""
+    from rankaudit.energy import PHOTO_SPECTRUM, reference_picture
+
+    bound = result.identifiability
+    if bound is None or bound.sample is None or bound.spectrum != PHOTO_SPECTRUM or len(result.inputs) != 1:
+        return None
+    picture = reference_picture(tuple(result.inputs[0].shape), bound.sample.rank_bound)
+    if picture is None:
+        return None
+    original, visible, psnr = picture
+    return {
+        "original": _embedded(_png(original)),
+        "visible": _embedded(_png(visible)),
+        "psnr": "∞" if psnr is None else f"{psnr:.1f}",
+        "rank": bound.sample.rank_bound,
+        "hidden": bound.sample.certified_hidden_energy,
+        "psnr_ceiling": bound.sample.visible_psnr_ceiling,
+    }
+
+
 def _whole(result: Result) -> str:
     from rankaudit.findings import per_sample_view, whole_sentence
 
@@ -530,6 +572,8 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "meaning": _sentence(result.meaning),
         "panel": _panel(result),
         "whole": _whole(result),
+        "certificate": _certificate_picture(result),
+        "energy": energy_sentence(result),
         "carried": _carried(result),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,

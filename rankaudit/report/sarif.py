@@ -32,8 +32,8 @@ RULES = {
     ),
     "RA004": (
         "no-certified-deficit",
-        "No cut through the traced graph stops one shared gradient from determining "
-        "the input (identifiability bound: rank bound = unknowns)",
+        "Less than the exposed share (--exposed-below) of a typical sample's energy is certified hidden from any "
+        "weights: the gradient can show each sample almost in full",
         "error",
         "8.0",
     ),
@@ -52,8 +52,8 @@ RULES = {
     ),
     "RA007": (
         "input-partial",
-        "A deficit is certified, but more of the input's directions than the allowed ceiling "
-        "(--max-recoverable) can be recovered from one shared gradient: not protection",
+        "Part of a typical sample's energy is certified hidden from any weights, but less than protected asks "
+        "(--max-recoverable): not protection",
         "warning",
         "6.5",
     ),
@@ -145,6 +145,8 @@ def _results_for(result: Result) -> list[dict]:
                     "unknowns": bound.unknowns,
                     "recoverable_fraction": bound.recoverable_fraction,
                     "max_recoverable": bound.max_recoverable,
+                    "certified_hidden_energy": bound.sample.certified_hidden_energy if bound.sample else None,
+                    "visible_psnr_ceiling": bound.sample.visible_psnr_ceiling if bound.sample else None,
                     "verdict": result.verdict,
                     "bottleneck": bound.bottleneck,
                     "batch_size": result.batch_size,

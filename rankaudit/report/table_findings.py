@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from rankaudit.levels import percent
-from rankaudit.meaning import carried_by_sentence, dp_sentence, per_sample_view, ra_sentence, whole_sentence
+from rankaudit.meaning import (
+    carried_by_sentence,
+    dp_sentence,
+    energy_sentence,
+    per_sample_view,
+    ra_sentence,
+    whole_sentence,
+)
 from rankaudit.result import Result
 
 # Names shown for a group of caveats or a list of layers before "and N more" (-v lists all).
@@ -23,17 +30,17 @@ def conclusion_lines(result: Result, verdict: str) -> list[str]:
         sample = bound.sample
         head = (
             f"Bound (each sample): rank <= {sample.rank_bound:,} of {sample.unknowns:,} unknowns per sample "
-            f"({percent(sample.recoverable_fraction)} recoverable; protected needs at most "
-            f"{percent(bound.max_recoverable)}): {verdict}. {result.meaning[:1].upper() + result.meaning[1:]}."
+            f"({percent(sample.recoverable_fraction)} of its directions recoverable): {verdict}. "
+            f"{result.meaning[:1].upper() + result.meaning[1:]}."
         )
-        return [head, whole_sentence(result) + f" {cut[:1].upper() + cut[1:]}.", ra_sentence(result)]
+        lines = [head, energy_sentence(result), whole_sentence(result) + f" {cut[:1].upper() + cut[1:]}."]
+        return [line for line in lines if line] + [ra_sentence(result)]
     head = (
         f"Bound: rank <= {bound.rank_bound:,} of {bound.unknowns:,} unknowns "
-        f"({percent(bound.recoverable_fraction)} recoverable; protected needs at most "
-        f"{percent(bound.max_recoverable)}; {cut}): {verdict}. "
+        f"({percent(bound.recoverable_fraction)} of the directions recoverable; {cut}): {verdict}. "
         f"{result.meaning[:1].upper() + result.meaning[1:]}."
     )
-    return [head, ra_sentence(result)]
+    return [line for line in (head, energy_sentence(result)) if line] + [ra_sentence(result)]
 
 
 def round_lines(result: Result) -> list[str]:
