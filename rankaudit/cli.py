@@ -557,8 +557,8 @@ def check(
 def suggest_command(
     ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates, **options
 ):
-    """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach (spec
-    §14); the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
+    """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach;
+    the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
     sample; accuracy is not measured); with DP options and --max-reconstruction, also the least noise multiplier
     that meets it, and when only noise can protect a sample, it says so.
 

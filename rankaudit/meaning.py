@@ -125,7 +125,7 @@ def sample_meaning(bound: Identifiability) -> str:
     steps, one_step = _steps(sample.steps_per_sample), sample.single_sample_bound
     if sample.level == "exposed":
         if one_step >= sample.unknowns:
-            why = "one step's gradient can determine one sample (§9 at batch size 1 certifies nothing)"
+            why = "one step's gradient can determine one sample (at batch size 1 no cut through the graph certifies anything)"
         else:
             why = (
                 f"one step's gradient sees at most {one_step:,} of a sample's {sample.unknowns:,} directions, but "

@@ -59,8 +59,7 @@ RULES = {
     ),
     "RA009": (
         "dp-reconstruction-bound",
-        "The DP noise bounds a reconstruction's success only above the allowed "
-        "ceiling: B(κ) > --max-reconstruction (spec §13)",
+        "The DP noise bounds a reconstruction's success only above the allowed ceiling: B(κ) > --max-reconstruction",
         "error",
         "7.0",
     ),
@@ -68,7 +67,7 @@ RULES = {
         "bias-readout",
         "A shared layer with a trainable bias and a ReLU-like activation reads per-sample "
         "vectors: a unit that fires for one sample alone hands that sample's input to the layer over exactly "
-        "(weight update row / bias update; Qian et al., Prop. 1; spec §14)",
+        "(weight update row / bias update; Qian et al., Prop. 1)",
         "warning",
         "7.0",
     ),
