@@ -12,7 +12,14 @@ import click
 from rankaudit import __version__, supervise
 from rankaudit import output as report_files
 from rankaudit.cli_help import GroupedCommand, GroupedHelp
-from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
+from rankaudit.errors import (
+    Interrupted,
+    ModelEndedProcess,
+    NoModelInFile,
+    NoZeroArgumentModel,
+    RankauditError,
+    UsageError,
+)
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.run_settings import ROUND_FLAGS
 
@@ -505,7 +512,7 @@ def check(
             exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
-            if skip_non_models and isinstance(exc, NoModelInFile):
+            if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
                 if verbose:
                     click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
                 continue
