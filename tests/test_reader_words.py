@@ -12,7 +12,7 @@ from rankaudit.cli import cli
 # The spec is not shipped, issues are the project's history (CHANGELOG.md holds it), and the rest is process talk.
 _NOT_THE_READERS = re.compile(
     r"spec §|§ ?\d|\bissues? #?\d+|\(#\d+\)|the old gate|old, weaker|lent to this task|no GPU (?:was |machine was )?lent"
-    r"|\bthis task\b",
+    r"|\bthis task\b|\bthe issue's\b|^issue$",
     re.I,
 )
 
