@@ -41,15 +41,21 @@ def _command_markdown(command: click.Command, path: list[str], level: int) -> li
     if arguments:
         lines += ["Arguments: " + ", ".join(f"`{a.make_metavar(ctx)}`" for a in arguments), ""]
     if options:
-        lines += ["| option | what it does |", "|---|---|"]
+        from rankaudit.cli_help import GROUPS, UNGROUPED, examples_text, group_of
+
+        by_group: dict[str, list[str]] = {}
         for option in options:
             record = option.get_help_record(ctx)
             if record is None:  # a hidden option
                 continue
             names, help_text = record
             cell = _text(help_text).replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| `{names}` | {cell} |")
-        lines.append("")
+            by_group.setdefault(group_of(option), []).append(f"| `{names}` | {cell} |")
+        for group in (*GROUPS, UNGROUPED):
+            if by_group.get(group):
+                lines += [f"**{group}**", "", "| option | what it does |", "|---|---|", *by_group[group], ""]
+        if examples_text(command.name):
+            lines += ["Examples:", "", "```text", examples_text(command.name), "```", ""]
     if isinstance(command, click.Group):
         for name in sorted(command.commands):
             lines += _command_markdown(command.commands[name], [*path, name], level + 1)

@@ -84,7 +84,7 @@ def _find_merges(traced: TracedModel) -> tuple[dict[str, _Merge], list[Caveat]]:
                     record.op,
                     f"add of two multi-layer paths ({len(main)} and {len(shortcut)} layers): the "
                     "shorter plays the shortcut and its weights are folded into the longer path's "
-                    "first layer; an approximation (spec §5)",
+                    "first layer; an approximation",
                     record.source,
                 )
             )

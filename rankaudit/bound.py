@@ -94,8 +94,9 @@ class FlowNetwork:
         for node_id in traced.order:
             record = traced.record(node_id)
             size = B * record.output_numel
-            self._split(f"t:{node_id}", size, record.name, node_id)
-            self._split(f"d:{node_id}", size, f"δ{record.name}", node_id)
+            shown = record.name if node_id in traced.input_ids else record.shown_name
+            self._split(f"t:{node_id}", size, shown, node_id)
+            self._split(f"d:{node_id}", size, f"δ{shown}", node_id)
         sources = set(traced.input_ids)
         for input_id in traced.input_ids:
             self.edges[(SOURCE, f"t:{input_id}:in")] = None

@@ -11,7 +11,15 @@ import click
 
 from rankaudit import __version__, supervise
 from rankaudit import output as report_files
-from rankaudit.errors import Interrupted, ModelEndedProcess, NoModelInFile, RankauditError, UsageError
+from rankaudit.cli_help import GroupedCommand, GroupedHelp
+from rankaudit.errors import (
+    Interrupted,
+    ModelEndedProcess,
+    NoModelInFile,
+    NoZeroArgumentModel,
+    RankauditError,
+    UsageError,
+)
 from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.run_settings import ROUND_FLAGS
 
@@ -19,7 +27,7 @@ EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
 
 
-class _DefaultToCheck(click.Group):
+class _DefaultToCheck(GroupedHelp, click.Group):
     """`rankaudit model.py` means `rankaudit check model.py`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -142,6 +150,14 @@ _ROUND_OPTIONS = [
 ]
 
 
+# Help shared by the commands that take the same option.
+_INPUT_SHAPE_HELP = "Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE)."
+_BATCH_SIZE_HELP = "Samples summed into one shared gradient."
+_OUTPUT_HELP = "Write the report to this file instead of stdout."
+_DEBUG_HELP = "Show tracebacks instead of one-line errors."
+_MIN_RA_HELP = "Exit 1 unless RA-i >= N."
+
+
 def _round_flags(ctx: click.Context) -> dict:
     return {name: ctx.params.get(name) for name in ROUND_FLAGS}
 
@@ -163,20 +179,22 @@ def _dp_options(command):
             "--dp-noise",
             type=float,
             metavar="SIGMA",
-            help="DP noise multiplier σ: noise std over the clip norm. Adds the DP section (spec §13).",
+            help="DP noise multiplier σ: noise std over the clip norm. Adds the DP section to the report.",
         ),
         click.option("--dp-clip", type=float, metavar="C", help="DP clip norm c (default 1.0)."),
         click.option(
             "--dp-sample-rate",
             type=float,
             metavar="Q",
-            help="Poisson sampling rate of a unit per step (default 1: every step).",
+            help="Poisson sampling rate of a unit per step (default: from the round: B/N for DP-SGD, C/M for "
+            "client-level DP; 1 in FedSGD).",
         ),
         click.option(
             "--dp-steps",
             type=int,
             metavar="T",
-            help="Steps (rounds at the client level) a unit can take part in (default 1).",
+            help="Steps a unit can take part in (default: from the round: E·⌈N/B⌉ local steps × server rounds "
+            "for DP-SGD, the server rounds for client-level DP; 1 in one FedSGD round).",
         ),
         click.option("--dp-delta", type=float, metavar="DELTA", help="δ at which ε is reported (default 1e-5)."),
         click.option(
@@ -234,13 +252,13 @@ def _timeout_option(command):
     )(command)
 
 
-@cli.command()
+@cli.command(cls=GroupedCommand)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option(
     "--input-shape",
     callback=_parse_shape,
     metavar="C,H,W",
-    help="Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE).",
+    help=_INPUT_SHAPE_HELP,
 )
 @click.option(
     "--input-dtype",
@@ -255,10 +273,17 @@ def _timeout_option(command):
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Samples summed into one shared gradient (spec §6).",
+    help=_BATCH_SIZE_HELP,
 )
-@click.option("--format", "output_format", type=click.Choice(FORMATS), default="table", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report here.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="table: for people; json: stable keys for scripts; sarif: code scanning; html: a self-contained page.",
+)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
 @click.option(
     "--html",
     "html_path",
@@ -274,7 +299,7 @@ def _timeout_option(command):
     "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
     "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
 )
-@click.option("--min-ra", type=int, default=None, help="Exit 1 unless RA-i >= N.")
+@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
 @click.option(
     "--max-recoverable",
     type=click.FloatRange(0, 1),
@@ -312,7 +337,9 @@ def _timeout_option(command):
     show_default=True,
     help="Images to attack; --verify dp: trials (default 1000 there).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the weights, images and labels the attacks use."
+)
 @click.option(
     "--device",
     type=click.Choice(["auto", "cpu", "cuda"]),
@@ -369,7 +396,7 @@ def _timeout_option(command):
     is_flag=True,
     help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.",
 )
-@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @click.option(
     "--run-config",
     metavar='"K=V K2=V2"',
@@ -507,7 +534,7 @@ def check(
             exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
-            if skip_non_models and isinstance(exc, NoModelInFile):
+            if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
                 if verbose:
                     click.echo(f"rankaudit: skipped {spec}: {exc.problem}", err=True)
                 continue
@@ -530,10 +557,10 @@ def check(
     return exit_code
 
 
-@cli.command("suggest")
+@cli.command("suggest", cls=GroupedCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
 @click.option(
     "--max-recoverable",
@@ -550,8 +577,8 @@ def check(
     show_default=True,
     help="html: the model's full report with the suggestions as a section.",
 )
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
-@click.option("--debug", is_flag=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @_dp_options
 @_round_options
 @_timeout_option
@@ -559,8 +586,8 @@ def check(
 def suggest_command(
     ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates, **options
 ):
-    """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach (spec
-    §14); the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
+    """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach;
+    the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
     sample; accuracy is not measured); with DP options and --max-reconstruction, also the least noise multiplier
     that meets it, and when only noise can protect a sample, it says so.
 
@@ -618,13 +645,19 @@ def suggest_command(
     return EXIT_PASS
 
 
-@cli.command("compare")
+@cli.command("compare", cls=GroupedCommand)
 @click.argument("first", metavar="A.py[:NAME]")
 @click.argument("second", metavar="B.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W")
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=DEFAULT_FAIL_ON, show_default=True)
-@click.option("--min-ra", type=int, default=None)
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
+@click.option(
+    "--fail-on",
+    type=click.Choice(FAIL_ON_CHOICES),
+    default=DEFAULT_FAIL_ON,
+    show_default=True,
+    help="Exit 1 when the second model fails this policy (as `check` would).",
+)
+@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
 @click.option(
     "--max-recoverable",
     type=click.FloatRange(0, 1),
@@ -632,9 +665,16 @@ def suggest_command(
     metavar="F",
     help="The ceiling on the recoverable fraction for protected (default 0.5).",
 )
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True))
-@click.option("--debug", is_flag=True)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: for people; json: stable keys for scripts.",
+)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @_timeout_option
 @click.pass_context
 def compare_command(

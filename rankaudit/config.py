@@ -32,7 +32,7 @@ TOP_KEYS = {
     "flower",
     "timeout",
 }
-MODEL_KEYS = {"path", "input-shape"}
+MODEL_KEYS = {"path", "input-shape", "model-args"}
 
 
 @dataclass
@@ -197,9 +197,13 @@ def load_settings(model_path: Path) -> Settings:
                 + (f" (unknown key {', '.join(unknown)})" if unknown else ""),
             )
         shape = _shape(pyproject, "models.input-shape", entry["input-shape"]) if "input-shape" in entry else None
+        arguments = entry.get("model-args")
+        if arguments is not None and not (isinstance(arguments, dict) and all(map(str.isidentifier, arguments))):
+            _bad(pyproject, "models.model-args", "a table of the model's keyword arguments, e.g. {channels = 16}")
         if settings.matched_model is None and fnmatch.fnmatch(relative, entry["path"]):  # first match wins
             settings.matched_model = entry["path"]
             settings.input_shape = shape if shape is not None else settings.input_shape
+            settings.model_args = dict(arguments) if arguments is not None else settings.model_args
     return settings
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rankaudit import install_hint
 from rankaudit.errors import UsageError
 from rankaudit.result import DPBound, DPNoiseSuggestion
 from rankaudit.round import DP_LEVELS, NOISE_BY, DPSettings, Round, dp_for_round
@@ -44,7 +45,7 @@ _EPSILON_GRID_POINTS = 2001
 # rows, and the bounds agree with a search to 1e-6 in their first 6 digits on the spec's table.
 _EPSILON_TOLERANCE = 1e-4
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
-INSTALL_HINT = 'pip install "rankaudit[dp]"'
+INSTALL_HINT = install_hint("dp")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ class NoModelInFile(ModelLoadError):
     """The file defines no nn.Module at all (a helper module, say): pre-commit hooks may skip it."""
 
 
+class NoZeroArgumentModel(ModelLoadError):
+    """The file defines models, but each needs constructor arguments and none were given (building blocks, say):
+    pre-commit hooks skip it too, since [[tool.rankaudit.models]] model-args names what is to be audited."""
+
+
 class TraceError(ModelLoadError):
     """Neither torch.fx nor torch.export could turn the model into a graph (exit 3)."""
 

@@ -33,6 +33,15 @@ class NodeRecord:
     # untraced get_attr/expand/reshape chains (cls_token.expand(B, -1, -1) read by a cat). Frozen ones: numel 0.
     direct_params: list[tuple[str, int]] = field(default_factory=list)
 
+    @property
+    def shown_name(self) -> str:
+        """The name a user can find in their model: a module call is its qualified name and class
+        (`transformer.drop (Dropout)`); a function call is the op and the code line that makes it (`add at
+        net.py:42`), not the graph's internal node name (`add_1`)."""
+        if self.op[:1].isupper():  # module calls display their class (Conv2d); functions their op (add, select)
+            return self.name if self.op in self.name else f"{self.name} ({self.op})"
+        return f"{self.op} at {self.source}" if self.source else self.name
+
 
 @dataclass
 class TokenEmbedding:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rankaudit import supervise
-from rankaudit.errors import ModelLoadError, NoModelInFile, UsageError
+from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -539,6 +539,14 @@ def _construction_error(
     )
     runs, detail = _runs_on_its_own(path, attr if failure.phase == "build" else None, model_args)
     command = f"python {path}"
+    missing = failure.error.name if isinstance(failure.error, ModuleNotFoundError) else None
+    if runs is False and failure.phase == "import" and missing:
+        package = missing.split(".")[0]
+        return ModelLoadError(
+            f"{head}; the environment rankaudit runs in lacks {package}, which the model file imports",
+            f"install {package} there; in a pre-commit hook, list it under the hook's additional_dependencies "
+            f'(additional_dependencies: ["{package}"], with its PyPI name)',
+        )
     if runs is False:
         fix = (
             "make the file importable on its own (`" + command + "` fails the same way)"
@@ -588,7 +596,7 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
         )
     if classes:
         names = ", ".join(sorted(classes))
-        raise ModelLoadError(
+        raise (ModelLoadError if model_args else NoZeroArgumentModel)(
             f"no model in {path} builds without arguments (found {names}, each needs arguments)",
             f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
             f"add a zero-argument factory function and pass {path}:factory",

@@ -162,7 +162,7 @@ def sample_meaning(bound: Identifiability) -> str:
         steps += f" in each of {sample.rounds:,} server rounds"
     if sample.rank_bound >= sample.unknowns:
         if one_step >= sample.unknowns:
-            why = "one step's gradient can determine one sample (§9 at batch size 1 certifies nothing)"
+            why = "one step's gradient can determine one sample (at batch size 1 no cut through the graph certifies anything)"
         elif sample.rounds > 1 and sample.round_bound < sample.unknowns:
             why = (
                 f"one round's update sees at most {sample.round_bound:,} of a sample's {sample.unknowns:,} "

@@ -32,8 +32,8 @@ def evaluate_policy(
             reasons.append(
                 f"verdict is partial{' (each sample)' if each else ''}: up to {percent(fraction)} of "
                 f"{whose} directions are recoverable, above the allowed {percent(bound.max_recoverable)} "
-                f"(--fail-on {fail_on}; --max-recoverable sets the ceiling, --fail-on exposed keeps the old "
-                "gate)"
+                f"(--fail-on {fail_on}; --max-recoverable sets the ceiling, --fail-on exposed fails "
+                "only without a certified deficit)"
             )
         elif each:
             reasons.append(

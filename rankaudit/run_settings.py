@@ -209,6 +209,8 @@ def model_settings(
     if deployment is not None and not withheld and not pick("shared_layers"):
         withheld = deployment.withheld_layers  # NVFlare's ExcludeVars
     arguments = factory_arguments(deployment, model_args)
+    if arguments is None and deployment is None and settings.model_args:  # [[tool.rankaudit.models]] model-args
+        arguments = dict(settings.model_args)
     if arguments and verifying:
         raise UsageError(
             "--verify builds the model without the factory's arguments (not supported yet)",

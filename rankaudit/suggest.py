@@ -443,7 +443,7 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
                     knob,
                     None,
                     sample,
-                    f"any {symbol}: each sample's bound does not depend on {symbol} (spec §14)",
+                    f"any {symbol}: each sample's bound does not depend on {symbol}",
                     unbounded=True,
                 )
             )
@@ -461,7 +461,7 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
                 knob,
                 None,
                 None,
-                f"no {symbol} protects a sample: {symbol} does not enter each sample's bound (spec §14){whole_text}",
+                f"no {symbol} protects a sample: {symbol} does not enter each sample's bound{whole_text}",
             )
         )
     # Local epochs E: E·R(1) grows with E; the |θ_s| cap does not.
@@ -594,9 +594,7 @@ def suggest(
         add("stride", target, detail, edited, delta)
     for target, detail, edited, delta in _remove_bias_edits(traced):
         if target.split("#")[0] in readouts:
-            detail += (
-                "; stops the exact bias readout of a sample (spec §14), though the weight rows still point along it"
-            )
+            detail += "; stops the exact bias readout of a sample, though the weight rows still point along it"
         add("remove-bias", target, detail, edited, delta)
     certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
     protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling)

@@ -151,7 +151,8 @@ def test_parameters_used_directly_are_gradients_and_add_no_unknowns():
     bound = result.identifiability
     assert (bound.unknowns, bound.rank_bound, bound.certified_deficit) == (64, 40, 24)
     gradient, tokens = sorted(bound.bottleneck, key=lambda name: not name.startswith("∇"))
-    assert gradient == "∇patch" and tokens in {"patch", "flatten", "transpose"}  # the 8 token values, reshaped
+    # The 8 token values, reshaped: the layer (`patch (Conv2d)`) or the line of the reshaping op (`transpose at ...`).
+    assert gradient == "∇patch" and tokens.split(" ")[0] in {"patch", "flatten", "transpose"}
 
 
 class _TinyDense(nn.Module):
@@ -314,3 +315,29 @@ def test_a_share_below_one_never_prints_as_100_percent():
 
     assert [percent(x) for x in (0.995, 0.5, 0.005, 1.0, 0.0)] == ["99.5 %", "50 %", "0.5 %", "100 %", "0 %"]
     assert percent(3071 / 3072) == "99.97 %" and percent(1e-7) == "0.00001 %"
+
+
+class _TwoHeadsAdded(torch.nn.Module):
+    """fc1(x) + fc2(x) -> 64 -> 3 with fc1 and fc2 withheld: the cut lies at the add (2 values), a function call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 2), torch.nn.Linear(8, 2)
+        self.out, self.head = torch.nn.Linear(2, 64), torch.nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.out(self.fc1(x) + self.fc2(x))))
+
+
+def test_min_cut_names_code_lines_and_layers_not_graph_nodes():
+    from rankaudit.layer_records import NodeRecord
+
+    with torch.device("meta"):
+        model = _TwoHeadsAdded()
+    bound = identifiability(trace_model(model, (8,)), 1, withheld_layers=["fc1", "fc2"])
+    assert bound.rank_bound == 2  # the add's 2 values carry all that reaches the shared gradients
+    assert len(bound.bottleneck) == 1 and bound.bottleneck[0].startswith("add at ")
+    assert bound.bottleneck[0].endswith("test_bound.py:" + str(_TwoHeadsAdded.forward.__code__.co_firstlineno + 1))
+    dropout = NodeRecord("transformer_drop", "transformer.drop", "Dropout", "dropout", None, 1, None, [])
+    assert dropout.shown_name == "transformer.drop (Dropout)"
+    assert NodeRecord("conv1", "conv1", "Conv2d", "conv", None, 1, None, []).shown_name == "conv1 (Conv2d)"

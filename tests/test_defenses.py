@@ -184,6 +184,7 @@ def _row(result, label, attack):
     return next(r for r in result.verification["defenses"] if r["label"] == label and r["attack"] == attack)
 
 
+@pytest.mark.slow  # CNN6's defended R-GAP runs and FedAvg training: minutes on two cores
 def test_tiny_noise_and_pruning_break_cnn6_rgap(cnn6_defended):
     """σ = 1e-6 is 0.5 % of the gradient's RMS (2.0e-4); pruning 1 % zeroes only the smallest entries. R-GAP's
     median MSE goes from 1.4e-26 to 309 (noise) and 2.4e4 (pruning), PSNR from 259 dB to about 4 dB."""
@@ -195,6 +196,7 @@ def test_tiny_noise_and_pruning_break_cnn6_rgap(cnn6_defended):
     assert "0.00489× the RMS" in noise["notes"][0]
 
 
+@pytest.mark.slow  # an end-to-end attack of half a minute or more on two cores
 def test_noise_and_pruning_degrade_inverting_gradients_gradually():
     """Over-determined MLP (64 unknowns, 19k gradient entries; first-layer gradient RMS 0.011), three digits,
     300 Adam steps. Median MSE (PSNR): 2.0e-10 (97 dB) without; noise σ=0.01 4.8e-4 (33 dB), σ=0.1 1.3e-2
@@ -214,6 +216,7 @@ def test_noise_and_pruning_degrade_inverting_gradients_gradually():
     assert measured["prune:0.99"] > 3e-2 > measured["prune:0.9"]
 
 
+@pytest.mark.slow  # CNN6's defended R-GAP runs and FedAvg training: minutes on two cores
 def test_adadefense_turns_cnn6_rgap_into_a_failure(cnn6_defended):
     """First-round stand-in (zero moments, ≈ sign(g)): R-GAP's MSE 1.4e-26 -> 1.8e10, PSNR 259 -> 4 dB."""
     row = _row(cnn6_defended, "adadefense", "rgap")
@@ -281,6 +284,7 @@ def test_noise_and_pruning_against_gdbr_on_lenet10(lenet10_defended):
     assert not prune["degrades"] and prune["with"] > 0.85
 
 
+@pytest.mark.slow  # an end-to-end attack of half a minute or more on two cores
 def test_adadefense_turns_mlp6_gdbr_into_a_failure():
     """MLP6, fc2's gradient through a five-layer bridge, B=64, held-out digits as features: InsAcc 0.984 ->
     0.516 (random classes), 1.0 -> 0.297 (imbalanced: chance 0.44), 0.984 -> 0.062 (one class: chance 0.09)."""
@@ -325,6 +329,7 @@ def test_first_round_adadefense_still_leaks_single_class_batches():
 # --------------------------------------------------------------------------- the price in accuracy
 
 
+@pytest.mark.slow  # CNN6's defended R-GAP runs and FedAvg training: minutes on two cores
 def test_fedavg_with_the_stand_in_trains_as_well(cnn6_defended):
     """300 FedAvg rounds, 4 clients x 5 local SGD steps, MLP on scikit-learn digits: test accuracy 0.970 sharing
     the update, 0.976 sharing AdaDefense's stand-in (server step 1e-3, as in the paper's code)."""
@@ -344,6 +349,7 @@ def test_fedavg_accuracy_is_seeded_and_learns():
 # --------------------------------------------------------------------------- what the reports show
 
 
+@pytest.mark.slow  # CNN6's defended R-GAP runs and FedAvg training: minutes on two cores
 def test_rows_are_json_and_reach_table_and_html(cnn6_defended, lenet10_defended):
     for result in (cnn6_defended, lenet10_defended):
         rows = json.loads(json.dumps(result.verification, allow_nan=False))["defenses"]
@@ -380,6 +386,7 @@ def test_runner_rejects_unknown_attacks(lenet10_defended):
     assert defense_runs.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), []) == {}
 
 
+@pytest.mark.slow  # an end-to-end attack of half a minute or more on two cores
 def test_optimisation_attack_rows_where_rgap_cannot_go_or_as_a_cross_check():
     """ResNet: R-GAP stops, inverting gradients attacks with and without the defense. Fig. 2(a) with
     optimisation=True: R-GAP rows and inverting-gradients rows for the same defense. Tiny budgets (wiring only)."""

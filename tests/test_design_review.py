@@ -109,7 +109,7 @@ def test_suggest_cli_json_and_top(run_cli):
     code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
     # Batch sizes are no edit rows (spec §14: they protect no sample); they stand in the whole-batch line.
     assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
-    assert "No batch size protects any one sample (spec §14)" in out
+    assert "No batch size protects any one sample: a sample's bound" in out
     assert "smallest with protected (at most 50 % of the input's directions recoverable): " in out
 
 

@@ -105,7 +105,7 @@ def test_the_missing_extra_is_one_line_with_the_install_command(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", without_dp_accounting)
     with pytest.raises(UsageError) as error:
         dp.dp_bound(DPSettings(noise_multiplier=1.0))
-    assert 'pip install "rankaudit[dp]"' in str(error.value) and "\n" not in str(error.value)
+    assert 'pip install "rankaudit-fl[dp] @ git+' in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

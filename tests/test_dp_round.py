@@ -78,7 +78,9 @@ def test_the_issue_example_bounds_the_round_not_one_full_batch():
     assert bound.bounds["0.01"] == pytest.approx(0.0144, abs=5e-4)
     assert bound.bounds["0.1"] == pytest.approx(0.124, abs=2e-3)
     assert bound.sample_rate_source == "round: B/N = 32/4000" and bound.notes == []
-    opacus = pytest.importorskip("opacus.accountants")
+    opacus = pytest.importorskip(
+        "opacus.accountants", reason="opacus is not a test extra (CI installs it from PyPI): pip install opacus"
+    )
     accountant = opacus.PRVAccountant()
     accountant.history = [(1.0, 0.008, 125)]
     assert bound.epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=0.03)

@@ -41,6 +41,54 @@ def _snapshot_of_checkout(target: Path) -> str:
     return _git(target, "rev-parse", "HEAD").stdout.strip()
 
 
+_BUILDING_BLOCKS = """import torch.nn as nn
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x).relu()
+"""
+
+
+def test_hook_mode_skips_a_file_of_building_blocks_and_model_args_audit_it(run_cli, tmp_path):
+    blocks = tmp_path / "blocks.py"
+    blocks.write_text(_BUILDING_BLOCKS)
+    code, out, err = run_cli("--quiet", "--skip-non-models", "-v", blocks)
+    assert (code, out) == (0, "")
+    assert (
+        err.strip()
+        == f"rankaudit: skipped {blocks}: no model in {blocks} builds without arguments (found ConvBlock, each needs arguments)"
+    )
+    code, _, err = run_cli("--quiet", blocks)  # outside hook mode it is an error naming the fix
+    assert code == 3 and "--model-arg KEY=VALUE (model-args in [tool.rankaudit])" in err
+    # Named with its arguments, the same file is audited: 3x8x8 through one 3x3 convolution, 84 of 192 directions.
+    code, out, _ = run_cli(
+        "--quiet", "--skip-non-models", blocks, "--model-arg", "channels=3", "--input-shape", "3,8,8"
+    )
+    assert code == 0 and "Rank bound 84 of 192 unknowns: protected" in out
+    # The same from pyproject.toml: [[tool.rankaudit.models]] names the file, its arguments and its input shape.
+    (tmp_path / "pyproject.toml").write_text(
+        '[[tool.rankaudit.models]]\npath = "blocks.py"\nmodel-args = { channels = 3 }\ninput-shape = [3, 8, 8]\n'
+    )
+    code, out, _ = run_cli("--quiet", "--skip-non-models", blocks)
+    assert code == 0 and "Rank bound 84 of 192 unknowns: protected" in out
+
+
+def test_a_missing_import_names_the_hooks_additional_dependencies(run_cli, tmp_path):
+    model = tmp_path / "hf_model.py"
+    model.write_text(
+        "import torch.nn as nn\nimport not_installed_anywhere_xyz\n\nINPUT_SHAPE = (4,)\nnet = nn.Linear(4, 2)\n"
+    )
+    code, out, err = run_cli("--quiet", "--skip-non-models", model)
+    assert code == 3 and out == ""
+    assert "lacks not_installed_anywhere_xyz, which the model file imports" in err
+    assert 'additional_dependencies: ["not_installed_anywhere_xyz"]' in err and len(err.strip().splitlines()) == 1
+
+
 def test_manifest_declares_the_hook():
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     hook = next(h for h in hooks if h["id"] == "rankaudit")
@@ -84,15 +132,20 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
 
     shutil.copy(EXAMPLES / "strided_stem.py", project / "protected_model.py")
     (project / "helpers_model.py").write_text("SCALE = 2\n")  # no model in it: skipped, not an error
-    _git(project, "add", "protected_model.py", "helpers_model.py", env=env)
+    (project / "models").mkdir()
+    (project / "models" / "blocks.py").write_text(_BUILDING_BLOCKS)  # no zero-argument model: skipped too
+    _git(project, "add", "protected_model.py", "helpers_model.py", "models/blocks.py", env=env)
     passed = _git(project, "commit", "-m", "protected model", check=False, env=env)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "Passed" in passed.stdout + passed.stderr
 
     shutil.copy(EXAMPLES / "fig2_a.py", project / "exposed_model.py")
-    _git(project, "add", "exposed_model.py", env=env)
+    # A Hugging Face model file: tiny GPT-2 from a config, offline (transformers from the hook's environment).
+    shutil.copy(EXAMPLES / "gpt2_tiny.py", project / "hf_model.py")
+    _git(project, "add", "exposed_model.py", "hf_model.py", env=env)
     blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
     output = blocked.stdout + blocked.stderr
     assert blocked.returncode != 0
     assert "Failed" in output and "exposed_model.py: Rank bound 3,072 of 3,072 unknowns: exposed" in output
+    assert "hf_model.py: Rank bound 4,096 of 4,096 unknowns: exposed" in output
     assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land

@@ -155,8 +155,8 @@ def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
     assert code == 1
     assert (
         "Bound (each sample): rank <= 192 of 192 unknowns per sample (100 % of its directions recoverable): "
-        "exposed. Each sample is read by 1 local step; one step's gradient can determine one sample (§9 "
-        "at batch size 1 certifies nothing)"
+        "exposed. Each sample is read by 1 local step; one step's gradient can determine one sample (at "
+        "batch size 1 no cut through the graph certifies anything)"
     ) in out
     assert (
         "The round as a whole: rank <= 1,228 of 6,144 (20 %): no attack recovers all 32 samples at once; this is "

@@ -67,6 +67,7 @@ def test_rgap_reconstructs_cnn6_and_confirms_exposed(run_cli, tmp_path):
     assert (tmp_path / "art" / "reconstruction_0.npy").exists()
 
 
+@pytest.mark.slow  # an end-to-end attack of about a minute on two cores
 def test_rgap_on_cnn6_d_shows_the_deficit_and_the_disagreement(run_cli):
     code, out, _ = run_cli(EXAMPLES / "cnn6_d.py", "--verify", "rgap", "--samples", "2", "--format", "json")
     payload = json.loads(out)
@@ -119,6 +120,7 @@ def test_defense_flag_errors(run_cli):
     assert code == 2 and err.startswith("rankaudit: error:")
 
 
+@pytest.mark.slow  # an end-to-end attack of about a minute on two cores
 def test_adadefense_defeats_gdbr_on_lenet10_and_shows_the_training_cost(run_cli):
     code, out, _ = run_cli(
         EXAMPLES / "lenet10.py",

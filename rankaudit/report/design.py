@@ -144,7 +144,7 @@ def _certificates(report: SuggestReport) -> list[str]:
     lines = [
         f"The batch as a whole: smallest batch size with a certified deficit: {report.certifying_batch}"
         f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}. No batch size "
-        "protects any one sample (spec §14): a sample's bound does not depend on it."
+        "protects any one sample: a sample's bound does not depend on it."
     ]
     if report.certifying_withheld is None:
         partial = (

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rankaudit import __version__
+from rankaudit import REPOSITORY, __version__
 from rankaudit.result import CAVEAT_CODES, Result
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+# Each rule's section on the rules page of this version's documentation (docs/rules.md: one heading per rule id).
+RULES_PAGE = f"{REPOSITORY}/blob/v{__version__}/docs/rules.md"
 
 # id -> (name, short description, default level, security-severity). Ids are stable: never renumber.
 RULES = {
@@ -59,8 +61,7 @@ RULES = {
     ),
     "RA009": (
         "dp-reconstruction-bound",
-        "The DP noise bounds a reconstruction's success only above the allowed "
-        "ceiling: B(κ) > --max-reconstruction (spec §13)",
+        "The DP noise bounds a reconstruction's success only above the allowed ceiling: B(κ) > --max-reconstruction",
         "error",
         "7.0",
     ),
@@ -68,7 +69,7 @@ RULES = {
         "bias-readout",
         "A shared layer with a trainable bias and a ReLU-like activation reads per-sample "
         "vectors: a unit that fires for one sample alone hands that sample's input to the layer over exactly "
-        "(weight update row / bias update; Qian et al., Prop. 1; spec §14)",
+        "(weight update row / bias update; Qian et al., Prop. 1)",
         "warning",
         "7.0",
     ),
@@ -96,15 +97,13 @@ def _uri(path: str) -> str:
 
 def _location(result: Result, source: str | None) -> dict:
     """At `file:line` when the trace knows it, else at the model file."""
-    uri, region = _model_path(result), None
+    # Without a known line the finding is about the whole file: its first line (code scanning needs a region).
+    uri, region = _model_path(result), {"startLine": 1}
     if source:
         file_part, _, line = source.rpartition(":")
         if file_part and line.isdigit():
-            uri, region = _uri(file_part), {"startLine": int(line)}
-    physical = {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}}
-    if region:
-        physical["region"] = region
-    return {"physicalLocation": physical}
+            uri, region = _uri(file_part), {"startLine": max(1, int(line))}
+    return {"physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}, "region": region}}
 
 
 def _rule(rule_id: str) -> dict:
@@ -114,7 +113,8 @@ def _rule(rule_id: str) -> dict:
         "name": name,
         "shortDescription": {"text": description},
         "defaultConfiguration": {"level": level},
-        "help": {"text": "See the rankaudit README: exit codes, caveat codes and the limits of the method."},
+        "helpUri": f"{RULES_PAGE}#{rule_id.lower()}",
+        "help": {"text": f"What {rule_id} means and what to do: {RULES_PAGE}#{rule_id.lower()}"},
         "properties": {"security-severity": severity, "tags": ["security", "privacy", "federated-learning"]},
     }
 

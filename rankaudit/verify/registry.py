@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def _require_extras(modules: tuple[str, ...]) -> None:
             importlib.import_module(module)
     except ImportError as exc:
         raise UsageError(
-            f"--verify needs the verifier's extras ({exc.name} is missing)", 'pip install "rankaudit[verify]"'
+            f"--verify needs the verifier's extras ({exc.name} is missing)", install_hint("verify")
         ) from exc
 
 

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
 # Issue 16: how large a sketch may be follows the device's memory, not a constant. On a CPU the sketch, its
@@ -57,7 +58,7 @@ def _physical_memory() -> tuple[int, str]:
         except ImportError:
             raise UsageError(
                 "cannot tell how much RAM this machine has (no os.sysconf, no psutil)",
-                'pip install "rankaudit[bench]" (psutil), or run --verify rank with --device cuda',
+                install_hint("bench") + " (psutil), or run --verify rank with --device cuda",
             ) from None
         physical, where = int(psutil.virtual_memory().total), "RAM"
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):

@@ -80,7 +80,7 @@ def bound_check(identifiability, rank: int) -> dict | None:
     check = {"rank_bound": bound, "certified_deficit": int(identifiability.certified_deficit), "consistent": consistent}
     if not consistent:
         check["internal_error"] = (
-            f"internal error: the measured rank {rank} exceeds the static upper bound {bound} (spec §9): the static "
+            f"internal error: the measured rank {rank} exceeds the static upper bound {bound}: the static "
             "bound is wrong for this model; please report it with this model file"
         )
     return check

@@ -37,7 +37,7 @@ def sample_reading(result, ranks: list[int], inputs: list[dict], unknowns: int, 
             index, value = max(above, key=lambda pair: pair[1])
             check["internal_error"] = (
                 f"internal error: sample {index}'s measured rank {value} exceeds the per-sample upper bound "
-                f"R_s = {bound.rank_bound} (spec §14): the static bound is wrong for this model; please report it "
+                f"R_s = {bound.rank_bound}: the static bound is wrong for this model; please report it "
                 "with this model file"
             )
     entries = [

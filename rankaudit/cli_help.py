@@ -1,0 +1,148 @@
+"""The `--help` layout: which group each option is listed under, in what order, and each command's examples."""
+
+from __future__ import annotations
+
+import click
+
+# The groups, in the order `--help` lists them.
+ANALYSIS, ROUND, DP, VERIFY, OUTPUT, POLICY, RUNNING = (
+    "Analysis",
+    "Federated round",
+    "Differential privacy",
+    "Verifying with real attacks",
+    "Output",
+    "Policy (the exit code)",
+    "Running",
+)
+GROUPS = (ANALYSIS, ROUND, DP, VERIFY, OUTPUT, POLICY, RUNNING)
+# An option missing from the table below is still listed (under this heading); tests/test_cli_help.py fails on it.
+UNGROUPED = "Other"
+
+# Option (its long name) -> group. A new option needs one line here.
+OPTION_GROUP = {
+    "--input-shape": ANALYSIS,
+    "--input-dtype": ANALYSIS,
+    "--batch-size": ANALYSIS,
+    "--shared-layers": ANALYSIS,
+    "--withheld-layers": ANALYSIS,
+    "--model-arg": ANALYSIS,
+    "--run-config": ANALYSIS,
+    "--top": ANALYSIS,
+    "--local-samples": ROUND,
+    "--local-epochs": ROUND,
+    "--lr": ROUND,
+    "--optimizer": ROUND,
+    "--momentum": ROUND,
+    "--clients": ROUND,
+    "--server-rounds": ROUND,
+    "--available-clients": ROUND,
+    "--bn-mode": ROUND,
+    "--dp-noise": DP,
+    "--dp-clip": DP,
+    "--dp-sample-rate": DP,
+    "--dp-steps": DP,
+    "--dp-delta": DP,
+    "--dp-level": DP,
+    "--prior": DP,
+    "--noise-by": DP,
+    "--dp-candidates": DP,
+    "--verify": VERIFY,
+    "--samples": VERIFY,
+    "--seed": VERIFY,
+    "--device": VERIFY,
+    "--data": VERIFY,
+    "--steps": VERIFY,
+    "--artifacts": VERIFY,
+    "--trials": VERIFY,
+    "--class-dist": VERIFY,
+    "--aux": VERIFY,
+    "--defense": VERIFY,
+    "--rank-precision": VERIFY,
+    "--format": OUTPUT,
+    "--output": OUTPUT,
+    "--html": OUTPUT,
+    "--quiet": OUTPUT,
+    "--verbose": OUTPUT,
+    "--fail-on": POLICY,
+    "--min-ra": POLICY,
+    "--max-recoverable": POLICY,
+    "--exposed-below": POLICY,
+    "--max-reconstruction": POLICY,
+    "--timeout": RUNNING,
+    "--skip-non-models": RUNNING,
+    "--debug": RUNNING,
+    "--version": RUNNING,
+    "--help": RUNNING,
+}
+
+# Command name (the group's is "cli") -> (command line, what it does), under "Examples" at the end of its --help.
+EXAMPLES = {
+    "cli": (
+        ("rankaudit examples/cnn6.py", "the verdict for the model in the file (same as `rankaudit check`)"),
+        ("rankaudit path/to/flower-app", "a Flower app or NVFlare job, with the round and DP read from it"),
+        ("rankaudit suggest examples/cnn6.py", "design changes that would protect the input"),
+        ("rankaudit compare a.py b.py", "two models side by side"),
+    ),
+    "check": (
+        ("rankaudit examples/cnn6.py", "table and verdict; exit 1 unless protected"),
+        ("rankaudit net.py:Net --input-shape 3,32,32 -b 8", "one class of the file, its input shape, batch of 8"),
+        ("rankaudit net.py --withheld-layers fc", "the gradient of fc is not sent"),
+        ("rankaudit net.py --local-epochs 2 --local-samples 64", "one round of local training, not FedSGD"),
+        ("rankaudit net.py --dp-noise 1.0 --max-reconstruction 0.05", "DP-SGD: the bound on any reconstruction"),
+        ("rankaudit examples/lenet.py --verify rank", "measure the exact rank, beside the bound"),
+        ("rankaudit net.py --format sarif -o ra.sarif --fail-on never", "SARIF for code scanning, never fail"),
+        ("rankaudit net.py --html report.html", "also the self-contained HTML report"),
+    ),
+    "suggest": (
+        ("rankaudit suggest examples/cnn6.py", "the edits that change the verdict, best first"),
+        ("rankaudit suggest net.py --max-reconstruction 0.05", "also the least DP noise that meets 5 %"),
+        ("rankaudit suggest net.py --format html -o review.html", "the full report with the suggestions"),
+    ),
+    "compare": (
+        ("rankaudit compare old.py new.py", "both verdicts and what changed"),
+        ("rankaudit compare old.py new.py --format json", "the same as JSON"),
+    ),
+}
+
+
+def long_name(option: click.Option) -> str:
+    """The option's `--name` (its first long spelling), the key of OPTION_GROUP."""
+    return next((name for name in option.opts + option.secondary_opts if name.startswith("--")), option.opts[0])
+
+
+def group_of(option: click.Option) -> str:
+    return OPTION_GROUP.get(long_name(option), UNGROUPED)
+
+
+def examples_text(command_name: str) -> str:
+    """The Examples block as plain lines (the CLI reference page shows the same)."""
+    rows = EXAMPLES.get(command_name, ())
+    width = max((len(line) for line, _ in rows), default=0)
+    return "\n".join(f"  {line.ljust(width)}   {what}" for line, what in rows)
+
+
+class GroupedHelp:
+    """Mixin for click commands: options listed under their group's heading, then the command's examples."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        by_group: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):
+                by_group.setdefault(group_of(param), []).append(record)
+        for group in (*GROUPS, UNGROUPED):
+            if by_group.get(group):
+                with formatter.section(group):
+                    formatter.write_dl(by_group[group])
+        if isinstance(self, click.Group):
+            self.format_commands(ctx, formatter)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.name in EXAMPLES:
+            formatter.write_paragraph()
+            formatter.write_text("Examples:")
+            formatter.write(examples_text(self.name) + "\n")
+
+
+class GroupedCommand(GroupedHelp, click.Command):
+    pass
