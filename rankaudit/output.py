@@ -74,10 +74,48 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
-def check_outputs(output: str | None = None, html: str | None = None, artifacts: str | None = None) -> None:
-    """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work."""
+# Inside a folder given as an input (an app's directory, a --data folder), the files that are read.
+_READ_IN_FOLDERS = (".py", ".toml", ".npy", ".npz", ".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _inside(path: str, folder: str) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return real != root and real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _names_input(path: str, input_path: str) -> bool:
+    """Would writing `path` overwrite `input_path` (the same file through a link, `..` or a hard link), or a file
+    read from the input folder `input_path`?"""
+    if os.path.isdir(input_path):
+        return _inside(path, input_path) and os.path.splitext(path)[1].lower() in _READ_IN_FOLDERS
+    return _same_file(path, input_path)
+
+
+def refuse_inputs(outputs: dict[str, str | None], inputs: list[tuple[str, str | None]]) -> None:
+    """An output path naming one of the command's inputs (the model file, its configuration, --data, ...) is
+    refused (exit 2): the report would overwrite what it was made from."""
+    for option, path in outputs.items():
+        if not path or os.path.abspath(path) in _STDOUT:
+            continue
+        for what, input_path in inputs:
+            if input_path and os.path.exists(input_path) and _names_input(path, input_path):
+                raise UsageError(
+                    f"{option} {path} names {what} {input_path}: the report would overwrite it",
+                    f"give {option} a file of its own, not one the command reads",
+                )
+
+
+def check_outputs(
+    output: str | None = None,
+    html: str | None = None,
+    artifacts: str | None = None,
+    inputs: list[tuple[str, str | None]] | None = None,
+) -> None:
+    """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work
+    (`inputs`: what the command reads, as (what, path): no output may name one)."""
     if output and html and _same_file(output, html):
         raise UsageError(f"-o and --html both name {output}", "give the HTML report its own file name")
+    refuse_inputs({"-o": output, "--html": html}, inputs or [])
     for option, path in (("-o", output), ("--html", html)):
         if path:
             _check_file(option, path)

@@ -192,6 +192,7 @@ def model_settings(
 
     settings = load_settings(split_model_spec(spec)[0])
     supervise.set_config_timeout(settings.timeout)
+    supervise.set_config_memory_limit(settings.memory_limit)
 
     def pick(name):
         return settings.in_force(name, values[name], name in given)
@@ -206,6 +207,8 @@ def model_settings(
     if deployment is not None and not withheld and not pick("shared_layers"):
         withheld = deployment.withheld_layers  # NVFlare's ExcludeVars
     arguments = factory_arguments(deployment, model_args)
+    if arguments is None and deployment is None and settings.model_args:
+        arguments = dict(settings.model_args)  # [tool.rankaudit] model-args: a model file's arguments too
     if arguments and verifying:
         raise UsageError(
             "--verify builds the model without the factory's arguments (not supported yet)",
