@@ -1,4 +1,5 @@
 """Hostile: ends the process while being imported (a silent exit 0 before issue 23)."""
+
 import os
 
 from torch import nn

@@ -1,4 +1,5 @@
 """Hostile: raises SystemExit(3) while the model is built."""
+
 from torch import nn
 
 INPUT_SHAPE = (4,)

@@ -1,4 +1,5 @@
 """Hostile: sys.exit(0) in forward(), reached when rankaudit traces the model."""
+
 import sys
 
 from torch import nn

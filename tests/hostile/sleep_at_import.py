@@ -1,4 +1,5 @@
 """Hostile: a slow import, long enough to press Ctrl-C during it."""
+
 import sys
 import time
 

@@ -1,4 +1,5 @@
 """Hostile: every parameter is frozen (requires_grad False), so no gradient is shared."""
+
 from torch import nn
 
 

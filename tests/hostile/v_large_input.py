@@ -1,4 +1,5 @@
 """Hostile: an input larger than scikit-learn's sample photographs (427x640), the verifiers' default images."""
+
 from torch import nn
 
 

@@ -1,4 +1,5 @@
 """Hostile: a model without any parameter."""
+
 from torch import nn
 
 

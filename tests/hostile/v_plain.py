@@ -1,4 +1,5 @@
 """Not hostile: the smallest well-behaved model, for the cases where a flag (not the model) is the problem."""
+
 from torch import nn
 
 
