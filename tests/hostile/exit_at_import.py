@@ -1,5 +1,4 @@
 """Hostile: ends the process while being imported (a silent exit 0 before issue 23)."""
-
 import os
 
 from torch import nn

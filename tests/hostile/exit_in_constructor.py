@@ -1,5 +1,4 @@
 """Hostile: raises SystemExit(3) while the model is built."""
-
 from torch import nn
 
 INPUT_SHAPE = (4,)

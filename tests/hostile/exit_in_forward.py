@@ -1,5 +1,4 @@
 """Hostile: sys.exit(0) in forward(), reached when rankaudit traces the model."""
-
 import sys
 
 from torch import nn

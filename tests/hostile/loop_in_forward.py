@@ -1,5 +1,4 @@
 """Hostile: a forward() that never returns (rankaudit traces it)."""
-
 from torch import nn
 
 INPUT_SHAPE = (4,)

@@ -1,5 +1,4 @@
 """A plain model that says on stderr when it is imported: the output-path checks must come before this line."""
-
 import sys
 
 from torch import nn

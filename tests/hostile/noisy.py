@@ -1,5 +1,4 @@
 """Hostile: prints 2,000 lines at import and more in forward(), and writes to fd 1 directly."""
-
 import os
 
 from torch import nn

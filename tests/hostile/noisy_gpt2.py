@@ -1,5 +1,4 @@
 """Hostile: the tiny GPT-2 of examples/gpt2_tiny.py, printing 2,000 lines at import and more in forward()."""
-
 import os
 
 import torch

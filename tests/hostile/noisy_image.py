@@ -1,5 +1,4 @@
 """Hostile: a small image model that prints 2,000 lines at import and more in forward() (for the verifiers)."""
-
 import os
 
 from torch import nn

@@ -1,5 +1,4 @@
 """Hostile: a slow import, long enough to press Ctrl-C during it."""
-
 import sys
 import time
 

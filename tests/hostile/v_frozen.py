@@ -1,5 +1,4 @@
 """Hostile: every parameter is frozen (requires_grad False), so no gradient is shared."""
-
 from torch import nn
 
 

@@ -1,5 +1,4 @@
 """Hostile: an input larger than scikit-learn's sample photographs (427x640), the verifiers' default images."""
-
 from torch import nn
 
 

@@ -1,6 +1,5 @@
 """Hostile: finite at the weights it starts from, NaN once a local step has moved them (sqrt of minus the distance
 moved; tracing and the first forward pass see -0, which is finite)."""
-
 import torch
 from torch import nn
 

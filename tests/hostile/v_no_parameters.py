@@ -1,5 +1,4 @@
 """Hostile: a model without any parameter."""
-
 from torch import nn
 
 

@@ -1,5 +1,4 @@
 """Not hostile: the smallest well-behaved model, for the cases where a flag (not the model) is the problem."""
-
 from torch import nn
 
 

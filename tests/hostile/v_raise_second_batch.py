@@ -1,5 +1,4 @@
 """Hostile: the forward pass raises on the second real batch (tracing and the first batch go through)."""
-
 import torch
 from torch import nn
 
