@@ -736,7 +736,13 @@ def compare_command(
             for name, value in given.items()
         }
         results.append(
-            audit(spec, **chosen, shared_layers=settings.shared_layers, withheld_layers=settings.withheld_layers)
+            audit(
+                spec,
+                **chosen,
+                shared_layers=settings.shared_layers,
+                withheld_layers=settings.withheld_layers,
+                model_args=dict(settings.model_args) if settings.model_args else None,
+            )
         )
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)

@@ -589,3 +589,11 @@ def test_progress_lines_off_a_terminal_say_what_is_left():
     with ProgressBar(4, "attack", stream=quiet, log_interval=60) as bar:  # a run shorter than the interval
         bar.update(4)
     assert quiet.getvalue() == ""
+
+
+def test_the_check_whether_the_file_runs_on_its_own_keeps_to_the_timeout():
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / "loops_when_run_alone.py", "--timeout", "4")
+    assert done.returncode == 3
+    error_line(done.stderr, "only imported by rankaudit", "could not be checked", "over 4 s")
+    assert time.monotonic() - started < 60  # the check's own limit was 120 s whatever --timeout said
