@@ -137,7 +137,7 @@ def _inputs(specs, **files: str | None) -> list[tuple[str, str | None]]:
         path = spec
         if not os.path.exists(path) and ":" in spec:
             path = spec.rsplit(":", 1)[0]
-        inputs.append(("the model folder" if os.path.isdir(path) else "the model file", path))
+        inputs.append(("the app folder" if os.path.isdir(path) else "the model file", path))
         if os.path.exists(path):
             try:
                 config = find_pyproject(Path(path) / "model.py" if os.path.isdir(path) else Path(path))
@@ -515,6 +515,8 @@ def check(
                 input_shape_given=input_shape is not None,
             )
             spec = deployment.model if deployment is not None else spec
+            if deployment is not None:  # the app's model file may live outside its folder
+                report_files.refuse_inputs({"-o": output, "--html": html_path}, _inputs([spec]))
             chosen = model_settings(
                 spec,
                 deployment,

@@ -99,8 +99,9 @@ def refuse_inputs(outputs: dict[str, str | None], inputs: list[tuple[str, str | 
             continue
         for what, input_path in inputs:
             if input_path and os.path.exists(input_path) and _names_input(path, input_path):
+                named = f"is a file read from {what}" if os.path.isdir(input_path) else f"names {what}"
                 raise UsageError(
-                    f"{option} {path} names {what} {input_path}: the report would overwrite it",
+                    f"{option} {path} {named} {input_path}: the report would overwrite it",
                     f"give {option} a file of its own, not one the command reads",
                 )
 

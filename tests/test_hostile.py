@@ -597,3 +597,16 @@ def test_the_check_whether_the_file_runs_on_its_own_keeps_to_the_timeout():
     assert done.returncode == 3
     error_line(done.stderr, "only imported by rankaudit", "could not be checked", "over 4 s")
     assert time.monotonic() - started < 60  # the check's own limit was 120 s whatever --timeout said
+
+
+def test_an_output_naming_a_file_of_an_app_is_refused(run_cli, tmp_path):
+    import shutil
+
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps" / "quickstart", app)
+    before = {path: path.read_bytes() for path in app.rglob("*") if path.is_file()}
+    for target in (app / "pyproject.toml", app / "quickstart_app" / "task.py"):
+        code, out, err = run_cli(app, "--format", "json", "-o", target)
+        assert code == 2 and out == ""
+        error_line(err, f"-o {target} is a file read from the app folder", "would overwrite it")
+    assert {path: path.read_bytes() for path in app.rglob("*") if path.is_file()} == before
