@@ -450,6 +450,8 @@ class _Parent:
         self._reap(block=True)
         self.end_group()
         os.close(self.read_end)
+        if self.buffer and self.signalled is None:  # bytes that never made a whole frame: not ours
+            self.forged = True
         return self._finish()
 
     def end_group(self) -> None:
@@ -526,9 +528,9 @@ class _Parent:
             return code if exited == code else 3
         if self.verdicts is None or exited != code:
             _error(
-                f"the process running the model ended during {self.phase} saying it succeeded, without handing over "
-                "a report; no report was written; fix: run the model on its own (`python FILE`) and make sure its "
-                "code does not end or signal the process"
+                f"the process running the model ended during {self.phase} with exit status {exited} but without "
+                "handing over a report, so there is no verdict; fix: run the model on its own (`python FILE`) and "
+                "make sure its code does not end the process"
             )
             return 3
         return 1 if code == 1 or not all(self.verdicts) else 0
