@@ -488,7 +488,7 @@ class _Parent:
                 "written; fix: make the model write only to files it opened itself"
             )
             return 3
-        if self.code is None:
+        if self.code is None or self.ended is not None:  # rankaudit's own exit never goes through os._exit
             if self.ended is None and os.WIFSIGNALED(self.status):
                 name = _signal_name(os.WTERMSIG(self.status))
                 _error(
