@@ -125,30 +125,6 @@ def _parse_dtype(ctx, param, value):
     return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
 
 
-def _inputs(specs, **files: str | None) -> list[tuple[str, str | None]]:
-    """What a command reads, as (what, path): each model file (or app folder), the pyproject.toml configuring it,
-    and the data files given by option (`data="--data"`'s value ...). No output may name one of them."""
-    from pathlib import Path
-
-    from rankaudit.config import find_pyproject
-
-    inputs: list[tuple[str, str | None]] = []
-    for spec in specs:
-        path = spec
-        if not os.path.exists(path) and ":" in spec:
-            path = spec.rsplit(":", 1)[0]
-        inputs.append(("the app folder" if os.path.isdir(path) else "the model file", path))
-        if os.path.exists(path):
-            try:
-                config = find_pyproject(Path(path) / "model.py" if os.path.isdir(path) else Path(path))
-            except RankauditError:  # a malformed file is reported where it is read, with its fix
-                config = None
-            if config is not None:
-                inputs.append(("the configuration", str(config)))
-    inputs += [(f"the {option.replace('_', '-')} input", value) for option, value in files.items() if value]
-    return inputs
-
-
 def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
@@ -498,7 +474,7 @@ def check(
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates})
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
-    report_files.check_outputs(output, html_path, artifacts, _inputs(models, data=data, aux=aux))
+    report_files.check_outputs(output, html_path, artifacts, report_files.command_inputs(models, data=data, aux=aux))
     commandline = click.core.ParameterSource.COMMANDLINE
     given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
     values = {name: ctx.params[name] for name in CONFIGURABLE}
@@ -516,7 +492,7 @@ def check(
             )
             spec = deployment.model if deployment is not None else spec
             if deployment is not None:  # the app's model file may live outside its folder
-                report_files.refuse_inputs({"-o": output, "--html": html_path}, _inputs([spec]))
+                report_files.refuse_inputs({"-o": output, "--html": html_path}, report_files.command_inputs([spec]))
             chosen = model_settings(
                 spec,
                 deployment,
@@ -643,7 +619,7 @@ def suggest_command(
         raise UsageError(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
-    report_files.check_outputs(output, inputs=_inputs([model]))
+    report_files.check_outputs(output, inputs=report_files.command_inputs([model]))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
@@ -718,7 +694,7 @@ def compare_command(
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
 
-    report_files.check_outputs(output, inputs=_inputs([first, second]))
+    report_files.check_outputs(output, inputs=report_files.command_inputs([first, second]))
     given = {
         "input_shape": input_shape,
         "batch_size": batch_size,

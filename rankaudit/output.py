@@ -7,8 +7,9 @@ import errno
 import os
 import stat
 import tempfile
+from pathlib import Path
 
-from rankaudit.errors import UsageError
+from rankaudit.errors import RankauditError, UsageError
 
 _STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 
@@ -104,6 +105,28 @@ def refuse_inputs(outputs: dict[str, str | None], inputs: list[tuple[str, str | 
                     f"{option} {path} {named} {input_path}: the report would overwrite it",
                     f"give {option} a file of its own, not one the command reads",
                 )
+
+
+def command_inputs(specs, **files: str | None) -> list[tuple[str, str | None]]:
+    """What a command reads, as (what, path): each model file (or app folder), the pyproject.toml configuring it,
+    and the data files given by option (`data="--data"`'s value ...). No output may name one of them."""
+    from rankaudit.config import find_pyproject
+
+    inputs: list[tuple[str, str | None]] = []
+    for spec in specs:
+        path = spec
+        if not os.path.exists(path) and ":" in spec:
+            path = spec.rsplit(":", 1)[0]
+        inputs.append(("the app folder" if os.path.isdir(path) else "the model file", path))
+        if os.path.exists(path):
+            try:
+                config = find_pyproject(Path(path) / "model.py" if os.path.isdir(path) else Path(path))
+            except RankauditError:  # a malformed file is reported where it is read, with its fix
+                config = None
+            if config is not None:
+                inputs.append(("the configuration", str(config)))
+    inputs += [(f"the {option.replace('_', '-')} input", value) for option, value in files.items() if value]
+    return inputs
 
 
 def check_outputs(
