@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -27,11 +28,43 @@ EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
 
 
+class _RunsModel(BaseException):
+    """Raised instead of running a command while argv is only being read for --help/--version in the unsupervised
+    parent: the command then runs in the supervised child (never caught as an Exception)."""
+
+
+class _ModelCommand(GroupedCommand):
+    """A command that runs the model's code: never in the unsupervised parent (supervise.reading_help()); its
+    options listed in their groups."""
+
+    def invoke(self, ctx: click.Context):
+        if supervise.reading_help():
+            raise _RunsModel
+        return super().invoke(ctx)
+
+
+def _mistyped_command(word: str, commands) -> str | None:
+    """`rankaudit sugest m.py`: a first word close to a command's name that names no file (not a model path)."""
+    import difflib
+
+    if word.startswith("-") or os.path.exists(word) or word.endswith(".py") or "/" in word or ":" in word:
+        return None
+    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 class _DefaultToCheck(GroupedHelp, click.Group):
     """`rankaudit model.py` means `rankaudit check model.py`."""
 
+    command_class = _ModelCommand
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            meant = _mistyped_command(args[0], self.commands)
+            if meant is not None:
+                raise UsageError(
+                    f"no command '{args[0]}' and no file of that name", f"did you mean `rankaudit {meant}`?"
+                )
             args = ["check", *args]
         return super().parse_args(ctx, args)
 
@@ -237,22 +270,49 @@ def _dp_options(command):
     return command
 
 
+def _set_timeout(ctx, param, value):
+    if value is not None:
+        try:
+            supervise.check_seconds(value, "--timeout")
+        except ValueError as exc:
+            raise click.BadParameter("must be a positive, finite number of seconds, e.g. 300") from exc
+    supervise.set_flag_timeout(value)
+
+
+def _set_memory_limit(ctx, param, value):
+    if value is not None and not 0 <= value < float("inf"):
+        raise click.BadParameter("must be a finite number of GiB, e.g. 8 (0: no limit)")
+    supervise.set_flag_memory_limit(value)
+
+
 def _timeout_option(command):
-    """--timeout: the limit on each of the model's import, build and trace (supervise.py ends one that overruns)."""
+    """--timeout: the limit on each of the model's import, build and trace (supervise.py ends one that overruns);
+    --memory-limit: the model's process's memory (supervise.py sets it)."""
+    command = click.option(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="GIB",
+        expose_value=False,
+        is_eager=True,
+        callback=_set_memory_limit,
+        help="Memory the model's process may take, in GiB (default: [tool.rankaudit] memory-limit, else 8 or "
+        "half the machine's memory, whichever is less; 0: no limit); exceeding it is exit 3.",
+    )(command)
     return click.option(
         "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=float,
         default=None,
         metavar="SECONDS",
         expose_value=False,
         is_eager=True,
-        callback=lambda ctx, param, value: supervise.set_flag_timeout(value),
+        callback=_set_timeout,
         help=f"Stop a model whose import, build or trace takes longer (default: [tool.rankaudit] "
         f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.",
     )(command)
 
 
-@cli.command(cls=GroupedCommand)
+@cli.command(cls=_ModelCommand)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option(
     "--input-shape",
@@ -461,7 +521,8 @@ def check(
     from rankaudit.verify import registry
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates})
-    report_files.check_outputs(output, html_path, artifacts)
+    registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
+    report_files.check_outputs(output, html_path, artifacts, report_files.command_inputs(models, data=data, aux=aux))
     commandline = click.core.ParameterSource.COMMANDLINE
     given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
     values = {name: ctx.params[name] for name in CONFIGURABLE}
@@ -478,6 +539,8 @@ def check(
                 input_shape_given=input_shape is not None,
             )
             spec = deployment.model if deployment is not None else spec
+            if deployment is not None:  # the app's model file may live outside its folder
+                report_files.refuse_inputs({"-o": output, "--html": html_path}, report_files.command_inputs([spec]))
             chosen = model_settings(
                 spec,
                 deployment,
@@ -531,7 +594,7 @@ def check(
                 )
                 registry.run_verifiers(verify, request, _error)
         except Exception as raised:
-            exc = raised if isinstance(raised, RankauditError) else _model_fault(raised)
+            exc = raised if isinstance(raised, RankauditError) else _out_of_memory(raised) or _model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
             if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
@@ -554,10 +617,12 @@ def check(
             report_files.write_file(html_path, html.render(results))
             if not quiet:
                 click.echo(f"rankaudit: wrote the HTML report to {html_path}", err=True)
+    if results or exit_code == EXIT_PASS:  # every file skipped (a hook's helper modules) is a report too
+        supervise.report_delivered([result.policy.passed for result in results])
     return exit_code
 
 
-@cli.command("suggest", cls=GroupedCommand)
+@cli.command("suggest", cls=_ModelCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
@@ -604,9 +669,10 @@ def suggest_command(
         raise UsageError(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
-    report_files.check_outputs(output)
+    report_files.check_outputs(output, inputs=report_files.command_inputs([model]))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
+    supervise.set_config_memory_limit(settings.memory_limit)
     # As `check` reads them: the flag where given, else [tool.rankaudit] (its [[tool.rankaudit.models]] input shape,
     # its batch-size or [tool.rankaudit.round]'s), else the default.
     commandline = {
@@ -642,10 +708,11 @@ def suggest_command(
             else design.suggest_table(report, top)
         )
     _write(text, output)
+    supervise.report_delivered([])  # suggestions carry no verdict: exit 0 once they are out
     return EXIT_PASS
 
 
-@cli.command("compare", cls=GroupedCommand)
+@cli.command("compare", cls=_ModelCommand)
 @click.argument("first", metavar="A.py[:NAME]")
 @click.argument("second", metavar="B.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
@@ -690,7 +757,7 @@ def compare_command(
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
 
-    report_files.check_outputs(output)
+    report_files.check_outputs(output, inputs=report_files.command_inputs([first, second]))
     given = {
         "input_shape": input_shape,
         "batch_size": batch_size,
@@ -702,6 +769,7 @@ def compare_command(
     for spec in (first, second):
         settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
         supervise.set_config_timeout(settings.timeout)
+        supervise.set_config_memory_limit(settings.memory_limit)
         chosen = {
             name: settings.in_force(
                 name, value, ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
@@ -709,12 +777,19 @@ def compare_command(
             for name, value in given.items()
         }
         results.append(
-            audit(spec, **chosen, shared_layers=settings.shared_layers, withheld_layers=settings.withheld_layers)
+            audit(
+                spec,
+                **chosen,
+                shared_layers=settings.shared_layers,
+                withheld_layers=settings.withheld_layers,
+                model_args=dict(settings.model_args) if settings.model_args else None,
+            )
         )
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)
     )
     _write(text, output)
+    supervise.report_delivered([results[1].policy.passed])
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
 
 
@@ -768,6 +843,16 @@ def _dp_clause(result) -> str:
     return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
 
 
+def _out_of_memory(exc: BaseException):
+    """Over the memory limit: exit 3 naming the phase it happened in (the innermost, else the one in force)."""
+    if not supervise.is_out_of_memory(exc):
+        return None
+    from rankaudit.errors import OutOfMemory
+
+    phase = getattr(exc, "rankaudit_phase", None) or supervise.current_phase()
+    return OutOfMemory(phase, supervise.describe_memory_limit())
+
+
 def _model_fault(exc: BaseException):
     from rankaudit.load import model_fault
 
@@ -806,12 +891,13 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
-        fault = _model_fault(exc)
+        fault = _out_of_memory(exc) or _model_fault(exc)
         if fault is not None:  # the model's own code raised (suggest, compare): its error, exit 3
             _error(str(fault))
             sys.exit(fault.exit_code)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # never C++ frames
         _error(
-            f"internal error while analysing: {type(exc).__name__}: {exc}; "
+            f"internal error while analysing: {type(exc).__name__}: {message}; "
             "fix: rerun with --debug and report the traceback"
         )
         sys.exit(EXIT_MODEL)
@@ -845,14 +931,18 @@ def run():
     command needs (here the parent never loaded torch, and the child has handed back its report).
     """
     args = sys.argv[1:]
-    if supervise.can_supervise() and not supervise.needs_no_child(args):
+    code = None
+    if supervise.can_supervise() and supervise.may_answer_here(args):
+        code = supervise.answer_here(main, args, _RunsModel)  # None: --help was an option's value
+    if supervise.can_supervise() and code is None:
         code = supervise.run_supervised(main, args)
-    else:
+    elif code is None:
         try:
             main(args)
             code = EXIT_PASS
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed (>&-) or a reader gone (| head -0): the code still stands
+            stream.flush()
     os._exit(code)

@@ -69,6 +69,7 @@ OPTION_GROUP = {
     "--exposed-below": POLICY,
     "--max-reconstruction": POLICY,
     "--timeout": RUNNING,
+    "--memory-limit": RUNNING,
     "--skip-non-models": RUNNING,
     "--debug": RUNNING,
     "--version": RUNNING,

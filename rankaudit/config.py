@@ -31,6 +31,7 @@ TOP_KEYS = {
     "input-shape",
     "flower",
     "timeout",
+    "memory-limit",
 }
 MODEL_KEYS = {"path", "input-shape", "model-args"}
 
@@ -58,6 +59,7 @@ class Settings:
     flower: dict[str, str] | None = None
     dataset_size: int | None = None  # [tool.rankaudit.round] dataset-size: an app's data over its nodes
     timeout: float | None = None  # seconds for each of the model's import, build and trace (supervise.py)
+    memory_limit: float | None = None  # GiB the model's process may take (supervise.py)
 
     def in_force(self, name: str, value, on_command_line: bool):
         """The value a run uses: the flag where given on the command line, else this file's, else `value` (the
@@ -70,8 +72,10 @@ def find_pyproject(model_path: Path) -> Path | None:
     """The nearest pyproject.toml with a [tool.rankaudit] table, walking up from the model file (like ruff)."""
     for directory in [model_path.resolve().parent, *model_path.resolve().parent.parents]:
         candidate = directory / "pyproject.toml"
-        if candidate.is_file() and "rankaudit" in read_toml(candidate).get("tool", {}):
-            return candidate
+        if candidate.is_file():
+            tool = read_toml(candidate).get("tool", {})
+            if isinstance(tool, dict) and "rankaudit" in tool:
+                return candidate
     return None
 
 
@@ -82,6 +86,12 @@ def read_toml(path: Path) -> dict:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}", "fix the syntax of that file") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: it is not UTF-8 text", "fix or replace that file") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise UsageError(
+            f"{path} is not valid TOML that can be read: it nests too deeply", "flatten or fix that file"
+        ) from exc
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
@@ -105,14 +115,14 @@ def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> in
 
 
 def _shape(path: Path, key: str, value) -> tuple[int, ...]:
-    from rankaudit.load import parse_input_shape
+    from rankaudit.load import check_shape_size, parse_input_shape
 
     if (
         isinstance(value, list)
         and value
         and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)
     ):
-        return tuple(value)
+        return check_shape_size(tuple(value), f"{key} in {path}")
     if isinstance(value, str):
         try:
             return parse_input_shape(value)
@@ -161,6 +171,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             _bad(pyproject, "timeout", "a positive number of seconds, e.g. 300")
         settings.timeout = float(value)
+    if "memory-limit" in table:
+        value = table["memory-limit"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            _bad(pyproject, "memory-limit", "a number of GiB, e.g. 8 (0: no limit)")
+        settings.memory_limit = float(value)
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:

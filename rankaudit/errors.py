@@ -48,3 +48,15 @@ class Interrupted(RankauditError):
 
 class ModelEndedProcess(ModelLoadError):
     """The model's code called sys.exit/os._exit (or raised SystemExit): it tried to end rankaudit (exit 3)."""
+
+
+class OutOfMemory(ModelLoadError):
+    """The model's process went over its memory limit (exit 3), in a named phase (the import, the trace, ...)."""
+
+    def __init__(self, phase: str, limit: str):
+        super().__init__(
+            f"the model's process ran out of memory during {phase} (its memory limit is {limit}); no report was "
+            "written",
+            "raise the limit with --memory-limit GIB (or memory-limit in [tool.rankaudit]), or shrink the model or "
+            "its input shape",
+        )

@@ -17,7 +17,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rankaudit import supervise
-from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, UsageError
+from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, OutOfMemory, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -188,6 +188,26 @@ def split_model_spec(spec: str) -> tuple[Path, str | None]:
 _SHAPE = re.compile(r"^\s*[(\[]?\s*(\d+(?:\s*[,x×]\s*\d+)*)\s*,?\s*[)\]]?\s*$")
 
 
+# Larger than any real input, small enough that sizes stay within torch's 64-bit arithmetic with a batch on top.
+MAX_DIMENSION = 2**31 - 1
+MAX_SAMPLE_VALUES = 2**40
+
+
+def check_shape_size(shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """A shape rankaudit can trace: each dimension and the values per sample within the limits above (exit 2)."""
+    values = 1
+    for dimension in shape:
+        values *= dimension
+    if any(dimension > MAX_DIMENSION for dimension in shape) or values > MAX_SAMPLE_VALUES:
+        shown = "x".join(str(dimension) for dimension in shape)
+        raise UsageError(
+            f"the input shape {shown} ({where}) has {values:.3g} values per sample, above the {MAX_SAMPLE_VALUES:.3g} "
+            f"(and {MAX_DIMENSION:,} per dimension) rankaudit analyses",
+            "give the shape of one real sample, without the batch dimension, e.g. 3,224,224",
+        )
+    return shape
+
+
 def parse_input_shape(text: str) -> tuple[int, ...]:
     """'3,32,32', '3x32x32' or '(3, 32, 32)' -> (3, 32, 32); per sample, without the batch dimension."""
     match = _SHAPE.match(text)
@@ -197,7 +217,7 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
             f"malformed input shape '{text}'",
             "give positive integers per sample without the batch dimension, e.g. --input-shape 3,32,32",
         )
-    return shape
+    return check_shape_size(shape, "--input-shape")
 
 
 _DTYPES = {
@@ -251,9 +271,9 @@ def _shape_from_file(value, path: Path) -> tuple[int, ...] | dict[str, tuple[int
         return isinstance(shape, (tuple, list)) and bool(shape) and all(isinstance(d, int) and d > 0 for d in shape)
 
     if valid(value):
-        return tuple(value)
+        return check_shape_size(tuple(value), f"INPUT_SHAPE in {path}")
     if isinstance(value, dict) and value and all(isinstance(k, str) and valid(v) for k, v in value.items()):
-        return {name: tuple(shape) for name, shape in value.items()}
+        return {name: check_shape_size(tuple(shape), f"INPUT_SHAPE in {path}") for name, shape in value.items()}
     raise UsageError(
         f"INPUT_SHAPE in {path} is {value!r}, not a tuple of positive integers",
         "set INPUT_SHAPE = (C, H, W) per sample, without the batch dimension, or a dict "
@@ -406,6 +426,8 @@ def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
             f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})", "fix the syntax error in the model file"
         ) from exc
     except BaseException as exc:  # the user's file can raise anything, SystemExit included
+        if supervise.is_out_of_memory(exc):  # no second strategy and no re-run: each would take as much
+            raise OutOfMemory(f"the import of {path}", supervise.describe_memory_limit()) from exc
         raise _ConstructionFailed("import", exc, _failing_op(mode, exc)) from exc
     finally:
         if sys.path and sys.path[0] == directory:
@@ -468,6 +490,8 @@ def _build(
     except (KeyboardInterrupt, GeneratorExit, SystemExit):
         raise
     except BaseException as exc:
+        if supervise.is_out_of_memory(exc):
+            raise OutOfMemory(f"the build of {attr}() from {path}", supervise.describe_memory_limit()) from exc
         raise _ConstructionFailed("build", exc, _failing_op(mode, exc)) from exc
     if not isinstance(built, nn.Module):
         raise ModelLoadError(
@@ -480,7 +504,8 @@ def _build(
 _STANDALONE_CHECK = """
 import importlib, json, resource, runpy, sys
 limit = int(sys.argv[3])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+if limit > 0:
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
 # The same path as rankaudit's own import: the package root first, not the directory the command ran in.
 sys.path[:] = [sys.argv[2]] + [entry for entry in sys.path if entry not in ("", ".")]
 dotted = sys.argv[4]
@@ -492,8 +517,6 @@ if len(sys.argv) > 5:
     if not isinstance(obj, torch.nn.Module):
         obj(**json.loads(sys.argv[6]))
 """
-_CHECK_MEMORY = 6 * 1024**3
-_CHECK_SECONDS = 120
 
 
 def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = None) -> tuple[bool | None, str]:
@@ -506,22 +529,23 @@ def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = Non
     import subprocess
 
     root, dotted = package_root(path)
-    command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(root), str(_CHECK_MEMORY), dotted or ""]
+    memory, seconds = int(supervise.memory_limit() * 1024**3), supervise.timeout()  # the run's own limits
+    command = [sys.executable, "-c", _STANDALONE_CHECK, str(path), str(root), str(memory), dotted or ""]
     if attr is not None:
         try:
             command += [attr, json.dumps(model_args or {})]
         except TypeError:
             return None, "its factory arguments are not plain values"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_CHECK_SECONDS)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds)
     except subprocess.TimeoutExpired:
-        return None, f"running it took over {_CHECK_SECONDS} s"
+        return None, f"running it took over {seconds:g} s (--timeout)"
     if done.returncode == 0:
         return True, ""
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else f"exit status {done.returncode}"
     if "MemoryError" in last or "std::bad_alloc" in last or "DefaultCPUAllocator" in last:
-        return None, f"it needs more than {_CHECK_MEMORY // 1024**3} GB with real weights"
+        return None, f"it needs more than {supervise.describe_memory_limit()} with real weights (--memory-limit)"
     return False, last
 
 

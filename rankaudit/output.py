@@ -7,8 +7,9 @@ import errno
 import os
 import stat
 import tempfile
+from pathlib import Path
 
-from rankaudit.errors import UsageError
+from rankaudit.errors import RankauditError, UsageError
 
 _STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 
@@ -74,10 +75,71 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
-def check_outputs(output: str | None = None, html: str | None = None, artifacts: str | None = None) -> None:
-    """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work."""
+# Inside a folder given as an input (an app's directory, a --data folder), the files that are read.
+_READ_IN_FOLDERS = (".py", ".toml", ".npy", ".npz", ".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _inside(path: str, folder: str) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return real != root and real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _names_input(path: str, input_path: str) -> bool:
+    """Would writing `path` overwrite `input_path` (the same file through a link, `..` or a hard link), or a file
+    read from the input folder `input_path`?"""
+    if os.path.isdir(input_path):
+        return _inside(path, input_path) and os.path.splitext(path)[1].lower() in _READ_IN_FOLDERS
+    return _same_file(path, input_path)
+
+
+def refuse_inputs(outputs: dict[str, str | None], inputs: list[tuple[str, str | None]]) -> None:
+    """An output path naming one of the command's inputs (the model file, its configuration, --data, ...) is
+    refused (exit 2): the report would overwrite what it was made from."""
+    for option, path in outputs.items():
+        if not path or os.path.abspath(path) in _STDOUT:
+            continue
+        for what, input_path in inputs:
+            if input_path and os.path.exists(input_path) and _names_input(path, input_path):
+                named = f"is a file read from {what}" if os.path.isdir(input_path) else f"names {what}"
+                raise UsageError(
+                    f"{option} {path} {named} {input_path}: the report would overwrite it",
+                    f"give {option} a file of its own, not one the command reads",
+                )
+
+
+def command_inputs(specs, **files: str | None) -> list[tuple[str, str | None]]:
+    """What a command reads, as (what, path): each model file (or app folder), the pyproject.toml configuring it,
+    and the data files given by option (`data="--data"`'s value ...). No output may name one of them."""
+    from rankaudit.config import find_pyproject
+
+    inputs: list[tuple[str, str | None]] = []
+    for spec in specs:
+        path = spec
+        if not os.path.exists(path) and ":" in spec:
+            path = spec.rsplit(":", 1)[0]
+        inputs.append(("the app folder" if os.path.isdir(path) else "the model file", path))
+        if os.path.exists(path):
+            try:
+                config = find_pyproject(Path(path) / "model.py" if os.path.isdir(path) else Path(path))
+            except RankauditError:  # a malformed file is reported where it is read, with its fix
+                config = None
+            if config is not None:
+                inputs.append(("the configuration", str(config)))
+    inputs += [(f"the {option.replace('_', '-')} input", value) for option, value in files.items() if value]
+    return inputs
+
+
+def check_outputs(
+    output: str | None = None,
+    html: str | None = None,
+    artifacts: str | None = None,
+    inputs: list[tuple[str, str | None]] | None = None,
+) -> None:
+    """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work
+    (`inputs`: what the command reads, as (what, path): no output may name one)."""
     if output and html and _same_file(output, html):
         raise UsageError(f"-o and --html both name {output}", "give the HTML report its own file name")
+    refuse_inputs({"-o": output, "--html": html}, inputs or [])
     for option, path in (("-o", output), ("--html", html)):
         if path:
             _check_file(option, path)

@@ -89,6 +89,10 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
     except TraceError:
         raise
     except Exception as fx_error:
+        from rankaudit.supervise import is_out_of_memory
+
+        if is_out_of_memory(fx_error):  # over the memory limit: the other tracer would take as much (exit 3)
+            raise
         fallback_reason = f"torch.fx: {first_line(fx_error)}{where_raised(fx_error)}"
         try:
             builder, tracer = trace_with_export(model, specs, examples, switches), "torch.export"

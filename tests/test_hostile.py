@@ -24,7 +24,7 @@ def rankaudit(*args, module=False, timeout=240, **kwargs):
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=kwargs.pop("cwd", REPO),
         **kwargs,
     )
 
@@ -297,3 +297,322 @@ def test_a_broken_stdout_is_one_line():
         )
     assert done.returncode == 2
     error_line(done.stderr.replace("marked.py imported\n", ""), "stdout", "No space left on device")
+
+
+# ---- accidents the gate contains: inputs never overwritten, memory, orphans, supervision, the exit code ----------
+
+
+def _links_to(tmp_path, target, how):
+    """A path naming `target`: itself, a symlink, a `..` detour, or a hard link."""
+    if how == "same":
+        return target
+    if how == "symlink":
+        link = tmp_path / "link.py"
+        link.symlink_to(target)
+        return link
+    if how == "dotdot":
+        (tmp_path / "sub").mkdir()
+        return tmp_path / "sub" / ".." / target.name
+    link = tmp_path / "hard.json"
+    os.link(target, link)
+    return link
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "dotdot", "hardlink"])
+@pytest.mark.parametrize("option", ["-o", "--html"])
+def test_an_output_naming_the_model_file_is_refused(run_cli, tmp_path, how, option):
+    model = tmp_path / "model.py"
+    model.write_text((HOSTILE / "marked.py").read_text())
+    before = model.read_text()
+    code, out, err = run_cli(model, "--format", "json", option, _links_to(tmp_path, model, how))
+    assert code == 2 and out == ""
+    error_line(err, f"{option} ", "names the model file", "would overwrite it")
+    assert "marked.py imported" not in err and model.read_text() == before
+
+
+def test_outputs_naming_the_configuration_or_the_data_are_refused(run_cli, tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text((HOSTILE / "marked.py").read_text())
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.rankaudit]\nbatch-size = 1\n")
+    code, _, err = run_cli(model, "-o", config)
+    assert code == 2
+    error_line(err, "names the configuration", "pyproject.toml")
+    data = tmp_path / "images.npy"
+    data.write_bytes(b"not really")
+    code, _, err = run_cli(model, "--verify", "rgap", "--data", data, "--html", data)
+    assert code == 2
+    error_line(err, "--html", "names the data input")
+    assert config.read_text() == "[tool.rankaudit]\nbatch-size = 1\n" and data.read_bytes() == b"not really"
+
+
+def test_suggest_and_compare_refuse_an_output_naming_a_model(run_cli, tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text((HOSTILE / "marked.py").read_text())
+    code, _, err = run_cli("suggest", model, "-o", model)
+    assert code == 2
+    error_line(err, "names the model file")
+    code, _, err = run_cli("compare", HOSTILE / "marked.py", model, "-o", _links_to(tmp_path, model, "symlink"))
+    assert code == 2
+    error_line(err, "names the model file")
+    assert model.read_text() == (HOSTILE / "marked.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("model", "phase"), [("hoard_memory.py", "the import of"), ("hoard_in_forward.py", "the trace")]
+)
+def test_the_memory_limit_is_exit_3_naming_the_phase(model, phase):
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / model, "--memory-limit", "1", "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""
+    error_line(done.stderr, "ran out of memory during", phase, "memory limit is 1 GiB", "--memory-limit")
+    assert time.monotonic() - started < 120
+
+
+def test_the_memory_limit_from_the_configuration(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nmemory-limit = 1\n")
+    model = tmp_path / "hoard.py"
+    model.write_text((HOSTILE / "hoard_in_forward.py").read_text())
+    done = rankaudit(model)
+    assert done.returncode == 3
+    error_line(done.stderr, "ran out of memory during the trace", "1 GiB")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def _running_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if marker.encode() in cmdline.read() and _alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM])
+def test_no_process_of_the_model_outlives_rankaudit(tmp_path, signum):
+    marker = f"sleeper_{os.getpid()}_{signum}"
+    model = tmp_path / f"{marker}.py"
+    model.write_text((HOSTILE / "forks_a_sleeper.py").read_text())
+    process = subprocess.Popen(
+        ["rankaudit", model, "--timeout", "200"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "RANKAUDIT_TEST_PIDS": str(tmp_path)},
+    )
+    seen, deadline = "", time.monotonic() + 120
+    while "forked a sleeper" not in seen and time.monotonic() < deadline:
+        seen += process.stderr.readline()
+    model_pid, sleeper_pid = map(int, (tmp_path / "pids").read_text().split())
+    assert _alive(model_pid) and _alive(sleeper_pid)
+    os.kill(process.pid, signum)  # rankaudit itself, not its process group
+    process.communicate(timeout=20)  # returns only once nothing holds rankaudit's stdout or stderr open
+    deadline = time.monotonic() + 10
+    while (_alive(model_pid) or _alive(sleeper_pid) or _running_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(model_pid) and not _alive(sleeper_pid) and _running_with(marker) == []
+    assert process.returncode != 0
+
+
+@pytest.mark.parametrize("value_of", ["-o", "--html", "--shared-layers"])
+@pytest.mark.parametrize("word", ["--help", "-h", "--version"])
+def test_help_as_an_options_value_still_runs_the_model_supervised(tmp_path, value_of, word):
+    done = rankaudit(HOSTILE / "exit_at_import.py", value_of, word, cwd=tmp_path)
+    # The model's os._exit(0) is heard (exit 3 naming it) as only the supervised child can hear it; unsupervised,
+    # the process would simply have ended with exit 0.
+    assert done.returncode == 3 and "usage" not in done.stdout.lower(), done.stdout + done.stderr
+    error_line(done.stderr, "the model file ended the process", "os._exit(0)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_and_version_are_still_answered():
+    done = rankaudit("check", "--help")
+    assert done.returncode == 0 and "--memory-limit" in done.stdout and "--timeout" in done.stdout
+    done = rankaudit("--version")
+    assert done.returncode == 0 and "rankaudit" in done.stdout
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "-inf"])
+def test_a_timeout_that_would_remove_the_limit_is_refused(run_cli, value):
+    code, out, err = run_cli(HOSTILE / "marked.py", f"--timeout={value}")
+    assert code == 2 and out == ""
+    error_line(err, "--timeout", "finite")
+    assert "marked.py imported" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_memory_limit_that_is_not_a_number_of_gib_is_refused(run_cli, value):
+    code, _, err = run_cli(HOSTILE / "marked.py", f"--memory-limit={value}")
+    assert code == 2
+    error_line(err, "--memory-limit")
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("forges_exit_frame.py", "something other than rankaudit wrote onto its status channel"),
+        ("forges_with_the_token.py", "with exit status 0 but without handing over a report"),
+    ],
+)
+def test_a_forged_exit_frame_without_a_report_is_exit_3(model, said):
+    done = rankaudit(HOSTILE / model, "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""  # before: exit 0, the forged frame's code
+    error_line(done.stderr, said, "the import of")
+
+
+def test_a_forward_that_loops_only_on_real_tensors_is_stopped_under_verify_rank():
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / "v_loops_off_meta.py", "--verify", "rank", "--timeout", "5", "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""
+    error_line(done.stderr, "the first forward of", "on real inputs did not finish within 5 s")
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--verify", "rgap", "--steps", "1000000000"], "--steps"),
+        (["--verify", "rgap", "--samples", "100000"], "--samples"),
+        (["--verify", "gdbr", "--trials", "1000000000"], "--trials"),
+        (["--verify", "bias", "-b", "1000000"], "a batch of 1,000,000"),
+        (["--verify", "rgap", "--samples", "1000", "--steps", "100000"], "sample-gradient passes"),
+    ],
+)
+def test_a_verifier_budget_of_days_is_refused_before_any_work(run_cli, flags, named):
+    started = time.monotonic()
+    code, out, err = run_cli(HOSTILE / "marked.py", *flags)
+    assert code == 2 and out == ""
+    error_line(err, named, "above the")
+    assert time.monotonic() - started < 30
+
+
+def test_the_budget_counts_the_configured_batch_size_too(run_cli, tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nbatch-size = 1000000\n")
+    model = tmp_path / "plain.py"
+    model.write_text((HOSTILE / "v_plain.py").read_text())
+    code, _, err = run_cli(model, "--verify", "bias")
+    assert code == 2
+    error_line(err, "a batch of 1,000,000 samples", "4,096")
+
+
+# ---- error reporting: one line and the documented exit code -------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["100000x100000x100000", "3x100000000000000000000x1", "4294967296"])
+def test_a_huge_input_shape_is_a_usage_error(run_cli, shape):
+    code, out, err = run_cli(HOSTILE / "marked.py", "--input-shape", shape)
+    assert code == 2 and out == ""
+    error_line(err, "values per sample, above the")
+    assert "frame #" not in err
+
+
+@pytest.mark.parametrize("content", ["nested", "binary", "tool-not-a-table"])
+def test_an_unreadable_pyproject_is_exit_2_naming_the_file(run_cli, tmp_path, content):
+    config = tmp_path / "pyproject.toml"
+    if content == "nested":
+        config.write_text("a = " + "[" * 100000 + "]" * 100000 + "\n[tool.rankaudit]\n")
+    elif content == "binary":
+        config.write_bytes(bytes(range(256)) * 20)
+    else:
+        config.write_text('tool = "text"\n')
+    model = tmp_path / "plain.py"
+    model.write_text((HOSTILE / "v_plain.py").read_text())
+    code, out, err = run_cli(model, "--format", "json")
+    if content == "tool-not-a-table":  # no [tool.rankaudit]: the defaults
+        assert code in (0, 1) and json.loads(out)
+        return
+    assert code == 2 and out == ""
+    error_line(err, str(config), "not valid TOML")
+
+
+@pytest.mark.parametrize("how", ["closed", "read-then-closed"])
+def test_a_closed_stdout_ends_quietly_with_the_verdicts_code(how):
+    plain = HOSTILE / "v_plain.py"
+    if how == "closed":
+        done = subprocess.run(
+            f"rankaudit {plain} >&-", shell=True, capture_output=True, text=True, cwd=REPO, timeout=240
+        )
+    else:
+        done = subprocess.run(
+            f"rankaudit {plain} | head -c 0; exit ${{PIPESTATUS[0]}}",
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=240,
+        )
+    assert done.returncode == 1, done.stderr  # the plain model is exposed: the policy fails, exit 1
+    assert "Traceback" not in done.stderr and "error" not in done.stderr
+
+
+def test_a_mistyped_command_fails_at_once(run_cli):
+    code, out, err = run_cli("sugest", HOSTILE / "marked.py")
+    assert code == 2 and out == ""
+    error_line(err, "no command 'sugest'", "did you mean `rankaudit suggest`?")
+    assert "marked.py imported" not in err
+
+
+def test_model_args_in_the_configuration_build_a_model_file(run_cli, tmp_path):
+    model = tmp_path / "needs.py"
+    model.write_text((HOSTILE / "needs_arguments.py").read_text())
+    code, _, err = run_cli(model, "--format", "json")
+    assert code == 3
+    error_line(err, "model-args in [tool.rankaudit]")
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\nmodel-args = {width = 3}\n")
+    code, out, err = run_cli(model, "--format", "json")
+    assert code in (0, 1), err
+    assert json.loads(out)["layers"][0]["outputs"] == 3
+
+
+def test_progress_lines_off_a_terminal_say_what_is_left():
+    import io
+
+    from rankaudit.progress import ProgressBar
+
+    stream = io.StringIO()
+    with ProgressBar(4, "attack", stream=stream, log_interval=0.05) as bar:
+        bar.update()
+        time.sleep(0.3)
+    lines = stream.getvalue().splitlines()
+    assert lines and all(line.startswith("rankaudit: attack: 1/4 after ") for line in lines)
+    assert "left" in lines[-1] and "\r" not in stream.getvalue()
+    quiet = io.StringIO()
+    with ProgressBar(4, "attack", stream=quiet, log_interval=60) as bar:  # a run shorter than the interval
+        bar.update(4)
+    assert quiet.getvalue() == ""
+
+
+def test_the_check_whether_the_file_runs_on_its_own_keeps_to_the_timeout():
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / "loops_when_run_alone.py", "--timeout", "4")
+    assert done.returncode == 3
+    error_line(done.stderr, "only imported by rankaudit", "could not be checked", "over 4 s")
+    assert time.monotonic() - started < 60  # the check's own limit was 120 s whatever --timeout said
+
+
+def test_an_output_naming_a_file_of_an_app_is_refused(run_cli, tmp_path):
+    import shutil
+
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps" / "quickstart", app)
+    before = {path: path.read_bytes() for path in app.rglob("*") if path.is_file()}
+    for target in (app / "pyproject.toml", app / "quickstart_app" / "task.py"):
+        code, out, err = run_cli(app, "--format", "json", "-o", target)
+        assert code == 2 and out == ""
+        error_line(err, f"-o {target} is a file read from the app folder", "would overwrite it")
+    assert {path: path.read_bytes() for path in app.rglob("*") if path.is_file()} == before

@@ -32,7 +32,28 @@ def build_real_model(spec: str, input_shape: tuple[int, ...], seed: int) -> tupl
     weights = (
         "loaded by the model file" if same and has_params else f"random (PyTorch's default initialisation, seed {seed})"
     )
+    _limit_first_forward(model, spec)
     return model.double().eval(), weights
+
+
+def _limit_first_forward(model: nn.Module, spec: str) -> None:
+    """The model's first forward on real tensors runs under --timeout: a forward that loops only off the meta
+    device (where the trace ran) is stopped there, exit 3, rather than hanging the verifier."""
+    from rankaudit import supervise
+
+    state = {}
+
+    def enter(module, args, kwargs=None):
+        state["outer"] = supervise.open_limited(f"the first forward of {spec} on real inputs")
+
+    def leave(module, args, output):
+        if "outer" in state:
+            supervise.close_limited(state.pop("outer"))
+        before.remove()
+        after.remove()
+
+    before = model.register_forward_pre_hook(enter)
+    after = model.register_forward_hook(leave, always_call=True)
 
 
 def require_trainable(model: nn.Module, verifier: str) -> None:

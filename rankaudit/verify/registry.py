@@ -146,6 +146,70 @@ def check_request(requested, defense_specs, flags: dict[str, Any]) -> None:
                 )
 
 
+# The largest run a verifier starts: beyond these a run would take days, so it is refused before any work (exit 2).
+# --verify dp checks its own (rankaudit.verify.attacks.dp); the rank check sizes its sketch to the memory.
+MAX_STEPS = 100_000  # optimisation steps of the inversion (--steps)
+MAX_SAMPLES = 1_000  # inputs attacked or measured (--samples)
+MAX_TRIALS = 1_000  # GDBR's victim batches (--trials)
+MAX_BATCH = 4_096  # samples in one real batch (--batch-size): the bias readout, GDBR, the rank of a batch
+MAX_PASSES = 10**8  # sample-gradient passes of the inversion: samples x batch x steps x restarts
+MAX_BATCH_VALUES = 2 * 10**8  # input values of one real batch in float64 (1.6 GB)
+
+
+def check_budget(
+    requested,
+    *,
+    steps: int,
+    samples: int,
+    trials: int,
+    batch_size: int,
+    restarts: int = 2,
+    sample_values: int | None = None,
+) -> None:
+    """Refuse, before any work, a verifier run beyond the limits above: one line naming the limit and the flag."""
+    chosen = [name for name in requested if not _apart(get(name))]
+    if not chosen:
+        return
+    what = "--verify " + ", ".join(chosen)
+
+    def refuse(problem: str, fix: str):
+        raise UsageError(f"{what}: {problem}", fix)
+
+    if "rgap" in chosen and steps > MAX_STEPS:
+        refuse(
+            f"--steps {steps:,} is above the {MAX_STEPS:,} steps an inversion runs",
+            f"give --steps {MAX_STEPS} or fewer",
+        )
+    if samples > MAX_SAMPLES:
+        refuse(
+            f"--samples {samples:,} is above the {MAX_SAMPLES:,} inputs a verifier attacks in one run",
+            f"give --samples {MAX_SAMPLES} or fewer, and run again with another --seed for more",
+        )
+    if "gdbr" in chosen and trials > MAX_TRIALS:
+        refuse(
+            f"--trials {trials:,} is above the {MAX_TRIALS:,} batches GDBR attacks in one run",
+            f"give --trials {MAX_TRIALS} or fewer, and run again with another --seed for more",
+        )
+    if batch_size > MAX_BATCH:
+        refuse(
+            f"a batch of {batch_size:,} samples is above the {MAX_BATCH:,} a verifier builds from real tensors",
+            f"verify at --batch-size {MAX_BATCH} or less (the analysis itself has no such limit: drop --verify)",
+        )
+    passes = samples * batch_size * steps * restarts
+    if "rgap" in chosen and passes > MAX_PASSES:
+        refuse(
+            f"the inversion would run {passes:.2g} sample-gradient passes ({samples:,} --samples x batch "
+            f"{batch_size:,} x {steps:,} --steps x {restarts} restarts), above the {MAX_PASSES:.0e} it runs",
+            "lower --samples, --steps or --batch-size",
+        )
+    if sample_values is not None and batch_size * sample_values > MAX_BATCH_VALUES:
+        refuse(
+            f"one real batch would hold {batch_size * sample_values:.2g} input values (batch {batch_size:,} x "
+            f"{sample_values:,} per sample), above the {MAX_BATCH_VALUES:.0e} a verifier allocates",
+            "verify at a smaller --batch-size or --input-shape",
+        )
+
+
 def _require_extras(modules: tuple[str, ...]) -> None:
     try:
         for module in modules:
@@ -172,8 +236,21 @@ def _in_order(chosen: list[Verifier]) -> list[Verifier]:
 
 def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
     """Run the requested verifiers on one model: the refusals their needs call for, then each in its order."""
+    import math
+
     from rankaudit import supervise
 
+    shape = context.result.input_shape
+    shapes = shape.values() if isinstance(shape, dict) else [shape]
+    check_budget(
+        requested,
+        steps=context.steps,
+        samples=context.samples,
+        trials=context.trials,
+        batch_size=context.result.batch_size,
+        restarts=context.restarts,
+        sample_values=sum(math.prod(one) for one in shapes),
+    )
     chosen = [get(name) for name in requested]
     for verifier in _in_order([verifier for verifier in chosen if _apart(verifier)]):
         _file(context, verifier, report_error)

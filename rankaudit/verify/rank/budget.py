@@ -70,6 +70,14 @@ def _physical_memory() -> tuple[int, str]:
         if text.isdigit() and 0 < int(text) < physical:
             physical, where = int(text), "this container's memory limit"
         break
+    try:  # the model's process's own limit (--memory-limit), when lower still
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        if soft != resource.RLIM_INFINITY and 0 < soft < physical:
+            physical, where = soft, "the memory limit (--memory-limit)"
+    except (ImportError, ValueError, OSError):
+        pass
     return physical, where
 
 
