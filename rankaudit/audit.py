@@ -130,7 +130,7 @@ def audit(
             exposed_below=exposed_below,
         )
     except ReferenceDataError as exc:
-        raise UsageError(str(exc), "fix --data or leave it out to use the shipped reference") from exc
+        raise UsageError(str(exc), "give a readable --data, or leave it out to use the shipped reference") from exc
     if result.round.dp is not None:
         findings.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started

@@ -101,9 +101,12 @@ def data_reference(source: str, shape: tuple[int, ...]) -> Reference:
     image = len(shape) == 3
     fallback = photo_eigenvalues(*shape) if image else white_eigenvalues(unknowns)
     if unknowns > LARGEST_EIGENDECOMPOSITION:
-        raise ReferenceDataError(
-            f"--data {source} has {count:,} samples for {unknowns:,} unknowns: too few to estimate the covariance "
-            f"of an input this large; give at least {unknowns:,} samples"
+        # Shrinking would need an n×n eigendecomposition: the reference it would shrink toward is used, and said.
+        name = PHOTO_SPECTRUM if image else WHITE
+        return Reference(
+            fallback,
+            f"{name}; --data's {count:,} samples are too few for {unknowns:,} unknowns (give at least that many "
+            "to use them)",
         )
     weight = (unknowns - count) / unknowns
     total = float((centred**2).sum() / (count - 1))

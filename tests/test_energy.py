@@ -270,3 +270,19 @@ def test_where_no_architecture_reaches_protected_the_verdict_names_the_noise_tha
         str(EXAMPLES / "strided_stem.py"), round_=Round(dp=DPSettings(noise_multiplier=1.469, max_reconstruction=0.05))
     )
     assert enough.verdict == "exposed" and enough.policy.passed and enough.policy.carried_by == "noise"
+
+
+def test_bad_data_is_one_line_and_exit_2(run_cli, tmp_path):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.ones((5, 7)))
+    for source in (bad, tmp_path / "missing.npy"):
+        code, out, err = run_cli(EXAMPLES / "strided_stem.py", "--data", source)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "--data" in err and "Traceback" not in err
+
+
+def test_too_few_samples_for_a_large_input_fall_back_to_the_shipped_spectrum_and_say_so(tmp_path):
+    few = tmp_path / "few.npy"
+    np.save(few, np.random.default_rng(0).random((10, 3, 64, 64)))
+    reference = data_reference(str(few), (3, 64, 64))
+    assert reference.name.startswith(PHOTO_SPECTRUM) and "10 samples are too few for 12,288 unknowns" in reference.name
+    assert np.array_equal(reference.eigenvalues, photo_eigenvalues(3, 64, 64))
