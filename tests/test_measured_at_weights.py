@@ -62,8 +62,12 @@ def test_the_rank_check_runs_at_the_weights_in_a_checkpoint(run_cli, small_mlp, 
     assert rank["energy"]["worst_hidden_energy"] == pytest.approx(1.0)
     assert rank["energy"]["level"] == "protected"
     assert rank["energy"]["line"].startswith("at the weights in ckpt.pt, the worst sample hides 100 %")
-    _, out, _ = run_cli(small_mlp, "--verify", "rank", "--samples", 2, "--weights", checkpoint)
+    _, out, _ = run_cli(
+        small_mlp, "--verify", "rank", "--samples", 2, "--weights", checkpoint, "--html", tmp_path / "report.html"
+    )
     assert "at the weights in ckpt.pt, the worst sample hides 100 %" in out
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "At the weights in ckpt.pt, the worst sample hides 100 %" in page
 
 
 def test_weights_errors_are_one_line_with_their_exit_codes(run_cli, small_mlp, tmp_path):
