@@ -422,6 +422,13 @@ def _timeout_option(command):
     help="Step budget of the optimisation attack.",
 )
 @click.option("--artifacts", type=click.Path(file_okay=False), help="Keep originals and reconstructions (npy, PNG).")
+@click.option(
+    "--weights",
+    "weights_file",
+    metavar="FILE",
+    help="Run every verifier at these weights (a state dict, or a checkpoint holding one, saved by torch.save) "
+    "instead of the seeded initialisation: the weights the server sends.",
+)
 @click.option("--trials", type=click.IntRange(min=1), default=5, show_default=True, help="GDBR batches.")
 @click.option(
     "--class-dist",
@@ -497,6 +504,7 @@ def check(
     data,
     steps,
     artifacts,
+    weights_file,
     trials,
     class_dist,
     aux,
@@ -520,9 +528,14 @@ def check(
     from rankaudit.run_settings import CONFIGURABLE, as_layers, deployment_read, model_settings, read_app
     from rankaudit.verify import registry
 
-    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates})
+    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
-    report_files.check_outputs(output, html_path, artifacts, report_files.command_inputs(models, data=data, aux=aux))
+    report_files.check_outputs(
+        output,
+        html_path,
+        artifacts,
+        report_files.command_inputs(models, data=data, aux=aux, weights=weights_file),
+    )
     commandline = click.core.ParameterSource.COMMANDLINE
     given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
     values = {name: ctx.params[name] for name in CONFIGURABLE}
@@ -588,6 +601,7 @@ def check(
                     shared_layers=as_layers(chosen.shared_layers, result),
                     withheld_layers=as_layers(chosen.withheld_layers, result),
                     rank_precision=rank_precision,
+                    weights=weights_file,
                     show_progress=not quiet,
                     several=len(models) > 1,
                     requested=tuple(verify),
@@ -609,6 +623,8 @@ def check(
         results.append(result)
         if not result.policy.passed:
             exit_code = max(exit_code, EXIT_POLICY)
+        if any(isinstance(record, dict) and record.get("internal_error") for record in result.verification.values()):
+            exit_code = max(exit_code, EXIT_MODEL)  # a measurement above its certified bound: the report, then exit 3
     if results:
         _emit(results, output_format, output, quiet=quiet, verbose=verbose)
         if html_path:

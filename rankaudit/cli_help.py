@@ -58,6 +58,7 @@ OPTION_GROUP = {
     "--aux": VERIFY,
     "--defense": VERIFY,
     "--rank-precision": VERIFY,
+    "--weights": VERIFY,
     "--format": OUTPUT,
     "--output": OUTPUT,
     "--html": OUTPUT,

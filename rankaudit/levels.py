@@ -34,6 +34,20 @@ def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAU
     return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
 
 
+# Spec §15: on energy, `exposed` when less than this share of a sample's energy is hidden.
+DEFAULT_EXPOSED_BELOW = 0.05
+
+
+def energy_level(
+    hidden: float, max_recoverable: float = DEFAULT_MAX_RECOVERABLE, exposed_below: float = DEFAULT_EXPOSED_BELOW
+) -> str:
+    """Spec §15's levels on a hidden share of energy: `exposed` below `exposed_below` (default 5 %), `protected`
+    from 1 − `max_recoverable` (default half of the energy hidden), `partial` in between."""
+    if hidden < exposed_below:
+        return "exposed"
+    return "protected" if hidden >= 1 - max_recoverable else "partial"
+
+
 def count(number: int, word: str, plural: str | None = None) -> str:
     """A count and its noun, the plural right: 1 step, 2 steps, 1,000 steps (`plural` where adding s is wrong)."""
     return f"{number:,} {word if number == 1 else plural or word + 's'}"

@@ -321,8 +321,8 @@ def photographs(count: int) -> torch.Tensor:
 
 
 def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
-    """Measured: 2 photographs at 3x8x8, N = 2, B = 1 (two local steps), 150 steps x 4 restarts: PSNR 42.9 and
-    43.4 dB (2.6 s on two CPU cores)."""
+    """Measured: 2 photographs at 3x8x8, N = 2, B = 1 (two local steps), 150 steps x 4 restarts: PSNR 32.0 and
+    30.5 dB at the round prior's 0.2 (38.0 and 42.5 dB at the earlier 0.02, which fell behind at 32 px)."""
     from rankaudit.verify import client
     from rankaudit.verify.attacks import fedavg
 
@@ -340,7 +340,7 @@ def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
         steps=150,
         restarts=4,
     )
-    assert min(attack.psnr[0]) > 35 and attack.median_mse < 1e-3
+    assert min(attack.psnr[0]) > 28 and attack.median_mse < 2e-3
     # One simulated round per optimisation step for all four restarts (vmap), plus the target, the prior's scale at
     # the starting points and the final score.
     assert len(calls) == 150 + 3 and attack.candidates_per_pass == 4

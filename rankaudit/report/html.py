@@ -242,6 +242,24 @@ def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = N
         "psnr_median": data.get("visible_psnr_median"),
         "reading": data.get("visible_reading"),
         "worst": _worst(data),
+        "energy": _energy(data.get("energy")),
+    }
+
+
+def _energy(energy) -> dict | None:
+    """Spec §15, measured: the worst sample at the weights used, on the energy levels, beside the certificate."""
+    if not isinstance(energy, dict) or not energy.get("line"):
+        return None
+    certified, stderr = energy.get("certified_hidden_energy"), energy.get("stderr")
+    checked = certified is not None and stderr is not None
+    return {
+        "line": energy["line"][:1].upper() + energy["line"][1:],
+        "level": energy.get("level"),
+        "samples": energy.get("samples"),
+        "mean": percent(energy["mean_hidden_energy"]) if checked else None,
+        "stderr": percent(stderr) if checked else None,
+        "certified": percent(certified) if checked else None,
+        "consistent": energy.get("consistent"),
     }
 
 

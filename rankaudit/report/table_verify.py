@@ -231,6 +231,23 @@ def _worst_sample_lines(rank: dict) -> list[str]:
     return lines
 
 
+def _energy_lines(rank: dict) -> list[str]:
+    """Spec §15, measured: the worst sample's hidden energy at the weights used, on the energy levels, and the
+    certified share the mean must reach."""
+    energy = rank.get("energy")
+    if not energy:
+        return []
+    line = f"  {energy['line']}"
+    certified = energy.get("certified_hidden_energy")
+    if certified is not None and energy.get("stderr") is not None:
+        line += (
+            f"; mean {percent(energy['mean_hidden_energy'])} ± {percent(energy['stderr'])} over "
+            f"{energy['samples']} samples against the certified {percent(certified)}"
+            + ("" if energy.get("consistent") else " (inconsistent)")
+        )
+    return [line]
+
+
 def _hidden_lines(rank: dict) -> list[str]:
     """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
     inputs = [entry for sample in rank.get("samples", []) for entry in sample.get("inputs", [])]
@@ -286,6 +303,7 @@ def _rank_lines(rank: dict | None) -> list[str]:
         f"{rank['seconds']:.1f} s on {rank['device']}{_rank_precision(rank)}: {rank['agreement']}.",
     ]
     lines.extend(_worst_sample_lines(rank))
+    lines.extend(_energy_lines(rank))
     lines.extend(_hidden_lines(rank))
     if rank.get("internal_error"):
         lines.append(f"  {rank['internal_error']}")

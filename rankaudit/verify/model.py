@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from pathlib import Path
+
 import torch
 from torch import nn
 
-from rankaudit.errors import UsageError
+from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.load import load_model
+
+# Keys a training checkpoint commonly keeps its state dict under (PyTorch Lightning, timm, torchvision's
+# references, Flower and NVFlare examples), tried in this order when the file is not a state dict itself.
+CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "weights")
+# How many mismatched names an error lists before it counts the rest.
+NAMED_IN_ERRORS = 3
+
+# --weights for the verifiers now running (registry.run_verifiers sets it around them): one home, read by
+# build_real_model, so that every verifier and every defended run builds the model at the same deployed weights.
+_deployed_weights: contextvars.ContextVar[str | None] = contextvars.ContextVar("deployed_weights", default=None)
+
+
+@contextlib.contextmanager
+def deployed_weights(weights_file: str | None):
+    """Within this block, build_real_model loads ``weights_file`` (None: the model file's own or seeded weights)."""
+    token = _deployed_weights.set(weights_file)
+    try:
+        yield
+    finally:
+        _deployed_weights.reset(token)
+
+
+def deployed_weights_file() -> str | None:
+    """The --weights file the verifiers now run at, or None."""
+    return _deployed_weights.get()
 
 
 def resolve_device(requested: str) -> str:
@@ -17,12 +46,23 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def build_real_model(spec: str, input_shape: tuple[int, ...], seed: int) -> tuple[nn.Module, str]:
+def build_real_model(
+    spec: str, input_shape: tuple[int, ...], seed: int, weights_file: str | None = None
+) -> tuple[nn.Module, str]:
     """The model with real weights on the CPU, and where its weights came from.
 
-    A file that loads its own weights builds the same parameters whatever the seed; one that relies on
-    PyTorch's random initialisation does not. Building twice tells the two apart without guessing.
+    With ``weights_file`` (default: --weights, see deployed_weights) the deployed weights replace whatever the
+    model file built. Otherwise: a file that loads its own weights builds the same parameters whatever the seed;
+    one that relies on PyTorch's random initialisation does not. Building twice tells the two apart without
+    guessing.
     """
+    weights_file = weights_file if weights_file is not None else deployed_weights_file()
+    if weights_file is not None:
+        state = read_state_dict(weights_file)
+        torch.manual_seed(seed)
+        model = load_model(spec, input_shape, device="cpu").module
+        load_weights(model, state, weights_file)
+        return model.double().eval(), f"the weights in {Path(weights_file).name}"
     torch.manual_seed(seed)
     model = load_model(spec, input_shape, device="cpu").module
     torch.manual_seed(seed + 1)
@@ -65,3 +105,88 @@ def require_trainable(model: nn.Module, verifier: str) -> None:
             f"{verifier} attacks the shared gradient, but the model shares none: {what}",
             "make parameters trainable (requires_grad), or use --verify rank (an empty gradient has rank 0)",
         )
+
+
+def weights_phrase(weights: str) -> str:
+    """How a measured line names the weights it ran at: "at the weights in ckpt.pt", "at the seeded
+    initialisation" (PyTorch's default, seeded), "at the weights the model file loads"."""
+    if weights.startswith("the weights in "):
+        return f"at {weights}"
+    if weights.startswith("random"):
+        return "at the seeded initialisation"
+    return "at the weights the model file loads"
+
+
+def read_state_dict(weights_file: str) -> dict[str, torch.Tensor]:
+    """The tensors of a state dict file, or of the state dict a checkpoint dict holds (CHECKPOINT_KEYS).
+
+    Loaded with weights_only=True: a checkpoint is data, and no code in it runs. A missing file is a usage error
+    (exit 2); a file that holds no state dict is one the verifiers cannot run at (exit 3)."""
+    path = Path(weights_file)
+    if not path.is_file():
+        raise UsageError(
+            f"--weights {weights_file}: no such file", "name a state dict or checkpoint saved by torch.save"
+        )
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle, zip and weights-only refusals all mean "not a plain tensor file"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"--weights {weights_file} could not be read as tensors ({reason[:160]})",
+            "save the weights with torch.save(model.state_dict(), path)",
+        ) from exc
+    state = _tensors_of(loaded)
+    if state is None and isinstance(loaded, dict):
+        state = next((_tensors_of(loaded[key]) for key in CHECKPOINT_KEYS if _tensors_of(loaded.get(key))), None)
+    if not state:
+        kind = f"a dict with keys {_names(list(loaded))}" if isinstance(loaded, dict) else type(loaded).__name__
+        raise ModelLoadError(
+            f"--weights {weights_file} holds no state dict ({kind})",
+            "save torch.save(model.state_dict(), path), or a checkpoint dict holding it under "
+            + " or ".join(f"'{key}'" for key in CHECKPOINT_KEYS[:3]),
+        )
+    return state
+
+
+def _tensors_of(value) -> dict[str, torch.Tensor] | None:
+    """A state dict: a non-empty mapping of names to tensors (a leading "module." of DataParallel dropped)."""
+    if not isinstance(value, dict) or not value or not all(isinstance(v, torch.Tensor) for v in value.values()):
+        return None
+    keys = [str(key) for key in value]
+    if all(key.startswith("module.") for key in keys):
+        return {key.removeprefix("module."): tensor for key, tensor in zip(keys, value.values())}
+    return dict(zip(keys, value.values()))
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(str(name) for name in names[:NAMED_IN_ERRORS])
+    more = len(names) - NAMED_IN_ERRORS
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], weights_file: str) -> None:
+    """Copy ``state`` into ``model``: every parameter and buffer the model has, each at its shape, or exit 3 naming
+    the first few that differ (a checkpoint of another architecture must not run as if it were this one)."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in state]
+    unexpected = [name for name in state if name not in expected]
+    if missing or unexpected:
+        parts = ([f"missing {_names(missing)}"] if missing else []) + (
+            [f"not in the model {_names(unexpected)}"] if unexpected else []
+        )
+        raise ModelLoadError(
+            f"--weights {weights_file} does not match the model's keys: " + "; ".join(parts),
+            "save the state dict of this model class (same layer names), or pick the matching --model-arg",
+        )
+    wrong = [
+        f"{name} {tuple(state[name].shape)} vs {tuple(tensor.shape)}"
+        for name, tensor in expected.items()
+        if tuple(state[name].shape) != tuple(tensor.shape)
+    ]
+    if wrong:
+        raise ModelLoadError(
+            f"--weights {weights_file} does not match the model's shapes (file vs model): {_names(wrong)}",
+            "save the state dict of this model at the same --input-shape and --model-arg settings",
+        )
+    with torch.no_grad():
+        model.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in state.items()})

@@ -71,6 +71,7 @@ class VerifyContext:
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
     rank_precision: str = "auto"
+    weights: str | None = None  # --weights: a state dict or checkpoint every verifier runs at (None: seeded init)
     show_progress: bool = True
     several: bool = False  # several models in one run: each keeps its --artifacts in a folder of its own
     requested: tuple[str, ...] = ()  # the names asked for
@@ -130,9 +131,17 @@ def _apart(verifier: Verifier) -> bool:
     return Need.DP_NOISE in verifier.needs
 
 
-def check_request(requested, defense_specs, flags: dict[str, Any]) -> None:
-    """Refusals that need no model: --defense with nothing to defend, a verifier's flag without the verifier."""
+def check_request(requested, defense_specs, flags: dict[str, Any], weights: str | None = None) -> None:
+    """Refusals that need no model: --defense with nothing to defend, a verifier's flag without the verifier,
+    --weights without a verifier or naming no file."""
     chosen = [get(name) for name in requested]
+    if weights is not None and not requested:
+        raise UsageError(
+            "--weights sets the weights the verifiers run at; the analysis holds for every weight value",
+            "add --verify rank (or another verifier), or drop --weights",
+        )
+    if weights is not None and not Path(weights).is_file():
+        raise UsageError(f"--weights {weights}: no such file", "name a state dict or checkpoint saved by torch.save")
     if defense_specs and not [verifier for verifier in chosen if not _apart(verifier)]:
         raise UsageError(
             "--defense needs an attack to defend against",
@@ -235,7 +244,17 @@ def _in_order(chosen: list[Verifier]) -> list[Verifier]:
 
 
 def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
-    """Run the requested verifiers on one model: the refusals their needs call for, then each in its order."""
+    """Run the requested verifiers on one model: the refusals their needs call for, then each in its order, every
+    one at the --weights given (rankaudit.verify.model.deployed_weights)."""
+    from rankaudit.verify.model import deployed_weights, read_state_dict
+
+    if context.weights is not None:
+        read_state_dict(context.weights)  # a missing or unreadable file is refused before any verifier runs
+    with deployed_weights(context.weights):
+        _run_verifiers(requested, context, report_error)
+
+
+def _run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
     import math
 
     from rankaudit import supervise

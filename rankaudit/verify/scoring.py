@@ -38,6 +38,43 @@ def confirms(verdict: str, median_mse: float) -> tuple[bool, str]:
     return False, f"boundary verdict: no threshold to confirm against (median MSE {median_mse:.3g})"
 
 
+def judge_attack(verdict: str, median_mse: float, against: dict) -> tuple[bool, str]:
+    """One judgement for an input attack's section, from both of its readings, with the rule it used.
+
+    The MSE threshold and the flat-image baselines (rankaudit.verify.baselines) could each give a judgement; a section
+    that printed "recovered" beside "confirms protected" would say two things. So: `protected` is confirmed only when
+    the median MSE is above CONFIRM_PROTECTED_ABOVE *and* no reconstruction beats both baselines; a reconstruction
+    that beats both is a recovery, whatever the median says. `exposed` is confirmed by the median MSE below
+    CONFIRM_EXPOSED_BELOW. `partial` and `boundary` have no threshold; the baselines' outcome is said beside them."""
+    from rankaudit.verify import baselines
+
+    recovered, total = against.get("recovered_samples", 0), against.get("samples_scored")
+    of = f"{recovered} of {total}" if total is not None else str(recovered)
+    if verdict == "protected":
+        rule = (
+            f"rule: protected is confirmed when the median MSE is above {CONFIRM_PROTECTED_ABOVE:g} and no "
+            "reconstruction beats both the flat-grey and the mean-colour baseline"
+        )
+        if against.get("outcome") != baselines.FAILED:
+            return False, (
+                f"does not confirm protected: {of} reconstruction(s) beat both the flat-grey and the mean-colour "
+                f"baseline ({against.get('outcome')}; median MSE {median_mse:.3g}); {rule}"
+            )
+        if median_mse <= CONFIRM_PROTECTED_ABOVE:
+            return False, (
+                f"disagrees: the analysis says protected, but the attack reached median MSE {median_mse:.3g} "
+                f"(<= {CONFIRM_PROTECTED_ABOVE:g}); {rule}"
+            )
+        return True, (
+            f"confirms protected: median MSE {median_mse:.3g} > {CONFIRM_PROTECTED_ABOVE:g} and no reconstruction "
+            f"beats both baselines; {rule}"
+        )
+    confirmed, judgement = confirms(verdict, median_mse)
+    if verdict == "exposed":
+        judgement += f"; rule: exposed is confirmed when the median MSE is below {CONFIRM_EXPOSED_BELOW:g}"
+    return confirmed, judgement + baseline_judgement(against)
+
+
 def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 

@@ -33,6 +33,7 @@ from rankaudit.verify.attacks.invert import (
     psnr_from_mse,
     total_variations,
 )
+from rankaudit.verify.baselines import GREY_LEVEL
 from rankaudit.verify.client import LocalTraining, check_local_training
 
 ADAM_BETAS = (0.9, 0.999)
@@ -48,8 +49,17 @@ MILESTONES = (3 / 8, 5 / 8, 7 / 8)
 # the steps (1e-1, 1e-2, 1e-3 give the same images) and 1e-5 is best (benchmarks/bench_round_prior.py, N = 4,
 # B = 1, 300 steps x 2 restarts, float64, median PSNR on 4 digits: 0 -> 12.2, 1e-6 -> 14.9, 3e-6 -> 16.7,
 # 1e-5 -> 17.7, 1e-4 -> 15.0, 1e-3 -> 14.5, 1e-2 -> 14.4 dB; on 4 photograph crops 1e-2 -> 18.6, 1e-5 -> 23.1 dB).
-# Scaled by the measured ratio, one relative weight lands on both optima: 0.02 x 0.59 = 1.2e-2, 0.02 x 4e-4 = 8e-6.
-ROUND_TV_WEIGHT = 2e-2
+# Scaled by the measured ratio, one relative weight lands near both optima: 0.02 x 0.59 = 1.2e-2, 0.02 x 4e-4 = 8e-6.
+# Calibrated on rounds at 32 px beside breaching's attack (benchmarks/bench_breaching.py, 1,000 steps x 2 restarts,
+# float64, docs/benchmarks.md), 0.02 is too weak: breaching's relative prior is about nine times stronger. Median
+# PSNR on a LeNet's three rounds: 0.05 -> 24.4 / 18.6 / 33.3 dB, 0.2 -> 23.5 / 18.1 / 33.6 dB (breaching 20.6 /
+# 15.5 / 30.2); on a ConvNet's round (N = 2, B = 1, E = 2) 0.05 -> 4.7 dB, 0.2 -> 9.0 dB (breaching 7.1). The
+# price is on the test suite's small CNN at 8 px (two-step round, 150 x 4, float32): 0.02 -> 38.0 / 42.5,
+# 0.05 -> 37.7 / 38.5, 0.1 -> 32.6 / 33.5, 0.2 -> 32.0 / 30.5 dB. 0.2 is the one that keeps pace at 32 px.
+ROUND_TV_WEIGHT = 0.2
+# The first restart's starting image: flat at the middle of [0, 1] (the mean colour of the uniform starts the other
+# restarts draw, and the grey baseline itself), so that one candidate begins where an attack that reads nothing ends.
+FLAT_START = GREY_LEVEL
 
 
 @dataclass
@@ -60,8 +70,8 @@ class RoundAttack:
     mse: list[list[float]]  # [client][sample]
     psnr: list[list[float]]
     client_median_psnr: list[float]
-    median_mse: float
-    median_psnr: float
+    median_mse: float  # the median over all images (the mean of the two middle values for an even count)
+    median_psnr: float  # the median of the images' PSNRs, the same way (not the PSNR of the median MSE)
     final_distance: float  # the winning restart's best distance to the observed update
     restarts: int
     steps: int
@@ -160,7 +170,11 @@ def invert_round(
     step_all = vmap(grad(objective, has_aux=True))
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand((restarts, *images.shape), generator=generator, dtype=dtype).to(device)
+    # The prior's scale is read at the random starting points (a flat image has no TV gradient to scale by) ...
     applied = tv_weight * _prior_scale(vmap(grad(distance_to_target))(x), vmap(grad(prior))(x)) if tv_weight else 0.0
+    # ... and then the first restart starts from a flat image at the range's mean colour: it begins at the grey
+    # baseline, and its best iterate only moves away from it when that fits the update better.
+    x[0] = FLAT_START
     tv = torch.full((), applied, device=device, dtype=dtype)
     first, second = torch.zeros_like(x), torch.zeros_like(x)
     steps_done = torch.zeros((), device=device, dtype=dtype)
@@ -188,12 +202,12 @@ def invert_round(
     errors = (reconstruction - images.double().cpu()).pow(2).flatten(2).mean(2)
     mse = [[float(e) for e in client] for client in errors]
     psnr = [[psnr_from_mse(e) for e in client] for client in mse]
-    flat = sorted(e for client in mse for e in client)
-    median_mse = float(torch.tensor(flat).median())
+    median_mse = _median([e for client in mse for e in client])
     notes = [
         f"labels and batch order known to the server (as in the FedSGD attacks); {restarts} restarts x "
         f"{steps} steps in one vmapped batch in {str(dtype).replace('torch.', '')}; each restart keeps its "
-        f"best iterate (least distance to the update), the best restart wins",
+        f"best iterate (least distance to the update), the best restart wins; the first restart starts from a "
+        f"flat image at {FLAT_START:g} (the range's mean colour), the others uniformly at random",
         f"prior: total variation x {applied:.3g} ({tv_weight:g} x the ratio of the distance's mean input "
         f"gradient to the prior's at the starting points) for the first {tv_until:.0%} of the steps, then the "
         "update alone",
@@ -206,7 +220,7 @@ def invert_round(
         psnr,
         [_median(client) for client in psnr],
         median_mse,
-        psnr_from_mse(median_mse),
+        _median([p for client in psnr for p in client]),
         float(best[winner]),
         restarts,
         steps,
@@ -253,6 +267,7 @@ def _copy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Modu
 
 
 def _median(values: list[float]) -> float:
+    """The true median: the middle value, or the mean of the two middle values for an even count."""
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])

@@ -107,6 +107,17 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     return images, source
 
 
+def _weights_used(bottom: list[str]) -> str:
+    from rankaudit.verify.model import deployed_weights_file
+
+    deployed = deployed_weights_file()
+    if deployed is not None:
+        from pathlib import Path
+
+        return f"the weights in {Path(deployed).name}"
+    return f"random; {', '.join(bottom)} initialised uniform on [0.01, 0.2] as in GDBR (bias 0)"
+
+
 def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     """The shared layer GDBR reads, the model with the paper's bottom-layer init, those layers, the aux inputs."""
     import torch
@@ -114,6 +125,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
 
     from rankaudit.load import load_model
     from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.model import deployed_weights_file, load_weights, read_state_dict
 
     layer = _gdbr_layer(result)
     if len(result.input_shape) != 3:
@@ -126,7 +138,11 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     names = [name for name, _ in model.named_modules()]
     bottom = names[names.index(layer) :] if layer in names else [layer]
     bottom = [name for name in bottom if isinstance(model.get_submodule(name), (nn.Linear, nn.Conv2d))]
-    gdbr.init_like_paper(model, bottom, seed=seed)
+    deployed = deployed_weights_file()
+    if deployed is not None:  # --weights: the attack reads the gradient at the weights that are sent
+        load_weights(model, read_state_dict(deployed), deployed)
+    else:
+        gdbr.init_like_paper(model, bottom, seed=seed)
     aux_images, aux_source = _aux_images(aux, tuple(result.input_shape), seed)
     return layer, model, bottom, aux_images, aux_source
 
@@ -269,7 +285,7 @@ def verify_labels(
         "features_from": aux_source,
         "estimator": outcome.estimator,
         "device": outcome.device,
-        "weights": f"random; {', '.join(bottom)} initialised uniform on [0.01, 0.2] as in GDBR (bias 0)",
+        "weights": _weights_used(bottom),
         "per_trial_ins_acc": [round(t["ins_acc"], 4) for t in outcome.per_trial],
     }
     verification.update(chance_ins_acc=chance, beats_chance=bool(outcome.ins_acc > chance))

@@ -296,14 +296,15 @@ def verify_inputs(
             for s in outcome.layers
         ]
     saved = scoring.save_images(Path(artifacts), images, reconstructions) if artifacts else [(None, None)] * len(images)
-    confirms, judgement = scoring.confirms(result.verdict, outcome.median_mse)
+    scored, against = scoring.against_baselines(images, reconstructions)
+    confirms, judgement = scoring.judge_attack(
+        result.verdict, outcome.median_mse, {**against, "samples_scored": len(scored)}
+    )
     if attack == "inverting-gradients" and not confirms and result.verdict == "exposed":
         judgement += (
             "; an optimisation attack is not exact, so missing the threshold within its budget "
             f"({steps} steps) does not show the input is safe"
         )
-    scored, against = scoring.against_baselines(images, reconstructions)
-    judgement += scoring.baseline_judgement(against)
     deficient = [layer for layer in layers if layer["local_deficit"] > 0]
     if deficient:
         # Spec §7: counts cannot see dependent constraints; the numerical rank can, and explains a disagreement.
@@ -400,14 +401,15 @@ def verify_round_inputs(
         if artifacts
         else [(None, None)] * len(flat_originals)
     )
-    confirms, judgement = scoring.confirms(result.verdict, attack.median_mse)
+    scored, against = scoring.against_baselines(flat_originals, flat_found)
+    confirms, judgement = scoring.judge_attack(
+        result.verdict, attack.median_mse, {**against, "samples_scored": len(scored)}
+    )
     if not confirms and result.verdict == "exposed":
         judgement += (
             "; an optimisation attack is not exact, so missing the threshold within its budget "
             f"({steps} steps) does not show the input is safe"
         )
-    scored, against = scoring.against_baselines(flat_originals, flat_found)
-    judgement += scoring.baseline_judgement(against)
     notes = [
         f"weights: {weights}",
         f"images: {source}",

@@ -68,8 +68,9 @@ def verify_rank(
     import torch
 
     from rankaudit.verify.inputs import real_inputs
-    from rankaudit.verify.model import build_real_model, resolve_device
+    from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
+    from rankaudit.verify.rank.energy import read_energy
 
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         fed = ", ".join(f"{info.name} ({info.role}, {info.dtype})" for info in result.inputs)
@@ -202,6 +203,7 @@ def verify_rank(
         "gradient",
         keep_agreement=batch == 1,
     )
+    read_energy(verification, result, weights_phrase(weights))
     result.verification["rank"] = verification
     return verification
 
@@ -340,9 +342,10 @@ def verify_round_rank(
     from rankaudit.report.json import round_dict
     from rankaudit.verify.client import check_local_training, simulated_rounds
     from rankaudit.verify.inputs import round_inputs, round_labels
-    from rankaudit.verify.model import build_real_model, resolve_device
+    from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.rank import round_jacobian as round_rank
+    from rankaudit.verify.rank.energy import read_energy
 
     round_ = result.round
     device = resolve_device(device)
@@ -466,6 +469,7 @@ def verify_round_rank(
         "round": round_dict(result),
     }
     read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
+    read_energy(verification, result, weights_phrase(weights))
     result.verification["rank"] = verification
     return verification
 
