@@ -62,6 +62,7 @@ def to_dict(result: Result) -> dict:
         "token_leakage": asdict(result.token_leakage) if result.token_leakage else None,
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
+        "stand_ins": result.stand_ins,
         "round": round_dict(result),
         "dp": _dp(result),
         "bias_readout": [asdict(finding) for finding in result.bias_readout],
@@ -102,6 +103,8 @@ def round_dict(result: Result) -> dict | None:
         "optimizer": round_.optimizer,
         "momentum": round_.momentum,
         "clients": round_.clients,
+        "server_rounds": round_.server_rounds,
+        "available_clients": round_.available_clients,
         "secure_aggregation": round_.secure_aggregation,
         "fedsgd": round_.fedsgd,
     }
