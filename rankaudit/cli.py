@@ -235,7 +235,7 @@ def _stand_in_options(command):
         multiple=True,
         metavar="MODULE",
         expose_value=False,
-        callback=lambda ctx, param, value: import_standins.configure(added=value),
+        callback=lambda ctx, param, value: import_standins.set_flags(added=value),
         help="Import the model file with a stand-in for MODULE when it is not installed (repeatable; data, "
         "logging and FL packages have one already).",
     )(command)
@@ -243,7 +243,7 @@ def _stand_in_options(command):
         "--no-stand-ins",
         is_flag=True,
         expose_value=False,
-        callback=lambda ctx, param, value: import_standins.configure(forbidden=value),
+        callback=lambda ctx, param, value: import_standins.set_flags(added=None, forbidden=value),
         help="Fail on any import the model file makes of a module that is not installed.",
     )(command)
 

@@ -43,22 +43,33 @@ class StandInUsed(Exception):
 
 class _Policy:
     def __init__(self):
-        self.added: tuple[str, ...] = ()
-        self.forbidden = False
+        self.flags: tuple[tuple[str, ...], bool] = ((), False)  # --stand-in MODULE..., --no-stand-ins
+        self.configured: tuple[tuple[str, ...], bool] = ((), False)  # [tool.rankaudit] stand-ins
         self.used: list[str] = []  # top-level modules a stand-in replaced, in the order the file imported them
         self.importing = False
 
     def allowed(self, top: str) -> bool:
-        return not self.forbidden and (top in DEFAULT_STAND_INS or top in self.added)
+        (flag_added, flag_forbidden), (config_added, config_forbidden) = self.flags, self.configured
+        if flag_forbidden or (config_forbidden and top not in flag_added):
+            return False
+        return top in DEFAULT_STAND_INS or top in flag_added or top in config_added
 
 
 _POLICY = _Policy()
 
 
-def configure(added=(), forbidden: bool = False) -> None:
-    """--stand-in MODULE (repeatable) / `stand-ins` in [tool.rankaudit] add modules; --no-stand-ins forbids all."""
-    _POLICY.added = tuple(dict.fromkeys([*_POLICY.added, *added]))
-    _POLICY.forbidden = _POLICY.forbidden or forbidden
+def set_flags(added=(), forbidden: bool | None = None) -> None:
+    """--stand-in MODULE (repeatable) adds modules, --no-stand-ins forbids every stand-in (each run sets both)."""
+    current_added, current_forbidden = _POLICY.flags
+    _POLICY.flags = (
+        tuple(added) if added is not None else current_added,
+        bool(forbidden) if forbidden is not None else current_forbidden,
+    )
+
+
+def set_configured(value) -> None:
+    """`stand-ins` in [tool.rankaudit]: a list of modules to add, or false for none (flags win)."""
+    _POLICY.configured = ((), True) if value is False else (tuple(value or ()), False)
 
 
 def used() -> list[str]:
@@ -108,8 +119,8 @@ def _stand_in_class(name: str) -> type:
 
 
 def stands_in(obj) -> str | None:
-    """The missing module an object's class derives from, if any."""
-    for cls in type(obj).__mro__:
+    """The missing module an object's class (or a class itself) derives from, if any."""
+    for cls in (obj if isinstance(obj, type) else type(obj)).__mro__:
         name = cls.__dict__.get("_stand_in_for")
         if name:
             return name

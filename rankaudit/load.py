@@ -593,6 +593,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
             f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
             f"add a zero-argument factory function and pass {path}:factory",
         )
+    for attr, value in vars(module).items():
+        missing = import_standins.stands_in(value) if isinstance(value, type) else None
+        if missing and getattr(value, "__module__", None) == module.__name__:
+            raise ModelLoadError(
+                f"{attr} in {path} derives from {missing}, which is not installed",
+                f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
+            )
     raise NoModelInFile(
         f"no nn.Module subclass or instance is defined in {path}",
         "define the model class in that file, or name it with PATH:NAME",
@@ -645,6 +652,14 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
                 f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
             )
         return namespace, attr, model, build
+    error = first_failure.error
+    if first_failure.phase == "import" and isinstance(error, ModuleNotFoundError) and error.name:
+        top = error.name.split(".")[0]
+        raise ModelLoadError(
+            f"{path} imports {error.name}, which is not installed",
+            f"install {top}; or, if the model does not use it, pass --stand-in {top} "
+            f'(stand-ins = ["{top}"] in [tool.rankaudit])',
+        ) from error
     if device != "meta":  # the verifier's real build: its error is the file's own
         what = _describe_exception(first_failure.error, path)
         if first_failure.phase == "import":

@@ -192,10 +192,9 @@ def model_settings(
 
     settings = load_settings(split_model_spec(spec)[0])
     supervise.set_config_timeout(settings.timeout)
-    if settings.stand_ins is not None:
-        from rankaudit import import_standins
+    from rankaudit import import_standins
 
-        import_standins.configure(added=settings.stand_ins or (), forbidden=settings.stand_ins is False)
+    import_standins.set_configured(settings.stand_ins)
 
     def pick(name):
         return settings.in_force(name, values[name], name in given)

@@ -378,7 +378,8 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
-            sources.add(setting, _SHOWN_DEFAULTS[setting], "default, not in the app")
+            # Not read is not "not in the app": the app may set it where rankaudit cannot read it.
+            sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
             continue
@@ -425,6 +426,7 @@ def _sampled_clients(read: dict[str, Found], mechanisms) -> Found | None:
     least = int(minimum.value) if minimum is not None else _FLOWER_MIN_CLIENTS
     sampled = min(max(share, least), nodes.value)
     parts = [nodes.source] + ([fraction.source] if fraction else []) + ([minimum.source] if minimum else [])
+    parts = list(dict.fromkeys(parts))
     return Found("clients", sampled, "max(⌊fraction · nodes⌋, min clients) from " + ", ".join(parts))
 
 

@@ -83,6 +83,7 @@ class ModuleReader:
         from rankaudit.deploy.scripts import argparse_defaults
 
         self.options = {**argparse_defaults(self), **(script_args or {})}
+        self.peers: list[ModuleReader] = [self]  # the app's other files: where its functions are called from
 
     def where(self, node: ast.AST) -> str:
         return f"{self.relative}:{node.lineno}"
@@ -157,6 +158,13 @@ class ModuleReader:
             if all(parts):
                 return Found("", "".join(str(part.value) for part in parts), self.where(node), node.lineno)
         return None
+
+    def decorates(self, call: ast.Call) -> bool:
+        """`@app.train()`: a decorator's call, not a call of the function it shares a name with."""
+        parent = self._parents.get(call)
+        return (
+            isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and call in parent.decorator_list
+        )
 
     def branch(self, node: ast.AST) -> bool | str:
         """Whether the code at `node` runs: True, False (a branch the configuration read rules out), or the text
@@ -293,15 +301,18 @@ class ModuleReader:
         """A parameter's value where every call of the function in this file passes the same one."""
         positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
         values = []
-        for call in self.calls():
-            if call_name(call) != function.name or not isinstance(call.func, ast.Name):
-                continue
-            given = next((k.value for k in call.keywords if k.arg == name), None)
-            if given is None and name in positional and positional.index(name) < len(call.args):
-                given = call.args[positional.index(name)]
-            if given is None:
-                return None  # a call that leaves it to the default
-            values.append(self.value(given, depth + 1))
+        for reader in self.peers:
+            for call in reader.calls():
+                if call_name(call) != function.name or reader.branch(call) is False or reader.decorates(call):
+                    continue
+                if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
+                    return None
+                given = next((k.value for k in call.keywords if k.arg == name), None)
+                if given is None and name in positional and positional.index(name) < len(call.args):
+                    given = call.args[positional.index(name)]
+                if given is None:
+                    return None  # a call that leaves it to the default
+                values.append(reader.value(given, depth + 1))
         if values and all(values) and len({repr(v.value) for v in values}) == 1:
             return values[0]
         return None
@@ -412,11 +423,15 @@ def read_code(
     found: list[Found] = []
     mechanisms: list[Mechanism] = []
     script_args = script_args or {}
+    readers: list[ModuleReader] = []
     for path in sorted(files, key=lambda path: path.resolve() not in script_args):
         try:
-            reader = ModuleReader(path, root, config, script_args.get(path.resolve()))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            readers.append(ModuleReader(path, root, config, script_args.get(path.resolve())))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue  # a file that does not parse is the loader's business, not the deployment reader's
+    for reader in readers:
+        reader.peers = readers
+    for reader in readers:
         found += _loaders(reader) + _optimizers(reader) + _epochs(reader) + _rounds(reader)
         mechanisms += _mechanisms(reader)
     return found, mechanisms
