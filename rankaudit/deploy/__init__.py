@@ -492,18 +492,22 @@ def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[
 
 
 def _require(directory: Path, model: str, settings, overrides: Overrides, round_, read):
-    """What the app cannot say: the input shape and the samples per client. One line naming the key and where."""
+    """What the app cannot say: the input shape and the samples per client, all in one line naming where."""
     pyproject = directory / "pyproject.toml"
+    missing, fixes = [], []
     if settings.input_shape is None and not overrides.input_shape_given and not _declares_input_shape(model):
-        raise UsageError(
-            f"the input shape of {_relative(directory, model)} is not stated in the app",
-            f'set input-shape = "C,H,W" in [tool.rankaudit] of {pyproject} (or pass --input-shape)',
-        )
+        missing.append(f"the input shape of {_relative(directory, model)}")
+        fixes.append('input-shape = "C,H,W" in [tool.rankaudit] (or --input-shape)')
     if round_.local_samples is None:
+        missing.append("the samples each client trains on per round")
+        fixes.append(
+            f"local-samples = N in {ROUND_TABLE} (or --local-samples N; or dataset-size = D there with the "
+            "federation's options.num-supernodes)"
+        )
+    if missing:
         raise UsageError(
-            "the samples each client trains on per round are not stated in the app",
-            f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N; or "
-            "dataset-size = D there with the federation's options.num-supernodes)",
+            " and ".join(missing) + (" are" if len(missing) > 1 else " is") + " not stated in the app",
+            "set " + "; and ".join(fixes) + f" of {pyproject}",
         )
 
 

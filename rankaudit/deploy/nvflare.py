@@ -166,6 +166,12 @@ def read_job(directory: Path) -> NVFlareJob:
             job.scripts[target] = string_options(passed, f"{relative} task_script_args")
     for path in job_scripts(directory):
         _read_job_script(directory, path, job)
+    rounds = next((item for item in job.found if item.key == "server-rounds"), None)
+    if rounds is not None:  # what the client API hands the script as FLModel.total_rounds
+        for options in job.scripts.values():
+            options.setdefault(
+                "total_rounds", Found("total_rounds", rounds.value, f"{rounds.source} (FLModel.total_rounds)")
+            )
     return job
 
 

@@ -287,6 +287,9 @@ class ModuleReader:
         assigned = self._assignment(node)
         if assigned is not None:
             return self.value(assigned.value, depth + 1)
+        unpacked = self._unpacked(node, depth)
+        if unpacked is not None:
+            return unpacked
         function = self.function_of(node)
         if function is not None and any(arg.arg == node.id for arg in _all_arguments(function)):
             passed = self._passed(function, node.id, depth)
@@ -295,6 +298,31 @@ class ModuleReader:
             default = _parameter_default(function, node.id)
             if default is not None:
                 return self.value(default, depth + 1)
+        return None
+
+    def _unpacked(self, node: ast.Name, depth: int) -> Found | None:
+        """`a, noise, b = helper(...)`: the element of the tuple the module's own `helper` returns."""
+        function = self.function_of(node)
+        for statement in ast.walk(function if function is not None else self.tree):
+            if not (
+                isinstance(statement, ast.Assign)
+                and statement.lineno <= node.lineno
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Tuple)
+                and isinstance(statement.value, ast.Call)
+                and isinstance(statement.value.func, ast.Name)
+            ):
+                continue
+            names = [t.id if isinstance(t, ast.Name) else None for t in statement.targets[0].elts]
+            if node.id not in names:
+                continue
+            helper = next(
+                (d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.name == statement.value.func.id),
+                None,
+            )
+            returns = [r.value for r in ast.walk(helper) if isinstance(r, ast.Return)] if helper else []
+            if len(returns) == 1 and isinstance(returns[0], ast.Tuple) and len(returns[0].elts) == len(names):
+                return self.value(returns[0].elts[names.index(node.id)], depth + 1)
         return None
 
     def _passed(self, function, name: str, depth: int) -> Found | None:
