@@ -222,3 +222,51 @@ def test_a_model_that_needs_the_missing_module_still_fails_naming_it(run_cli, tm
     )
     code, out, err = run_cli(str(derives), "--input-shape", "4", "--stand-in", "not_installed_lightning")
     assert code == 3 and "derives from not_installed_lightning.LightningModule, which is not installed" in err
+
+
+def test_opacus_clip_passed_through_a_helper_in_another_file(tmp_path):
+    app = tmp_path / "opacus"
+    shutil.copytree(APPS / "opacus", app)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("max-grad-norm = 1.0", "max-grad-norm = 0.7"))
+    task = app / "opacus_app" / "task.py"
+    task.write_text(
+        task.read_text() + "\n\ndef privatise(engine, model, optimizer, loader, max_grad_norm):\n"
+        "    return engine.make_private(\n        module=model, optimizer=optimizer, data_loader=loader,"
+        " noise_multiplier=1.1, max_grad_norm=max_grad_norm\n    )\n"
+    )
+    client = app / "opacus_app" / "client_app.py"
+    text = client.read_text().replace("from opacus_app.task import Net", "from opacus_app.task import Net, privatise")
+    start = text.index("    model, optimizer, train_loader = privacy_engine.make_private(")
+    end = text.index("    )\n", start) + len("    )\n")
+    client.write_text(
+        text[:start]
+        + "    model, optimizer, train_loader = privatise(privacy_engine, model, optimizer, train_loader, max_grad_norm)\n"
+        + text[end:]
+    )
+    deployment = read_deployment(app)
+    assert _rows(deployment)["dp clip"] == ("0.7", "[tool.flwr.app.config] max-grad-norm")
+    assert deployment.round.dp.clip == 0.7
+
+
+def test_dp_switched_by_a_condition_that_is_not_read_is_refused(tmp_path):
+    app = tmp_path / "branches"
+    shutil.copytree(APPS / "branches", app)
+    select = app / "privacy_wrappers" / "select.py"
+    select.write_text(select.read_text().replace('privacy = run_config["privacy"]', 'privacy = run_config["mode"]'))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    assert "DifferentialPrivacyServerSideFixedClipping at privacy_wrappers/select.py" in str(raised.value)
+    assert "privacy == 'global-dp'" in str(raised.value)
+    given = read_deployment(app, Overrides(dp={"noise": 0.01, "clip": 5.0}))
+    assert given.round.dp.noise_multiplier == 0.01
+
+
+def test_a_function_called_from_its_own_branch_does_not_loop(tmp_path):
+    app = tmp_path / "loop"
+    shutil.copytree(APPS / "script_client", app)
+    (app / "helper.py").write_text(
+        "import torch\n\n\ndef pick(net, fast):\n    if fast:\n        return pick(net, fast)\n"
+        "    else:\n        return torch.optim.SGD(net.parameters(), lr=0.3)\n"
+    )
+    assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.02"  # the client's own SGD, read first

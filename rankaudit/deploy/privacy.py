@@ -38,6 +38,16 @@ def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
             + ", ".join(f"{m.name} at {m.source}" for m in dp_mechanisms)
             + f"); the first is used: set the others' settings in {DP_TABLE} to judge them"
         )
+    given_dp = {**(settings.dp or {}), **overrides.dp}
+    undecided = [m for m in dp_mechanisms if m.condition is not None]
+    if undecided and "noise" not in given_dp:
+        # DP on or off is the app's choice at run time: assuming it on could claim a protection the run lacks.
+        mechanism = undecided[0]
+        raise UsageError(
+            f"{mechanism.name} at {mechanism.source} runs only when {mechanism.condition} holds, which is not read",
+            f"state the key that decides in the app's configuration; or, for the run with it, noise = σ and clip = C "
+            f"in {DP_TABLE}",
+        )
     if dp_mechanisms:
         mechanism = dp_mechanisms[0]
         reader = {

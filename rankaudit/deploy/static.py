@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Flower's central-DP wrappers: clipping on the client (ClientSide) or the server (ServerSide), Gaussian noise added
@@ -27,6 +27,7 @@ _POSITIONAL = {
 }
 _EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
 _DEPTH = 8  # how many assignments a name is followed through
+_RESOLVING: set = set()  # (function, parameter) pairs being resolved from their callers, against cycles
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Mechanism:
     name: str  # the class or call as written
     arguments: dict[str, Found | None]
     source: str
+    condition: str | None = None  # the condition, not read, that decides whether this code runs
 
 
 def call_name(node: ast.AST) -> str:
@@ -326,7 +328,17 @@ class ModuleReader:
         return None
 
     def _passed(self, function, name: str, depth: int) -> Found | None:
-        """A parameter's value where every call of the function in this file passes the same one."""
+        """A parameter's value where every call of the function in the app passes the same one."""
+        key = (id(function), name)
+        if key in _RESOLVING:
+            return None  # a call inside the function's own branches: no value from the function itself
+        _RESOLVING.add(key)
+        try:
+            return self._passed_by_callers(function, name, depth)
+        finally:
+            _RESOLVING.discard(key)
+
+    def _passed_by_callers(self, function, name: str, depth: int) -> Found | None:
         positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
         values = []
         for reader in self.peers:
@@ -653,6 +665,11 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
         if name in ("secaggplus_mod", "secagg_mod") and not isinstance(reader._parents.get(node), ast.alias):
             mechanisms.append(Mechanism("secagg", name, {}, reader.where(node)))
             break
+    for index, mechanism in enumerate(mechanisms):
+        call = next((c for c in reader.calls() if reader.where(c) == mechanism.source), None)
+        taken = reader.branch(call) if call is not None else True
+        if isinstance(taken, str):
+            mechanisms[index] = replace(mechanism, condition=taken)
     return mechanisms
 
 
