@@ -270,3 +270,17 @@ def test_a_function_called_from_its_own_branch_does_not_loop(tmp_path):
         "    else:\n        return torch.optim.SGD(net.parameters(), lr=0.3)\n"
     )
     assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.02"  # the client's own SGD, read first
+
+
+def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
+    app = tmp_path / "bare"
+    shutil.copytree(APPS / "quickstart", app, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text[: text.index("[tool.flwr.app]")] + text[text.index("[tool.rankaudit]") :])
+    deployment = read_deployment(app)
+    rows = _rows(deployment)
+    assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
+    task = app / "quickstart_app" / "task.py"
+    assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
+    assert rows["local-epochs"][1].startswith("not read from the app")  # the run config is gone with the table

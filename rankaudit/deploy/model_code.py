@@ -39,6 +39,9 @@ def instantiated(files: list[Path], names: list[str], root: Path) -> list[Instan
             function = reader.function_of(call)
             if function is not None and function.name in wanted and function.name in defined:
                 continue  # inside a factory of the same file: the factory is what the app calls
+            owner = reader._enclosing(call, ast.ClassDef)
+            if owner is not None and owner.name in wanted:
+                continue  # a layer a model class builds inside itself
             arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
             found[name] = Instantiation(name, arguments, reader.where(call))
     return list(found.values())
