@@ -284,3 +284,23 @@ def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
     task = app / "quickstart_app" / "task.py"
     assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
     assert rows["local-epochs"][1].startswith("not read from the app")  # the run config is gone with the table
+
+
+def test_a_factory_called_with_a_positional_run_config_value(tmp_path):
+    app = tmp_path / "positional"
+    shutil.copytree(APPS / "script_client", app)
+    models = app / "models.py"
+    models.write_text(
+        models.read_text().replace(
+            "def ResNet():\n    return TinyResNet(width=4)", "def ResNet(width):\n    return TinyResNet(width=width)"
+        )
+    )
+    client = app / "client.py"
+    client.write_text(
+        client.read_text()
+        .replace("self.model = ResNet()", "self.model = ResNet(PARAMS['width'])")
+        .replace('"local_epochs": 3}', '"local_epochs": 3, "width": 8}')
+    )
+    deployment = read_deployment(app, GIVEN)
+    assert deployment.model_args == {"width": 8}
+    assert _rows(deployment)["model-arg width"] == ("8", f"client.py:{_line(client, 'PARAMS = ')}")

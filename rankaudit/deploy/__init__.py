@@ -177,12 +177,14 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
-    chosen = model_code.instantiated(trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory)
+    chosen = model_code.instantiated(
+        trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory, app.config if app else None
+    )
     if len(chosen) == 1:
         made = chosen[0]
         matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
         if len(matches) == 1:
-            return _shown(matches[0]), [matches[0]], made
+            return _shown(matches[0]), [matches[0]], made.with_names(Path(matches[0].rsplit(":", 1)[0]))
     elif len(chosen) > 1:
         shown = ", ".join(f"{made.name}() at {made.source}" for made in chosen)
         raise UsageError(
@@ -326,7 +328,7 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
         names = (mapping[setting],) if setting in mapping else keys
         for name in names:
             # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
-            nested = [key for key in config if key.rsplit(".", 1)[-1] == name]
+            nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]
             if name not in config and len(nested) == 1:
                 name = nested[0]
             if name in config:
@@ -386,6 +388,13 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         values[name] = value
         sources.add(setting, value, source)
     return values
+
+
+def _fits(setting: str, value) -> bool:
+    """Whether a nested table's value can be the setting (a placeholder "" in another tool's table cannot)."""
+    if setting in _INTEGERS or setting in ("lr", "momentum", "fraction", "min-clients"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
 
 
 def _typed(setting: str, value, source: str):

@@ -20,15 +20,36 @@ class Instantiation:
     name: str
     arguments: dict[str, Found | None]
     source: str
+    positional: tuple = ()  # values passed by position, named once the definition is known (with_names)
+
+    def with_names(self, definition: Path) -> Instantiation:
+        """The positional values under the parameter names of the class's __init__ or the factory in `definition`."""
+        if not self.positional:
+            return self
+        try:
+            tree = ast.parse(definition.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return self
+        node = next((n for n in tree.body if getattr(n, "name", None) == self.name), None)
+        if isinstance(node, ast.ClassDef):
+            node = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            skip = 1
+        else:
+            skip = 0
+        if not isinstance(node, ast.FunctionDef):
+            return self
+        names = [arg.arg for arg in [*node.args.posonlyargs, *node.args.args]][skip:]
+        named = dict(zip(names, self.positional))
+        return Instantiation(self.name, {**named, **self.arguments}, self.source)
 
 
-def instantiated(files: list[Path], names: list[str], root: Path) -> list[Instantiation]:
+def instantiated(files: list[Path], names: list[str], root: Path, config=None) -> list[Instantiation]:
     """The calls of model classes or factories (`names`) in `files`, one per name, in branches that run."""
     found: dict[str, Instantiation] = {}
     wanted = set(names)
     for path in files:
         try:
-            reader = ModuleReader(path, root, {})
+            reader = ModuleReader(path, root, config or {})
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         defined = {node.name for node in ast.walk(reader.tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
@@ -43,7 +64,8 @@ def instantiated(files: list[Path], names: list[str], root: Path) -> list[Instan
             if owner is not None and owner.name in wanted:
                 continue  # a layer a model class builds inside itself
             arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
-            found[name] = Instantiation(name, arguments, reader.where(call))
+            positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
+            found[name] = Instantiation(name, arguments, reader.where(call), positional)
     return list(found.values())
 
 
