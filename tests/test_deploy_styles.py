@@ -304,3 +304,22 @@ def test_a_factory_called_with_a_positional_run_config_value(tmp_path):
     deployment = read_deployment(app, GIVEN)
     assert deployment.model_args == {"width": 8}
     assert _rows(deployment)["model-arg width"] == ("8", f"client.py:{_line(client, 'PARAMS = ')}")
+
+
+def test_run_config_through_a_local_name(tmp_path):
+    app = tmp_path / "alias"
+    shutil.copytree(APPS / "fedprox_nested", app)
+    client = app / "fedprox_app" / "client_app.py"
+    client.write_text(
+        client.read_text()
+        .replace("    net = MLP()\n", "    net = MLP()\n    cfg = context.run_config\n")
+        .replace('context.run_config["algorithm.lr"]', 'cfg.get("algorithm.lr", 0.5)')
+        .replace('context.run_config["dataset.batch-size"]', 'cfg["dataset.batch-size"]')
+    )
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("lr = 0.03", "step = 0.03"))  # lr now only via the code
+    rows = _rows(read_deployment(app, Overrides()))
+    model = app / "fedprox_app" / "model.py"
+    assert rows["lr"] == ("0.5", f"fedprox_app/client_app.py:{_line(client, 'cfg.get(')}")
+    assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
+    assert rows["optimizer"][1] == f"SGD at fedprox_app/model.py:{_line(model, 'SGD')}"

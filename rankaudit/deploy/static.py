@@ -265,13 +265,13 @@ class ModuleReader:
     def _run_config_read(self, node: ast.AST) -> Found | None:
         """`context.run_config["key"]`, `run_config["key"]`, `context.run_config.get("key", default)`."""
         key = None
-        if isinstance(node, ast.Subscript) and _is_run_config(node.value):
+        if isinstance(node, ast.Subscript) and self._run_config(node.value):
             key = node.slice.value if isinstance(node.slice, ast.Constant) else None
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "get"
-            and _is_run_config(node.func.value)
+            and self._run_config(node.func.value)
             and node.args
             and isinstance(node.args[0], ast.Constant)
         ):
@@ -282,6 +282,10 @@ class ModuleReader:
             return None
         value, source = self.config[key]
         return Found("", value, f"{source} {key}", node.lineno)
+
+    def _run_config(self, node: ast.AST) -> bool:
+        """`context.run_config`, or a name assigned it (`cfg = context.run_config`)."""
+        return _is_run_config(node) or (isinstance(node, ast.Name) and _is_run_config(self.expression(node)))
 
     def _name(self, node: ast.Name, depth: int) -> Found | None:
         """A local name: its last assignment above the use in the same function, else the function parameter's
