@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import importlib.machinery
 import sys
@@ -134,12 +135,49 @@ class _Module(types.ModuleType):
         return _StandIn(f"{self.__name__}.{attribute}")
 
 
+_GUARDS: dict[str, list[tuple[int, int]]] = {}  # file -> line ranges of `try:` bodies that catch ImportError
+_CATCHING = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _guarded_lines(filename: str) -> list[tuple[int, int]]:
+    if filename not in _GUARDS:
+        ranges = []
+        try:
+            with open(filename, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Try) and node.body:
+                caught = set()
+                for handler in node.handlers:
+                    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+                    caught |= {"Exception" if kind is None else ast.unparse(kind).split(".")[-1] for kind in kinds}
+                if caught & _CATCHING:
+                    ranges.append((node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno))
+        _GUARDS[filename] = ranges
+    return _GUARDS[filename]
+
+
+def _guarded_import() -> bool:
+    """The import runs inside `try: ... except ImportError`: the code has its own answer to a missing module."""
+    frame = sys._getframe(2)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    line = frame.f_lineno
+    return any(start <= line <= end for start, end in _guarded_lines(frame.f_code.co_filename))
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Last on sys.meta_path: only a module no other finder found reaches it."""
 
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".")[0]
-        if not _POLICY.allowed(top):
+        if not _POLICY.allowed(top) or _guarded_import():
             return None
         if top == fullname and importlib.machinery.PathFinder.find_spec(fullname) is not None:
             return None

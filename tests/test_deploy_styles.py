@@ -323,3 +323,16 @@ def test_run_config_through_a_local_name(tmp_path):
     assert rows["lr"] == ("0.5", f"fedprox_app/client_app.py:{_line(client, 'cfg.get(')}")
     assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
     assert rows["optimizer"][1] == f"SGD at fedprox_app/model.py:{_line(model, 'SGD')}"
+
+
+def test_an_import_the_file_guards_itself_gets_no_stand_in(run_cli, tmp_path):
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(
+        "from torch import nn\n\ntry:\n    import torchvision\n    HAVE_VISION = True\nexcept ImportError:\n"
+        "    HAVE_VISION = False\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torchvision.ops.MLP(4, [2]) if HAVE_VISION else nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    code, out, err = run_cli(str(guarded), "--input-shape", "4", "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["stand_ins"] == [] and payload["parameters"] == 10  # nn.Linear(4, 2), its fallback
