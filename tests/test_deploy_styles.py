@@ -74,6 +74,14 @@ def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
     assert rows["server-rounds"] == ("7", "app/config/config_fed_server.conf num_rounds")
     assert rows["clients per round"] == ("3", "app/config/config_fed_server.conf min_clients")
     assert parse_hocon('a.b = 1\na { c: "x" } // note\nlist = [1, 2]') == {"a": {"b": 1, "c": "x"}, "list": [1, 2]}
+    client = job / "app" / "config" / "config_fed_client.json"
+    client.write_text(client.read_text().replace('"--batch_size 16"', '"-b 24"'))
+    script = job / "app" / "custom" / "client.py"
+    script.write_text(script.read_text().replace('add_argument("--batch_size"', 'add_argument("-b", "--batch_size"'))
+    assert _rows(read_deployment(job, GIVEN))["batch-size"] == (
+        "24",
+        "app/config/config_fed_client.json task_script_args (passes -b 24)",
+    )
 
 
 def test_nvflare_recipe_job_reads_train_args_argparse_and_the_model_it_names():

@@ -16,6 +16,7 @@ def option_name(flag: str) -> str:
 def argparse_defaults(reader) -> dict[str, Found]:
     """Each `parser.add_argument("--name", default=...)` of the file: the option's name -> its default, read."""
     reader.options = {}  # a default is a literal; it never reads another option
+    reader.option_names = {}  # every spelling of an option (-b, --batch-size) -> its attribute name
     found: dict[str, Found] = {}
     for call in reader.calls():
         if call_name(call) != "add_argument":
@@ -30,6 +31,7 @@ def argparse_defaults(reader) -> dict[str, Found]:
             name = option_name(long_flags[0])
         else:
             continue
+        reader.option_names.update({option_name(flag): name for flag in flags})
         action = keywords.get("action")
         shown = long_flags[0] if long_flags else name
         if "default" in keywords:

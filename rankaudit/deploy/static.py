@@ -84,7 +84,9 @@ class ModuleReader:
         # The script's command-line options: what the job passes it (script_args) over argparse's defaults.
         from rankaudit.deploy.scripts import argparse_defaults
 
-        self.options = {**argparse_defaults(self), **(script_args or {})}
+        defaults = argparse_defaults(self)
+        passed = {self.option_names.get(name, name): found for name, found in (script_args or {}).items()}
+        self.options = {**defaults, **passed}
         self.peers: list[ModuleReader] = [self]  # the app's other files: where its functions are called from
 
     def where(self, node: ast.AST) -> str:
