@@ -386,6 +386,8 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
         "optimizer": "sgd",
         "momentum": 0.0,
         "clients": 1,
+        "server_rounds": 1,
+        "available_clients": None,
         "secure_aggregation": False,
         "fedsgd": False,
     }
