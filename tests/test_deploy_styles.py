@@ -344,3 +344,17 @@ def test_an_import_the_file_guards_itself_gets_no_stand_in(run_cli, tmp_path):
     code, out, err = run_cli(str(guarded), "--input-shape", "4", "--format", "json")
     payload = json.loads(out)
     assert code == 1 and payload["stand_ins"] == [] and payload["parameters"] == 10  # nn.Linear(4, 2), its fallback
+
+
+def test_dp_set_up_under_a_run_time_condition_still_counts(tmp_path):
+    app = tmp_path / "first_round"
+    shutil.copytree(APPS / "script_client", app)
+    client = app / "client.py"
+    client.write_text(
+        client.read_text().replace(
+            "        self.privacy_engine = PrivacyEngine(",
+            "        self.rounds_done = 0\n        if self.rounds_done == 0:  # set up once, kept for every round\n"
+            "            self.privacy_engine = PrivacyEngine(",
+        ).replace("        return [], len(", "        self.rounds_done = self.rounds_done + 1\n        return [], len(")
+    )
+    assert read_deployment(app, GIVEN).round.dp.noise_multiplier == 1.1

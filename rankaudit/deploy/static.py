@@ -27,6 +27,7 @@ _POSITIONAL = {
 }
 _EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
 _DEPTH = 8  # how many assignments a name is followed through
+_CONFIGURATION = re.compile(r"\b(run_config|node_config|config|cfg|conf|args|opts?|settings|params|environ|getenv)\b")
 _RESOLVING: set = set()  # (function, parameter) pairs being resolved from their callers, against cycles
 
 
@@ -170,9 +171,10 @@ class ModuleReader:
             isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and call in parent.decorator_list
         )
 
-    def branch(self, node: ast.AST) -> bool | str:
+    def branch(self, node: ast.AST, configured_only: bool = False) -> bool | str:
         """Whether the code at `node` runs: True, False (a branch the configuration read rules out), or the text
-        of the condition that decides it where that is not read."""
+        of the condition that decides it where that is not read (with `configured_only`, only a condition that
+        reads the configuration; one on run-time state, `current_round == 0`, counts as running)."""
         child = node
         while child in self._parents:
             parent = self._parents[child]
@@ -180,11 +182,22 @@ class ModuleReader:
                 inside_body = child in parent.body if isinstance(parent, ast.If) else child is parent.body
                 test = self.value(parent.test)
                 if test is None or not isinstance(test.value, bool):
+                    if configured_only and not self._reads_configuration(parent.test):
+                        child = parent
+                        continue
                     return f"`{ast.unparse(parent.test)}` at {self.where(parent)}"
                 if test.value != inside_body:
                     return False
             child = parent
         return True
+
+    def _reads_configuration(self, test: ast.AST) -> bool:
+        """Whether a condition reads the app's configuration: the run or node config, the script's options, a
+        config object or the environment, directly or through the names it uses."""
+        texts = [ast.unparse(test)] + [
+            ast.unparse(self.expression(name)) for name in ast.walk(test) if isinstance(name, ast.Name)
+        ]
+        return any(_CONFIGURATION.search(text) for text in texts)
 
     def expression(self, node: ast.AST, depth: int = 0) -> ast.AST:
         """The expression a name stands for (its last assignment above the use), followed through names."""
@@ -673,7 +686,7 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
             break
     for index, mechanism in enumerate(mechanisms):
         call = next((c for c in reader.calls() if reader.where(c) == mechanism.source), None)
-        taken = reader.branch(call) if call is not None else True
+        taken = reader.branch(call, configured_only=True) if call is not None else True
         if isinstance(taken, str):
             mechanisms[index] = replace(mechanism, condition=taken)
     return mechanisms
