@@ -351,10 +351,12 @@ def test_dp_set_up_under_a_run_time_condition_still_counts(tmp_path):
     shutil.copytree(APPS / "script_client", app)
     client = app / "client.py"
     client.write_text(
-        client.read_text().replace(
+        client.read_text()
+        .replace(
             "        self.privacy_engine = PrivacyEngine(",
             "        self.rounds_done = 0\n        if self.rounds_done == 0:  # set up once, kept for every round\n"
             "            self.privacy_engine = PrivacyEngine(",
-        ).replace("        return [], len(", "        self.rounds_done = self.rounds_done + 1\n        return [], len(")
+        )
+        .replace("        return [], len(", "        self.rounds_done = self.rounds_done + 1\n        return [], len(")
     )
     assert read_deployment(app, GIVEN).round.dp.noise_multiplier == 1.1
