@@ -312,6 +312,28 @@ def _timeout_option(command):
     )(command)
 
 
+def _stand_in_options(command):
+    """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
+    from rankaudit import import_standins
+
+    command = click.option(
+        "--stand-in",
+        multiple=True,
+        metavar="MODULE",
+        expose_value=False,
+        callback=lambda ctx, param, value: import_standins.set_flags(added=value),
+        help="Import the model file with a stand-in for MODULE when it is not installed (repeatable; data, "
+        "logging and FL packages have one already).",
+    )(command)
+    return click.option(
+        "--no-stand-ins",
+        is_flag=True,
+        expose_value=False,
+        callback=lambda ctx, param, value: import_standins.set_flags(added=None, forbidden=value),
+        help="Fail on any import the model file makes of a module that is not installed.",
+    )(command)
+
+
 @cli.command(cls=_ModelCommand)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option(
@@ -480,6 +502,7 @@ def _timeout_option(command):
 @_dp_options
 @_round_options
 @_timeout_option
+@_stand_in_options
 @click.pass_context
 def check(
     ctx,
@@ -663,6 +686,7 @@ def check(
 @_dp_options
 @_round_options
 @_timeout_option
+@_stand_in_options
 @click.pass_context
 def suggest_command(
     ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates, **options
@@ -759,6 +783,7 @@ def suggest_command(
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
 @click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @_timeout_option
+@_stand_in_options
 @click.pass_context
 def compare_command(
     ctx, first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output, debug

@@ -27,6 +27,8 @@ OPTION_GROUP = {
     "--withheld-layers": ANALYSIS,
     "--model-arg": ANALYSIS,
     "--run-config": ANALYSIS,
+    "--stand-in": ANALYSIS,
+    "--no-stand-ins": ANALYSIS,
     "--top": ANALYSIS,
     "--local-samples": ROUND,
     "--local-epochs": ROUND,

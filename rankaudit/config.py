@@ -32,6 +32,7 @@ TOP_KEYS = {
     "flower",
     "timeout",
     "memory-limit",
+    "stand-ins",
 }
 MODEL_KEYS = {"path", "input-shape", "model-args"}
 
@@ -60,6 +61,7 @@ class Settings:
     dataset_size: int | None = None  # [tool.rankaudit.round] dataset-size: an app's data over its nodes
     timeout: float | None = None  # seconds for each of the model's import, build and trace (supervise.py)
     memory_limit: float | None = None  # GiB the model's process may take (supervise.py)
+    stand_ins: list[str] | bool | None = None  # stand-ins: modules to add, or false for none (import_standins)
 
     def in_force(self, name: str, value, on_command_line: bool):
         """The value a run uses: the flag where given on the command line, else this file's, else `value` (the
@@ -176,6 +178,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             _bad(pyproject, "memory-limit", "a number of GiB, e.g. 8 (0: no limit)")
         settings.memory_limit = float(value)
+    if "stand-ins" in table:
+        value = table["stand-ins"]
+        if value is not False and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            _bad(pyproject, "stand-ins", 'a list of module names, e.g. ["my_data_lib"], or false for none')
+        settings.stand_ins = value
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
     if "round" in table:

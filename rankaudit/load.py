@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from rankaudit import supervise
+from rankaudit import import_standins, supervise
 from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, OutOfMemory, UsageError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -417,7 +417,7 @@ def _execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     mode = None
     try:
         context, mode = _building_on(device, build)
-        with context, supervise.phase(f"the import of {path}"):
+        with context, supervise.phase(f"the import of {path}"), import_standins.while_importing():
             spec.loader.exec_module(module)
     except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
         raise
@@ -625,6 +625,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
             f"pass its arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or "
             f"add a zero-argument factory function and pass {path}:factory",
         )
+    for attr, value in vars(module).items():
+        missing = import_standins.stands_in(value) if isinstance(value, type) else None
+        if missing and getattr(value, "__module__", None) == module.__name__:
+            raise ModelLoadError(
+                f"{attr} in {path} derives from {missing}, which is not installed",
+                f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
+            )
     raise NoModelInFile(
         f"no nn.Module subclass or instance is defined in {path}",
         "define the model class in that file, or name it with PATH:NAME",
@@ -642,6 +649,7 @@ class LoadedModel:
     forward_kwargs: dict = field(default_factory=dict)  # FORWARD_KWARGS: switches the file asks forward() for
     vocab_size: int | None = None  # VOCAB_SIZE, else the first nn.Embedding's rows
     build: str = BUILD_DEVICE  # which construction worked: meta-parameters, meta or device
+    stand_ins: list[str] = field(default_factory=list)  # missing modules replaced while the file was imported
 
 
 def _vocabulary(namespace, model: nn.Module, path: Path) -> int | None:
@@ -664,9 +672,26 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
         try:
             namespace = _execute_file(path, device, build)
             attr, obj = _pick(namespace, name, path, model_args)
-            return namespace, attr, _build(obj, attr, path, device, build, model_args), build
+            model = _build(obj, attr, path, device, build, model_args)
         except _ConstructionFailed as failure:
+            _needs_missing_module(failure.error, path)
             first_failure = first_failure or failure
+            continue
+        missing = import_standins.stands_in(model)
+        if missing:
+            raise ModelLoadError(
+                f"the model {attr} in {path} derives from {missing}, which is not installed",
+                f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
+            )
+        return namespace, attr, model, build
+    error = first_failure.error
+    if first_failure.phase == "import" and isinstance(error, ModuleNotFoundError) and error.name:
+        top = error.name.split(".")[0]
+        raise ModelLoadError(
+            f"{path} imports {error.name}, which is not installed",
+            f"install {top}; or, if the model does not use it, pass --stand-in {top} "
+            f'(stand-ins = ["{top}"] in [tool.rankaudit])',
+        ) from error
     if device != "meta":  # the verifier's real build: its error is the file's own
         what = _describe_exception(first_failure.error, path)
         if first_failure.phase == "import":
@@ -678,6 +703,19 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
             f"give {attr} defaults for every argument, or add a zero-argument factory function and pass {path}:factory",
         ) from first_failure.error
     raise _construction_error(path, attr, first_failure, model_args) from first_failure.error
+
+
+def _needs_missing_module(error: BaseException, path: Path) -> None:
+    """The model used a module a stand-in replaced: exit 3 naming that module, not the stand-in's symptom."""
+    current, seen = error, set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, import_standins.StandInUsed):
+            raise ModelLoadError(
+                f"the model in {path} needs {current.module}, which is not installed ({current.what})",
+                f"install {current.module}",
+            ) from error
+        current = current.__cause__ or current.__context__
 
 
 def load_model(
@@ -718,5 +756,6 @@ def load_model(
         input_dtype=input_dtype,
         forward_kwargs=dict(forward_kwargs),
         vocab_size=_vocabulary(namespace, model, path),
+        stand_ins=import_standins.used(),
         build=build,
     )

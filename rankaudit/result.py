@@ -433,6 +433,7 @@ class Result:
     token_leakage: TokenLeakage | None = None  # None: the model reads no token ids
     build: str = ""  # how the model was built: meta-parameters | meta (see load.py)
     call_notes: list[str] = field(default_factory=list)  # keyword arguments forward() was called with
+    stand_ins: list[str] = field(default_factory=list)  # missing modules the model file imported, stood in for
     # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose
     # numbers describe them.
     images: dict[str, bytes] = field(default_factory=dict)

@@ -196,6 +196,9 @@ def model_settings(
     settings = load_settings(split_model_spec(spec)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
+    from rankaudit import import_standins
+
+    import_standins.set_configured(settings.stand_ins)
 
     def pick(name):
         return settings.in_force(name, values[name], name in given)

@@ -39,7 +39,11 @@ def test_quickstart_app_every_value_and_its_source():
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     sgd = _line(task, "torch.optim.SGD")
     assert _rows(deployment) == {
-        "model": ("quickstart_app/task.py:Net", "the one model candidate the client app imports"),
+        "model": (
+            "quickstart_app/task.py:Net",
+            f"Net(...) at quickstart_app/client_app.py:{_line(APPS / 'quickstart/quickstart_app/client_app.py', 'Net()')}"
+            ", the model the app trains",
+        ),
         "local-samples": ("64", "[tool.rankaudit.round]"),
         "batch-size": ("32", "[tool.flwr.app.config] batch-size"),
         "local-epochs": ("1", "[tool.flwr.app.config] local-epochs"),
@@ -47,6 +51,12 @@ def test_quickstart_app_every_value_and_its_source():
         "optimizer": ("sgd", f"SGD(momentum=0.9) at quickstart_app/task.py:{sgd}"),
         "momentum": ("0.9", f"quickstart_app/task.py:{sgd}"),
         "server-rounds": ("3", "[tool.flwr.app.config] num-server-rounds"),
+        "nodes": ("10", "[tool.flwr.federations.local-simulation] options.num-supernodes"),
+        "clients per round": (
+            "5",
+            "max(⌊fraction · nodes⌋, min clients) from [tool.flwr.federations.local-simulation] "
+            "options.num-supernodes, [tool.flwr.app.config] fraction-train",
+        ),
     }
     round_ = deployment.round
     assert (
@@ -237,9 +247,15 @@ def test_several_candidates_and_missing_settings_are_one_line_errors(run_cli, tm
             "from quickstart_app.task import Net, load_data\nfrom quickstart_app.extra import Unused",
         )
     )
+    # Imported but never built: the model is the one the client trains.
+    assert read_deployment(app).model.endswith("task.py:Net")
+    client.write_text(client.read_text().replace("    model = Net()", "    model = Net()\n    probe = Unused()"))
     code, out, err = run_cli(str(app))
-    assert code == 2 and "several model candidates" in err and "task.py:Net" in err and "extra.py:Unused" in err
-    client.write_text(client.read_text().replace("from quickstart_app.extra import Unused", ""))
+    assert code == 2 and "several models" in err and "Net() at" in err and "Unused() at" in err
+    assert 'model = "pkg/task.py:NAME"' in err and len(err.strip().splitlines()) == 1
+    client.write_text(
+        client.read_text().replace("from quickstart_app.extra import Unused", "").replace("    probe = Unused()", "")
+    )
     pyproject = app / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace("local-samples = 64", ""))
     code, out, err = run_cli(str(app))

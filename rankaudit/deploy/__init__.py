@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ast
-import math
 import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankaudit.deploy import flower, nvflare, static
+from rankaudit.deploy import flower, model_code, nvflare, static, yamlconf
+from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
+from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
+from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.static import Found
 from rankaudit.errors import UsageError
 
@@ -24,7 +26,7 @@ CONVENTIONAL_KEYS = {
     "batch-size": ("batch-size", "batch_size"),
     "lr": ("lr", "learning-rate", "learning_rate"),
     "momentum": ("momentum",),
-    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds"),
+    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
     "fraction": ("fraction-train", "fraction-fit"),
     "local-samples": (),
     "available-clients": (),
@@ -45,8 +47,6 @@ _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-r
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one
 # client, no momentum, one available client are what the app says by stating nothing).
 _SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
-ROUND_TABLE = "[tool.rankaudit.round]"
-DP_TABLE = "[tool.rankaudit.dp]"
 _FLOWER_MIN_CLIENTS = 2  # FedAvg's min_fit_clients / min_train_nodes default
 
 
@@ -83,33 +83,45 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
 
     overrides = overrides or Overrides()
     directory = path.resolve()
+    job = None
     if flower.is_flower_app(directory):
         app = flower.read_app(directory, overrides.run_config)
         kind, config = "flower", app.config
     elif nvflare.is_nvflare_job(directory):
-        app, kind, config = None, "nvflare", {}
-        if overrides.run_config:
-            raise UsageError(
-                "--run-config overrides a Flower app's run config, and this is an NVFlare job", "drop --run-config"
-            )
+        app, kind, config = None, "nvflare", yamlconf.app_yaml(directory)
+        job = nvflare.read_job(directory)
+    elif flower.uses_flower(_python_files(directory)):
+        app, kind, config = None, "flower", yamlconf.app_yaml(directory)  # script style, Hydra or YAML config
     else:
         raise UsageError(
-            f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app]) "
-            "nor an NVFlare job (config_fed_client.json)",
+            f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app], or code "
+            "that starts a Flower client) nor an NVFlare job (config_fed_client.json, or a job.py with a Recipe "
+            "or FedJob)",
             "give a model file (MODEL.py[:NAME]) or the app's directory",
+        )
+    if app is None and overrides.run_config:
+        raise UsageError(
+            "--run-config overrides the run config of a Flower app with [tool.flwr.app], which this app has not",
+            "drop --run-config; set values in [tool.rankaudit.round] or with the round flags",
         )
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
-    model, imported = _model(directory, app, settings)
-    sources.add("model", _relative(directory, model), _model_source(imported, kind))
-    model_args = _model_args(settings, overrides, config, sources)
     files = _code_files(directory, app)
-    found, mechanisms = static.read_code(files, directory, config)
+    model, imported, instantiated = _model(directory, app, settings, job, files)
+    sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
+    model_args = _model_args(settings, overrides, config, sources, instantiated)
+    found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    if job is not None:
+        found = job.found + found
+        sources.notes.extend(job.notes)
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
+    _clients_read(mechanisms, read, values, sources)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
-    dp, notes = _privacy(mechanisms, read, round_, settings, overrides, sources)
+    sampled = _sampled_clients(read, [])
+    with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
+    dp, notes = privacy_settings(mechanisms, with_sampled, round_, settings, overrides, sources)
     round_ = replace(round_, dp=dp)
     withheld = _withheld(directory, mechanisms, settings, sources)
     _require(directory, model, settings, overrides, round_, read)
@@ -138,8 +150,9 @@ class _Sources:
 # ---- the model -----------------------------------------------------------------------------------------------------
 
 
-def _model(directory: Path, app, settings) -> tuple[str, list[str]]:
-    """[tool.rankaudit] model, else the one nn.Module class the client app's module imports from the app."""
+def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], model_code.Instantiation | None]:
+    """[tool.rankaudit] model, else the model the job names, else the one the client's code instantiates among
+    the nn.Module classes (and model factories) the client app's module imports from the app."""
     if settings.model:
         path_text, _, name = settings.model.partition(":")
         base = settings.source.parent if settings.source is not None else directory  # relative to its pyproject
@@ -149,11 +162,38 @@ def _model(directory: Path, app, settings) -> tuple[str, list[str]]:
                 f"[tool.rankaudit] model = {settings.model!r}: {path} does not exist",
                 f'give the model file relative to {base}, e.g. model = "pkg/task.py:Net"',
             )
-        return _shown(f"{path}:{name}" if name else str(path)), []
-    candidates = _candidates(directory, app)
-    if len(candidates) == 1:
-        return _shown(candidates[0]), [candidates[0]]
+        return _shown(f"{path}:{name}" if name else str(path)), [], None
     where = f"[tool.rankaudit] of {directory / 'pyproject.toml'}"
+    candidates, callables = _candidates(directory, app)
+    if job is not None and job.model is not None:
+        named, arguments, source = job.model
+        module, _, cls = named.rpartition(".")
+        matches = [
+            spec
+            for spec in callables
+            if spec.rsplit(":", 1)[1] == cls
+            and (not module or Path(spec.rsplit(":", 1)[0]).stem == module.split(".")[-1])
+        ]
+        if len(matches) == 1:
+            return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
+    client = app.module_file(app.clientapp) if app is not None else None
+    trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
+    chosen = model_code.instantiated(
+        trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory, app.config if app else None
+    )
+    if len(chosen) == 1:
+        made = chosen[0]
+        matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
+        if len(matches) == 1:
+            return _shown(matches[0]), [matches[0]], made.with_names(Path(matches[0].rsplit(":", 1)[0]))
+    elif len(chosen) > 1:
+        shown = ", ".join(f"{made.name}() at {made.source}" for made in chosen)
+        raise UsageError(
+            f"the app builds several models ({shown})",
+            f'choose the one that is trained: model = "pkg/task.py:NAME" in {where}',
+        )
+    if len(candidates) == 1:
+        return _shown(candidates[0]), [candidates[0]], None
     if not candidates:
         raise UsageError(
             f"found no nn.Module class in the app that the client app imports ({directory})",
@@ -169,31 +209,40 @@ def _shown(spec: str) -> str:
     return os.path.relpath(path) + (f":{name}" if name else "")
 
 
-def _candidates(directory: Path, app) -> list[str]:
+def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
+    """The nn.Module classes the client app imports from the app (else its factories named get_model and the
+    like), and every class or function it imports: what its training code may instantiate."""
     if app is not None and app.module_file(app.clientapp) is not None:
         client = app.module_file(app.clientapp)
-        imports = [(client, None), *static.imported_modules(client, directory)]
+        imports = [(client, None), *model_code.imported_modules(client, directory)]
     else:
         imports = [(path, None) for path in _python_files(directory)]
     candidates: dict[str, None] = {}
     factories: dict[str, None] = {}  # only when no class is a candidate: get_model(...) and the like
+    callables: dict[str, None] = {}
     for path, names in imports:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        for name in static.module_classes(tree):
+        for name in model_code.module_classes(tree):
             if names is None or name in names:
                 candidates[f"{path}:{name}"] = None
-        for name in static.model_factories(tree):
+                callables[f"{path}:{name}"] = None
+        for name in model_code.model_factories(tree):
             if names is not None and name in names:
                 factories[f"{path}:{name}"] = None
-    return list(candidates or factories)
+        for name in model_code.model_builders(tree):
+            if names is None or name in names:
+                callables[f"{path}:{name}"] = None
+    return list(candidates or factories), list(callables)
 
 
-def _model_source(imported: list[str], kind: str) -> str:
+def _model_source(imported: list[str], kind: str, instantiated) -> str:
     if not imported:
         return "[tool.rankaudit] model"
+    if instantiated is not None:
+        return f"{instantiated.name}(...) at {instantiated.source}, the model the app trains"
     return "the one model candidate " + ("the client app imports" if kind == "flower" else "in the job")
 
 
@@ -212,12 +261,14 @@ def parse_value(text: str) -> object:
         return text
 
 
-def _model_args(settings, overrides: Overrides, config, sources: _Sources) -> dict[str, object]:
-    """model-args in [tool.rankaudit], then --model-arg KEY=VALUE over them; a value naming a run-config key
-    (`num-classes`) takes that key's value."""
+def _model_args(settings, overrides: Overrides, config, sources: _Sources, instantiated=None) -> dict[str, object]:
+    """The arguments the app builds the model with, then model-args in [tool.rankaudit], then --model-arg
+    KEY=VALUE over them; a value naming a run-config key (`num-classes`) takes that key's value."""
+    read = instantiated.arguments if instantiated is not None else {}
     given: dict[str, tuple[object, str]] = {
-        key: (value, "[tool.rankaudit] model-args") for key, value in (settings.model_args or {}).items()
+        key: (found.value, found.source) for key, found in read.items() if found is not None
     }
+    given.update({key: (value, "[tool.rankaudit] model-args") for key, value in (settings.model_args or {}).items()})
     for text in overrides.model_args:
         key, sep, value = text.partition("=")
         if not sep or not key.strip().isidentifier():
@@ -228,7 +279,7 @@ def _model_args(settings, overrides: Overrides, config, sources: _Sources) -> di
         given[key.strip()] = (parse_value(value.strip()), "--model-arg")
     resolved = {}
     for key, (value, source) in given.items():
-        if isinstance(value, str) and value in config:
+        if isinstance(value, str) and value in config and source in ("--model-arg", "[tool.rankaudit] model-args"):
             value, where = config[value][0], f"{source}, {config[value][1]} {value}"
         else:
             where = source
@@ -253,6 +304,13 @@ def _code_files(directory: Path, app) -> list[Path]:
         files += [
             directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()
         ]
+        # Modules of the app the packages import from elsewhere in it (a sibling package of privacy wrappers).
+        for path in list(files):
+            try:
+                imported = model_code.imported_modules(path, directory)
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            files += [module for module, _ in imported if module not in files]
         if files:
             return files
     return _python_files(directory)
@@ -270,10 +328,16 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
     for setting, keys in CONVENTIONAL_KEYS.items():
         names = (mapping[setting],) if setting in mapping else keys
         for name in names:
+            # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
+            nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]
+            if name not in config and len(nested) == 1:
+                name = nested[0]
             if name in config:
                 value, source = config[name]
                 read[setting] = Found(
-                    setting, value, f"{source} {name}" if source == flower.APP_CONFIG else f"{source} {name}={value}"
+                    setting,
+                    value,
+                    f"{source} {name}={value}" if source == flower.RUN_CONFIG_FLAG else f"{source} {name}",
                 )
                 break
     for item in found:
@@ -301,6 +365,12 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
                 f"{nodes.value} nodes ({nodes.source}), the smallest partition",
             ),
         }
+    choice = read.get("optimizer-choice")
+    if choice is not None and overrides.round.get("optimizer") is None and table.get("optimizer") is None:
+        raise UsageError(
+            f"the optimizer is chosen when the app runs: {choice.value}",
+            f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
+        )
     values: dict[str, object] = {}
     for setting, name in _ROUND_FIELDS.items():
         if overrides.round.get(name) is not None:
@@ -311,13 +381,21 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
-            sources.add(setting, _SHOWN_DEFAULTS[setting], "default, not in the app")
+            # Not read is not "not in the app": the app may set it where rankaudit cannot read it.
+            sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
             continue
         values[name] = value
         sources.add(setting, value, source)
     return values
+
+
+def _fits(setting: str, value) -> bool:
+    """Whether a nested table's value can be the setting (a placeholder "" in another tool's table cannot)."""
+    if setting in _INTEGERS or setting in ("lr", "momentum", "fraction", "min-clients"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
 
 
 def _typed(setting: str, value, source: str):
@@ -348,15 +426,34 @@ def _sampled_clients(read: dict[str, Found], mechanisms) -> Found | None:
         if mechanism.kind == "flower-central" and stated is not None and isinstance(stated.value, int):
             return stated
     nodes = read.get("available-clients")
+    minimum = read.get("min-clients")
+    if nodes is None and minimum is not None and "fraction" not in read:
+        return minimum  # NVFlare's controllers send each round's task to min_clients clients
     if nodes is None:
         return None
     fraction = read.get("fraction")
-    minimum = read.get("min-clients")
     share = int(nodes.value * fraction.value) if fraction is not None else nodes.value
     least = int(minimum.value) if minimum is not None else _FLOWER_MIN_CLIENTS
     sampled = min(max(share, least), nodes.value)
     parts = [nodes.source] + ([fraction.source] if fraction else []) + ([minimum.source] if minimum else [])
+    parts = list(dict.fromkeys(parts))
     return Found("clients", sampled, "max(⌊fraction · nodes⌋, min clients) from " + ", ".join(parts))
+
+
+def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
+    """Without secure aggregation the server sees each client's update alone, so the round is one client's:
+    the nodes and the clients sampled per round are still shown as read."""
+    if "clients" in values:
+        return
+    nodes, sampled = read.get("available-clients"), _sampled_clients(read, mechanisms)
+    if nodes is not None:
+        sources.add("nodes", nodes.value, nodes.source)
+    if sampled is not None:
+        sources.add("clients per round", sampled.value, sampled.source)
+        sources.notes.append(
+            f"{sampled.value} clients train each round; without secure aggregation the server sees each "
+            "client's update alone, so the round is judged for one client"
+        )
 
 
 def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, overrides: Overrides):
@@ -379,209 +476,6 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
     if "available_clients" not in values and nodes is not None and values.get("clients", 1) <= nodes.value:
         values["available_clients"] = nodes.value
         sources.add("available-clients", nodes.value, nodes.source)
-
-
-# ---- privacy ---------------------------------------------------------------------------------------------------
-
-
-def _privacy(mechanisms, read, round_, settings, overrides: Overrides, sources: _Sources):
-    """The DP mechanism of the code (if any) as [tool.rankaudit.dp] keys; the config and the flags over it."""
-    from rankaudit.dp import OPTION_RULES, check_option, settings_from
-    from rankaudit.round import dp_for_round
-
-    found: dict[str, tuple[object, str]] = {}
-    notes: list[str] = []
-    dp_mechanisms = [m for m in mechanisms if m.kind not in ("secagg", "exclude-vars")]
-    if len({m.kind for m in dp_mechanisms}) > 1:
-        notes.append(
-            "several DP mechanisms in the code ("
-            + ", ".join(f"{m.name} at {m.source}" for m in dp_mechanisms)
-            + f"); the first is used: set the others' settings in {DP_TABLE} to judge them"
-        )
-    if dp_mechanisms:
-        mechanism = dp_mechanisms[0]
-        reader = {
-            "flower-central": _flower_central,
-            "local-dp": _local_dp,
-            "opacus": _opacus,
-            "opacus-epsilon": _opacus,
-        }[mechanism.kind]
-        try:
-            found, more = reader(mechanism, read, round_)
-        except _Unread as unread:
-            given = {**(settings.dp or {}), **overrides.dp}
-            if "noise" not in given or unread.key not in given:
-                raise UsageError(
-                    f"{mechanism.name} at {mechanism.source}: its {unread.name} is not a literal or a "
-                    "run-config value rankaudit can read",
-                    f"set noise = σ and clip = C in {DP_TABLE} of the app's pyproject.toml (or --dp-noise, --dp-clip)",
-                ) from None
-            found, more = _unread_mechanism(mechanism, round_)
-        notes += more
-    merged: dict[str, tuple[object, str]] = dict(found)
-    for key, value in (settings.dp or {}).items():
-        merged[key] = (value, DP_TABLE)
-    for key, value in overrides.dp.items():
-        prefix = "dp-" if key in ("noise", "clip", "sample-rate", "steps", "delta", "level") else ""
-        merged[key] = (value, f"--{prefix}{key}")
-    options, given = {}, {}
-    for key, (value, source) in merged.items():
-        options[key] = check_option(key, value, source if source.startswith("[") else None)
-        sources.add(f"dp {key}", options[key], source)
-        if key in ("sample-rate", "steps"):
-            given[OPTION_RULES[key][0]] = source
-    settings = dp_for_round(round_, settings_from(options), given)
-    if settings is not None:
-        for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
-            if field not in given:
-                sources.add(f"dp {key}", getattr(settings, field), getattr(settings, f"{field}_source"))
-    return settings, notes
-
-
-class _Unread(Exception):
-    """A mechanism's argument rankaudit cannot read; fatal only when [tool.rankaudit.dp] or a flag does not give
-    the value instead."""
-
-    def __init__(self, mechanism, name: str, key: str):
-        super().__init__(name)
-        self.mechanism, self.name, self.key = mechanism, name, key
-
-
-def _need(mechanism, name: str, key: str = "noise"):
-    found = mechanism.arguments.get(name)
-    if found is None or isinstance(found.value, (str, list, bool)):
-        raise _Unread(mechanism, name, key)
-    return found
-
-
-def _unread_mechanism(mechanism, round_):
-    """A mechanism whose σ or clip the config gives: who adds the noise and its level, from the mechanism alone."""
-    where = f"{mechanism.name} at {mechanism.source}"
-    # q and T not named here follow the round (round.dp_for_round, the one place that derives them).
-    if mechanism.kind == "flower-central":
-        return {
-            "level": ("client", where),
-            "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
-        }, []
-    if mechanism.kind == "local-dp":
-        return {
-            "level": ("client", where),
-            "noise-by": ("client", f"{where} adds the noise on the client"),
-            "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
-        }, []
-    return {"level": ("sample", where), "noise-by": ("client", f"{where}: DP-SGD on the client")}, []
-
-
-def _flower_central(mechanism, read, round_):
-    """Flower's central DP: clipped updates, Gaussian noise added by the SERVER to the aggregate. Client level;
-    q = sampled / available clients, T = server rounds."""
-    noise, clip = _need(mechanism, "noise_multiplier"), _need(mechanism, "clipping_norm", "clip")
-    found = {
-        "noise": (float(noise.value), noise.source),
-        "clip": (float(clip.value), clip.source),
-        "level": ("client", f"{mechanism.name} at {mechanism.source}"),
-        "noise-by": ("server", f"{mechanism.name} adds the noise on the server"),
-    }
-    notes = []
-    if "Adaptive" in mechanism.name:
-        notes.append(f"{mechanism.name}: the clip norm adapts during training; the bound does not depend on it")
-    sampled = mechanism.arguments.get("num_sampled_clients")
-    nodes = read.get("available-clients")
-    if sampled is not None and nodes is not None and isinstance(sampled.value, int) and sampled.value <= nodes.value:
-        found["sample-rate"] = (
-            sampled.value / nodes.value,
-            f"num_sampled_clients {sampled.value} ({sampled.source}) / {nodes.value} nodes ({nodes.source})",
-        )
-    else:
-        notes.append(
-            "client-level q = 1: the number of nodes the server samples from is not stated; set "
-            f"available-clients in {ROUND_TABLE} or options.num-supernodes of the federation"
-        )
-    return found, notes
-
-
-def _local_dp(mechanism, read, round_):
-    """Flower's LocalDpMod: each client clips its update to `clipping_norm` and adds Gaussian noise of standard
-    deviation sensitivity·√(2 ln(1.25/δ))/ε itself. The server knows who sent what: no sampling amplification
-    against it (q = 1); T = server rounds."""
-    clip, sensitivity = _need(mechanism, "clipping_norm", "clip"), _need(mechanism, "sensitivity")
-    epsilon, delta = _need(mechanism, "epsilon"), _need(mechanism, "delta")
-    if not (epsilon.value > 0 and 0 < delta.value < 1 and clip.value > 0):
-        raise UsageError(
-            f"LocalDpMod at {mechanism.source}: epsilon {epsilon.value!r}, delta {delta.value!r} and "
-            f"clipping_norm {clip.value!r} give no Gaussian noise rankaudit can bound",
-            f"set noise = σ and clip in {DP_TABLE}",
-        )
-    std = sensitivity.value * math.sqrt(2 * math.log(1.25 / delta.value)) / epsilon.value
-    where = f"LocalDpMod at {mechanism.source}"
-    return {
-        "noise": (std / clip.value, f"{where}: sensitivity·√(2 ln(1.25/δ))/ε / clipping_norm"),
-        "clip": (float(clip.value), clip.source),
-        "level": ("client", where),
-        "noise-by": ("client", f"{where} adds the noise on the client"),
-        "sample-rate": (1.0, f"{where}: the server knows which client sent each update"),
-    }, []
-
-
-def _opacus(mechanism, read, round_):
-    """Opacus DP-SGD on the client: sample level, q = B/N, T = E·⌈N/B⌉ per round × rounds."""
-    clip = _need(mechanism, "max_grad_norm", "clip")
-    where = f"{mechanism.name} at {mechanism.source}"
-    notes = []
-    found = {
-        "clip": (float(clip.value), clip.source),
-        "level": ("sample", where),
-        "noise-by": ("client", f"{where}: DP-SGD on the client"),
-    }  # q = B/N and T follow the round
-    poisson = mechanism.arguments.get("poisson_sampling")
-    if poisson is not None and poisson.value is False:
-        notes.append(
-            f"{where}: poisson_sampling=False; the bound assumes Poisson sampling at q = B/N, as Opacus' "
-            "own accountant does, which shuffled batches do not strictly give"
-        )
-    if mechanism.kind == "opacus":
-        noise = _need(mechanism, "noise_multiplier")
-        found["noise"] = (float(noise.value), noise.source)
-        return found, notes
-    target, delta, epochs = (_need(mechanism, name) for name in ("target_epsilon", "target_delta", "epochs"))
-    horizon = int(epochs.value) * round_.steps_per_epoch
-    from rankaudit.round import round_sampling
-
-    sigma = noise_for_epsilon(float(target.value), float(delta.value), round_sampling(round_, "sample")[0], horizon)
-    found["noise"] = (
-        sigma,
-        (
-            f"σ for ε {target.value:g} at δ {delta.value:g} over {epochs.value} epoch(s) "
-            f"({where}), derived with dp-accounting's PLD (Opacus' own accountant may differ "
-            "slightly)"
-        ),
-    )
-    return found, notes
-
-
-def noise_for_epsilon(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
-    """The least σ whose subsampled Gaussian reaches `epsilon` at `delta` after `steps` steps at `sample_rate`
-    (what make_private_with_epsilon chooses), by bisection on the PLD accountant's ε."""
-    from rankaudit.dp import PLDAccountant, SubsampledGaussian
-
-    accountant = PLDAccountant()
-
-    def reached(sigma: float) -> float:
-        return accountant.profile(SubsampledGaussian(sigma, sample_rate, steps)).epsilon(delta)
-
-    low, high = 0.3, 1.0
-    while reached(high) > epsilon:
-        low, high = high, high * 2
-        if high > 1e4:
-            raise UsageError(
-                f"no noise multiplier reaches ε {epsilon:g} at δ {delta:g}", f"set noise = σ in {DP_TABLE}"
-            )
-    for _ in range(30):
-        middle = (low + high) / 2
-        low, high = (middle, high) if reached(middle) > epsilon else (low, middle)
-        if high - low < 1e-3:
-            break
-    return round(high, 4)
 
 
 # ---- withheld layers and what must be given ------------------------------------------------------------------------
@@ -608,18 +502,22 @@ def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[
 
 
 def _require(directory: Path, model: str, settings, overrides: Overrides, round_, read):
-    """What the app cannot say: the input shape and the samples per client. One line naming the key and where."""
+    """What the app cannot say: the input shape and the samples per client, all in one line naming where."""
     pyproject = directory / "pyproject.toml"
+    missing, fixes = [], []
     if settings.input_shape is None and not overrides.input_shape_given and not _declares_input_shape(model):
-        raise UsageError(
-            f"the input shape of {_relative(directory, model)} is not stated in the app",
-            f'set input-shape = "C,H,W" in [tool.rankaudit] of {pyproject} (or pass --input-shape)',
-        )
+        missing.append(f"the input shape of {_relative(directory, model)}")
+        fixes.append('input-shape = "C,H,W" in [tool.rankaudit] (or --input-shape)')
     if round_.local_samples is None:
+        missing.append("the samples each client trains on per round")
+        fixes.append(
+            f"local-samples = N in {ROUND_TABLE} (or --local-samples N; or dataset-size = D there with the "
+            "federation's options.num-supernodes)"
+        )
+    if missing:
         raise UsageError(
-            "the samples each client trains on per round are not stated in the app",
-            f"set local-samples = N in {ROUND_TABLE} of {pyproject} (or pass --local-samples N; or "
-            "dataset-size = D there with the federation's options.num-supernodes)",
+            " and ".join(missing) + (" are" if len(missing) > 1 else " is") + " not stated in the app",
+            "set " + "; and ".join(fixes) + f" of {pyproject}",
         )
 
 

@@ -49,6 +49,51 @@ def is_flower_app(directory: Path) -> bool:
     return pyproject.is_file() and "app" in read_toml(pyproject).get("tool", {}).get("flwr", {})
 
 
+# What marks Python code as a Flower client or server where pyproject.toml has no [tool.flwr.app]: the older
+# script style (start_numpy_client / start_client with a NumPyClient) and apps configured by other means.
+_FLOWER_MARKS = (
+    "start_numpy_client(",
+    "start_client(",
+    "NumPyClient",
+    "ClientApp(",
+    "start_simulation(",
+    "start_server(",
+)
+
+
+def uses_flower(files: list[Path]) -> bool:
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if ("flwr" in text or "flower" in text) and any(mark in text for mark in _FLOWER_MARKS):
+            return True
+    return False
+
+
+def configuration_nodes() -> tuple[int, str] | None:
+    """options.num-supernodes of the default SuperLink connection in the Flower configuration file
+    ($FLWR_HOME/config.toml, else ~/.flwr/config.toml), where Flower 1.26 and later keep the federations."""
+    import os
+
+    home = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
+    path = home / "config.toml"
+    if not path.is_file():
+        return None
+    try:
+        superlink = read_toml(path).get("superlink", {})
+    except UsageError:
+        return None
+    name = superlink.get("default") if isinstance(superlink, dict) else None
+    table = superlink.get(name) if isinstance(name, str) else None
+    options = table.get("options") if isinstance(table, dict) else None
+    nodes = options.get("num-supernodes") if isinstance(options, dict) else None
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        return nodes, f"{path} [superlink.{name}] options.num-supernodes"
+    return None
+
+
 def flatten(table: dict, prefix: str = "") -> dict[str, object]:
     """Nested run-config tables become dotted keys, as Flower flattens them (`a.b = 1`)."""
     flat: dict[str, object] = {}
@@ -109,7 +154,7 @@ def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
                 "override only keys the app declares, as `flwr run` requires",
             )
         app.config[key] = (value, RUN_CONFIG_FLAG)
-    app.num_supernodes = _num_supernodes(flwr.get("federations", {}))
+    app.num_supernodes = _num_supernodes(flwr.get("federations", {})) or configuration_nodes()
     return app
 
 

@@ -1,13 +1,14 @@
-"""NVFlare job configs: the ExcludeVars result filter -> the layers a client withholds from what it sends."""
+"""An NVFlare job (JSON/HOCON configs, Job/Recipe script): rounds, clients, script arguments, model, ExcludeVars."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankaudit.deploy.static import Found
 
-_CLIENT_CONFIGS = ("config_fed_client.json",)
+_CLIENT_CONFIGS = ("config_fed_client.json", "config_fed_client.conf")
 _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
 
 
@@ -22,7 +23,8 @@ def client_configs(directory: Path) -> list[Path]:
 
 
 def is_nvflare_job(directory: Path) -> bool:
-    return bool(client_configs(directory))
+    """A job folder (config_fed_client.json / .conf) or a job written with the Job/Recipe API (job.py)."""
+    return bool(client_configs(directory)) or bool(job_scripts(directory))
 
 
 def excluded_variables(directory: Path) -> list[Found]:
@@ -30,9 +32,8 @@ def excluded_variables(directory: Path) -> list[Found]:
     a string is NVFlare's regular expression over the keys), with the file it came from."""
     found = []
     for path in client_configs(directory):
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        config = load_config(path)
+        if config is None:
             continue
         relative = path.relative_to(directory).as_posix()
         for component in _filters(config):
@@ -52,3 +53,191 @@ def _filters(node) -> list[dict]:
         own = [node] if isinstance(node.get("path") or node.get("name"), str) else []
         return own + [item for child in node.values() for item in _filters(child)]
     return []
+
+
+# ---- the job: its configs (JSON or HOCON) and its Job/Recipe API script, read without NVFlare ------------------------
+
+_JOB_CALLS = ("FedJob", "ScriptRunner", "SimEnv", "PocEnv", "ProdEnv")
+_RECIPE_ROUNDS_DEFAULT = 2  # FedAvgRecipe's num_rounds when the job does not pass it (nvflare.recipe)
+
+
+@dataclass
+class NVFlareJob:
+    """What an NVFlare job states: round settings, the training script and what it is passed, the model."""
+
+    root: Path
+    found: list[Found] = field(default_factory=list)  # server-rounds, min-clients, available-clients
+    scripts: dict[Path, dict[str, Found]] = field(default_factory=dict)  # training script -> options passed
+    model: tuple[str, dict[str, Found], str] | None = None  # (class or dotted class path, arguments, source)
+    notes: list[str] = field(default_factory=list)
+
+
+def job_scripts(directory: Path) -> list[Path]:
+    """Python files of the job that call the Job/Recipe API (job.py and the like)."""
+    import ast
+
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        if _SKIPPED & set(path.relative_to(directory).parts):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "Recipe(" not in text and "FedJob(" not in text:
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        names = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+        }
+        if "FedJob" in names or any(name.endswith("Recipe") for name in names):
+            found.append(path)
+    return found
+
+
+def config_files(directory: Path, stem: str) -> list[Path]:
+    return sorted(
+        path
+        for suffix in (".json", ".conf")
+        for path in directory.rglob(stem + suffix)
+        if not _SKIPPED & set(path.relative_to(directory).parts)
+    )
+
+
+def load_config(path: Path) -> dict | None:
+    """A job config, JSON or HOCON, with its `{name}` placeholders filled from its own top-level values."""
+    from rankaudit.deploy.hocon import HoconError, parse_hocon
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        config = json.loads(text) if path.suffix == ".json" else parse_hocon(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, HoconError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    variables = {key: value for key, value in config.items() if isinstance(value, (str, int, float))}
+
+    def fill(node):
+        if isinstance(node, dict):
+            return {key: fill(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [fill(item) for item in node]
+        if isinstance(node, str) and node.startswith("{") and node.endswith("}") and node[1:-1] in variables:
+            return variables[node[1:-1]]
+        return node
+
+    return fill(config)
+
+
+def read_job(directory: Path) -> NVFlareJob:
+    """The job's configs (config_fed_server / config_fed_client, JSON or HOCON) and its Job/Recipe scripts."""
+    job = NVFlareJob(root=directory)
+    for path in config_files(directory, "config_fed_server"):
+        config = load_config(path)
+        relative = path.relative_to(directory).as_posix()
+        for component in _filters(config or {}):
+            arguments = component.get("args") or {}
+            for key, setting in (("num_rounds", "server-rounds"), ("min_clients", "min-clients")):
+                value = arguments.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    job.found.append(Found(setting, value, f"{relative} {key}"))
+    for path in config_files(directory, "config_fed_client"):
+        config = load_config(path)
+        relative = path.relative_to(directory).as_posix()
+        for component in _filters(config or {}):
+            arguments = component.get("args") or {}
+            script = arguments.get("task_script_path") or arguments.get("script")
+            if not isinstance(script, str):
+                continue
+            words = script.split()  # "python3 custom/client.py --epochs 2" (launcher) or "client.py"
+            script_file = next((word for word in words if word.endswith(".py")), None)
+            target = _locate(directory, path, script_file) if script_file else None
+            if target is None:
+                continue
+            passed = " ".join(words[words.index(script_file) + 1 :])
+            passed += " " + str(arguments.get("task_script_args") or "")
+            from rankaudit.deploy.scripts import string_options
+
+            job.scripts[target] = string_options(passed, f"{relative} task_script_args")
+    for path in job_scripts(directory):
+        _read_job_script(directory, path, job)
+    rounds = next((item for item in job.found if item.key == "server-rounds"), None)
+    if rounds is not None:  # what the client API hands the script as FLModel.total_rounds
+        for options in job.scripts.values():
+            options.setdefault(
+                "total_rounds", Found("total_rounds", rounds.value, f"{rounds.source} (FLModel.total_rounds)")
+            )
+    return job
+
+
+def _locate(directory: Path, config: Path, script: str) -> Path | None:
+    """A script a config or job names: beside the config's app (custom/), the job file, or in the job."""
+    name = Path(script)
+    bases = [config.parent, config.parent.parent, config.parent.parent / "custom", directory]
+    for base in bases:
+        if (base / name).is_file():
+            return (base / name).resolve()
+    matches = sorted(directory.rglob(name.name))
+    return matches[0].resolve() if len(matches) == 1 else None
+
+
+def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
+    """FedAvgRecipe(model=..., num_rounds=..., min_clients=..., train_script=..., train_args=...), FedJob with
+    ScriptRunner(script=..., script_args=...), a controller's num_rounds / num_clients, SimEnv(num_clients=...)."""
+    import ast
+
+    from rankaudit.deploy.scripts import passed_options, tokens
+    from rankaudit.deploy.static import ModuleReader, call_name
+
+    reader = ModuleReader(path, directory, {})
+    for call in reader.calls():
+        name = call_name(call)
+        recipe = name.endswith("Recipe")
+        if not (recipe or name in _JOB_CALLS or reader.argument(call, "num_rounds") is not None):
+            continue
+        rounds = reader.resolved(call, "num_rounds", "server-rounds")
+        if rounds is not None and isinstance(rounds.value, int):
+            job.found.append(rounds)
+        elif recipe and reader.argument(call, "num_rounds") is None and name == "FedAvgRecipe":
+            job.found.append(
+                Found(
+                    "server-rounds", _RECIPE_ROUNDS_DEFAULT, f"NVFlare's FedAvgRecipe default at {reader.where(call)}"
+                )
+            )
+        for keyword, setting in (("min_clients", "min-clients"), ("num_clients", "available-clients")):
+            value = reader.resolved(call, keyword, setting)
+            if value is not None and isinstance(value.value, int):
+                kind = "available-clients" if name in ("SimEnv", "PocEnv", "ProdEnv") else "min-clients"
+                job.found.append(Found(kind, value.value, value.source))
+        script_keyword, args_keyword = ("train_script", "train_args") if recipe else ("script", "script_args")
+        script = reader.value(reader.argument(call, script_keyword))
+        if script is not None and isinstance(script.value, str):
+            target = _locate(directory, path, script.value)
+            words = tokens(reader, reader.argument(call, args_keyword))
+            if target is not None:
+                job.scripts[target] = passed_options(words or [], args_keyword) if words is not None else {}
+                if words is None and reader.argument(call, args_keyword) is not None:
+                    job.notes.append(
+                        f"{args_keyword} at {reader.where(call)} is not a string rankaudit can read; the script's "
+                        "own argparse defaults are used"
+                    )
+        model = reader.argument(call, "model") if recipe else None
+        if isinstance(model, ast.Call):
+            arguments = {k.arg: reader.value(k.value) for k in model.keywords if k.arg}
+            job.model = (call_name(model), arguments, reader.where(model))
+        elif isinstance(model, ast.Dict):
+            table = {k.value: v for k, v in zip(model.keys, model.values) if isinstance(k, ast.Constant)}
+            class_path = reader.value(table.get("class_path"))
+            given = table.get("args")
+            arguments = (
+                {k.value: reader.value(v) for k, v in zip(given.keys, given.values) if isinstance(k, ast.Constant)}
+                if isinstance(given, ast.Dict)
+                else {}
+            )
+            if class_path is not None and isinstance(class_path.value, str):
+                job.model = (class_path.value, arguments, reader.where(model))

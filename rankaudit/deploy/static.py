@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Flower's central-DP wrappers: clipping on the client (ClientSide) or the server (ServerSide), Gaussian noise added
@@ -27,6 +27,8 @@ _POSITIONAL = {
 }
 _EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
 _DEPTH = 8  # how many assignments a name is followed through
+_CONFIGURATION = re.compile(r"\b(run_config|node_config|config|cfg|conf|args|opts?|settings|params|environ|getenv)\b")
+_RESOLVING: set = set()  # (function, parameter) pairs being resolved from their callers, against cycles
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Mechanism:
     name: str  # the class or call as written
     arguments: dict[str, Found | None]
     source: str
+    condition: str | None = None  # the condition, not read, that decides whether this code runs
 
 
 def call_name(node: ast.AST) -> str:
@@ -63,7 +66,13 @@ class ModuleReader:
     """One source file: resolves expressions to literal values (following local names, run-config reads and
     simple arithmetic) and lists the calls rankaudit understands."""
 
-    def __init__(self, path: Path, root: Path, config: dict[str, tuple[object, str]]):
+    def __init__(
+        self,
+        path: Path,
+        root: Path,
+        config: dict[str, tuple[object, str]],
+        script_args: dict[str, Found] | None = None,
+    ):
         self.path, self.root, self.config = path, root, config
         self.relative = (
             path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.as_posix()
@@ -73,6 +82,13 @@ class ModuleReader:
         for parent in ast.walk(self.tree):
             for child in ast.iter_child_nodes(parent):
                 self._parents[child] = parent
+        # The script's command-line options: what the job passes it (script_args) over argparse's defaults.
+        from rankaudit.deploy.scripts import argparse_defaults
+
+        defaults = argparse_defaults(self)
+        passed = {self.option_names.get(name, name): found for name, found in (script_args or {}).items()}
+        self.options = {**defaults, **passed}
+        self.peers: list[ModuleReader] = [self]  # the app's other files: where its functions are called from
 
     def where(self, node: ast.AST) -> str:
         return f"{self.relative}:{node.lineno}"
@@ -121,8 +137,126 @@ class ModuleReader:
                     node.lineno,
                 )
             return None
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            left, right = self.value(node.left, depth + 1), self.value(node.comparators[0], depth + 1)
+            if left is None or right is None:
+                return None
+            compare = {
+                ast.Eq: lambda a, b: a == b,
+                ast.NotEq: lambda a, b: a != b,
+                ast.In: lambda a, b: a in b if isinstance(b, (list, str)) else None,
+                ast.NotIn: lambda a, b: a not in b if isinstance(b, (list, str)) else None,
+            }.get(type(node.ops[0]))
+            result = compare(left.value, right.value) if compare else None
+            return None if result is None else Found("", result, left.source, node.lineno)
         if isinstance(node, ast.Name):
             return self._name(node, depth)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node, depth)
+        if isinstance(node, ast.Subscript):
+            return self._item(node, depth)
+        if isinstance(node, ast.JoinedStr):
+            parts = [
+                self.value(part.value, depth + 1) if isinstance(part, ast.FormattedValue) else self.value(part)
+                for part in node.values
+            ]
+            if all(parts):
+                return Found("", "".join(str(part.value) for part in parts), self.where(node), node.lineno)
+        return None
+
+    def decorates(self, call: ast.Call) -> bool:
+        """`@app.train()`: a decorator's call, not a call of the function it shares a name with."""
+        parent = self._parents.get(call)
+        return (
+            isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and call in parent.decorator_list
+        )
+
+    def branch(self, node: ast.AST, configured_only: bool = False) -> bool | str:
+        """Whether the code at `node` runs: True, False (a branch the configuration read rules out), or the text
+        of the condition that decides it where that is not read (with `configured_only`, only a condition that
+        reads the configuration; one on run-time state, `current_round == 0`, counts as running)."""
+        child = node
+        while child in self._parents:
+            parent = self._parents[child]
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                inside_body = child in parent.body if isinstance(parent, ast.If) else child is parent.body
+                test = self.value(parent.test)
+                if test is None or not isinstance(test.value, bool):
+                    if configured_only and not self._reads_configuration(parent.test):
+                        child = parent
+                        continue
+                    return f"`{ast.unparse(parent.test)}` at {self.where(parent)}"
+                if test.value != inside_body:
+                    return False
+            child = parent
+        return True
+
+    def _reads_configuration(self, test: ast.AST) -> bool:
+        """Whether a condition reads the app's configuration: the run or node config, the script's options, a
+        config object or the environment, directly or through the names it uses."""
+        texts = [ast.unparse(test)] + [
+            ast.unparse(self.expression(name)) for name in ast.walk(test) if isinstance(name, ast.Name)
+        ]
+        return any(_CONFIGURATION.search(text) for text in texts)
+
+    def expression(self, node: ast.AST, depth: int = 0) -> ast.AST:
+        """The expression a name stands for (its last assignment above the use), followed through names."""
+        while isinstance(node, ast.Name) and depth < _DEPTH:
+            assigned = self._assignment(node)
+            if assigned is None:
+                break
+            node, depth = assigned.value, depth + 1
+        return node
+
+    def _attribute(self, node: ast.Attribute, depth: int) -> Found | None:
+        """`self.lr` (the one value the class assigns it), `args.batch_size` (the script's option)."""
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            owner = self._enclosing(node, ast.ClassDef)
+            if owner is None:
+                return None
+            values = [
+                self.value(statement.value, depth + 1)
+                for statement in ast.walk(owner)
+                if isinstance(statement, (ast.Assign, ast.AnnAssign))
+                and statement.value is not None
+                and any(
+                    isinstance(t, ast.Attribute)
+                    and t.attr == node.attr
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                    for t in (statement.targets if isinstance(statement, ast.Assign) else [statement.target])
+                )
+            ]
+            # One value wherever the class sets it; two different ones are a choice the code makes at run time.
+            if values and all(values) and len({repr(v.value) for v in values}) == 1:
+                return values[0]
+            return None
+        if isinstance(node.value, ast.Name) and node.attr in self.options:
+            return self.options[node.attr]
+        dotted = ast.unparse(node).split(".", 1)[-1]  # cfg.train.lr -> train.lr, a YAML config's key
+        if dotted in self.config:
+            value, source = self.config[dotted]
+            return Found("", value, f"{source} {dotted}", node.lineno)
+        return None
+
+    def _item(self, node: ast.Subscript, depth: int) -> Found | None:
+        """`PARAMS["batch_size"]` of a dict literal the module or function assigns."""
+        if not (isinstance(node.slice, ast.Constant) and isinstance(node.value, ast.Name)):
+            return None
+        table = self.expression(node.value)
+        if isinstance(table, ast.Call) and call_name(table) == "dict" and not table.args:
+            pairs = {keyword.arg: keyword.value for keyword in table.keywords if keyword.arg}
+        elif isinstance(table, ast.Dict):
+            pairs = {key.value: value for key, value in zip(table.keys, table.values) if isinstance(key, ast.Constant)}
+        else:
+            return None
+        return self.value(pairs.get(node.slice.value), depth + 1)
+
+    def _enclosing(self, node: ast.AST, kind):
+        while node in self._parents:
+            node = self._parents[node]
+            if isinstance(node, kind):
+                return node
         return None
 
     def _arithmetic(self, node: ast.BinOp, depth: int) -> Found | None:
@@ -146,13 +280,13 @@ class ModuleReader:
     def _run_config_read(self, node: ast.AST) -> Found | None:
         """`context.run_config["key"]`, `run_config["key"]`, `context.run_config.get("key", default)`."""
         key = None
-        if isinstance(node, ast.Subscript) and _is_run_config(node.value):
+        if isinstance(node, ast.Subscript) and self._run_config(node.value):
             key = node.slice.value if isinstance(node.slice, ast.Constant) else None
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "get"
-            and _is_run_config(node.func.value)
+            and self._run_config(node.func.value)
             and node.args
             and isinstance(node.args[0], ast.Constant)
         ):
@@ -164,9 +298,87 @@ class ModuleReader:
         value, source = self.config[key]
         return Found("", value, f"{source} {key}", node.lineno)
 
+    def _run_config(self, node: ast.AST) -> bool:
+        """`context.run_config`, or a name assigned it (`cfg = context.run_config`)."""
+        return _is_run_config(node) or (isinstance(node, ast.Name) and _is_run_config(self.expression(node)))
+
     def _name(self, node: ast.Name, depth: int) -> Found | None:
         """A local name: its last assignment above the use in the same function, else the function parameter's
         literal default, else the module-level assignment."""
+        assigned = self._assignment(node)
+        if assigned is not None:
+            return self.value(assigned.value, depth + 1)
+        unpacked = self._unpacked(node, depth)
+        if unpacked is not None:
+            return unpacked
+        function = self.function_of(node)
+        if function is not None and any(arg.arg == node.id for arg in _all_arguments(function)):
+            passed = self._passed(function, node.id, depth)
+            if passed is not None:
+                return passed
+            default = _parameter_default(function, node.id)
+            if default is not None:
+                return self.value(default, depth + 1)
+        return None
+
+    def _unpacked(self, node: ast.Name, depth: int) -> Found | None:
+        """`a, noise, b = helper(...)`: the element of the tuple the module's own `helper` returns."""
+        function = self.function_of(node)
+        for statement in ast.walk(function if function is not None else self.tree):
+            if not (
+                isinstance(statement, ast.Assign)
+                and statement.lineno <= node.lineno
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Tuple)
+                and isinstance(statement.value, ast.Call)
+                and isinstance(statement.value.func, ast.Name)
+            ):
+                continue
+            names = [t.id if isinstance(t, ast.Name) else None for t in statement.targets[0].elts]
+            if node.id not in names:
+                continue
+            helper = next(
+                (d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.name == statement.value.func.id),
+                None,
+            )
+            returns = [r.value for r in ast.walk(helper) if isinstance(r, ast.Return)] if helper else []
+            if len(returns) == 1 and isinstance(returns[0], ast.Tuple) and len(returns[0].elts) == len(names):
+                return self.value(returns[0].elts[names.index(node.id)], depth + 1)
+        return None
+
+    def _passed(self, function, name: str, depth: int) -> Found | None:
+        """A parameter's value where every call of the function in the app passes the same one."""
+        key = (id(function), name)
+        if key in _RESOLVING:
+            return None  # a call inside the function's own branches: no value from the function itself
+        _RESOLVING.add(key)
+        try:
+            return self._passed_by_callers(function, name, depth)
+        finally:
+            _RESOLVING.discard(key)
+
+    def _passed_by_callers(self, function, name: str, depth: int) -> Found | None:
+        positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
+        values = []
+        for reader in self.peers:
+            for call in reader.calls():
+                if call_name(call) != function.name or reader.branch(call) is False or reader.decorates(call):
+                    continue
+                if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
+                    return None
+                given = next((k.value for k in call.keywords if k.arg == name), None)
+                if given is None and name in positional and positional.index(name) < len(call.args):
+                    given = call.args[positional.index(name)]
+                if given is None:
+                    return None  # a call that leaves it to the default
+                values.append(reader.value(given, depth + 1))
+        if values and all(values) and len({repr(v.value) for v in values}) == 1:
+            return values[0]
+        return None
+
+    def _assignment(self, node: ast.Name) -> ast.Assign | ast.AnnAssign | None:
+        """The last plain assignment of `node`'s name above it, in its function, else at module level (a
+        function parameter of that name stops the search: its value is the caller's)."""
         function = self.function_of(node)
         scopes = [function, self.tree] if function is not None else [self.tree]
         for scope in scopes:
@@ -188,13 +400,9 @@ class ModuleReader:
                 ):
                     assigned = statement
             if assigned is not None:
-                return self.value(assigned.value, depth + 1)
-            if scope is function:
-                default = _parameter_default(function, node.id)
-                if default is not None:
-                    return self.value(default, depth + 1)
-                if any(arg.arg == node.id for arg in _all_arguments(function)):
-                    return None  # a parameter without a default: its value is the caller's
+                return assigned
+            if scope is function and any(arg.arg == node.id for arg in _all_arguments(function)):
+                return None
         return None
 
     def argument(self, call: ast.Call, name: str) -> ast.AST | None:
@@ -264,17 +472,25 @@ def _parameter_default(function, name: str) -> ast.AST | None:
 
 
 def read_code(
-    files: list[Path], root: Path, config: dict[str, tuple[object, str]]
+    files: list[Path],
+    root: Path,
+    config: dict[str, tuple[object, str]],
+    script_args: dict[Path, dict[str, Found]] | None = None,
 ) -> tuple[list[Found], list[Mechanism]]:
     """Every setting found in `files` (first find of a key wins, training loaders before others) and every
-    privacy mechanism, in file order."""
+    privacy mechanism, in file order; a training script reads the options its job passes it (`script_args`)."""
     found: list[Found] = []
     mechanisms: list[Mechanism] = []
-    for path in files:
+    script_args = script_args or {}
+    readers: list[ModuleReader] = []
+    for path in sorted(files, key=lambda path: path.resolve() not in script_args):
         try:
-            reader = ModuleReader(path, root, config)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            readers.append(ModuleReader(path, root, config, script_args.get(path.resolve())))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue  # a file that does not parse is the loader's business, not the deployment reader's
+    for reader in readers:
+        reader.peers = readers
+    for reader in readers:
         found += _loaders(reader) + _optimizers(reader) + _epochs(reader) + _rounds(reader)
         mechanisms += _mechanisms(reader)
     return found, mechanisms
@@ -300,10 +516,16 @@ def _loaders(reader: ModuleReader) -> list[Found]:
 
 def _optimizers(reader: ModuleReader) -> list[Found]:
     found = []
-    for call in reader.calls():
+    calls = [call for call in reader.calls() if call_name(call) in ("SGD", "Adam", "AdamW")]
+    live = [(call, reader.branch(call)) for call in calls]
+    live = [(call, taken) for call, taken in live if taken is not False]
+    undecided = [(call, taken) for call, taken in live if isinstance(taken, str)]
+    if undecided and len({call_name(call) for call, _ in live}) > 1:
+        # Two optimizers and the condition that picks one is not read: never one's lr with the other's momentum.
+        shown = " or ".join(f"{call_name(call)} at {reader.where(call)}" for call, _ in live)
+        return [Found("optimizer-choice", f"{shown}, chosen by {undecided[0][1]}", reader.where(live[0][0]))]
+    for call, _ in live:
         name = call_name(call)
-        if name not in ("SGD", "Adam", "AdamW"):
-            continue
         kind = "sgd" if name == "SGD" else "adam"
         momentum = reader.resolved(call, "momentum", "momentum") if kind == "sgd" else None
         shown = (
@@ -333,7 +555,10 @@ def _epochs(reader: ModuleReader) -> list[Found]:
             and any(isinstance(inner, ast.For) for stmt in node.body for inner in ast.walk(stmt))
         ):
             function = reader.function_of(node)
-            if function is None or "train" not in function.name.lower():
+            steps = any(
+                isinstance(inner, ast.Call) and call_name(inner) in ("step", "backward") for inner in ast.walk(node)
+            )
+            if function is None or ("train" not in function.name.lower() and not steps):
                 continue
             count = reader.value(node.iter.args[0])
             if count is not None and isinstance(count.value, int) and not isinstance(count.value, bool):
@@ -359,6 +584,10 @@ def _rounds(reader: ModuleReader) -> list[Found]:
             rounds = reader.resolved(call, "num_rounds", "server-rounds")
             if rounds is not None and isinstance(rounds.value, int):
                 found.append(rounds)
+        if name == "start_simulation":
+            nodes = reader.resolved(call, "num_clients", "available-clients")
+            if nodes is not None and isinstance(nodes.value, int):
+                found.append(nodes)
         if name == "ConfigRecord" and call.args and isinstance(call.args[0], ast.Dict):
             found += _sent_config(reader, call.args[0])
         for keyword, key in (
@@ -414,7 +643,13 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
     for call in reader.calls():
         name = call_name(call)
         where = reader.where(call)
-        if name in FLOWER_FIXED or name in FLOWER_ADAPTIVE:
+        if reader.branch(call) is False:
+            continue  # a branch the configuration read does not take
+        if name == "PrivacyEngine" and reader.argument(call, "noise_multiplier") is not None:
+            # Opacus before 1.0: PrivacyEngine(model, sample_rate=..., noise_multiplier=..., max_grad_norm=...)
+            arguments = {key: reader.resolved(call, key, key) for key in _OPACUS_ARGUMENTS["make_private"]}
+            mechanisms.append(Mechanism("opacus", name, arguments, where))
+        elif name in FLOWER_FIXED or name in FLOWER_ADAPTIVE:
             clip = "clipping_norm" if name in FLOWER_FIXED else "initial_clipping_norm"
             arguments = {
                 "noise_multiplier": reader.resolved(call, "noise_multiplier", "noise"),
@@ -433,6 +668,11 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
             mechanisms.append(Mechanism(kind, name, arguments, where))
         elif name == "SecAggPlusWorkflow" or name == "SecAggWorkflow":
             mechanisms.append(Mechanism("secagg", name, {}, where))
+        elif _privacy_wrapper(name) and name not in _KNOWN_NAMES:
+            noise_by = "client" if name.endswith("Mod") or name.endswith("_mod") else "server"
+            if "ServerSide" in name or "ClientSide" in name or "Strategy" in name:
+                noise_by = "server"
+            mechanisms.append(Mechanism("unaccounted", name, {"noise_by": Found("noise-by", noise_by, where)}, where))
         elif name == "ExcludeVars":
             mechanisms.append(
                 Mechanism(
@@ -444,76 +684,25 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
         if name in ("secaggplus_mod", "secagg_mod") and not isinstance(reader._parents.get(node), ast.alias):
             mechanisms.append(Mechanism("secagg", name, {}, reader.where(node)))
             break
+    for index, mechanism in enumerate(mechanisms):
+        call = next((c for c in reader.calls() if reader.where(c) == mechanism.source), None)
+        taken = reader.branch(call, configured_only=True) if call is not None else True
+        if isinstance(taken, str):
+            mechanisms[index] = replace(mechanism, condition=taken)
     return mechanisms
 
 
-# ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
+_KNOWN_NAMES = {
+    *FLOWER_FIXED,
+    *FLOWER_ADAPTIVE,
+    "LocalDpMod",
+    "PrivacyEngine",
+    "make_private",
+    "make_private_with_epsilon",
+}
+_PRIVACY_WORDS = re.compile(r"(Privacy|DifferentialPrivacy|^Dp[A-Z]|DP[A-Z]|^dp_|_dp_|clipping_mod$|Clipping)")
 
 
-def module_classes(tree: ast.Module) -> dict[str, int]:
-    """Classes in a module that subclass nn.Module (directly, or through another class of the same module):
-    name -> line."""
-    bases = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-    found: dict[str, int] = {}
-
-    def is_module(name: str, seen: frozenset = frozenset()) -> bool:
-        node = bases.get(name)
-        if node is None or name in seen:
-            return False
-        for base in node.bases:
-            text = ast.unparse(base)
-            if (
-                text in ("nn.Module", "torch.nn.Module", "Module")
-                or text.endswith("LightningModule")
-                or is_module(text, seen | {name})
-            ):
-                return True
-        return False
-
-    for name, node in bases.items():
-        if is_module(name):
-            found[name] = node.lineno
-    return found
-
-
-_FACTORY = re.compile(r"^(get|build|create|make|load|init)_(model|net|network)$")
-
-
-def model_factories(tree: ast.Module) -> dict[str, int]:
-    """Module-level functions whose name says they build a model (get_model, build_net, ...): name -> line."""
-    return {
-        node.name: node.lineno
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef) and _FACTORY.match(node.name.lower())
-    }
-
-
-def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
-    """Files of the app a module imports: (file, the names imported from it, or None for the whole module)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = path.resolve().parent.relative_to(root).parts if path.resolve().is_relative_to(root) else ()
-    found: list[tuple[Path, set[str] | None]] = []
-
-    def locate(dotted: list[str]) -> Path | None:
-        for candidate in (root.joinpath(*dotted).with_suffix(".py"), root.joinpath(*dotted, "__init__.py")):
-            if dotted and candidate.is_file():
-                return candidate
-        return None
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = list(package[: len(package) - node.level + 1]) if node.level else []
-            dotted = base + (node.module.split(".") if node.module else [])
-            module = locate(dotted)
-            for alias in node.names:  # `from pkg import task` imports a module, not a name
-                submodule = locate(dotted + [alias.name])
-                if submodule is not None:
-                    found.append((submodule, None))
-                elif module is not None:
-                    found.append((module, {alias.name}))
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                module = locate(alias.name.split("."))
-                if module is not None:
-                    found.append((module, None))
-    return found
+def _privacy_wrapper(name: str) -> bool:
+    """A call whose name says it clips or adds noise (a wrapper, mod or engine rankaudit has no rule for)."""
+    return bool(_PRIVACY_WORDS.search(name)) and not name.startswith(("get_", "add_"))

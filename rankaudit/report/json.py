@@ -62,6 +62,7 @@ def to_dict(result: Result) -> dict:
         "token_leakage": asdict(result.token_leakage) if result.token_leakage else None,
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
+        "stand_ins": result.stand_ins,
         "round": round_dict(result),
         "dp": _dp(result),
         "bias_readout": [asdict(finding) for finding in result.bias_readout],

@@ -121,8 +121,16 @@ def _verbose_lines(result: Result) -> list[str]:
 def _deployment_lines(result: Result, width: int = 118) -> list[str]:
     """`rankaudit DIR`: each setting read and its source, wrapped; the reader's notes one per line."""
     read = result.deployment
+    stood_in = (
+        [
+            f"Imported with stand-ins for {', '.join(result.stand_ins)} (not installed; the model does not use "
+            "them). --stand-in MODULE adds one, --no-stand-ins forbids them."
+        ]
+        if result.stand_ins
+        else []
+    )
     if read is None:
-        return []
+        return stood_in
     items = [f"{setting} {value} ({source})" for setting, value, source in read.settings]
     lines, line = [], f"Read from the {'Flower app' if read.kind == 'flower' else 'NVFlare job'} {read.root}:"
     for item in items:
@@ -132,7 +140,7 @@ def _deployment_lines(result: Result, width: int = 118) -> list[str]:
         else:
             line += (" " if line.endswith(":") else "; ") + item
     lines.append(line)
-    return lines + [f"  note: {note}" for note in read.notes]
+    return stood_in + lines + [f"  note: {note}" for note in read.notes]
 
 
 # Past this many layer rows the table hides rows that repeat an earlier row (same name up to its numbers, same op

@@ -1,0 +1,156 @@
+"""The model in an app's code, read with ast: its nn.Module classes and factories, the modules that import them,
+and where the app builds the one it trains."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankaudit.deploy.static import Found, ModuleReader, call_name
+
+# ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instantiation:
+    """Where the app builds its model: the class or factory called, its keyword arguments as read."""
+
+    name: str
+    arguments: dict[str, Found | None]
+    source: str
+    positional: tuple = ()  # values passed by position, named once the definition is known (with_names)
+
+    def with_names(self, definition: Path) -> Instantiation:
+        """The positional values under the parameter names of the class's __init__ or the factory in `definition`."""
+        if not self.positional:
+            return self
+        try:
+            tree = ast.parse(definition.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return self
+        node = next((n for n in tree.body if getattr(n, "name", None) == self.name), None)
+        if isinstance(node, ast.ClassDef):
+            node = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            skip = 1
+        else:
+            skip = 0
+        if not isinstance(node, ast.FunctionDef):
+            return self
+        names = [arg.arg for arg in [*node.args.posonlyargs, *node.args.args]][skip:]
+        named = dict(zip(names, self.positional))
+        return Instantiation(self.name, {**named, **self.arguments}, self.source)
+
+
+def instantiated(files: list[Path], names: list[str], root: Path, config=None) -> list[Instantiation]:
+    """The calls of model classes or factories (`names`) in `files`, one per name, in branches that run."""
+    found: dict[str, Instantiation] = {}
+    wanted = set(names)
+    for path in files:
+        try:
+            reader = ModuleReader(path, root, config or {})
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        defined = {node.name for node in ast.walk(reader.tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        for call in reader.calls():
+            name = call_name(call)
+            if name not in wanted or name in found or reader.branch(call) is False:
+                continue
+            function = reader.function_of(call)
+            if function is not None and function.name in wanted and function.name in defined:
+                continue  # inside a factory of the same file: the factory is what the app calls
+            owner = reader._enclosing(call, ast.ClassDef)
+            if owner is not None and owner.name in wanted:
+                continue  # a layer a model class builds inside itself
+            arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
+            positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
+            found[name] = Instantiation(name, arguments, reader.where(call), positional)
+    return list(found.values())
+
+
+def module_classes(tree: ast.Module) -> dict[str, int]:
+    """Classes in a module that subclass nn.Module (directly, or through another class of the same module):
+    name -> line."""
+    bases = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    found: dict[str, int] = {}
+
+    def is_module(name: str, seen: frozenset = frozenset()) -> bool:
+        node = bases.get(name)
+        if node is None or name in seen:
+            return False
+        for base in node.bases:
+            text = ast.unparse(base)
+            if (
+                text in ("nn.Module", "torch.nn.Module", "Module")
+                or text.endswith("LightningModule")
+                or is_module(text, seen | {name})
+            ):
+                return True
+        return False
+
+    for name, node in bases.items():
+        if is_module(name):
+            found[name] = node.lineno
+    return found
+
+
+_FACTORY = re.compile(r"^(get|build|create|make|load|init)_(model|net|network)$")
+
+
+def model_factories(tree: ast.Module) -> dict[str, int]:
+    """Module-level functions whose name says they build a model (get_model, build_net, ...): name -> line."""
+    return {
+        node.name: node.lineno
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and _FACTORY.match(node.name.lower())
+    }
+
+
+def model_builders(tree: ast.Module) -> set[str]:
+    """Module-level functions that may build the model: named so (get_model), named like a class (ResNet18), or
+    returning a call of one of the module's nn.Module classes."""
+    classes = set(module_classes(tree))
+    builders = set(model_factories(tree))
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        returns = [
+            statement.value
+            for statement in ast.walk(node)
+            if isinstance(statement, ast.Return) and isinstance(statement.value, ast.Call)
+        ]
+        if node.name[:1].isupper() or any(call_name(value) in classes for value in returns):
+            builders.add(node.name)
+    return builders
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
+    """Files of the app a module imports: (file, the names imported from it, or None for the whole module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = path.resolve().parent.relative_to(root).parts if path.resolve().is_relative_to(root) else ()
+    found: list[tuple[Path, set[str] | None]] = []
+
+    def locate(dotted: list[str]) -> Path | None:
+        for candidate in (root.joinpath(*dotted).with_suffix(".py"), root.joinpath(*dotted, "__init__.py")):
+            if dotted and candidate.is_file():
+                return candidate
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            dotted = base + (node.module.split(".") if node.module else [])
+            module = locate(dotted)
+            for alias in node.names:  # `from pkg import task` imports a module, not a name
+                submodule = locate(dotted + [alias.name])
+                if submodule is not None:
+                    found.append((submodule, None))
+                elif module is not None:
+                    found.append((module, {alias.name}))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                module = locate(alias.name.split("."))
+                if module is not None:
+                    found.append((module, None))
+    return found

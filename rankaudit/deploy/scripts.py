@@ -1,0 +1,119 @@
+"""A training script's command line: argparse's defaults, and the arguments a job passes it (read, never run)."""
+
+from __future__ import annotations
+
+import ast
+import shlex
+
+from rankaudit.deploy.static import Found, call_name
+
+
+def option_name(flag: str) -> str:
+    """`--batch-size` / `--batch_size` -> `batch_size`, the attribute argparse gives it."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def argparse_defaults(reader) -> dict[str, Found]:
+    """Each `parser.add_argument("--name", default=...)` of the file: the option's name -> its default, read."""
+    reader.options = {}  # a default is a literal; it never reads another option
+    reader.option_names = {}  # every spelling of an option (-b, --batch-size) -> its attribute name
+    found: dict[str, Found] = {}
+    for call in reader.calls():
+        if call_name(call) != "add_argument":
+            continue
+        flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+        long_flags = [flag for flag in flags if flag.startswith("--")] or flags
+        keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
+        destination = keywords.get("dest")
+        if isinstance(destination, ast.Constant) and isinstance(destination.value, str):
+            name = destination.value
+        elif long_flags:
+            name = option_name(long_flags[0])
+        else:
+            continue
+        reader.option_names.update({option_name(flag): name for flag in flags})
+        action = keywords.get("action")
+        shown = long_flags[0] if long_flags else name
+        if "default" in keywords:
+            value = reader.value(keywords["default"])
+            if value is not None:
+                found[name] = Found(
+                    name, value.value, f"{reader.where(call)} ({shown}'s argparse default)", call.lineno
+                )
+        elif isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
+            found[name] = Found(
+                name, action.value == "store_false", f"{reader.where(call)} ({shown}, not passed)", call.lineno
+            )
+    return found
+
+
+def _typed(text: str) -> object:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def tokens(reader, node: ast.AST | None) -> list[tuple[str, str]] | None:
+    """The words of a script-arguments expression with where each was read: a string literal, an f-string whose
+    parts resolve, or a name assigned one; None where it is not static."""
+    if node is None:
+        return None
+    node = reader.expression(node)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [(word, reader.where(node)) for word in shlex.split(node.value)]
+    if isinstance(node, ast.JoinedStr):
+        words: list[tuple[str, str]] = []
+        glued = False  # a part that continues the previous word ("--lr={lr}")
+        for part in node.values:
+            if isinstance(part, ast.FormattedValue):
+                value = reader.value(part.value)
+                if value is None:
+                    return None
+                text, source = str(value.value), value.source
+                pieces = text.split() or [""]
+            elif isinstance(part, ast.Constant):
+                text, source = str(part.value), reader.where(part)
+                pieces = text.split()
+            else:
+                return None
+            if glued and words and pieces and not text[:1].isspace():
+                word, _ = words.pop()
+                pieces = [word + pieces[0], *pieces[1:]]
+            words += [(piece, source) for piece in pieces]
+            glued = bool(text) and not text[-1:].isspace()
+        return words
+    return None
+
+
+def passed_options(words: list[tuple[str, str]], where: str) -> dict[str, Found]:
+    """`--batch_size 16 --epochs=2 --flag` -> {batch_size: 16, epochs: 2, flag: True}, each with its source."""
+    options: dict[str, Found] = {}
+    index = 0
+    while index < len(words):
+        word, source = words[index]
+        index += 1
+        if not word.startswith("-") or word in ("-", "--"):
+            continue
+        if "=" in word:
+            flag, text = word.split("=", 1)
+        elif index < len(words) and not words[index][0].startswith("--"):
+            flag, (text, source) = word, words[index]
+            index += 1
+        else:
+            flag, text = word, None
+        name = option_name(flag)
+        value = True if text is None else _typed(text)
+        options[name] = Found(name, value, f"{source} ({where} {flag} {text if text is not None else ''})".rstrip(), 0)
+    return options
+
+
+def string_options(text: str, source: str) -> dict[str, Found]:
+    """Script arguments written in a config file: every word read from `source`."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return {}
+    return passed_options([(word, source) for word in words], "passes")

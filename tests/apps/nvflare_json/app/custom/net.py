@@ -1,0 +1,14 @@
+"""The job's model, for rankaudit's tests."""
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.fc = nn.Linear(2 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))

@@ -1,0 +1,362 @@
+"""`rankaudit DIR` on every common way to write an app: each value the app sets is read with its source, and none is
+called a default (issue 30)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rankaudit.deploy import Overrides, read_deployment
+from rankaudit.deploy.hocon import parse_hocon
+from rankaudit.deploy.yamlconf import read_yaml
+from rankaudit.errors import UsageError
+
+APPS = Path(__file__).resolve().parent / "apps"
+GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)  # what an app cannot say
+
+
+@pytest.fixture(autouse=True)
+def _no_flower_configuration(monkeypatch, tmp_path):
+    """The Flower configuration file is the user's; each test states its own (or none)."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+
+
+def _rows(deployment) -> dict[str, tuple[str, str]]:
+    return {setting: (value, source) for setting, value, source in deployment.settings}
+
+
+def _line(path: Path, text: str) -> int:
+    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _no_default(rows: dict[str, tuple[str, str]]) -> None:
+    assert not [row for row in rows.values() if "default" in row[1] and "argparse" not in row[1]], rows
+
+
+def test_nvflare_json_job_script_arguments_argparse_defaults_and_server_rounds():
+    job = APPS / "nvflare_json"
+    client = job / "app" / "custom" / "client.py"
+    deployment = read_deployment(job, GIVEN)
+    rows = _rows(deployment)
+    assert rows["batch-size"] == ("16", "app/config/config_fed_client.json task_script_args (passes --batch_size 16)")
+    assert rows["local-epochs"] == (
+        "2",
+        f"app/custom/client.py:{_line(client, '--epochs')} (--epochs's argparse default)",
+    )
+    assert rows["lr"] == ("0.01", f"app/custom/client.py:{_line(client, '--lr')} (--lr's argparse default)")
+    assert rows["server-rounds"] == ("2", "app/config/config_fed_server.json num_rounds")
+    assert rows["clients per round"] == ("2", "app/config/config_fed_server.json min_clients")
+    assert rows["model"][0] == "app/custom/net.py:Net"
+    round_ = deployment.round
+    assert (round_.batch_size, round_.local_epochs, round_.lr, round_.server_rounds, round_.clients) == (
+        16,
+        2,
+        0.01,
+        2,
+        1,
+    )
+    _no_default(rows)
+
+
+def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(APPS / "nvflare_json", job)
+    (job / "app" / "config" / "config_fed_server.json").unlink()
+    (job / "app" / "config" / "config_fed_server.conf").write_text(
+        "format_version = 2\nrounds = 7\n# the workflow\nworkflows = [\n  {\n    id = sag\n"
+        '    path = "nvflare.app_common.workflows.scatter_and_gather.ScatterAndGather"\n'
+        '    args { min_clients = 3, num_rounds = "{rounds}" }\n  }\n]\n'
+    )
+    rows = _rows(read_deployment(job, GIVEN))
+    assert rows["server-rounds"] == ("7", "app/config/config_fed_server.conf num_rounds")
+    assert rows["clients per round"] == ("3", "app/config/config_fed_server.conf min_clients")
+    assert parse_hocon('a.b = 1\na { c: "x" } // note\nlist = [1, 2]') == {"a": {"b": 1, "c": "x"}, "list": [1, 2]}
+    client = job / "app" / "config" / "config_fed_client.json"
+    client.write_text(client.read_text().replace('"--batch_size 16"', '"-b 24"'))
+    script = job / "app" / "custom" / "client.py"
+    script.write_text(script.read_text().replace('add_argument("--batch_size"', 'add_argument("-b", "--batch_size"'))
+    assert _rows(read_deployment(job, GIVEN))["batch-size"] == (
+        "24",
+        "app/config/config_fed_client.json task_script_args (passes -b 24)",
+    )
+
+
+def test_nvflare_recipe_job_reads_train_args_argparse_and_the_model_it_names():
+    job = APPS / "nvflare_recipe"
+    script = job / "job.py"
+    deployment = read_deployment(job, GIVEN)
+    rows = _rows(deployment)
+    created = _line(script, "model=CNN")
+    assert rows["model"] == ("model.py:CNN", f"CNN(...) at job.py:{created}, the model the app trains")
+    assert rows["model-arg num_classes"] == ("4", f"job.py:{created}")
+    assert deployment.model_args == {"num_classes": 4}
+    assert rows["batch-size"] == (
+        "16",
+        f"job.py:{_line(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 16)",
+    )
+    assert rows["local-epochs"] == ("2", f"job.py:{_line(script, 'train_args=')} (train_args --epochs 2)")
+    assert rows["server-rounds"] == ("5", f"job.py:{_line(script, '--num_rounds')} (--num_rounds's argparse default)")
+    assert rows["nodes"][0] == "3" and rows["clients per round"][0] == "3"
+    client = job / "client.py"
+    assert rows["lr"] == ("0.05", f"client.py:{_line(client, 'lr=0.05')}")
+    assert rows["momentum"] == ("0.9", f"client.py:{_line(client, 'lr=0.05')}")
+    _no_default(rows)
+
+
+def test_nested_run_config_tables_and_the_flower_configuration_file(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\noptions.num-supernodes = 8\n'
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    deployment = read_deployment(APPS / "fedprox_nested", Overrides())
+    rows = _rows(deployment)
+    assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
+    assert rows["local-epochs"] == ("10", "[tool.flwr.app.config] algorithm.local-epochs")
+    assert rows["lr"] == ("0.03", "[tool.flwr.app.config] algorithm.lr")
+    assert rows["server-rounds"] == ("100", "[tool.flwr.app.config] num-server-rounds")
+    assert rows["nodes"] == ("8", f"{home / 'config.toml'} [superlink.local] options.num-supernodes")
+    # fraction_fit=1.0 of 8 nodes, at least min_fit_clients=5: 8 clients train each round.
+    assert rows["clients per round"][0] == "8" and "server_app.py" in rows["clients per round"][1]
+    round_ = deployment.round
+    assert (round_.batch_size, round_.local_epochs, round_.lr, round_.server_rounds) == (10, 10, 0.03, 100)
+    _no_default(rows)
+
+
+def test_script_style_client_with_opacus_factory_attribute_lr_and_module_dict():
+    app = APPS / "script_client"
+    client = app / "client.py"
+    deployment = read_deployment(app, GIVEN)
+    rows = _rows(deployment)
+    # CNN is imported too, but the client trains ResNet() (a factory).
+    assert rows["model"] == (
+        "models.py:ResNet",
+        f"ResNet(...) at client.py:{_line(client, 'ResNet()')}, the model the app trains",
+    )
+    params = _line(client, "PARAMS = ")
+    assert rows["batch-size"] == ("16", f"client.py:{params}") and rows["local-epochs"] == ("3", f"client.py:{params}")
+    assert rows["lr"] == ("0.02", f"client.py:{_line(client, 'self._lr = ')}")  # 0.01 * 2, an attribute
+    assert rows["server-rounds"] == ("4", f"server.py:{_line(app / 'server.py', 'num_rounds=4')}")
+    assert rows["dp noise"] == ("1.1", f"client.py:{_line(client, 'NOISE_MULTIPLIER = ')}")
+    assert rows["dp clip"] == ("1.5", f"client.py:{_line(client, 'MAX_GRAD_NORM = ')}")
+    assert rows["dp noise-by"][0] == "client" and rows["dp level"][0] == "sample"
+    dp = deployment.round.dp
+    assert (dp.noise_multiplier, dp.clip, dp.level, dp.sample_rate, dp.steps) == (1.1, 1.5, "sample", 0.5, 24)
+    _no_default(rows)
+
+
+def test_configuration_resolves_the_optimizer_and_the_privacy_wrapper_in_a_sibling_package():
+    app = APPS / "branches"
+    deployment = read_deployment(app)
+    rows = _rows(deployment)
+    client = app / "branches_app" / "client_app.py"
+    assert rows["optimizer"] == ("adam", f"Adam at branches_app/client_app.py:{_line(client, 'Adam(')}")
+    assert "momentum" not in rows and deployment.round.momentum == 0.0  # never SGD's momentum with Adam
+    assert rows["dp noise"] == ("0.01", "[tool.flwr.app.config] noise")
+    assert rows["dp clip"] == ("5", "[tool.flwr.app.config] clip")
+    assert rows["dp noise-by"][0] == "server"
+    assert deployment.round.dp.sample_rate == 0.5  # num_sampled_clients 5 of 10 nodes
+    sgd = read_deployment(app, Overrides(run_config='optimizer="sgd"'))
+    assert _rows(sgd)["optimizer"][0] == "sgd" and sgd.round.momentum == 0.9
+    metric = read_deployment(app, Overrides(run_config='privacy="metric-privacy"'))
+    assert metric.round.dp is None
+    assert any(
+        "MetricPrivacyServerSideFixedClipping at privacy_wrappers/select.py" in note
+        and "protects nothing against the server" in note
+        for note in metric.notes
+    )
+
+
+def test_an_optimizer_choice_that_is_not_read_is_refused_in_one_line(tmp_path):
+    app = tmp_path / "branches"
+    shutil.copytree(APPS / "branches", app)
+    client = app / "branches_app" / "client_app.py"
+    client.write_text(client.read_text().replace('context.run_config["optimizer"]', 'context.node_config["opt"]'))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    message = str(raised.value)
+    assert "Adam at branches_app/client_app.py" in message and "SGD at branches_app/client_app.py" in message
+    assert "context.node_config['opt']" in message and "\n" not in message
+    given = read_deployment(app, Overrides(round={"optimizer": "sgd", "momentum": 0.9}))
+    assert given.round.optimizer == "sgd"
+
+
+def test_hydra_yaml_app_without_pyyaml():
+    app = APPS / "hydra_app"
+    deployment = read_deployment(app, GIVEN)
+    rows = _rows(deployment)
+    config = app / "conf" / "config.yaml"
+    assert rows["batch-size"] == ("32", f"conf/config.yaml:{_line(config, 'batch_size')} batch_size")
+    assert rows["local-epochs"] == ("2", f"conf/config.yaml:{_line(config, 'local_epochs')} train.local_epochs")
+    assert rows["lr"] == ("0.05", f"conf/config.yaml:{_line(config, 'lr:')} train.lr")
+    assert rows["server-rounds"] == ("4", f"conf/config.yaml:{_line(config, 'num_rounds')} num_rounds")
+    assert rows["nodes"][0] == "20" and rows["clients per round"][0] == "5"  # max(⌊0.25 · 20⌋, 2)
+    _no_default(rows)
+    assert read_yaml(config)["train.lr"] == (0.05, _line(config, "lr:"))
+
+
+def test_missing_data_imports_get_stand_ins_and_are_named(run_cli, monkeypatch):
+    monkeypatch.chdir(APPS / "datasets_imports")
+    code, out, err = run_cli(".", "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["verdict"] == "exposed"
+    assert payload["stand_ins"] == ["datasets", "flwr_datasets"]
+    assert payload["round"]["server_rounds"] == 2 and payload["round"]["available_clients"] == 1
+    settings = {row["setting"]: row for row in payload["deployment"]["settings"]}
+    assert settings["lr"]["value"] == "0.1" and settings["lr"]["source"].startswith("datasets_app/client_app.py:")
+    code, out, err = run_cli(".")
+    assert "Imported with stand-ins for datasets, flwr_datasets" in out
+    code, out, err = run_cli(".", "--no-stand-ins")
+    assert code == 3 and "imports datasets, which is not installed" in err and "--stand-in datasets" in err
+
+
+def test_a_model_that_needs_the_missing_module_still_fails_naming_it(run_cli, tmp_path):
+    uses = tmp_path / "uses.py"
+    uses.write_text(
+        "import torchvision\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.body = torchvision.models.resnet18()\n\n"
+        "    def forward(self, x):\n        return self.body(x)\n"
+    )
+    code, out, err = run_cli(str(uses), "--input-shape", "3,8,8")
+    assert code == 3 and "needs torchvision, which is not installed" in err
+    derives = tmp_path / "derives.py"
+    derives.write_text(
+        "import not_installed_lightning as L\n\n\nclass Net(L.LightningModule):\n    def forward(self, x):\n"
+        "        return x\n"
+    )
+    code, out, err = run_cli(str(derives), "--input-shape", "4", "--stand-in", "not_installed_lightning")
+    assert code == 3 and "derives from not_installed_lightning.LightningModule, which is not installed" in err
+
+
+def test_opacus_clip_passed_through_a_helper_in_another_file(tmp_path):
+    app = tmp_path / "opacus"
+    shutil.copytree(APPS / "opacus", app)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("max-grad-norm = 1.0", "max-grad-norm = 0.7"))
+    task = app / "opacus_app" / "task.py"
+    task.write_text(
+        task.read_text() + "\n\ndef privatise(engine, model, optimizer, loader, max_grad_norm):\n"
+        "    return engine.make_private(\n        module=model, optimizer=optimizer, data_loader=loader,"
+        " noise_multiplier=1.1, max_grad_norm=max_grad_norm\n    )\n"
+    )
+    client = app / "opacus_app" / "client_app.py"
+    text = client.read_text().replace("from opacus_app.task import Net", "from opacus_app.task import Net, privatise")
+    start = text.index("    model, optimizer, train_loader = privacy_engine.make_private(")
+    end = text.index("    )\n", start) + len("    )\n")
+    client.write_text(
+        text[:start]
+        + "    model, optimizer, train_loader = privatise(privacy_engine, model, optimizer, train_loader, max_grad_norm)\n"
+        + text[end:]
+    )
+    deployment = read_deployment(app)
+    assert _rows(deployment)["dp clip"] == ("0.7", "[tool.flwr.app.config] max-grad-norm")
+    assert deployment.round.dp.clip == 0.7
+
+
+def test_dp_switched_by_a_condition_that_is_not_read_is_refused(tmp_path):
+    app = tmp_path / "branches"
+    shutil.copytree(APPS / "branches", app)
+    select = app / "privacy_wrappers" / "select.py"
+    select.write_text(select.read_text().replace('privacy = run_config["privacy"]', 'privacy = run_config["mode"]'))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    assert "DifferentialPrivacyServerSideFixedClipping at privacy_wrappers/select.py" in str(raised.value)
+    assert "privacy == 'global-dp'" in str(raised.value)
+    given = read_deployment(app, Overrides(dp={"noise": 0.01, "clip": 5.0}))
+    assert given.round.dp.noise_multiplier == 0.01
+
+
+def test_a_function_called_from_its_own_branch_does_not_loop(tmp_path):
+    app = tmp_path / "loop"
+    shutil.copytree(APPS / "script_client", app)
+    (app / "helper.py").write_text(
+        "import torch\n\n\ndef pick(net, fast):\n    if fast:\n        return pick(net, fast)\n"
+        "    else:\n        return torch.optim.SGD(net.parameters(), lr=0.3)\n"
+    )
+    assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.02"  # the client's own SGD, read first
+
+
+def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
+    app = tmp_path / "bare"
+    shutil.copytree(APPS / "quickstart", app, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text[: text.index("[tool.flwr.app]")] + text[text.index("[tool.rankaudit]") :])
+    deployment = read_deployment(app)
+    rows = _rows(deployment)
+    assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
+    task = app / "quickstart_app" / "task.py"
+    assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
+    assert rows["local-epochs"][1].startswith("not read from the app")  # the run config is gone with the table
+
+
+def test_a_factory_called_with_a_positional_run_config_value(tmp_path):
+    app = tmp_path / "positional"
+    shutil.copytree(APPS / "script_client", app)
+    models = app / "models.py"
+    models.write_text(
+        models.read_text().replace(
+            "def ResNet():\n    return TinyResNet(width=4)", "def ResNet(width):\n    return TinyResNet(width=width)"
+        )
+    )
+    client = app / "client.py"
+    client.write_text(
+        client.read_text()
+        .replace("self.model = ResNet()", "self.model = ResNet(PARAMS['width'])")
+        .replace('"local_epochs": 3}', '"local_epochs": 3, "width": 8}')
+    )
+    deployment = read_deployment(app, GIVEN)
+    assert deployment.model_args == {"width": 8}
+    assert _rows(deployment)["model-arg width"] == ("8", f"client.py:{_line(client, 'PARAMS = ')}")
+
+
+def test_run_config_through_a_local_name(tmp_path):
+    app = tmp_path / "alias"
+    shutil.copytree(APPS / "fedprox_nested", app)
+    client = app / "fedprox_app" / "client_app.py"
+    client.write_text(
+        client.read_text()
+        .replace("    net = MLP()\n", "    net = MLP()\n    cfg = context.run_config\n")
+        .replace('context.run_config["algorithm.lr"]', 'cfg.get("algorithm.lr", 0.5)')
+        .replace('context.run_config["dataset.batch-size"]', 'cfg["dataset.batch-size"]')
+    )
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("lr = 0.03", "step = 0.03"))  # lr now only via the code
+    rows = _rows(read_deployment(app, Overrides()))
+    model = app / "fedprox_app" / "model.py"
+    assert rows["lr"] == ("0.5", f"fedprox_app/client_app.py:{_line(client, 'cfg.get(')}")
+    assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
+    assert rows["optimizer"][1] == f"SGD at fedprox_app/model.py:{_line(model, 'SGD')}"
+
+
+def test_an_import_the_file_guards_itself_gets_no_stand_in(run_cli, tmp_path):
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(
+        "from torch import nn\n\ntry:\n    import torchvision\n    HAVE_VISION = True\nexcept ImportError:\n"
+        "    HAVE_VISION = False\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torchvision.ops.MLP(4, [2]) if HAVE_VISION else nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    code, out, err = run_cli(str(guarded), "--input-shape", "4", "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["stand_ins"] == [] and payload["parameters"] == 10  # nn.Linear(4, 2), its fallback
+
+
+def test_dp_set_up_under_a_run_time_condition_still_counts(tmp_path):
+    app = tmp_path / "first_round"
+    shutil.copytree(APPS / "script_client", app)
+    client = app / "client.py"
+    client.write_text(
+        client.read_text()
+        .replace(
+            "        self.privacy_engine = PrivacyEngine(",
+            "        self.rounds_done = 0\n        if self.rounds_done == 0:  # set up once, kept for every round\n"
+            "            self.privacy_engine = PrivacyEngine(",
+        )
+        .replace("        return [], len(", "        self.rounds_done = self.rounds_done + 1\n        return [], len(")
+    )
+    assert read_deployment(app, GIVEN).round.dp.noise_multiplier == 1.1
