@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,9 +38,15 @@ def main() -> None:
             report = Path(folder) / "report.json"
             command = [sys.executable, "-m", "rankaudit", str(model), "--verify", "rank", "--samples"]
             command += [str(args.samples), "--format", "json", "-o", str(report), "--fail-on", "never", "-q"]
+            # Its own session, so that a timeout ends the check's worker processes too, not only the check.
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
             try:
-                subprocess.run(command, capture_output=True, timeout=args.timeout, check=False)
+                process.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
                 print(f"| {model.stem} | timed out after {args.timeout} s | | | | | |", flush=True)
                 continue
             if not report.exists():
