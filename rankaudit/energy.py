@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.levels import DEFAULT_EXPOSED_BELOW
+from rankaudit.levels import DEFAULT_EXPOSED_BELOW, energy_level
 
 SPECTRUM_FILE = Path(__file__).with_name("data") / "photo_spectrum.json"
 PHOTO_SPECTRUM = "natural-photograph spectrum shipped with rankaudit"
@@ -225,14 +225,6 @@ def largest_protected_rank(eigenvalues: np.ndarray, protected_share: float) -> i
     tails = np.cumsum(eigenvalues[::-1])[::-1] / eigenvalues.sum()  # tails[R] = Σ_{k>=R} λ_k / Σ λ (0-based)
     meeting = np.nonzero(tails >= protected_share - 1e-12)[0]
     return int(meeting[-1]) if meeting.size else 0
-
-
-def energy_level(hidden: float, max_recoverable: float, exposed_below: float = DEFAULT_EXPOSED_BELOW) -> str:
-    """Spec §15's levels on the certified hidden share: `exposed` below `exposed_below`; `protected` at or above
-    1 − max_recoverable; `partial` between."""
-    if hidden < exposed_below:
-        return "exposed"
-    return "protected" if hidden >= 1 - max_recoverable - 1e-12 else "partial"
 
 
 def certify(bound, inputs, data: str | None = None, exposed_below: float | None = None):

@@ -34,10 +34,6 @@ def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAU
     return "protected" if rank_bound / unknowns <= max_recoverable else "partial"
 
 
-# Spec §15: on energy, `exposed` when less than this share of a sample's energy is hidden.
-DEFAULT_EXPOSED_BELOW = 0.05
-
-
 def energy_level(
     hidden: float, max_recoverable: float = DEFAULT_MAX_RECOVERABLE, exposed_below: float = DEFAULT_EXPOSED_BELOW
 ) -> str:
@@ -45,7 +41,8 @@ def energy_level(
     from 1 − `max_recoverable` (default half of the energy hidden), `partial` in between."""
     if hidden < exposed_below:
         return "exposed"
-    return "protected" if hidden >= 1 - max_recoverable else "partial"
+    # A share computed as exactly 1 − ρ_max can land a rounding error below it.
+    return "protected" if hidden >= 1 - max_recoverable - 1e-12 else "partial"
 
 
 def count(number: int, word: str, plural: str | None = None) -> str:

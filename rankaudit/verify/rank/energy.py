@@ -68,7 +68,9 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
         return
     worst = min(measured, key=lambda e: e["hidden_energy"])
     max_recoverable = _max_recoverable(result)
-    level = energy_level(worst["hidden_energy"], max_recoverable)
+    bound = result.identifiability
+    exposed_below = bound.exposed_below if bound is not None else DEFAULT_EXPOSED_BELOW
+    level = energy_level(worst["hidden_energy"], max_recoverable, exposed_below)
     shares = [e["hidden_energy"] for e in measured]
     mean, stderr = mean_and_stderr(shares)
     certified = _certified(result)
@@ -82,7 +84,7 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
         "worst_hidden_energy": worst["hidden_energy"],
         "worst_visible_psnr": worst.get("visible_psnr"),
         "level": level,
-        "thresholds": {"exposed_below": DEFAULT_EXPOSED_BELOW, "protected_from": 1 - max_recoverable},
+        "thresholds": {"exposed_below": exposed_below, "protected_from": 1 - max_recoverable},
         "mean_hidden_energy": mean,
         "stderr": stderr,
         "samples": len(shares),
@@ -95,9 +97,18 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
         energy["consistency_note"] = "one sample measured: no standard error, the certified share is not checked"
     verification["energy"] = energy
     verdict_level = verification.get("sample_level")
+    if verdict_level == "exposed" and verification.get("confirms") is None:
+        # A deficit of directions left the judgement open (measurement.judge): the worst sample settles it. Hiding
+        # more at these weights than the certificate promises for any weights contradicts nothing, so it stays open.
+        if level == "exposed":
+            verification["confirms"] = True
+            verification["agreement"] = f"confirms exposed ({line})"
+            verification["judgement"] = f"confirms exposed: {line}"
+        else:
+            verification["agreement"] = f"consistent with exposed ({line}; the verdict covers any weights)"
     if verdict_level in VERDICT_LEVELS and verdict_level != "exposed" and verification.get("confirms"):
         if VERDICT_LEVELS.index(level) < VERDICT_LEVELS.index(verdict_level):
-            needed = percent(1 - max_recoverable if verdict_level == "protected" else DEFAULT_EXPOSED_BELOW)
+            needed = percent(1 - max_recoverable if verdict_level == "protected" else exposed_below)
             verification["confirms"] = False
             verification["agreement"] = f"does not confirm {verdict_level} ({line})"
             verification["judgement"] = (

@@ -59,6 +59,16 @@ def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str
         if deficit == 0
         else f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}"
     )
+    if verdict == "exposed" and deficit:
+        # The levels read energy: `exposed` says that too little of a typical sample's energy is certified hidden,
+        # which a deficit of directions does not contradict. What the invisible directions hold is the energy
+        # line's judgement (rankaudit.verify.rank.energy.read_energy), which settles `confirms`.
+        return (
+            None,
+            f"consistent with exposed ({measured}; the energy line judges what they hide)",
+            f"consistent with exposed: {detail}; exposed reads how much of a sample's energy is certified hidden, "
+            "which the energy line measures",
+        )
     if verdict in ("exposed", "partial", "protected"):
         confirms = (deficit == 0) == (verdict == "exposed")
         if confirms:

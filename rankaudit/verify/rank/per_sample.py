@@ -121,6 +121,13 @@ def judge_worst(
             f"no verdict to compare with ({measured_text})",
             f"no verdict to compare with ({level or 'none'}): {measured_text}{hidden}",
         )
+    if level == "exposed" and deficit:
+        # as measurement.judge: the level reads energy, so a deficit of directions leaves it to the energy line
+        return (
+            None,
+            f"consistent with exposed ({measured_text}; the energy line judges what they hide)",
+            f"consistent with exposed (each sample): {measured_text}{hidden}",
+        )
     confirms = (deficit == 0) == (level == "exposed")
     if (
         confirms
