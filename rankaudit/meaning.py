@@ -78,11 +78,12 @@ def energy_sentence(result: Result) -> str:
     sample = bound.sample if bound is not None else None
     if sample is None or sample.certified_hidden_energy is None:
         return ""
-    psnr = (
-        f"its visible part is at most a {sample.visible_psnr_ceiling:.1f} dB reconstruction"
-        if sample.visible_psnr_ceiling is not None
-        else "its visible part can be the sample itself"
-    )
+    if sample.rank_bound == 0:  # nothing reaches the server: its best guess is the reference's mean
+        psnr = "no direction of it reaches the server"
+    elif sample.visible_psnr_ceiling is not None:
+        psnr = f"its visible part is at most a {sample.visible_psnr_ceiling:.1f} dB reconstruction"
+    else:
+        psnr = "its visible part can be the sample itself"
     protected_share = 1 - bound.max_recoverable
     text = (
         f"For any weights, including a server that picks them: "

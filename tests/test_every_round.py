@@ -281,8 +281,10 @@ def test_the_report_says_what_one_verdict_covers(run_cli, tmp_path):
 
     model = tmp_path / "patch.py"
     model.write_text(PATCH_MODEL)
-    code, out, _ = run_cli(model)
-    assert code == 0  # one round: protected, 53 of 192
+    code, out, _ = run_cli(model, "--fail-on", "never")
+    # one round: 53 of 192 directions (on energy still exposed: they show most of a typical photo); this test reads
+    # what the verdict covers
+    assert code == 0 and "rank <= 53 of 192" in out
     assert (
         "Covers: One server round (the rounds are not known): each further round the client takes part in can add "
         "up to 53 directions; after 4 rounds nothing is certified hidden." in out

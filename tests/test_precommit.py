@@ -66,16 +66,26 @@ def test_hook_mode_skips_a_file_of_building_blocks_and_model_args_audit_it(run_c
     code, _, err = run_cli("--quiet", blocks)  # outside hook mode it is an error naming the fix
     assert code == 3 and "--model-arg KEY=VALUE (model-args in [tool.rankaudit])" in err
     # Named with its arguments, the same file is audited: 3x8x8 through one 3x3 convolution, 84 of 192 directions.
+    # (84 of 192 directions still show most of a typical photo's energy: exposed, so the gate is opened to read it)
     code, out, _ = run_cli(
-        "--quiet", "--skip-non-models", blocks, "--model-arg", "channels=3", "--input-shape", "3,8,8"
+        "--quiet",
+        "--skip-non-models",
+        blocks,
+        "--model-arg",
+        "channels=3",
+        "--input-shape",
+        "3,8,8",
+        "--fail-on",
+        "never",
     )
-    assert code == 0 and "Rank bound 84 of 192 unknowns: protected" in out
+    assert code == 0 and "Rank bound 84 of 192 unknowns: exposed" in out
     # The same from pyproject.toml: [[tool.rankaudit.models]] names the file, its arguments and its input shape.
     (tmp_path / "pyproject.toml").write_text(
+        '[tool.rankaudit]\nfail-on = "never"\n\n'
         '[[tool.rankaudit.models]]\npath = "blocks.py"\nmodel-args = { channels = 3 }\ninput-shape = [3, 8, 8]\n'
     )
     code, out, _ = run_cli("--quiet", "--skip-non-models", blocks)
-    assert code == 0 and "Rank bound 84 of 192 unknowns: protected" in out
+    assert code == 0 and "Rank bound 84 of 192 unknowns: exposed" in out
 
 
 def test_a_missing_import_names_the_hooks_additional_dependencies(run_cli, tmp_path):

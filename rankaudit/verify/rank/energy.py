@@ -53,7 +53,12 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float | None]:
 def measured_line(weights_phrase: str, worst: dict) -> str:
     """ "at the weights in ckpt.pt, the worst sample hides 5.3 % (23.4 dB)" """
     psnr = worst.get("visible_psnr")
-    shown = "nothing hidden: its visible part is the sample" if psnr is None else f"{psnr:.1f} dB"
+    if psnr is not None:
+        shown = f"{psnr:.1f} dB"
+    elif worst["hidden_energy"] >= 1:  # an empty gradient: nothing of any sample is seen
+        shown = "nothing seen"
+    else:  # no PSNR because nothing differs from the sample
+        shown = "nothing hidden: its visible part is the sample"
     return f"{weights_phrase}, the worst sample hides {percent(worst['hidden_energy'])} ({shown})"
 
 
