@@ -688,9 +688,10 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
     if first_failure.phase == "import" and isinstance(error, ModuleNotFoundError) and error.name:
         top = error.name.split(".")[0]
         raise ModelLoadError(
-            f"{path} imports {error.name}, which is not installed",
-            f"install {top}; or, if the model does not use it, pass --stand-in {top} "
-            f'(stand-ins = ["{top}"] in [tool.rankaudit])',
+            f"{path} imports {error.name}, which is not installed in the environment rankaudit runs in",
+            f'install {top} there (in a pre-commit hook: additional_dependencies: ["{top}"], with its PyPI '
+            f'name); or, if the model does not use it, pass --stand-in {top} (stand-ins = ["{top}"] in '
+            "[tool.rankaudit])",
         ) from error
     if device != "meta":  # the verifier's real build: its error is the file's own
         what = _describe_exception(first_failure.error, path)

@@ -95,7 +95,7 @@ def test_a_missing_import_names_the_hooks_additional_dependencies(run_cli, tmp_p
     )
     code, out, err = run_cli("--quiet", "--skip-non-models", model)
     assert code == 3 and out == ""
-    assert "lacks not_installed_anywhere_xyz, which the model file imports" in err
+    assert "imports not_installed_anywhere_xyz, which is not installed in the environment rankaudit runs in" in err
     assert 'additional_dependencies: ["not_installed_anywhere_xyz"]' in err and len(err.strip().splitlines()) == 1
 
 
