@@ -277,3 +277,39 @@ def test_feature_vector_withheld_search_reaches_protected_on_energy(tmp_path):
     jacobian = torch.autograd.functional.jacobian(shared_gradient, torch.randn(16, dtype=torch.float64))
     measured = int(torch.linalg.matrix_rank(jacobian))
     assert 0 < measured <= sample.rank_bound == 4  # measured 4 at these weights
+
+
+POOLED_FEATURES = """
+import torch.nn as nn
+INPUT_SHAPE = (16,)
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+    def forward(self, x):
+        return self.fc(x.reshape(-1, 4, 4).mean(-1))
+"""
+
+
+def test_suggest_reads_data_as_check_does(run_cli, tmp_path):
+    """A 16-value input pooled to 4 before the only layer: R_s = 4. White data hides 12/16 = 75 % of the energy
+    (protected); samples whose energy lies in 2 directions leave nothing certified hidden (exposed). `suggest`
+    --data gives the verdict `check` --data gives, and with it names noise as the way."""
+    import numpy as np
+
+    model = tmp_path / "pooled.py"
+    model.write_text(POOLED_FEATURES)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "two.npy", rng.standard_normal((200, 2)) @ rng.standard_normal((2, 16)))
+    for flags, expected, hidden in (((), "protected", 0.75), (("--data", tmp_path / "two.npy"), "exposed", 1e-9)):
+        _, out, _ = run_cli("check", model, "--format", "json", *flags)
+        checked = json.loads(out)
+        _, out, _ = run_cli("suggest", model, "--format", "json", *flags)
+        suggested = json.loads(out)
+        assert suggested["verdict"] == checked["verdict"] == expected
+        assert suggested["sample"]["rank_bound"] == checked["identifiability"]["sample"]["rank_bound"] == 4
+        assert suggested["sample"]["certified_hidden_energy"] == pytest.approx(
+            checked["identifiability"]["sample"]["certified_hidden_energy"], abs=1e-12
+        )
+        assert (checked["identifiability"]["sample"]["certified_hidden_energy"] >= hidden) == (expected != "exposed")
+        assert suggested["noise_is_the_way"] == (expected == "exposed")
