@@ -671,7 +671,21 @@ def check(
     type=click.FloatRange(0, 1),
     default=None,
     metavar="F",
-    help="The ceiling on the recoverable fraction for protected (default 0.5).",
+    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
+    "(default 0.5: half).",
+)
+@click.option(
+    "--exposed-below",
+    type=click.FloatRange(0, 1),
+    default=None,
+    metavar="F",
+    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
+)
+@click.option(
+    "--data",
+    metavar="DIR|FILE.npy",
+    help="Samples like yours: the reference distribution the levels are read on, as in check (default: a "
+    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
 )
 @click.option(
     "--format",
@@ -689,7 +703,19 @@ def check(
 @_stand_in_options
 @click.pass_context
 def suggest_command(
-    ctx, model, input_shape, batch_size, top, max_recoverable, output_format, output, debug, dp_candidates, **options
+    ctx,
+    model,
+    input_shape,
+    batch_size,
+    top,
+    max_recoverable,
+    exposed_below,
+    data,
+    output_format,
+    output,
+    debug,
+    dp_candidates,
+    **options,
 ):
     """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach;
     the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
@@ -709,7 +735,7 @@ def suggest_command(
         raise UsageError(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
-    report_files.check_outputs(output, inputs=report_files.command_inputs([model]))
+    report_files.check_outputs(output, inputs=report_files.command_inputs([model], data=data))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
@@ -717,19 +743,28 @@ def suggest_command(
     # its batch-size or [tool.rankaudit.round]'s), else the default.
     commandline = {
         name
-        for name in ("input_shape", "batch_size", "max_recoverable")
+        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below")
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
 
     input_shape = settings.in_force("input_shape", input_shape, "input_shape" in commandline)
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
+    exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
     whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
     noise = noise_suggestion(options, settings.dp, whole_round)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
     report = dataclasses.replace(
-        suggest(model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable, round_=round_),
+        suggest(
+            model,
+            input_shape=input_shape,
+            batch_size=batch_size,
+            max_recoverable=max_recoverable,
+            round_=round_,
+            data=data,
+            exposed_below=exposed_below,
+        ),
         noise=noise,
     )
     if output_format == "html":
@@ -737,7 +772,13 @@ def suggest_command(
         from rankaudit.report import html
 
         result = audit(
-            model, input_shape=input_shape, batch_size=batch_size, max_recoverable=max_recoverable, round_=round_
+            model,
+            input_shape=input_shape,
+            batch_size=batch_size,
+            max_recoverable=max_recoverable,
+            round_=round_,
+            data=data,
+            exposed_below=exposed_below,
         )
         shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
         text = html.render([result], suggestions={result.model: shown})
@@ -770,7 +811,21 @@ def suggest_command(
     type=click.FloatRange(0, 1),
     default=None,
     metavar="F",
-    help="The ceiling on the recoverable fraction for protected (default 0.5).",
+    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
+    "(default 0.5: half).",
+)
+@click.option(
+    "--exposed-below",
+    type=click.FloatRange(0, 1),
+    default=None,
+    metavar="F",
+    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
+)
+@click.option(
+    "--data",
+    metavar="DIR|FILE.npy",
+    help="Samples like yours: the reference distribution both verdicts are read on, as in check (default: a "
+    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
 )
 @click.option(
     "--format",
@@ -786,7 +841,19 @@ def suggest_command(
 @_stand_in_options
 @click.pass_context
 def compare_command(
-    ctx, first, second, input_shape, batch_size, fail_on, min_ra, max_recoverable, output_format, output, debug
+    ctx,
+    first,
+    second,
+    input_shape,
+    batch_size,
+    fail_on,
+    min_ra,
+    max_recoverable,
+    exposed_below,
+    data,
+    output_format,
+    output,
+    debug,
 ):
     """Two designs side by side; the exit code is the policy applied to the second (B).
 
@@ -798,13 +865,14 @@ def compare_command(
     from rankaudit.load import split_model_spec
     from rankaudit.report import design
 
-    report_files.check_outputs(output, inputs=report_files.command_inputs([first, second]))
+    report_files.check_outputs(output, inputs=report_files.command_inputs([first, second], data=data))
     given = {
         "input_shape": input_shape,
         "batch_size": batch_size,
         "fail_on": fail_on,
         "min_ra": min_ra,
         "max_recoverable": max_recoverable,
+        "exposed_below": exposed_below,
     }
     results = []
     for spec in (first, second):
@@ -821,6 +889,7 @@ def compare_command(
             audit(
                 spec,
                 **chosen,
+                data=data,
                 shared_layers=settings.shared_layers,
                 withheld_layers=settings.withheld_layers,
                 model_args=dict(settings.model_args) if settings.model_args else None,

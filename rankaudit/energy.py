@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.levels import DEFAULT_EXPOSED_BELOW, energy_level
+from rankaudit.levels import DEFAULT_EXPOSED_BELOW, DEFAULT_MAX_RECOVERABLE, energy_level, verdict_level
 
 SPECTRUM_FILE = Path(__file__).with_name("data") / "photo_spectrum.json"
 PHOTO_SPECTRUM = "natural-photograph spectrum shipped with rankaudit"
@@ -227,19 +227,79 @@ def largest_protected_rank(eigenvalues: np.ndarray, protected_share: float) -> i
     return int(meeting[-1]) if meeting.size else 0
 
 
+def sample_reference(inputs, unknowns: int, data: str | None = None) -> Reference | None:
+    """The reference distribution of one sample of a model with these inputs (spec §15's order), at `unknowns`
+    eigenvalues; None for token inputs (they keep the rank level and their own finding). Several data inputs take
+    their unknowns together, white."""
+    carrying = [spec for spec in inputs if spec.carries_unknowns]
+    if not carrying or any(spec.role != "data" for spec in carrying):
+        return None
+    shape = tuple(carrying[0].shape) if len(carrying) == 1 else None
+    reference = reference_for(shape, unknowns, data)
+    if reference.eigenvalues.size != unknowns:
+        reference = Reference(white_eigenvalues(unknowns), WHITE)
+    return reference
+
+
+def largest_protected_share_rank(eigenvalues: np.ndarray, protected_share: float) -> float:
+    """The largest rank per sample r (fractional: R over `copies` samples) at which the hidden share still reaches
+    `protected_share`. hidden_share at R over c copies is the tail interpolated linearly at R/c, so a batch or round
+    of c samples is protected exactly when R <= c·r."""
+    total = float(eigenvalues.sum())
+    whole = largest_protected_rank(eigenvalues, protected_share)
+    if whole >= eigenvalues.size or total <= 0:
+        return float(eigenvalues.size)
+    spare = (1 - protected_share) * total - float(eigenvalues[:whole].sum())  # visible energy left to spend
+    if eigenvalues[whole] <= 0:
+        return float(eigenvalues.size)
+    return whole + min(max(spare / float(eigenvalues[whole]), 0.0), 1.0)
+
+
+@dataclass
+class EnergyScale:
+    """One traced model's sample reference with the thresholds in force: the level of any rank bound on it, as
+    `check` reads it (spec §15), for the design review's edits, withheld sets and rounds. Without a reference
+    (token inputs) the level stays spec §11's, on directions."""
+
+    reference: Reference | None
+    unknowns: int  # |x|
+    max_recoverable: float = DEFAULT_MAX_RECOVERABLE
+    exposed_below: float = DEFAULT_EXPOSED_BELOW
+
+    @classmethod
+    def of(cls, inputs, unknowns: int, data=None, max_recoverable=None, exposed_below=None) -> EnergyScale:
+        return cls(
+            sample_reference(inputs, unknowns, data),
+            unknowns,
+            DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable,
+            DEFAULT_EXPOSED_BELOW if exposed_below is None else exposed_below,
+        )
+
+    def level(self, rank_bound: int, copies: int = 1) -> str:
+        """The level of a rank bound over `copies` independent samples (1: one sample's R_s)."""
+        if self.reference is None:
+            return verdict_level(rank_bound, self.unknowns * copies, self.max_recoverable)
+        hidden = hidden_share(self.reference.eigenvalues, rank_bound, copies)
+        if hidden is None:
+            return "exposed"  # no finite figure certifies anything: assume the worst
+        return energy_level(hidden, self.max_recoverable, self.exposed_below)
+
+    def protected_rank(self) -> float:
+        """The largest rank per sample that is still protected (fractional, for R over several samples)."""
+        if self.reference is None:
+            return self.max_recoverable * self.unknowns
+        return largest_protected_share_rank(self.reference.eigenvalues, 1 - self.max_recoverable)
+
+
 def certify(bound, inputs, data: str | None = None, exposed_below: float | None = None):
     """Spec §15 into `bound` (an Identifiability with its SampleBound): the certified hidden share and the PSNR
     ceiling per sample (R_s over |x|) and for the batch or round line (R over N·|x|, each λ once per sample), the
     distribution's name, and the sample level on energy. Token inputs keep the rank level and their own finding.
     Returns the Reference used (None for token inputs)."""
-    carrying = [spec for spec in inputs if spec.carries_unknowns]
-    if not carrying or any(spec.role != "data" for spec in carrying):
-        return None
     sample = bound.sample
-    shape = tuple(carrying[0].shape) if len(carrying) == 1 else None
-    reference = reference_for(shape, sample.unknowns, data)
-    if reference.eigenvalues.size != sample.unknowns:  # several inputs: their unknowns together, white
-        reference = Reference(white_eigenvalues(sample.unknowns), WHITE)
+    reference = sample_reference(inputs, sample.unknowns, data)
+    if reference is None:
+        return None
     eigenvalues = reference.eigenvalues
     sample.certified_hidden_energy = hidden_share(eigenvalues, sample.rank_bound)
     sample.visible_psnr_ceiling = psnr_ceiling(eigenvalues, sample.rank_bound, reference.peak)
@@ -247,14 +307,12 @@ def certify(bound, inputs, data: str | None = None, exposed_below: float | None 
     bound.certified_hidden_energy = hidden_share(eigenvalues, bound.rank_bound, copies)
     bound.spectrum = reference.name
     threshold = DEFAULT_EXPOSED_BELOW if exposed_below is None else exposed_below
-    if sample.certified_hidden_energy is None:
-        sample.level = "exposed"  # no finite figure certifies anything: assume the worst
-    else:
-        sample.level = energy_level(sample.certified_hidden_energy, bound.max_recoverable, threshold)
+    scale = EnergyScale(reference, sample.unknowns, bound.max_recoverable, threshold)
+    sample.level = scale.level(sample.rank_bound)
     if bound.certified_hidden_energy is not None:  # the batch or round line, read on the same scale (context)
-        bound.verdict = energy_level(bound.certified_hidden_energy, bound.max_recoverable, threshold)
+        bound.verdict = scale.level(bound.rank_bound, copies)
     bound.protected_rank = largest_protected_rank(eigenvalues, 1 - bound.max_recoverable)
-    bound.exposed_below = threshold
+    bound.exposed_below = scale.exposed_below
     return reference
 
 

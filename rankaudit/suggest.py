@@ -17,9 +17,10 @@ from rankaudit.bound import (
     sample_identifiability,
     sample_unknowns,
 )
-from rankaudit.errors import RankauditError
+from rankaudit.energy import EnergyScale, ReferenceDataError, certify
+from rankaudit.errors import RankauditError, UsageError
 from rankaudit.findings import readout_layers, token_leakage
-from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS, verdict_level
+from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
 from rankaudit.levels import ceiling as level_ceiling
 from rankaudit.load import load_model
 from rankaudit.ops import Counting, Role
@@ -41,7 +42,7 @@ class Suggestion:
     detail: str  # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str  # the per-sample verdict level of the edited model (spec §14, §11)
+    verdict: str  # the per-sample verdict level of the edited model, on energy as `check` reads it (spec §14, §15)
     delta_params: int
     crosses_verdict: bool  # the verdict differs from the unedited model's
     rank_bound: int = 0  # R_s of the edited model: each sample's bound (spec §14)
@@ -51,7 +52,7 @@ class Suggestion:
 
 @dataclass
 class RoundSetting:
-    """One knob of the round moved to where each sample becomes `protected` (spec §11, §14), with its bound."""
+    """One knob of the round moved to where each sample becomes `protected` (spec §14, §15), with its bound."""
 
     knob: str  # local-samples | local-epochs | clients
     value: int | None  # the value found; None: no value in the range searched protects the round
@@ -66,7 +67,8 @@ class RoundSetting:
 @dataclass
 class RoundReview:
     """The round as given and the three single changes that make each sample `protected` (spec §14): the
-    verdict, bound and fraction are per sample; `whole_*` are the round as a whole (spec §12)."""
+    verdict, bound and fraction are per sample; `whole_*` are the round as a whole (spec §12). The levels are
+    read on energy (spec §15), as `check` reads them."""
 
     round: Round
     verdict: str
@@ -87,7 +89,7 @@ class SuggestReport:
     batch_size: int
     ra_i: int | None
     critical_layer: str | None
-    verdict: str  # the per-sample verdict (spec §14): what the edits aim at
+    verdict: str  # the per-sample verdict on energy (spec §14, §15), as `check` prints it: what the edits aim at
     suggestions: list[Suggestion]
     skipped: list[str] = field(default_factory=list)  # edits that could not be applied, and why
     # The batch as a whole (spec §9, §11) at batch_size: R of n = B·|x|; a statement about all samples at once.
@@ -96,7 +98,7 @@ class SuggestReport:
     certified_deficit: int = 0
     certifying_batch: int | None = None  # smallest batch size with a certified deficit of the whole batch
     protecting_batch: int | None = None  # smallest batch size whose whole batch is protected (None: none is)
-    max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # the ceiling on R/n that protected asks for
+    max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # protected asks that 1 - this of the energy stays hidden
     recoverable_fraction: float = 1.0  # R/n of the model as it is (the whole batch)
     # Layers whose gradients, kept back, make each sample protected (spec §14); [] none needed; None: no set does
     certifying_withheld: list[str] | None = None
@@ -117,6 +119,8 @@ class SuggestReport:
     # No single edit, withheld set or round setting makes each sample protected: only noise the client adds can
     # bound what the server reconstructs of a sample.
     noise_is_the_way: bool = False
+    spectrum: str = ""  # the reference distribution the levels are read on (spec §15); "" for token inputs
+    exposed_below: float | None = None  # the hidden share under which a sample is exposed
 
 
 def _rebuilt(traced: TracedModel, replaced: dict[str, NodeRecord], dropped: set[str]) -> TracedModel:
@@ -320,26 +324,30 @@ def smallest_protected_batch(
     start: int = 1,
     at_start: Identifiability | None = None,
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE,
+    energy: EnergyScale | None = None,
 ) -> int | None:
-    """Smallest B >= start whose verdict is `protected` (R/n <= max_recoverable, spec §11); None if no B is.
+    """Smallest B >= start whose batch as a whole is `protected` on energy (spec §15: the hidden share of B
+    samples' energy, R over B·|x|); None if no B is.
 
-    Every cut's capacity is a + B·b (gradients a, tensors B·b, both >= 0), so R(B) is their minimum and
-    R(B)/(B·|x|) = min(a/B + b)/|x| never grows with B: a bisection finds the first B. The cut through every
-    shared gradient has b = 0, so from B·|x|·max_recoverable >= their total size on, the verdict is protected.
+    Every cut's capacity is a + B·b (gradients a, tensors B·b, both >= 0), so R(B) is their minimum and R(B)/B =
+    min(a/B + b) never grows with B; the hidden share over B samples is the tail interpolated at R(B)/B, so it
+    never shrinks: a bisection finds the first B. The cut through every shared gradient has b = 0, so from
+    B·r >= their total size on (r: the largest protected rank per sample), the batch is protected.
     """
+    energy = energy or EnergyScale.of(traced.inputs, sample_unknowns(traced), max_recoverable=max_recoverable)
 
     def protected(batch: int, bound: Identifiability | None = None) -> bool:
         bound = bound or identifiability(traced, batch, max_recoverable=max_recoverable)
-        return bound.verdict == "protected"
+        return energy.level(bound.rank_bound, batch) == "protected"
 
     if protected(start, at_start):
         return start
-    if max_recoverable <= 0:
+    largest = energy.protected_rank()
+    if largest <= 0:
         return None
-    per_sample = sample_unknowns(traced)
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
     capacity += sum(e.vocab_size * e.dim for e in traced.token_embeddings)
-    low, high = start, max(start + 1, int(capacity / (max_recoverable * max(per_sample, 1))) + 1)
+    low, high = start, max(start + 1, int(capacity / largest) + 1)
     if not protected(high):
         return None
     while high - low > 1:
@@ -358,15 +366,19 @@ def certifying_withheld(
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE,
     aim: str = "protected",
     round_: Round | None = None,
+    energy: EnergyScale | None = None,
 ) -> list[str] | None:
-    """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (spec §11,
-    §14: `protected`, or `partial` for any certified deficit); None if even withholding all of them does not.
-    Each sample is judged by sample_identifiability in `round_` (default: FedSGD at batch_size).
+    """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (spec §14,
+    §15: `protected`, or `partial`); None if no set that still shares some layer's gradient does (withholding
+    every layer sends nothing to train with: that is no design, whatever it hides).
+    Each sample is judged by sample_identifiability in `round_` (default: FedSGD at batch_size), its level read on
+    energy (spec §15) by `energy` (default: the model's shipped reference at these thresholds).
 
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
     a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.
     """
     judged_round = round_ or Round(batch_size=batch_size)
+    energy = energy or EnergyScale.of(traced.inputs, sample_unknowns(traced), max_recoverable=max_recoverable)
     cache: dict = {}
 
     def judge(withheld_layers: list[str]) -> SampleBound:
@@ -375,6 +387,7 @@ def certifying_withheld(
             cache[key] = sample_identifiability(
                 traced, judged_round, withheld_layers=list(key) or None, max_recoverable=max_recoverable
             )
+            cache[key].level = energy.level(cache[key].rank_bound)
         return cache[key]
 
     capacity: dict[str, int] = {}
@@ -398,35 +411,59 @@ def certifying_withheld(
         rest = [other for other in withheld if other != name]
         if judge(rest).level in reached:
             withheld = rest
-    return withheld
+    return withheld if len(withheld) < len(names) or not names else None
 
 
 # Searches stop here: a round that needs more local samples or clients than this is reported as not found.
 MAX_ROUND_SEARCH = 1_000_000
 
 
-def round_review(traced: TracedModel, round_: Round, max_recoverable: float | None = None) -> RoundReview:
-    """Per sample (spec §14): the N, E and C at which each sample of the round is `protected`, one knob at a time.
+def round_review(
+    traced: TracedModel, round_: Round, max_recoverable: float | None = None, energy: EnergyScale | None = None
+) -> RoundReview:
+    """Per sample (spec §14): the N, E and C at which each sample of the round is `protected`, one knob at a time,
+    each level read on energy (spec §15) by `energy` (default: the model's shipped reference).
 
     R_s = min(|x|, |θ_s|, E·R(1)) holds whatever N, B and C are: more local samples or clients never protect a
-    sample (they only lower the round's ρ as a whole, reported beside it), and the largest E is the last whose
-    E·R(1) (or the |θ_s| cap) stays within ρ_max·|x|. Each try is arithmetic: §9's max flows are cached.
+    sample (they only raise the hidden share of the round as a whole, reported beside it), and the largest E is the
+    last whose E·R(1) (or the |θ_s| cap) keeps the hidden share protected. The hidden share only shrinks as R_s
+    grows, so the searches stay monotone. Each try is arithmetic: §9's max flows are cached.
     """
     ceiling = level_ceiling(max_recoverable)
+    energy = energy or EnergyScale.of(traced.inputs, sample_unknowns(traced), max_recoverable=ceiling)
     cache: dict = {}
 
     def judged(changed: Round) -> Identifiability:
-        return round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache)
+        bound = round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache)
+        bound.sample.level = energy.level(bound.sample.rank_bound)
+        return bound
+
+    def whole_level(bound: Identifiability) -> str:
+        return energy.level(bound.rank_bound, max(bound.unknowns // max(bound.sample.unknowns, 1), 1))
 
     def whole_protected(bound: Identifiability) -> bool:
-        return verdict_level(bound.rank_bound, bound.unknowns, ceiling) == "protected"
+        return whole_level(bound) == "protected"
 
-    def first_whole(setting: str, values: range) -> int | None:
-        """The least value of one setting at which the round as a whole is protected (spec §12), for the record."""
-        for value in values:
-            if whole_protected(judged(dataclasses.replace(round_, **{setting: value}))):
-                return value
-        return None
+    def first_whole(setting: str, low: int, high: int) -> int | None:
+        """The least value in [low, high] of one setting at which the round as a whole is protected (spec §12), for
+        the record. The round's bound per sample, R/(N·C), never grows with N or C (each sample adds at most |x|,
+        the |θ_s| cap does not grow), so its hidden share never shrinks: a bisection, not a scan of up to a
+        million rounds (photographs need R/(N·C) under one direction per sample)."""
+
+        def protected(value: int) -> bool:
+            return whole_protected(judged(dataclasses.replace(round_, **{setting: value})))
+
+        if protected(low):
+            return low
+        if high <= low or not protected(high):
+            return None
+        while high - low > 1:
+            middle = (low + high) // 2
+            if protected(middle):
+                high = middle
+            else:
+                low = middle
+        return high
 
     base = judged(round_)
     sample = base.sample
@@ -448,9 +485,10 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
                 )
             )
             continue
-        enough = math.ceil(values / max(ceiling * scale * per_sample, 1e-300)) if ceiling > 0 else None
+        largest = energy.protected_rank()  # the round as a whole is protected once R <= its samples · largest
+        enough = math.ceil(values / max(largest * scale, 1e-300)) if largest > 0 else None
         low = round_.batch_size if setting == "local_samples" else 1
-        whole = first_whole(setting, range(low, max(low, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH)) + 1))
+        whole = first_whole(setting, low, max(low, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH)))
         whole_text = (
             f"; the round as a whole is protected from {symbol} = {whole:,}, which is no guarantee for any one sample"
             if whole is not None
@@ -478,7 +516,7 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
                 f"{per_sample:,}): more epochs only add equations",
             ),
         )
-    elif values <= ceiling * per_sample:
+    elif energy.level(min(values, per_sample)) == "protected":
         settings.insert(
             1,
             _sample_setting(
@@ -513,7 +551,7 @@ def round_review(traced: TracedModel, round_: Round, max_recoverable: float | No
         sample.recoverable_fraction,
         ceiling,
         settings,
-        whole_verdict=verdict_level(base.rank_bound, base.unknowns, ceiling),
+        whole_verdict=whole_level(base),
         whole_rank_bound=base.rank_bound,
         whole_unknowns=base.unknowns,
     )
@@ -548,11 +586,16 @@ def suggest(
     batch_size: int = 1,
     max_recoverable: float | None = None,
     round_: Round | None = None,
+    data: str | None = None,
+    exposed_below: float | None = None,
 ) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
     fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
     also the N, E and C at which each sample is protected. The batch sizes at which the batch as a whole is
-    certified or protected are reported beside them: no batch size protects any one sample."""
+    certified or protected are reported beside them: no batch size protects any one sample.
+
+    Every level is read on energy, as `check` reads it (spec §15): the reference is `data` (--data), else the
+    shipped photograph spectrum for C×H×W inputs, else white data; `exposed_below` as check's --exposed-below."""
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
@@ -563,6 +606,12 @@ def suggest(
     base_bound = identifiability(traced, batch_size, max_recoverable=ceiling)
     judged_round = round_ or Round(batch_size=batch_size)
     base_sample = sample_identifiability(traced, judged_round, max_recoverable=ceiling)
+    try:
+        energy = EnergyScale.of(traced.inputs, base_sample.unknowns, data, ceiling, exposed_below)
+        base_bound.sample = base_sample
+        reference = certify(base_bound, traced.inputs, data, exposed_below)  # the levels `check` prints
+    except ReferenceDataError as exc:
+        raise UsageError(str(exc), "give a readable --data, or leave it out to use the shipped reference") from exc
     readouts = {name for _, name, _, _ in readout_layers(traced)}
     skipped: list[str] = []
     suggestions = []
@@ -570,6 +619,7 @@ def suggest(
     def add(edit, target, detail, edited, delta):
         result = analyze(edited, batch_size)
         sample = sample_identifiability(edited, judged_round, max_recoverable=ceiling)
+        sample.level = energy.level(sample.rank_bound)  # the input, hence the reference, is the unedited one's
         suggestions.append(
             Suggestion(
                 edit,
@@ -597,15 +647,17 @@ def suggest(
             detail += "; stops the exact bias readout of a sample, though the weight rows still point along it"
         add("remove-bias", target, detail, edited, delta)
     certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
-    protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling)
+    protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling, energy)
     suggestions.sort(key=lambda s: (s.recoverable_fraction, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
-    protecting = certifying_withheld(traced, batch_size, max_recoverable=ceiling, round_=round_)
+    protecting = certifying_withheld(traced, batch_size, max_recoverable=ceiling, round_=round_, energy=energy)
     deficit_only = (
         None
         if protecting is not None
-        else certifying_withheld(traced, batch_size, max_recoverable=ceiling, aim="partial", round_=round_)
+        else certifying_withheld(
+            traced, batch_size, max_recoverable=ceiling, aim="partial", round_=round_, energy=energy
+        )
     )
-    review = round_review(traced, round_, ceiling) if round_ is not None else None
+    review = round_review(traced, round_, ceiling, energy) if round_ is not None else None
     structural = (
         base_sample.level == "protected"
         or protecting is not None
@@ -646,5 +698,7 @@ def suggest(
         sample=base_sample,
         readout_layers=sorted(readouts),
         noise_is_the_way=not structural,
+        spectrum=reference.name if reference is not None else "",
+        exposed_below=energy.exposed_below,
         **span,
     )

@@ -7,6 +7,8 @@ import pytest
 from conftest import EXAMPLES
 
 from rankaudit.audit import audit
+from rankaudit.load import load_model
+from rankaudit.report import design
 from rankaudit.suggest import suggest
 
 
@@ -38,18 +40,17 @@ def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_rep
     smallest = {"partial": resnet_report.certifying_batch, "protected": resnet_report.protecting_batch}
     assert smallest["partial"] == 229
 
-    # The batch sizes are counted on directions (a certified deficit; at most half recoverable); the check's levels
-    # are read on energy, where the batch as a whole stays exposed: the rows are compared on the counts.
-    def reaches(bound, level):
-        return bound.certified_deficit > 0 if level == "partial" else bound.recoverable_fraction <= 0.5
-
-    for level, batch in smallest.items():
-        result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch)
-        assert reaches(result.identifiability, level) and result.verdict == "exposed"  # each sample: exposed
-        assert not reaches(audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=batch - 1).identifiability, level)
-    # The protected batch size lies where R/(B·3072) first reaches 1/2: B·1536 >= the rank bound.
-    bound = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"]).identifiability
-    assert bound.rank_bound <= smallest["protected"] * 1536 and bound.recoverable_fraction <= 0.5
+    # The first certified deficit is counted on directions; the first protected batch is read on energy, as `check`
+    # reads the batch line: at least half of the B samples' energy hidden (each sample stays exposed).
+    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["partial"])
+    assert result.identifiability.certified_deficit > 0 and result.verdict == "exposed"
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=228).identifiability.certified_deficit == 0
+    result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"])
+    before = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"] - 1).identifiability
+    assert (result.identifiability.verdict, before.verdict, result.verdict) == ("protected", "partial", "exposed")
+    # 886,960 samples, all 701,466 parameters reachable (0.79 per sample): the batch's hidden share crosses 1/2 there.
+    assert smallest["protected"] == 886_960 and result.identifiability.rank_bound == 701_466
+    assert result.identifiability.certified_hidden_energy >= 0.5 > before.certified_hidden_energy
 
 
 NARROW_FIG2_D = """
@@ -82,7 +83,12 @@ def test_narrowing_a_two_conv_net_matches_the_narrowed_model(tmp_path):
     narrowed = audit(write_model(tmp_path, "n1.py", c1=3, c2=4, bias=False))
     assert (conv1.ra_i, conv1.critical_layer) == (narrowed.ra_i, narrowed.critical_layer) == (291, "conv1")
     assert conv1.delta_params == narrowed.parameters - (108 + 144 + 3136) == -27 - 36
-    assert conv1.crosses_verdict and conv1.verdict == "partial"  # 2,781 of 3,072 directions still recoverable
+    # Read on energy, as `check` reads it: the 264 directions certified hidden hold under 5 % of a typical
+    # photograph's energy, so the edited model stays exposed like the unedited one (on directions it was partial).
+    assert not conv1.crosses_verdict and conv1.verdict == narrowed.verdict == "exposed"
+    # The re-counted graph's per-sample bound stays at or over the re-traced model's (an upper bound, 27 looser).
+    assert narrowed.identifiability.sample.rank_bound == 2781 <= conv1.rank_bound == 2808
+    assert narrowed.identifiability.sample.certified_hidden_energy < 0.05
     # conv2 is already locally deficient (3600 - 144 - 3136 = 320 > 0; only V makes its RA_i negative).
     assert not [s for s in report.suggestions if s.edit == "narrow" and s.target == "conv2"]
     assert not [s for s in report.suggestions if s.edit == "stride"]  # every stride change breaks fc's input
@@ -110,7 +116,8 @@ def test_suggest_cli_json_and_top(run_cli):
     # Batch sizes are no edit rows (spec §14: they protect no sample); they stand in the whole-batch line.
     assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
     assert "No batch size protects any one sample: a sample's bound" in out
-    assert "smallest with protected (at most 50 % of the input's directions recoverable): " in out
+    assert "smallest protected (at least 50 % of a typical sample's energy hidden): 886960" in out
+    assert "Levels are read on energy, as `rankaudit check` reads them (reference: natural-photograph" in out
 
 
 def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
@@ -140,8 +147,8 @@ def test_narrowing_fig2_a_gives_fig2_b():
     assert edit.detail == "out_features 4 -> 3"
     assert (
         (edit.ra_i, edit.critical_layer, edit.verdict)
-        == (fig2_b.ra_i, fig2_b.critical_layer, "partial")
-        == (405, "conv1", "partial")
+        == (fig2_b.ra_i, fig2_b.critical_layer, fig2_b.verdict)
+        == (405, "conv1", "exposed")  # 405 directions hidden, 0.0003 % of a typical photograph's energy
     )
     assert edit.delta_params == fig2_b.parameters - audit(str(EXAMPLES / "fig2_a.py")).parameters
 
@@ -159,25 +166,41 @@ def test_certifying_batch_size_and_withheld_layers():
     # fig2-a holds 192 + 3364 = 3556 gradient values: two samples (6144 unknowns) exceed them, one does not.
     report = suggest(str(EXAMPLES / "fig2_a.py"))
     assert (report.rank_bound, report.certified_deficit, report.certifying_batch) == (3072, 0, 2)
-    # The batch as a whole: B = 3 (3556 / 9216 = 39 %) is protected, B = 2 (58 %) partial; each sample stays exposed.
     assert not [s for s in report.suggestions if s.edit == "batch-size"]
     assert (report.verdict, report.sample.rank_bound, report.sample.unknowns) == ("exposed", 3072, 3072)
-    # Keeping fc's gradient local leaves conv1's 192 values: a deficit of 2880, 6 % recoverable: protected.
-    assert report.certifying_withheld == ["fc"]
-    assert report.protecting_batch == 3
-    assert audit(str(EXAMPLES / "fig2_a.py"), withheld_layers=["fc"]).identifiability.certified_deficit == 2880
+    # Keeping fc's gradient local leaves conv1's 192 values: 2,880 directions hidden (6 % recoverable, protected on
+    # directions), but the 192 visible ones carry 98.8 % of a typical photograph's energy: still exposed on
+    # energy. Only keeping both layers local (nothing sent, no design) would: no withheld set is offered, and noise
+    # is named as the way.
+    assert report.certifying_withheld is None and report.noise_is_the_way
+    fc_kept = audit(str(EXAMPLES / "fig2_a.py"), withheld_layers=["fc"]).identifiability
+    assert fc_kept.certified_deficit == 2880 and fc_kept.sample.rank_bound == 192
+    assert fc_kept.sample.certified_hidden_energy < 0.05 and fc_kept.sample.level == "exposed"
+    # The batch as a whole, on energy as `check` reads its batch line: 3,556 values over B samples hide half of
+    # their energy from B = 4,497 on (0.79 directions per sample).
+    assert report.protecting_batch == 4497
+    assert audit(str(EXAMPLES / "fig2_a.py"), batch_size=4497).identifiability.verdict == "protected"
+    assert audit(str(EXAMPLES / "fig2_a.py"), batch_size=4496).identifiability.verdict == "partial"
 
 
 def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     # Every one of ResNet-18-w16's 701,466 parameters is reachable: the bound certifies once B·3072 exceeds them.
     assert resnet_report.certifying_batch == 701_466 // 3072 + 1 == 229
-    # No set of layers reaches protected: the norms' 2,400 directly used parameters are sent whatever is withheld
-    # (78 % of 3,072); a set that certifies a deficit is reported instead.
-    assert resnet_report.certifying_withheld is None
-    withheld = resnet_report.deficit_withheld
-    assert withheld and "fc" not in withheld and "conv1" not in withheld
-    withheld_bound = audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=withheld).identifiability
-    assert withheld_bound.sample.rank_bound < withheld_bound.sample.unknowns
+    # No set of layers reaches protected, nor even partial on energy: the norms' 2,400 directly used parameters
+    # are sent whatever is withheld, and 2,400 of 3,072 directions show all but 0.001 % of a typical photograph.
+    assert resnet_report.certifying_withheld is None and resnet_report.deficit_withheld is None
+    from rankaudit.ops import Role
+    from rankaudit.trace import trace_model
+
+    traced = trace_model(load_model(str(EXAMPLES / "resnet18_w16.py"), None, device="meta").module, (3, 32, 32))
+    records = [traced.record(node) for node in traced.order]
+    layers = sorted({r.name.split("#")[0] for r in records if r.counting.role is Role.LAYER and r.counting.weights})
+    assert len(layers) == 21
+    every = audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=layers).identifiability.sample
+    assert every.rank_bound == 2400 and every.certified_hidden_energy < 0.05 and every.level == "exposed"
+    assert "no set of layers that still shares some gradient makes each sample protected" in design.suggest_table(
+        resnet_report
+    )
 
 
 def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report):
@@ -186,7 +209,6 @@ def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report)
     import dataclasses
 
     from rankaudit.dp import least_noise
-    from rankaudit.report import design
 
     assert resnet_report.noise_is_the_way and resnet_report.verdict == "exposed"
     assert all(s.verdict == "exposed" for s in resnet_report.suggestions)
@@ -195,3 +217,99 @@ def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report)
     assert "No structural edit protects a sample" in text
     assert f"the least noise multiplier is σ = {noise.noise_multiplier:g}" in text
     assert "give DP options with --max-reconstruction" in design.suggest_table(resnet_report)
+
+
+def test_suggest_prints_the_verdict_check_prints(run_cli):
+    """The unedited model's verdict in `suggest` is `check`'s, both from the CLI: on energy. Figure 2(b) hides 405
+    directions (partial on directions), 0.0003 % of a typical photograph's energy: exposed; with --exposed-below 0
+    any hidden energy is partial, in both commands (and in compare)."""
+    for flags, expected in (((), "exposed"), (("--exposed-below", "0"), "partial")):
+        _, out, _ = run_cli("check", EXAMPLES / "fig2_b.py", "--format", "json", *flags)
+        checked = json.loads(out)["verdict"]
+        code, out, _ = run_cli("suggest", EXAMPLES / "fig2_b.py", "--format", "json", *flags)
+        suggested = json.loads(out)
+        assert code == 0 and suggested["verdict"] == checked == expected
+        assert suggested["exposed_below"] == (0.0 if flags else 0.05)
+        _, out, _ = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py", "--format", "json", *flags)
+        assert json.loads(out)["b"]["verdict"] == expected  # compare reads its levels where check does
+
+
+FEATURES = """
+import torch.nn as nn
+INPUT_SHAPE = (16,)
+class Features(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 4)
+        self.act = nn.LeakyReLU(0.2)
+        self.fc2 = nn.Linear(4, 3)
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+"""
+
+
+def test_feature_vector_withheld_search_reaches_protected_on_energy(tmp_path):
+    """White data (no image shape, no --data): every direction carries the same energy, so keeping fc1 local
+    leaves a sample's input reaching the shared fc2 gradient through 4 values: at most 4 of 16 directions, 75 %
+    of the energy certified hidden, protected. The exact rank of the shared gradient's Jacobian sits under it."""
+    import torch
+
+    path = tmp_path / "features.py"
+    path.write_text(FEATURES)
+    report = suggest(str(path))
+    assert report.verdict == "exposed" and report.sample.rank_bound == 16
+    assert report.spectrum.startswith("equal energy in every direction")
+    assert report.certifying_withheld == ["fc1"]
+    kept = audit(str(path), withheld_layers=["fc1"])
+    sample = kept.identifiability.sample
+    assert (sample.rank_bound, sample.certified_hidden_energy, kept.verdict) == (4, 0.75, "protected")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.LeakyReLU(0.2), torch.nn.Linear(4, 3)).double()
+    target = torch.tensor([1])
+
+    def shared_gradient(x):
+        output = torch.func.functional_call(model, dict(model.named_parameters()), (x[None],))
+        loss = torch.nn.functional.cross_entropy(output, target)
+        weights = [model[2].weight, model[2].bias]
+        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, weights, create_graph=True)])
+
+    jacobian = torch.autograd.functional.jacobian(shared_gradient, torch.randn(16, dtype=torch.float64))
+    measured = int(torch.linalg.matrix_rank(jacobian))
+    assert 0 < measured <= sample.rank_bound == 4  # measured 4 at these weights
+
+
+POOLED_FEATURES = """
+import torch.nn as nn
+INPUT_SHAPE = (16,)
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+    def forward(self, x):
+        return self.fc(x.reshape(-1, 4, 4).mean(-1))
+"""
+
+
+def test_suggest_reads_data_as_check_does(run_cli, tmp_path):
+    """A 16-value input pooled to 4 before the only layer: R_s = 4. White data hides 12/16 = 75 % of the energy
+    (protected); samples whose energy lies in 2 directions leave nothing certified hidden (exposed). `suggest`
+    --data gives the verdict `check` --data gives, and with it names noise as the way."""
+    import numpy as np
+
+    model = tmp_path / "pooled.py"
+    model.write_text(POOLED_FEATURES)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "two.npy", rng.standard_normal((200, 2)) @ rng.standard_normal((2, 16)))
+    for flags, expected, hidden in (((), "protected", 0.75), (("--data", tmp_path / "two.npy"), "exposed", 1e-9)):
+        _, out, _ = run_cli("check", model, "--format", "json", *flags)
+        checked = json.loads(out)
+        _, out, _ = run_cli("suggest", model, "--format", "json", *flags)
+        suggested = json.loads(out)
+        assert suggested["verdict"] == checked["verdict"] == expected
+        assert suggested["sample"]["rank_bound"] == checked["identifiability"]["sample"]["rank_bound"] == 4
+        assert suggested["sample"]["certified_hidden_energy"] == pytest.approx(
+            checked["identifiability"]["sample"]["certified_hidden_energy"], abs=1e-12
+        )
+        assert (checked["identifiability"]["sample"]["certified_hidden_energy"] >= hidden) == (expected != "exposed")
+        assert suggested["noise_is_the_way"] == (expected == "exposed")

@@ -54,6 +54,8 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
         "sample": asdict(report.sample) if report.sample else None,
         "readout_layers": report.readout_layers,
         "noise_is_the_way": report.noise_is_the_way,
+        "spectrum": report.spectrum,
+        "exposed_below": report.exposed_below,
     }
 
 
@@ -114,7 +116,7 @@ def _round_lines(report: SuggestReport) -> list[str]:
         "",
         f"Round: {describe(review.round)}: each sample: rank bound {review.rank_bound:,} of "
         f"{review.unknowns:,} unknowns, ρ = {percent(review.recoverable_fraction)}, {review.verdict} "
-        f"(protected at ρ <= {percent(review.max_recoverable)}); the round as a whole: rank bound "
+        f"(protected: {_protected_text(report)}); the round as a whole: rank bound "
         f"{review.whole_rank_bound:,} of {review.whole_unknowns:,}, {review.whole_verdict} (no guarantee "
         "for any one sample).",
     ]
@@ -133,29 +135,36 @@ def _round_lines(report: SuggestReport) -> list[str]:
     return lines
 
 
+def _protected_text(report: SuggestReport) -> str:
+    """What `protected` asks, as `check` reads it: a hidden share of the energy (directions for token inputs)."""
+    if not report.spectrum:
+        return f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
+    return f"at least {percent(1 - report.max_recoverable)} of a typical sample's energy hidden"
+
+
 def _certificates(report: SuggestReport) -> list[str]:
     current = lambda batch: " (the current one)" if batch == report.batch_size else ""  # noqa: E731
-    ceiling = f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
+    ceiling = _protected_text(report)
     protecting = (
         f"{report.protecting_batch}{current(report.protecting_batch)}"
         if report.protecting_batch is not None
-        else "none (the ceiling is 0)"
+        else "none"
     )
     lines = [
         f"The batch as a whole: smallest batch size with a certified deficit: {report.certifying_batch}"
-        f"{current(report.certifying_batch)}; smallest with protected ({ceiling}): {protecting}. No batch size "
+        f"{current(report.certifying_batch)}; smallest protected ({ceiling}): {protecting}. No batch size "
         "protects any one sample: a sample's bound does not depend on it."
     ]
     if report.certifying_withheld is None:
         partial = (
-            f" Keeping {', '.join(report.deficit_withheld)} local gives a certified deficit (partial)."
+            f" Keeping {', '.join(report.deficit_withheld)} local makes each sample partial."
             if report.deficit_withheld
             else ""
         )
         lines.append(
-            f"Withholding gradients: even with every layer's gradient withheld, a sample is not "
-            f"protected ({ceiling}; parameters used outside layers, such as norms, still carry the "
-            f"input).{partial}"
+            f"Withholding gradients: no set of layers that still shares some gradient makes each sample protected "
+            f"({ceiling}): what stays shared, parameters used outside layers such as norms included, still shows "
+            f"more of a sample.{partial}"
         )
     elif not report.certifying_withheld:
         lines.append("Withholding gradients: none needed, each sample is already protected.")
@@ -167,6 +176,12 @@ def _certificates(report: SuggestReport) -> list[str]:
         )
     lines.extend(_readout_text(report))
     lines.extend(_token_budget(report))
+    if report.spectrum:
+        exposed = percent(report.exposed_below) if report.exposed_below is not None else "5 %"
+        lines.append(
+            f"Levels are read on energy, as `rankaudit check` reads them (reference: {report.spectrum}): exposed "
+            f"below {exposed} of a typical sample's energy hidden."
+        )
     return lines
 
 
@@ -191,7 +206,7 @@ def _readout_text(report: SuggestReport) -> list[str]:
         lines.append(
             "No structural edit protects a sample: no single edit, no set of withheld gradients"
             + (" and no round setting" if report.round_review is not None else "")
-            + " brings each sample within the ceiling. Noise the client adds (DP-SGD, local DP) is the "
+            + " makes each sample protected. Noise the client adds (DP-SGD, local DP) is the "
             f"way{least}."
         )
     return lines
@@ -214,10 +229,16 @@ def _token_budget(report: SuggestReport) -> list[str]:
     ]
 
 
+def _hidden_text(sample) -> str:
+    hidden = sample.certified_hidden_energy
+    return "" if hidden is None else f", {percent(hidden)} of a typical sample's energy hidden"
+
+
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     sample = (
         f"each sample: rank bound {report.sample.rank_bound:,} of {report.sample.unknowns:,} "
-        f"({percent(report.sample.recoverable_fraction)} recoverable), {report.verdict}; the batch as a whole: "
+        f"({percent(report.sample.recoverable_fraction)} recoverable{_hidden_text(report.sample)}), "
+        f"{report.verdict}; the batch as a whole: "
         if report.sample is not None
         else ""
     )
