@@ -38,7 +38,12 @@ def _principal_hidden(samples: np.ndarray, rank: int) -> float:
 # Fewer crops than dimensions at 16 px and above: the ranks stay well below the crop count.
 @pytest.mark.parametrize(
     "size, crops, ranks",
-    [(8, 600, (3, 12, 48, 96)), (16, 600, (12, 48, 96, 150)), (32, 500, (12, 48, 96)), (64, 300, (12, 48, 72))],
+    [
+        (8, 600, (3, 12, 48, 96)),
+        (16, 600, (12, 48, 96, 150)),
+        (32, 500, (12, 48, 96)),
+        pytest.param(64, 300, (12, 48, 72), marks=pytest.mark.slow),  # 300 crops at 64 px: the slow cases' run
+    ],
 )
 def test_the_shipped_spectrum_is_conservative_against_the_default_photo_crops(size, crops, ranks):
     """Measured (seed 0, other crops than the fit's): at every size and rank the shipped hidden share is under the

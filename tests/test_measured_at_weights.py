@@ -115,7 +115,7 @@ def _reading(level: str, hidden: list[float], certified: float | None = None):
         "internal_error": None,
     }
     sample = SimpleNamespace(certified_hidden_energy=certified)
-    result = SimpleNamespace(identifiability=SimpleNamespace(sample=sample, max_recoverable=0.5))
+    result = SimpleNamespace(identifiability=SimpleNamespace(sample=sample, max_recoverable=0.5, exposed_below=0.05))
     return verification, result
 
 

@@ -90,7 +90,10 @@ def test_full_rank_reference_nets(example):
     assert measured.reliable and measured.gap > 1e4
 
 
-@pytest.mark.parametrize("example, at_least", [("fig2_b", 405), ("fig2_c", 405), ("fig2_e", 16)])
+# fig2_c is fig2_b's deficit in another layout (the same 405); its forty-second sketch runs with the slow cases.
+@pytest.mark.parametrize(
+    "example, at_least", [("fig2_b", 405), pytest.param("fig2_c", 405, marks=pytest.mark.slow), ("fig2_e", 16)]
+)
 def test_figure2_deficits(example, at_least):
     # The counts give 405 (b, c) and 16 (e); R-GAP's out_channels² relations (§7) add more. Measured here:
     # b and c rank 2658 (deficit 414 = 405 + 3²), e rank 3036 (deficit 36), as in spec §10; gaps 1e9 to 1e12.
