@@ -137,9 +137,12 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
         if "--verify" in extra:  # originals and reconstructions side by side, embedded in the file
             samples = int(extra[extra.index("--samples") + 1])
+            # ... beside the certificate's reference photograph and its top-R_s projection (two more images)
+            certificate = page.locator("figure.certificate img").count()
+            assert certificate == 2
             assert (
                 page.evaluate("[...document.images].filter(i => i.src.startsWith('data:image/png')).length")
-                == 2 * samples
+                == 2 * samples + certificate
             )
             assert "confirms the static verdict" in body
         # Wide content scrolls inside its own container; the page never scrolls sideways.
@@ -178,7 +181,7 @@ def test_the_visible_parts_stand_beside_the_verdict(browser):
         "[...document.querySelectorAll('.visible-parts img')]"
         ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32)"
     )
-    caption = page.inner_text(".visible-pair figcaption")
+    caption = page.inner_text(".visible-parts .visible-pair figcaption")
     assert "hidden 2 %" in caption and " dB" in caption and "SSIM 0.99" in caption
     assert "the gradient shows the image" in page.inner_text(".what-it-shows")
     shot = page.locator(".summary .visible-parts").screenshot()
