@@ -312,6 +312,25 @@ def _timeout_option(command):
     )(command)
 
 
+def _level_options(command):
+    """--max-recoverable and --exposed-below: the two thresholds every command reads its levels on (energy)."""
+    command = click.option(
+        "--exposed-below",
+        type=click.FloatRange(0, 1),
+        default=None,
+        metavar="F",
+        help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
+    )(command)
+    return click.option(
+        "--max-recoverable",
+        type=click.FloatRange(0, 1),
+        default=None,
+        metavar="F",
+        help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
+        "(default 0.5: half); below that the verdict is partial or exposed.",
+    )(command)
+
+
 def _stand_in_options(command):
     """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
     from rankaudit import import_standins
@@ -382,21 +401,7 @@ def _stand_in_options(command):
     "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
 )
 @click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@click.option(
-    "--max-recoverable",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
-    "(default 0.5: half); below that the verdict is partial or exposed.",
-)
-@click.option(
-    "--exposed-below",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
-)
+@_level_options
 @click.option(
     "--shared-layers",
     callback=lambda ctx, param, value: _names(value),
@@ -666,21 +671,7 @@ def check(
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
-@click.option(
-    "--max-recoverable",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
-    "(default 0.5: half).",
-)
-@click.option(
-    "--exposed-below",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
-)
+@_level_options
 @click.option(
     "--data",
     metavar="DIR|FILE.npy",
@@ -806,21 +797,7 @@ def suggest_command(
     help="Exit 1 when the second model fails this policy (as `check` would).",
 )
 @click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@click.option(
-    "--max-recoverable",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
-    "(default 0.5: half).",
-)
-@click.option(
-    "--exposed-below",
-    type=click.FloatRange(0, 1),
-    default=None,
-    metavar="F",
-    help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
-)
+@_level_options
 @click.option(
     "--data",
     metavar="DIR|FILE.npy",

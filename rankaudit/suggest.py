@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -350,9 +351,14 @@ def smallest_protected_batch(
     low, high = start, max(start + 1, int(capacity / largest) + 1)
     if not protected(high):
         return None
+    return _first_true(protected, low, high)
+
+
+def _first_true(holds: Callable[[int], bool], low: int, high: int) -> int:
+    """The smallest value in (low, high] at which a monotone `holds` is true, given that it holds at `high`."""
     while high - low > 1:
         middle = (low + high) // 2
-        if protected(middle):
+        if holds(middle):
             high = middle
         else:
             low = middle
@@ -457,13 +463,7 @@ def round_review(
             return low
         if high <= low or not protected(high):
             return None
-        while high - low > 1:
-            middle = (low + high) // 2
-            if protected(middle):
-                high = middle
-            else:
-                low = middle
-        return high
+        return _first_true(protected, low, high)
 
     base = judged(round_)
     sample = base.sample
