@@ -746,31 +746,21 @@ def suggest_command(
     noise = noise_suggestion(options, settings.dp, whole_round)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
-    report = dataclasses.replace(
-        suggest(
-            model,
-            input_shape=input_shape,
-            batch_size=batch_size,
-            max_recoverable=max_recoverable,
-            round_=round_,
-            data=data,
-            exposed_below=exposed_below,
-        ),
-        noise=noise,
+    # The review and the HTML report's audit judge the same model on the same settings.
+    judged_on = dict(
+        input_shape=input_shape,
+        batch_size=batch_size,
+        max_recoverable=max_recoverable,
+        round_=round_,
+        data=data,
+        exposed_below=exposed_below,
     )
+    report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
 
-        result = audit(
-            model,
-            input_shape=input_shape,
-            batch_size=batch_size,
-            max_recoverable=max_recoverable,
-            round_=round_,
-            data=data,
-            exposed_below=exposed_below,
-        )
+        result = audit(model, **judged_on)
         shown = dataclasses.replace(report, suggestions=report.suggestions[:top])
         text = html.render([result], suggestions={result.model: shown})
     else:
