@@ -6,7 +6,7 @@ Run from the repository root (needs `pip install ".[dp]"`):
     python benchmarks/bench_dp_accuracy.py [--quick] [--old] [--out FILE.json]
 
 For q in {1, 0.01, 0.001}, T in {1, 100, 10^4, 10^5}, σ in {0.5, 1, 2, 4}: ε at δ = 1e-5 and B(κ) at κ = 0.1, 0.01,
-0.001 from rankaudit.dp.dp_bound (the grid rankaudit picks, rankaudit.dp.grid_for), beside the same numbers from
+0.001 from rankaudit.bound.dp.dp_bound (the grid rankaudit picks, rankaudit.bound.dp.grid_for), beside the same numbers from
 dp-accounting's pessimistic PLD at a grid ten times finer (built directly, not through grid_for; B(κ) by the same
 search). Both are upper bounds (pessimistic), though not ordered point by point; the column `excess` is the largest
 relative excess of the default over the finer grid (ε and the three B(κ)), the target is within 1 % either way. At q = 1 both sides use the exact identity that T
@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit import dp  # noqa: E402
-from rankaudit.round import DPSettings  # noqa: E402
+from rankaudit.bound import dp  # noqa: E402
+from rankaudit.settings.round import DPSettings  # noqa: E402
 
 RATES = (1.0, 0.01, 0.001)
 STEPS = (1, 100, 10_000, 100_000)

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.audit import audit  # noqa: E402
-from rankaudit.round import build_round  # noqa: E402
+from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import data
 from rankaudit.verify.attacks import fedavg
 from rankaudit.verify.model import build_real_model  # noqa: E402

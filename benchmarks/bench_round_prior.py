@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.round import build_round  # noqa: E402
+from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import baselines, data
 from rankaudit.verify.attacks import fedavg
 from rankaudit.verify.model import build_real_model  # noqa: E402
@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
 
     round_ = build_round({"local_samples": args.samples, "batch_size": args.batch_size, "local_epochs": args.epochs})
-    from rankaudit.load import load_model
+    from rankaudit.model.load import load_model
 
     shape = tuple(load_model(args.model, None, device="meta").input_shape)
     model, weights = build_real_model(args.model, shape, args.seed)

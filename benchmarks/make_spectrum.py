@@ -1,8 +1,8 @@
 """Fit the natural-photograph spectrum that ships with rankaudit (rankaudit/data/photo_spectrum.json).
 
-The energy certificate (rankaudit/energy.py) needs, for any C×H×W input, the eigenvalues of a typical photograph's
+The energy certificate (rankaudit/bound/energy.py) needs, for any C×H×W input, the eigenvalues of a typical photograph's
 covariance. This script measures them on the verifiers' default images (seeded crops of scikit-learn's sample
-photographs, cut and resized exactly as rankaudit/verify/data.py does) at 8, 16, 32 and 64 px, and fits a model that
+photographs, cut and resized exactly as rankaudit/bound/images.py does) at 8, 16, 32 and 64 px, and fits a model that
 is diagonal in (colour principal axes) x (2-D DCT frequencies):
 
     λ(c, ky, kx) = e_c · (r² + r0²)^(-α/2) · exp(-β r² / (H·W)),   r² = (ky/2)² · W/H + (kx/2)² · H/W
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.verify.data import load_images
+from rankaudit.bound.images import load_images
 
 OUT = Path(__file__).resolve().parents[1] / "rankaudit" / "data" / "photo_spectrum.json"
 SIZES = {8: 3000, 16: 3000, 32: 2500, 64: 1200}  # px -> crops (64 px: fewer crops than dimensions, so R < N/4)
@@ -38,7 +38,7 @@ SEED = 7  # the crops the fit uses; the conservativeness test draws other ones (
 
 
 def model_eigenvalues(height: int, width: int, alpha: float, r0: float, beta: float, colour: np.ndarray):
-    """The model's eigenvalues (unsorted) for colour eigenvalues `colour`: the same formula as rankaudit.energy."""
+    """The model's eigenvalues (unsorted) for colour eigenvalues `colour`: the same formula as rankaudit.bound.energy."""
     ky = np.arange(height)[:, None] / 2.0
     kx = np.arange(width)[None, :] / 2.0
     r2 = ky**2 * (width / height) + kx**2 * (height / width)

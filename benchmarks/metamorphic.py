@@ -563,9 +563,9 @@ class Outcome:
 
 def static_bound(build: Callable[[], nn.Module], input_shape: tuple[int, ...]) -> tuple[int, int]:
     """The per-sample rank bound rankaudit certifies, and the unknowns, from the model built on the meta device."""
-    from rankaudit import findings
-    from rankaudit.analysis import analyze
-    from rankaudit.trace import trace_model
+    from rankaudit.findings import apply as findings
+    from rankaudit.count.analysis import analyze
+    from rankaudit.trace.tracer import trace_model
 
     with torch.device("meta"):
         model = build()

@@ -41,7 +41,7 @@ def _command_markdown(command: click.Command, path: list[str], level: int) -> li
     if arguments:
         lines += ["Arguments: " + ", ".join(f"`{a.make_metavar(ctx)}`" for a in arguments), ""]
     if options:
-        from rankaudit.cli_help import GROUPS, UNGROUPED, examples_text, group_of
+        from rankaudit.settings.help import GROUPS, UNGROUPED, examples_text, group_of
 
         by_group: dict[str, list[str]] = {}
         for option in options:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 
-from rankaudit import findings, supervise
-from rankaudit.analysis import analyze
-from rankaudit.bound import round_identifiability
-from rankaudit.energy import ReferenceDataError
+from rankaudit.findings import apply as findings
+
+from rankaudit.model import supervise
+from rankaudit.count.analysis import analyze
+from rankaudit.bound.identifiability import round_identifiability
+from rankaudit.bound.energy import ReferenceDataError
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.load import load_model
-from rankaudit.ops import Role
+from rankaudit.model.load import load_model
+from rankaudit.count.ops import Role
 from rankaudit.result import Result
-from rankaudit.round import Round, validate_round
-from rankaudit.trace import trace_model
+from rankaudit.settings.round import Round, validate_round
+from rankaudit.trace.tracer import trace_model
 
 
 def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:

@@ -10,9 +10,11 @@ import sys
 
 import click
 
-from rankaudit import __version__, supervise
-from rankaudit import output as report_files
-from rankaudit.cli_help import GroupedCommand, GroupedHelp
+from rankaudit import __version__
+
+from rankaudit.model import supervise
+from rankaudit.report import files as report_files
+from rankaudit.settings.help import GroupedCommand, GroupedHelp
 from rankaudit.errors import (
     Interrupted,
     ModelEndedProcess,
@@ -21,8 +23,8 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
-from rankaudit.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
-from rankaudit.run_settings import ROUND_FLAGS
+from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
+from rankaudit.settings.run import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 FORMATS = ("table", "json", "sarif", "html")
@@ -121,7 +123,7 @@ class _VerifyOption(click.Option):
 def _parse_shape(ctx, param, value):
     if value is None:
         return None
-    from rankaudit.load import parse_input_shape
+    from rankaudit.model.load import parse_input_shape
 
     return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
 
@@ -129,7 +131,7 @@ def _parse_shape(ctx, param, value):
 def _parse_dtype(ctx, param, value):
     if value is None:
         return None
-    from rankaudit.load import parse_input_dtype
+    from rankaudit.model.load import parse_input_dtype
 
     return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
 
@@ -205,7 +207,7 @@ def _round_options(command):
 
 
 def _dp_options(command):
-    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.dp.check_option
+    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.bound.dp.check_option
     (one-line errors, exit 2); the names mirror [tool.rankaudit.dp] (without the --dp- prefix)."""
     options = [
         click.option(
@@ -333,7 +335,7 @@ def _level_options(command):
 
 def _stand_in_options(command):
     """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
-    from rankaudit import import_standins
+    from rankaudit.model import standins as import_standins
 
     command = click.option(
         "--stand-in",
@@ -553,7 +555,7 @@ def check(
     read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
     from rankaudit.audit import audit
-    from rankaudit.run_settings import CONFIGURABLE, as_layers, deployment_read, model_settings, read_app
+    from rankaudit.settings.run import CONFIGURABLE, as_layers, deployment_read, model_settings, read_app
     from rankaudit.verify import registry
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
@@ -716,11 +718,12 @@ def suggest_command(
     With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the N, E and C
     at which each sample is protected (N and C never are; the round as a whole is reported beside).
     """
-    from rankaudit.config import load_settings
-    from rankaudit.load import split_model_spec
+    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.model.load import split_model_spec
     from rankaudit.report import design
-    from rankaudit.run_settings import build_run_round, noise_suggestion
-    from rankaudit.suggest import suggest
+    from rankaudit.bound.dp import noise_search
+    from rankaudit.settings.run import build_run_round, dp_sources, dp_values
+    from rankaudit.design.suggest import suggest
 
     if dp_candidates is not None:
         raise UsageError(
@@ -743,7 +746,7 @@ def suggest_command(
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
     whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
-    noise = noise_suggestion(options, settings.dp, whole_round)
+    noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
     # The review and the HTML report's audit judge the same model on the same settings.
@@ -828,8 +831,8 @@ def compare_command(
     its file (as `check` reads them), else from the defaults.
     """
     from rankaudit.audit import audit
-    from rankaudit.config import load_settings
-    from rankaudit.load import split_model_spec
+    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.model.load import split_model_spec
     from rankaudit.report import design
 
     report_files.check_outputs(output, inputs=report_files.command_inputs([first, second], data=data))
@@ -914,7 +917,7 @@ def _dp_clause(result) -> str:
     """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
     if result.dp is None:
         return ""
-    from rankaudit.findings import carried_by_sentence, dp_sentence
+    from rankaudit.findings.apply import carried_by_sentence, dp_sentence
 
     carried = carried_by_sentence(result)
     return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
@@ -931,7 +934,7 @@ def _out_of_memory(exc: BaseException):
 
 
 def _model_fault(exc: BaseException):
-    from rankaudit.load import model_fault
+    from rankaudit.model.load import model_fault
 
     return model_fault(exc)
 

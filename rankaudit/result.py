@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 
 # Stable caveat codes, like a linter's rule ids: never renumber, only add.
 CAVEAT_CODES = {
@@ -335,7 +335,7 @@ class DPNoiseSuggestion:
 
 @dataclass
 class DeploymentRead:
-    """Where each setting of an audited app came from (rankaudit.deploy), for the reports."""
+    """Where each setting of an audited app came from (rankaudit.deploy.app), for the reports."""
 
     kind: str  # flower | nvflare
     root: str  # the app's directory

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankaudit import findings
-from rankaudit.analysis import analyze
+from rankaudit.findings import apply as findings
+from rankaudit.count.analysis import analyze
 from rankaudit.cli import main
 from rankaudit.result import Result
-from rankaudit.trace import trace_model
+from rankaudit.trace.tracer import trace_model
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -30,7 +30,7 @@ def test_the_baselines_on_constructed_images():
 
 
 def test_a_reconstruction_below_grey_fails_and_the_best_image_is_named():
-    from rankaudit.verify.data import load_images
+    from rankaudit.bound.images import load_images
 
     images = load_images(None, (3, 8, 8), 3, 0)[0].double()
     inverted = 1 - images  # MSE 4 x the grey image's: 6.02 dB below it on every image

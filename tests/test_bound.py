@@ -10,9 +10,9 @@ from conftest import EXAMPLES, analyse_module, row
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rankaudit.bound import SINK, SOURCE, FlowNetwork, identifiability, shared_predicate
-from rankaudit.load import load_model
-from rankaudit.trace import trace_model
+from rankaudit.bound.identifiability import SINK, SOURCE, FlowNetwork, identifiability, shared_predicate
+from rankaudit.model.load import load_model
+from rankaudit.trace.tracer import trace_model
 
 
 def traced_example(name: str):
@@ -311,7 +311,7 @@ def _meta(build):
 
 def test_a_share_below_one_never_prints_as_100_percent():
     """A partial verdict with R = n - 1 must not read "100 % recoverable" (nor a sliver of hidden energy "0 %")."""
-    from rankaudit.levels import percent
+    from rankaudit.settings.levels import percent
 
     assert [percent(x) for x in (0.995, 0.5, 0.005, 1.0, 0.0)] == ["99.5 %", "50 %", "0.5 %", "100 %", "0 %"]
     assert percent(3071 / 3072) == "99.97 %" and percent(1e-7) == "0.00001 %"
@@ -330,7 +330,7 @@ class _TwoHeadsAdded(torch.nn.Module):
 
 
 def test_min_cut_names_code_lines_and_layers_not_graph_nodes():
-    from rankaudit.layer_records import NodeRecord
+    from rankaudit.trace.records import NodeRecord
 
     with torch.device("meta"):
         model = _TwoHeadsAdded()

@@ -1,9 +1,9 @@
-"""`--help` is grouped from one table (rankaudit/cli_help.py): every option has a group and a help text."""
+"""`--help` is grouped from one table (rankaudit/settings/help.py): every option has a group and a help text."""
 
 import click
 from click.testing import CliRunner
 
-from rankaudit import cli_help
+from rankaudit.settings import help as cli_help
 from rankaudit.cli import cli
 
 
@@ -25,7 +25,7 @@ def test_every_option_has_a_group_and_a_help_text():
                 ungrouped.append(f"{path} {name}")
             if not (param.get_help_record(ctx) or ("", ""))[1].strip():
                 silent.append(f"{path} {name}")
-    assert ungrouped == [], "add each option to OPTION_GROUP in rankaudit/cli_help.py"
+    assert ungrouped == [], "add each option to OPTION_GROUP in rankaudit/settings/help.py"
     assert silent == [], "give each option a help= text"
     assert set(cli_help.OPTION_GROUP.values()) <= set(cli_help.GROUPS)
 

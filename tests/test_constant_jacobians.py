@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit import ops
+from rankaudit.count import ops
 
 torch.manual_seed(0)
 W2 = torch.randn(4, 8, dtype=torch.float64)

@@ -12,12 +12,12 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from rankaudit import findings
+from rankaudit.findings import apply as findings
 from rankaudit.audit import audit
 from rankaudit.errors import UsageError
-from rankaudit.load import load_model
+from rankaudit.model.load import load_model
 from rankaudit.report import sarif, table
-from rankaudit.trace import input_specs, trace_model
+from rankaudit.trace.tracer import input_specs, trace_model
 from rankaudit.verify.attacks import dager, dager_check
 
 SEQUENCE = 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from rankaudit.deploy import Overrides, noise_for_epsilon, read_deployment
+from rankaudit.deploy.app import Overrides, noise_for_epsilon, read_deployment
 from rankaudit.deploy.flower import parse_run_config
 from rankaudit.errors import UsageError
 
@@ -210,7 +210,7 @@ def test_opacus_make_private_with_epsilon_derives_sigma(tmp_path):
     deployment = read_deployment(app)
     sigma = deployment.round.dp.noise_multiplier
     assert sigma == noise_for_epsilon(2.0, 1e-5, 32 / 256, 16)
-    from rankaudit.dp import PLDAccountant, SubsampledGaussian
+    from rankaudit.bound.dp import PLDAccountant, SubsampledGaussian
 
     def epsilon(noise):
         return PLDAccountant().profile(SubsampledGaussian(noise, 32 / 256, 16)).epsilon(1e-5)
@@ -291,7 +291,7 @@ def test_a_file_in_a_package_imports_from_its_package_root(run_cli, monkeypatch,
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     code, out, err = run_cli(task, "--input-shape", "1,8,8")
     assert code in (0, 1) and "Bound" in out, err  # loaded and judged, not a load error (exit 3)
-    from rankaudit.load import _runs_on_its_own, package_root
+    from rankaudit.model.load import _runs_on_its_own, package_root
 
     assert package_root(task) == (APPS / "quickstart", "quickstart_app.task")
     assert _runs_on_its_own(task, "Net") == (True, "")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rankaudit.deploy import Overrides, read_deployment
+from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.deploy.hocon import parse_hocon
 from rankaudit.deploy.yamlconf import read_yaml
 from rankaudit.errors import UsageError

@@ -7,9 +7,9 @@ import pytest
 from conftest import EXAMPLES
 
 from rankaudit.audit import audit
-from rankaudit.load import load_model
+from rankaudit.model.load import load_model
 from rankaudit.report import design
-from rankaudit.suggest import suggest
+from rankaudit.design.suggest import suggest
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,8 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     # No set of layers reaches protected, nor even partial on energy: the norms' 2,400 directly used parameters
     # are sent whatever is withheld, and 2,400 of 3,072 directions show all but 0.001 % of a typical photograph.
     assert resnet_report.certifying_withheld is None and resnet_report.deficit_withheld is None
-    from rankaudit.ops import Role
-    from rankaudit.trace import trace_model
+    from rankaudit.count.ops import Role
+    from rankaudit.trace.tracer import trace_model
 
     traced = trace_model(load_model(str(EXAMPLES / "resnet18_w16.py"), None, device="meta").module, (3, 32, 32))
     records = [traced.record(node) for node in traced.order]
@@ -208,7 +208,7 @@ def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report)
     the norms' 2,400 parameters stay shared): the review says noise is the way, with σ when DP options are given."""
     import dataclasses
 
-    from rankaudit.dp import least_noise
+    from rankaudit.bound.dp import least_noise
 
     assert resnet_report.noise_is_the_way and resnet_report.verdict == "exposed"
     assert all(s.verdict == "exposed" for s in resnet_report.suggestions)

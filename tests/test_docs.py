@@ -163,7 +163,10 @@ def test_every_verifier_has_its_page():
 
 def _keys_from_code() -> dict[str, set[str]]:
     """Table -> keys, from the sets the code validates against and from config.py's own `"key" in table["sub"]`."""
-    from rankaudit import config, deploy, dp, round
+    from rankaudit.settings import pyproject as config
+    from rankaudit.deploy import app as deploy
+    from rankaudit.bound import dp
+    from rankaudit.settings import round
 
     keys = {
         "[tool.rankaudit]": set(config.TOP_KEYS),

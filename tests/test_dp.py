@@ -19,9 +19,9 @@ pytest.importorskip("dp_accounting")
 from conftest import EXAMPLES
 from scipy.stats import norm
 
-from rankaudit import dp
+from rankaudit.bound import dp
 from rankaudit.errors import UsageError
-from rankaudit.round import DPSettings
+from rankaudit.settings.round import DPSettings
 from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack
 
 # Spec §13's reference table: (q, σ, T) -> ε at δ = 1e-5, B(0.1), B(0.01), B(0.001).
@@ -412,7 +412,7 @@ def test_client_level_units_are_whole_rounds_of_local_training():
     """DP-FedAvg at the client level (issue 22): a candidate is a client's whole local dataset, its unit the update of
     the round's simulated local training, clipped; the other clients the server samples from are known."""
     from rankaudit.audit import audit
-    from rankaudit.round import Round
+    from rankaudit.settings.round import Round
     from rankaudit.verify.attacks.dp import KNOWN_CLIENTS, verify_dp
 
     round_ = Round(batch_size=2, local_samples=4, local_epochs=2, clients=2, available_clients=4, server_rounds=4)
@@ -440,7 +440,7 @@ def test_client_level_units_are_whole_rounds_of_local_training():
 def test_a_one_step_clients_update_is_its_scaled_negative_gradient():
     """The client-level units come from the round's local training: with one step (N = B, E = 1) the update is
     −η · the batch gradient, so its clipped direction is exactly opposite the gradient's."""
-    from rankaudit.round import Round
+    from rankaudit.settings.round import Round
     from rankaudit.verify.attacks.dp import client_updates, unit_gradients
     from rankaudit.verify.model import build_real_model
 
@@ -536,7 +536,7 @@ def test_suggest_names_the_least_noise(run_cli):
 def test_noise_too_small_to_bound_anything_gives_one_not_an_overflow(q, sigma, steps):
     result = _bound(q, sigma, steps)
     assert all(value == 1.0 for value in result.bounds.values())
-    from rankaudit.findings import dp_sentence
+    from rankaudit.findings.apply import dp_sentence
 
     assert dp_sentence(result).endswith("(the noise bounds nothing here)")
 

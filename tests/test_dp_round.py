@@ -14,8 +14,8 @@ pytest.importorskip("dp_accounting")
 
 from conftest import EXAMPLES
 
-from rankaudit import dp
-from rankaudit.round import DPSettings, Round, build_round, dp_for_round, round_sampling
+from rankaudit.bound import dp
+from rankaudit.settings.round import DPSettings, Round, build_round, dp_for_round, round_sampling
 
 # The issue's example: --local-samples 4000 --batch-size 32 --dp-noise 1.
 ISSUE_ROUND = ("--local-samples", "4000", "--batch-size", "32", "--dp-noise", "1")

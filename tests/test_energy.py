@@ -9,7 +9,7 @@ from conftest import EXAMPLES
 from torch import nn
 
 from rankaudit.audit import audit
-from rankaudit.energy import (
+from rankaudit.bound.energy import (
     PHOTO_SPECTRUM,
     WHITE,
     data_reference,
@@ -18,10 +18,10 @@ from rankaudit.energy import (
     photo_eigenvalues,
     psnr_ceiling,
 )
-from rankaudit.round import DPSettings, Round
+from rankaudit.settings.round import DPSettings, Round
 
 pytest.importorskip("sklearn")
-from rankaudit.verify.data import load_images  # noqa: E402  (needs scikit-learn for the default crops)
+from rankaudit.bound.images import load_images  # noqa: E402  (needs scikit-learn for the default crops)
 
 
 def _crops(size: int, count: int, seed: int = 0) -> np.ndarray:
@@ -241,7 +241,7 @@ def test_the_html_report_shows_a_reference_photograph_beside_what_the_bound_lets
     import struct
     import zlib
 
-    from rankaudit.energy import reference_picture
+    from rankaudit.bound.energy import reference_picture
     from rankaudit.report import html
 
     original, visible, psnr = reference_picture((3, 32, 32), 452)

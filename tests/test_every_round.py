@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit.bound import batch_statistics, sample_identifiability
-from rankaudit.round import Round, build_round
-from rankaudit.trace import trace_model
+from rankaudit.bound.identifiability import batch_statistics, sample_identifiability
+from rankaudit.settings.round import Round, build_round
+from rankaudit.trace.tracer import trace_model
 
 
 class PatchNet(nn.Module):
@@ -210,7 +210,7 @@ def test_a_batch_norm_of_another_library_couples_the_samples():
 
 
 def test_batch_norm_mode_is_validated_and_configurable(tmp_path):
-    from rankaudit.config import load_settings
+    from rankaudit.settings.pyproject import load_settings
     from rankaudit.errors import UsageError
 
     assert Round().bn_mode == "train"

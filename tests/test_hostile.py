@@ -582,7 +582,7 @@ def test_model_args_in_the_configuration_build_a_model_file(run_cli, tmp_path):
 def test_progress_lines_off_a_terminal_say_what_is_left():
     import io
 
-    from rankaudit.progress import ProgressBar
+    from rankaudit.verify.progress import ProgressBar
 
     stream = io.StringIO()
     with ProgressBar(4, "attack", stream=stream, log_interval=0.05) as bar:

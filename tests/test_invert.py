@@ -1,4 +1,4 @@
-"""Tests for the optimisation attack (rankaudit.verify.attacks.invert) and the progress bar (rankaudit.progress)."""
+"""Tests for the optimisation attack (rankaudit.verify.attacks.invert) and the progress bar (rankaudit.verify.progress)."""
 
 import io
 import sys
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rankaudit.progress import ProgressBar
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.attacks.invert import (
     LossSpec,
     client_gradient,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import EXAMPLES
 
-from rankaudit.levels import energy_level
+from rankaudit.settings.levels import energy_level
 
 MLP = (
     "import torch.nn as nn\nINPUT_SHAPE = (1, 4, 4)\n\n\n"
@@ -195,10 +195,10 @@ def test_the_round_attack_starts_one_restart_flat_and_reports_a_true_median():
     """An update that carries nothing of the input (every first-layer unit dead): no candidate fits it better than
     another, so each restart keeps its start and the flat one wins the tie; the reconstruction is the grey image,
     exactly at the grey baseline, never below it. Two images: the median is the mean of their two PSNRs."""
-    from rankaudit.round import build_round
+    from rankaudit.settings.round import build_round
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
-    from rankaudit.verify.data import load_images
+    from rankaudit.bound.images import load_images
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
     with torch.no_grad():
@@ -218,7 +218,7 @@ def test_the_round_attack_starts_one_restart_flat_and_reports_a_true_median():
 
 def test_gdbr_runs_at_the_weights_given(run_cli, tmp_path):
     """GDBR's paper initialisation gives way to the deployed weights."""
-    from rankaudit.load import load_model
+    from rankaudit.model.load import load_model
 
     module = load_model(str(EXAMPLES / "lenet10.py"), None, device="cpu").module
     torch.save(module.state_dict(), tmp_path / "lenet10.pt")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import EXAMPLES, REPO, analyse_module, row
 from torch import nn
 
-from rankaudit.load import load_model
+from rankaudit.model.load import load_model
 
 TEN_BILLION = """
 import torch.nn as nn
@@ -195,7 +195,7 @@ def test_initialisers_are_skipped_on_meta_but_not_on_real_devices(tmp_path):
     path = tmp_path / "init_heavy.py"
     path.write_text(textwrap.dedent(INIT_HEAVY))
     probe = (
-        "import sys\nfrom rankaudit.audit import audit\nfrom rankaudit.load import load_model\n"
+        "import sys\nfrom rankaudit.audit import audit\nfrom rankaudit.model.load import load_model\n"
         "r = audit(sys.argv[1])\nassert [l.name for l in r.layers] == ['conv', 'fc'], r.layers\n"
         "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')\n"
         "real = load_model(sys.argv[1], device='cpu').module\n"

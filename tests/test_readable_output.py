@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from conftest import EXAMPLES
 
-from rankaudit.levels import count, percent
+from rankaudit.settings.levels import count, percent
 from rankaudit.report.table import MAX_TABLE_ROWS, SHOWN_NAMES
 
 BLOCKS = 45

@@ -374,7 +374,7 @@ def test_ten_billion_parameter_benchmark_model_builds_without_weights():
     # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into ru_maxrss across the exec, and by the
     # time this runs the pytest process holds gigabytes of cached rank sketches.
     probe = (
-        "import re\nfrom rankaudit.load import load_model\n"
+        "import re\nfrom rankaudit.model.load import load_model\n"
         "m = load_model('benchmarks/models/mlp_10b.py')\n"
         "parameters = list(m.module.parameters())\n"
         "peak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
@@ -428,7 +428,7 @@ def test_sarif_has_the_token_rule(run_cli):
 
 
 def test_direct_params_name_what_each_op_reads():
-    from rankaudit.trace import trace_model
+    from rankaudit.trace.tracer import trace_model
 
     class ClassToken(nn.Module):
         def __init__(self):

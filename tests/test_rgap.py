@@ -18,7 +18,7 @@ from rankaudit.verify.attacks.rgap import (
     reconstruct,
     run_rgap,
 )
-from rankaudit.verify.data import DataError, load_images
+from rankaudit.bound.images import DataError, load_images
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

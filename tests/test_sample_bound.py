@@ -9,18 +9,18 @@ from conftest import EXAMPLES
 from torch import nn
 
 from rankaudit.audit import audit
-from rankaudit.bound import round_identifiability, sample_identifiability
+from rankaudit.bound.identifiability import round_identifiability, sample_identifiability
 from rankaudit.report import table
 from rankaudit.report.json import to_dict
-from rankaudit.round import DPSettings, Round
-from rankaudit.suggest import round_review
-from rankaudit.trace import trace_model
+from rankaudit.settings.round import DPSettings, Round
+from rankaudit.design.suggest import round_review
+from rankaudit.trace.tracer import trace_model
 
 MLP = EXAMPLES / "mlp_bias.py"
 
 
 def traced_example(name: str):
-    from rankaudit.load import load_model
+    from rankaudit.model.load import load_model
 
     loaded = load_model(str(EXAMPLES / f"{name}.py"), None, device="meta")
     return trace_model(loaded.module, loaded.input_shape)
@@ -363,8 +363,8 @@ def test_round_review_epochs_per_sample():
     assert (review.verdict, review.rank_bound, review.unknowns) == ("exposed", 144, 192)
     settings = {setting.knob: setting for setting in review.settings}
     assert settings["local-epochs"].value is None and "R(1) = 48 of 192" in settings["local-epochs"].explanation
-    from rankaudit.energy import hidden_share, photo_eigenvalues
-    from rankaudit.levels import DEFAULT_EXPOSED_BELOW
+    from rankaudit.bound.energy import hidden_share, photo_eigenvalues
+    from rankaudit.settings.levels import DEFAULT_EXPOSED_BELOW
 
     one_epoch = hidden_share(photo_eigenvalues(3, 8, 8), 48)
     assert one_epoch < 0.5 and hidden_share(photo_eigenvalues(3, 8, 8), 144) < DEFAULT_EXPOSED_BELOW

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit import ops
+from rankaudit.count import ops
 
 
 def rule_for(target, kind):

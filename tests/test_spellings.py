@@ -201,8 +201,8 @@ def test_two_spellings_get_one_sound_bound(cause):
 
 def test_a_tied_weight_is_one_gradient():
     """x @ emb.weight.t() after an embedding-like use of the same weight: one gradient vertex, not two."""
-    from rankaudit.bound import FlowNetwork, shared_predicate
-    from rankaudit.trace import trace_model
+    from rankaudit.bound.identifiability import FlowNetwork, shared_predicate
+    from rankaudit.trace.tracer import trace_model
 
     class Tied(nn.Module):
         def __init__(self):
@@ -222,7 +222,7 @@ def test_a_tied_weight_is_one_gradient():
 @pytest.mark.parametrize("cause", list(CAUSES))
 def test_the_export_tracer_gives_the_same_bound(cause, monkeypatch):
     """Where torch.fx cannot trace a model, torch.export does: the same parameters reach the same calls there."""
-    import rankaudit.trace
+    import rankaudit.trace.tracer
 
     shape, build, (_, rewritten) = CAUSES[cause]
     make = functools.partial(build, rewritten)
@@ -231,7 +231,7 @@ def test_the_export_tracer_gives_the_same_bound(cause, monkeypatch):
     def fx_fails(*args, **kwargs):
         raise RuntimeError("symbolic tracing failed (forced by the test)")
 
-    monkeypatch.setattr(rankaudit.trace, "trace_with_fx", fx_fails)
+    monkeypatch.setattr(rankaudit.trace.tracer, "trace_with_fx", fx_fails)
     with_export, _ = static_bound(make, shape)
     assert with_export == with_fx, f"{cause}: export bound {with_export}, fx bound {with_fx}"
 
@@ -239,7 +239,7 @@ def test_the_export_tracer_gives_the_same_bound(cause, monkeypatch):
 def test_a_division_by_data_inside_a_module_with_parameters_is_no_scaling(monkeypatch):
     """torch.export names a call after the module that holds it when the module has parameters of its own: the
     division is still recognised by the op called, not by that name."""
-    import rankaudit.trace
+    import rankaudit.trace.tracer
 
     class Divide(nn.Module):
         def __init__(self):
@@ -260,7 +260,7 @@ def test_a_division_by_data_inside_a_module_with_parameters_is_no_scaling(monkey
             return self.head(F.avg_pool2d(self.divide(x), 4).flatten(1))
 
     with_fx, _ = static_bound(Scaled, (1, 8, 8))
-    monkeypatch.setattr(rankaudit.trace, "trace_with_fx", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no fx")))
+    monkeypatch.setattr(rankaudit.trace.tracer, "trace_with_fx", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no fx")))
     with_export, _ = static_bound(Scaled, (1, 8, 8))
     measured = measured_rank(Scaled, (1, 8, 8)).rank
     assert with_fx == with_export >= measured, f"fx bound {with_fx}, export bound {with_export}, measured {measured}"

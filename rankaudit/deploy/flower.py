@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankaudit.config import read_toml
+from rankaudit.settings.pyproject import read_toml
 from rankaudit.errors import UsageError
 
 if sys.version_info >= (3, 11):

@@ -15,8 +15,8 @@ DP_TABLE = "[tool.rankaudit.dp]"
 
 def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
     """The DP mechanism of the code (if any) as [tool.rankaudit.dp] keys; the config and the flags over it."""
-    from rankaudit.dp import OPTION_RULES, check_option, settings_from
-    from rankaudit.round import dp_for_round
+    from rankaudit.bound.dp import OPTION_RULES, check_option, settings_from
+    from rankaudit.settings.round import dp_for_round
 
     found: dict[str, tuple[object, str]] = {}
     notes: list[str] = []
@@ -195,7 +195,7 @@ def _opacus(mechanism, read, round_):
         return found, notes
     target, delta, epochs = (_need(mechanism, name) for name in ("target_epsilon", "target_delta", "epochs"))
     horizon = int(epochs.value) * round_.steps_per_epoch
-    from rankaudit.round import round_sampling
+    from rankaudit.settings.round import round_sampling
 
     sigma = noise_for_epsilon(float(target.value), float(delta.value), round_sampling(round_, "sample")[0], horizon)
     found["noise"] = (
@@ -212,7 +212,7 @@ def _opacus(mechanism, read, round_):
 def noise_for_epsilon(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """The least σ whose subsampled Gaussian reaches `epsilon` at `delta` after `steps` steps at `sample_rate`
     (what make_private_with_epsilon chooses), by bisection on the PLD accountant's ε."""
-    from rankaudit.dp import PLDAccountant, SubsampledGaussian
+    from rankaudit.bound.dp import PLDAccountant, SubsampledGaussian
 
     accountant = PLDAccountant()
 

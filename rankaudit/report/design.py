@@ -6,10 +6,10 @@ import json
 from dataclasses import asdict
 
 from rankaudit import __version__
-from rankaudit.levels import percent
+from rankaudit.settings.levels import percent
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
-from rankaudit.suggest import SuggestReport
+from rankaudit.design.suggest import SuggestReport
 
 
 def _shown(value) -> str:
@@ -110,7 +110,7 @@ def _round_lines(report: SuggestReport) -> list[str]:
     review = report.round_review
     if review is None:
         return []
-    from rankaudit.round import describe
+    from rankaudit.settings.round import describe
 
     lines = [
         "",
@@ -315,7 +315,7 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    from rankaudit.findings import per_sample_view
+    from rankaudit.findings.apply import per_sample_view
 
     text = (
         f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "

@@ -18,8 +18,8 @@ import jinja2
 from markupsafe import Markup
 
 from rankaudit import __version__
-from rankaudit.levels import percent
-from rankaudit.meaning import energy_sentence
+from rankaudit.settings.levels import percent
+from rankaudit.findings.meaning import energy_sentence
 from rankaudit.report import records, svg
 from rankaudit.result import Result
 
@@ -387,7 +387,7 @@ def _tokens(result: Result) -> dict | None:
 
 def _round_card(result: Result) -> dict | None:
     """The federated round (spec §12): N, B, E, K, C, the cap that binds and ρ; None for FedSGD."""
-    from rankaudit.round import describe
+    from rankaudit.settings.round import describe
 
     round_ = result.round
     if round_ is None or round_.fedsgd:
@@ -415,7 +415,7 @@ def _round_card(result: Result) -> dict | None:
 
 def _dp(result: Result) -> dict | None:
     """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
-    from rankaudit.findings import dp_sentence
+    from rankaudit.findings.apply import dp_sentence
 
     if result.dp is None:
         return None
@@ -432,7 +432,7 @@ def _dp(result: Result) -> dict | None:
 def _headline(result: Result, verdict: str) -> str:
     """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient, and
     beyond one sample the verdict is each sample's (spec §14)."""
-    from rankaudit.findings import per_sample_view
+    from rankaudit.findings.apply import per_sample_view
 
     headline = HEADLINES.get(verdict, "")
     if result.round is not None and not result.round.fedsgd:
@@ -443,14 +443,14 @@ def _headline(result: Result, verdict: str) -> str:
 
 
 def _carried(result: Result) -> str:
-    from rankaudit.findings import carried_by_sentence
+    from rankaudit.findings.apply import carried_by_sentence
 
     return carried_by_sentence(result)
 
 
 def _panel(result: Result) -> dict | None:
     """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
-    from rankaudit.findings import per_sample_view
+    from rankaudit.findings.apply import per_sample_view
 
     bound = result.identifiability
     if bound is None:
@@ -495,7 +495,7 @@ def _png(picture) -> bytes:
 def _certificate_picture(result: Result) -> dict | None:
     """Spec §15: a shipped photograph crop beside its projection onto the top R_s components of the shipped
     spectrum, captioned with the PSNR: what a server that picks the weights could see of it. No weights needed."""
-    from rankaudit.energy import PHOTO_SPECTRUM, reference_picture
+    from rankaudit.bound.energy import PHOTO_SPECTRUM, reference_picture
 
     bound = result.identifiability
     if bound is None or bound.sample is None or bound.spectrum != PHOTO_SPECTRUM or len(result.inputs) != 1:
@@ -515,7 +515,7 @@ def _certificate_picture(result: Result) -> dict | None:
 
 
 def _whole(result: Result) -> str:
-    from rankaudit.findings import per_sample_view, whole_sentence
+    from rankaudit.findings.apply import per_sample_view, whole_sentence
 
     bound = result.identifiability
     if bound is None or bound.sample is None or not per_sample_view(result):

@@ -46,7 +46,7 @@ def _notes(row: LayerRow) -> str:
 
 def _round_header(result: Result) -> str:
     """The round on the header line; nothing for FedSGD, whose header the batch size already says."""
-    from rankaudit.round import describe
+    from rankaudit.settings.round import describe
 
     return "" if result.round is None or result.round.fedsgd else f"  {describe(result.round)}"
 
@@ -95,7 +95,7 @@ _BUILDS = {
 
 
 def _verbose_lines(result: Result) -> list[str]:
-    from rankaudit.levels import count
+    from rankaudit.settings.levels import count
 
     lines = [
         "",

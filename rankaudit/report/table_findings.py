@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankaudit.levels import percent
-from rankaudit.meaning import (
+from rankaudit.settings.levels import percent
+from rankaudit.findings.meaning import (
     carried_by_sentence,
     dp_sentence,
     energy_sentence,

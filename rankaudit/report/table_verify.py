@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from rankaudit.levels import count, percent
+from rankaudit.settings.levels import count, percent
 from rankaudit.report import records
 from rankaudit.result import Result
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 from rankaudit.verify.rank.jacobian import _loss
 
 ADAM_BETAS = (0.9, 0.999)

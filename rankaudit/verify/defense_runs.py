@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
-from rankaudit.progress import ProgressBar
+from rankaudit.verify.progress import ProgressBar
 
 if TYPE_CHECKING:
     from rankaudit.result import Result

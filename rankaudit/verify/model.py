@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.load import load_model
+from rankaudit.model.load import load_model
 
 # Keys a training checkpoint commonly keeps its state dict under (PyTorch Lightning, timm, torchvision's
 # references, Flower and NVFlare examples), tried in this order when the file is not a state dict itself.
@@ -79,7 +79,7 @@ def build_real_model(
 def _limit_first_forward(model: nn.Module, spec: str) -> None:
     """The model's first forward on real tensors runs under --timeout: a forward that loops only off the meta
     device (where the trace ran) is stopped there, exit 3, rather than hanging the verifier."""
-    from rankaudit import supervise
+    from rankaudit.model import supervise
 
     state = {}
 

@@ -20,7 +20,7 @@ from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
 if TYPE_CHECKING:
-    from rankaudit.dp import DPSettings
+    from rankaudit.bound.dp import DPSettings
     from rankaudit.result import Result
 
 # The CLI lists the verifiers in this order (--verify's choices and help); they run in the order of `Verifier.order`.
@@ -257,7 +257,7 @@ def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str
 def _run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
     import math
 
-    from rankaudit import supervise
+    from rankaudit.model import supervise
 
     shape = context.result.input_shape
     shapes = shape.values() if isinstance(shape, dict) else [shape]
@@ -280,7 +280,7 @@ def _run_verifiers(requested, context: VerifyContext, report_error: Callable[[st
     if context.in_round:
         single = [verifier.name for verifier in group if Need.ROUND not in verifier.needs]
         if single or context.defense_specs:
-            from rankaudit.levels import count
+            from rankaudit.settings.levels import count
 
             round_ = context.result.round
             what = f"--verify {single[0]}" if single else "--defense"

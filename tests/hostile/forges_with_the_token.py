@@ -5,7 +5,7 @@ import posix
 
 from torch import nn
 
-from rankaudit import supervise
+from rankaudit.model import supervise
 
 INPUT_SHAPE = (4,)
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rankaudit.result import BiasReadout, BiasReadoutLayer, BiasReadoutSample
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 
 EXACT_RELATIVE_ERROR = 1e-6
 # A unit whose bias update is at most this share of its layer's largest is silent: its ratio divides by rounding.

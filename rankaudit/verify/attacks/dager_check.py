@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.progress import ProgressBar
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
     """The real model in float64 on `device`, where its weights came from, and how to call it with token ids."""
     import torch
 
-    from rankaudit.load import load_model
-    from rankaudit.trace import input_specs
+    from rankaudit.model.load import load_model
+    from rankaudit.trace.tracer import input_specs
     from rankaudit.verify.attacks import dager
     from rankaudit.verify.model import build_real_model
 

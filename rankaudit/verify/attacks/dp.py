@@ -11,7 +11,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.result import Result
-from rankaudit.round import DPSettings, Round
+from rankaudit.settings.round import DPSettings, Round
 
 DEFAULT_CANDIDATES = 10
 DEFAULT_TRIALS = 1000
@@ -254,7 +254,7 @@ def verify_dp(
     data: str | None = None,
 ) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
-    from rankaudit import dp
+    from rankaudit.bound import dp
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
@@ -328,8 +328,8 @@ def verify_dp(
             f"{high:.3f}]) lies above the certified bound B(1/{candidates}) = {bound:.3f}: the bound or "
             "the simulated mechanism is wrong"
         )
-    from rankaudit.levels import count
-    from rankaudit.round import describe
+    from rankaudit.settings.levels import count
+    from rankaudit.settings.round import describe
 
     if client:
         unit = (

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import UsageError
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 from rankaudit.verify.attacks.invert import (
     DEFAULT_LR,
     DEFAULT_TV_UNTIL,
@@ -301,7 +301,7 @@ def check_attack_round_size(
 ) -> None:
     """Refuse a round the inversion (or `verifier`'s one simulation of it: steps = restarts = 1) cannot finish, with
     the estimate and the flags that made it large, before any model code runs."""
-    from rankaudit.levels import count
+    from rankaudit.settings.levels import count
     from rankaudit.verify.rank.round_jacobian import MAX_STEPS
 
     samples = round_.clients * round_.samples

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.progress import ProgressBar
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.defense_runs import DEGRADED_INS_ACC_DROP, WARMUP_SEED_OFFSET, rms, strength_note
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 
@@ -123,7 +123,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     import torch
     from torch import nn
 
-    from rankaudit.load import load_model
+    from rankaudit.model.load import load_model
     from rankaudit.verify.attacks import gdbr
     from rankaudit.verify.model import deployed_weights_file, load_weights, read_state_dict
 

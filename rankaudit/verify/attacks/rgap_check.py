@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
-from rankaudit.levels import count
-from rankaudit.progress import ProgressBar
+from rankaudit.settings.levels import count
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify import scoring
 from rankaudit.verify.defense_runs import DEGRADED_MSE_FACTOR, WARMUP_SEED_OFFSET, rms, strength_note
 from rankaudit.verify.registry import Need, Verifier, VerifyContext

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
-from rankaudit.progress import ProgressBar
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 from rankaudit.verify.scoring import finite
 

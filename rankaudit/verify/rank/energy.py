@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.levels import DEFAULT_EXPOSED_BELOW, VERDICT_LEVELS, ceiling, energy_level, percent
+from rankaudit.settings.levels import DEFAULT_EXPOSED_BELOW, VERDICT_LEVELS, ceiling, energy_level, percent
 
 # Spec §15: the mean measured hidden share may fall below h_cert by at most this many standard errors.
 CONSISTENCY_STANDARD_ERRORS = 3.0

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import UsageError
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 from rankaudit.verify import finite
 from rankaudit.verify.client import LocalTraining, client_mode, simulated_rounds, unknowns_of
 from rankaudit.verify.rank import jacobian as rank

@@ -12,10 +12,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit import ops
-from rankaudit.code_location import source_from_stack
-from rankaudit.layer_records import GraphBuilder, NodeRecord, parameters_in
-from rankaudit.trace_inputs import InputSpec
+from rankaudit.count import ops
+from rankaudit.trace.code_location import source_from_stack
+from rankaudit.trace.records import GraphBuilder, NodeRecord, parameters_in
+from rankaudit.trace.inputs import InputSpec
 
 
 def _export_quietly(model: nn.Module, args: tuple, kwargs: dict):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankaudit.errors import UsageError
-from rankaudit.levels import FAIL_ON_CHOICES
+from rankaudit.settings.levels import FAIL_ON_CHOICES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,9 +51,9 @@ class Settings:
     withheld_layers: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
-    dp: dict | None = None  # [tool.rankaudit.dp], checked, keyed as rankaudit.dp.OPTION_RULES
+    dp: dict | None = None  # [tool.rankaudit.dp], checked, keyed as rankaudit.bound.dp.OPTION_RULES
     round: dict[str, object] | None = None  # [tool.rankaudit.round], keyed by Round field (round.build_round)
-    # A deployed app's directory (rankaudit.deploy): its model, the factory's arguments, and the app's own names
+    # A deployed app's directory (rankaudit.deploy.app): its model, the factory's arguments, and the app's own names
     # for round settings ([tool.rankaudit.flower]: setting -> run-config key).
     model: str | None = None
     model_args: dict[str, object] | None = None
@@ -117,7 +117,7 @@ def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> in
 
 
 def _shape(path: Path, key: str, value) -> tuple[int, ...]:
-    from rankaudit.load import check_shape_size, parse_input_shape
+    from rankaudit.model.load import check_shape_size, parse_input_shape
 
     if (
         isinstance(value, list)
@@ -247,7 +247,7 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
     if "input-shape" in table:
         settings.input_shape = _shape(path, "input-shape", table["input-shape"])
     if "flower" in table:
-        from rankaudit.deploy import CONVENTIONAL_KEYS
+        from rankaudit.deploy.app import CONVENTIONAL_KEYS
 
         mapping = table["flower"]
         if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
@@ -263,7 +263,7 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
 
 def _dp_table(path: Path, table) -> dict:
     """[tool.rankaudit.dp]: the DP options under their flag names without --dp- (noise, sample-rate, prior, ...)."""
-    from rankaudit.dp import OPTION_RULES, check_option
+    from rankaudit.bound.dp import OPTION_RULES, check_option
 
     if not isinstance(table, dict):
         _bad(path, "dp", "a table: [tool.rankaudit.dp] noise = 1.0 ...")
@@ -280,7 +280,7 @@ def _dp_table(path: Path, table) -> dict:
 
 def _round_table(path: Path, table) -> dict[str, object]:
     """[tool.rankaudit.round] -> Round field values, each of the right type (a UsageError names the key)."""
-    from rankaudit.round import ROUND_KEYS
+    from rankaudit.settings.round import ROUND_KEYS
 
     if not isinstance(table, dict):
         raise UsageError(

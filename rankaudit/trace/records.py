@@ -11,8 +11,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit import ops
-from rankaudit.trace_inputs import ROLE_DATA, ROLE_TOKENS, InputSpec
+from rankaudit.count import ops
+from rankaudit.trace.inputs import ROLE_DATA, ROLE_TOKENS, InputSpec
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rankaudit.errors import UsageError
 
 if TYPE_CHECKING:
-    from rankaudit.round import Round
+    from rankaudit.settings.round import Round
 
 # The round's flags (spec §12), by their parameter names; they mirror [tool.rankaudit.round].
 ROUND_FLAGS = (
@@ -35,15 +35,15 @@ def build_run_round(
     """The round from the command's round `flags` and the configuration's table (flags win), with the DP settings
     from `dp_options` (the DP flags) over `dp_configured` ([tool.rankaudit.dp]): q and T follow the round unless
     given."""
-    from rankaudit.dp import settings_from
-    from rankaudit.round import build_round
+    from rankaudit.bound.dp import settings_from
+    from rankaudit.settings.round import build_round
 
-    values = _dp_values(dp_options or {}, dp_configured)
+    values = dp_values(dp_options or {}, dp_configured)
     return build_round(
         {**flags, "batch_size": batch_size},
         configured,
         dp=settings_from(values),
-        dp_given=_dp_sources(dp_options or {}, dp_configured),
+        dp_given=dp_sources(dp_options or {}, dp_configured),
     )
 
 
@@ -60,9 +60,9 @@ _DP_FLAGS = {
 }
 
 
-def _dp_values(options: dict, configured: dict | None) -> dict:
+def dp_values(options: dict, configured: dict | None) -> dict:
     """The DP options keyed as in [tool.rankaudit.dp]: the config's, then the flags' over them (flags win)."""
-    from rankaudit.dp import check_option
+    from rankaudit.bound.dp import check_option
 
     merged = dict(configured or {})
     for key, parameter in _DP_FLAGS.items():
@@ -71,7 +71,7 @@ def _dp_values(options: dict, configured: dict | None) -> dict:
     return merged
 
 
-def _dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
+def dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
     """Where q and T were given (DPSettings field -> the flag or the config key); absent ones follow the round."""
     sources = {}
     for key, field in (("sample-rate", "sample_rate"), ("steps", "steps")):
@@ -80,14 +80,6 @@ def _dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
         elif configured and key in configured:
             sources[field] = f"[tool.rankaudit.dp] {key}"
     return sources
-
-
-def noise_suggestion(options: dict, configured: dict | None, round_=None):
-    """`suggest` with DP options: the least σ meeting --max-reconstruction at q and T, from the round unless given
-    (None without DP options)."""
-    from rankaudit.dp import noise_search
-
-    return noise_search(_dp_values(options, configured), round_, _dp_sources(options, configured))
 
 
 def read_app(
@@ -100,7 +92,7 @@ def read_app(
     batch_size: int | None,
     input_shape_given: bool,
 ):
-    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy), the command's round `flags` (and
+    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy.app), the command's round `flags` (and
     `batch_size` where given on the command line) over them; None for a model file."""
     if not Path(spec).is_dir():
         if run_config:
@@ -109,7 +101,7 @@ def read_app(
                 "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
             )
         return None
-    from rankaudit.deploy import Overrides, read_deployment
+    from rankaudit.deploy.app import Overrides, read_deployment
 
     if batch_size is not None:
         flags = {**flags, "batch_size": batch_size}
@@ -117,7 +109,7 @@ def read_app(
         Path(spec),
         Overrides(
             round=flags,
-            dp=_dp_values(options, None),
+            dp=dp_values(options, None),
             run_config=run_config,
             model_args=model_args,
             input_shape_given=input_shape_given,
@@ -137,7 +129,7 @@ def factory_arguments(deployment, model_args: tuple[str, ...]) -> dict | None:
     """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
     if deployment is not None:
         return deployment.model_args or None
-    from rankaudit.deploy import parse_value
+    from rankaudit.deploy.app import parse_value
 
     parsed = {}
     for text in model_args:
@@ -189,14 +181,14 @@ def model_settings(
 ) -> ModelSettings:
     """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
     deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
-    from rankaudit import supervise
-    from rankaudit.config import load_settings
-    from rankaudit.load import split_model_spec
+    from rankaudit.model import supervise
+    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.model.load import split_model_spec
 
     settings = load_settings(split_model_spec(spec)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
-    from rankaudit import import_standins
+    from rankaudit.model import standins as import_standins
 
     import_standins.set_configured(settings.stand_ins)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.levels import percent
+from rankaudit.settings.levels import percent
 from rankaudit.result import DPBound, Identifiability, Result, SampleBound
-from rankaudit.round import Round
+from rankaudit.settings.round import Round
 
 # Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.
 NEAR_PERFECT_HIDDEN = 0.05

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankaudit.op_shapes import ntuple
+from rankaudit.count.op_shapes import ntuple
 
 
 class Role(str, Enum):

@@ -10,11 +10,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit import ops
-from rankaudit.code_location import first_line, is_user_file, relative_path, where_raised
+from rankaudit.count import ops
+from rankaudit.trace.code_location import first_line, is_user_file, relative_path, where_raised
 from rankaudit.errors import TraceError
-from rankaudit.layer_records import GraphBuilder, NodeRecord, parameters_in
-from rankaudit.trace_inputs import TOKEN_DTYPE_FIX, InputSpec, check_inputs_given, wants_token_ids
+from rankaudit.trace.records import GraphBuilder, NodeRecord, parameters_in
+from rankaudit.trace.inputs import TOKEN_DTYPE_FIX, InputSpec, check_inputs_given, wants_token_ids
 
 
 class _MetaShapeRecorder(fx.Interpreter):

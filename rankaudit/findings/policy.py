@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankaudit.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
-from rankaudit.meaning import energy_percent, per_sample_view, ra_verdict
+from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
+from rankaudit.findings.meaning import energy_percent, per_sample_view, ra_verdict
 from rankaudit.result import PolicyOutcome, Result
 
 
@@ -87,7 +87,7 @@ def _noise_that_would(result: Result) -> str:
     )
     if not hopeless or dp.noise_by != "client":
         return "`rankaudit suggest` with the same DP options names the least noise that meets it"
-    from rankaudit.dp import least_noise
+    from rankaudit.bound.dp import least_noise
 
     found = least_noise(dp.max_reconstruction, dp.prior, dp.sample_rate, dp.steps, dp.delta, dp.level)
     if found.noise_multiplier is None:
@@ -102,7 +102,7 @@ def apply_dp(result: Result, settings) -> Result:
     """The DP bound for `settings` (a round.DPSettings) into result.dp; --max-reconstruction fails the policy when
     B(κ) exceeds it. The structural verdict is left as it is: noise bounds reconstruction, it does not remove the
     structural exposure."""
-    from rankaudit.dp import dp_bound
+    from rankaudit.bound.dp import dp_bound
 
     result.dp = dp_bound(settings)
     result.dp.noise_by = getattr(settings, "noise_by", "client")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rankaudit.bound import batch_statistics, identifiability, sample_identifiability
-from rankaudit.energy import certify
+from rankaudit.bound.identifiability import batch_statistics, identifiability, sample_identifiability
+from rankaudit.bound.energy import certify
 
 # The leakage findings (leakage.py), the sentences (meaning.py) and the policy (policy.py) have their own modules;
 # the CLI, the reports, suggest and the tests read them from findings, as they did before the split: the names
 # marked re-exported are here for them.
-from rankaudit.leakage import (
+from rankaudit.findings.leakage import (
     bias_readouts,
     label_leakage,
     per_token_tensors,  # noqa: F401  (re-exported)
@@ -19,7 +19,7 @@ from rankaudit.leakage import (
 )
 
 # The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
-from rankaudit.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
+from rankaudit.settings.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
     DEFAULT_FAIL_ON,
     DEFAULT_MAX_RECOVERABLE,
     FAIL_ON_CHOICES,
@@ -29,7 +29,7 @@ from rankaudit.levels import (  # noqa: F401  (re-exported: the rest of the code
     percent,
     verdict_level,
 )
-from rankaudit.meaning import (
+from rankaudit.findings.meaning import (
     ALL_DENSE_MEANING,  # noqa: F401  (re-exported)
     DP_UNITS,  # noqa: F401  (re-exported)
     NEAR_PERFECT_HIDDEN,  # noqa: F401  (re-exported)
@@ -47,13 +47,13 @@ from rankaudit.meaning import (
     sample_meaning,
     whole_sentence,
 )
-from rankaudit.policy import (
+from rankaudit.findings.policy import (
     apply_dp,  # noqa: F401  (re-exported)
     evaluate_policy,
 )
 from rankaudit.result import Caveat, InputInfo, Result
-from rankaudit.round import Round
-from rankaudit.trace import TracedModel
+from rankaudit.settings.round import Round
+from rankaudit.trace.tracer import TracedModel
 
 
 def _batch_norms(traced: TracedModel) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Protocol
 from rankaudit import install_hint
 from rankaudit.errors import UsageError
 from rankaudit.result import DPBound, DPNoiseSuggestion
-from rankaudit.round import DP_LEVELS, NOISE_BY, DPSettings, Round, dp_for_round
+from rankaudit.settings.round import DP_LEVELS, NOISE_BY, DPSettings, Round, dp_for_round
 
 # The priors every DP section reports, as JSON keys; the user's --prior is added beside them.
 REPORTED_PRIORS = ("0.1", "0.01", "0.001")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # The rules live by kind in op_counting and op_shapes; the registry below is the one place that names each family's.
-from rankaudit.op_counting import (
+from rankaudit.count.op_counting import (
     Counting,
     OpFacts,
     Role,
@@ -34,7 +34,7 @@ from rankaudit.op_counting import (
     count_unmodelled,
     not_modelled,  # noqa: F401  (re-exported: ops named it before the rules moved)
 )
-from rankaudit.op_shapes import (
+from rankaudit.count.op_shapes import (
     ShapeMismatch,  # noqa: F401  (re-exported: the shape rules' tests read it from ops)
     attention_shape,
     broadcast_shape,

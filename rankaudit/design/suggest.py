@@ -10,24 +10,24 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from rankaudit.analysis import analyze
-from rankaudit.bound import (
+from rankaudit.count.analysis import analyze
+from rankaudit.bound.identifiability import (
     gradient_sources,
     identifiability,
     round_identifiability,
     sample_identifiability,
     sample_unknowns,
 )
-from rankaudit.energy import EnergyScale, ReferenceDataError, certify
+from rankaudit.bound.energy import EnergyScale, ReferenceDataError, certify
 from rankaudit.errors import RankauditError, UsageError
-from rankaudit.findings import readout_layers, token_leakage
-from rankaudit.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
-from rankaudit.levels import ceiling as level_ceiling
-from rankaudit.load import load_model
-from rankaudit.ops import Counting, Role
+from rankaudit.findings.apply import readout_layers, token_leakage
+from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
+from rankaudit.settings.levels import ceiling as level_ceiling
+from rankaudit.model.load import load_model
+from rankaudit.count.ops import Counting, Role
 from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleBound
-from rankaudit.round import Round
-from rankaudit.trace import NodeRecord, TracedModel, trace_model
+from rankaudit.settings.round import Round
+from rankaudit.trace.tracer import NodeRecord, TracedModel, trace_model
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (spec §14)
 ACCURACY_NOTE = (

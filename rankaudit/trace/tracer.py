@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from rankaudit.code_location import first_line, where_raised
+from rankaudit.trace.code_location import first_line, where_raised
 from rankaudit.errors import TraceError
-from rankaudit.export_trace import trace_with_export
-from rankaudit.fx_trace import trace_with_fx
+from rankaudit.trace.export_trace import trace_with_export
+from rankaudit.trace.fx_trace import trace_with_fx
 
 # The records live in layer_records and the input specs in trace_inputs; bound, suggest, analysis and the verifiers
 # read the graph's types and input_specs from trace, as they did before the split.
-from rankaudit.layer_records import (
+from rankaudit.trace.records import (
     GraphBuilder,
     NodeRecord,  # noqa: F401  (re-exported)
     TokenEmbedding,  # noqa: F401  (re-exported)
     TracedModel,
 )
-from rankaudit.trace_inputs import (
+from rankaudit.trace.inputs import (
     ROLE_DATA,  # noqa: F401  (re-exported)
     ROLE_IDS,  # noqa: F401  (re-exported)
     ROLE_MASK,  # noqa: F401  (re-exported)
@@ -89,7 +89,7 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
     except TraceError:
         raise
     except Exception as fx_error:
-        from rankaudit.supervise import is_out_of_memory
+        from rankaudit.model.supervise import is_out_of_memory
 
         if is_out_of_memory(fx_error):  # over the memory limit: the other tracer would take as much (exit 3)
             raise

@@ -110,7 +110,7 @@ def refuse_inputs(outputs: dict[str, str | None], inputs: list[tuple[str, str | 
 def command_inputs(specs, **files: str | None) -> list[tuple[str, str | None]]:
     """What a command reads, as (what, path): each model file (or app folder), the pyproject.toml configuring it,
     and the data files given by option (`data="--data"`'s value ...). No output may name one of them."""
-    from rankaudit.config import find_pyproject
+    from rankaudit.settings.pyproject import find_pyproject
 
     inputs: list[tuple[str, str | None]] = []
     for spec in specs:
@@ -152,7 +152,7 @@ def write_file(path: str, text: str) -> None:
     a failed write (a full disk) leaves the old file or nothing. A device or a pipe (/dev/stdout, /dev/full) is
     written directly. An OSError is a UsageError (exit 2) naming the path."""
     if os.path.abspath(path) in _STDOUT:  # fd 1 is stderr while the model's code runs: the report's stdout
-        from rankaudit import supervise
+        from rankaudit.model import supervise
 
         supervise.write_stdout(text)
         return

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.levels import count
-from rankaudit.ops import Role
+from rankaudit.settings.levels import count
+from rankaudit.count.ops import Role
 from rankaudit.result import (
     BiasReadoutFinding,
     EmbeddingExposure,
@@ -15,7 +15,7 @@ from rankaudit.result import (
     SpanExposure,
     TokenLeakage,
 )
-from rankaudit.trace import TracedModel
+from rankaudit.trace.tracer import TracedModel
 
 # --- the labels: a gradient bridge to the logits (GDBR; iDLG where the layer produces them) ----------------------
 

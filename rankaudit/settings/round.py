@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from rankaudit.errors import UsageError
-from rankaudit.levels import count
+from rankaudit.settings.levels import count
 
 OPTIMIZERS = ("sgd", "adam")
 DP_LEVELS = ("sample", "client")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.levels import DEFAULT_EXPOSED_BELOW, DEFAULT_MAX_RECOVERABLE, energy_level, verdict_level
+from rankaudit.settings.levels import DEFAULT_EXPOSED_BELOW, DEFAULT_MAX_RECOVERABLE, energy_level, verdict_level
 
 SPECTRUM_FILE = Path(__file__).with_name("data") / "photo_spectrum.json"
 PHOTO_SPECTRUM = "natural-photograph spectrum shipped with rankaudit"
@@ -143,7 +143,7 @@ def _photo_basis(channels: int, height: int, width: int) -> np.ndarray:
 def _read_samples(source: str, shape: tuple[int, ...]) -> np.ndarray:
     path = Path(source)
     if len(shape) == 3 and shape[0] in (1, 3):
-        from rankaudit.verify.data import _IMAGE_SUFFIXES, DataError, load_images
+        from rankaudit.bound.images import _IMAGE_SUFFIXES, DataError, load_images
 
         if path.is_dir():
             available = sum(1 for p in path.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES and p.is_file())

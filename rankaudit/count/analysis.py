@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankaudit.ops import Role
+from rankaudit.count.ops import Role
 from rankaudit.result import Architecture, ArchitectureNode, Caveat, LayerRow, ResidualBlock, Result
-from rankaudit.trace import TracedModel
+from rankaudit.trace.tracer import TracedModel
 
 
 @dataclass

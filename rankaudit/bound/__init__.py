@@ -1,0 +1,1 @@
+"""The bounds: min cut, the round and every round, each sample, the energy certificate and DP."""

@@ -1,0 +1,537 @@
+"""A deployed app (Flower, Opacus, NVFlare) -> one Round with its DP settings and the model spec, each with its source."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rankaudit.deploy import flower, model_code, nvflare, static, yamlconf
+from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
+from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
+from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
+from rankaudit.deploy.static import Found
+from rankaudit.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# Round settings and the run-config keys apps conventionally give them ([tool.rankaudit.flower] adds others).
+CONVENTIONAL_KEYS = {
+    "local-epochs": ("local-epochs", "local_epochs", "epochs"),
+    "batch-size": ("batch-size", "batch_size"),
+    "lr": ("lr", "learning-rate", "learning_rate"),
+    "momentum": ("momentum",),
+    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
+    "fraction": ("fraction-train", "fraction-fit"),
+    "local-samples": (),
+    "available-clients": (),
+}
+_ROUND_FIELDS = {
+    "local-samples": "local_samples",
+    "batch-size": "batch_size",
+    "local-epochs": "local_epochs",
+    "lr": "lr",
+    "optimizer": "optimizer",
+    "momentum": "momentum",
+    "clients": "clients",
+    "server-rounds": "server_rounds",
+    "available-clients": "available_clients",
+    "bn-mode": "bn_mode",
+}
+_INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
+# Round settings whose default is shown with its source when the app states none (the others stay silent: one
+# client, no momentum, one available client are what the app says by stating nothing).
+_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
+_FLOWER_MIN_CLIENTS = 2  # FedAvg's min_fit_clients / min_train_nodes default
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line says; None or empty where it says nothing."""
+
+    round: dict[str, object] = field(default_factory=dict)  # Round field -> value (flags given)
+    dp: dict[str, object] = field(default_factory=dict)  # OPTION_RULES key -> value (flags given)
+    run_config: str | None = None  # --run-config "k=v k2=v2"
+    model_args: tuple[str, ...] = ()  # --model-arg KEY=VALUE
+    input_shape_given: bool = False
+
+
+@dataclass
+class Deployment:
+    """The one value the deployment reader hands on: the round (with DP), the model, and where each came from."""
+
+    kind: str  # flower | nvflare
+    root: Path
+    model: str  # PATH:NAME, PATH absolute
+    round: object  # round.Round, its dp set
+    model_args: dict[str, object] = field(default_factory=dict)
+    withheld_layers: list[str] | None = None
+    settings: list[tuple[str, str, str]] = field(default_factory=list)  # (setting, value, source)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_deployment(path: Path, overrides: Overrides | None = None) -> Deployment:
+    """Read the app in directory `path`: [tool.flwr.app] (and --run-config), the code, [tool.rankaudit.*];
+    flags win over [tool.rankaudit.*], which wins over what is read."""
+    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.settings.round import build_round
+
+    overrides = overrides or Overrides()
+    directory = path.resolve()
+    job = None
+    if flower.is_flower_app(directory):
+        app = flower.read_app(directory, overrides.run_config)
+        kind, config = "flower", app.config
+    elif nvflare.is_nvflare_job(directory):
+        app, kind, config = None, "nvflare", yamlconf.app_yaml(directory)
+        job = nvflare.read_job(directory)
+    elif flower.uses_flower(_python_files(directory)):
+        app, kind, config = None, "flower", yamlconf.app_yaml(directory)  # script style, Hydra or YAML config
+    else:
+        raise UsageError(
+            f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app], or code "
+            "that starts a Flower client) nor an NVFlare job (config_fed_client.json, or a job.py with a Recipe "
+            "or FedJob)",
+            "give a model file (MODEL.py[:NAME]) or the app's directory",
+        )
+    if app is None and overrides.run_config:
+        raise UsageError(
+            "--run-config overrides the run config of a Flower app with [tool.flwr.app], which this app has not",
+            "drop --run-config; set values in [tool.rankaudit.round] or with the round flags",
+        )
+    settings = load_settings(directory / "pyproject.toml")
+    sources = _Sources()
+    files = _code_files(directory, app)
+    model, imported, instantiated = _model(directory, app, settings, job, files)
+    sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
+    model_args = _model_args(settings, overrides, config, sources, instantiated)
+    found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    if job is not None:
+        found = job.found + found
+        sources.notes.extend(job.notes)
+    read = _read_round(config, found, settings.flower or {}, app)
+    values = _merge_round(read, settings, overrides, sources)
+    _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
+    _clients_read(mechanisms, read, values, sources)
+    round_ = build_round(values, None)  # validated: a UsageError names the setting
+    sampled = _sampled_clients(read, [])
+    with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
+    dp, notes = privacy_settings(mechanisms, with_sampled, round_, settings, overrides, sources)
+    round_ = replace(round_, dp=dp)
+    withheld = _withheld(directory, mechanisms, settings, sources)
+    _require(directory, model, settings, overrides, round_, read)
+    return Deployment(
+        kind=kind,
+        root=directory,
+        model=model,
+        round=round_,
+        model_args=model_args,
+        withheld_layers=withheld,
+        settings=sources.rows,
+        notes=notes + sources.notes,
+    )
+
+
+class _Sources:
+    def __init__(self):
+        self.rows: list[tuple[str, str, str]] = []
+        self.notes: list[str] = []
+
+    def add(self, setting: str, value, source: str):
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        self.rows.append((setting, shown, source))
+
+
+# ---- the model -----------------------------------------------------------------------------------------------------
+
+
+def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], model_code.Instantiation | None]:
+    """[tool.rankaudit] model, else the model the job names, else the one the client's code instantiates among
+    the nn.Module classes (and model factories) the client app's module imports from the app."""
+    if settings.model:
+        path_text, _, name = settings.model.partition(":")
+        base = settings.source.parent if settings.source is not None else directory  # relative to its pyproject
+        path = base / path_text
+        if not path.is_file():
+            raise UsageError(
+                f"[tool.rankaudit] model = {settings.model!r}: {path} does not exist",
+                f'give the model file relative to {base}, e.g. model = "pkg/task.py:Net"',
+            )
+        return _shown(f"{path}:{name}" if name else str(path)), [], None
+    where = f"[tool.rankaudit] of {directory / 'pyproject.toml'}"
+    candidates, callables = _candidates(directory, app)
+    if job is not None and job.model is not None:
+        named, arguments, source = job.model
+        module, _, cls = named.rpartition(".")
+        matches = [
+            spec
+            for spec in callables
+            if spec.rsplit(":", 1)[1] == cls
+            and (not module or Path(spec.rsplit(":", 1)[0]).stem == module.split(".")[-1])
+        ]
+        if len(matches) == 1:
+            return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
+    client = app.module_file(app.clientapp) if app is not None else None
+    trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
+    chosen = model_code.instantiated(
+        trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory, app.config if app else None
+    )
+    if len(chosen) == 1:
+        made = chosen[0]
+        matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
+        if len(matches) == 1:
+            return _shown(matches[0]), [matches[0]], made.with_names(Path(matches[0].rsplit(":", 1)[0]))
+    elif len(chosen) > 1:
+        shown = ", ".join(f"{made.name}() at {made.source}" for made in chosen)
+        raise UsageError(
+            f"the app builds several models ({shown})",
+            f'choose the one that is trained: model = "pkg/task.py:NAME" in {where}',
+        )
+    if len(candidates) == 1:
+        return _shown(candidates[0]), [candidates[0]], None
+    if not candidates:
+        raise UsageError(
+            f"found no nn.Module class in the app that the client app imports ({directory})",
+            f'name the model: model = "pkg/task.py:Net" (a class or a factory) in {where}',
+        )
+    shown = ", ".join(_relative(directory, spec) for spec in candidates)
+    raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
+
+
+def _shown(spec: str) -> str:
+    """The model spec with its path relative to the working directory, as the user would type it."""
+    path, _, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
+    return os.path.relpath(path) + (f":{name}" if name else "")
+
+
+def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
+    """The nn.Module classes the client app imports from the app (else its factories named get_model and the
+    like), and every class or function it imports: what its training code may instantiate."""
+    if app is not None and app.module_file(app.clientapp) is not None:
+        client = app.module_file(app.clientapp)
+        imports = [(client, None), *model_code.imported_modules(client, directory)]
+    else:
+        imports = [(path, None) for path in _python_files(directory)]
+    candidates: dict[str, None] = {}
+    factories: dict[str, None] = {}  # only when no class is a candidate: get_model(...) and the like
+    callables: dict[str, None] = {}
+    for path, names in imports:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for name in model_code.module_classes(tree):
+            if names is None or name in names:
+                candidates[f"{path}:{name}"] = None
+                callables[f"{path}:{name}"] = None
+        for name in model_code.model_factories(tree):
+            if names is not None and name in names:
+                factories[f"{path}:{name}"] = None
+        for name in model_code.model_builders(tree):
+            if names is None or name in names:
+                callables[f"{path}:{name}"] = None
+    return list(candidates or factories), list(callables)
+
+
+def _model_source(imported: list[str], kind: str, instantiated) -> str:
+    if not imported:
+        return "[tool.rankaudit] model"
+    if instantiated is not None:
+        return f"{instantiated.name}(...) at {instantiated.source}, the model the app trains"
+    return "the one model candidate " + ("the client app imports" if kind == "flower" else "in the job")
+
+
+def _relative(directory: Path, spec: str) -> str:
+    path, _, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
+    path = Path(path).resolve()
+    shown = path.relative_to(directory).as_posix() if path.is_relative_to(directory) else str(path)
+    return f"{shown}:{name}" if name else shown
+
+
+def parse_value(text: str) -> object:
+    """One value as Flower's run config writes it (123, 0.1, true, "text"); a bare word stays a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _model_args(settings, overrides: Overrides, config, sources: _Sources, instantiated=None) -> dict[str, object]:
+    """The arguments the app builds the model with, then model-args in [tool.rankaudit], then --model-arg
+    KEY=VALUE over them; a value naming a run-config key (`num-classes`) takes that key's value."""
+    read = instantiated.arguments if instantiated is not None else {}
+    given: dict[str, tuple[object, str]] = {
+        key: (found.value, found.source) for key, found in read.items() if found is not None
+    }
+    given.update({key: (value, "[tool.rankaudit] model-args") for key, value in (settings.model_args or {}).items()})
+    for text in overrides.model_args:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(
+                f"--model-arg {text!r} is not KEY=VALUE",
+                "write e.g. --model-arg num_classes=10 (or num_classes=num-classes, a run-config key)",
+            )
+        given[key.strip()] = (parse_value(value.strip()), "--model-arg")
+    resolved = {}
+    for key, (value, source) in given.items():
+        if isinstance(value, str) and value in config and source in ("--model-arg", "[tool.rankaudit] model-args"):
+            value, where = config[value][0], f"{source}, {config[value][1]} {value}"
+        else:
+            where = source
+        resolved[key] = value
+        sources.add(f"model-arg {key}", value, where)
+    return resolved
+
+
+# ---- the round -------------------------------------------------------------------------------------------------
+
+
+def _code_files(directory: Path, app) -> list[Path]:
+    """The app's packages (those of the client and server components), else every Python file of the job."""
+    if app is not None:
+        packages = {ref.split(":")[0].split(".")[0] for ref in (app.clientapp, app.serverapp) if ref}
+        files = [
+            path
+            for package in sorted(packages)
+            for path in sorted((directory / package).rglob("*.py"))
+            if (directory / package).is_dir()
+        ]
+        files += [
+            directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()
+        ]
+        # Modules of the app the packages import from elsewhere in it (a sibling package of privacy wrappers).
+        for path in list(files):
+            try:
+                imported = model_code.imported_modules(path, directory)
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            files += [module for module, _ in imported if module not in files]
+        if files:
+            return files
+    return _python_files(directory)
+
+
+def _python_files(directory: Path) -> list[Path]:
+    skipped = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "tests"}
+    return sorted(path for path in directory.rglob("*.py") if not skipped & set(path.relative_to(directory).parts))
+
+
+def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dict[str, Found]:
+    """Each round setting the app states: its run config first (conventional keys, or the key
+    [tool.rankaudit.flower] maps), then literals in the code; the federation's nodes as available clients."""
+    read: dict[str, Found] = {}
+    for setting, keys in CONVENTIONAL_KEYS.items():
+        names = (mapping[setting],) if setting in mapping else keys
+        for name in names:
+            # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
+            nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]
+            if name not in config and len(nested) == 1:
+                name = nested[0]
+            if name in config:
+                value, source = config[name]
+                read[setting] = Found(
+                    setting,
+                    value,
+                    f"{source} {name}={value}" if source == flower.RUN_CONFIG_FLAG else f"{source} {name}",
+                )
+                break
+    for item in found:
+        read.setdefault(item.key, item)
+    if "available-clients" not in read and app is not None and app.num_supernodes is not None:
+        nodes, source = app.num_supernodes
+        read["available-clients"] = Found("available-clients", nodes, source)
+    return read
+
+
+def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources: _Sources) -> dict[str, object]:
+    """Round field values: flags, then [tool.rankaudit.round] (and its batch-size), then what was read."""
+    table = dict(settings.round or {})
+    if settings.batch_size is not None:
+        table.setdefault("batch_size", settings.batch_size)
+    nodes = read.get("available-clients")
+    if settings.dataset_size is not None and "local-samples" not in read and nodes is not None:
+        # The smallest partition of an even split: fewer samples per client is the weaker case.
+        read = {
+            **read,
+            "local-samples": Found(
+                "local-samples",
+                settings.dataset_size // nodes.value,
+                f"dataset-size {settings.dataset_size} ({ROUND_TABLE}) over "
+                f"{nodes.value} nodes ({nodes.source}), the smallest partition",
+            ),
+        }
+    choice = read.get("optimizer-choice")
+    if choice is not None and overrides.round.get("optimizer") is None and table.get("optimizer") is None:
+        raise UsageError(
+            f"the optimizer is chosen when the app runs: {choice.value}",
+            f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
+        )
+    values: dict[str, object] = {}
+    for setting, name in _ROUND_FIELDS.items():
+        if overrides.round.get(name) is not None:
+            value, source = overrides.round[name], f"--{setting}"
+        elif table.get(name) is not None:
+            value, source = table[name], ROUND_TABLE
+        elif setting in read and setting != "available-clients":  # nodes count only with secure aggregation
+            value, source = read[setting].value, read[setting].source
+            value = _typed(setting, value, source)
+        elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
+            # Not read is not "not in the app": the app may set it where rankaudit cannot read it.
+            sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
+            continue
+        else:
+            continue
+        values[name] = value
+        sources.add(setting, value, source)
+    return values
+
+
+def _fits(setting: str, value) -> bool:
+    """Whether a nested table's value can be the setting (a placeholder "" in another tool's table cannot)."""
+    if setting in _INTEGERS or setting in ("lr", "momentum", "fraction", "min-clients"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+def _typed(setting: str, value, source: str):
+    """A value read from the app, in the Round field's type; a one-line error naming where it was read."""
+    if setting in _INTEGERS:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(
+                f"{setting} read from {source} is {value!r}, not an integer",
+                f"set {setting} in {ROUND_TABLE} (it wins over the app's value)",
+            )
+    elif setting in ("lr", "momentum"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(
+                f"{setting} read from {source} is {value!r}, not a number",
+                f"set {setting} in {ROUND_TABLE} (it wins over the app's value)",
+            )
+        value = float(value)
+    return value
+
+
+def _sampled_clients(read: dict[str, Found], mechanisms) -> Found | None:
+    """Clients sampled per round: the DP strategy's num_sampled_clients, else max(⌊fraction · nodes⌋, the
+    strategy's minimum) as Flower's FedAvg samples them."""
+    for mechanism in mechanisms:
+        stated = mechanism.arguments.get("num_sampled_clients")
+        if mechanism.kind == "flower-central" and stated is not None and isinstance(stated.value, int):
+            return stated
+    nodes = read.get("available-clients")
+    minimum = read.get("min-clients")
+    if nodes is None and minimum is not None and "fraction" not in read:
+        return minimum  # NVFlare's controllers send each round's task to min_clients clients
+    if nodes is None:
+        return None
+    fraction = read.get("fraction")
+    share = int(nodes.value * fraction.value) if fraction is not None else nodes.value
+    least = int(minimum.value) if minimum is not None else _FLOWER_MIN_CLIENTS
+    sampled = min(max(share, least), nodes.value)
+    parts = [nodes.source] + ([fraction.source] if fraction else []) + ([minimum.source] if minimum else [])
+    parts = list(dict.fromkeys(parts))
+    return Found("clients", sampled, "max(⌊fraction · nodes⌋, min clients) from " + ", ".join(parts))
+
+
+def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
+    """Without secure aggregation the server sees each client's update alone, so the round is one client's:
+    the nodes and the clients sampled per round are still shown as read."""
+    if "clients" in values:
+        return
+    nodes, sampled = read.get("available-clients"), _sampled_clients(read, mechanisms)
+    if nodes is not None:
+        sources.add("nodes", nodes.value, nodes.source)
+    if sampled is not None:
+        sources.add("clients per round", sampled.value, sampled.source)
+        sources.notes.append(
+            f"{sampled.value} clients train each round; without secure aggregation the server sees each "
+            "client's update alone, so the round is judged for one client"
+        )
+
+
+def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, overrides: Overrides):
+    """SecAgg+ found: the server sees the sum over the clients sampled per round (C), drawn from the nodes."""
+    secagg = next((m for m in mechanisms if m.kind == "secagg"), None)
+    if secagg is None:
+        return
+    sources.add("secure-aggregation", secagg.name, secagg.source)
+    if "clients" not in values:
+        sampled = _sampled_clients(read, mechanisms)
+        if sampled is None:
+            sources.notes.append(
+                "secure aggregation is on, but the clients per round are not stated: the round is "
+                f"judged for one client; set clients = C in {ROUND_TABLE}"
+            )
+        else:
+            values["clients"] = sampled.value
+            sources.add("clients", sampled.value, sampled.source)
+    nodes = read.get("available-clients")
+    if "available_clients" not in values and nodes is not None and values.get("clients", 1) <= nodes.value:
+        values["available_clients"] = nodes.value
+        sources.add("available-clients", nodes.value, nodes.source)
+
+
+# ---- withheld layers and what must be given ------------------------------------------------------------------------
+
+
+def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[str] | None:
+    """NVFlare's ExcludeVars (a config filter or a call in the code): the listed variables never leave the client."""
+    if settings.withheld_layers is not None or settings.shared_layers is not None:
+        return None
+    found = nvflare.excluded_variables(directory) + [
+        m.arguments["exclude_vars"] for m in mechanisms if m.kind == "exclude-vars" and m.arguments.get("exclude_vars")
+    ]
+    names: list[str] = []
+    for item in found:
+        if isinstance(item.value, str):
+            sources.notes.append(
+                f"ExcludeVars in {item.source} is a regular expression ({item.value!r}); "
+                "name the withheld layers in withheld-layers of [tool.rankaudit]"
+            )
+            continue
+        names += [name for name in item.value if name not in names]
+        sources.add("withheld-layers", ",".join(item.value), item.source)
+    return names or None
+
+
+def _require(directory: Path, model: str, settings, overrides: Overrides, round_, read):
+    """What the app cannot say: the input shape and the samples per client, all in one line naming where."""
+    pyproject = directory / "pyproject.toml"
+    missing, fixes = [], []
+    if settings.input_shape is None and not overrides.input_shape_given and not _declares_input_shape(model):
+        missing.append(f"the input shape of {_relative(directory, model)}")
+        fixes.append('input-shape = "C,H,W" in [tool.rankaudit] (or --input-shape)')
+    if round_.local_samples is None:
+        missing.append("the samples each client trains on per round")
+        fixes.append(
+            f"local-samples = N in {ROUND_TABLE} (or --local-samples N; or dataset-size = D there with the "
+            "federation's options.num-supernodes)"
+        )
+    if missing:
+        raise UsageError(
+            " and ".join(missing) + (" are" if len(missing) > 1 else " is") + " not stated in the app",
+            "set " + "; and ".join(fixes) + f" of {pyproject}",
+        )
+
+
+def _declares_input_shape(model: str) -> bool:
+    path = Path(model.rsplit(":", 1)[0] if model.count(":") else model)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    return any(
+        isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(
+            isinstance(target, ast.Name) and target.id == "INPUT_SHAPE"
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+        for node in tree.body
+    )

@@ -1,0 +1,1 @@
+"""The design review: single architectural edits re-counted and re-bounded, and model comparisons."""

@@ -1,0 +1,1 @@
+"""The settings of a run: [tool.rankaudit], the command's flags and the round, resolved once."""
