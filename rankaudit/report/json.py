@@ -6,6 +6,7 @@ import json as _json
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.settings.round import round_dict
 from rankaudit.result import Result
 
 
@@ -63,7 +64,7 @@ def to_dict(result: Result) -> dict:
         "build": result.build or None,
         "forward_kwargs": result.call_notes,
         "stand_ins": result.stand_ins,
-        "round": round_dict(result),
+        "round": round_dict(result.round),
         "dp": _dp(result),
         "bias_readout": [asdict(finding) for finding in result.bias_readout],
         "deployment": None
@@ -87,29 +88,6 @@ def _dp(result: Result) -> dict | None:
     section = asdict(result.dp)
     section.pop("curve")
     return section
-
-
-def round_dict(result: Result) -> dict | None:
-    """The round judged (spec §12): FedSGD is local_samples = batch_size, one epoch, one client."""
-    round_ = result.round
-    if round_ is None:
-        return None
-    return {
-        "local_samples": round_.samples,
-        "batch_size": round_.batch_size,
-        "local_epochs": round_.local_epochs,
-        "steps": round_.steps,
-        "lr": round_.lr,
-        "optimizer": round_.optimizer,
-        "momentum": round_.momentum,
-        "clients": round_.clients,
-        "secure_aggregation": round_.secure_aggregation,
-        "fedsgd": round_.fedsgd,
-        "server_rounds": round_.server_rounds,
-        "server_rounds_known": round_.server_rounds_known,
-        "available_clients": round_.population,
-        "bn_mode": round_.bn_mode,
-    }
 
 
 def _input_shape(result: Result) -> list[int] | dict[str, list[int]]:

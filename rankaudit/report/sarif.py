@@ -295,13 +295,13 @@ def _sample_properties(result: Result) -> dict:
 
 def _round_properties(result: Result) -> dict:
     """The round behind a verdict (spec §12), for a round that is not FedSGD."""
-    from rankaudit.report.json import round_dict
+    from rankaudit.settings.round import round_dict
 
     if result.round is None or result.round.fedsgd:
         return {}
     caps = result.identifiability.round
     return {
-        "round": round_dict(result),
+        "round": round_dict(result.round),
         "binding_cap": caps.binding if caps else None,
         "binding_explanation": caps.explanation if caps else None,
     }

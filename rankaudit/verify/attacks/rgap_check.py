@@ -358,7 +358,7 @@ def verify_round_inputs(
 ) -> dict:
     """The FedAvg inversion attack on the round's update; fill result.verification['rgap'] (R-GAP's slot: the input
     attack), with a per-client recovery."""
-    from rankaudit.report.json import round_dict
+    from rankaudit.settings.round import round_dict
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
     from rankaudit.verify.attacks.fedavg import check_attack_round_size
@@ -454,7 +454,7 @@ def verify_round_inputs(
         "tv_weight": attack.tv_weight,
         "tv_weight_applied": attack.tv_weight_applied,
         "tv_until": attack.tv_until,
-        "round": round_dict(result),
+        "round": round_dict(result.round),
         **against,
     }
     result.verification["rgap"] = verification

@@ -339,7 +339,7 @@ def verify_round_rank(
     withheld_layers=None,
 ) -> dict:
     """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
-    from rankaudit.report.json import round_dict
+    from rankaudit.settings.round import round_dict
     from rankaudit.verify.client import check_local_training, simulated_rounds
     from rankaudit.verify.inputs import round_inputs, round_labels
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
@@ -466,7 +466,7 @@ def verify_round_rank(
         "internal_error": bound.get("internal_error") if bound else None,
         "directions": saved,
         "notes": notes,
-        "round": round_dict(result),
+        "round": round_dict(result.round),
     }
     read_worst_sample(verification, result, measured.sample_ranks, seen["inputs"][0], "update")
     read_energy(verification, result, weights_phrase(weights))
