@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.verify import data
+from rankaudit.bound import images as data
 from rankaudit.verify.attacks import gdbr, invert, rgap
 from rankaudit.verify.model import resolve_device  # noqa: E402
 

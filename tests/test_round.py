@@ -314,7 +314,7 @@ class SmallCNN(nn.Module):
 
 
 def photographs(count: int) -> torch.Tensor:
-    from rankaudit.verify import data
+    from rankaudit.bound import images as data
 
     images, _ = data.load_images(None, (3, 8, 8), count, 0)
     return images

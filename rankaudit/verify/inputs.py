@@ -10,7 +10,7 @@ from rankaudit.result import Result
 
 def real_inputs(result: Result, data: str | None, count: int, seed: int) -> tuple[torch.Tensor, str]:
     """Real images where the input is one (1 or 3 channels, or --data given); seeded uniform values otherwise."""
-    from rankaudit.verify import data as image_data
+    from rankaudit.bound import images as image_data
 
     shape = tuple(result.input_shape)
     if data is not None or (len(shape) == 3 and shape[0] in (1, 3)):

@@ -89,7 +89,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     """The attacker's stand-in inputs for estimating activations and probabilities (GDBR §V-D3)."""
     import torch
 
-    from rankaudit.verify import data as image_data
+    from rankaudit.bound import images as image_data
     from rankaudit.verify.attacks import gdbr
 
     generator = torch.Generator().manual_seed(seed + 7919)

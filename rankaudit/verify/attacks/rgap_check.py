@@ -112,7 +112,7 @@ def _input_setup(
     """The real model, where its weights came from, `samples` float64 images, their source, the loss."""
     import torch
 
-    from rankaudit.verify import data as image_data
+    from rankaudit.bound import images as image_data
     from rankaudit.verify.model import build_real_model, require_trainable
 
     model, weights = build_real_model(spec, result.input_shape, seed)
@@ -580,7 +580,7 @@ def _input_warmup(model: nn.Module, input_shape, loss: str, rounds: int, seed: i
     """The gradients of `rounds` earlier rounds on other images: crops of the photographs under another seed."""
     import torch
 
-    from rankaudit.verify import data as image_data
+    from rankaudit.bound import images as image_data
     from rankaudit.verify.attacks import rgap
 
     if rounds == 0:
