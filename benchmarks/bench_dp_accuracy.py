@@ -6,7 +6,7 @@ Run from the repository root (needs `pip install ".[dp]"`):
     python benchmarks/bench_dp_accuracy.py [--quick] [--old] [--out FILE.json]
 
 For q in {1, 0.01, 0.001}, T in {1, 100, 10^4, 10^5}, σ in {0.5, 1, 2, 4}: ε at δ = 1e-5 and B(κ) at κ = 0.1, 0.01,
-0.001 from rankaudit.bound.dp.dp_bound (the grid rankaudit picks, rankaudit.bound.dp.grid_for), beside the same numbers from
+0.001 from rankaudit.bound.dp.dp_bound (the grid rankaudit picks, rankaudit.settings.accountant.grid_for), beside the same numbers from
 dp-accounting's pessimistic PLD at a grid ten times finer (built directly, not through grid_for; B(κ) by the same
 search). Both are upper bounds (pessimistic), though not ordered point by point; the column `excess` is the largest
 relative excess of the default over the finer grid (ε and the three B(κ)), the target is within 1 % either way. At q = 1 both sides use the exact identity that T
@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.bound import dp  # noqa: E402
+
+from rankaudit.settings import accountant
 from rankaudit.settings.round import DPSettings  # noqa: E402
 
 RATES = (1.0, 0.01, 0.001)
@@ -41,7 +43,7 @@ TARGET = 0.01
 REFINEMENT = 10
 
 
-def library_figures(mechanism: dp.SubsampledGaussian, discretization: float) -> tuple[float, list[float]]:
+def library_figures(mechanism: accountant.SubsampledGaussian, discretization: float) -> tuple[float, list[float]]:
     """ε at DELTA and B(κ) from dp-accounting's PLD at exactly `discretization` (no grid rule, no widening)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
@@ -57,7 +59,7 @@ def library_figures(mechanism: dp.SubsampledGaussian, discretization: float) -> 
     )
     if steps > 1:
         distribution = distribution.self_compose(steps)
-    profile = dp._PLDProfile(distribution, dp.used_at_all(mechanism), "reference")
+    profile = accountant._PLDProfile(distribution, accountant.used_at_all(mechanism), "reference")
     return profile.epsilon(DELTA), dp.reconstruction_bounds(profile, PRIORS)
 
 
@@ -73,12 +75,12 @@ def excess(value: float | None, reference: float | None) -> float:
 
 
 def row(q: float, steps: int, sigma: float, old: bool) -> dict:
-    mechanism = dp.SubsampledGaussian(sigma, q, steps)
+    mechanism = accountant.SubsampledGaussian(sigma, q, steps)
     start = time.perf_counter()
     result = dp.dp_bound(DPSettings(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA), curve=False)
     seconds = time.perf_counter() - start
     ours = [result.bounds[str(kappa)] for kappa in PRIORS]
-    grid = dp.grid_for(mechanism if q < 1 else dp.SubsampledGaussian(sigma / math.sqrt(steps), 1.0, 1))
+    grid = accountant.grid_for(mechanism if q < 1 else accountant.SubsampledGaussian(sigma / math.sqrt(steps), 1.0, 1))
     if not grid.fits or grid.coarsened:
         # No PLD at rankaudit's grid (the noise is too small for one: σ/√T at q = 1), so none ten times finer.
         return {

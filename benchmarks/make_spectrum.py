@@ -1,4 +1,4 @@
-"""Fit the natural-photograph spectrum that ships with rankaudit (rankaudit/data/photo_spectrum.json).
+"""Fit the natural-photograph spectrum that ships with rankaudit (rankaudit/bound/data/photo_spectrum.json).
 
 The energy certificate (rankaudit/bound/energy.py) needs, for any C×H×W input, the eigenvalues of a typical photograph's
 covariance. This script measures them on the verifiers' default images (seeded crops of scikit-learn's sample
@@ -15,7 +15,7 @@ directions than the true principal components do (Schur-Horn), which is why the 
 copy the measured DCT variances.
 
     pip install -e .[verify]        # scikit-learn and pillow, for the photographs
-    python benchmarks/make_spectrum.py            # writes rankaudit/data/photo_spectrum.json
+    python benchmarks/make_spectrum.py            # writes rankaudit/bound/data/photo_spectrum.json
 
 Takes about a minute on two CPU cores.
 """

@@ -207,7 +207,7 @@ def _round_options(command):
 
 
 def _dp_options(command):
-    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.bound.dp.check_option
+    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.settings.dp_options.check_option
     (one-line errors, exit 2); the names mirror [tool.rankaudit.dp] (without the --dp- prefix)."""
     options = [
         click.option(

@@ -210,7 +210,7 @@ def test_opacus_make_private_with_epsilon_derives_sigma(tmp_path):
     deployment = read_deployment(app)
     sigma = deployment.round.dp.noise_multiplier
     assert sigma == noise_for_epsilon(2.0, 1e-5, 32 / 256, 16)
-    from rankaudit.bound.dp import PLDAccountant, SubsampledGaussian
+    from rankaudit.settings.accountant import PLDAccountant, SubsampledGaussian
 
     def epsilon(noise):
         return PLDAccountant().profile(SubsampledGaussian(noise, 32 / 256, 16)).epsilon(1e-5)

@@ -163,16 +163,15 @@ def test_every_verifier_has_its_page():
 
 def _keys_from_code() -> dict[str, set[str]]:
     """Table -> keys, from the sets the code validates against and from config.py's own `"key" in table["sub"]`."""
-    from rankaudit.settings import pyproject as config
     from rankaudit.deploy import app as deploy
-    from rankaudit.bound import dp
-    from rankaudit.settings import round
+    from rankaudit.settings import dp_options, round
+    from rankaudit.settings import pyproject as config
 
     keys = {
         "[tool.rankaudit]": set(config.TOP_KEYS),
         "[[tool.rankaudit.models]]": set(config.MODEL_KEYS),
         "[tool.rankaudit.round]": set(round.ROUND_KEYS),
-        "[tool.rankaudit.dp]": set(dp.OPTION_RULES),
+        "[tool.rankaudit.dp]": set(dp_options.OPTION_RULES),
         "[tool.rankaudit.flower]": set(deploy.CONVENTIONAL_KEYS),
     }
     tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))

@@ -20,6 +20,10 @@ from conftest import EXAMPLES
 from scipy.stats import norm
 
 from rankaudit.bound import dp
+
+from rankaudit.settings import dp_options
+
+from rankaudit.settings import accountant
 from rankaudit.errors import UsageError
 from rankaudit.settings.round import DPSettings
 from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack
@@ -126,7 +130,7 @@ def test_the_missing_extra_is_one_line_with_the_install_command(monkeypatch):
 )
 def test_settings_no_accountant_can_take_are_refused(settings, message):
     with pytest.raises(UsageError, match=message) as error:
-        dp.validate(DPSettings(**settings))
+        dp_options.validate(DPSettings(**settings))
     assert "; fix: " in str(error.value) and "\n" not in str(error.value)
 
 
@@ -568,15 +572,15 @@ def test_steps_at_q_one_compose_exactly_to_one_gaussian():
 def test_the_default_grid_is_within_one_percent_of_a_ten_times_finer_one(q, sigma, steps):
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    mechanism = dp.SubsampledGaussian(sigma, q, steps)
-    grid = dp.grid_for(mechanism)
+    mechanism = accountant.SubsampledGaussian(sigma, q, steps)
+    grid = accountant.grid_for(mechanism)
     finer = pld.from_gaussian_mechanism(
         standard_deviation=sigma,
         sampling_prob=q,
         pessimistic_estimate=True,
         value_discretization_interval=grid.discretization / 10,
     ).self_compose(steps)
-    profile = dp._PLDProfile(finer, dp.used_at_all(mechanism), "finer")
+    profile = accountant._PLDProfile(finer, accountant.used_at_all(mechanism), "finer")
     result = _bound(q, sigma, steps)
     assert result.epsilon == pytest.approx(profile.epsilon(1e-5), rel=0.01)
     fine = dp.reconstruction_bounds(profile, [0.1, 0.01, 0.001])

@@ -36,7 +36,7 @@ STEPS = (
 )
 STEP_FOLDERS = {"settings", "deploy", "model", "trace", "count", "bound", "findings", "verify", "design", "report"}
 # Folders of files that are not Python modules.
-DATA_FOLDERS = {"data", "__pycache__"}
+DATA_FOLDERS = {"__pycache__"}
 MAX_TOP_LEVEL_MODULES = 6
 MAX_LINES = 700
 

@@ -15,7 +15,7 @@ DP_TABLE = "[tool.rankaudit.dp]"
 
 def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
     """The DP mechanism of the code (if any) as [tool.rankaudit.dp] keys; the config and the flags over it."""
-    from rankaudit.bound.dp import OPTION_RULES, check_option, settings_from
+    from rankaudit.settings.dp_options import OPTION_RULES, check_option, settings_from
     from rankaudit.settings.round import dp_for_round
 
     found: dict[str, tuple[object, str]] = {}
@@ -212,7 +212,7 @@ def _opacus(mechanism, read, round_):
 def noise_for_epsilon(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """The least σ whose subsampled Gaussian reaches `epsilon` at `delta` after `steps` steps at `sample_rate`
     (what make_private_with_epsilon chooses), by bisection on the PLD accountant's ε."""
-    from rankaudit.bound.dp import PLDAccountant, SubsampledGaussian
+    from rankaudit.settings.accountant import PLDAccountant, SubsampledGaussian
 
     accountant = PLDAccountant()
 

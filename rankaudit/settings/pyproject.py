@@ -51,7 +51,7 @@ class Settings:
     withheld_layers: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     matched_model: str | None = None  # the [[tool.rankaudit.models]] path glob that applied
-    dp: dict | None = None  # [tool.rankaudit.dp], checked, keyed as rankaudit.bound.dp.OPTION_RULES
+    dp: dict | None = None  # [tool.rankaudit.dp], checked, keyed as rankaudit.settings.dp_options.OPTION_RULES
     round: dict[str, object] | None = None  # [tool.rankaudit.round], keyed by Round field (round.build_round)
     # A deployed app's directory (rankaudit.deploy.app): its model, the factory's arguments, and the app's own names
     # for round settings ([tool.rankaudit.flower]: setting -> run-config key).
@@ -263,7 +263,7 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
 
 def _dp_table(path: Path, table) -> dict:
     """[tool.rankaudit.dp]: the DP options under their flag names without --dp- (noise, sample-rate, prior, ...)."""
-    from rankaudit.bound.dp import OPTION_RULES, check_option
+    from rankaudit.settings.dp_options import OPTION_RULES, check_option
 
     if not isinstance(table, dict):
         _bad(path, "dp", "a table: [tool.rankaudit.dp] noise = 1.0 ...")

@@ -35,7 +35,7 @@ def build_run_round(
     """The round from the command's round `flags` and the configuration's table (flags win), with the DP settings
     from `dp_options` (the DP flags) over `dp_configured` ([tool.rankaudit.dp]): q and T follow the round unless
     given."""
-    from rankaudit.bound.dp import settings_from
+    from rankaudit.settings.dp_options import settings_from
     from rankaudit.settings.round import build_round
 
     values = dp_values(dp_options or {}, dp_configured)
@@ -62,7 +62,7 @@ _DP_FLAGS = {
 
 def dp_values(options: dict, configured: dict | None) -> dict:
     """The DP options keyed as in [tool.rankaudit.dp]: the config's, then the flags' over them (flags win)."""
-    from rankaudit.bound.dp import check_option
+    from rankaudit.settings.dp_options import check_option
 
     merged = dict(configured or {})
     for key, parameter in _DP_FLAGS.items():

@@ -255,11 +255,12 @@ def verify_dp(
 ) -> dict:
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
     from rankaudit.bound import dp
+    from rankaudit.settings import dp_options
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
 
-    dp.validate(settings)
+    dp_options.validate(settings)
     if candidates < 2:
         raise UsageError(f"the attack needs at least 2 candidates, got {candidates}", "use 2 or more (default 10)")
     if trials < 1:
