@@ -14,23 +14,13 @@ from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.static import Found
 from rankaudit.errors import UsageError
+from rankaudit.settings.pyproject import CONVENTIONAL_KEYS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-# Round settings and the run-config keys apps conventionally give them ([tool.rankaudit.flower] adds others).
-CONVENTIONAL_KEYS = {
-    "local-epochs": ("local-epochs", "local_epochs", "epochs"),
-    "batch-size": ("batch-size", "batch_size"),
-    "lr": ("lr", "learning-rate", "learning_rate"),
-    "momentum": ("momentum",),
-    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
-    "fraction": ("fraction-train", "fraction-fit"),
-    "local-samples": (),
-    "available-clients": (),
-}
 _ROUND_FIELDS = {
     "local-samples": "local_samples",
     "batch-size": "batch_size",

@@ -36,6 +36,18 @@ TOP_KEYS = {
 }
 MODEL_KEYS = {"path", "input-shape", "model-args"}
 
+# Round settings and the run-config keys apps conventionally give them ([tool.rankaudit.flower] adds others).
+CONVENTIONAL_KEYS = {
+    "local-epochs": ("local-epochs", "local_epochs", "epochs"),
+    "batch-size": ("batch-size", "batch_size"),
+    "lr": ("lr", "learning-rate", "learning_rate"),
+    "momentum": ("momentum",),
+    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
+    "fraction": ("fraction-train", "fraction-fit"),
+    "local-samples": (),
+    "available-clients": (),
+}
+
 
 @dataclass
 class Settings:
@@ -247,8 +259,6 @@ def _deployment_keys(path: Path, table: dict, settings: Settings) -> None:
     if "input-shape" in table:
         settings.input_shape = _shape(path, "input-shape", table["input-shape"])
     if "flower" in table:
-        from rankaudit.deploy.app import CONVENTIONAL_KEYS
-
         mapping = table["flower"]
         if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
             _bad(path, "flower", 'a table naming run-config keys, e.g. [tool.rankaudit.flower] lr = "learning-rate"')
