@@ -44,8 +44,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.bound import images as data  # noqa: E402
+from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import baselines
 from rankaudit.verify.attacks import fedavg  # noqa: E402
 from rankaudit.verify.attacks.invert import psnr_from_mse  # noqa: E402

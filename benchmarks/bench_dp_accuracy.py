@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.bound import dp  # noqa: E402
-
 from rankaudit.settings import accountant
 from rankaudit.settings.round import DPSettings  # noqa: E402
 

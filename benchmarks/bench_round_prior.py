@@ -26,8 +26,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.bound import images as data
+from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import baselines
 from rankaudit.verify.attacks import fedavg
 from rankaudit.verify.model import build_real_model  # noqa: E402

@@ -563,13 +563,13 @@ class Outcome:
 
 def static_bound(build: Callable[[], nn.Module], input_shape: tuple[int, ...]) -> tuple[int, int]:
     """The per-sample rank bound rankaudit certifies, and the unknowns, from the model built on the meta device."""
-    from rankaudit.findings import apply as findings
     from rankaudit.count.analysis import analyze
-    from rankaudit.trace.tracer import trace_model
+    from rankaudit.count.calls import trace_and_count
+    from rankaudit.findings import apply as findings
 
     with torch.device("meta"):
         model = build()
-    traced = trace_model(model, tuple(input_shape))
+    traced = trace_and_count(model, tuple(input_shape))
     result = analyze(traced, 1, model="metamorphic", model_name=type(model).__name__, input_shape=tuple(input_shape))
     result = findings.apply_findings(result, traced)
     bound = result.identifiability

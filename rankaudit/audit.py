@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import time
 
-from rankaudit.findings import apply as findings
-
-from rankaudit.model import supervise
-from rankaudit.count.analysis import analyze
-from rankaudit.bound.identifiability import round_identifiability
 from rankaudit.bound.energy import ReferenceDataError
-from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.model.load import load_model
+from rankaudit.bound.identifiability import round_identifiability
+from rankaudit.count.analysis import analyze
+from rankaudit.count.calls import trace_and_count
 from rankaudit.count.ops import Role
+from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.findings import apply as findings
+from rankaudit.model import supervise
+from rankaudit.model.load import load_model
 from rankaudit.result import Result
 from rankaudit.settings.round import Round, validate_round
-from rankaudit.trace.tracer import trace_model
 
 
 def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
@@ -94,7 +93,7 @@ def audit(
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
     with supervise.phase(f"the trace of {spec}'s forward()"):
-        traced = trace_model(
+        traced = trace_and_count(
             loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
         )
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)

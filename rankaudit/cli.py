@@ -11,10 +11,6 @@ import sys
 import click
 
 from rankaudit import __version__
-
-from rankaudit.model import supervise
-from rankaudit.report import files as report_files
-from rankaudit.settings.help import GroupedCommand, GroupedHelp
 from rankaudit.errors import (
     Interrupted,
     ModelEndedProcess,
@@ -23,6 +19,9 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
+from rankaudit.model import supervise
+from rankaudit.report import files as report_files
+from rankaudit.settings.help import GroupedCommand, GroupedHelp
 from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.settings.run import ROUND_FLAGS
 
@@ -718,12 +717,12 @@ def suggest_command(
     With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the N, E and C
     at which each sample is protected (N and C never are; the round as a whole is reported beside).
     """
-    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.bound.dp import noise_search
+    from rankaudit.design.suggest import suggest
     from rankaudit.model.load import split_model_spec
     from rankaudit.report import design
-    from rankaudit.bound.dp import noise_search
+    from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources, dp_values
-    from rankaudit.design.suggest import suggest
 
     if dp_candidates is not None:
         raise UsageError(
@@ -831,9 +830,9 @@ def compare_command(
     its file (as `check` reads them), else from the defaults.
     """
     from rankaudit.audit import audit
-    from rankaudit.settings.pyproject import load_settings
     from rankaudit.model.load import split_model_spec
     from rankaudit.report import design
+    from rankaudit.settings.pyproject import load_settings
 
     report_files.check_outputs(output, inputs=report_files.command_inputs([first, second], data=data))
     given = {

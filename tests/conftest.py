@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankaudit.findings import apply as findings
-from rankaudit.count.analysis import analyze
 from rankaudit.cli import main
+from rankaudit.count.analysis import analyze
+from rankaudit.count.calls import trace_and_count
+from rankaudit.findings import apply as findings
 from rankaudit.result import Result
-from rankaudit.trace.tracer import trace_model
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -21,7 +21,7 @@ def analyse_module(build, input_shape, batch_size: int = 1) -> Result:
     """Build the model on meta (as the CLI does) and run the counting rules on it."""
     with torch.device("meta"):
         model = build()
-    traced = trace_model(model, tuple(input_shape))
+    traced = trace_and_count(model, tuple(input_shape))
     result = analyze(traced, batch_size, model="test", model_name=type(model).__name__, input_shape=tuple(input_shape))
     return findings.apply_findings(result, traced)
 

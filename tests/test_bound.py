@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankaudit.bound.identifiability import SINK, SOURCE, FlowNetwork, identifiability, shared_predicate
+from rankaudit.count.calls import trace_and_count
 from rankaudit.model.load import load_model
-from rankaudit.trace.tracer import trace_model
 
 
 def traced_example(name: str):
     loaded = load_model(str(EXAMPLES / f"{name}.py"), None, device="meta")
-    return trace_model(loaded.module, loaded.input_shape)
+    return trace_and_count(loaded.module, loaded.input_shape)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ class _NormedHead(nn.Module):
 def test_parameters_used_outside_layers_are_gradients_too():
     with torch.device("meta"):
         model = _NormedHead()
-    bound = identifiability(trace_model(model, (3, 8, 8)))
+    bound = identifiability(trace_and_count(model, (3, 8, 8)))
     # The gradients hold 6 + 2 layer weights and the norm's 4 affine values, all reachable through the 128-value
     # conv output: the norm's gradients are shared and count (§9), else the bound would be 8, too low.
     assert bound.rank_bound == 12 and bound.certified_deficit == 192 - 12
@@ -300,7 +300,7 @@ def test_random_branching_nets_have_finite_bounded_indices(plan):
     bound = result.identifiability
     assert 0 <= bound.rank_bound <= bound.unknowns == 108
     assert bound.rank_bound <= result.parameters
-    traced = trace_model(_meta(lambda: _RandomBranching(plan)), (3, 6, 6))
+    traced = trace_and_count(_meta(lambda: _RandomBranching(plan)), (3, 6, 6))
     assert bound.rank_bound == _networkx_max_flow(traced)
 
 
@@ -334,7 +334,7 @@ def test_min_cut_names_code_lines_and_layers_not_graph_nodes():
 
     with torch.device("meta"):
         model = _TwoHeadsAdded()
-    bound = identifiability(trace_model(model, (8,)), 1, withheld_layers=["fc1", "fc2"])
+    bound = identifiability(trace_and_count(model, (8,)), 1, withheld_layers=["fc1", "fc2"])
     assert bound.rank_bound == 2  # the add's 2 values carry all that reaches the shared gradients
     assert len(bound.bottleneck) == 1 and bound.bottleneck[0].startswith("add at ")
     assert bound.bottleneck[0].endswith("test_bound.py:" + str(_TwoHeadsAdded.forward.__code__.co_firstlineno + 1))

@@ -3,8 +3,8 @@
 import click
 from click.testing import CliRunner
 
-from rankaudit.settings import help as cli_help
 from rankaudit.cli import cli
+from rankaudit.settings import help as cli_help
 
 
 def _commands():

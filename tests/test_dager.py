@@ -12,12 +12,13 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from rankaudit.findings import apply as findings
 from rankaudit.audit import audit
+from rankaudit.count.calls import trace_and_count
 from rankaudit.errors import UsageError
+from rankaudit.findings import apply as findings
 from rankaudit.model.load import load_model
 from rankaudit.report import sarif, table
-from rankaudit.trace.tracer import input_specs, trace_model
+from rankaudit.trace.inputs import input_specs
 from rankaudit.verify.attacks import dager, dager_check
 
 SEQUENCE = 16
@@ -32,7 +33,7 @@ class Subject:
 
     def __init__(self, spec: str):
         loaded = load_model(spec, (SEQUENCE,), device="meta")
-        self.traced = trace_model(
+        self.traced = trace_and_count(
             loaded.module, (SEQUENCE,), input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
         )
         torch.manual_seed(0)
@@ -200,7 +201,7 @@ class ThreeAdapters(nn.Module):
 def test_layers_reading_the_same_vectors_pool_their_gradients():
     with torch.device("meta"):
         model = ThreeAdapters()
-    traced = trace_model(model, (5,), input_dtype=torch.long)
+    traced = trace_and_count(model, (5,), input_dtype=torch.long)
     tokens = findings.token_leakage(traced, 2, None)  # B·n = 10 > 4 for each map, <= 12 together
     # The head reads the three maps' outputs side by side (a cat): not followed, so not listed.
     assert [(layer.name, layer.exposed) for layer in tokens.layers] == [("q", True), ("k", True), ("v", True)]

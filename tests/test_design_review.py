@@ -7,9 +7,9 @@ import pytest
 from conftest import EXAMPLES
 
 from rankaudit.audit import audit
+from rankaudit.design.suggest import suggest
 from rankaudit.model.load import load_model
 from rankaudit.report import design
-from rankaudit.design.suggest import suggest
 
 
 @pytest.fixture(scope="module")
@@ -189,10 +189,10 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     # No set of layers reaches protected, nor even partial on energy: the norms' 2,400 directly used parameters
     # are sent whatever is withheld, and 2,400 of 3,072 directions show all but 0.001 % of a typical photograph.
     assert resnet_report.certifying_withheld is None and resnet_report.deficit_withheld is None
+    from rankaudit.count.calls import trace_and_count
     from rankaudit.count.ops import Role
-    from rankaudit.trace.tracer import trace_model
 
-    traced = trace_model(load_model(str(EXAMPLES / "resnet18_w16.py"), None, device="meta").module, (3, 32, 32))
+    traced = trace_and_count(load_model(str(EXAMPLES / "resnet18_w16.py"), None, device="meta").module, (3, 32, 32))
     records = [traced.record(node) for node in traced.order]
     layers = sorted({r.name.split("#")[0] for r in records if r.counting.role is Role.LAYER and r.counting.weights})
     assert len(layers) == 21

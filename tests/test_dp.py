@@ -20,11 +20,8 @@ from conftest import EXAMPLES
 from scipy.stats import norm
 
 from rankaudit.bound import dp
-
-from rankaudit.settings import dp_options
-
-from rankaudit.settings import accountant
 from rankaudit.errors import UsageError
+from rankaudit.settings import accountant, dp_options
 from rankaudit.settings.round import DPSettings
 from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack
 

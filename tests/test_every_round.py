@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.bound.identifiability import batch_statistics, sample_identifiability
+from rankaudit.count.calls import trace_and_count
 from rankaudit.settings.round import Round, build_round
-from rankaudit.trace.tracer import trace_model
 
 
 class PatchNet(nn.Module):
@@ -33,7 +33,7 @@ class PatchNet(nn.Module):
 def traced(batch_norm=False, classes=10):
     with torch.device("meta"):
         model = PatchNet(batch_norm, classes)
-    return trace_model(model, (3, 8, 8))
+    return trace_and_count(model, (3, 8, 8))
 
 
 def real(batch_norm=False, classes=10, seed=0):
@@ -171,7 +171,7 @@ def test_batch_statistics_are_read_by_batch_norms_not_by_per_sample_norms():
             return self.fc(F.batch_norm(x, None, None, training=True).flatten(1))
 
     with torch.device("meta"):
-        model_graph = trace_model(Norms(), (3, 8, 8))
+        model_graph = trace_and_count(Norms(), (3, 8, 8))
     names = lambda mode: [model_graph.record(n).name for n in batch_statistics(model_graph, mode)]  # noqa: E731
     assert names("train") == ["batch", "no_running", "batch_norm"]
     # eval mode: running statistics, except where the module keeps none or the call's mode is not recorded
@@ -199,7 +199,7 @@ class HandNormNet(PatchNet):
 def test_a_batch_norm_of_another_library_couples_the_samples():
     """Its statistics are one per value (2 x 192 here, not 2 x 3 channels): the bound counts every value."""
     with torch.device("meta"):
-        model_graph = trace_model(HandNormNet(), (3, 8, 8))
+        model_graph = trace_and_count(HandNormNet(), (3, 8, 8))
     bound = sample_identifiability(model_graph, Round(batch_size=16))
     assert bound.batch_statistics == ["norm"]
     torch.manual_seed(3)
@@ -210,8 +210,8 @@ def test_a_batch_norm_of_another_library_couples_the_samples():
 
 
 def test_batch_norm_mode_is_validated_and_configurable(tmp_path):
-    from rankaudit.settings.pyproject import load_settings
     from rankaudit.errors import UsageError
+    from rankaudit.settings.pyproject import load_settings
 
     assert Round().bn_mode == "train"
     with pytest.raises(UsageError, match="BatchNorm mode 'test'"):

@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.attacks.invert import (
     LossSpec,
     client_gradient,
@@ -17,6 +16,7 @@ from rankaudit.verify.attacks.invert import (
     invert_gradients,
     run_inverting,
 )
+from rankaudit.verify.progress import ProgressBar
 
 
 @pytest.fixture(autouse=True)

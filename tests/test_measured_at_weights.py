@@ -195,10 +195,10 @@ def test_the_round_attack_starts_one_restart_flat_and_reports_a_true_median():
     """An update that carries nothing of the input (every first-layer unit dead): no candidate fits it better than
     another, so each restart keeps its start and the flat one wins the tie; the reconstruction is the grey image,
     exactly at the grey baseline, never below it. Two images: the median is the mean of their two PSNRs."""
+    from rankaudit.bound.images import load_images
     from rankaudit.settings.round import build_round
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
-    from rankaudit.bound.images import load_images
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
     with torch.no_grad():

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from conftest import EXAMPLES
 
-from rankaudit.settings.levels import count, percent
 from rankaudit.report.table import MAX_TABLE_ROWS, SHOWN_NAMES
+from rankaudit.settings.levels import count, percent
 
 BLOCKS = 45
 # Forty-five identical blocks, each with a LayerNorm and a GELU (neither modelled: two RA101 caveats a block).

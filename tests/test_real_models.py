@@ -428,7 +428,7 @@ def test_sarif_has_the_token_rule(run_cli):
 
 
 def test_direct_params_name_what_each_op_reads():
-    from rankaudit.trace.tracer import trace_model
+    from rankaudit.count.calls import trace_and_count
 
     class ClassToken(nn.Module):
         def __init__(self):
@@ -447,7 +447,7 @@ def test_direct_params_name_what_each_op_reads():
 
     with torch.device("meta"):
         model = ClassToken()
-    traced = trace_model(model, (3, 4))
+    traced = trace_and_count(model, (3, 4))
     direct = {record.op: record.direct_params for record in traced.records.values()}
     assert direct["cat"] == [("cls_token", 8)]  # through the untraced expand
     assert direct["add"] == [("pos_embed", 32)]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from rankaudit.bound.images import DataError, load_images
 from rankaudit.verify.attacks.rgap import (
     RGapUnsupported,
     client_gradients,
@@ -18,7 +19,6 @@ from rankaudit.verify.attacks.rgap import (
     reconstruct,
     run_rgap,
 )
-from rankaudit.bound.images import DataError, load_images
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -11,11 +11,11 @@ import torch.nn as nn
 from conftest import EXAMPLES
 
 from rankaudit.bound.identifiability import identifiability, round_identifiability
-from rankaudit.settings.pyproject import load_settings
+from rankaudit.count.calls import trace_and_count
 from rankaudit.errors import UsageError
 from rankaudit.model.load import load_model
+from rankaudit.settings.pyproject import load_settings
 from rankaudit.settings.round import Round, build_round
-from rankaudit.trace.tracer import trace_model
 
 # Spec §9's reference values (one sample, 3x32x32, all gradients shared): (rank bound, certified deficit).
 FIG2_BOUNDS = {
@@ -30,7 +30,7 @@ CNN6_PARAMETERS = 125_456
 
 def traced_example(name: str, input_shape=None):
     loaded = load_model(str(EXAMPLES / f"{name}.py"), input_shape, device="meta")
-    return trace_model(loaded.module, loaded.input_shape)
+    return trace_and_count(loaded.module, loaded.input_shape)
 
 
 def example_class(name: str, attribute: str):
@@ -236,7 +236,7 @@ def residual_round_ranks():
     torch.manual_seed(0)
     net = build(width=4)
     with torch.device("meta"):
-        traced = trace_model(build(width=4), (3, 8, 8))
+        traced = trace_and_count(build(width=4), (3, 8, 8))
     generator = torch.Generator().manual_seed(0)
     found = {}
     for samples, batch, epochs in ROUNDS:
@@ -265,7 +265,7 @@ def test_round_rank_with_momentum_and_adam_stays_under_the_bound(optimizer, mome
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2))
     with torch.device("meta"):
-        traced = trace_model(nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2)), (1, 3, 4))
+        traced = trace_and_count(nn.Sequential(nn.Flatten(), nn.Linear(12, 3), nn.Tanh(), nn.Linear(3, 2)), (1, 3, 4))
     round_ = build_round(
         {
             "local_samples": 4,
@@ -634,7 +634,7 @@ def test_round_rank_with_a_withheld_layer_stays_under_the_bound():
     torch.manual_seed(0)
     net = build()
     with torch.device("meta"):
-        traced = trace_model(build(), (1, 3, 4))
+        traced = trace_and_count(build(), (1, 3, 4))
     round_ = build_round({"local_samples": 4, "batch_size": 2, "local_epochs": 2})
     bound = round_identifiability(traced, round_, withheld_layers=["3"])
     x = torch.rand((1, 4, 1, 3, 4), generator=torch.Generator().manual_seed(2), dtype=torch.float64)

@@ -10,11 +10,11 @@ from torch import nn
 
 from rankaudit.audit import audit
 from rankaudit.bound.identifiability import round_identifiability, sample_identifiability
+from rankaudit.count.calls import trace_and_count
+from rankaudit.design.suggest import round_review
 from rankaudit.report import table
 from rankaudit.report.json import to_dict
 from rankaudit.settings.round import DPSettings, Round
-from rankaudit.design.suggest import round_review
-from rankaudit.trace.tracer import trace_model
 
 MLP = EXAMPLES / "mlp_bias.py"
 
@@ -23,7 +23,7 @@ def traced_example(name: str):
     from rankaudit.model.load import load_model
 
     loaded = load_model(str(EXAMPLES / f"{name}.py"), None, device="meta")
-    return trace_model(loaded.module, loaded.input_shape)
+    return trace_and_count(loaded.module, loaded.input_shape)
 
 
 class PooledMLP(nn.Module):
@@ -45,7 +45,7 @@ class PooledMLP(nn.Module):
 def traced_pooled():
     with torch.device("meta"):
         model = PooledMLP()
-    return trace_model(model, (3, 8, 8))
+    return trace_and_count(model, (3, 8, 8))
 
 
 # The MLP of spec §14 (examples/mlp_bias.py): |x| = 3·8·8 = 192; |θ_s| = 192·6 + 6 + 6·10 + 10 = 1,228; R(1) = 192

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import EXAMPLES
 
+from rankaudit.bound.images import load_images
 from rankaudit.settings.round import Round
 from rankaudit.verify.attacks import bias
-from rankaudit.bound.images import load_images
 from rankaudit.verify.model import build_real_model
 from rankaudit.verify.rank import jacobian as rank
 

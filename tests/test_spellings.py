@@ -202,7 +202,7 @@ def test_two_spellings_get_one_sound_bound(cause):
 def test_a_tied_weight_is_one_gradient():
     """x @ emb.weight.t() after an embedding-like use of the same weight: one gradient vertex, not two."""
     from rankaudit.bound.identifiability import FlowNetwork, shared_predicate
-    from rankaudit.trace.tracer import trace_model
+    from rankaudit.count.calls import trace_and_count
 
     class Tied(nn.Module):
         def __init__(self):
@@ -215,7 +215,7 @@ def test_a_tied_weight_is_one_gradient():
 
     with torch.device("meta"):
         model = Tied()
-    network = FlowNetwork(trace_model(model, (1, 8, 8)), 1, shared_predicate(None, None))
+    network = FlowNetwork(trace_and_count(model, (1, 8, 8)), 1, shared_predicate(None, None))
     assert network.gradient_values() == 8 * 64
 
 
@@ -260,7 +260,9 @@ def test_a_division_by_data_inside_a_module_with_parameters_is_no_scaling(monkey
             return self.head(F.avg_pool2d(self.divide(x), 4).flatten(1))
 
     with_fx, _ = static_bound(Scaled, (1, 8, 8))
-    monkeypatch.setattr(rankaudit.trace.tracer, "trace_with_fx", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no fx")))
+    monkeypatch.setattr(
+        rankaudit.trace.tracer, "trace_with_fx", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no fx"))
+    )
     with_export, _ = static_bound(Scaled, (1, 8, 8))
     measured = measured_rank(Scaled, (1, 8, 8)).rank
     assert with_fx == with_export >= measured, f"fx bound {with_fx}, export bound {with_export}, measured {measured}"

@@ -152,8 +152,6 @@ def noise_search(
     )
 
 
-
-
 def mechanism_of(settings: DPSettings) -> SubsampledGaussian:
     """Both levels are the same mechanism; only the unit differs (a sample, or a client's whole update)."""
     return SubsampledGaussian(settings.noise_multiplier, settings.sample_rate, settings.steps)

@@ -6,12 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rankaudit.count import ops
-from rankaudit.settings.levels import ceiling as level_ceiling
-from rankaudit.settings.levels import verdict_level
 from rankaudit.count.ops import Role
 from rankaudit.result import Identifiability, RoundBound, SampleBound, StepBound
+from rankaudit.settings.levels import ceiling as level_ceiling
+from rankaudit.settings.levels import verdict_level
 from rankaudit.settings.round import Round
-from rankaudit.trace.tracer import NodeRecord, TracedModel
+from rankaudit.trace.records import NodeRecord, TracedModel
 
 SOURCE, SINK = "source", "sink"
 # Sums and concatenations pass δ through unchanged: a parameter they add receives δ(out) only, and their

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from rankaudit.count.ops import Role
 from rankaudit.result import Architecture, ArchitectureNode, Caveat, LayerRow, ResidualBlock, Result
-from rankaudit.trace.tracer import TracedModel
+from rankaudit.trace.records import TracedModel
 
 
 @dataclass

@@ -1,17 +1,17 @@
-"""How each op family counts: the facts of one call, its Counting, and one small rule per family, by kind."""
+"""How each op family counts: a call's Counting from the facts the trace recorded, one small rule per family, by kind."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 import torch
 from torch import nn
 
 from rankaudit.count.op_shapes import ntuple
+from rankaudit.trace.records import OpFacts
 
 
 class Role(str, Enum):
@@ -19,44 +19,6 @@ class Role(str, Enum):
     TRANSPARENT = "transparent"  # keeps the count: V and the unknowns pass through
     ADD = "add"  # a merge by sum: residual rules (spec §5)
     CAT = "cat"  # a merge by concatenation: V adds up
-
-
-@dataclass
-class OpFacts:
-    """What the tracer knows about one call, with graph values already resolved to (meta) tensors."""
-
-    op: str  # display name: "Conv2d", "conv2d", "relu", "add"
-    module: nn.Module | None  # the leaf module for module calls
-    args: tuple  # positional arguments, values resolved
-    kwargs: dict  # keyword arguments, values resolved
-    traced_inputs: list[torch.Size]  # shapes of the operands that depend on the model's input
-    output_shape: torch.Size | None  # None when the call returns no single tensor
-    output_numel: int
-    params: list[nn.Parameter] = field(default_factory=list)  # parameters the call reads, directly or folded in
-    # Where each traced operand sits among the arguments: its index, or its keyword (traced_inputs' order).
-    traced_positions: tuple[int | str, ...] = ()
-    called: str = ""  # the function, method or aten op called (`op` may name the module that holds it)
-
-    def arg(self, index: int, name: str, default: Any = None) -> Any:
-        if len(self.args) > index:
-            return self.args[index]
-        return self.kwargs.get(name, default)
-
-    @property
-    def trainable(self) -> int:
-        return sum(p.numel() for p in self.params if p.requires_grad)
-
-    @property
-    def frozen(self) -> int:
-        return sum(p.numel() for p in self.params if not p.requires_grad)
-
-    def trainable_bias(self, position: int = 2) -> int:
-        bias = self.module.bias if self.module is not None else self.arg(position, "bias")
-        return bias.numel() if isinstance(bias, torch.Tensor) and bias.requires_grad else 0
-
-    @property
-    def input_numel(self) -> int:
-        return math.prod(self.traced_inputs[0]) if self.traced_inputs else 0
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankaudit.settings.pyproject import read_toml
 from rankaudit.errors import UsageError
+from rankaudit.settings.pyproject import read_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from rankaudit.count.analysis import analyze
+from rankaudit.bound.energy import EnergyScale, ReferenceDataError, certify
 from rankaudit.bound.identifiability import (
     gradient_sources,
     identifiability,
@@ -18,16 +18,17 @@ from rankaudit.bound.identifiability import (
     sample_identifiability,
     sample_unknowns,
 )
-from rankaudit.bound.energy import EnergyScale, ReferenceDataError, certify
+from rankaudit.count.analysis import analyze
+from rankaudit.count.calls import trace_and_count
+from rankaudit.count.ops import Counting, Role
 from rankaudit.errors import RankauditError, UsageError
 from rankaudit.findings.apply import readout_layers, token_leakage
+from rankaudit.model.load import load_model
+from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleBound
 from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
 from rankaudit.settings.levels import ceiling as level_ceiling
-from rankaudit.model.load import load_model
-from rankaudit.count.ops import Counting, Role
-from rankaudit.result import DPNoiseSuggestion, Identifiability, Result, SampleBound
 from rankaudit.settings.round import Round
-from rankaudit.trace.tracer import NodeRecord, TracedModel, trace_model
+from rankaudit.trace.records import NodeRecord, TracedModel
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (spec §14)
 ACCURACY_NOTE = (
@@ -290,7 +291,7 @@ def _stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tu
         new = tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
         conv.stride = new
         try:
-            edited = trace_model(module, input_shape)
+            edited = trace_and_count(module, input_shape)
         except RankauditError:
             skipped.append(f"stride {name} {old} -> {new}: a later layer needs the old shape")
             continue
@@ -599,7 +600,7 @@ def suggest(
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
-    traced = trace_model(
+    traced = trace_and_count(
         loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
     )
     base = analyze(traced, batch_size)

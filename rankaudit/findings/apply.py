@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankaudit.bound.identifiability import batch_statistics, identifiability, sample_identifiability
 from rankaudit.bound.energy import certify
+from rankaudit.bound.identifiability import batch_statistics, identifiability, sample_identifiability
 
 # The leakage findings (leakage.py), the sentences (meaning.py) and the policy (policy.py) have their own modules;
 # the CLI, the reports, suggest and the tests read them from findings, as they did before the split: the names
@@ -16,18 +16,6 @@ from rankaudit.findings.leakage import (
     safe_token_budget,  # noqa: F401  (re-exported)
     span_exposures,  # noqa: F401  (re-exported)
     token_leakage,  # noqa: F401  (re-exported)
-)
-
-# The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
-from rankaudit.settings.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
-    DEFAULT_FAIL_ON,
-    DEFAULT_MAX_RECOVERABLE,
-    FAIL_ON_CHOICES,
-    FAILING_VERDICTS,
-    VERDICT_LEVELS,
-    count,
-    percent,
-    verdict_level,
 )
 from rankaudit.findings.meaning import (
     ALL_DENSE_MEANING,  # noqa: F401  (re-exported)
@@ -52,8 +40,20 @@ from rankaudit.findings.policy import (
     evaluate_policy,
 )
 from rankaudit.result import Caveat, InputInfo, Result
+
+# The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
+from rankaudit.settings.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
+    DEFAULT_FAIL_ON,
+    DEFAULT_MAX_RECOVERABLE,
+    FAIL_ON_CHOICES,
+    FAILING_VERDICTS,
+    VERDICT_LEVELS,
+    count,
+    percent,
+    verdict_level,
+)
 from rankaudit.settings.round import Round
-from rankaudit.trace.tracer import TracedModel
+from rankaudit.trace.records import TracedModel
 
 
 def _batch_norms(traced: TracedModel) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.settings.levels import count
 from rankaudit.count.ops import Role
 from rankaudit.result import (
     BiasReadoutFinding,
@@ -15,7 +14,8 @@ from rankaudit.result import (
     SpanExposure,
     TokenLeakage,
 )
-from rankaudit.trace.tracer import TracedModel
+from rankaudit.settings.levels import count
+from rankaudit.trace.records import TracedModel
 
 # --- the labels: a gradient bridge to the logits (GDBR; iDLG where the layer produces them) ----------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.settings.levels import percent
 from rankaudit.result import DPBound, Identifiability, Result, SampleBound
+from rankaudit.settings.levels import percent
 from rankaudit.settings.round import Round
 
 # Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
 from rankaudit.findings.meaning import energy_percent, per_sample_view, ra_verdict
 from rankaudit.result import PolicyOutcome, Result
+from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
 
 
 def evaluate_policy(

@@ -16,10 +16,9 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from rankaudit.model import standins as import_standins
-
-from rankaudit.model import supervise
 from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, OutOfMemory, UsageError
+from rankaudit.model import standins as import_standins
+from rankaudit.model import supervise
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -6,10 +6,10 @@ import json
 from dataclasses import asdict
 
 from rankaudit import __version__
-from rankaudit.settings.levels import percent
+from rankaudit.design.suggest import SuggestReport
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
-from rankaudit.design.suggest import SuggestReport
+from rankaudit.settings.levels import percent
 
 
 def _shown(value) -> str:

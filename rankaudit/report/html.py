@@ -18,10 +18,10 @@ import jinja2
 from markupsafe import Markup
 
 from rankaudit import __version__
-from rankaudit.settings.levels import percent
 from rankaudit.findings.meaning import energy_sentence
 from rankaudit.report import records, svg
 from rankaudit.result import Result
+from rankaudit.settings.levels import percent
 
 RANK_KEYS = ("name", "unknowns", "rank", "local_deficit", "residual", "condition")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

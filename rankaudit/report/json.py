@@ -6,8 +6,8 @@ import json as _json
 from dataclasses import asdict
 
 from rankaudit import __version__
-from rankaudit.settings.round import round_dict
 from rankaudit.result import Result
+from rankaudit.settings.round import round_dict
 
 
 def to_dict(result: Result) -> dict:

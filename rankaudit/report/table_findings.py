@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rankaudit.settings.levels import percent
 from rankaudit.findings.meaning import (
     carried_by_sentence,
     dp_sentence,
@@ -12,6 +11,7 @@ from rankaudit.findings.meaning import (
     whole_sentence,
 )
 from rankaudit.result import Result
+from rankaudit.settings.levels import percent
 
 # Names shown for a group of caveats or a list of layers before "and N more" (-v lists all).
 SHOWN_NAMES = 3

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from rankaudit.settings.levels import count, percent
 from rankaudit.report import records
 from rankaudit.result import Result
+from rankaudit.settings.levels import count, percent
 
 
 def _number(value) -> str:

@@ -182,8 +182,8 @@ def model_settings(
     """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
     deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
     from rankaudit.model import supervise
-    from rankaudit.settings.pyproject import load_settings
     from rankaudit.model.load import split_model_spec
+    from rankaudit.settings.pyproject import load_settings
 
     settings = load_settings(split_model_spec(spec)[0])
     supervise.set_config_timeout(settings.timeout)

@@ -12,10 +12,9 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit.count import ops
 from rankaudit.trace.code_location import source_from_stack
-from rankaudit.trace.records import GraphBuilder, NodeRecord, parameters_in
 from rankaudit.trace.inputs import InputSpec
+from rankaudit.trace.records import NodeRecord, OpTable, RecordBuilder, parameters_in
 
 
 def _export_quietly(model: nn.Module, args: tuple, kwargs: dict):
@@ -34,8 +33,9 @@ _CALL_INDEX = re.compile(r"@\d+$")
 class _ModuleStack:
     """Reads export's nn_module_stack: which module an aten op belongs to."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, op_table: OpTable):
         self.model = model
+        self.op_table = op_table
         self.cache: dict[str, nn.Module | None] = {}
 
     def module(self, path: str) -> nn.Module | None:
@@ -53,14 +53,18 @@ class _ModuleStack:
             if type_name.startswith("torch.nn.modules."):
                 continue
             module = self.module(path)
-            if module is not None and ops.atomic_kind(module) is not None:
+            if module is not None and self.op_table.atomic_kind(module) is not None:
                 return key, _CALL_INDEX.sub("", path), module
         return None
 
 
 def trace_with_export(
-    model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor], switches: dict[str, Any]
-) -> GraphBuilder:
+    model: nn.Module,
+    specs: list[InputSpec],
+    examples: dict[str, torch.Tensor],
+    switches: dict[str, Any],
+    op_table: OpTable,
+) -> RecordBuilder:
     positional = [spec for spec in specs if spec.positional]
     args = tuple(examples[spec.name] for spec in positional)
     kwargs = {**{spec.name: examples[spec.name] for spec in specs if not spec.positional}, **switches}
@@ -83,8 +87,8 @@ def trace_with_export(
         parameter = named[parameter_of[node.name]]
         return [(canonical.get(id(parameter), parameter_of[node.name]), parameter)]
 
-    builder = GraphBuilder(parameters_at)
-    stacks = _ModuleStack(model)
+    builder = RecordBuilder(op_table, parameters_at)
+    stacks = _ModuleStack(model, op_table)
     values: dict[str, Any] = {}
     for n in exported.graph_module.graph.nodes:
         if n.op == "placeholder":
@@ -133,7 +137,7 @@ def trace_with_export(
     return builder
 
 
-def _reads_own_parameters(builder: GraphBuilder, node: fx.Node, qualname: str) -> bool:
+def _reads_own_parameters(builder: RecordBuilder, node: fx.Node, qualname: str) -> bool:
     return any(
         name.startswith(qualname + ".") and name.count(".") == qualname.count(".") + 1
         for name, _ in builder.attribution.parameters(node)

@@ -1,4 +1,4 @@
-"""torch.fx's symbolic trace, run on meta tensors to record each call's shapes and counting facts."""
+"""torch.fx's symbolic trace, run on meta tensors to record each call's shapes and facts."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit.count import ops
-from rankaudit.trace.code_location import first_line, is_user_file, relative_path, where_raised
 from rankaudit.errors import TraceError
-from rankaudit.trace.records import GraphBuilder, NodeRecord, parameters_in
+from rankaudit.trace.code_location import first_line, is_user_file, relative_path, where_raised
 from rankaudit.trace.inputs import TOKEN_DTYPE_FIX, InputSpec, check_inputs_given, wants_token_ids
+from rankaudit.trace.records import NodeRecord, OpFamilyKey, OpTable, RecordBuilder, parameters_in
 
 
 class _MetaShapeRecorder(fx.Interpreter):
-    """Runs a symbolically traced module on meta tensors and records each call's counting facts."""
+    """Runs a symbolically traced module on meta tensors and records each call's facts."""
 
-    def __init__(self, module: fx.GraphModule, builder: GraphBuilder, specs: dict[str, InputSpec]):
+    def __init__(self, module: fx.GraphModule, builder: RecordBuilder, specs: dict[str, InputSpec]):
         super().__init__(module)
         self.builder = builder
         self.specs = specs
@@ -43,17 +42,17 @@ class _MetaShapeRecorder(fx.Interpreter):
             ]
         return []
 
-    def _family(self, n: fx.Node) -> tuple[str, Any, ops.OpFamily | None]:
+    def _family(self, n: fx.Node) -> tuple[str, Any, OpFamilyKey | None]:
         if n.op == "call_module":
             module = self.fetch_attr(n.target)
-            return "module", module, ops.family_of("module", module)
+            return "module", module, self.builder.op_table.family_of("module", module)
         if n.op == "call_function":
-            return "function", n.target, ops.family_of("function", n.target)
+            return "function", n.target, self.builder.op_table.family_of("function", n.target)
         if n.op == "call_method":
-            return "method", n.target, ops.family_of("method", n.target)
+            return "method", n.target, self.builder.op_table.family_of("method", n.target)
         return n.op, n.target, None
 
-    def _evaluate(self, n: fx.Node, target: Any, family: ops.OpFamily | None) -> Any:
+    def _evaluate(self, n: fx.Node, target: Any, family: OpFamilyKey | None) -> Any:
         if family is not None and family.shape is not None:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             shape = family.shape(target, args, kwargs)
@@ -169,17 +168,25 @@ class _SourceRecordingTracer(fx.Tracer):
             node.meta["rankaudit_source"] = f"{relative_path(frame.f_code.co_filename)}:{frame.f_lineno}"
         return node
 
+    def __init__(self, op_table: OpTable):
+        super().__init__()
+        self.op_table = op_table
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return super().is_leaf_module(m, module_qualified_name) or ops.atomic_kind(m) is not None
+        return super().is_leaf_module(m, module_qualified_name) or self.op_table.atomic_kind(m) is not None
 
 
 _CONCRETE_SUFFIX = re.compile(r"_\d+$")
 
 
 def trace_with_fx(
-    model: nn.Module, specs: list[InputSpec], examples: dict[str, torch.Tensor], switches: dict[str, Any]
-) -> GraphBuilder:
-    tracer = _SourceRecordingTracer()
+    model: nn.Module,
+    specs: list[InputSpec],
+    examples: dict[str, torch.Tensor],
+    switches: dict[str, Any],
+    op_table: OpTable,
+) -> RecordBuilder:
+    tracer = _SourceRecordingTracer(op_table)
     graph = tracer.trace(model, concrete_args=switches or None)
     module = fx.GraphModule(tracer.root, graph)
     by_name = {spec.name: spec for spec in specs}
@@ -206,6 +213,6 @@ def trace_with_fx(
             missing.append(target)
             values.append(None)
     check_inputs_given(missing, specs)
-    builder = GraphBuilder()
+    builder = RecordBuilder(op_table)
     _MetaShapeRecorder(module, builder, placeholder_specs).run(*values)
     return builder

@@ -1,18 +1,85 @@
-"""The traced graph as layer records (NodeRecord, TracedModel) and the builder that adds one record per call."""
+"""The traced graph as layer records (NodeRecord, TracedModel) and the builder that adds one record per call.
+
+The records hold what the trace saw: each call's facts, its op family's key and its operands. Counting them is the
+count step's job (rankaudit.count.calls): the trace asks the op registry only which family a call belongs to, for the
+family's key and output-shape formula, through the `OpTable` its caller hands it."""
 
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 from torch import nn
 
-from rankaudit.count import ops
 from rankaudit.trace.inputs import ROLE_DATA, ROLE_TOKENS, InputSpec
+
+
+@dataclass
+class OpFacts:
+    """What the tracer knows about one call, with graph values already resolved to (meta) tensors."""
+
+    op: str  # display name: "Conv2d", "conv2d", "relu", "add"
+    module: nn.Module | None  # the leaf module for module calls
+    args: tuple  # positional arguments, values resolved
+    kwargs: dict  # keyword arguments, values resolved
+    traced_inputs: list[torch.Size]  # shapes of the operands that depend on the model's input
+    output_shape: torch.Size | None  # None when the call returns no single tensor
+    output_numel: int
+    params: list[nn.Parameter] = field(default_factory=list)  # parameters the call reads, directly or folded in
+    # Where each traced operand sits among the arguments: its index, or its keyword (traced_inputs' order).
+    traced_positions: tuple[int | str, ...] = ()
+    called: str = ""  # the function, method or aten op called (`op` may name the module that holds it)
+
+    def arg(self, index: int, name: str, default: Any = None) -> Any:
+        if len(self.args) > index:
+            return self.args[index]
+        return self.kwargs.get(name, default)
+
+    @property
+    def trainable(self) -> int:
+        return sum(p.numel() for p in self.params if p.requires_grad)
+
+    @property
+    def frozen(self) -> int:
+        return sum(p.numel() for p in self.params if not p.requires_grad)
+
+    def trainable_bias(self, position: int = 2) -> int:
+        bias = self.module.bias if self.module is not None else self.arg(position, "bias")
+        return bias.numel() if isinstance(bias, torch.Tensor) and bias.requires_grad else 0
+
+    @property
+    def input_numel(self) -> int:
+        return math.prod(self.traced_inputs[0]) if self.traced_inputs else 0
+
+
+class OpFamilyKey(Protocol):
+    """What the trace reads of an op family: its key, and its output-shape formula (None: run the op on meta)."""
+
+    key: str
+    shape: Any
+
+
+class OpTable(Protocol):
+    """What the trace asks of the op registry: a call's family, and whether a module is one norm or activation
+    (a leaf, whose ops inside are not layers of their own). The count step's registry is one."""
+
+    def family_of(self, kind: str, target: Any) -> OpFamilyKey: ...
+
+    def atomic_kind(self, module: nn.Module) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class AtomicCall:
+    """One op of a norm or activation module that export decomposed (LlamaRMSNorm's pow, mean, rsqrt, mul): the
+    module's class, its parameter count, and whether this op is the first of the module's call."""
+
+    module_type: str
+    module_params: int
+    first: bool
 
 
 @dataclass
@@ -22,8 +89,8 @@ class NodeRecord:
     id: str  # the graph node's unique name
     name: str  # module qualified name (layer2.0.conv1) or fx node name (add_1)
     op: str  # display: Conv2d, relu, add
-    family: str  # the ops registry family key
-    counting: ops.Counting
+    family: str  # the ops registry family key (the count step refines it: x @ W is a linear map)
+    counting: Any  # the count step's Counting; None until rankaudit.count.calls counted the record
     output_numel: int  # per sample: traced with batch size 1
     output_shape: tuple[int, ...] | None
     inputs: list[str]  # ids of the traced operands, in argument order
@@ -32,6 +99,8 @@ class NodeRecord:
     # another traced op: a module call's own parameters, and parameters among a function's arguments or behind
     # untraced get_attr/expand/reshape chains (cls_token.expand(B, -1, -1) read by a cat). Frozen ones: numel 0.
     direct_params: list[tuple[str, int]] = field(default_factory=list)
+    facts: OpFacts | None = None  # what the count step counts; None for inputs and views of them
+    atomic: AtomicCall | None = None  # set where the op is part of a decomposed norm or activation module
 
     @property
     def shown_name(self) -> str:
@@ -168,7 +237,7 @@ class TokenIdTracker:
         """A forward() input of token ids (held under its token input's name) or a mask (held as None)."""
         self.discrete[node.name] = (spec.same_as or spec.name) if spec.role == ROLE_TOKENS else None
 
-    def follow(self, node: fx.Node, family: ops.OpFamily, value: Any) -> str | None:
+    def follow(self, node: fx.Node, family: OpFamilyKey, value: Any) -> str | None:
         """The token input whose ids `node` embeds, when it is an embedding lookup of them (its output starts the
         unknowns); otherwise None, after noting whether its output still holds ids or only a mask."""
         discrete_args = [a for a in node.all_input_nodes if a.name in self.discrete]
@@ -184,10 +253,11 @@ class TokenIdTracker:
         return None
 
 
-class GraphBuilder:
-    """Collects NodeRecords and their edges and counts each call, whichever tracer produced the calls."""
+class RecordBuilder:
+    """Collects NodeRecords and their edges, whichever tracer produced the calls; it records, the count step counts."""
 
-    def __init__(self, parameters_at=lambda node: ()):
+    def __init__(self, op_table: OpTable, parameters_at=lambda node: ()):
+        self.op_table = op_table
         self.records: dict[str, NodeRecord] = {}
         self.successors: dict[str, list[str]] = {}
         self.order: list[str] = []
@@ -222,7 +292,7 @@ class GraphBuilder:
             self.unique_name(name) if name != "input" else name,
             op,
             "input",
-            ops.Counting(ops.Role.TRANSPARENT),
+            None,
             math.prod(shape),
             shape,
             [],
@@ -267,7 +337,7 @@ class GraphBuilder:
                 self.unique_name(name),
                 display,
                 "embedding",
-                ops.Counting(ops.Role.TRANSPARENT),
+                None,
                 value.numel(),
                 tuple(value.shape),
                 [self.token_ids.lookups[key]],
@@ -310,7 +380,7 @@ class GraphBuilder:
     ):
         """One call. `atomic`: (call key, qualified name, module) when the op is part of a norm or activation
         module that export decomposed (LlamaRMSNorm's pow, mean, rsqrt, mul): counted as that one module."""
-        family = ops.family_of("module", atomic[2]) if atomic else ops.family_of(kind, target)
+        family = self.op_table.family_of("module", atomic[2]) if atomic else self.op_table.family_of(kind, target)
         traced_args = [a for a in node.all_input_nodes if a.name in self.traced]
         if not traced_args:
             # Depends on constants, parameters, ids or masks only: not part of the unknowns' flow, unless it is
@@ -333,7 +403,7 @@ class GraphBuilder:
             output_shape, output_numel = tuple(value.shape), value.numel()
         else:
             output_shape, output_numel = None, sum(t.numel() for t in tensors)
-        facts = ops.OpFacts(
+        facts = OpFacts(
             display,
             module,
             args,
@@ -348,15 +418,14 @@ class GraphBuilder:
             target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__),
         )
         direct = self.attribution.direct_params(node, own_params)
+        atomic_call = None
         if atomic:
             call_key, name, atomic_module = atomic
             display = type(atomic_module).__name__
-            counting = self._atomic_counting(
-                call_key, display, direct, sum(p.numel() for p in atomic_module.parameters())
-            )
-        else:
-            counting = family.handler(facts)
-            family = ops.refine_family(family, counting)
+            # The module's caveat goes on its first op that reaches the records; every op inside is counted as it.
+            first = call_key not in self.atomic_calls_seen
+            self.atomic_calls_seen.add(call_key)
+            atomic_call = AtomicCall(display, sum(p.numel() for p in atomic_module.parameters()), first)
         # In argument order, a repeated operand as often as it is read: s * s is a product, unlike s + s.
         inputs = [name for _, name, _ in operands if name in self.records]
         inputs += [a.name for a in traced_args if a.name in self.records and a.name not in inputs]
@@ -365,30 +434,16 @@ class GraphBuilder:
             self.unique_name(name),
             display,
             family.key,
-            counting,
+            None,
             output_numel,
             output_shape,
             inputs,
             source,
             direct,
+            facts,
+            atomic_call,
         )
         self._add(record)
-
-    def _atomic_counting(
-        self, call_key: str, display: str, direct: list[tuple[str, int]], module_params: int
-    ) -> ops.Counting:
-        # One caveat per module call, on its first op; every op inside keeps the count (norms and activations
-        # keep the size), whatever the single op does (mean, rsqrt). Parameters are reported where they are read.
-        params = sum(numel for _, numel in direct)
-        first = call_key not in self.atomic_calls_seen
-        self.atomic_calls_seen.add(call_key)
-        caveat = None
-        if first:
-            caveat = f"{display} is not modelled by the rank analysis"
-            if module_params:
-                caveat += f"; its {module_params} parameters are not counted"
-            caveat += "; counted as transparent (same size in and out)"
-        return ops.Counting(ops.Role.TRANSPARENT, reported_params=params, caveat=caveat)
 
     def _add(self, record: NodeRecord):
         self.records[record.id] = record

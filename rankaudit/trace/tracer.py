@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from rankaudit.trace.code_location import first_line, where_raised
 from rankaudit.errors import TraceError
+from rankaudit.trace.code_location import first_line, where_raised
 from rankaudit.trace.export_trace import trace_with_export
 from rankaudit.trace.fx_trace import trace_with_fx
-
-# The records live in layer_records and the input specs in trace_inputs; bound, suggest, analysis and the verifiers
-# read the graph's types and input_specs from trace, as they did before the split.
-from rankaudit.trace.records import (
-    GraphBuilder,
-    NodeRecord,  # noqa: F401  (re-exported)
-    TokenEmbedding,  # noqa: F401  (re-exported)
-    TracedModel,
-)
 from rankaudit.trace.inputs import (
     ROLE_DATA,  # noqa: F401  (re-exported)
     ROLE_IDS,  # noqa: F401  (re-exported)
@@ -32,8 +23,18 @@ from rankaudit.trace.inputs import (
     wants_token_ids,
 )
 
+# The records live in layer_records and the input specs in trace_inputs; bound, suggest, analysis and the verifiers
+# read the graph's types and input_specs from trace, as they did before the split.
+from rankaudit.trace.records import (
+    NodeRecord,  # noqa: F401  (re-exported)
+    OpTable,
+    RecordBuilder,
+    TokenEmbedding,  # noqa: F401  (re-exported)
+    TracedModel,
+)
 
-def _tied_tables(builder: GraphBuilder):
+
+def _tied_tables(builder: RecordBuilder):
     for embedding in builder.token_embeddings:
         embedding.tied_with = [
             record.name
@@ -44,7 +45,7 @@ def _tied_tables(builder: GraphBuilder):
         ]
 
 
-def _prune_to_outputs(builder: GraphBuilder):
+def _prune_to_outputs(builder: RecordBuilder):
     """Keep the records the logits depend on: a cache, an auxiliary head or hidden states beside the logits
     receive no gradient from the loss."""
     if not builder.output_ids:
@@ -67,8 +68,11 @@ def _prune_to_outputs(builder: GraphBuilder):
     builder.input_starts = {name: node for name, node in builder.input_starts.items() if node in alive}
 
 
-def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwargs: dict | None = None) -> TracedModel:
-    """Trace with torch.fx; where symbolic tracing fails, with torch.export (non-strict). All on meta.
+def trace_model(
+    model: nn.Module, input_shape, op_table: OpTable, *, input_dtype=None, forward_kwargs: dict | None = None
+) -> TracedModel:
+    """Trace with torch.fx; where symbolic tracing fails, with torch.export (non-strict). All on meta. The records
+    are not counted yet: rankaudit.count.calls counts them (`op_table` is its registry, asked for families only).
 
     `input_shape` is one per-sample shape, or a dict of them by forward() parameter name (INPUT_SHAPE);
     `input_dtype` a dtype or a dict of them (INPUT_DTYPE; integer inputs are ids or masks).
@@ -85,7 +89,7 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
     examples = {spec.name: meta_example(spec) for spec in specs}
     fallback_reason = None
     try:
-        builder, tracer = trace_with_fx(model, specs, examples, switches), "torch.fx"
+        builder, tracer = trace_with_fx(model, specs, examples, switches, op_table), "torch.fx"
     except TraceError:
         raise
     except Exception as fx_error:
@@ -95,7 +99,7 @@ def trace_model(model: nn.Module, input_shape, *, input_dtype=None, forward_kwar
             raise
         fallback_reason = f"torch.fx: {first_line(fx_error)}{where_raised(fx_error)}"
         try:
-            builder, tracer = trace_with_export(model, specs, examples, switches), "torch.export"
+            builder, tracer = trace_with_export(model, specs, examples, switches, op_table), "torch.export"
         except TraceError:
             raise
         except Exception as export_error:

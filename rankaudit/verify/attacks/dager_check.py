@@ -55,7 +55,7 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
     import torch
 
     from rankaudit.model.load import load_model
-    from rankaudit.trace.tracer import input_specs
+    from rankaudit.trace.inputs import input_specs
     from rankaudit.verify.attacks import dager
     from rankaudit.verify.model import build_real_model
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.defense_runs import DEGRADED_INS_ACC_DROP, WARMUP_SEED_OFFSET, rms, strength_note
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
 from rankaudit.settings.levels import count
-from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify import scoring
 from rankaudit.verify.defense_runs import DEGRADED_MSE_FACTOR, WARMUP_SEED_OFFSET, rms, strength_note
+from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 from rankaudit.verify.scoring import CONFIRM_EXPOSED_BELOW, CONFIRM_PROTECTED_ABOVE, finite
 
