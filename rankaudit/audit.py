@@ -137,3 +137,9 @@ def audit(
         findings.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def as_layers(names: list[str] | None, result) -> list[str] | None:
+    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
+    layers = [row.name for row in result.layers]
+    return [layer_of(name, layers) for name in names] if names else names

@@ -553,8 +553,10 @@ def check(
     model file, else from the defaults. APP_DIR (a Flower app, an NVFlare job): the model, the round and its DP are
     read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
-    from rankaudit.audit import audit
-    from rankaudit.settings.run import CONFIGURABLE, as_layers, deployment_read, model_settings, read_app
+    from rankaudit.audit import as_layers, audit
+    from rankaudit.deploy.app import deployment_for, deployment_read
+    from rankaudit.model import standins
+    from rankaudit.settings.run import CONFIGURABLE, model_settings
     from rankaudit.verify import registry
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
@@ -571,7 +573,7 @@ def check(
     results, exit_code = [], EXIT_PASS
     for spec in models:
         try:
-            deployment = read_app(
+            deployment = deployment_for(
                 spec,
                 _round_flags(ctx),
                 options,
@@ -593,6 +595,9 @@ def check(
                 model_args=model_args,
                 verifying=bool(verify),
             )
+            supervise.set_config_timeout(chosen.timeout)
+            supervise.set_config_memory_limit(chosen.memory_limit)
+            standins.set_configured(chosen.stand_ins)
             result = audit(
                 spec,
                 input_shape=chosen.input_shape,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -14,12 +13,9 @@ from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.static import Found
 from rankaudit.errors import UsageError
-from rankaudit.settings.pyproject import CONVENTIONAL_KEYS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from rankaudit.result import DeploymentRead
+from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
+from rankaudit.settings.run import dp_values
 
 _ROUND_FIELDS = {
     "local-samples": "local_samples",
@@ -241,14 +237,6 @@ def _relative(directory: Path, spec: str) -> str:
     path = Path(path).resolve()
     shown = path.relative_to(directory).as_posix() if path.is_relative_to(directory) else str(path)
     return f"{shown}:{name}" if name else shown
-
-
-def parse_value(text: str) -> object:
-    """One value as Flower's run config writes it (123, 0.1, true, "text"); a bare word stays a string."""
-    try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def _model_args(settings, overrides: Overrides, config, sources: _Sources, instantiated=None) -> dict[str, object]:
@@ -525,3 +513,41 @@ def _declares_input_shape(model: str) -> bool:
         )
         for node in tree.body
     )
+
+
+def deployment_for(
+    spec: str,
+    flags: dict,
+    options: dict,
+    run_config: str | None,
+    model_args: tuple[str, ...],
+    *,
+    batch_size: int | None,
+    input_shape_given: bool,
+):
+    """`rankaudit DIR`: the app's round, DP and model (read_deployment), the command's round `flags` (and
+    `batch_size` where given on the command line) over them; None for a model file."""
+    if not Path(spec).is_dir():
+        if run_config:
+            raise UsageError(
+                "--run-config overrides a Flower app's run config",
+                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
+            )
+        return None
+    if batch_size is not None:
+        flags = {**flags, "batch_size": batch_size}
+    return read_deployment(
+        Path(spec),
+        Overrides(
+            round=flags,
+            dp=dp_values(options, None),
+            run_config=run_config,
+            model_args=model_args,
+            input_shape_given=input_shape_given,
+        ),
+    )
+
+
+def deployment_read(deployment):
+    """What the report says about the deployment that was read (its paths relative to the working directory)."""
+    return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)

@@ -110,6 +110,14 @@ def read_toml(path: Path) -> dict:
         raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
 
+def parse_value(text: str) -> object:
+    """One value as Flower's run config writes it (123, 0.1, true, "text"); a bare word stays a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
 def _bad(path: Path, key: str, expected: str):
     raise UsageError(f"{path}: [tool.rankaudit] {key} must be {expected}", f"correct `{key}` in {path}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
@@ -82,54 +81,11 @@ def dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
     return sources
 
 
-def read_app(
-    spec: str,
-    flags: dict,
-    options: dict,
-    run_config: str | None,
-    model_args: tuple[str, ...],
-    *,
-    batch_size: int | None,
-    input_shape_given: bool,
-):
-    """`rankaudit DIR`: the app's round, DP and model (rankaudit.deploy.app), the command's round `flags` (and
-    `batch_size` where given on the command line) over them; None for a model file."""
-    if not Path(spec).is_dir():
-        if run_config:
-            raise UsageError(
-                "--run-config overrides a Flower app's run config",
-                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
-            )
-        return None
-    from rankaudit.deploy.app import Overrides, read_deployment
-
-    if batch_size is not None:
-        flags = {**flags, "batch_size": batch_size}
-    return read_deployment(
-        Path(spec),
-        Overrides(
-            round=flags,
-            dp=dp_values(options, None),
-            run_config=run_config,
-            model_args=model_args,
-            input_shape_given=input_shape_given,
-        ),
-    )
-
-
-def as_layers(names: list[str] | None, result) -> list[str] | None:
-    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
-    from rankaudit.audit import layer_of
-
-    layers = [row.name for row in result.layers]
-    return [layer_of(name, layers) for name in names] if names else names
-
-
 def factory_arguments(deployment, model_args: tuple[str, ...]) -> dict | None:
     """The factory's keyword arguments: the deployment's (resolved there), else --model-arg KEY=VALUE."""
     if deployment is not None:
         return deployment.model_args or None
-    from rankaudit.deploy.app import parse_value
+    from rankaudit.settings.pyproject import parse_value
 
     parsed = {}
     for text in model_args:
@@ -166,6 +122,10 @@ class ModelSettings:
     shared_layers: list[str] | None
     withheld_layers: list[str] | None
     model_args: dict | None
+    # How the model's code may run, from [tool.rankaudit] (the flags set theirs): the caller applies them.
+    timeout: float | None = None
+    memory_limit: float | None = None
+    stand_ins: list[str] | bool | None = None
 
 
 def model_settings(
@@ -181,16 +141,10 @@ def model_settings(
 ) -> ModelSettings:
     """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
     deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
-    from rankaudit.model import supervise
     from rankaudit.model.load import split_model_spec
     from rankaudit.settings.pyproject import load_settings
 
     settings = load_settings(split_model_spec(spec)[0])
-    supervise.set_config_timeout(settings.timeout)
-    supervise.set_config_memory_limit(settings.memory_limit)
-    from rankaudit.model import standins as import_standins
-
-    import_standins.set_configured(settings.stand_ins)
 
     def pick(name):
         return settings.in_force(name, values[name], name in given)
@@ -222,13 +176,7 @@ def model_settings(
         shared_layers=pick("shared_layers"),
         withheld_layers=withheld,
         model_args=arguments,
+        timeout=settings.timeout,
+        memory_limit=settings.memory_limit,
+        stand_ins=settings.stand_ins,
     )
-
-
-def deployment_read(deployment):
-    """What the report says about the deployment that was read (its paths relative to the working directory)."""
-    import os
-
-    from rankaudit.result import DeploymentRead
-
-    return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)

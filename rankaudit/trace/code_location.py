@@ -10,7 +10,7 @@ import torch
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-_OWN_DIR = str(Path(__file__).resolve().parent)
+_OWN_DIR = str(Path(__file__).resolve().parent.parent)  # the rankaudit package, every step
 
 
 def is_user_file(filename: str) -> bool:
