@@ -21,6 +21,7 @@ from rankaudit.errors import (
 )
 from rankaudit.model import supervise
 from rankaudit.report import files as report_files
+from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
 from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.settings.run import ROUND_FLAGS
@@ -135,142 +136,6 @@ def _parse_dtype(ctx, param, value):
     return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
 
 
-def _names(value: str | None) -> list[str] | None:
-    return [name.strip() for name in value.split(",") if name.strip()] if value else None
-
-
-# ---- the federated round (spec §12): flags, then [tool.rankaudit.round], validated by round.build_round ----------
-_ROUND_OPTIONS = [
-    click.option(
-        "--local-samples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Samples each client trains on per round (default: the batch size: FedSGD).",
-    ),
-    click.option("--local-epochs", type=int, default=None, metavar="E", help="Local epochs per round (default 1)."),
-    click.option("--lr", type=float, default=None, metavar="F", help="Local learning rate (default 0.1)."),
-    click.option("--optimizer", type=str, default=None, metavar="sgd|adam", help="Local optimizer (default sgd)."),
-    click.option("--momentum", type=float, default=None, metavar="F", help="SGD momentum in [0, 1) (default 0)."),
-    click.option(
-        "--clients",
-        type=int,
-        default=None,
-        metavar="C",
-        help="Clients summed by secure aggregation (default 1: none); the server sees only the sum.",
-    ),
-    click.option(
-        "--server-rounds",
-        type=int,
-        default=None,
-        metavar="R",
-        help="Server rounds the client's updates reach the server in; the per-sample bound and DP add up over "
-        "them (default: not known, the verdict covers one round).",
-    ),
-    click.option(
-        "--available-clients",
-        type=int,
-        default=None,
-        metavar="M",
-        help="Clients the server samples each round's C from (default C); client-level DP's q = C/M.",
-    ),
-    click.option(
-        "--bn-mode",
-        type=click.Choice(["train", "eval"]),
-        default=None,
-        help="How the client's BatchNorm normalises while it trains: train (default) on the batch's own "
-        "statistics, which couple the samples of a batch; eval on its running statistics.",
-    ),
-]
-
-
-# Help shared by the commands that take the same option.
-_INPUT_SHAPE_HELP = "Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE)."
-_BATCH_SIZE_HELP = "Samples summed into one shared gradient."
-_OUTPUT_HELP = "Write the report to this file instead of stdout."
-_DEBUG_HELP = "Show tracebacks instead of one-line errors."
-_MIN_RA_HELP = "Exit 1 unless RA-i >= N."
-
-
-def _round_flags(ctx: click.Context) -> dict:
-    return {name: ctx.params.get(name) for name in ROUND_FLAGS}
-
-
-def _round_options(command):
-    for option in reversed(_ROUND_OPTIONS):
-        command = option(command)
-    return command
-
-
-# --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
-
-
-def _dp_options(command):
-    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.settings.dp_options.check_option
-    (one-line errors, exit 2); the names mirror [tool.rankaudit.dp] (without the --dp- prefix)."""
-    options = [
-        click.option(
-            "--dp-noise",
-            type=float,
-            metavar="SIGMA",
-            help="DP noise multiplier σ: noise std over the clip norm. Adds the DP section to the report.",
-        ),
-        click.option("--dp-clip", type=float, metavar="C", help="DP clip norm c (default 1.0)."),
-        click.option(
-            "--dp-sample-rate",
-            type=float,
-            metavar="Q",
-            help="Poisson sampling rate of a unit per step (default: from the round: B/N for DP-SGD, C/M for "
-            "client-level DP; 1 in FedSGD).",
-        ),
-        click.option(
-            "--dp-steps",
-            type=int,
-            metavar="T",
-            help="Steps a unit can take part in (default: from the round: E·⌈N/B⌉ local steps × server rounds "
-            "for DP-SGD, the server rounds for client-level DP; 1 in one FedSGD round).",
-        ),
-        click.option("--dp-delta", type=float, metavar="DELTA", help="δ at which ε is reported (default 1e-5)."),
-        click.option(
-            "--dp-level",
-            type=str,
-            metavar="sample|client",
-            help="sample: DP-SGD, the unit is a sample; client: DP-FedAvg, the unit is a client's update "
-            "(default sample).",
-        ),
-        click.option(
-            "--prior",
-            type=float,
-            metavar="KAPPA",
-            help="An attack's success probability without the update, κ (default 0.01).",
-        ),
-        click.option(
-            "--max-reconstruction",
-            type=float,
-            metavar="P",
-            help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least "
-            "noise meeting P.",
-        ),
-        click.option(
-            "--noise-by",
-            type=str,
-            metavar="client|server",
-            help="Who adds the DP noise (default client). Server-added noise bounds what the released "
-            "model reveals, not what the server sees.",
-        ),
-        click.option(
-            "--dp-candidates",
-            type=int,
-            default=None,
-            metavar="M",
-            help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
 def _set_timeout(ctx, param, value):
     if value is not None:
         try:
@@ -313,25 +178,6 @@ def _timeout_option(command):
     )(command)
 
 
-def _level_options(command):
-    """--max-recoverable and --exposed-below: the two thresholds every command reads its levels on (energy)."""
-    command = click.option(
-        "--exposed-below",
-        type=click.FloatRange(0, 1),
-        default=None,
-        metavar="F",
-        help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
-    )(command)
-    return click.option(
-        "--max-recoverable",
-        type=click.FloatRange(0, 1),
-        default=None,
-        metavar="F",
-        help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
-        "(default 0.5: half); below that the verdict is partial or exposed.",
-    )(command)
-
-
 def _stand_in_options(command):
     """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
     from rankaudit.model import standins as import_standins
@@ -360,7 +206,7 @@ def _stand_in_options(command):
     "--input-shape",
     callback=_parse_shape,
     metavar="C,H,W",
-    help=_INPUT_SHAPE_HELP,
+    help=flags.INPUT_SHAPE_HELP,
 )
 @click.option(
     "--input-dtype",
@@ -375,7 +221,7 @@ def _stand_in_options(command):
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help=_BATCH_SIZE_HELP,
+    help=flags.BATCH_SIZE_HELP,
 )
 @click.option(
     "--format",
@@ -385,7 +231,7 @@ def _stand_in_options(command):
     show_default=True,
     help="table: for people; json: stable keys for scripts; sarif: code scanning; html: a self-contained page.",
 )
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
 @click.option(
     "--html",
     "html_path",
@@ -401,17 +247,17 @@ def _stand_in_options(command):
     "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
     "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
 )
-@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@_level_options
+@click.option("--min-ra", type=int, default=None, help=flags.MIN_RA_HELP)
+@flags.level_options
 @click.option(
     "--shared-layers",
-    callback=lambda ctx, param, value: _names(value),
+    callback=lambda ctx, param, value: flags.names(value),
     metavar="A,B",
     help="Only these layers' gradients are sent (label-leakage finding); default: all.",
 )
 @click.option(
     "--withheld-layers",
-    callback=lambda ctx, param, value: _names(value),
+    callback=lambda ctx, param, value: flags.names(value),
     metavar="A,B",
     help="These layers' gradients are kept back (encrypted or local); the rest are sent.",
 )
@@ -491,7 +337,7 @@ def _stand_in_options(command):
     is_flag=True,
     help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.",
 )
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
+@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
 @click.option(
     "--run-config",
     metavar='"K=V K2=V2"',
@@ -505,8 +351,8 @@ def _stand_in_options(command):
     help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
     "run-config key (num_classes=num-classes).",
 )
-@_dp_options
-@_round_options
+@flags.dp_options
+@flags.round_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -573,7 +419,7 @@ def check(
         try:
             deployment = read_app(
                 spec,
-                _round_flags(ctx),
+                flags.round_flags(ctx),
                 options,
                 run_config,
                 model_args,
@@ -588,7 +434,7 @@ def check(
                 deployment,
                 values,
                 given,
-                round_flags=_round_flags(ctx),
+                round_flags=flags.round_flags(ctx),
                 dp_options=options,
                 model_args=model_args,
                 verifying=bool(verify),
@@ -669,10 +515,12 @@ def check(
 
 @cli.command("suggest", cls=_ModelCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@click.option(
+    "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=flags.BATCH_SIZE_HELP
+)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
-@_level_options
+@flags.level_options
 @click.option(
     "--data",
     metavar="DIR|FILE.npy",
@@ -687,10 +535,10 @@ def check(
     show_default=True,
     help="html: the model's full report with the suggestions as a section.",
 )
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
-@_dp_options
-@_round_options
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
+@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
+@flags.dp_options
+@flags.round_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -744,7 +592,7 @@ def suggest_command(
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
-    whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
+    whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
     noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
@@ -779,8 +627,10 @@ def suggest_command(
 @cli.command("compare", cls=_ModelCommand)
 @click.argument("first", metavar="A.py[:NAME]")
 @click.argument("second", metavar="B.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@click.option(
+    "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=flags.BATCH_SIZE_HELP
+)
 @click.option(
     "--fail-on",
     type=click.Choice(FAIL_ON_CHOICES),
@@ -788,8 +638,8 @@ def suggest_command(
     show_default=True,
     help="Exit 1 when the second model fails this policy (as `check` would).",
 )
-@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@_level_options
+@click.option("--min-ra", type=int, default=None, help=flags.MIN_RA_HELP)
+@flags.level_options
 @click.option(
     "--data",
     metavar="DIR|FILE.npy",
@@ -804,8 +654,8 @@ def suggest_command(
     show_default=True,
     help="table: for people; json: stable keys for scripts.",
 )
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
+@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
 @_timeout_option
 @_stand_in_options
 @click.pass_context
