@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import sys
 
@@ -20,6 +19,7 @@ from rankaudit.errors import (
     UsageError,
 )
 from rankaudit.model import supervise
+from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
@@ -501,7 +501,7 @@ def check(
         if any(isinstance(record, dict) and record.get("internal_error") for record in result.verification.values()):
             exit_code = max(exit_code, EXIT_MODEL)  # a measurement above its certified bound: the report, then exit 3
     if results:
-        _emit(results, output_format, output, quiet=quiet, verbose=verbose)
+        emit.emit(results, output_format, output, quiet=quiet, verbose=verbose)
         if html_path:
             from rankaudit.report import html
 
@@ -619,7 +619,7 @@ def suggest_command(
             if output_format == "json"
             else design.suggest_table(report, top)
         )
-    _write(text, output)
+    emit.write(text, output)
     supervise.report_delivered([])  # suggestions carry no verdict: exit 0 once they are out
     return EXIT_PASS
 
@@ -717,59 +717,9 @@ def compare_command(
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)
     )
-    _write(text, output)
+    emit.write(text, output)
     supervise.report_delivered([results[1].policy.passed])
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
-
-
-def _write(text: str, output: str | None):
-    if output:
-        report_files.write_file(output, text)
-        click.echo(f"rankaudit: wrote {output}", err=True)
-    else:
-        supervise.write_stdout(text)
-
-
-def _use_color() -> bool:
-    """Colour only on a terminal (the report's stdout), and never when NO_COLOR is set (https://no-color.org)."""
-    return supervise.stdout_isatty() and not os.environ.get("NO_COLOR")
-
-
-def _emit(results, output_format: str, output: str | None, *, quiet: bool = False, verbose: bool = False):
-    if output_format == "table":
-        from rankaudit.report import table
-
-        if quiet:
-            text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
-        else:
-            color = output is None and _use_color()
-            text = table.render(results, color=color, verbose=verbose)
-    else:
-        # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
-        renderer = importlib.import_module(f"rankaudit.report.{output_format}")
-        text = renderer.render(results)
-    if quiet and output_format == "html":
-        # The page is the output (stdout or -o); --quiet's one verdict line per model goes to stderr beside it.
-        for result in results:
-            click.echo(f"{result.model}: {result.summary}{_dp_clause(result)}", err=True)
-    if output:
-        report_files.write_file(output, text)
-        if not quiet:
-            for result in results:
-                shown = "undefined" if result.ra_i is None else result.ra_i
-                click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
-    else:
-        supervise.write_stdout(text)
-
-
-def _dp_clause(result) -> str:
-    """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
-    if result.dp is None:
-        return ""
-    from rankaudit.findings.apply import carried_by_sentence, dp_sentence
-
-    carried = carried_by_sentence(result)
-    return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
 
 
 def _out_of_memory(exc: BaseException):
