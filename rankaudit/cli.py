@@ -12,13 +12,12 @@ import click
 from rankaudit import __version__
 from rankaudit.errors import (
     Interrupted,
-    ModelEndedProcess,
     NoModelInFile,
     NoZeroArgumentModel,
     RankauditError,
     UsageError,
 )
-from rankaudit.model import supervise
+from rankaudit.model import faults, supervise
 from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
@@ -483,7 +482,7 @@ def check(
                 )
                 registry.run_verifiers(verify, request, _error)
         except Exception as raised:
-            exc = raised if isinstance(raised, RankauditError) else _out_of_memory(raised) or _model_fault(raised)
+            exc = raised if isinstance(raised, RankauditError) else faults.out_of_memory(raised) or _model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
             if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
@@ -722,16 +721,6 @@ def compare_command(
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
 
 
-def _out_of_memory(exc: BaseException):
-    """Over the memory limit: exit 3 naming the phase it happened in (the innermost, else the one in force)."""
-    if not supervise.is_out_of_memory(exc):
-        return None
-    from rankaudit.errors import OutOfMemory
-
-    phase = getattr(exc, "rankaudit_phase", None) or supervise.current_phase()
-    return OutOfMemory(phase, supervise.describe_memory_limit())
-
-
 def _model_fault(exc: BaseException):
     from rankaudit.model.load import model_fault
 
@@ -750,7 +739,7 @@ def main(argv: list[str] | None = None):
         try:
             code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
         except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
-            raise _ended_process(exc) from exc
+            raise faults.ended_process(exc) from exc
     except click.exceptions.Exit as exc:  # --help, --version
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -770,7 +759,7 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
-        fault = _out_of_memory(exc) or _model_fault(exc)
+        fault = faults.out_of_memory(exc) or _model_fault(exc)
         if fault is not None:  # the model's own code raised (suggest, compare): its error, exit 3
             _error(str(fault))
             sys.exit(fault.exit_code)
@@ -781,25 +770,6 @@ def main(argv: list[str] | None = None):
         )
         sys.exit(EXIT_MODEL)
     sys.exit(code if isinstance(code, int) else EXIT_PASS)
-
-
-def _ended_process(exc: SystemExit) -> ModelEndedProcess:
-    """The model's SystemExit as one line: its code and the line that raised it (the deepest frame not of
-    rankaudit, click or the standard library; the deepest of all when every frame is)."""
-    frames, tb = [], exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
-        tb = tb.tb_next
-    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(click.__file__), os.path.dirname(os.__file__))
-    foreign = [frame for frame in frames if not os.path.abspath(frame[0]).startswith(ours)]
-    where = (foreign or frames or [None])[-1]
-    at = f" at {supervise.source_location(*where)}" if where is not None else ""
-    phase = supervise.take_exit_phase()
-    during = f" during {phase}" if phase else ""
-    return ModelEndedProcess(
-        f"the model file ended the process (SystemExit({exc.code!r}){at}){during}; no report was written",
-        'a model file must not end the process: remove the exit call, or guard it with `if __name__ == "__main__":`',
-    )
 
 
 def run():
