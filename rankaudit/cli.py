@@ -22,11 +22,9 @@ from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
-from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.settings.run import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
-FORMATS = ("table", "json", "sarif", "html")
 
 
 class _RunsModel(BaseException):
@@ -214,142 +212,10 @@ def _stand_in_options(command):
     help="Input dtype: int64 for token ids (unknowns start at the embedding), or NAME=DTYPE pairs for "
     "several inputs (default: INPUT_DTYPE, else float32).",
 )
-@click.option(
-    "--batch-size",
-    "-b",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help=flags.BATCH_SIZE_HELP,
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(FORMATS),
-    default="table",
-    show_default=True,
-    help="table: for people; json: stable keys for scripts; sarif: code scanning; html: a self-contained page.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, writable=True),
-    help="Also write the self-contained HTML report here, next to the chosen format.",
-)
-@click.option(
-    "--fail-on",
-    type=click.Choice(FAIL_ON_CHOICES),
-    default=DEFAULT_FAIL_ON,
-    show_default=True,
-    help="partial: exit 1 unless the verdict is protected; exposed: the weaker gate (exit 1 only when less than "
-    "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
-    "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
-)
-@click.option("--min-ra", type=int, default=None, help=flags.MIN_RA_HELP)
-@flags.level_options
-@click.option(
-    "--shared-layers",
-    callback=lambda ctx, param, value: flags.names(value),
-    metavar="A,B",
-    help="Only these layers' gradients are sent (label-leakage finding); default: all.",
-)
-@click.option(
-    "--withheld-layers",
-    callback=lambda ctx, param, value: flags.names(value),
-    metavar="A,B",
-    help="These layers' gradients are kept back (encrypted or local); the rest are sent.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
-@click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
+@flags.check_options
 @click.option("--verify", "verify", multiple=True, cls=_VerifyOption, type=_VerifierChoice())
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Images to attack; --verify dp: trials (default 1000 there).",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the weights, images and labels the attacks use."
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="auto: CUDA when available, else CPU.",
-)
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution of the energy certificate (default: a photograph spectrum "
-    "shipped with rankaudit for C,H,W inputs, else white data) and the images to attack (default: photographs "
-    "shipped with scikit-learn).",
-)
-@click.option(
-    "--steps",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="Step budget of the optimisation attack.",
-)
-@click.option("--artifacts", type=click.Path(file_okay=False), help="Keep originals and reconstructions (npy, PNG).")
-@click.option(
-    "--weights",
-    "weights_file",
-    metavar="FILE",
-    help="Run every verifier at these weights (a state dict, or a checkpoint holding one, saved by torch.save) "
-    "instead of the seeded initialisation: the weights the server sends.",
-)
-@click.option("--trials", type=click.IntRange(min=1), default=5, show_default=True, help="GDBR batches.")
-@click.option(
-    "--class-dist",
-    type=click.Choice(["random", "uniform", "single", "imbalanced"]),
-    default="random",
-    show_default=True,
-    help="Class mix of GDBR's victim batches.",
-)
-@click.option(
-    "--aux",
-    metavar="dummy|normal|digits|DIR|FILE.npy",
-    help="GDBR's stand-in inputs (default: dummies uniform on [0,1], the images' range).",
-)
-@click.option(
-    "--defense",
-    "defenses",
-    multiple=True,
-    metavar="NAME[:PARAM]",
-    help="Also run the --verify attacks against a defended gradient: noise[:sigma], prune[:fraction], "
-    "adadefense[:beta2|eps]. Repeatable.",
-)
-@click.option(
-    "--rank-precision",
-    type=click.Choice(["auto", "float64", "float32"]),
-    default="auto",
-    show_default=True,
-    help="--verify rank's arithmetic. auto: a float32 sketch, kept only when it shows full rank clearly "
-    "above float32's error, else float64. float64: the reference. float32: unchecked.",
-)
-@click.option(
-    "--skip-non-models",
-    is_flag=True,
-    help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.",
-)
-@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
-@click.option(
-    "--run-config",
-    metavar='"K=V K2=V2"',
-    help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.",
-)
-@click.option(
-    "--model-arg",
-    "model_args",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
-    "run-config key (num_classes=num-classes).",
-)
+@flags.attack_options
+@flags.check_run_options
 @flags.dp_options
 @flags.round_options
 @_timeout_option
@@ -515,27 +381,7 @@ def check(
 @cli.command("suggest", cls=_ModelCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
-@click.option(
-    "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=flags.BATCH_SIZE_HELP
-)
-@click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
-@flags.level_options
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution the levels are read on, as in check (default: a "
-    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json", "html"]),
-    default="table",
-    show_default=True,
-    help="html: the model's full report with the suggestions as a section.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
+@flags.suggest_options
 @flags.dp_options
 @flags.round_options
 @_timeout_option
@@ -627,34 +473,7 @@ def suggest_command(
 @click.argument("first", metavar="A.py[:NAME]")
 @click.argument("second", metavar="B.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
-@click.option(
-    "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=flags.BATCH_SIZE_HELP
-)
-@click.option(
-    "--fail-on",
-    type=click.Choice(FAIL_ON_CHOICES),
-    default=DEFAULT_FAIL_ON,
-    show_default=True,
-    help="Exit 1 when the second model fails this policy (as `check` would).",
-)
-@click.option("--min-ra", type=int, default=None, help=flags.MIN_RA_HELP)
-@flags.level_options
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution both verdicts are read on, as in check (default: a "
-    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table: for people; json: stable keys for scripts.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=flags.OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=flags.DEBUG_HELP)
+@flags.compare_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
