@@ -17,7 +17,8 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
-from rankaudit.model import faults, supervise
+from rankaudit.model import supervise
+from rankaudit.model.faults import ended_process, model_fault, out_of_memory
 from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
@@ -348,7 +349,7 @@ def check(
                 )
                 registry.run_verifiers(verify, request, _error)
         except Exception as raised:
-            exc = raised if isinstance(raised, RankauditError) else faults.out_of_memory(raised) or _model_fault(raised)
+            exc = raised if isinstance(raised, RankauditError) else out_of_memory(raised) or model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
             if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
@@ -540,12 +541,6 @@ def compare_command(
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
 
 
-def _model_fault(exc: BaseException):
-    from rankaudit.model.load import model_fault
-
-    return model_fault(exc)
-
-
 def _error(message: str):
     click.echo(f"rankaudit: error: {message}", err=True)
 
@@ -558,7 +553,7 @@ def main(argv: list[str] | None = None):
         try:
             code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
         except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
-            raise faults.ended_process(exc) from exc
+            raise ended_process(exc) from exc
     except click.exceptions.Exit as exc:  # --help, --version
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -578,7 +573,7 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
-        fault = faults.out_of_memory(exc) or _model_fault(exc)
+        fault = out_of_memory(exc) or model_fault(exc)
         if fault is not None:  # the model's own code raised (suggest, compare): its error, exit 3
             _error(str(fault))
             sys.exit(fault.exit_code)

@@ -1,4 +1,4 @@
-"""The model's own failures as rankaudit's one-line errors: over the memory limit, or ending the process."""
+"""The model's own failures as rankaudit's one-line errors: over the memory limit, its exception, its exit."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def out_of_memory(exc: BaseException):
 
     phase = getattr(exc, "rankaudit_phase", None) or supervise.current_phase()
     return OutOfMemory(phase, supervise.describe_memory_limit())
+
+
+def model_fault(exc: BaseException):
+    from rankaudit.model import load
+
+    return load.model_fault(exc)
 
 
 def ended_process(exc: SystemExit) -> ModelEndedProcess:
