@@ -43,16 +43,6 @@ class _ModelCommand(GroupedCommand):
         return super().invoke(ctx)
 
 
-def _mistyped_command(word: str, commands) -> str | None:
-    """`rankaudit sugest m.py`: a first word close to a command's name that names no file (not a model path)."""
-    import difflib
-
-    if word.startswith("-") or os.path.exists(word) or word.endswith(".py") or "/" in word or ":" in word:
-        return None
-    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 class _DefaultToCheck(GroupedHelp, click.Group):
     """`rankaudit model.py` means `rankaudit check model.py`."""
 
@@ -60,7 +50,7 @@ class _DefaultToCheck(GroupedHelp, click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
-            meant = _mistyped_command(args[0], self.commands)
+            meant = flags.mistyped_command(args[0], self.commands)
             if meant is not None:
                 raise UsageError(
                     f"no command '{args[0]}' and no file of that name", f"did you mean `rankaudit {meant}`?"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
@@ -400,3 +402,13 @@ def compare_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def mistyped_command(word: str, commands) -> str | None:
+    """`rankaudit sugest m.py`: a first word close to a command's name that names no file (not a model path)."""
+    import difflib
+
+    if word.startswith("-") or os.path.exists(word) or word.endswith(".py") or "/" in word or ":" in word:
+        return None
+    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
+    return close[0] if close else None
