@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import sys
 
@@ -13,20 +12,20 @@ import click
 from rankaudit import __version__
 from rankaudit.errors import (
     Interrupted,
-    ModelEndedProcess,
     NoModelInFile,
     NoZeroArgumentModel,
     RankauditError,
     UsageError,
 )
 from rankaudit.model import supervise
+from rankaudit.model.faults import ended_process, model_fault, out_of_memory
+from rankaudit.report import emit
 from rankaudit.report import files as report_files
+from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
-from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
 from rankaudit.settings.run import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
-FORMATS = ("table", "json", "sarif", "html")
 
 
 class _RunsModel(BaseException):
@@ -44,16 +43,6 @@ class _ModelCommand(GroupedCommand):
         return super().invoke(ctx)
 
 
-def _mistyped_command(word: str, commands) -> str | None:
-    """`rankaudit sugest m.py`: a first word close to a command's name that names no file (not a model path)."""
-    import difflib
-
-    if word.startswith("-") or os.path.exists(word) or word.endswith(".py") or "/" in word or ":" in word:
-        return None
-    close = difflib.get_close_matches(word, list(commands), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 class _DefaultToCheck(GroupedHelp, click.Group):
     """`rankaudit model.py` means `rankaudit check model.py`."""
 
@@ -61,7 +50,7 @@ class _DefaultToCheck(GroupedHelp, click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
-            meant = _mistyped_command(args[0], self.commands)
+            meant = flags.mistyped_command(args[0], self.commands)
             if meant is not None:
                 raise UsageError(
                     f"no command '{args[0]}' and no file of that name", f"did you mean `rankaudit {meant}`?"
@@ -135,142 +124,6 @@ def _parse_dtype(ctx, param, value):
     return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
 
 
-def _names(value: str | None) -> list[str] | None:
-    return [name.strip() for name in value.split(",") if name.strip()] if value else None
-
-
-# ---- the federated round (spec §12): flags, then [tool.rankaudit.round], validated by round.build_round ----------
-_ROUND_OPTIONS = [
-    click.option(
-        "--local-samples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Samples each client trains on per round (default: the batch size: FedSGD).",
-    ),
-    click.option("--local-epochs", type=int, default=None, metavar="E", help="Local epochs per round (default 1)."),
-    click.option("--lr", type=float, default=None, metavar="F", help="Local learning rate (default 0.1)."),
-    click.option("--optimizer", type=str, default=None, metavar="sgd|adam", help="Local optimizer (default sgd)."),
-    click.option("--momentum", type=float, default=None, metavar="F", help="SGD momentum in [0, 1) (default 0)."),
-    click.option(
-        "--clients",
-        type=int,
-        default=None,
-        metavar="C",
-        help="Clients summed by secure aggregation (default 1: none); the server sees only the sum.",
-    ),
-    click.option(
-        "--server-rounds",
-        type=int,
-        default=None,
-        metavar="R",
-        help="Server rounds the client's updates reach the server in; the per-sample bound and DP add up over "
-        "them (default: not known, the verdict covers one round).",
-    ),
-    click.option(
-        "--available-clients",
-        type=int,
-        default=None,
-        metavar="M",
-        help="Clients the server samples each round's C from (default C); client-level DP's q = C/M.",
-    ),
-    click.option(
-        "--bn-mode",
-        type=click.Choice(["train", "eval"]),
-        default=None,
-        help="How the client's BatchNorm normalises while it trains: train (default) on the batch's own "
-        "statistics, which couple the samples of a batch; eval on its running statistics.",
-    ),
-]
-
-
-# Help shared by the commands that take the same option.
-_INPUT_SHAPE_HELP = "Per-sample input shape, without the batch dimension (default: config, then INPUT_SHAPE)."
-_BATCH_SIZE_HELP = "Samples summed into one shared gradient."
-_OUTPUT_HELP = "Write the report to this file instead of stdout."
-_DEBUG_HELP = "Show tracebacks instead of one-line errors."
-_MIN_RA_HELP = "Exit 1 unless RA-i >= N."
-
-
-def _round_flags(ctx: click.Context) -> dict:
-    return {name: ctx.params.get(name) for name in ROUND_FLAGS}
-
-
-def _round_options(command):
-    for option in reversed(_ROUND_OPTIONS):
-        command = option(command)
-    return command
-
-
-# --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
-
-
-def _dp_options(command):
-    """--dp-noise ... --max-reconstruction, on `check` and `suggest`. Values are checked by rankaudit.settings.dp_options.check_option
-    (one-line errors, exit 2); the names mirror [tool.rankaudit.dp] (without the --dp- prefix)."""
-    options = [
-        click.option(
-            "--dp-noise",
-            type=float,
-            metavar="SIGMA",
-            help="DP noise multiplier σ: noise std over the clip norm. Adds the DP section to the report.",
-        ),
-        click.option("--dp-clip", type=float, metavar="C", help="DP clip norm c (default 1.0)."),
-        click.option(
-            "--dp-sample-rate",
-            type=float,
-            metavar="Q",
-            help="Poisson sampling rate of a unit per step (default: from the round: B/N for DP-SGD, C/M for "
-            "client-level DP; 1 in FedSGD).",
-        ),
-        click.option(
-            "--dp-steps",
-            type=int,
-            metavar="T",
-            help="Steps a unit can take part in (default: from the round: E·⌈N/B⌉ local steps × server rounds "
-            "for DP-SGD, the server rounds for client-level DP; 1 in one FedSGD round).",
-        ),
-        click.option("--dp-delta", type=float, metavar="DELTA", help="δ at which ε is reported (default 1e-5)."),
-        click.option(
-            "--dp-level",
-            type=str,
-            metavar="sample|client",
-            help="sample: DP-SGD, the unit is a sample; client: DP-FedAvg, the unit is a client's update "
-            "(default sample).",
-        ),
-        click.option(
-            "--prior",
-            type=float,
-            metavar="KAPPA",
-            help="An attack's success probability without the update, κ (default 0.01).",
-        ),
-        click.option(
-            "--max-reconstruction",
-            type=float,
-            metavar="P",
-            help="Exit 1 when the DP bound on any reconstruction, B(κ), exceeds P; `suggest`: the least "
-            "noise meeting P.",
-        ),
-        click.option(
-            "--noise-by",
-            type=str,
-            metavar="client|server",
-            help="Who adds the DP noise (default client). Server-added noise bounds what the released "
-            "model reveals, not what the server sees.",
-        ),
-        click.option(
-            "--dp-candidates",
-            type=int,
-            default=None,
-            metavar="M",
-            help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
 def _set_timeout(ctx, param, value):
     if value is not None:
         try:
@@ -313,25 +166,6 @@ def _timeout_option(command):
     )(command)
 
 
-def _level_options(command):
-    """--max-recoverable and --exposed-below: the two thresholds every command reads its levels on (energy)."""
-    command = click.option(
-        "--exposed-below",
-        type=click.FloatRange(0, 1),
-        default=None,
-        metavar="F",
-        help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
-    )(command)
-    return click.option(
-        "--max-recoverable",
-        type=click.FloatRange(0, 1),
-        default=None,
-        metavar="F",
-        help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
-        "(default 0.5: half); below that the verdict is partial or exposed.",
-    )(command)
-
-
 def _stand_in_options(command):
     """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
     from rankaudit.model import standins as import_standins
@@ -360,7 +194,7 @@ def _stand_in_options(command):
     "--input-shape",
     callback=_parse_shape,
     metavar="C,H,W",
-    help=_INPUT_SHAPE_HELP,
+    help=flags.INPUT_SHAPE_HELP,
 )
 @click.option(
     "--input-dtype",
@@ -369,144 +203,12 @@ def _stand_in_options(command):
     help="Input dtype: int64 for token ids (unknowns start at the embedding), or NAME=DTYPE pairs for "
     "several inputs (default: INPUT_DTYPE, else float32).",
 )
-@click.option(
-    "--batch-size",
-    "-b",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help=_BATCH_SIZE_HELP,
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(FORMATS),
-    default="table",
-    show_default=True,
-    help="table: for people; json: stable keys for scripts; sarif: code scanning; html: a self-contained page.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, writable=True),
-    help="Also write the self-contained HTML report here, next to the chosen format.",
-)
-@click.option(
-    "--fail-on",
-    type=click.Choice(FAIL_ON_CHOICES),
-    default=DEFAULT_FAIL_ON,
-    show_default=True,
-    help="partial: exit 1 unless the verdict is protected; exposed: the weaker gate (exit 1 only when less than "
-    "--exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
-    "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
-)
-@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@_level_options
-@click.option(
-    "--shared-layers",
-    callback=lambda ctx, param, value: _names(value),
-    metavar="A,B",
-    help="Only these layers' gradients are sent (label-leakage finding); default: all.",
-)
-@click.option(
-    "--withheld-layers",
-    callback=lambda ctx, param, value: _names(value),
-    metavar="A,B",
-    help="These layers' gradients are kept back (encrypted or local); the rest are sent.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line.")
-@click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found.")
+@flags.check_options
 @click.option("--verify", "verify", multiple=True, cls=_VerifyOption, type=_VerifierChoice())
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Images to attack; --verify dp: trials (default 1000 there).",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the weights, images and labels the attacks use."
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="auto: CUDA when available, else CPU.",
-)
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution of the energy certificate (default: a photograph spectrum "
-    "shipped with rankaudit for C,H,W inputs, else white data) and the images to attack (default: photographs "
-    "shipped with scikit-learn).",
-)
-@click.option(
-    "--steps",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="Step budget of the optimisation attack.",
-)
-@click.option("--artifacts", type=click.Path(file_okay=False), help="Keep originals and reconstructions (npy, PNG).")
-@click.option(
-    "--weights",
-    "weights_file",
-    metavar="FILE",
-    help="Run every verifier at these weights (a state dict, or a checkpoint holding one, saved by torch.save) "
-    "instead of the seeded initialisation: the weights the server sends.",
-)
-@click.option("--trials", type=click.IntRange(min=1), default=5, show_default=True, help="GDBR batches.")
-@click.option(
-    "--class-dist",
-    type=click.Choice(["random", "uniform", "single", "imbalanced"]),
-    default="random",
-    show_default=True,
-    help="Class mix of GDBR's victim batches.",
-)
-@click.option(
-    "--aux",
-    metavar="dummy|normal|digits|DIR|FILE.npy",
-    help="GDBR's stand-in inputs (default: dummies uniform on [0,1], the images' range).",
-)
-@click.option(
-    "--defense",
-    "defenses",
-    multiple=True,
-    metavar="NAME[:PARAM]",
-    help="Also run the --verify attacks against a defended gradient: noise[:sigma], prune[:fraction], "
-    "adadefense[:beta2|eps]. Repeatable.",
-)
-@click.option(
-    "--rank-precision",
-    type=click.Choice(["auto", "float64", "float32"]),
-    default="auto",
-    show_default=True,
-    help="--verify rank's arithmetic. auto: a float32 sketch, kept only when it shows full rank clearly "
-    "above float32's error, else float64. float64: the reference. float32: unchecked.",
-)
-@click.option(
-    "--skip-non-models",
-    is_flag=True,
-    help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.",
-)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
-@click.option(
-    "--run-config",
-    metavar='"K=V K2=V2"',
-    help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.",
-)
-@click.option(
-    "--model-arg",
-    "model_args",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
-    "run-config key (num_classes=num-classes).",
-)
-@_dp_options
-@_round_options
+@flags.attack_options
+@flags.check_run_options
+@flags.dp_options
+@flags.round_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -575,7 +277,7 @@ def check(
         try:
             deployment = deployment_for(
                 spec,
-                _round_flags(ctx),
+                flags.round_flags(ctx),
                 options,
                 run_config,
                 model_args,
@@ -590,7 +292,7 @@ def check(
                 deployment,
                 values,
                 given,
-                round_flags=_round_flags(ctx),
+                round_flags=flags.round_flags(ctx),
                 dp_options=options,
                 model_args=model_args,
                 verifying=bool(verify),
@@ -642,7 +344,7 @@ def check(
                 )
                 registry.run_verifiers(verify, request, _error)
         except Exception as raised:
-            exc = raised if isinstance(raised, RankauditError) else _out_of_memory(raised) or _model_fault(raised)
+            exc = raised if isinstance(raised, RankauditError) else out_of_memory(raised) or model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
                 raise
             if skip_non_models and isinstance(exc, (NoModelInFile, NoZeroArgumentModel)):
@@ -660,7 +362,7 @@ def check(
         if any(isinstance(record, dict) and record.get("internal_error") for record in result.verification.values()):
             exit_code = max(exit_code, EXIT_MODEL)  # a measurement above its certified bound: the report, then exit 3
     if results:
-        _emit(results, output_format, output, quiet=quiet, verbose=verbose)
+        emit.emit(results, output_format, output, quiet=quiet, verbose=verbose)
         if html_path:
             from rankaudit.report import html
 
@@ -674,28 +376,10 @@ def check(
 
 @cli.command("suggest", cls=_ModelCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
-@click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits.")
-@_level_options
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution the levels are read on, as in check (default: a "
-    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json", "html"]),
-    default="table",
-    show_default=True,
-    help="html: the model's full report with the suggestions as a section.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
-@_dp_options
-@_round_options
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@flags.suggest_options
+@flags.dp_options
+@flags.round_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -749,7 +433,7 @@ def suggest_command(
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
-    whole_round = build_run_round(_round_flags(ctx), batch_size, settings.round)
+    whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
     noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
     round_ = whole_round if given else None
@@ -776,7 +460,7 @@ def suggest_command(
             if output_format == "json"
             else design.suggest_table(report, top)
         )
-    _write(text, output)
+    emit.write(text, output)
     supervise.report_delivered([])  # suggestions carry no verdict: exit 0 once they are out
     return EXIT_PASS
 
@@ -784,33 +468,8 @@ def suggest_command(
 @cli.command("compare", cls=_ModelCommand)
 @click.argument("first", metavar="A.py[:NAME]")
 @click.argument("second", metavar="B.py[:NAME]")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=_INPUT_SHAPE_HELP)
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP)
-@click.option(
-    "--fail-on",
-    type=click.Choice(FAIL_ON_CHOICES),
-    default=DEFAULT_FAIL_ON,
-    show_default=True,
-    help="Exit 1 when the second model fails this policy (as `check` would).",
-)
-@click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP)
-@_level_options
-@click.option(
-    "--data",
-    metavar="DIR|FILE.npy",
-    help="Samples like yours: the reference distribution both verdicts are read on, as in check (default: a "
-    "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
-)
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table: for people; json: stable keys for scripts.",
-)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
+@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@flags.compare_options
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -872,75 +531,9 @@ def compare_command(
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)
     )
-    _write(text, output)
+    emit.write(text, output)
     supervise.report_delivered([results[1].policy.passed])
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
-
-
-def _write(text: str, output: str | None):
-    if output:
-        report_files.write_file(output, text)
-        click.echo(f"rankaudit: wrote {output}", err=True)
-    else:
-        supervise.write_stdout(text)
-
-
-def _use_color() -> bool:
-    """Colour only on a terminal (the report's stdout), and never when NO_COLOR is set (https://no-color.org)."""
-    return supervise.stdout_isatty() and not os.environ.get("NO_COLOR")
-
-
-def _emit(results, output_format: str, output: str | None, *, quiet: bool = False, verbose: bool = False):
-    if output_format == "table":
-        from rankaudit.report import table
-
-        if quiet:
-            text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
-        else:
-            color = output is None and _use_color()
-            text = table.render(results, color=color, verbose=verbose)
-    else:
-        # Only the chosen renderer: the HTML one pulls in jinja2 and networkx (a tenth of a second).
-        renderer = importlib.import_module(f"rankaudit.report.{output_format}")
-        text = renderer.render(results)
-    if quiet and output_format == "html":
-        # The page is the output (stdout or -o); --quiet's one verdict line per model goes to stderr beside it.
-        for result in results:
-            click.echo(f"{result.model}: {result.summary}{_dp_clause(result)}", err=True)
-    if output:
-        report_files.write_file(output, text)
-        if not quiet:
-            for result in results:
-                shown = "undefined" if result.ra_i is None else result.ra_i
-                click.echo(f"rankaudit: {result.model}: {result.verdict}, RA-i {shown}; wrote {output}", err=True)
-    else:
-        supervise.write_stdout(text)
-
-
-def _dp_clause(result) -> str:
-    """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
-    if result.dp is None:
-        return ""
-    from rankaudit.findings.apply import carried_by_sentence, dp_sentence
-
-    carried = carried_by_sentence(result)
-    return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
-
-
-def _out_of_memory(exc: BaseException):
-    """Over the memory limit: exit 3 naming the phase it happened in (the innermost, else the one in force)."""
-    if not supervise.is_out_of_memory(exc):
-        return None
-    from rankaudit.errors import OutOfMemory
-
-    phase = getattr(exc, "rankaudit_phase", None) or supervise.current_phase()
-    return OutOfMemory(phase, supervise.describe_memory_limit())
-
-
-def _model_fault(exc: BaseException):
-    from rankaudit.model.load import model_fault
-
-    return model_fault(exc)
 
 
 def _error(message: str):
@@ -955,7 +548,7 @@ def main(argv: list[str] | None = None):
         try:
             code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
         except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
-            raise _ended_process(exc) from exc
+            raise ended_process(exc) from exc
     except click.exceptions.Exit as exc:  # --help, --version
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -975,7 +568,7 @@ def main(argv: list[str] | None = None):
     except Exception as exc:  # a bug of ours or an unforeseen model: still one line unless --debug
         if debug:
             raise
-        fault = _out_of_memory(exc) or _model_fault(exc)
+        fault = out_of_memory(exc) or model_fault(exc)
         if fault is not None:  # the model's own code raised (suggest, compare): its error, exit 3
             _error(str(fault))
             sys.exit(fault.exit_code)
@@ -986,25 +579,6 @@ def main(argv: list[str] | None = None):
         )
         sys.exit(EXIT_MODEL)
     sys.exit(code if isinstance(code, int) else EXIT_PASS)
-
-
-def _ended_process(exc: SystemExit) -> ModelEndedProcess:
-    """The model's SystemExit as one line: its code and the line that raised it (the deepest frame not of
-    rankaudit, click or the standard library; the deepest of all when every frame is)."""
-    frames, tb = [], exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
-        tb = tb.tb_next
-    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(click.__file__), os.path.dirname(os.__file__))
-    foreign = [frame for frame in frames if not os.path.abspath(frame[0]).startswith(ours)]
-    where = (foreign or frames or [None])[-1]
-    at = f" at {supervise.source_location(*where)}" if where is not None else ""
-    phase = supervise.take_exit_phase()
-    during = f" during {phase}" if phase else ""
-    return ModelEndedProcess(
-        f"the model file ended the process (SystemExit({exc.code!r}){at}){during}; no report was written",
-        'a model file must not end the process: remove the exit call, or guard it with `if __name__ == "__main__":`',
-    )
 
 
 def run():
