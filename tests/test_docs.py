@@ -288,6 +288,26 @@ def test_module_map_matches_the_package():
         pytest.fail("\n\n".join(problems), pytrace=False)
 
 
+def test_module_map_has_one_section_per_folder():
+    """The map reads like the tree: each folder of the package is one section, headed by its path, and every row
+    sits in the section of its own folder."""
+    page = (DOCS / "modules.md").read_text(encoding="utf-8")
+    misplaced, folders_seen = [], []
+    folder = None
+    for line in page.splitlines():
+        heading = re.match(r"^### `(rankaudit/(?:[\w/]+/)?)`", line)
+        if heading:
+            folder = heading.group(1)
+            folders_seen.append(folder)
+            continue
+        row = re.match(r"^\| `(rankaudit/[\w/]+\.py)` \|", line)
+        if row and (folder is None or row.group(1).rsplit("/", 1)[0] + "/" != folder):
+            misplaced.append(f"{row.group(1)} under {folder}")
+    assert not misplaced, "rows outside their folder's section:\n" + "\n".join(misplaced)
+    folders = sorted({p.parent.relative_to(ROOT).as_posix() + "/" for p in (ROOT / "rankaudit").rglob("*.py")})
+    assert sorted(folders_seen) == folders, f"sections {sorted(folders_seen)}, folders {folders}"
+
+
 # ---- the site builds, strict and offline -----------------------------------------------------------------------
 
 _EXTERNAL_ASSET = re.compile(
