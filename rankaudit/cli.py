@@ -111,7 +111,7 @@ class _VerifyOption(click.Option):
 def _parse_shape(ctx, param, value):
     if value is None:
         return None
-    from rankaudit.model.load import parse_input_shape
+    from rankaudit.model.input_shape import parse_input_shape
 
     return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
 
@@ -119,7 +119,7 @@ def _parse_shape(ctx, param, value):
 def _parse_dtype(ctx, param, value):
     if value is None:
         return None
-    from rankaudit.model.load import parse_input_dtype
+    from rankaudit.model.input_shape import parse_input_dtype
 
     return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
 
@@ -408,7 +408,7 @@ def suggest_command(
     """
     from rankaudit.bound.dp import noise_search
     from rankaudit.design.suggest import suggest
-    from rankaudit.model.load import split_model_spec
+    from rankaudit.model.model_file import split_model_spec
     from rankaudit.report import design
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources, dp_values
@@ -494,7 +494,7 @@ def compare_command(
     its file (as `check` reads them), else from the defaults.
     """
     from rankaudit.audit import audit
-    from rankaudit.model.load import split_model_spec
+    from rankaudit.model.model_file import split_model_spec
     from rankaudit.report import design
     from rankaudit.settings.pyproject import load_settings
 

@@ -291,7 +291,8 @@ def test_a_file_in_a_package_imports_from_its_package_root(run_cli, monkeypatch,
     task = APPS / "quickstart" / "quickstart_app" / "task.py"
     code, out, err = run_cli(task, "--input-shape", "1,8,8")
     assert code in (0, 1) and "Bound" in out, err  # loaded and judged, not a load error (exit 3)
-    from rankaudit.model.load import _runs_on_its_own, package_root
+    from rankaudit.model.load_errors import _runs_on_its_own
+    from rankaudit.model.model_file import package_root
 
     assert package_root(task) == (APPS / "quickstart", "quickstart_app.task")
     assert _runs_on_its_own(task, "Net") == (True, "")

@@ -98,7 +98,8 @@ def test_a_non_finite_update_from_the_learning_rate_is_the_flags(run_cli, verify
 
 
 def test_the_model_fault_names_the_deepest_line_of_the_model_file():
-    from rankaudit.model.load import load_model, model_fault
+    from rankaudit.model.faults import model_fault
+    from rankaudit.model.load import load_model
 
     model = load_model(str(HOSTILE / "v_raise_second_batch.py"), (3, 2, 2), device="cpu").module
     model(torch.zeros(1, 3, 2, 2))

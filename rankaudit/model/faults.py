@@ -7,7 +7,7 @@ import os
 import click
 
 import rankaudit
-from rankaudit.errors import ModelEndedProcess
+from rankaudit.errors import ModelEndedProcess, ModelLoadError
 from rankaudit.model import supervise
 
 
@@ -21,10 +21,40 @@ def out_of_memory(exc: BaseException):
     return OutOfMemory(phase, supervise.describe_memory_limit())
 
 
-def model_fault(exc: BaseException):
-    from rankaudit.model import load
+MODEL_MODULE_PREFIX = "rankaudit_model_"  # the module name a model file runs under: how its frames are found
+MODEL_PACKAGES: set[str] = set()  # top-level packages of model files that run under their package name
 
-    return load.model_fault(exc)
+
+def _is_model_module(name: str) -> bool:
+    return name.startswith(MODEL_MODULE_PREFIX) or name.split(".")[0] in MODEL_PACKAGES
+
+
+def model_fault(exc: BaseException) -> ModelLoadError | None:
+    """An exception raised inside a model file's own code (a frame of a module execute_file ran), as the model's
+    error: exit 3 with the file:line and the exception (issue 23), not an internal error of rankaudit's. None when
+    no frame of a model file is on its traceback (or its cause's): then it is ours."""
+    seen, current = set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        location, frame = None, current.__traceback__
+        while frame is not None:
+            if _is_model_module(str(frame.tb_frame.f_globals.get("__name__", ""))):
+                location = (frame.tb_frame.f_code.co_filename, frame.tb_lineno)
+            frame = frame.tb_next
+        if location is not None:
+            filename, line = location
+            try:
+                filename = os.path.relpath(filename)
+            except ValueError:
+                pass
+            message = str(current).strip().splitlines()[0] if str(current).strip() else ""
+            text = f"{type(current).__name__}: {message}" if message else type(current).__name__
+            return ModelLoadError(
+                f"the model's code raised {text} (at {filename}:{line})",
+                "fix the model at that line (rankaudit ran it on real inputs to verify; --debug shows the traceback)",
+            )
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def ended_process(exc: SystemExit) -> ModelEndedProcess:

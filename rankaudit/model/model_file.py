@@ -1,0 +1,97 @@
+"""The user's model file: PATH[:NAME] split, and the file run as a module of its own, under the build context."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from rankaudit.errors import ModelLoadError, OutOfMemory, UsageError
+from rankaudit.model import standins as import_standins
+from rankaudit.model import supervise
+from rankaudit.model.faults import MODEL_MODULE_PREFIX, MODEL_PACKAGES
+from rankaudit.model.meta_device import BUILD_DEVICE, building_on, failing_op
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def split_model_spec(spec: str) -> tuple[Path, str | None]:
+    """`path/to/model.py:Name` -> (path, "Name"); a bare path -> (path, None)."""
+    path_text, name = spec, None
+    head, sep, tail = spec.rpartition(":")
+    if sep and _IDENTIFIER.match(tail) and head:
+        path_text, name = head, tail
+    path = Path(path_text)
+    if not path.exists():
+        raise UsageError(
+            f"model file '{path_text}' does not exist",
+            "give the path of a Python file that defines the model, e.g. examples/cnn6.py",
+        )
+    if path.is_dir():
+        raise UsageError(
+            f"'{path_text}' is a directory, not a model file", "give the path of a Python file, e.g. examples/cnn6.py"
+        )
+    return path, name
+
+
+class ConstructionFailed(Exception):
+    """One construction strategy failed; carries what the user needs to hear if every strategy fails."""
+
+    def __init__(self, phase: str, error: BaseException, failed_op: str | None):
+        super().__init__(str(error))
+        self.phase = phase  # "import" or "build"
+        self.error = error
+        self.failed_op = failed_op
+
+
+def package_root(path: Path) -> tuple[Path, str | None]:
+    """The folder that goes on sys.path for `path`, and its dotted module name when it sits in a package: walk up
+    while the folder holds an __init__.py (pkg/task.py -> the folder above pkg, "pkg.task"), as `python -m` and
+    Flower would import it. A file outside any package: its own folder, no dotted name."""
+    folder, parts = path.resolve().parent, [path.stem]
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return folder, (".".join(parts) if len(parts) > 1 else None)
+
+
+def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
+    root, dotted = package_root(path)
+    # In a package, the file runs as its own module (pkg.task), so `from pkg.x import ...` and relative imports
+    # resolve as they do when the app runs; model_fault knows the package's frames as the model's.
+    module_name = dotted or MODEL_MODULE_PREFIX + re.sub(r"\W", "_", path.stem)
+    if dotted:
+        MODEL_PACKAGES.add(dotted.split(".")[0])
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"'{path}' is not a Python file", "give a .py file that defines the model")
+    module = importlib.util.module_from_spec(spec)
+    if dotted:  # a package of the same name imported from elsewhere (another app) would shadow this one's
+        top = dotted.split(".")[0]
+        for name in [name for name in sys.modules if name == top or name.startswith(top + ".")]:
+            if not str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(root)):
+                del sys.modules[name]
+    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
+    directory = str(root)
+    # A model file may import its neighbours (or its package's), as it would when run as a script or by the app.
+    sys.path.insert(0, directory)
+    mode = None
+    try:
+        context, mode = building_on(device, build)
+        with context, supervise.phase(f"the import of {path}"), import_standins.while_importing():
+            spec.loader.exec_module(module)
+    except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
+        raise
+    except SyntaxError as exc:
+        raise ModelLoadError(
+            f"{path} does not parse: {exc.msg} (at {path}:{exc.lineno})", "fix the syntax error in the model file"
+        ) from exc
+    except BaseException as exc:  # the user's file can raise anything, SystemExit included
+        if supervise.is_out_of_memory(exc):  # no second strategy and no re-run: each would take as much
+            raise OutOfMemory(f"the import of {path}", supervise.describe_memory_limit()) from exc
+        raise ConstructionFailed("import", exc, failing_op(mode, exc)) from exc
+    finally:
+        if sys.path and sys.path[0] == directory:
+            sys.path.pop(0)
+    return module
