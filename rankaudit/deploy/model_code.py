@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankaudit.deploy.static import Found, ModuleReader, call_name
+from rankaudit.deploy.code_reader import ModuleReader
+from rankaudit.deploy.found import Found, call_name
 
 # ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankaudit.deploy.static import Found
+from rankaudit.deploy.found import Found
 
 _CLIENT_CONFIGS = ("config_fed_client.json", "config_fed_client.conf")
 _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
@@ -191,8 +191,9 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
     ScriptRunner(script=..., script_args=...), a controller's num_rounds / num_clients, SimEnv(num_clients=...)."""
     import ast
 
+    from rankaudit.deploy.code_reader import ModuleReader
+    from rankaudit.deploy.found import call_name
     from rankaudit.deploy.scripts import passed_options, tokens
-    from rankaudit.deploy.static import ModuleReader, call_name
 
     reader = ModuleReader(path, directory, {})
     for call in reader.calls():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import shlex
 
-from rankaudit.deploy.static import Found, call_name
+from rankaudit.deploy.found import Found, call_name
 
 
 def option_name(flag: str) -> str:
