@@ -497,7 +497,7 @@ def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
     E, N and C (spec §14). On energy, as `check` reads them, both are exposed: 2,667 directions per sample, or 333
     per sample of the round, show more than 95 % of a typical photograph's energy; the round as a whole is
     protected from N = 3,373 (0.79 directions per sample)."""
-    from rankaudit.design.suggest import round_review
+    from rankaudit.design.round_review import round_review
 
     fig2_b = traced_example("fig2_b")
     review = round_review(fig2_b, build_round({"batch_size": 1, "local_samples": 8}))
@@ -514,7 +514,7 @@ def test_suggest_smallest_samples_is_one_batch_when_the_cap_already_protects():
     """resnet2_tiny (|θ_s| = 5,140, |x| = 768) at B = 32: one batch is 24,576 unknowns, ρ = 0.21, protected on
     directions from N = 32; on energy, as `check` reads the round line, 5,140 values hide half of a typical
     photograph's energy from N = 6,659 on (0.77 directions per sample). Each sample is not (R(1) = 768 = |x|)."""
-    from rankaudit.design.suggest import round_review
+    from rankaudit.design.round_review import round_review
 
     review = round_review(traced_example("resnet2_tiny"), build_round({"batch_size": 32, "local_samples": 500}))
     samples = next(s for s in review.settings if s.knob == "local-samples")

@@ -11,7 +11,7 @@ from torch import nn
 from rankaudit.audit import audit
 from rankaudit.bound.identifiability import round_identifiability, sample_identifiability
 from rankaudit.count.calls import trace_and_count
-from rankaudit.design.suggest import round_review
+from rankaudit.design.round_review import round_review
 from rankaudit.report import table
 from rankaudit.report.json import to_dict
 from rankaudit.settings.round import DPSettings, Round
