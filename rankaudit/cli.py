@@ -111,7 +111,7 @@ class _VerifyOption(click.Option):
 def _parse_shape(ctx, param, value):
     if value is None:
         return None
-    from rankaudit.model.input_shape import parse_input_shape
+    from rankaudit.settings.model_spec import parse_input_shape
 
     return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
 
@@ -408,8 +408,8 @@ def suggest_command(
     """
     from rankaudit.bound.dp import noise_search
     from rankaudit.design.suggest import suggest
-    from rankaudit.model.model_file import split_model_spec
     from rankaudit.report import design
+    from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources, dp_values
 
@@ -494,8 +494,8 @@ def compare_command(
     its file (as `check` reads them), else from the defaults.
     """
     from rankaudit.audit import audit
-    from rankaudit.model.model_file import split_model_spec
     from rankaudit.report import design
+    from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
 
     report_files.check_outputs(output, inputs=report_files.command_inputs([first, second], data=data))

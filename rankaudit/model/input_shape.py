@@ -1,48 +1,13 @@
-"""The per-sample input shape and dtype: parsed from the command line, read from INPUT_SHAPE and INPUT_DTYPE."""
+"""The per-sample input dtype parsed from the command line, and the shape and dtype read from INPUT_SHAPE and INPUT_DTYPE."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
 from rankaudit.errors import UsageError
-
-_SHAPE = re.compile(r"^\s*[(\[]?\s*(\d+(?:\s*[,x×]\s*\d+)*)\s*,?\s*[)\]]?\s*$")
-
-
-# Larger than any real input, small enough that sizes stay within torch's 64-bit arithmetic with a batch on top.
-MAX_DIMENSION = 2**31 - 1
-MAX_SAMPLE_VALUES = 2**40
-
-
-def check_shape_size(shape: tuple[int, ...], where: str) -> tuple[int, ...]:
-    """A shape rankaudit can trace: each dimension and the values per sample within the limits above (exit 2)."""
-    values = 1
-    for dimension in shape:
-        values *= dimension
-    if any(dimension > MAX_DIMENSION for dimension in shape) or values > MAX_SAMPLE_VALUES:
-        shown = "x".join(str(dimension) for dimension in shape)
-        raise UsageError(
-            f"the input shape {shown} ({where}) has {values:.3g} values per sample, above the {MAX_SAMPLE_VALUES:.3g} "
-            f"(and {MAX_DIMENSION:,} per dimension) rankaudit analyses",
-            "give the shape of one real sample, without the batch dimension, e.g. 3,224,224",
-        )
-    return shape
-
-
-def parse_input_shape(text: str) -> tuple[int, ...]:
-    """'3,32,32', '3x32x32' or '(3, 32, 32)' -> (3, 32, 32); per sample, without the batch dimension."""
-    match = _SHAPE.match(text)
-    shape = tuple(int(d) for d in re.split(r"\s*[,x×]\s*", match.group(1))) if match else ()
-    if not shape or any(d <= 0 for d in shape):
-        raise UsageError(
-            f"malformed input shape '{text}'",
-            "give positive integers per sample without the batch dimension, e.g. --input-shape 3,32,32",
-        )
-    return check_shape_size(shape, "--input-shape")
-
+from rankaudit.settings.model_spec import check_shape_size
 
 _DTYPES = {
     "int64": torch.int64,

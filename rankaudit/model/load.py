@@ -22,7 +22,8 @@ from rankaudit.model.meta_device import (
     everything_to_meta,
     failing_op,
 )
-from rankaudit.model.model_file import ConstructionFailed, execute_file, split_model_spec
+from rankaudit.model.model_file import ConstructionFailed, execute_file
+from rankaudit.settings.model_spec import split_model_spec
 
 
 def _zero_argument(cls) -> bool:

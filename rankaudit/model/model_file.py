@@ -1,4 +1,4 @@
-"""The user's model file: PATH[:NAME] split, and the file run as a module of its own, under the build context."""
+"""The user's model file run as a module of its own, under the build context."""
 
 from __future__ import annotations
 
@@ -12,27 +12,6 @@ from rankaudit.model import standins as import_standins
 from rankaudit.model import supervise
 from rankaudit.model.faults import MODEL_MODULE_PREFIX, MODEL_PACKAGES
 from rankaudit.model.meta_device import BUILD_DEVICE, building_on, failing_op
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def split_model_spec(spec: str) -> tuple[Path, str | None]:
-    """`path/to/model.py:Name` -> (path, "Name"); a bare path -> (path, None)."""
-    path_text, name = spec, None
-    head, sep, tail = spec.rpartition(":")
-    if sep and _IDENTIFIER.match(tail) and head:
-        path_text, name = head, tail
-    path = Path(path_text)
-    if not path.exists():
-        raise UsageError(
-            f"model file '{path_text}' does not exist",
-            "give the path of a Python file that defines the model, e.g. examples/cnn6.py",
-        )
-    if path.is_dir():
-        raise UsageError(
-            f"'{path_text}' is a directory, not a model file", "give the path of a Python file, e.g. examples/cnn6.py"
-        )
-    return path, name
 
 
 class ConstructionFailed(Exception):

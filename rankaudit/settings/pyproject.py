@@ -137,7 +137,7 @@ def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> in
 
 
 def _shape(path: Path, key: str, value) -> tuple[int, ...]:
-    from rankaudit.model.input_shape import check_shape_size, parse_input_shape
+    from rankaudit.settings.model_spec import check_shape_size, parse_input_shape
 
     if (
         isinstance(value, list)

@@ -141,7 +141,7 @@ def model_settings(
 ) -> ModelSettings:
     """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
     deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
-    from rankaudit.model.model_file import split_model_spec
+    from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
 
     settings = load_settings(split_model_spec(spec)[0])
