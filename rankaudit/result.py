@@ -431,7 +431,7 @@ class Result:
     seconds: float = 0.0
     inputs: list[InputInfo] = field(default_factory=list)  # every input fed to forward(), masks included
     token_leakage: TokenLeakage | None = None  # None: the model reads no token ids
-    build: str = ""  # how the model was built: meta-parameters | meta (see load.py)
+    build: str = ""  # how the model was built: meta-parameters | meta (see model/meta_device.py)
     call_notes: list[str] = field(default_factory=list)  # keyword arguments forward() was called with
     stand_ins: list[str] = field(default_factory=list)  # missing modules the model file imported, stood in for
     # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose

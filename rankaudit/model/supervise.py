@@ -171,7 +171,7 @@ def phase(name: str, limited: bool = True):
     try:
         yield
     except SystemExit:
-        _exited_in = _exited_in or name  # the innermost phase: cli.main names it beside the model's line
+        _exited_in = _exited_in or name  # the innermost phase: model.faults.ended_process names it beside the model's line
         raise
     except BaseException as exc:
         if is_out_of_memory(exc) and not hasattr(exc, "rankaudit_phase"):
