@@ -171,7 +171,8 @@ def phase(name: str, limited: bool = True):
     try:
         yield
     except SystemExit:
-        _exited_in = _exited_in or name  # the innermost phase: model.faults.ended_process names it beside the model's line
+        # The innermost phase: model.faults.ended_process names it beside the model's line.
+        _exited_in = _exited_in or name
         raise
     except BaseException as exc:
         if is_out_of_memory(exc) and not hasattr(exc, "rankaudit_phase"):
