@@ -46,6 +46,7 @@ from rankaudit.verify.attacks import gdbr, invert, rgap
 from rankaudit.verify.model import resolve_device  # noqa: E402
 
 try:
+    from rankaudit.verify.client import draw_labels, loss_name_for
     from rankaudit.verify.rank import jacobian as rank
 except ImportError:  # a tree from before --verify rank: its rows say so
     rank = None
@@ -134,8 +135,8 @@ def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int, preci
     image, source = data.load_images(None, (3, 32, 32), 1, seed)
     with torch.no_grad():
         classes = model(image.to(next(model.parameters()).dtype)).numel()
-    loss = rank.loss_name_for(classes)
-    labels = rank.draw_labels(1, loss, classes, seed)
+    loss = loss_name_for(classes)
+    labels = draw_labels(1, loss, classes, seed)
     if device == "cuda":
         rank.measure(model, image, labels, device=device, seed=seed, chunk_rows=4)  # warm-up, untimed
         torch.cuda.synchronize()

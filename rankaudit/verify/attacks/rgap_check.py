@@ -362,7 +362,8 @@ def verify_round_inputs(
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
     from rankaudit.verify.attacks.fedavg import check_attack_round_size
-    from rankaudit.verify.inputs import round_inputs, round_labels
+    from rankaudit.verify.client import round_labels
+    from rankaudit.verify.inputs import round_inputs
     from rankaudit.verify.model import build_real_model, require_trainable, resolve_device
 
     round_ = result.round

@@ -67,6 +67,7 @@ def verify_rank(
     """
     import torch
 
+    from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
@@ -85,9 +86,9 @@ def verify_rank(
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     images, source = real_inputs(result, data, samples if batch == 1 else batch, seed)
     with torch.no_grad():
-        logits = rank.logits_of(model(images[:1])).numel()
-    loss = rank.loss_name_for(logits)
-    labels = rank.draw_labels(len(images), loss, logits, seed)
+        logits = logits_of(model(images[:1])).numel()
+    loss = loss_name_for(logits)
+    labels = draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
@@ -340,8 +341,8 @@ def verify_round_rank(
 ) -> dict:
     """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
     from rankaudit.settings.round import round_dict
-    from rankaudit.verify.client import check_local_training, simulated_rounds
-    from rankaudit.verify.inputs import round_inputs, round_labels
+    from rankaudit.verify.client import check_local_training, round_labels, simulated_rounds
+    from rankaudit.verify.inputs import round_inputs
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.rank import round_jacobian as round_rank

@@ -42,6 +42,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.verify import finite
+from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 
 # The measurement's pieces live beside it (sketch, spectrum, measurement); the ones marked F401 are imported back
@@ -56,10 +57,8 @@ from rankaudit.verify.rank.sketch import (
     _activation_numel,  # noqa: F401
     _fill_sketch,
     _ForwardOverReverse,  # noqa: F401
-    _loss,
     _math_attention,
     fill_in_chunks,  # noqa: F401
-    logits_of,
 )
 from rankaudit.verify.rank.spectrum import (
     RELIABLE_GAP,  # noqa: F401  (read as rank.RELIABLE_GAP by the rank check)
@@ -116,23 +115,6 @@ def shared_parameter_names(
     return trainable
 
 
-def loss_name_for(logits_per_sample: int) -> str:
-    """The convention of the other attacks: one logit -> the logistic loss, several -> cross-entropy."""
-    return "logistic" if logits_per_sample == 1 else "cross-entropy"
-
-
-def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
-    """Seeded labels as R-GAP draws them: ±1 for the logistic loss, a class index for cross-entropy."""
-    generator = torch.Generator().manual_seed(seed)
-    labels = []
-    for _ in range(count):
-        if loss == "logistic":
-            labels.append(1 if torch.rand((), generator=generator) < 0.5 else -1)
-        else:
-            labels.append(int(torch.randint(classes, (), generator=generator)))
-    return torch.tensor(labels, dtype=torch.long)
-
-
 def measure(
     model: nn.Module,
     images: torch.Tensor,
@@ -173,8 +155,6 @@ def measure(
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
     started = time.perf_counter()
-    from rankaudit.verify.client import client_mode
-
     net = client_mode(copy.deepcopy(model).to(device=device, dtype=torch.float64), bn_mode)
     x = images.detach().to(device=device, dtype=torch.float64)
     labels = labels.to(device)
@@ -373,7 +353,7 @@ def _require_finite_gradient(
 
     def rerun():
         output = net(x)
-        return output, _loss(output, labels, loss)
+        return output, mean_loss(output, labels, loss)
 
     with torch.enable_grad(), _math_attention(), differentiable_ops():
         output, objective = rerun()

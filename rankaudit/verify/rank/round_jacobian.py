@@ -23,7 +23,14 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.settings.round import Round
 from rankaudit.verify import finite
-from rankaudit.verify.client import LocalTraining, client_mode, simulated_rounds, unknowns_of
+from rankaudit.verify.client import (
+    LocalTraining,
+    client_mode,
+    logits_of,
+    loss_name_for,
+    simulated_rounds,
+    unknowns_of,
+)
 from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 
@@ -95,7 +102,7 @@ def measure_round(
     labels = labels.to(device)
     if loss is None:
         with torch.no_grad(), _math_attention():
-            loss = rank.loss_name_for(rank.logits_of(net(x[0, : round_.batch_size]))[:1].numel())
+            loss = loss_name_for(logits_of(net(x[0, : round_.batch_size]))[:1].numel())
     trainable = [name for name, p in net.named_parameters() if p.requires_grad]
     names = trainable if shared is None else list(dict.fromkeys(shared))
     missing = [name for name in names if name not in trainable]
