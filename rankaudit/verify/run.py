@@ -153,9 +153,10 @@ def verify_defenses(
 
     ``defenses``: :class:`rankaudit.verify.defenses.Defense` objects (``parse_defense("noise:0.01")``).
     ``attacks``: the attacks the user asked for, any verifiers the registry lists as defended (``"rgap"`` and/or
-    ``"gdbr"``); the other arguments mean what they mean for ``rgap_check.verify_inputs`` (``samples``, ``data``,
-    ``steps``, ``restarts``) and ``gdbr_check.verify_labels`` (``trials``, ``class_dist``, ``aux``), so call this with the same values to attack the same images and
-    batches: the baseline ("without") is re-run here on them, the defended runs see only the defended gradient.
+    ``"gdbr"``); the other arguments are the attacks' settings (``defense_runs.AttackSettings``: ``samples``,
+    ``data``, ``steps``, ``restarts`` for R-GAP, ``trials``, ``class_dist``, ``aux`` for GDBR), so call this with the
+    same values to attack the same images and batches: the baseline ("without") is re-run here on them, the defended
+    runs see only the defended gradient.
     ``optimisation``: where R-GAP runs, also attack every defense with inverting gradients (``steps`` x
     ``restarts``; slow on a CPU, about 10 s per image and restart for CNN6). R-GAP is exact algebra and breaks
     under any perturbation, so its failure alone overstates a defense; the optimisation attack degrades gracefully.
