@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.bound import images as data
-from rankaudit.verify.attacks import gdbr, invert, rgap
+from rankaudit.verify.attacks import gdbr, gdbr_victims, invert, rgap
 from rankaudit.verify.model import resolve_device  # noqa: E402
 
 try:
@@ -105,7 +105,7 @@ def bench_rgap_vs_inverting(images: int, device: str, steps: int, seed: int) -> 
 def bench_gdbr(device: str, trials: int, seed: int) -> dict:
     torch.manual_seed(seed)
     model = example("mlp6.py", "MLP6").eval()
-    gdbr.init_like_paper(model, ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=seed)
+    gdbr_victims.init_like_paper(model, ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=seed)
     aux = torch.rand((1000, 3, 32, 32), generator=torch.Generator().manual_seed(seed + 7919))
     outcome = gdbr.run_gdbr(model, "fc2", 64, trials=trials, aux=aux, device=device, seed=seed, input_shape=(3, 32, 32))
     per_trial = [t["seconds"] for t in outcome.per_trial]

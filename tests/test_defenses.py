@@ -20,7 +20,7 @@ from rankaudit.audit import audit
 from rankaudit.errors import UsageError
 from rankaudit.report import html, table
 from rankaudit.verify import run
-from rankaudit.verify.attacks import gdbr
+from rankaudit.verify.attacks import gdbr, gdbr_victims
 from rankaudit.verify.attacks.invert import run_inverting
 from rankaudit.verify.defenses import (
     ADADEFENSE_SERVER_LR,
@@ -151,7 +151,7 @@ def test_no_defense_and_identity_defense_change_nothing():
         model, images, "cross-entropy", steps=40, restarts=1, device="cpu", seed=0, defense=lambda grads: dict(grads)
     )
     assert plain.mse == same.mse
-    lenet = gdbr.init_like_paper(load_example("lenet10.py", "LeNet10")[0](), ["fc1", "fc2"], seed=0)
+    lenet = gdbr_victims.init_like_paper(load_example("lenet10.py", "LeNet10")[0](), ["fc1", "fc2"], seed=0)
     kwargs = dict(trials=2, device="cpu", seed=0, input_shape=(1, 28, 28))
     assert (
         gdbr.run_gdbr(lenet, "fc1", 16, **kwargs).per_trial[1]["recovered"]
@@ -290,8 +290,8 @@ def test_adadefense_turns_mlp6_gdbr_into_a_failure():
     0.516 (random classes), 1.0 -> 0.297 (imbalanced: chance 0.44), 0.984 -> 0.062 (one class: chance 0.09)."""
     build, shape = load_example("mlp6.py", "MLP6")
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
-    aux = gdbr.held_out_images(shape)
+    model = gdbr_victims.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
+    aux = gdbr_victims.held_out_images(shape)
     ada = parse_defense("adadefense")
     figures = {}
     for dist in ("random", "imbalanced", "single"):

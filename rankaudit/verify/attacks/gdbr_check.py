@@ -64,7 +64,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     import torch
 
     from rankaudit.bound import images as image_data
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks.gdbr_victims import held_out_images
 
     generator = torch.Generator().manual_seed(seed + 7919)
     if aux in (None, "dummy"):
@@ -73,7 +73,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     if aux == "normal":
         return torch.randn((1000, *input_shape), generator=generator), "dummy inputs, standard normal"
     if aux == "digits":
-        return gdbr.held_out_images(tuple(input_shape)), "held-out scikit-learn digits (never in a victim batch)"
+        return held_out_images(tuple(input_shape)), "held-out scikit-learn digits (never in a victim batch)"
     try:
         images, source = image_data.load_images(aux, tuple(input_shape), 1000, seed)
     except image_data.DataError as exc:
@@ -98,7 +98,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     from torch import nn
 
     from rankaudit.model.load import load_model
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
     from rankaudit.verify.model import deployed_weights_file, load_weights, read_state_dict
 
     layer = _gdbr_layer(result)
@@ -116,13 +116,13 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     if deployed is not None:  # --weights: the attack reads the gradient at the weights that are sent
         load_weights(model, read_state_dict(deployed), deployed)
     else:
-        gdbr.init_like_paper(model, bottom, seed=seed)
+        gdbr_victims.init_like_paper(model, bottom, seed=seed)
     aux_images, aux_source = _aux_images(aux, tuple(result.input_shape), seed)
     return layer, model, bottom, aux_images, aux_source
 
 
 def _run_gdbr(model, layer, result: Result, settings: AttackSettings, aux_images, *, defense=None, title: str = ""):
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr, gdbr_bridge
 
     try:
         with ProgressBar(settings.trials, f"GDBR{title}", enabled=settings.show_progress) as per_trial:
@@ -139,7 +139,7 @@ def _run_gdbr(model, layer, result: Result, settings: AttackSettings, aux_images
                 input_shape=tuple(result.input_shape),
                 defense=defense,
             )
-    except gdbr.GDBRUnsupported as exc:
+    except gdbr_bridge.GDBRUnsupported as exc:
         raise ModelLoadError(
             f"GDBR cannot read {layer}: {exc.reason} (at {exc.layer})",
             "share another hidden layer with --shared-layers",
@@ -202,7 +202,7 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
     """InsAcc of an attacker who reads nothing and guesses equal counts per class, on the same victim batches."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr, gdbr_victims
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
@@ -211,7 +211,7 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
     guess = gdbr.largest_remainder(torch.ones(used), result.batch_size)
     scores = []
     for t in range(trials):
-        _, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000 + t)
+        _, labels = gdbr_victims.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000 + t)
         scores.append(gdbr.ins_acc(guess, torch.bincount(labels, minlength=used)))
     return statistics.median(scores)
 
@@ -279,7 +279,7 @@ def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int
     """The gradients of `rounds` earlier rounds on other digit batches (seeds no trial uses)."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
 
     if rounds == 0:
         return []
@@ -288,10 +288,10 @@ def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int
         classes = model(torch.zeros((1, *shape))).shape[1]
     grads = []
     for j in range(rounds):
-        images, labels = gdbr.victim_batch(
+        images, labels = gdbr_victims.victim_batch(
             classes, shape, result.batch_size, class_dist, seed=seed * 1000 + WARMUP_SEED_OFFSET + j
         )
-        grads.append(gdbr.client_gradient(model, images, labels))
+        grads.append(gdbr_victims.client_gradient(model, images, labels))
     return grads
 
 
@@ -299,10 +299,10 @@ def _first_batch_gradient(model: nn.Module, result: Result, class_dist: str, see
     """The client's gradient on the first trial's victim batch (for the scale of the shared gradient)."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
         classes = model(torch.zeros((1, *shape))).shape[1]
-    images, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000)
-    return gdbr.client_gradient(model, images, labels)
+    images, labels = gdbr_victims.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000)
+    return gdbr_victims.client_gradient(model, images, labels)
