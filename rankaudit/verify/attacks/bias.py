@@ -280,7 +280,7 @@ def read_out(
 
 def _nearest_psnr(candidates: torch.Tensor, x: torch.Tensor) -> list[tuple[int, float | None]]:
     """For a layer that reads the input: each sample's PSNR against its nearest ratio (None: identical)."""
-    from rankaudit.verify.rank.hidden import psnr
+    from rankaudit.verify.image_quality import psnr
 
     if not len(candidates):
         return []
