@@ -48,6 +48,7 @@ from rankaudit.verify.model import resolve_device  # noqa: E402
 try:
     from rankaudit.verify.client import draw_labels, loss_name_for
     from rankaudit.verify.rank import jacobian as rank
+    from rankaudit.verify.rank import sketch
 except ImportError:  # a tree from before --verify rank: its rows say so
     rank = None
 
@@ -216,7 +217,7 @@ def bench_mobile_rows(seed: int, rows: int = 16) -> dict:
     for dtype in (torch.float64, torch.float32):
         net = model.to(dtype)
         names = [name for name, _ in net.named_parameters()]
-        sketch_rows = rank._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
+        sketch_rows = sketch._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
         directions = [torch.randn((rows, *p.shape), dtype=dtype) for p in net.parameters()]
         with differentiable_ops():
             sketch_rows([d[:2] for d in directions])  # warm-up, untimed

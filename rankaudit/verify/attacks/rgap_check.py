@@ -126,16 +126,16 @@ def _attack_images(
 ):
     """R-GAP on `images`, or inverting gradients where R-GAP cannot go (always, with `optimisation`):
     (attack, outcome, reconstructions, why R-GAP stopped or None)."""
-    from rankaudit.verify.attacks import invert, rgap
+    from rankaudit.verify.attacks import invert, rgap, rgap_chain
 
     device, seed, show_progress = settings.device, settings.seed, settings.show_progress
     steps, restarts = settings.steps, settings.restarts
     samples = len(images)
     try:
         if optimisation:
-            raise rgap.RGapUnsupported(type(model).__name__, "the optimisation attack was asked for")
-        rgap.extract_chain(model, tuple(input_shape))
-    except rgap.RGapUnsupported as stop:
+            raise rgap_chain.RGapUnsupported(type(model).__name__, "the optimisation attack was asked for")
+        rgap_chain.extract_chain(model, tuple(input_shape))
+    except rgap_chain.RGapUnsupported as stop:
         # One line for both: the label names the image, the count is the optimisation step.
         with ProgressBar(steps, f"inverting gradients{title}, image 1/{samples}", enabled=show_progress) as bar:
 
@@ -391,7 +391,7 @@ def verify_round_inputs(
 
 def _input_rows(result, run: _InputRun, defenses, settings: AttackSettings, optimisation=False) -> list[dict]:
     from rankaudit.verify import baselines
-    from rankaudit.verify.attacks import rgap
+    from rankaudit.verify.attacks import rgap, rgap_chain
 
     model, images, source, loss = run.model, run.images, run.source, run.loss
     seed = settings.seed
@@ -399,9 +399,9 @@ def _input_rows(result, run: _InputRun, defenses, settings: AttackSettings, opti
     first = rgap.client_gradients(model, images[0], 1 if loss == "logistic" else 0, loss)
     warmups = [_input_warmup(model, shape, loss, defense.options.get("warmup", 0), seed) for defense in defenses]
     try:
-        rgap.extract_chain(model, shape)
+        rgap_chain.extract_chain(model, shape)
         passes = [False, True] if optimisation else [False]
-    except rgap.RGapUnsupported:
+    except rgap_chain.RGapUnsupported:
         passes = [False]  # the optimisation attack is the only one anyway
     rows = []
     for forced in passes:

@@ -44,29 +44,9 @@ from rankaudit.errors import UsageError
 from rankaudit.verify import finite
 from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
-
-# The measurement's pieces live beside it (sketch, spectrum, measurement); the ones marked F401 are imported back
-# because the verifiers, the round's check, tests and benchmarks reach them as `jacobian.NAME`.
-from rankaudit.verify.rank.measurement import (
-    RankMeasurement,
-    bound_check,  # noqa: F401
-    judge,  # noqa: F401
-    save_directions,  # noqa: F401
-)
-from rankaudit.verify.rank.sketch import (
-    _activation_numel,  # noqa: F401
-    _fill_sketch,
-    _ForwardOverReverse,  # noqa: F401
-    _math_attention,
-    fill_in_chunks,  # noqa: F401
-)
-from rankaudit.verify.rank.spectrum import (
-    RELIABLE_GAP,  # noqa: F401  (read as rank.RELIABLE_GAP by the rank check)
-    TOLERANCE_RULE,  # noqa: F401
-    _Spectrum,
-    _spectrum,
-    sample_ranks,
-)
+from rankaudit.verify.rank.measurement import RankMeasurement
+from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention
+from rankaudit.verify.rank.spectrum import _Spectrum, _spectrum, sample_ranks
 from rankaudit.verify.substitute import differentiable_ops
 
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
