@@ -48,9 +48,9 @@ from rankaudit.bound import images as data  # noqa: E402
 from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import baselines
 from rankaudit.verify.attacks import fedavg  # noqa: E402
-from rankaudit.verify.attacks.invert import psnr_from_mse  # noqa: E402
+from rankaudit.verify.attacks.invert_match import psnr_from_mse  # noqa: E402
 from rankaudit.verify.client import LocalTraining  # noqa: E402
-from rankaudit.verify.rank.hidden import ssim  # noqa: E402
+from rankaudit.verify.image_quality import ssim  # noqa: E402
 
 SHAPE = (3, 32, 32)
 CLASSES = 10

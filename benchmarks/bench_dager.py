@@ -35,7 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rankaudit.verify.attacks import dager
+from rankaudit.verify.attacks import dager, dager_call, dager_span
 from rankaudit.verify.model import resolve_device  # noqa: E402
 
 CPU_TARGET_S, GPU_TARGET_S = 60.0, 5.0
@@ -78,7 +78,7 @@ def build(kind: str, vocab: int, blocks: int, length: int, seed: int, device: st
         model = transformers.LlamaForCausalLM(config)
         layers, norm = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"], None
     model = model.double().eval().to(device)
-    call = dager.LanguageModelCall(model, "input_ids", False, switches={"use_cache": False, "return_dict": True})
+    call = dager_call.LanguageModelCall(model, "input_ids", False, switches={"use_cache": False, "return_dict": True})
     return call, layers, norm
 
 
@@ -103,8 +103,8 @@ def timed_span_test(
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     synchronize()
     started = time.perf_counter()
-    basis = dager.span_basis(gradient)
-    test = dager.span_test_vocabulary(
+    basis = dager_span.span_basis(gradient)
+    test = dager_span.span_test_vocabulary(
         call,
         module,
         basis.basis.to(device),

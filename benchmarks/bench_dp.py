@@ -64,15 +64,15 @@ def bench_accountant(repeat: int) -> dict:
 def bench_attack(trials: int, device: str) -> list[dict]:
     from rankaudit.audit import audit
     from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack, unit_gradients
+    from rankaudit.verify.client import draw_labels
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model
-    from rankaudit.verify.rank import jacobian as rank
 
     spec = str(REPO / "examples" / "cnn6.py")
     result = audit(spec)
     model, _ = build_real_model(spec, result.input_shape, 0)
     images, _ = real_inputs(result, None, 10, 0)
-    labels = rank.draw_labels(10, "logistic", 1, 0)
+    labels = draw_labels(10, "logistic", 1, 0)
     gradients = unit_gradients(model, images[:, None], labels[:, None], "logistic", 1.0, device)
     # Clipping to the median norm puts every candidate at norm c, where the attack is strongest.
     clip = float(gradients.norm(dim=1).median())

@@ -31,8 +31,8 @@ from rankaudit.audit import audit  # noqa: E402
 from rankaudit.bound import images as data
 from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify.attacks import fedavg
+from rankaudit.verify.client import draw_labels
 from rankaudit.verify.model import build_real_model  # noqa: E402
-from rankaudit.verify.rank import jacobian as rank
 from rankaudit.verify.rank import round_jacobian as round_rank
 
 MODEL = str(REPO / "examples" / "cnn6.py")
@@ -41,7 +41,7 @@ MODEL = str(REPO / "examples" / "cnn6.py")
 def _round_inputs(round_, seed: int):
     images, source = data.load_images(None, (3, 32, 32), round_.clients * round_.samples, seed)
     images = images.to(torch.float64).reshape(round_.clients, round_.samples, 3, 32, 32)
-    labels = rank.draw_labels(round_.clients * round_.samples, "logistic", 1, seed).reshape(images.shape[:2])
+    labels = draw_labels(round_.clients * round_.samples, "logistic", 1, seed).reshape(images.shape[:2])
     return images, labels, source
 
 

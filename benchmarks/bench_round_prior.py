@@ -30,8 +30,8 @@ from rankaudit.bound import images as data
 from rankaudit.settings.round import build_round  # noqa: E402
 from rankaudit.verify import baselines
 from rankaudit.verify.attacks import fedavg
+from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
 from rankaudit.verify.model import build_real_model  # noqa: E402
-from rankaudit.verify.rank import jacobian as rank
 
 
 def main() -> None:
@@ -57,9 +57,9 @@ def main() -> None:
     flat, source = data.load_images(args.data, shape, round_.samples, args.seed)
     images = flat.to(torch.float64).reshape(1, round_.samples, *shape)
     with torch.no_grad():
-        logits = rank.logits_of(model(images[0, :1])).numel()
-    labels = rank.draw_labels(round_.samples, rank.loss_name_for(logits), logits, args.seed).reshape(1, -1)
-    loss = rank.loss_name_for(logits)
+        logits = logits_of(model(images[0, :1])).numel()
+    labels = draw_labels(round_.samples, loss_name_for(logits), logits, args.seed).reshape(1, -1)
+    loss = loss_name_for(logits)
     print(
         json.dumps(
             {

@@ -121,6 +121,7 @@ def timm_entries(directory: Path) -> list[Entry]:
 
 def measure_entry(spec: str, result, *, device: str, precision: str, seed: int = 0):
     """The measured rank at a seeded uniform input, as tests/conftest.py's measured_rank draws it."""
+    from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
     from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
 
@@ -128,9 +129,9 @@ def measure_entry(spec: str, result, *, device: str, precision: str, seed: int =
     generator = torch.Generator().manual_seed(seed)
     images = torch.rand((1, *result.input_shape), generator=generator, dtype=torch.float64)
     with torch.no_grad():
-        logits = rank.logits_of(model(images[:1]))
-    loss = rank.loss_name_for(logits.numel())
-    labels = rank.draw_labels(1, loss, logits.numel(), seed)
+        logits = logits_of(model(images[:1]))
+    loss = loss_name_for(logits.numel())
+    labels = draw_labels(1, loss, logits.numel(), seed)
     return rank.measure(model, images, labels, seed=seed, loss=loss, device=device, precision=precision)
 
 

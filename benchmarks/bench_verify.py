@@ -42,11 +42,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rankaudit.bound import images as data
-from rankaudit.verify.attacks import gdbr, invert, rgap
+from rankaudit.verify.attacks import gdbr, gdbr_victims, invert, rgap
 from rankaudit.verify.model import resolve_device  # noqa: E402
 
 try:
+    from rankaudit.verify.client import draw_labels, loss_name_for
     from rankaudit.verify.rank import jacobian as rank
+    from rankaudit.verify.rank import sketch
 except ImportError:  # a tree from before --verify rank: its rows say so
     rank = None
 
@@ -104,7 +106,7 @@ def bench_rgap_vs_inverting(images: int, device: str, steps: int, seed: int) -> 
 def bench_gdbr(device: str, trials: int, seed: int) -> dict:
     torch.manual_seed(seed)
     model = example("mlp6.py", "MLP6").eval()
-    gdbr.init_like_paper(model, ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=seed)
+    gdbr_victims.init_like_paper(model, ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=seed)
     aux = torch.rand((1000, 3, 32, 32), generator=torch.Generator().manual_seed(seed + 7919))
     outcome = gdbr.run_gdbr(model, "fc2", 64, trials=trials, aux=aux, device=device, seed=seed, input_shape=(3, 32, 32))
     per_trial = [t["seconds"] for t in outcome.per_trial]
@@ -134,8 +136,8 @@ def bench_rank(model: torch.nn.Module, label: str, device: str, seed: int, preci
     image, source = data.load_images(None, (3, 32, 32), 1, seed)
     with torch.no_grad():
         classes = model(image.to(next(model.parameters()).dtype)).numel()
-    loss = rank.loss_name_for(classes)
-    labels = rank.draw_labels(1, loss, classes, seed)
+    loss = loss_name_for(classes)
+    labels = draw_labels(1, loss, classes, seed)
     if device == "cuda":
         rank.measure(model, image, labels, device=device, seed=seed, chunk_rows=4)  # warm-up, untimed
         torch.cuda.synchronize()
@@ -215,7 +217,7 @@ def bench_mobile_rows(seed: int, rows: int = 16) -> dict:
     for dtype in (torch.float64, torch.float32):
         net = model.to(dtype)
         names = [name for name, _ in net.named_parameters()]
-        sketch_rows = rank._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
+        sketch_rows = sketch._ForwardOverReverse(net, image.to(dtype), torch.tensor([0]), "cross-entropy", names)
         directions = [torch.randn((rows, *p.shape), dtype=dtype) for p in net.parameters()]
         with differentiable_ops():
             sketch_rows([d[:2] for d in directions])  # warm-up, untimed

@@ -579,6 +579,7 @@ def static_bound(build: Callable[[], nn.Module], input_shape: tuple[int, ...]) -
 
 def measured_rank(build: Callable[[], nn.Module], input_shape: tuple[int, ...], seed: int = 0):
     """rank(∂g/∂x) at a seeded uniform input, random initialisation, float64, cross-entropy on the outputs."""
+    from rankaudit.verify.client import draw_labels, loss_name_for
     from rankaudit.verify.rank import jacobian as rank
 
     torch.manual_seed(seed)
@@ -587,8 +588,8 @@ def measured_rank(build: Callable[[], nn.Module], input_shape: tuple[int, ...], 
     images = torch.rand((1, *input_shape), generator=generator, dtype=torch.float64)
     with torch.no_grad():
         logits = model(images)
-    loss = rank.loss_name_for(logits.numel())
-    labels = rank.draw_labels(1, loss, logits.numel(), seed)
+    loss = loss_name_for(logits.numel())
+    labels = draw_labels(1, loss, logits.numel(), seed)
     return rank.measure(model, images, labels, seed=seed, loss=loss)
 
 

@@ -260,6 +260,7 @@ def check(
     from rankaudit.model import standins
     from rankaudit.settings.run import CONFIGURABLE, model_settings
     from rankaudit.verify import registry
+    from rankaudit.verify.run import run_verifiers
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
@@ -342,7 +343,7 @@ def check(
                     several=len(models) > 1,
                     requested=tuple(verify),
                 )
-                registry.run_verifiers(verify, request, _error)
+                run_verifiers(verify, request, _error)
         except Exception as raised:
             exc = raised if isinstance(raised, RankauditError) else out_of_memory(raised) or model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):

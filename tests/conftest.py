@@ -35,6 +35,7 @@ def measured_rank(example: str, batch_size: int = 1, seed: int = 0):
     key = (example, batch_size, seed)
     if key not in _MEASURED:
         from rankaudit.audit import audit
+        from rankaudit.verify.client import draw_labels, loss_name_for
         from rankaudit.verify.model import build_real_model
         from rankaudit.verify.rank import jacobian as rank
 
@@ -45,8 +46,8 @@ def measured_rank(example: str, batch_size: int = 1, seed: int = 0):
         images = torch.rand((batch_size, *result.input_shape), generator=generator, dtype=torch.float64)
         with torch.no_grad():
             logits = model(images[:1])
-        loss = rank.loss_name_for(logits.numel())
-        labels = rank.draw_labels(batch_size, loss, logits.numel(), seed)
+        loss = loss_name_for(logits.numel())
+        labels = draw_labels(batch_size, loss, logits.numel(), seed)
         _MEASURED[key] = result, rank.measure(model, images, labels, seed=seed, loss=loss)
     return _MEASURED[key]
 

@@ -84,6 +84,7 @@ def test_the_batched_attack_on_cuda_recovers_what_it_recovers_on_cpu():
 
 def _rank_on(device, example):
     from rankaudit.audit import audit
+    from rankaudit.verify.client import draw_labels, loss_name_for
     from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
 
@@ -93,8 +94,8 @@ def _rank_on(device, example):
     images = torch.rand((1, *result.input_shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with torch.no_grad():
         logits = model(images).numel()
-    loss = rank.loss_name_for(logits)
-    return rank.measure(model, images, rank.draw_labels(1, loss, logits, 0), device=device, seed=0, loss=loss)
+    loss = loss_name_for(logits)
+    return rank.measure(model, images, draw_labels(1, loss, logits, 0), device=device, seed=0, loss=loss)
 
 
 @pytest.mark.parametrize("example, expected", [("fig2_e", 3036), ("vit_tiny", 768)])
@@ -142,6 +143,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
     664 of 768."""
     from conftest import measured_rank
 
+    from rankaudit.verify.client import draw_labels
     from rankaudit.verify.model import build_real_model
     from rankaudit.verify.rank import jacobian as rank
 
@@ -149,7 +151,7 @@ def test_rank_check_of_the_mobile_examples_on_cuda_matches_the_cpu():
         result, on_cpu = measured_rank(example)
         model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), result.input_shape, 0)
         images = torch.rand((1, *result.input_shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        labels = rank.draw_labels(1, "cross-entropy", 10, 0)
+        labels = draw_labels(1, "cross-entropy", 10, 0)
         on_gpu = rank.measure(model, images, labels, device="cuda", seed=0, loss="cross-entropy", precision="auto")
         assert on_gpu.device.startswith("cuda") and on_gpu.rank == on_cpu.rank == 664
         assert on_gpu.precision == "float64"  # a deficit is always settled in float64

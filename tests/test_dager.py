@@ -19,7 +19,7 @@ from rankaudit.findings import apply as findings
 from rankaudit.model.load import load_model
 from rankaudit.report import sarif, table
 from rankaudit.trace.inputs import input_specs
-from rankaudit.verify.attacks import dager, dager_check
+from rankaudit.verify.attacks import dager, dager_call, dager_check, dager_span
 
 SEQUENCE = 16
 D_MODEL = 128
@@ -38,7 +38,7 @@ class Subject:
         )
         torch.manual_seed(0)
         model = load_model(spec, (SEQUENCE,), device="cpu").module.double().eval()
-        self.call = dager.forward_call(model, input_specs(model, (SEQUENCE,), torch.long), loaded.forward_kwargs)
+        self.call = dager_call.forward_call(model, input_specs(model, (SEQUENCE,), torch.long), loaded.forward_kwargs)
         self.vocabulary = loaded.vocab_size
 
     def finding(self, batch_size: int, shared=None):
@@ -101,7 +101,7 @@ def test_gpt2_tokens_and_sequences_recovered_exactly_well_below_d(gpt2):
     assert (precision, recall) == (1.0, 1.0)
     assert outcome.basis.rank == 2 * SEQUENCE and outcome.causal
     assert outcome.extension["exact_sequence_rate"] == 1.0 and outcome.extension["sequences"] == 2
-    assert outcome.nearest_rejected > 100 * dager.DISTANCE_THRESHOLD  # no candidate near the threshold
+    assert outcome.nearest_rejected > 100 * dager_span.DISTANCE_THRESHOLD  # no candidate near the threshold
 
 
 @pytest.mark.parametrize("batch_size", [7, 8, 10])
@@ -209,7 +209,7 @@ def test_layers_reading_the_same_vectors_pool_their_gradients():
     assert not findings.token_leakage(traced, 2, {"q", "head"}).span_exposed
     torch.manual_seed(0)
     real = ThreeAdapters().double()
-    call = dager.LanguageModelCall(real, "ids", True)
+    call = dager_call.LanguageModelCall(real, "ids", True)
     for group, exact in ((["q", "k", "v"], True), (["q"], False)):
         outcome = dager.run_dager(
             call, group, batch_size=2, positions=5, vocab_size=300, position_dependent=True, device="cpu", seed=1
@@ -223,12 +223,12 @@ def test_span_test_distances_and_rank_tolerance():
     generator = torch.Generator().manual_seed(0)
     vectors = torch.randn(6, 20, generator=generator, dtype=torch.float64)
     gradient = vectors.T @ torch.randn(6, 30, generator=generator, dtype=torch.float64)  # Σ_t x_t δ_tᵀ
-    basis = dager.span_basis(gradient)
+    basis = dager_span.span_basis(gradient)
     assert basis.rank == 6 and basis.first_dropped < basis.tolerance < basis.last_kept
     inside = vectors.T @ torch.randn(6, 3, generator=generator, dtype=torch.float64)
     outside = torch.randn(20, 3, generator=generator, dtype=torch.float64)
-    assert dager.span_distances(basis.basis, inside.T).max() < 1e-7
-    assert dager.span_distances(basis.basis, outside.T).min() > 0.3
+    assert dager_span.span_distances(basis.basis, inside.T).max() < 1e-7
+    assert dager_span.span_distances(basis.basis, outside.T).min() > 0.3
 
 
 def test_cli_reports_the_finding_and_the_verification(run_cli, tmp_path):
@@ -278,14 +278,14 @@ def _basis_for(subject: Subject, layer: str, batch_size: int = 2):
     logits.pow(2).mean().backward()
     gradient, _ = dager.group_gradient(subject.call, [module], [layer], ids)
     subject.call.model.zero_grad(set_to_none=True)
-    return module, dager.span_basis(gradient).basis, ids
+    return module, dager_span.span_basis(gradient).basis, ids
 
 
 def test_layer_norm_shortcut_matches_running_each_pair_through_the_model(gpt2):
     module, basis, ids = _basis_for(gpt2, "transformer.h.0.attn.c_attn")
     norm = gpt2.call.model.get_submodule("transformer.h.0.ln_1")
     tests = [
-        dager.span_test_vocabulary(
+        dager_span.span_test_vocabulary(
             gpt2.call,
             module,
             basis,
@@ -326,7 +326,7 @@ class TanhBeforeNorm(nn.Module):
 def test_the_shortcut_declines_when_its_check_fails():
     torch.manual_seed(0)
     model = TanhBeforeNorm().double()
-    call = dager.LanguageModelCall(model, "ids", True)
+    call = dager_call.LanguageModelCall(model, "ids", True)
     outcome = dager.run_dager(
         call, ["q"], batch_size=1, positions=4, vocab_size=200, position_dependent=True, device="cpu", norm="norm"
     )

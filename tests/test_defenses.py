@@ -19,8 +19,8 @@ from conftest import EXAMPLES
 from rankaudit.audit import audit
 from rankaudit.errors import UsageError
 from rankaudit.report import html, table
-from rankaudit.verify import defense_runs
-from rankaudit.verify.attacks import gdbr
+from rankaudit.verify import run
+from rankaudit.verify.attacks import gdbr, gdbr_victims
 from rankaudit.verify.attacks.invert import run_inverting
 from rankaudit.verify.defenses import (
     ADADEFENSE_SERVER_LR,
@@ -151,7 +151,7 @@ def test_no_defense_and_identity_defense_change_nothing():
         model, images, "cross-entropy", steps=40, restarts=1, device="cpu", seed=0, defense=lambda grads: dict(grads)
     )
     assert plain.mse == same.mse
-    lenet = gdbr.init_like_paper(load_example("lenet10.py", "LeNet10")[0](), ["fc1", "fc2"], seed=0)
+    lenet = gdbr_victims.init_like_paper(load_example("lenet10.py", "LeNet10")[0](), ["fc1", "fc2"], seed=0)
     kwargs = dict(trials=2, device="cpu", seed=0, input_shape=(1, 28, 28))
     assert (
         gdbr.run_gdbr(lenet, "fc1", 16, **kwargs).per_trial[1]["recovered"]
@@ -167,7 +167,7 @@ def cnn6_defended():
     """CNN6 (exposed), one photograph crop, R-GAP without and with three defenses, plus the FedAvg comparison."""
     spec = str(EXAMPLES / "cnn6.py")
     result = audit(spec)
-    defense_runs.verify_defenses(
+    run.verify_defenses(
         result,
         spec,
         [parse_defense(s) for s in ("noise:1e-6", "prune:0.01", "adadefense")],
@@ -250,7 +250,7 @@ def test_adadefense_defeats_inverting_gradients_but_not_label_inference():
 def lenet10_defended():
     spec = str(EXAMPLES / "lenet10.py")
     result = audit(spec, batch_size=64, withheld_layers=["fc2"])
-    defense_runs.verify_defenses(
+    run.verify_defenses(
         result,
         spec,
         [parse_defense(s) for s in ("noise", "prune", "adadefense", "adadefense:warmup=5")],
@@ -290,8 +290,8 @@ def test_adadefense_turns_mlp6_gdbr_into_a_failure():
     0.516 (random classes), 1.0 -> 0.297 (imbalanced: chance 0.44), 0.984 -> 0.062 (one class: chance 0.09)."""
     build, shape = load_example("mlp6.py", "MLP6")
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
-    aux = gdbr.held_out_images(shape)
+    model = gdbr_victims.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
+    aux = gdbr_victims.held_out_images(shape)
     ada = parse_defense("adadefense")
     figures = {}
     for dist in ("random", "imbalanced", "single"):
@@ -311,7 +311,7 @@ def test_first_round_adadefense_still_leaks_single_class_batches():
     on other batches (moments the server never sees) bring it to 0.50 (chance 0.09)."""
     spec = str(EXAMPLES / "lenet10.py")
     result = audit(spec, batch_size=64, withheld_layers=["fc2"])
-    defense_runs.verify_defenses(
+    run.verify_defenses(
         result,
         spec,
         [parse_defense("adadefense"), parse_defense("adadefense:warmup=5")],
@@ -380,10 +380,8 @@ def test_rows_are_json_and_reach_table_and_html(cnn6_defended, lenet10_defended)
 
 def test_runner_rejects_unknown_attacks(lenet10_defended):
     with pytest.raises(UsageError, match="rgap and/or gdbr"):
-        defense_runs.verify_defenses(
-            lenet10_defended, str(EXAMPLES / "lenet10.py"), [parse_defense("noise")], attacks=("dlg",)
-        )
-    assert defense_runs.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), []) == {}
+        run.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), [parse_defense("noise")], attacks=("dlg",))
+    assert run.verify_defenses(lenet10_defended, str(EXAMPLES / "lenet10.py"), []) == {}
 
 
 @pytest.mark.slow  # an end-to-end attack of half a minute or more on two cores
@@ -392,7 +390,7 @@ def test_optimisation_attack_rows_where_rgap_cannot_go_or_as_a_cross_check():
     optimisation=True: R-GAP rows and inverting-gradients rows for the same defense. Tiny budgets (wiring only)."""
     resnet = str(EXAMPLES / "resnet18_w16_cut3.py")
     result = audit(resnet)
-    rows = defense_runs.verify_defenses(
+    rows = run.verify_defenses(
         result,
         resnet,
         [parse_defense("adadefense")],
@@ -407,7 +405,7 @@ def test_optimisation_attack_rows_where_rgap_cannot_go_or_as_a_cross_check():
     assert "R-GAP stops at" in rows[0]["attack_notes"][0] and "adadefense_training" not in result.verification
     fig2a = str(EXAMPLES / "fig2_a.py")
     result = audit(fig2a)
-    rows = defense_runs.verify_defenses(
+    rows = run.verify_defenses(
         result,
         fig2a,
         [parse_defense("noise:1e-3")],

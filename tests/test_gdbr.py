@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 from conftest import EXAMPLES
 
-from rankaudit.verify.attacks import gdbr
-from rankaudit.verify.attacks.gdbr import GDBRUnsupported
+from rankaudit.verify.attacks import gdbr, gdbr_bridge, gdbr_victims
+from rankaudit.verify.attacks.gdbr_bridge import GDBRUnsupported
 
 LENET_SHAPE = (1, 28, 28)
 
@@ -77,7 +77,7 @@ class SigmoidHead(nn.Module):
 
 def paper_lenet(seed: int = 0) -> LeNet10:
     torch.manual_seed(seed)
-    return gdbr.init_like_paper(LeNet10(), ["fc1", "fc2"], seed=seed)
+    return gdbr_victims.init_like_paper(LeNet10(), ["fc1", "fc2"], seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +92,9 @@ def test_mlp6_fc2_gradient_through_a_five_layer_bridge(mlp6_parts):
     """fc2's gradient only; ã and p̃ from held-out digits; the bridge inverts fc3..fc6 and the classifier."""
     build, shape = mlp6_parts
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
+    model = gdbr_victims.init_like_paper(build(), ["fc2", "fc3", "fc4", "fc5", "fc6", "classifier"], seed=0)
     result = gdbr.run_gdbr(
-        model, "fc2", 64, trials=5, aux=gdbr.held_out_images(shape), device="cpu", seed=0, input_shape=shape
+        model, "fc2", 64, trials=5, aux=gdbr_victims.held_out_images(shape), device="cpu", seed=0, input_shape=shape
     )
     # measured: InsAcc 0.984 (trials 0.984-1.0), ClsAcc 1.0
     assert result.ins_acc >= 0.80
@@ -108,7 +108,7 @@ def test_mlp6_penultimate_gradient_with_dummy_inputs(mlp6_parts):
     """The paper's default: the penultimate layer (fc6) shared, ã and p̃ from N(0, 1) dummies."""
     build, shape = mlp6_parts
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(build(), ["fc6", "classifier"], seed=0)
+    model = gdbr_victims.init_like_paper(build(), ["fc6", "classifier"], seed=0)
     result = gdbr.run_gdbr(model, "fc6", 64, trials=5, device="cpu", seed=0, input_shape=shape)
     # measured: InsAcc 1.0 and ClsAcc 1.0 in all five trials
     assert result.ins_acc >= 0.80
@@ -126,7 +126,7 @@ def test_lenet10_first_fc_gradient_with_dummy_inputs():
 def test_conv_with_1x1_output_as_the_shared_layer():
     """Theorem 2 / Eq. 17: ⟨∇W_k, W_k⟩_F ⊘ Ã_k for a conv whose output is 1x1."""
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(ConvHead(), ["conv4", "fc"], seed=0)
+    model = gdbr_victims.init_like_paper(ConvHead(), ["conv4", "fc"], seed=0)
     result = gdbr.run_gdbr(model, "conv4", 64, trials=3, device="cpu", seed=0, input_shape=LENET_SHAPE)
     # measured: InsAcc 0.875, ClsAcc 1.0
     assert result.ins_acc >= 0.80
@@ -137,7 +137,7 @@ def test_conv_with_1x1_output_as_the_shared_layer():
 
 
 def one_image_per_class(shape):
-    images, labels = gdbr.victim_batch(10, shape, 20, class_dist="uniform", seed=5)
+    images, labels = gdbr_victims.victim_batch(10, shape, 20, class_dist="uniform", seed=5)
     return [(images[labels == c][:1], labels[labels == c][:1]) for c in range(10)]
 
 
@@ -145,7 +145,7 @@ def one_image_per_class(shape):
 def test_batch_of_one_recovers_every_label_exactly_on_lenet10(estimator):
     model = paper_lenet()
     for image, label in one_image_per_class(LENET_SHAPE):
-        grads = gdbr.client_gradient(model, image, label)
+        grads = gdbr_victims.client_gradient(model, image, label)
         counts = gdbr.gdbr_attack(
             model,
             "fc1",
@@ -162,9 +162,9 @@ def test_batch_of_one_recovers_every_label_exactly_on_lenet10(estimator):
 def test_batch_of_one_recovers_every_label_exactly_on_mlp6(mlp6_parts):
     build, shape = mlp6_parts
     torch.manual_seed(0)
-    model = gdbr.init_like_paper(build(), ["fc6", "classifier"], seed=0)
+    model = gdbr_victims.init_like_paper(build(), ["fc6", "classifier"], seed=0)
     for image, label in one_image_per_class(shape):
-        grads = gdbr.client_gradient(model, image, label)
+        grads = gdbr_victims.client_gradient(model, image, label)
         counts = gdbr.gdbr_attack(
             model, "fc6", {"fc6.weight": grads["fc6.weight"]}, 1, device="cpu", input_shape=shape, n_dummy=200
         )
@@ -177,11 +177,11 @@ def test_batch_of_one_recovers_every_label_exactly_on_mlp6(mlp6_parts):
 def test_widening_layer_blocks_the_bridge():
     model = Bottleneck()
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.bridge_path(model, "fc1")
+        gdbr_bridge.bridge_path(model, "fc1")
     assert info.value.layer == "widen"
     assert "widens 32 -> 128" in info.value.reason
-    images, labels = gdbr.victim_batch(10, (1, 8, 8), 4, seed=0)
-    grads = gdbr.client_gradient(model, images, labels)
+    images, labels = gdbr_victims.victim_batch(10, (1, 8, 8), 4, seed=0)
+    grads = gdbr_victims.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
         gdbr.gdbr_attack(
             model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu", input_shape=(1, 8, 8)
@@ -195,8 +195,8 @@ def test_rank_deficient_layer_blocks_the_bridge():
     model.classifier = nn.Linear(16, 10)
     with torch.no_grad():
         model.widen.weight[1] = 2.0 * model.widen.weight[0]
-    images, labels = gdbr.victim_batch(10, (1, 8, 8), 4, seed=0)
-    grads = gdbr.client_gradient(model, images, labels)
+    images, labels = gdbr_victims.victim_batch(10, (1, 8, 8), 4, seed=0)
+    grads = gdbr_victims.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
         gdbr.gdbr_attack(
             model, "squeeze", {"squeeze.weight": grads["squeeze.weight"]}, 4, device="cpu", input_shape=(1, 8, 8)
@@ -207,15 +207,15 @@ def test_rank_deficient_layer_blocks_the_bridge():
 
 def test_sigmoid_on_the_bridge_is_named():
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.bridge_path(SigmoidHead(), "fc1")
+        gdbr_bridge.bridge_path(SigmoidHead(), "fc1")
     assert info.value.layer == "gate"
     assert "Sigmoid" in info.value.reason
 
 
 def test_conv_with_spatial_output_is_refused():
     model = paper_lenet()
-    images, labels = gdbr.victim_batch(10, LENET_SHAPE, 4, seed=0)
-    grads = gdbr.client_gradient(model, images, labels)
+    images, labels = gdbr_victims.victim_batch(10, LENET_SHAPE, 4, seed=0)
+    grads = gdbr_victims.client_gradient(model, images, labels)
     with pytest.raises(GDBRUnsupported) as info:
         gdbr.gdbr_attack(
             model, "conv3", {"conv3.weight": grads["conv3.weight"]}, 4, device="cpu", input_shape=LENET_SHAPE, n_dummy=8
@@ -226,15 +226,15 @@ def test_conv_with_spatial_output_is_refused():
 
 def test_logits_layer_and_conv_on_the_bridge_are_refused():
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.bridge_path(LeNet10(), "fc2")
+        gdbr_bridge.bridge_path(LeNet10(), "fc2")
     assert info.value.layer == "fc2" and "logits" in info.value.reason
     with pytest.raises(GDBRUnsupported) as info:
-        gdbr.bridge_path(LeNet10(), "conv2")
+        gdbr_bridge.bridge_path(LeNet10(), "conv2")
     assert info.value.layer == "conv3"
 
 
 def test_bridge_path_lists_the_ops_to_the_logits():
-    links = gdbr.bridge_path(LeNet10(), "fc1")
+    links = gdbr_bridge.bridge_path(LeNet10(), "fc1")
     assert [(link.kind, link.name) for link in links] == [("relu", "act"), ("linear", "fc2")]
 
 
@@ -265,25 +265,25 @@ def test_largest_remainder_rounding():
 
 
 def test_victim_batch_class_distributions():
-    images, labels = gdbr.victim_batch(10, (3, 32, 32), 64, class_dist="uniform", seed=1)
+    images, labels = gdbr_victims.victim_batch(10, (3, 32, 32), 64, class_dist="uniform", seed=1)
     assert images.shape == (64, 3, 32, 32) and labels.shape == (64,)
     assert float(images.min()) >= 0.0 and float(images.max()) <= 1.0
     assert torch.equal(images[:, 0], images[:, 2])
     assert sorted(torch.bincount(labels, minlength=10).tolist()) == [6] * 6 + [7] * 4
-    _, single = gdbr.victim_batch(10, (1, 28, 28), 64, class_dist="single", seed=2)
+    _, single = gdbr_victims.victim_batch(10, (1, 28, 28), 64, class_dist="single", seed=2)
     assert len(set(single.tolist())) == 1
-    _, skewed = gdbr.victim_batch(10, (1, 28, 28), 64, class_dist="imbalanced", seed=3)
+    _, skewed = gdbr_victims.victim_batch(10, (1, 28, 28), 64, class_dist="imbalanced", seed=3)
     counts = sorted(torch.bincount(skewed, minlength=10).tolist(), reverse=True)
     assert counts[0] >= 20 and sum(counts) == 64
-    _, few = gdbr.victim_batch(3, (1, 8, 8), 30, seed=4)
+    _, few = gdbr_victims.victim_batch(3, (1, 8, 8), 30, seed=4)
     assert set(few.tolist()) <= {0, 1, 2}
-    again, _ = gdbr.victim_batch(10, (3, 32, 32), 64, class_dist="uniform", seed=1)
+    again, _ = gdbr_victims.victim_batch(10, (3, 32, 32), 64, class_dist="uniform", seed=1)
     assert torch.equal(images, again)
 
 
 def test_held_out_images_never_reach_a_victim_batch():
-    held_out = gdbr.held_out_images((1, 8, 8)).flatten(1)
-    victims, _ = gdbr.victim_batch(10, (1, 8, 8), 1000, seed=0)
+    held_out = gdbr_victims.held_out_images((1, 8, 8)).flatten(1)
+    victims, _ = gdbr_victims.victim_batch(10, (1, 8, 8), 1000, seed=0)
     distance = torch.cdist(victims.flatten(1), held_out, compute_mode="donot_use_mm_for_euclid_dist")
     assert len(held_out) > 500
     assert float(distance.min()) > 1e-6

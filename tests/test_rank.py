@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from conftest import EXAMPLES, measured_rank
 
 from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify.client import draw_labels
 from rankaudit.verify.rank import budget
 from rankaudit.verify.rank import jacobian as rank
 
@@ -63,7 +64,7 @@ def _tiny(seed=0, activation=None):
 def _batch(count, seed=0):
     generator = torch.Generator().manual_seed(seed)
     images = torch.rand((count, 1, 4, 4), generator=generator, dtype=torch.float64)
-    return images, rank.draw_labels(count, "logistic", 1, seed)
+    return images, draw_labels(count, "logistic", 1, seed)
 
 
 def _exact_jacobian(model, images, labels, names):

@@ -11,14 +11,8 @@ import torch
 import torch.nn as nn
 
 from rankaudit.bound.images import DataError, load_images
-from rankaudit.verify.attacks.rgap import (
-    RGapUnsupported,
-    client_gradients,
-    extract_chain,
-    numerical_rank,
-    reconstruct,
-    run_rgap,
-)
+from rankaudit.verify.attacks.rgap import client_gradients, numerical_rank, reconstruct, run_rgap
+from rankaudit.verify.attacks.rgap_chain import RGapUnsupported, extract_chain
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -169,7 +163,7 @@ def test_twin_data_is_a_scaled_copy():
 
 
 def test_least_squares_paths_agree():
-    from rankaudit.verify.attacks.rgap import _least_squares
+    from rankaudit.verify.attacks.rgap_solve import _least_squares
 
     gen = torch.Generator().manual_seed(0)
     full = torch.randn(300, 120, generator=gen, dtype=torch.float64)

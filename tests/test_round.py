@@ -647,7 +647,7 @@ def test_fedavg_attack_keeps_each_restarts_best_iterate_at_the_models_precision(
     """Issue 21: the reconstruction is the winning restart's best iterate (never worse than its last one), and the
     attack runs in the model's dtype (the verifier's float64), not float32."""
     from rankaudit.verify.attacks import fedavg
-    from rankaudit.verify.attacks.invert import gradient_distances
+    from rankaudit.verify.attacks.invert_match import gradient_distances
     from rankaudit.verify.client import LocalTraining
 
     torch.manual_seed(0)

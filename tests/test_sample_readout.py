@@ -12,8 +12,8 @@ from conftest import EXAMPLES
 from rankaudit.bound.images import load_images
 from rankaudit.settings.round import Round
 from rankaudit.verify.attacks import bias
+from rankaudit.verify.client import draw_labels
 from rankaudit.verify.model import build_real_model
-from rankaudit.verify.rank import jacobian as rank
 
 # 3x4x4 images -> Linear 4 -> ReLU -> Linear 3. Unit 0 of fc1 looks along (x_target - mean) and its bias sits
 # between the FIRE_FOR-th and the next largest score, so it fires for exactly FIRE_FOR samples of the batch; units
@@ -116,7 +116,7 @@ def test_the_issues_mlp_round_reads_as_many_samples_as_units_isolate_one():
     for seed in range(4):
         model, _ = build_real_model(spec, (3, 8, 8), seed)
         images, _ = load_images(None, (3, 8, 8), 32, seed)
-        labels = rank.draw_labels(32, "cross-entropy", 10, seed)[None]
+        labels = draw_labels(32, "cross-entropy", 10, seed)[None]
         readout = bias.read_out(
             model,
             images[None].double(),

@@ -6,6 +6,7 @@ import torch
 from conftest import EXAMPLES, analyse_module, measured_rank
 from test_bound import _RandomBranching
 
+from rankaudit.verify.client import draw_labels
 from rankaudit.verify.rank import jacobian as rank
 
 # Token models take ids, not images: their unknowns start at the embedding (see tests/test_dager.py and
@@ -65,7 +66,7 @@ def test_random_branching_nets(seed):
     torch.manual_seed(seed)
     model = _RandomBranching(plan).double()
     images = torch.rand(1, 3, 8, 8, dtype=torch.float64)
-    labels = rank.draw_labels(1, "cross-entropy", 3, seed)
+    labels = draw_labels(1, "cross-entropy", 3, seed)
     measured = rank.measure(model, images, labels, seed=seed, loss="cross-entropy")
     assert measured.rank <= result.identifiability.rank_bound, (plan, measured.rank, result.identifiability)
     if measured.deficit == 0:

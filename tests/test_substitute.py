@@ -10,7 +10,7 @@ from conftest import measured_rank
 from torch import nn
 from torch.func import grad, jvp
 
-from rankaudit.verify.rank import jacobian as rank
+from rankaudit.verify.rank import sketch
 from rankaudit.verify.substitute import SUBSTITUTES, differentiable_ops
 
 # Inputs for each entry's op, and how to call the original and its targets with them.
@@ -169,7 +169,7 @@ def test_efficientnet_and_mobilenetv2_examples_need_no_substitute(example):
     model, _ = build_real_model(str(EXAMPLES / f"{example}.py"), (3, 16, 16), 0)
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     names = [name for name, _ in model.named_parameters()]
-    forward = rank._ForwardOverReverse(model, x, torch.tensor([0]), "cross-entropy", names)
+    forward = sketch._ForwardOverReverse(model, x, torch.tensor([0]), "cross-entropy", names)
     directions = [torch.randn(1, *p.shape, dtype=torch.float64) for p in model.parameters()]
     assert torch.isfinite(forward(directions)).all()
 
@@ -184,7 +184,7 @@ def test_without_the_substitutes_the_example_would_fail():
     x = torch.rand((1, 3, 16, 16), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     net = model.double().eval()
     names = [name for name, _ in net.named_parameters()]
-    forward = rank._ForwardOverReverse(net, x, torch.tensor([0]), "cross-entropy", names)
+    forward = sketch._ForwardOverReverse(net, x, torch.tensor([0]), "cross-entropy", names)
     directions = [torch.randn(1, *p.shape, dtype=torch.float64) for p in net.parameters()]
     with pytest.raises(RuntimeError, match="hardsigmoid_backward"):
         forward(directions)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rankaudit.verify.rank.hidden import ssim
+from rankaudit.verify.image_quality import ssim
 
 GREY_LEVEL = 0.5
 RECOVERED, PARTLY, FAILED = "recovered", "partly recovered", "failed"

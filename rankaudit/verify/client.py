@@ -1,4 +1,5 @@
-"""The client's local training as a differentiable function of its data: the update one round sends (spec §12).
+"""The client's loss and labels, and its local training as a differentiable function of its data: the update one
+round sends (spec §12).
 
 Pure functions of (parameters, inputs) built on ``torch.func``, so that the rank check can take vector-Jacobian
 products through the whole unrolled training and the attack can batch candidates and clients with ``vmap``.
@@ -16,10 +17,11 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from rankaudit.errors import UsageError
 from rankaudit.settings.round import Round
-from rankaudit.verify.rank.jacobian import _loss
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -29,6 +31,54 @@ OTHER_CLIENTS_STEP = 0.05
 # Server rounds the verifiers simulate at most: each one multiplies the sketch's cost; a rank measured over fewer
 # rounds than the bound counts still sits under it (it can only grow with more rounds).
 MAX_SIMULATED_ROUNDS = 8
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits of a forward pass: the tensor itself, a model output's .logits, or a tuple's first element."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise UsageError(
+        f"the model returns {type(output).__name__}, not logits",
+        "return the logits tensor (or an object with .logits) from forward()",
+    )
+
+
+def mean_loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
+    """The mean loss of a batch's output against its labels, by the loss's name."""
+    logits = logits_of(output).reshape(labels.shape[0], -1)
+    if loss == "logistic":
+        return F.softplus(-labels.to(logits.dtype) * logits[:, 0]).mean()
+    return F.cross_entropy(logits, labels)
+
+
+def loss_name_for(logits_per_sample: int) -> str:
+    """The convention of the other attacks: one logit -> the logistic loss, several -> cross-entropy."""
+    return "logistic" if logits_per_sample == 1 else "cross-entropy"
+
+
+def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
+    """Seeded labels as R-GAP draws them: ±1 for the logistic loss, a class index for cross-entropy."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = []
+    for _ in range(count):
+        if loss == "logistic":
+            labels.append(1 if torch.rand((), generator=generator) < 0.5 else -1)
+        else:
+            labels.append(int(torch.randint(classes, (), generator=generator)))
+    return torch.tensor(labels, dtype=torch.long)
+
+
+def round_labels(model, inputs: torch.Tensor, seed: int) -> tuple[torch.Tensor, str]:
+    """Labels for a round's (C, N) inputs, drawn as draw_labels draws them, and the loss they go with."""
+    with torch.no_grad():
+        logits = logits_of(model(inputs[0, :1])).numel()
+    loss = loss_name_for(logits)
+    count = inputs.shape[0] * inputs.shape[1]
+    return draw_labels(count, loss, logits, seed).reshape(inputs.shape[:2]), loss
 
 
 def client_mode(net: nn.Module, bn_mode: str) -> nn.Module:
@@ -79,7 +129,7 @@ class LocalTraining:
 
         def batch_loss(weights, inputs, labels):
             output = functional_call(net, ({**frozen, **weights}, buffers), (inputs,))
-            return _loss(output, labels, loss)
+            return mean_loss(output, labels, loss)
 
         self._gradient: Callable = grad(batch_loss)
 
@@ -207,7 +257,6 @@ def check_local_training(
 
     from torch.func import functional_call
 
-    from rankaudit.errors import UsageError
     from rankaudit.verify import finite
 
     # In float32, as clients train: the rank check's float64 would carry an --lr that no client's training survives
@@ -239,7 +288,7 @@ def check_local_training(
 
     def rerun():
         output = functional_call(net, ({**frozen, **leaves}, buffers), (x,))
-        return output, _loss(output, y, loss)
+        return output, mean_loss(output, y, loss)
 
     where = "at the starting weights" if step == 1 else f"once local training has moved the weights (step {step})"
     error = finite.locate(f"{verifier}, {where}", net, rerun, list(leaves.values()))

@@ -1,15 +1,14 @@
-"""--defense: each defendable verifier's runs without and with every defense, and AdaDefense's cost in training."""
+"""--defense: what a defendable verifier's runs without and with each defense share: settings, thresholds, scale."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rankaudit.errors import UsageError
-from rankaudit.verify.progress import ProgressBar
-
 if TYPE_CHECKING:
-    from rankaudit.result import Result
+    from rankaudit.verify.registry import VerifyContext
 
 # An input attack is degraded when its median MSE at least doubles and leaves the near-perfect zone; it fails when
 # the MSE passes the threshold the verifier reads as a poor reconstruction.
@@ -33,135 +32,43 @@ def strength_note(defense, rms: float, what: str) -> str | None:
     return f"σ = {defense.param:g} is {defense.param / rms:.3g}× the RMS of {what} ({rms:.3g})"
 
 
-def verify_defenses(
-    result: Result,
-    spec: str,
-    defenses: list,
-    *,
-    attacks=("rgap",),
-    samples: int = 4,
-    seed: int = 0,
-    device: str = "auto",
-    data: str | None = None,
-    steps: int = 1000,
-    restarts: int = 2,
-    trials: int = 5,
-    class_dist: str = "random",
-    aux: str | None = None,
-    optimisation: bool = False,
-    training: bool = True,
-    training_rounds: int | None = None,
-    training_clients: int | None = None,
-    show_progress: bool = True,
-) -> dict:
-    """Run each requested attack without and with every defense; fill result.verification['defenses'].
+@dataclass(frozen=True)
+class AttackSettings:
+    """What an attack's undefended run and every defended run take from the request, the device resolved: R-GAP
+    reads samples, data, steps and restarts, GDBR trials, class_dist and aux."""
 
-    ``defenses``: :class:`rankaudit.verify.defenses.Defense` objects (``parse_defense("noise:0.01")``).
-    ``attacks``: the attacks the user asked for, any verifiers the registry lists as defended (``"rgap"`` and/or
-    ``"gdbr"``); the other arguments mean what they mean for ``rgap_check.verify_inputs`` (``samples``, ``data``,
-    ``steps``, ``restarts``) and ``gdbr_check.verify_labels`` (``trials``, ``class_dist``, ``aux``), so call this with the same values to attack the same images and
-    batches: the baseline ("without") is re-run here on them, the defended runs see only the defended gradient.
-    ``optimisation``: where R-GAP runs, also attack every defense with inverting gradients (``steps`` x
-    ``restarts``; slow on a CPU, about 10 s per image and restart for CNN6). R-GAP is exact algebra and breaks
-    under any perturbation, so its failure alone overstates a defense; the optimisation attack degrades gracefully.
+    seed: int
+    device: str
+    show_progress: bool
+    samples: int
+    data: str | None
+    steps: int
+    restarts: int
+    trials: int
+    class_dist: str
+    aux: str | None
 
-    Sets ``result.verification["defenses"]``: one row per (defense, attack) with ``defense``, ``param``, ``spec``,
-    ``label``, ``attack`` ("rgap" | "inverting-gradients" | "gdbr"), ``metric`` ("median_mse" | "ins_acc"),
-    ``without``, ``with``, ``degrades`` (MSE at least doubled and above 1e-3; InsAcc down by at least
-    max(0.05, 1/B)), ``fails_without``/``fails_with`` (MSE > 1e-2; InsAcc no better than guessing equal counts,
-    ``chance``), PSNR or ClsAcc both ways, per-sample/per-trial figures, ``notes`` (about this defense) and
-    ``attack_notes`` (about the attack, the same in every row of that attack). When AdaDefense is among the
-    defenses and ``training`` is true, also ``result.verification["adadefense_training"]`` = {``rounds``,
-    ``clients``, ``accuracy_without``, ``accuracy_with``, ...}: FedAvg on scikit-learn digits with and without
-    the stand-in (:func:`rankaudit.verify.defenses.fedavg_accuracy`, about 4 s each). Returns both as a dict.
-    """
-    from rankaudit.verify import registry
-    from rankaudit.verify.registry import VerifyContext
+    @classmethod
+    def of(cls, context: VerifyContext) -> AttackSettings:
+        from rankaudit.verify.model import resolve_device
 
-    defendable = registry.defendable()
-    unknown = [a for a in attacks if a not in defendable]
-    if unknown:
-        raise UsageError(
-            f"cannot attack defenses with {', '.join(map(str, unknown))}", "use " + " and/or ".join(defendable)
+        return cls(
+            seed=context.seed,
+            device=resolve_device(context.device),
+            show_progress=context.show_progress,
+            samples=context.samples,
+            data=context.data,
+            steps=context.steps,
+            restarts=context.restarts,
+            trials=context.trials,
+            class_dist=context.class_dist,
+            aux=context.aux,
         )
-    defenses = list(defenses)
-    out: dict = {}
-    if not defenses:
-        return out
-    context = VerifyContext(
-        result,
-        spec,
-        seed=seed,
-        device=device,
-        samples=samples,
-        data=data,
-        steps=steps,
-        restarts=restarts,
-        trials=trials,
-        class_dist=class_dist,
-        aux=aux,
-        show_progress=show_progress,
-        requested=tuple(attacks),
-    )
-    rows: list[dict] = []
-    for name in defendable:  # in the registry's order, whatever the order asked
-        if name in attacks:
-            rows += registry.get(name).defended(context, defenses, optimisation=optimisation)
-    result.verification["defenses"] = rows
-    out["defenses"] = rows
-    if training:
-        training_row = verify_training_cost(
-            result, defenses, seed=seed, rounds=training_rounds, clients=training_clients, show_progress=show_progress
-        )
-        if training_row is not None:
-            out["adadefense_training"] = training_row
-    return out
 
 
-def verify_training_cost(
-    result: Result,
-    defenses: list,
-    *,
-    seed: int = 0,
-    rounds: int | None = None,
-    clients: int | None = None,
-    show_progress: bool = True,
-) -> dict | None:
-    """When AdaDefense is among `defenses`: FedAvg with and without its stand-in, in
-    result.verification['adadefense_training']; None otherwise."""
-    from rankaudit.verify import defenses as defense_lib
-
-    ada = next((d for d in defenses if d.name == "adadefense"), None)
-    if ada is not None:
-        kwargs = {
-            "rounds": rounds or defense_lib.FEDAVG_ROUNDS,
-            "clients": clients or defense_lib.FEDAVG_CLIENTS,
-            "seed": seed,
-        }
-        with ProgressBar(2, "FedAvg with and without AdaDefense", enabled=show_progress) as bar:
-            plain = defense_lib.fedavg_accuracy(None, **kwargs)
-            bar.update()
-            defended = defense_lib.fedavg_accuracy(ada, **kwargs)
-            bar.update()
-        training_row = {
-            "rounds": plain["rounds"],
-            "clients": plain["clients"],
-            "local_steps": plain["local_steps"],
-            "local_lr": plain["local_lr"],
-            "batch_size": plain["batch_size"],
-            "accuracy_without": plain["accuracy"],
-            "accuracy_with": defended["accuracy"],
-            "accuracy_cost": plain["accuracy"] - defended["accuracy"],
-            "server_lr_without": plain["server_lr"],
-            "server_lr_with": defended["server_lr"],
-            "defense": ada.spec,
-            "model": plain["model"],
-            "data": plain["data"],
-            "seed": seed,
-            "train_accuracy_without": plain["train_accuracy"],
-            "train_accuracy_with": defended["train_accuracy"],
-            "seconds": round(plain["seconds"] + defended["seconds"], 3),
-        }
-        result.verification["adadefense_training"] = training_row
-        return training_row
-    return None
+def defended_rows(context: VerifyContext, first_run: Callable, rows: Callable, defenses: list, **options) -> list[dict]:
+    """A verifier's `defended`: its undefended run (`first_run`), then `rows` of the runs against each defense on
+    the same inputs, both with the request's settings."""
+    settings = AttackSettings.of(context)
+    run = first_run(context.result, context.spec, settings, title=" without defense")
+    return rows(context.result, run, defenses, settings, **options)

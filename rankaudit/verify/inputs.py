@@ -37,13 +37,3 @@ def round_inputs(result: Result, data: str | None, seed: int, what: str) -> tupl
         )
     flat, source = real_inputs(result, data, round_.clients * round_.samples, seed)
     return flat.reshape(round_.clients, round_.samples, *flat.shape[1:]), source
-
-
-def round_labels(model, inputs: torch.Tensor, seed: int) -> tuple[torch.Tensor, str]:
-    from rankaudit.verify.rank import jacobian as rank
-
-    with torch.no_grad():
-        logits = rank.logits_of(model(inputs[0, :1])).numel()
-    loss = rank.loss_name_for(logits)
-    count = inputs.shape[0] * inputs.shape[1]
-    return rank.draw_labels(count, loss, logits, seed).reshape(inputs.shape[:2]), loss

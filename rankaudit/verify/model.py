@@ -18,7 +18,7 @@ CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "
 # How many mismatched names an error lists before it counts the rest.
 NAMED_IN_ERRORS = 3
 
-# --weights for the verifiers now running (registry.run_verifiers sets it around them): one home, read by
+# --weights for the verifiers now running (run.run_verifiers sets it around them): one home, read by
 # build_real_model, so that every verifier and every defended run builds the model at the same deployed weights.
 _deployed_weights: contextvars.ContextVar[str | None] = contextvars.ContextVar("deployed_weights", default=None)
 

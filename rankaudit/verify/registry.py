@@ -1,4 +1,5 @@
-"""Registry: `--verify NAME` -> the one module that runs it, what it needs, and the record it returns."""
+"""Registry: `--verify NAME` -> the one module that runs it, what it needs, and the record it returns (the verifiers
+run in rankaudit.verify.run)."""
 
 # Each verifier lives beside what it verifies: verify/rank/check.py measures the rank (verify/rank/ holds the
 # measurement), verify/attacks/<name>_check.py runs one attack (verify/attacks/<name>.py is the algorithm, the
@@ -8,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,12 +16,11 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
 if TYPE_CHECKING:
-    from rankaudit.bound.dp import DPSettings
     from rankaudit.result import Result
+    from rankaudit.settings.round import DPSettings
 
 # The CLI lists the verifiers in this order (--verify's choices and help); they run in the order of `Verifier.order`.
 _MODULES = (
@@ -67,7 +66,7 @@ class VerifyContext:
     dp: DPSettings | None = None
     dp_candidates: int | None = None
     defense_specs: tuple[str, ...] = ()  # --defense as given
-    defenses: tuple = ()  # the parsed defenses (rankaudit.verify.defenses.Defense), filled by run_verifiers
+    defenses: tuple = ()  # the parsed defenses (rankaudit.verify.defenses.Defense), filled by run.run_verifiers
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
     rank_precision: str = "auto"
@@ -127,7 +126,7 @@ def defendable() -> list[str]:
     return [name for name, verifier in verifiers().items() if verifier.defended is not None]
 
 
-def _apart(verifier: Verifier) -> bool:
+def runs_apart(verifier: Verifier) -> bool:
     return Need.DP_NOISE in verifier.needs
 
 
@@ -142,7 +141,7 @@ def check_request(requested, defense_specs, flags: dict[str, Any], weights: str 
         )
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file", "name a state dict or checkpoint saved by torch.save")
-    if defense_specs and not [verifier for verifier in chosen if not _apart(verifier)]:
+    if defense_specs and not [verifier for verifier in chosen if not runs_apart(verifier)]:
         raise UsageError(
             "--defense needs an attack to defend against",
             "add " + " and/or ".join(f"--verify {name}" for name in defendable()),
@@ -176,7 +175,7 @@ def check_budget(
     sample_values: int | None = None,
 ) -> None:
     """Refuse, before any work, a verifier run beyond the limits above: one line naming the limit and the flag."""
-    chosen = [name for name in requested if not _apart(get(name))]
+    chosen = [name for name in requested if not runs_apart(get(name))]
     if not chosen:
         return
     what = "--verify " + ", ".join(chosen)
@@ -216,117 +215,4 @@ def check_budget(
             f"one real batch would hold {batch_size * sample_values:.2g} input values (batch {batch_size:,} x "
             f"{sample_values:,} per sample), above the {MAX_BATCH_VALUES:.0e} a verifier allocates",
             "verify at a smaller --batch-size or --input-shape",
-        )
-
-
-def _require_extras(modules: tuple[str, ...]) -> None:
-    try:
-        for module in modules:
-            importlib.import_module(module)
-    except ImportError as exc:
-        raise UsageError(
-            f"--verify needs the verifier's extras ({exc.name} is missing)", install_hint("verify")
-        ) from exc
-
-
-def _file(context: VerifyContext, verifier: Verifier, report_error: Callable[[str], None]) -> dict:
-    """Run one verifier, file its record under its name, say an internal error on stderr (never hidden by -q)."""
-    record = verifier.run(context)
-    context.result.verification[verifier.name] = record
-    if isinstance(record, dict) and record.get("internal_error"):
-        report_error(f"{context.spec}: {record['internal_error']}")
-    return record
-
-
-def _in_order(chosen: list[Verifier]) -> list[Verifier]:
-    unique = {verifier.name: verifier for verifier in chosen}
-    return sorted(unique.values(), key=lambda verifier: verifier.order)
-
-
-def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
-    """Run the requested verifiers on one model: the refusals their needs call for, then each in its order, every
-    one at the --weights given (rankaudit.verify.model.deployed_weights)."""
-    from rankaudit.verify.model import deployed_weights, read_state_dict
-
-    if context.weights is not None:
-        read_state_dict(context.weights)  # a missing or unreadable file is refused before any verifier runs
-    with deployed_weights(context.weights):
-        _run_verifiers(requested, context, report_error)
-
-
-def _run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
-    import math
-
-    from rankaudit.model import supervise
-
-    shape = context.result.input_shape
-    shapes = shape.values() if isinstance(shape, dict) else [shape]
-    check_budget(
-        requested,
-        steps=context.steps,
-        samples=context.samples,
-        trials=context.trials,
-        batch_size=context.result.batch_size,
-        restarts=context.restarts,
-        sample_values=sum(math.prod(one) for one in shapes),
-    )
-    chosen = [get(name) for name in requested]
-    for verifier in _in_order([verifier for verifier in chosen if _apart(verifier)]):
-        _file(context, verifier, report_error)
-    group = [verifier for verifier in chosen if not _apart(verifier)]
-    if not group:
-        return
-    supervise.enter(f"--verify {', '.join(verifier.name for verifier in group)} of {context.spec}")
-    if context.in_round:
-        single = [verifier.name for verifier in group if Need.ROUND not in verifier.needs]
-        if single or context.defense_specs:
-            from rankaudit.settings.levels import count
-
-            round_ = context.result.round
-            what = f"--verify {single[0]}" if single else "--defense"
-            raise UsageError(
-                f"{what} reads one shared gradient, and this round sends the update of "
-                f"{count(round_.steps, 'local step')} from {count(round_.clients, 'client')}",
-                "verify this round with --verify rank or --verify rgap (the FedAvg inversion), or drop the round's "
-                "flags to check one gradient",
-            )
-        if any(Need.IMAGES in verifier.needs for verifier in group):
-            _require_extras(("PIL", "scipy"))  # the round's attack matches reconstructions to originals
-    else:
-        if context.defense_specs and not [verifier for verifier in group if verifier.defended is not None]:
-            raise UsageError(
-                "--defense applies to the "
-                + " and ".join(defendable())
-                + " attacks; --verify rank measures the undefended gradient",
-                "add " + " and/or ".join(f"--verify {name}" for name in defendable()) + ", or drop --defense",
-            )
-        # Token batches need neither images nor Pillow: they run before the image verifiers' extras are checked.
-        for verifier in _in_order([verifier for verifier in group if Need.TOKENS in verifier.needs]):
-            _file(context, verifier, report_error)
-        group = [verifier for verifier in group if Need.TOKENS not in verifier.needs]
-        if not group:
-            return
-        if any(Need.IMAGES in verifier.needs for verifier in group):
-            _require_extras(("PIL",))
-        if context.artifacts and context.several:
-            context = dataclasses.replace(
-                context, artifacts=str(Path(context.artifacts) / Path(context.spec.rsplit(":", 1)[0]).stem)
-            )
-        if context.defense_specs:
-            from rankaudit.verify.defenses import parse_defense
-
-            # A bad spec is a UsageError: exit 2.
-            context = dataclasses.replace(context, defenses=tuple(parse_defense(s) for s in context.defense_specs))
-    for verifier in group:
-        if verifier.preflight is not None:
-            verifier.preflight(context)
-    first = [get(name) for verifier in group for name in verifier.runs_first(context)]
-    # Each attack runs once undefended; its defended runs reuse the same model, images and batches.
-    for verifier in _in_order(first + group):
-        _file(context, verifier, report_error)
-    if context.defenses:
-        from rankaudit.verify.defense_runs import verify_training_cost
-
-        verify_training_cost(
-            context.result, list(context.defenses), seed=context.seed, show_progress=context.show_progress
         )

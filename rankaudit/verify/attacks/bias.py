@@ -98,7 +98,7 @@ class _Features:
         """{layer: [(input, ∂L/∂output) per call]}."""
         from torch.func import functional_call
 
-        from rankaudit.verify.rank.jacobian import _loss
+        from rankaudit.verify.client import mean_loss
 
         self.seen = {name: [] for name, _ in self.layers}
         try:
@@ -106,7 +106,7 @@ class _Features:
                 values = {name: value.detach().requires_grad_() for name, value in weights.items()}
                 output = functional_call(self.net, ({**self.fixed, **values}, self.buffers), (inputs,))
                 outputs = [out for name, _ in self.layers for _, out in self.seen[name]]
-                grads = torch.autograd.grad(_loss(output, labels, self.loss), outputs, allow_unused=True)
+                grads = torch.autograd.grad(mean_loss(output, labels, self.loss), outputs, allow_unused=True)
             found, at = {}, 0
             for name, _ in self.layers:
                 found[name] = []
@@ -280,7 +280,7 @@ def read_out(
 
 def _nearest_psnr(candidates: torch.Tensor, x: torch.Tensor) -> list[tuple[int, float | None]]:
     """For a layer that reads the input: each sample's PSNR against its nearest ratio (None: identical)."""
-    from rankaudit.verify.rank.hidden import psnr
+    from rankaudit.verify.image_quality import psnr
 
     if not len(candidates):
         return []
@@ -311,7 +311,8 @@ def verify_bias(
 
     from rankaudit.errors import UsageError
     from rankaudit.verify.attacks.fedavg import check_attack_round_size
-    from rankaudit.verify.inputs import real_inputs, round_labels
+    from rankaudit.verify.client import round_labels
+    from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device
     from rankaudit.verify.rank import jacobian as rank
 

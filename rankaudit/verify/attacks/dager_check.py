@@ -56,7 +56,7 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
 
     from rankaudit.model.load import load_model
     from rankaudit.trace.inputs import input_specs
-    from rankaudit.verify.attacks import dager
+    from rankaudit.verify.attacks import dager_call
     from rankaudit.verify.model import build_real_model
 
     named = {info.name: info for info in result.inputs}
@@ -70,7 +70,7 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
     model = model.to(device)
     loaded = load_model(spec, shape, device="meta", input_dtype=dtype)
     specs = [s for s in input_specs(model, shape, dtype) if s.name in named or s.same_as]
-    return model, weights, dager.forward_call(model, specs, loaded.forward_kwargs)
+    return model, weights, dager_call.forward_call(model, specs, loaded.forward_kwargs)
 
 
 def verify_tokens(
@@ -123,7 +123,7 @@ def verify_tokens(
 def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str, device: str, seconds: float) -> dict:
     """The JSON shape of verification.dager, and whether the run agrees with the static finding: exposed when any
     layer of the group is (their gradients together span at least what the exposed one's does)."""
-    from rankaudit.verify.attacks import dager
+    from rankaudit.verify.attacks import dager_span
 
     target = next((layer for layer in group if layer.exposed), group[0])
 
@@ -168,7 +168,7 @@ def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str
         f"numerical rank: singular values of the gradient{'s' if len(group) > 1 else ''} ({outcome.d_in} rows"
         f"{', each layer scaled to unit norm' if len(group) > 1 else ''}) above σ_1 · max(rows, columns) · ε "
         f"(float64) = {basis.tolerance:.3g}",
-        f"a candidate is in the span when its distance to it is below {dager.DISTANCE_THRESHOLD:g} of its norm; "
+        f"a candidate is in the span when its distance to it is below {dager_span.DISTANCE_THRESHOLD:g} of its norm; "
         f"tested {outcome.method}, {outcome.candidates_tested:,} vectors",
     ] + outcome.notes
     if outcome.nearest_rejected is not None:
@@ -186,7 +186,7 @@ def dager_summary(outcome, group, batch_size: int, vocabulary: int, weights: str
         "rank": basis.rank,
         "rank_tolerance": basis.tolerance,
         "singular_gap": [basis.last_kept, basis.first_dropped],
-        "distance_threshold": dager.DISTANCE_THRESHOLD,
+        "distance_threshold": dager_span.DISTANCE_THRESHOLD,
         "position_dependent": outcome.position_dependent,
         "candidates_tested": outcome.candidates_tested,
         "true_tokens": len(true_tokens),

@@ -58,7 +58,7 @@ def unit_gradients(
     """
     from torch.func import functional_call, grad, vmap
 
-    from rankaudit.verify.rank.jacobian import _loss
+    from rankaudit.verify.client import mean_loss
 
     net = model.to(device)
     params = {name: p.detach() for name, p in net.named_parameters() if p.requires_grad}
@@ -70,7 +70,7 @@ def unit_gradients(
     buffers = {name: b.detach() for name, b in net.named_buffers()}
 
     def unit_loss(values, x, y):
-        return _loss(functional_call(net, (values, buffers), (x,)), y, loss)
+        return mean_loss(functional_call(net, (values, buffers), (x,)), y, loss)
 
     per_unit = vmap(grad(unit_loss), in_dims=(None, 0, 0))
     flat = []
@@ -256,9 +256,9 @@ def verify_dp(
     """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
     from rankaudit.bound import dp
     from rankaudit.settings import dp_options
+    from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device
-    from rankaudit.verify.rank import jacobian as rank
 
     dp_options.validate(settings)
     if candidates < 2:
@@ -291,9 +291,9 @@ def verify_dp(
     model, weights = build_real_model(spec, result.input_shape, seed)
     inputs, source = real_inputs(result, data, units * per_unit, seed)
     with torch.no_grad():
-        logits = rank.logits_of(model(inputs[:1])).numel()
-    loss = rank.loss_name_for(logits)
-    labels = rank.draw_labels(len(inputs), loss, logits, seed)
+        logits = logits_of(model(inputs[:1])).numel()
+    loss = loss_name_for(logits)
+    labels = draw_labels(len(inputs), loss, logits, seed)
     shape = tuple(inputs.shape[1:])
     if client:
         gradients = client_updates(

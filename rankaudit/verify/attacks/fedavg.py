@@ -25,14 +25,9 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.settings.round import Round
-from rankaudit.verify.attacks.invert import (
-    DEFAULT_LR,
-    DEFAULT_TV_UNTIL,
-    adam_update,
-    gradient_distances,
-    psnr_from_mse,
-    total_variations,
-)
+from rankaudit.verify.attacks.invert import DEFAULT_LR, DEFAULT_TV_UNTIL
+from rankaudit.verify.attacks.invert_loop import adam_update
+from rankaudit.verify.attacks.invert_match import gradient_distances, psnr_from_mse, total_variations
 from rankaudit.verify.baselines import GREY_LEVEL
 from rankaudit.verify.client import LocalTraining, check_local_training
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import statistics
 import sys
 import time
@@ -14,19 +13,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rankaudit.verify import AttackUnsupported, finite
+from rankaudit.verify.attacks.gdbr_bridge import BridgeLink, GDBRUnsupported, bridge_inverses, bridge_path
+from rankaudit.verify.attacks.gdbr_victims import client_gradient, victim_batch
 
 __all__ = [
-    "CLASS_DISTRIBUTIONS",
     "ESTIMATORS",
-    "GDBRUnsupported",
-    "BridgeLink",
     "GDBRResult",
-    "victim_batch",
-    "held_out_images",
-    "init_like_paper",
-    "client_gradient",
-    "bridge_path",
     "gdbr_attack",
     "largest_remainder",
     "ins_acc",
@@ -34,47 +26,11 @@ __all__ = [
     "run_gdbr",
 ]
 
-CLASS_DISTRIBUTIONS = ("random", "uniform", "single", "imbalanced")
 # "diagonal" is Eq. 14/17 as printed; "rank_one" fits all of ∇W̄ Wᵀ (see _activation_gradient).
 ESTIMATORS = ("rank_one", "diagonal")
-
 # The paper samples 1,000 auxiliary inputs (Sec. V-A); dummies follow the same count.
 DEFAULT_DUMMIES = 1000
-# Table I leaves "imbalanced" unspecified; halving each next class's weight gives a clearly skewed batch.
-_IMBALANCE_RATIO = 0.5
-# The attacker's auxiliary data is the held-out share of load_digits, never seen in a victim batch.
-_HELD_OUT_FRACTION = 0.3
-_DIGITS_SPLIT_SEED = 0
 _FORWARD_CHUNK = 256
-
-_RELU_FUNCTIONS = {F.relu, torch.relu, F.leaky_relu, torch.relu_, F.relu_, F.leaky_relu_}
-_RELU_METHODS = {"relu", "relu_"}
-_PASS_MODULES = (
-    nn.Flatten,
-    nn.Identity,
-    nn.Dropout,
-    nn.Dropout1d,
-    nn.Dropout2d,
-    nn.Dropout3d,
-    nn.AlphaDropout,
-    nn.Unflatten,
-)
-_PASS_FUNCTIONS = {torch.flatten, torch.reshape, F.dropout}
-_PASS_METHODS = {"view", "reshape", "flatten", "contiguous"}
-_SHAPE_QUERIES = {"size", "dim", "numel"}
-
-
-class GDBRUnsupported(AttackUnsupported):
-    """The gradient bridge cannot reach the logits from the shared layer; ``layer`` names what stops it."""
-
-
-@dataclass(frozen=True)
-class BridgeLink:
-    """One op between the shared layer and the logits: a Linear to invert, a ReLU, or a reshape."""
-
-    kind: str  # "linear" | "relu" | "reshape"
-    name: str
-    slope: float = 0.0  # LeakyReLU's negative slope; 0 for ReLU
 
 
 @dataclass
@@ -94,319 +50,6 @@ class GDBRResult:
     estimator: str = "rank_one"
     features_from: str = "dummy"  # "dummy" N(0,1) inputs or "aux" data
     device: str = "cpu"
-
-
-# --------------------------------------------------------------------------- victim data
-
-
-@functools.lru_cache(maxsize=1)
-def _digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(_DIGITS_SPLIT_SEED))
-    cut = len(labels) - int(len(labels) * _HELD_OUT_FRACTION)
-    return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
-
-
-def _to_model_shape(images_8x8: torch.Tensor, input_shape: tuple[int, ...]) -> torch.Tensor:
-    channels, height, width = (int(s) for s in input_shape)
-    resized = F.interpolate(images_8x8.unsqueeze(1), size=(height, width), mode="bilinear", align_corners=False)
-    return resized.clamp(0.0, 1.0).expand(-1, channels, -1, -1).contiguous()
-
-
-def _class_counts(class_dist: str, n_classes: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    if class_dist == "uniform":
-        counts = torch.full((n_classes,), batch_size // n_classes, dtype=torch.long)
-        counts[torch.randperm(n_classes, generator=gen)[: batch_size % n_classes]] += 1
-        return counts
-    if class_dist == "single":
-        counts = torch.zeros(n_classes, dtype=torch.long)
-        counts[int(torch.randint(n_classes, (1,), generator=gen))] = batch_size
-        return counts
-    if class_dist == "imbalanced":
-        weights = torch.empty(n_classes, dtype=torch.float64)
-        weights[torch.randperm(n_classes, generator=gen)] = _IMBALANCE_RATIO ** torch.arange(
-            n_classes, dtype=torch.float64
-        )
-        draws = torch.multinomial(weights, batch_size, replacement=True, generator=gen)
-        return torch.bincount(draws, minlength=n_classes)
-    raise ValueError(f"class_dist must be one of {CLASS_DISTRIBUTIONS}, got {class_dist!r}")
-
-
-def _draw(pool: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
-    if count <= len(pool):
-        return pool[torch.randperm(len(pool), generator=gen)[:count]]
-    return pool[torch.randint(len(pool), (count,), generator=gen)]
-
-
-def victim_batch(
-    n_classes: int, input_shape: tuple[int, int, int], batch_size: int, class_dist: str = "random", seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A labelled batch of real digits (scikit-learn's 8x8 ``load_digits``) resized to ``input_shape``.
-
-    Images are bilinearly resized to H x W, lie in [0, 1] and are copied into every channel.
-    Labels use classes ``0 .. min(n_classes, 10) - 1``. ``class_dist`` follows Table I of the paper:
-    ``random`` draws images uniformly (any class mix), ``uniform`` gives every class the same count
-    (the remainder to random classes), ``single`` one random class only, ``imbalanced`` draws classes
-    with geometric weights 1, 1/2, 1/4, ... over a random class order. Images come from the victim
-    share of the data set; :func:`held_out_images` returns the disjoint rest.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if class_dist not in CLASS_DISTRIBUTIONS:
-        raise ValueError(f"class_dist must be one of {CLASS_DISTRIBUTIONS}, got {class_dist!r}")
-    images, labels, _, _ = _digits_split()
-    n_used = min(int(n_classes), 10)
-    if n_used < 1:
-        raise ValueError(f"n_classes must be positive, got {n_classes}")
-    gen = torch.Generator().manual_seed(int(seed))
-    allowed = torch.nonzero(labels < n_used).squeeze(1)
-    if class_dist == "random":
-        chosen = _draw(allowed, batch_size, gen)
-    else:
-        counts = _class_counts(class_dist, n_used, batch_size, gen)
-        parts = [_draw(torch.nonzero(labels == c).squeeze(1), int(k), gen) for c, k in enumerate(counts.tolist()) if k]
-        chosen = torch.cat(parts)
-        chosen = chosen[torch.randperm(len(chosen), generator=gen)]
-    return _to_model_shape(images[chosen], input_shape), labels[chosen].clone()
-
-
-def held_out_images(input_shape: tuple[int, int, int], n_classes: int = 10) -> torch.Tensor:
-    """The attacker's auxiliary data: the held-out digits (about 54 per class), never in a victim batch."""
-    _, _, images, labels = _digits_split()
-    return _to_model_shape(images[labels < min(int(n_classes), 10)], input_shape)
-
-
-# --------------------------------------------------------------------------- model set-up and client
-
-
-def init_like_paper(model: nn.Module, bottom_layers: list[str], seed: int | None = None) -> nn.Module:
-    """Weights of ``bottom_layers`` ~ U(0.01, 0.2) and their bias 0, as in Sec. V-A; returns ``model``.
-
-    Positive weights on non-negative inputs keep every unit of these layers active, which is what
-    Theorem 1's ReLU steps and the division by ã assume.
-    """
-    gen = None if seed is None else torch.Generator().manual_seed(int(seed))
-    with torch.no_grad():
-        for name in bottom_layers:
-            layer = model.get_submodule(name)
-            weight = getattr(layer, "weight", None)
-            if not isinstance(weight, torch.Tensor):
-                raise ValueError(f"{name} has no weight to initialise")
-            fresh = torch.empty(weight.shape, dtype=weight.dtype).uniform_(0.01, 0.2, generator=gen)
-            weight.copy_(fresh)
-            if getattr(layer, "bias", None) is not None:
-                layer.bias.zero_()
-    return model
-
-
-def client_gradient(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What a FedSGD client shares: the gradient of the batch-mean cross-entropy (eval mode, so dropout is off)."""
-    was_training = model.training
-    model.eval()
-    try:
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-
-        def output_and_loss():
-            output = model(images)
-            return output, F.cross_entropy(output, labels)
-
-        with torch.enable_grad():
-            output, loss = output_and_loss()
-            grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        # Label counts read off a NaN gradient are not a result: refuse, naming the op that made it.
-        finite.require_finite(
-            "--verify gdbr",
-            (output, loss),
-            grads,
-            model=model,
-            rerun=output_and_loss,
-            parameters=[p for _, p in named],
-            inputs=images,
-        )
-    finally:
-        model.train(was_training)
-    return {name: (torch.zeros_like(p) if g is None else g).detach() for (name, p), g in zip(named, grads)}
-
-
-# --------------------------------------------------------------------------- the bridge
-
-
-def _is_shape_query(node: torch.fx.Node) -> bool:
-    """``x.size(0)`` and friends read a shape, not values: not a branch of the gradient."""
-    return (node.op == "call_method" and node.target in _SHAPE_QUERIES) or (
-        node.op == "call_function"
-        and getattr(node.target, "__name__", "") == "getattr"
-        and len(node.args) > 1
-        and node.args[1] == "shape"
-    )
-
-
-def _chain_input(node: torch.fx.Node) -> torch.fx.Node | None:
-    args = list(node.args) + list(node.kwargs.values())
-    return args[0] if args and isinstance(args[0], torch.fx.Node) else None
-
-
-def _classify(node: torch.fx.Node, modules: dict[str, nn.Module]) -> BridgeLink:
-    """What one op on the path does to the bridge; raise GDBRUnsupported for anything it cannot pass."""
-    if node.op == "call_module":
-        module = modules[node.target]
-        name = str(node.target)
-        if isinstance(module, nn.Linear):
-            return BridgeLink("linear", name)
-        if isinstance(module, nn.ReLU):
-            return BridgeLink("relu", name)
-        if isinstance(module, nn.LeakyReLU):
-            return BridgeLink("relu", name, float(module.negative_slope))
-        if isinstance(module, _PASS_MODULES):
-            return BridgeLink("reshape", name)
-        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            raise GDBRUnsupported(
-                name,
-                f"{type(module).__name__} above the shared layer: the bridge (W Wᵀ)⁻¹W "
-                "passes Linear layers only (GDBR Eq. 18-19)",
-            )
-        raise GDBRUnsupported(
-            name,
-            f"{type(module).__name__} lies on the bridge; it passes only Linear, ReLU, "
-            "LeakyReLU and reshapes (Lemma 4: ∇z ⊙ z = ∇a ⊙ a needs a ReLU-like activation)",
-        )
-    if node.op == "call_function":
-        if node.target in _RELU_FUNCTIONS:
-            slope = 0.0
-            if node.target in (F.leaky_relu, F.leaky_relu_):
-                slope = float(node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01))
-            return BridgeLink("relu", node.name, slope)
-        if node.target in _PASS_FUNCTIONS:
-            return BridgeLink("reshape", node.name)
-        what = getattr(node.target, "__name__", str(node.target))
-        raise GDBRUnsupported(
-            node.name, f"{what} lies on the bridge; it passes only Linear, ReLU, LeakyReLU and reshapes"
-        )
-    if node.op == "call_method":
-        if node.target in _RELU_METHODS:
-            return BridgeLink("relu", node.name)
-        if node.target in _PASS_METHODS:
-            return BridgeLink("reshape", node.name)
-        raise GDBRUnsupported(
-            node.name, f".{node.target}() lies on the bridge; it passes only Linear, ReLU, LeakyReLU and reshapes"
-        )
-    raise GDBRUnsupported(node.name, f"{node.op} node on the bridge")
-
-
-def bridge_path(model: nn.Module, shared_layer: str) -> list[BridgeLink]:
-    """The ops from ``shared_layer``'s output to the logits; raises GDBRUnsupported for what the bridge cannot pass.
-
-    Checks structure only (op kinds, single chain, widening Linears); a Linear that is numerically
-    rank-deficient is caught when the attack builds its (W Wᵀ)⁻¹W.
-    """
-    try:
-        graph_module = torch.fx.symbolic_trace(model)
-    except Exception as exc:  # fx raises many types for data-dependent control flow
-        raise GDBRUnsupported(
-            type(model).__name__,
-            f"torch.fx cannot trace the model ({type(exc).__name__}): the bridge needs a static chain to the logits",
-        ) from exc
-    modules = dict(graph_module.named_modules())
-    calls = [n for n in graph_module.graph.nodes if n.op == "call_module" and n.target == shared_layer]
-    if not calls:
-        if shared_layer not in modules:
-            raise ValueError(f"no module named {shared_layer!r} in {type(model).__name__}")
-        raise GDBRUnsupported(shared_layer, "is not called in the traced forward pass")
-    if len(calls) > 1:
-        raise GDBRUnsupported(shared_layer, f"is applied {len(calls)} times: its gradient sums several uses")
-    shared_module = modules[shared_layer]
-    if not isinstance(shared_module, (nn.Linear, nn.Conv2d)):
-        raise GDBRUnsupported(
-            shared_layer,
-            f"{type(shared_module).__name__}: GDBR reads ∇a from the weight gradient "
-            "of a Linear or Conv2d layer only (Theorems 1-2)",
-        )
-    if isinstance(shared_module, nn.Conv2d) and shared_module.groups != 1:
-        raise GDBRUnsupported(
-            shared_layer, "grouped convolution: ⟨∇W_k, W_j⟩ pairs kernels that see different input channels"
-        )
-    links: list[BridgeLink] = []
-    node = calls[0]
-    while True:
-        users = [user for user in node.users if not _is_shape_query(user)]
-        if len(users) != 1:
-            where = shared_layer if node is calls[0] else links[-1].name
-            raise GDBRUnsupported(
-                where,
-                f"its output feeds {len(users)} ops (a branch or skip connection): "
-                "the bridge follows a single chain to the logits",
-            )
-        nxt = users[0]
-        if nxt.op == "output":
-            break
-        if _chain_input(nxt) is not node:
-            raise GDBRUnsupported(nxt.name, "combines the chain with another tensor: the bridge follows a chain only")
-        link = _classify(nxt, modules)
-        if link.kind == "linear" and modules[link.name].out_features > modules[link.name].in_features:
-            layer = modules[link.name]
-            raise GDBRUnsupported(link.name, _widens(layer.in_features, layer.out_features))
-        links.append(link)
-        node = nxt
-    if not any(link.kind == "linear" for link in links):
-        raise GDBRUnsupported(
-            shared_layer,
-            "produces the logits: GDBR bridges from a hidden layer (the logits "
-            "layer's own gradient is the one assumed withheld)",
-        )
-    return links
-
-
-def _widens(width_in: int, width_out: int) -> str:
-    return (
-        f"widens {width_in} -> {width_out}: W Wᵀ ({width_out}x{width_out}) has rank at most {width_in}, so "
-        "(W Wᵀ)⁻¹W does not exist and the bridge is blocked"
-    )
-
-
-class _LeftInverse:
-    """(W Wᵀ)⁻¹W for one Linear, the left inverse of its backward map Wᵀ; raises when W is not full row rank."""
-
-    def __init__(self, weight: torch.Tensor, name: str):
-        rows, cols = weight.shape
-        if rows > cols:
-            raise GDBRUnsupported(name, _widens(cols, rows))
-        self.weight = weight.to(torch.float64)
-        gram = self.weight @ self.weight.T
-        cholesky, info = torch.linalg.cholesky_ex(gram)
-        # A (near-)dependent row leaves a pivot L_ii² at rounding level of the float32 weights the
-        # client holds; Cholesky pivots are far cheaper than an eigen- or singular-value sweep,
-        # which MKL makes very slow on these near-rank-one positive Gram matrices.
-        pivots = cholesky.diagonal().square()
-        tol = gram.diagonal().max() * (max(rows, cols) * torch.finfo(torch.float32).eps) ** 2
-        deficient = int(info) != 0 or bool((pivots <= tol).any()) or not bool(torch.isfinite(pivots).all())
-        if deficient:
-            raise GDBRUnsupported(
-                name,
-                f"W ({rows}x{cols}) is not full row rank: W Wᵀ is singular, so "
-                "(W Wᵀ)⁻¹W does not exist and the bridge is blocked",
-            )
-        self.cholesky = cholesky
-
-    def __call__(self, grad_input: torch.Tensor) -> torch.Tensor:
-        rhs = (self.weight @ grad_input).unsqueeze(-1)
-        return torch.cholesky_solve(rhs, self.cholesky).squeeze(-1)
-
-
-def _bridge(model: nn.Module, links: list[BridgeLink]) -> list[_LeftInverse]:
-    """Every later Linear's (W Wᵀ)⁻¹W, in order from the shared layer up to the logits (Eq. 18-19).
-
-    ReLUs are passed as identities: with the paper's positive bottom layers every unit is active,
-    so ∇z = ∇a there (Theorem 1's proof). Reshapes do not touch a flattened gradient.
-    """
-    return [
-        _LeftInverse(model.get_submodule(link.name).weight.detach(), link.name)
-        for link in links
-        if link.kind == "linear"
-    ]
 
 
 # --------------------------------------------------------------------------- estimation
@@ -579,7 +222,7 @@ def _attack(
 ) -> torch.Tensor:
     """Steps 1-4 of gdbr_attack on a model already on ``dev`` and in eval mode."""
     shared = net.get_submodule(shared_layer)
-    bridge = _bridge(net, links)
+    bridge = bridge_inverses(net, links)
     first_act = next((link for link in links if link.kind != "reshape"), None)
     first_act = first_act if first_act is not None and first_act.kind == "relu" else None
     gen = torch.Generator().manual_seed(int(seed))

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.verify.defense_runs import DEGRADED_INS_ACC_DROP, WARMUP_SEED_OFFSET, rms, strength_note
+from rankaudit.verify.defense_runs import (
+    DEGRADED_INS_ACC_DROP,
+    WARMUP_SEED_OFFSET,
+    AttackSettings,
+    defended_rows,
+    rms,
+    strength_note,
+)
 from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 
@@ -20,45 +27,12 @@ if TYPE_CHECKING:
 
 def run(context: VerifyContext) -> dict:
     """GDBR on real labelled digits, with the defended runs of --defense on the same batches."""
-    return verify_labels(
-        context.result,
-        context.spec,
-        trials=context.trials,
-        class_dist=context.class_dist,
-        aux=context.aux,
-        device=context.device,
-        seed=context.seed,
-        show_progress=context.show_progress,
-        defenses=list(context.defenses),
-    )
+    return verify_labels(context.result, context.spec, AttackSettings.of(context), list(context.defenses))
 
 
 def defended(context: VerifyContext, defenses: list, *, optimisation: bool = False) -> list[dict]:
     """The undefended attack and one against each defense, on the same batches: a row per defense."""
-    from rankaudit.verify.model import resolve_device
-
-    device = resolve_device(context.device)
-    run = _label_run(
-        context.result,
-        context.spec,
-        trials=context.trials,
-        class_dist=context.class_dist,
-        aux=context.aux,
-        seed=context.seed,
-        device=device,
-        show_progress=context.show_progress,
-        title=" without defense",
-    )
-    return _label_rows(
-        context.result,
-        run,
-        defenses,
-        trials=context.trials,
-        class_dist=context.class_dist,
-        seed=context.seed,
-        device=device,
-        show_progress=context.show_progress,
-    )
+    return defended_rows(context, _label_run, _label_rows, defenses)
 
 
 VERIFIER = Verifier(
@@ -90,7 +64,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     import torch
 
     from rankaudit.bound import images as image_data
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks.gdbr_victims import held_out_images
 
     generator = torch.Generator().manual_seed(seed + 7919)
     if aux in (None, "dummy"):
@@ -99,7 +73,7 @@ def _aux_images(aux: str | None, input_shape: tuple[int, ...], seed: int) -> tup
     if aux == "normal":
         return torch.randn((1000, *input_shape), generator=generator), "dummy inputs, standard normal"
     if aux == "digits":
-        return gdbr.held_out_images(tuple(input_shape)), "held-out scikit-learn digits (never in a victim batch)"
+        return held_out_images(tuple(input_shape)), "held-out scikit-learn digits (never in a victim batch)"
     try:
         images, source = image_data.load_images(aux, tuple(input_shape), 1000, seed)
     except image_data.DataError as exc:
@@ -124,7 +98,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     from torch import nn
 
     from rankaudit.model.load import load_model
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
     from rankaudit.verify.model import deployed_weights_file, load_weights, read_state_dict
 
     layer = _gdbr_layer(result)
@@ -142,43 +116,30 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
     if deployed is not None:  # --weights: the attack reads the gradient at the weights that are sent
         load_weights(model, read_state_dict(deployed), deployed)
     else:
-        gdbr.init_like_paper(model, bottom, seed=seed)
+        gdbr_victims.init_like_paper(model, bottom, seed=seed)
     aux_images, aux_source = _aux_images(aux, tuple(result.input_shape), seed)
     return layer, model, bottom, aux_images, aux_source
 
 
-def _run_gdbr(
-    model,
-    layer,
-    result: Result,
-    *,
-    trials,
-    class_dist,
-    aux_images,
-    device,
-    seed,
-    show_progress,
-    defense=None,
-    title: str = "",
-):
-    from rankaudit.verify.attacks import gdbr
+def _run_gdbr(model, layer, result: Result, settings: AttackSettings, aux_images, *, defense=None, title: str = ""):
+    from rankaudit.verify.attacks import gdbr, gdbr_bridge
 
     try:
-        with ProgressBar(trials, f"GDBR{title}", enabled=show_progress) as per_trial:
+        with ProgressBar(settings.trials, f"GDBR{title}", enabled=settings.show_progress) as per_trial:
             return gdbr.run_gdbr(
                 model,
                 layer,
                 result.batch_size,
-                trials=trials,
-                class_dist=class_dist,
+                trials=settings.trials,
+                class_dist=settings.class_dist,
                 aux=aux_images,
-                device=device,
-                seed=seed,
+                device=settings.device,
+                seed=settings.seed,
                 progress=per_trial,
                 input_shape=tuple(result.input_shape),
                 defense=defense,
             )
-    except gdbr.GDBRUnsupported as exc:
+    except gdbr_bridge.GDBRUnsupported as exc:
         raise ModelLoadError(
             f"GDBR cannot read {layer}: {exc.reason} (at {exc.layer})",
             "share another hidden layer with --shared-layers",
@@ -198,79 +159,23 @@ class _LabelRun:
     chance: float
 
 
-def _label_run(
-    result: Result,
-    spec: str,
-    *,
-    trials: int,
-    class_dist: str,
-    aux: str | None,
-    seed: int,
-    device: str,
-    show_progress: bool,
-    title: str = "",
-) -> _LabelRun:
-    layer, model, bottom, aux_images, aux_source = _label_setup(result, spec, seed, aux)
-    outcome = _run_gdbr(
-        model,
-        layer,
-        result,
-        trials=trials,
-        class_dist=class_dist,
-        aux_images=aux_images,
-        device=device,
-        seed=seed,
-        show_progress=show_progress,
-        title=title,
-    )
+def _label_run(result: Result, spec: str, settings: AttackSettings, title: str = "") -> _LabelRun:
+    layer, model, bottom, aux_images, aux_source = _label_setup(result, spec, settings.seed, settings.aux)
+    outcome = _run_gdbr(model, layer, result, settings, aux_images, title=title)
     # InsAcc of a random-class batch is high even for an attacker who reads nothing; say what that level is.
-    chance = _chance_ins_acc(model, result, class_dist, trials, seed)
+    chance = _chance_ins_acc(model, result, settings.class_dist, settings.trials, settings.seed)
     return _LabelRun(layer, model, bottom, aux_images, aux_source, outcome, chance)
 
 
-def verify_labels(
-    result: Result,
-    spec: str,
-    *,
-    trials: int = 5,
-    class_dist: str = "random",
-    aux: str | None = None,
-    device: str = "auto",
-    seed: int = 0,
-    show_progress: bool = True,
-    defenses: list = (),
-) -> dict:
+def verify_labels(result: Result, spec: str, settings: AttackSettings, defenses: list = ()) -> dict:
     """Run GDBR on real labelled digits from one shared layer's gradient; fill result.verification['gdbr'].
 
     With `defenses`, also run GDBR on each defended gradient of the same batches and add the rows to
     result.verification['defenses'], without running the undefended attack again.
     """
-    from rankaudit.verify.model import resolve_device
-
-    device = resolve_device(device)
-    run = _label_run(
-        result,
-        spec,
-        trials=trials,
-        class_dist=class_dist,
-        aux=aux,
-        seed=seed,
-        device=device,
-        show_progress=show_progress,
-    )
+    run = _label_run(result, spec, settings)
     if defenses:
-        result.verification.setdefault("defenses", []).extend(
-            _label_rows(
-                result,
-                run,
-                list(defenses),
-                trials=trials,
-                class_dist=class_dist,
-                seed=seed,
-                device=device,
-                show_progress=show_progress,
-            )
-        )
+        result.verification.setdefault("defenses", []).extend(_label_rows(result, run, list(defenses), settings))
     layer, bottom, aux_source, outcome, chance = run.layer, run.bottom, run.aux_source, run.outcome, run.chance
     verification = {
         "shared_layer": layer,
@@ -281,7 +186,7 @@ def verify_labels(
         "seconds": round(outcome.seconds, 3),
         "recovered": {str(k): v for k, v in sorted(outcome.recovered.items())},
         "true": {str(k): v for k, v in sorted(outcome.true.items())},
-        "class_dist": class_dist,
+        "class_dist": settings.class_dist,
         "features_from": aux_source,
         "estimator": outcome.estimator,
         "device": outcome.device,
@@ -297,7 +202,7 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
     """InsAcc of an attacker who reads nothing and guesses equal counts per class, on the same victim batches."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr, gdbr_victims
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
@@ -306,14 +211,15 @@ def _chance_ins_acc(model: nn.Module, result: Result, class_dist: str, trials: i
     guess = gdbr.largest_remainder(torch.ones(used), result.batch_size)
     scores = []
     for t in range(trials):
-        _, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000 + t)
+        _, labels = gdbr_victims.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000 + t)
         scores.append(gdbr.ins_acc(guess, torch.bincount(labels, minlength=used)))
     return statistics.median(scores)
 
 
-def _label_rows(result, run: _LabelRun, defenses, *, trials, class_dist, seed, device, show_progress) -> list[dict]:
+def _label_rows(result, run: _LabelRun, defenses, settings: AttackSettings) -> list[dict]:
     layer, model, aux_images, aux_source = run.layer, run.model, run.aux_images, run.aux_source
     base, chance = run.outcome, run.chance
+    trials, class_dist, seed = settings.trials, settings.class_dist, settings.seed
     shared_rms = rms([_first_batch_gradient(model, result, class_dist, seed)[f"{layer}.weight"]])
     drop = max(DEGRADED_INS_ACC_DROP, 1.0 / result.batch_size)
     rows = []
@@ -323,12 +229,8 @@ def _label_rows(result, run: _LabelRun, defenses, *, trials, class_dist, seed, d
             model,
             layer,
             result,
-            trials=trials,
-            class_dist=class_dist,
-            aux_images=aux_images,
-            device=device,
-            seed=seed,
-            show_progress=show_progress,
+            settings,
+            aux_images,
             defense=defense.client(seed, warmup),
             title=f" vs {defense.label}",
         )
@@ -377,7 +279,7 @@ def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int
     """The gradients of `rounds` earlier rounds on other digit batches (seeds no trial uses)."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
 
     if rounds == 0:
         return []
@@ -386,10 +288,10 @@ def _label_warmup(model: nn.Module, result: Result, class_dist: str, rounds: int
         classes = model(torch.zeros((1, *shape))).shape[1]
     grads = []
     for j in range(rounds):
-        images, labels = gdbr.victim_batch(
+        images, labels = gdbr_victims.victim_batch(
             classes, shape, result.batch_size, class_dist, seed=seed * 1000 + WARMUP_SEED_OFFSET + j
         )
-        grads.append(gdbr.client_gradient(model, images, labels))
+        grads.append(gdbr_victims.client_gradient(model, images, labels))
     return grads
 
 
@@ -397,10 +299,10 @@ def _first_batch_gradient(model: nn.Module, result: Result, class_dist: str, see
     """The client's gradient on the first trial's victim batch (for the scale of the shared gradient)."""
     import torch
 
-    from rankaudit.verify.attacks import gdbr
+    from rankaudit.verify.attacks import gdbr_victims
 
     shape = tuple(result.input_shape)
     with torch.no_grad():
         classes = model(torch.zeros((1, *shape))).shape[1]
-    images, labels = gdbr.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000)
-    return gdbr.client_gradient(model, images, labels)
+    images, labels = gdbr_victims.victim_batch(classes, shape, result.batch_size, class_dist, seed=int(seed) * 1000)
+    return gdbr_victims.client_gradient(model, images, labels)

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from rankaudit.verify import finite
 
 # The attack's steps live beside this module: what is matched and scored (invert_match), the batched optimisation
-# (invert_loop). The ones marked F401 are imported back because FedAvg, the runner and tests reach them as
-# `invert.NAME`.
+# (invert_loop).
 from rankaudit.verify.attacks.invert_loop import (
     InvertOutcome,
     ProgressCallback,
@@ -25,7 +24,6 @@ from rankaudit.verify.attacks.invert_loop import (
     _invert_images,
     _Settings,
     _StepCounter,
-    adam_update,  # noqa: F401
 )
 from rankaudit.verify.attacks.invert_match import (
     CROSS_ENTROPY,
@@ -36,11 +34,7 @@ from rankaudit.verify.attacks.invert_match import (
     _unit_targets,
     as_loss_spec,
     client_loss,
-    gradient_distances,  # noqa: F401
-    infer_label_idlg,  # noqa: F401
-    infer_label_logistic,  # noqa: F401
     psnr_from_mse,
-    total_variations,  # noqa: F401
 )
 from rankaudit.verify.substitute import differentiable_ops
 

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from rankaudit.verify import finite
 
 # The attack's steps live beside this module: reading the model into a chain (rgap_chain), each layer's algebra
-# (rgap_solve). Names in __all__ and the ones marked F401 are imported back because the runner and tests reach
-# them as `rgap.NAME`.
+# (rgap_solve).
 from rankaudit.verify.attacks.rgap_chain import (
     RGapUnsupported,
     Step,
@@ -32,19 +31,13 @@ from rankaudit.verify.attacks.rgap_solve import (
     LayerSolve,
     _Candidate,
     _layer_rank,
-    _least_squares,  # noqa: F401
     _solve_layer,
     _top_candidates,
 )
 
 __all__ = [
-    "RGapUnsupported",
-    "Step",
-    "LayerSolve",
     "Reconstruction",
     "RGapResult",
-    "extract_chain",
-    "chain_forward",
     "client_gradients",
     "reconstruct",
     "numerical_rank",

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 from rankaudit.errors import UsageError
 from rankaudit.settings.levels import count
 from rankaudit.verify import scoring
-from rankaudit.verify.defense_runs import DEGRADED_MSE_FACTOR, WARMUP_SEED_OFFSET, rms, strength_note
+from rankaudit.verify.defense_runs import (
+    DEGRADED_MSE_FACTOR,
+    WARMUP_SEED_OFFSET,
+    AttackSettings,
+    defended_rows,
+    rms,
+    strength_note,
+)
 from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 from rankaudit.verify.scoring import CONFIRM_EXPOSED_BELOW, CONFIRM_PROTECTED_ABOVE, finite
@@ -24,19 +31,20 @@ if TYPE_CHECKING:
 
 def run(context: VerifyContext) -> dict:
     """One gradient: R-GAP, or inverting gradients, with the defended runs of --defense; a round: FedAvg inversion."""
-    common = dict(
-        seed=context.seed,
-        device=context.device,
-        data=context.data,
-        steps=context.steps,
-        restarts=context.restarts,
-        artifacts=context.artifacts,
-        show_progress=context.show_progress,
-    )
     if context.in_round:
-        return verify_round_inputs(context.result, context.spec, **common)
+        return verify_round_inputs(
+            context.result,
+            context.spec,
+            seed=context.seed,
+            device=context.device,
+            data=context.data,
+            steps=context.steps,
+            restarts=context.restarts,
+            artifacts=context.artifacts,
+            show_progress=context.show_progress,
+        )
     return verify_inputs(
-        context.result, context.spec, samples=context.samples, defenses=list(context.defenses), **common
+        context.result, context.spec, AttackSettings.of(context), list(context.defenses), artifacts=context.artifacts
     )
 
 
@@ -57,32 +65,7 @@ def runs_first(context: VerifyContext) -> tuple[str, ...]:
 
 def defended(context: VerifyContext, defenses: list, *, optimisation: bool = False) -> list[dict]:
     """The undefended attack and one against each defense, on the same images: a row per defense."""
-    from rankaudit.verify.model import resolve_device
-
-    device = resolve_device(context.device)
-    run = _input_run(
-        context.result,
-        context.spec,
-        samples=context.samples,
-        seed=context.seed,
-        device=device,
-        data=context.data,
-        steps=context.steps,
-        restarts=context.restarts,
-        show_progress=context.show_progress,
-        title=" without defense",
-    )
-    return _input_rows(
-        context.result,
-        run,
-        defenses,
-        seed=context.seed,
-        device=device,
-        steps=context.steps,
-        restarts=context.restarts,
-        show_progress=context.show_progress,
-        optimisation=optimisation,
-    )
+    return defended_rows(context, _input_run, _input_rows, defenses, optimisation=optimisation)
 
 
 VERIFIER = Verifier(
@@ -135,26 +118,24 @@ def _attack_images(
     images: torch.Tensor,
     input_shape: tuple[int, ...],
     loss: str,
+    settings: AttackSettings,
     *,
-    device: str,
-    seed: int,
-    steps: int,
-    restarts: int,
-    show_progress: bool,
     defense=None,
     title: str = "",
     optimisation: bool = False,
 ):
     """R-GAP on `images`, or inverting gradients where R-GAP cannot go (always, with `optimisation`):
     (attack, outcome, reconstructions, why R-GAP stopped or None)."""
-    from rankaudit.verify.attacks import invert, rgap
+    from rankaudit.verify.attacks import invert, rgap, rgap_chain
 
+    device, seed, show_progress = settings.device, settings.seed, settings.show_progress
+    steps, restarts = settings.steps, settings.restarts
     samples = len(images)
     try:
         if optimisation:
-            raise rgap.RGapUnsupported(type(model).__name__, "the optimisation attack was asked for")
-        rgap.extract_chain(model, tuple(input_shape))
-    except rgap.RGapUnsupported as stop:
+            raise rgap_chain.RGapUnsupported(type(model).__name__, "the optimisation attack was asked for")
+        rgap_chain.extract_chain(model, tuple(input_shape))
+    except rgap_chain.RGapUnsupported as stop:
         # One line for both: the label names the image, the count is the optimisation step.
         with ProgressBar(steps, f"inverting gradients{title}, image 1/{samples}", enabled=show_progress) as bar:
 
@@ -196,48 +177,16 @@ class _InputRun:
     stop: object | None
 
 
-def _input_run(
-    result: Result,
-    spec: str,
-    *,
-    samples: int,
-    seed: int,
-    device: str,
-    data: str | None,
-    steps: int,
-    restarts: int,
-    show_progress: bool,
-    title: str = "",
-) -> _InputRun:
-    model, weights, images, source, loss = _input_setup(result, spec, samples, seed, data)
+def _input_run(result: Result, spec: str, settings: AttackSettings, title: str = "") -> _InputRun:
+    model, weights, images, source, loss = _input_setup(result, spec, settings.samples, settings.seed, settings.data)
     attack, outcome, reconstructions, stop = _attack_images(
-        model,
-        images,
-        tuple(result.input_shape),
-        loss,
-        device=device,
-        seed=seed,
-        steps=steps,
-        restarts=restarts,
-        show_progress=show_progress,
-        title=title,
+        model, images, tuple(result.input_shape), loss, settings, title=title
     )
     return _InputRun(model, weights, images, source, loss, attack, outcome, reconstructions, stop)
 
 
 def verify_inputs(
-    result: Result,
-    spec: str,
-    *,
-    samples: int = 4,
-    seed: int = 0,
-    device: str = "auto",
-    data: str | None = None,
-    steps: int = 1000,
-    restarts: int = 2,
-    artifacts: str | None = None,
-    show_progress: bool = True,
-    defenses: list = (),
+    result: Result, spec: str, settings: AttackSettings, defenses: list = (), artifacts: str | None = None
 ) -> dict:
     """Run R-GAP (or, where it cannot go, inverting gradients) on real images; fill result.verification['rgap'].
 
@@ -245,33 +194,11 @@ def verify_inputs(
     result.verification['defenses'] (as verify_defenses does), without running the undefended attack again.
     """
     from rankaudit.verify import baselines
-    from rankaudit.verify.model import resolve_device
 
-    device = resolve_device(device)
-    run = _input_run(
-        result,
-        spec,
-        samples=samples,
-        seed=seed,
-        device=device,
-        data=data,
-        steps=steps,
-        restarts=restarts,
-        show_progress=show_progress,
-    )
+    run = _input_run(result, spec, settings)
     if defenses:
-        result.verification.setdefault("defenses", []).extend(
-            _input_rows(
-                result,
-                run,
-                list(defenses),
-                seed=seed,
-                device=device,
-                steps=steps,
-                restarts=restarts,
-                show_progress=show_progress,
-            )
-        )
+        result.verification.setdefault("defenses", []).extend(_input_rows(result, run, list(defenses), settings))
+    steps, restarts = settings.steps, settings.restarts
     weights, images, source, loss = run.weights, run.images, run.source, run.loss
     attack, outcome, reconstructions, stop = run.attack, run.outcome, run.reconstructions, run.stop
     notes = [f"weights: {weights}", f"images: {source}"]
@@ -362,7 +289,8 @@ def verify_round_inputs(
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
     from rankaudit.verify.attacks.fedavg import check_attack_round_size
-    from rankaudit.verify.inputs import round_inputs, round_labels
+    from rankaudit.verify.client import round_labels
+    from rankaudit.verify.inputs import round_inputs
     from rankaudit.verify.model import build_real_model, require_trainable, resolve_device
 
     round_ = result.round
@@ -461,36 +389,25 @@ def verify_round_inputs(
     return verification
 
 
-def _input_rows(
-    result, run: _InputRun, defenses, *, seed, device, steps, restarts, show_progress, optimisation=False
-) -> list[dict]:
+def _input_rows(result, run: _InputRun, defenses, settings: AttackSettings, optimisation=False) -> list[dict]:
     from rankaudit.verify import baselines
-    from rankaudit.verify.attacks import rgap
+    from rankaudit.verify.attacks import rgap, rgap_chain
 
     model, images, source, loss = run.model, run.images, run.source, run.loss
+    seed = settings.seed
     shape = tuple(result.input_shape)
     first = rgap.client_gradients(model, images[0], 1 if loss == "logistic" else 0, loss)
     warmups = [_input_warmup(model, shape, loss, defense.options.get("warmup", 0), seed) for defense in defenses]
     try:
-        rgap.extract_chain(model, shape)
+        rgap_chain.extract_chain(model, shape)
         passes = [False, True] if optimisation else [False]
-    except rgap.RGapUnsupported:
+    except rgap_chain.RGapUnsupported:
         passes = [False]  # the optimisation attack is the only one anyway
     rows = []
     for forced in passes:
         if forced:  # the optimisation attack where R-GAP ran: its own undefended baseline
             attack, base, base_found, stop = _attack_images(
-                model,
-                images,
-                shape,
-                loss,
-                device=device,
-                seed=seed,
-                steps=steps,
-                restarts=restarts,
-                show_progress=show_progress,
-                title=" without defense",
-                optimisation=True,
+                model, images, shape, loss, settings, title=" without defense", optimisation=True
             )
         else:
             attack, base, base_found, stop = run.attack, run.outcome, run.reconstructions, run.stop
@@ -502,16 +419,14 @@ def _input_rows(
                 images,
                 shape,
                 loss,
-                device=device,
-                seed=seed,
-                steps=steps,
-                restarts=restarts,
-                show_progress=show_progress,
+                settings,
                 defense=defense.client(seed, warmup),
                 title=f" vs {defense.label}",
                 optimisation=forced,
             )
-            row = _input_row(defense, attack, base, outcome, images, source, loss, first, stop, steps, restarts)
+            row = _input_row(
+                defense, attack, base, outcome, images, source, loss, first, stop, settings.steps, settings.restarts
+            )
             with_scored = baselines.summary(baselines.score(images, found))
             # Issue 21: both medians beside what a flat image scores on the same images.
             row.update(

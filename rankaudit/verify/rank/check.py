@@ -67,10 +67,13 @@ def verify_rank(
     """
     import torch
 
+    from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.rank.energy import read_energy
+    from rankaudit.verify.rank.measurement import bound_check, judge, save_directions
+    from rankaudit.verify.rank.spectrum import RELIABLE_GAP, TOLERANCE_RULE
 
     if result.inputs and (len(result.inputs) != 1 or result.inputs[0].role != "data"):
         fed = ", ".join(f"{info.name} ({info.role}, {info.dtype})" for info in result.inputs)
@@ -85,9 +88,9 @@ def verify_rank(
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     images, source = real_inputs(result, data, samples if batch == 1 else batch, seed)
     with torch.no_grad():
-        logits = rank.logits_of(model(images[:1])).numel()
-    loss = rank.loss_name_for(logits)
-    labels = rank.draw_labels(len(images), loss, logits, seed)
+        logits = logits_of(model(images[:1])).numel()
+    loss = loss_name_for(logits)
+    labels = draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
@@ -111,8 +114,8 @@ def verify_rank(
                 )
             )
     headline = max(measurements, key=lambda m: m.rank)
-    confirms, agreement, judgement = rank.judge(result.verdict, headline.rank, headline.unknowns)
-    bound = rank.bound_check(result.identifiability, headline.rank)
+    confirms, agreement, judgement = judge(result.verdict, headline.rank, headline.unknowns)
+    bound = bound_check(result.identifiability, headline.rank)
     notes = [
         f"weights: {weights}",
         f"inputs: {source}",
@@ -125,7 +128,7 @@ def verify_rank(
     notes.append(_mode_note(bn_mode))
     if not headline.reliable:
         notes.append(
-            f"unreliable: the gap {_gap_text(headline.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
+            f"unreliable: the gap {_gap_text(headline.gap)} is under {RELIABLE_GAP:g}, so the rank "
             "depends on where the tolerance falls"
         )
     if batch > 1:
@@ -141,14 +144,14 @@ def verify_rank(
             "hidden energy not measured for a deficient batch: the SVD's vectors it needs did not fit the "
             "device's memory (or --rank-precision float32 skipped them); lower --input-shape to measure it"
         )
-    saved = rank.save_directions(artifacts, headline) if artifacts else []
+    saved = save_directions(artifacts, headline) if artifacts else []
     seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts)
     verification = {
         "unknowns": headline.unknowns,
         "rank": headline.rank,
         "deficit": headline.deficit,
         "tolerance": headline.tolerance,
-        "tolerance_rule": rank.TOLERANCE_RULE,
+        "tolerance_rule": TOLERANCE_RULE,
         "precision": headline.precision,
         "precision_note": headline.precision_note,
         "precisions": [m.precision for m in measurements],
@@ -340,12 +343,14 @@ def verify_round_rank(
 ) -> dict:
     """Measure rank(∂u/∂X) for the round; fill result.verification['rank'] (one sketch over the whole round)."""
     from rankaudit.settings.round import round_dict
-    from rankaudit.verify.client import check_local_training, simulated_rounds
-    from rankaudit.verify.inputs import round_inputs, round_labels
+    from rankaudit.verify.client import check_local_training, round_labels, simulated_rounds
+    from rankaudit.verify.inputs import round_inputs
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.rank import round_jacobian as round_rank
     from rankaudit.verify.rank.energy import read_energy
+    from rankaudit.verify.rank.measurement import bound_check, judge, save_directions
+    from rankaudit.verify.rank.spectrum import RELIABLE_GAP, TOLERANCE_RULE
 
     round_ = result.round
     device = resolve_device(device)
@@ -374,8 +379,8 @@ def verify_round_rank(
             "the round's sketch is not finite (the local training diverged at these weights)",
             "lower --lr or --local-epochs",
         )
-    confirms, agreement, judgement = rank.judge(result.verdict, measured.rank, measured.unknowns)
-    # rank.judge speaks of one gradient; here the Jacobian is the round's update's.
+    confirms, agreement, judgement = judge(result.verdict, measured.rank, measured.unknowns)
+    # judge speaks of one gradient; here the Jacobian is the round's update's.
     agreement, judgement = (
         text.replace("one gradient", "the update")
         .replace("the gradient's", "the update's")
@@ -390,7 +395,7 @@ def verify_round_rank(
         whole = dataclasses.replace(
             whole, rank_bound=min(measured.unknowns, rounds * whole.rank_bound), certified_deficit=0
         )
-    bound = rank.bound_check(whole, measured.rank)
+    bound = bound_check(whole, measured.rank)
     notes = [
         f"weights: {weights}",
         f"inputs: {source}",
@@ -411,10 +416,10 @@ def verify_round_rank(
         )
     if not measured.reliable:
         notes.append(
-            f"unreliable: the gap {_gap_text(measured.gap)} is under {rank.RELIABLE_GAP:g}, so the rank "
+            f"unreliable: the gap {_gap_text(measured.gap)} is under {RELIABLE_GAP:g}, so the rank "
             "depends on where the tolerance falls"
         )
-    saved = rank.save_directions(artifacts, _first_client_view(measured)) if artifacts else []
+    saved = save_directions(artifacts, _first_client_view(measured)) if artifacts else []
     # Spec §11 over the round's inputs: every client's samples in one projection, each sample's share reported.
     flat = inputs.reshape(-1, *inputs.shape[2:])
     seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts)
@@ -425,7 +430,7 @@ def verify_round_rank(
         "rank": measured.rank,
         "deficit": measured.deficit,
         "tolerance": measured.tolerance,
-        "tolerance_rule": rank.TOLERANCE_RULE,
+        "tolerance_rule": TOLERANCE_RULE,
         "gap": finite(measured.gap or math.nan),
         "reliable": measured.reliable,
         "sigma_max": measured.sigma_max,

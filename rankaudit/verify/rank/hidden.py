@@ -5,7 +5,7 @@ subspace (right singular vectors of the dropped singular values of the sketch, o
 i's hidden energy is h_i = ‖(P c)_i‖² / ‖c_i‖², and its visible part x_i − (P c)_i is what any attacker recovers
 from the gradient to first order without an image prior. The visible part is scored against x_i by PSNR and by
 SSIM (Wang, Bovik, Sheikh & Simoncelli 2004: 11x11 Gaussian window, σ = 1.5, K1 = 0.01, K2 = 0.03), both
-written here (no image library needed), on the images' range [0, 1].
+from rankaudit.verify.image_quality, on the images' range [0, 1].
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-DATA_RANGE = 1.0  # the verifiers' images lie in [0, 1]
-SSIM_WINDOW = 11
-SSIM_SIGMA = 1.5
-SSIM_K1, SSIM_K2 = 0.01, 0.03
+from rankaudit.verify.image_quality import psnr, ssim
 
 
 @dataclass
@@ -67,43 +63,6 @@ def measured_invisible(batch: torch.Tensor, right_vectors: torch.Tensor | None, 
 def visible_parts(batch: np.ndarray, invisible: np.ndarray) -> np.ndarray:
     """x_i − (P c)_i: the input with its invisible component taken out."""
     return batch - invisible
-
-
-def psnr(reference: np.ndarray, estimate: np.ndarray, data_range: float = DATA_RANGE) -> float | None:
-    """Peak signal-to-noise ratio in dB; None when the two are identical (infinite)."""
-    mse = float(np.mean((reference - estimate) ** 2))
-    if mse == 0.0:
-        return None
-    value = 10.0 * math.log10(data_range**2 / mse)
-    return value if math.isfinite(value) else None
-
-
-def _gaussian_window(size: int, sigma: float) -> torch.Tensor:
-    offsets = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    line = torch.exp(-(offsets**2) / (2 * sigma**2))
-    line = line / line.sum()
-    return torch.outer(line, line)
-
-
-def ssim(reference: np.ndarray, estimate: np.ndarray, data_range: float = DATA_RANGE) -> float | None:
-    """Mean SSIM over the valid positions of the window and over channels, for C x H x W images; None otherwise.
-
-    Images smaller than the 11-pixel window use the largest odd window that fits (σ scaled with it)."""
-    if reference.ndim != 3 or min(reference.shape[1:]) < 3:
-        return None
-    size = min(SSIM_WINDOW, min(reference.shape[1:]))
-    size -= 1 - size % 2
-    window = _gaussian_window(size, SSIM_SIGMA * size / SSIM_WINDOW)[None, None]
-    x = torch.as_tensor(reference, dtype=torch.float64)[:, None]  # channels as a batch of 1-channel images
-    y = torch.as_tensor(estimate, dtype=torch.float64)[:, None]
-    mu_x, mu_y = F.conv2d(x, window), F.conv2d(y, window)
-    var_x = F.conv2d(x * x, window) - mu_x**2
-    var_y = F.conv2d(y * y, window) - mu_y**2
-    cov = F.conv2d(x * y, window) - mu_x * mu_y
-    c1, c2 = (SSIM_K1 * data_range) ** 2, (SSIM_K2 * data_range) ** 2
-    index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
-    value = float(index.mean())
-    return value if math.isfinite(value) else None
 
 
 def shares(batch: np.ndarray, invisible: np.ndarray) -> list[InputShare]:

@@ -42,32 +42,11 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.verify import finite
+from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
-
-# The measurement's pieces live beside it (sketch, spectrum, measurement); the ones marked F401 are imported back
-# because the verifiers, the round's check, tests and benchmarks reach them as `jacobian.NAME`.
-from rankaudit.verify.rank.measurement import (
-    RankMeasurement,
-    bound_check,  # noqa: F401
-    judge,  # noqa: F401
-    save_directions,  # noqa: F401
-)
-from rankaudit.verify.rank.sketch import (
-    _activation_numel,  # noqa: F401
-    _fill_sketch,
-    _ForwardOverReverse,  # noqa: F401
-    _loss,
-    _math_attention,
-    fill_in_chunks,  # noqa: F401
-    logits_of,
-)
-from rankaudit.verify.rank.spectrum import (
-    RELIABLE_GAP,  # noqa: F401  (read as rank.RELIABLE_GAP by the rank check)
-    TOLERANCE_RULE,  # noqa: F401
-    _Spectrum,
-    _spectrum,
-    sample_ranks,
-)
+from rankaudit.verify.rank.measurement import RankMeasurement
+from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention
+from rankaudit.verify.rank.spectrum import _Spectrum, _spectrum, sample_ranks
 from rankaudit.verify.substitute import differentiable_ops
 
 # Extra rows over min(m, n): a Gaussian sketch with that many rows plus p has rank(S) = rank(J) with probability 1
@@ -116,23 +95,6 @@ def shared_parameter_names(
     return trainable
 
 
-def loss_name_for(logits_per_sample: int) -> str:
-    """The convention of the other attacks: one logit -> the logistic loss, several -> cross-entropy."""
-    return "logistic" if logits_per_sample == 1 else "cross-entropy"
-
-
-def draw_labels(count: int, loss: str, classes: int, seed: int) -> torch.Tensor:
-    """Seeded labels as R-GAP draws them: ±1 for the logistic loss, a class index for cross-entropy."""
-    generator = torch.Generator().manual_seed(seed)
-    labels = []
-    for _ in range(count):
-        if loss == "logistic":
-            labels.append(1 if torch.rand((), generator=generator) < 0.5 else -1)
-        else:
-            labels.append(int(torch.randint(classes, (), generator=generator)))
-    return torch.tensor(labels, dtype=torch.long)
-
-
 def measure(
     model: nn.Module,
     images: torch.Tensor,
@@ -173,8 +135,6 @@ def measure(
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
     started = time.perf_counter()
-    from rankaudit.verify.client import client_mode
-
     net = client_mode(copy.deepcopy(model).to(device=device, dtype=torch.float64), bn_mode)
     x = images.detach().to(device=device, dtype=torch.float64)
     labels = labels.to(device)
@@ -373,7 +333,7 @@ def _require_finite_gradient(
 
     def rerun():
         output = net(x)
-        return output, _loss(output, labels, loss)
+        return output, mean_loss(output, labels, loss)
 
     with torch.enable_grad(), _math_attention(), differentiable_ops():
         output, objective = rerun()

@@ -23,19 +23,21 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.settings.round import Round
 from rankaudit.verify import finite
-from rankaudit.verify.client import LocalTraining, client_mode, simulated_rounds, unknowns_of
-from rankaudit.verify.rank import jacobian as rank
+from rankaudit.verify.client import (
+    LocalTraining,
+    client_mode,
+    logits_of,
+    loss_name_for,
+    simulated_rounds,
+    unknowns_of,
+)
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 
-# rank.py's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
-from rankaudit.verify.rank.jacobian import (
-    OVERSAMPLING,
-    RankMeasurement,
-    _activation_numel,
-    _math_attention,
-    _spectrum,
-    fill_in_chunks,
-)
+# The single gradient's sketch machinery, shared so that the round's numbers mean what the single gradient's do.
+from rankaudit.verify.rank.jacobian import OVERSAMPLING
+from rankaudit.verify.rank.measurement import RankMeasurement
+from rankaudit.verify.rank.sketch import _activation_numel, _math_attention, fill_in_chunks
+from rankaudit.verify.rank.spectrum import _spectrum, sample_ranks
 
 MAX_STEPS = 64
 
@@ -95,7 +97,7 @@ def measure_round(
     labels = labels.to(device)
     if loss is None:
         with torch.no_grad(), _math_attention():
-            loss = rank.loss_name_for(rank.logits_of(net(x[0, : round_.batch_size]))[:1].numel())
+            loss = loss_name_for(logits_of(net(x[0, : round_.batch_size]))[:1].numel())
     trainable = [name for name, p in net.named_parameters() if p.requires_grad]
     names = trainable if shared is None else list(dict.fromkeys(shared))
     missing = [name for name in names if name not in trainable]
@@ -136,7 +138,7 @@ def measure_round(
     fits = sketch_bytes(rows, unknowns, vectors=True) <= memory_budget(device)[0]
     want_vectors = directions > 0 or (hidden and fits)
     spectrum = _spectrum(sketch, want_vectors=want_vectors)
-    per_sample = rank.sample_ranks(sketch, round_.clients * round_.samples, spectrum.rank)
+    per_sample = sample_ranks(sketch, round_.clients * round_.samples, spectrum.rank)
     found, found_values = None, []
     if spectrum.right_vectors is not None and spectrum.rank < unknowns:
         take = min(directions, unknowns - spectrum.rank)

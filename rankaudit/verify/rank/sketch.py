@@ -7,10 +7,10 @@ import re
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
+from rankaudit.verify.client import mean_loss
 from rankaudit.verify.rank.budget import CPU_CHUNK_BYTES
 
 # On CUDA, a chunk may take this share of the memory that is free after a probe chunk.
@@ -18,27 +18,6 @@ CUDA_FREE_SHARE = 0.5
 # Beyond this many rows per pass, a larger batch no longer makes the kernels more efficient.
 MAX_CHUNK_ROWS = 1024
 PROBE_ROWS = 8
-
-
-def logits_of(output) -> torch.Tensor:
-    """The logits of a forward pass: the tensor itself, a model output's .logits, or a tuple's first element."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise UsageError(
-        f"the model returns {type(output).__name__}, not logits",
-        "return the logits tensor (or an object with .logits) from forward()",
-    )
-
-
-def _loss(output, labels: torch.Tensor, loss: str) -> torch.Tensor:
-    logits = logits_of(output).reshape(labels.shape[0], -1)
-    if loss == "logistic":
-        return F.softplus(-labels.to(logits.dtype) * logits[:, 0]).mean()
-    return F.cross_entropy(logits, labels)
 
 
 class _math_attention:
@@ -201,7 +180,7 @@ def _activation_numel(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, los
         return tensor
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _loss(net(x.clone().requires_grad_()), labels, loss)
+        mean_loss(net(x.clone().requires_grad_()), labels, loss)
     return total[0]
 
 
@@ -219,7 +198,7 @@ class _ForwardOverReverse:
 
         def loss_of(shared_values, inputs):
             logits = functional_call(net, ({**fixed, **shared_values}, buffers), (inputs,))
-            return _loss(logits, labels, loss)
+            return mean_loss(logits, labels, loss)
 
         input_gradient = grad(loss_of, argnums=1)
 
@@ -241,7 +220,7 @@ class _ReverseOverReverse:
         named = dict(net.named_parameters())
         parameters = [named[name] for name in names]
         with torch.enable_grad():
-            objective = _loss(net(self.x), labels, loss)
+            objective = mean_loss(net(self.x), labels, loss)
             custom = _custom_functions(objective.grad_fn)
             severed: list[tuple[str, str]] = []
             hooks = [node.register_hook(_severance_check(node, severed)) for node in custom]
