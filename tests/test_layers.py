@@ -131,6 +131,26 @@ def test_no_module_is_over_the_line_limit(module):
     assert lines <= MAX_LINES, f"{MODULES[module]} has {lines} lines: split it along the data flow"
 
 
+# The verifiers' own flow: what every verifier shares (the real model, its inputs, the client's training, the
+# catalogue of verifiers), then the exact rank check, then the attacks (some reuse the rank check's Jacobians), then
+# the runner that the command line calls.
+VERIFY_FLOW = ("rankaudit.verify", "rankaudit.verify.rank", "rankaudit.verify.attacks", "rankaudit.verify.run")
+
+
+def _verify_stage(module: str) -> int:
+    return max(i for i, prefix in enumerate(VERIFY_FLOW) if module == prefix or module.startswith(prefix + "."))
+
+
+def test_the_verifiers_follow_their_own_flow():
+    verify = [m for m in MODULES if m.startswith("rankaudit.verify")]
+    backward = [
+        f"{a} imports {b}"
+        for a, b in GRAPH.edges
+        if a in verify and b.startswith("rankaudit.verify") and _verify_stage(b) > _verify_stage(a)
+    ]
+    assert not backward, "verifier modules importing a later part of the verifiers:\n" + "\n".join(sorted(backward))
+
+
 def test_the_trace_does_not_import_the_counting_rules():
     trace = [m for m in MODULES if m.startswith("rankaudit.trace")]
     reached = set().union(*(nx.descendants(GRAPH, m) for m in trace))
