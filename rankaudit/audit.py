@@ -8,12 +8,14 @@ from rankaudit.bound.energy import ReferenceDataError
 from rankaudit.bound.identifiability import round_identifiability
 from rankaudit.count.analysis import analyze
 from rankaudit.count.calls import trace_and_count
-from rankaudit.count.ops import Role
+from rankaudit.count.op_counting import Role
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.findings import apply as findings
+from rankaudit.findings import leakage, policy
 from rankaudit.model import supervise
 from rankaudit.model.load import load_model
 from rankaudit.result import Result
+from rankaudit.settings import levels
 from rankaudit.settings.round import Round, validate_round
 
 
@@ -65,7 +67,7 @@ def audit(
     *,
     input_shape: tuple[int, ...] | None = None,
     batch_size: int = 1,
-    fail_on: str = findings.DEFAULT_FAIL_ON,
+    fail_on: str = levels.DEFAULT_FAIL_ON,
     min_ra: int | None = None,
     shared_layers: list[str] | None = None,
     withheld_layers: list[str] | None = None,
@@ -88,8 +90,8 @@ def audit(
         batch_size = validate_round(round_).batch_size
     if batch_size < 1:
         raise UsageError(f"batch size {batch_size} is not positive", "give --batch-size 1 or more")
-    if fail_on not in findings.FAIL_ON_CHOICES:
-        raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(findings.FAIL_ON_CHOICES))
+    if fail_on not in levels.FAIL_ON_CHOICES:
+        raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(levels.FAIL_ON_CHOICES))
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
     with supervise.phase(f"the trace of {spec}'s forward()"):
@@ -119,7 +121,7 @@ def audit(
         withheld_layers=withheld_layers,
         max_recoverable=max_recoverable,
     )
-    result.token_leakage = findings.token_leakage(traced, batch_size, shared)
+    result.token_leakage = leakage.token_leakage(traced, batch_size, shared)
     try:
         findings.apply_findings(
             result,
@@ -134,7 +136,7 @@ def audit(
     except ReferenceDataError as exc:
         raise UsageError(str(exc), "give a readable --data, or leave it out to use the shipped reference") from exc
     if result.round.dp is not None:
-        findings.apply_dp(result, result.round.dp)
+        policy.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from rankaudit.audit import audit
 from rankaudit.count.calls import trace_and_count
 from rankaudit.errors import UsageError
-from rankaudit.findings import apply as findings
+from rankaudit.findings import leakage
 from rankaudit.model.load import load_model
 from rankaudit.report import sarif, table
 from rankaudit.trace.inputs import input_specs
@@ -42,7 +42,7 @@ class Subject:
         self.vocabulary = loaded.vocab_size
 
     def finding(self, batch_size: int, shared=None):
-        return findings.token_leakage(self.traced, batch_size, shared)
+        return leakage.token_leakage(self.traced, batch_size, shared)
 
     def attack(self, batch_size: int, *, extend: bool = False, seed: int = 0):
         """DAGER on the layers the finding names, with the pooling the runner uses; (outcome, precision, recall)."""
@@ -202,11 +202,11 @@ def test_layers_reading_the_same_vectors_pool_their_gradients():
     with torch.device("meta"):
         model = ThreeAdapters()
     traced = trace_and_count(model, (5,), input_dtype=torch.long)
-    tokens = findings.token_leakage(traced, 2, None)  # B·n = 10 > 4 for each map, <= 12 together
+    tokens = leakage.token_leakage(traced, 2, None)  # B·n = 10 > 4 for each map, <= 12 together
     # The head reads the three maps' outputs side by side (a cat): not followed, so not listed.
     assert [(layer.name, layer.exposed) for layer in tokens.layers] == [("q", True), ("k", True), ("v", True)]
     assert tokens.safe_tokens_per_batch == 13
-    assert not findings.token_leakage(traced, 2, {"q", "head"}).span_exposed
+    assert not leakage.token_leakage(traced, 2, {"q", "head"}).span_exposed
     torch.manual_seed(0)
     real = ThreeAdapters().double()
     call = dager_call.LanguageModelCall(real, "ids", True)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from rankaudit.deploy.app import Overrides, noise_for_epsilon, read_deployment
+from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.deploy.flower import parse_run_config
+from rankaudit.deploy.privacy import noise_for_epsilon
 from rankaudit.errors import UsageError
 
 SERVER_NOISE = "this bounds what the released model reveals, not what the server sees"  # findings.dp_sentence

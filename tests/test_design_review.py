@@ -190,7 +190,7 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     # are sent whatever is withheld, and 2,400 of 3,072 directions show all but 0.001 % of a typical photograph.
     assert resnet_report.certifying_withheld is None and resnet_report.deficit_withheld is None
     from rankaudit.count.calls import trace_and_count
-    from rankaudit.count.ops import Role
+    from rankaudit.count.op_counting import Role
 
     traced = trace_and_count(load_model(str(EXAMPLES / "resnet18_w16.py"), None, device="meta").module, (3, 32, 32))
     records = [traced.record(node) for node in traced.order]

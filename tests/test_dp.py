@@ -537,7 +537,7 @@ def test_suggest_names_the_least_noise(run_cli):
 def test_noise_too_small_to_bound_anything_gives_one_not_an_overflow(q, sigma, steps):
     result = _bound(q, sigma, steps)
     assert all(value == 1.0 for value in result.bounds.values())
-    from rankaudit.findings.apply import dp_sentence
+    from rankaudit.findings.meaning import dp_sentence
 
     assert dp_sentence(result).endswith("(the noise bounds nothing here)")
 

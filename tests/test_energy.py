@@ -9,15 +9,8 @@ from conftest import EXAMPLES
 from torch import nn
 
 from rankaudit.audit import audit
-from rankaudit.bound.energy import (
-    PHOTO_SPECTRUM,
-    WHITE,
-    data_reference,
-    energy_level,
-    hidden_share,
-    photo_eigenvalues,
-    psnr_ceiling,
-)
+from rankaudit.bound.energy import PHOTO_SPECTRUM, WHITE, data_reference, hidden_share, photo_eigenvalues, psnr_ceiling
+from rankaudit.settings.levels import energy_level
 from rankaudit.settings.round import DPSettings, Round
 
 pytest.importorskip("sklearn")

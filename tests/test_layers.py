@@ -164,3 +164,31 @@ def test_the_step_packages_import_nothing():
     for module, path in MODULES.items():
         if path.name == "__init__.py" and module != "rankaudit":
             assert not _imported(module, path), f"{path} imports {sorted(_imported(module, path))}"
+
+
+def _own_names(path: Path) -> set[str]:
+    """The names a module defines itself (functions, classes, assignments at its top level)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_name_is_imported_from_its_home():
+    """A name is imported from the module that defines it, never through one that merely imports it: a move leaves
+    no old path behind that keeps working."""
+    roots = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
+    through = []
+    for path in (p for root in roots for p in sorted(root.rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in MODULES):
+                continue
+            own = _own_names(MODULES[node.module])
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" not in MODULES and alias.name not in own:
+                    through.append(f"{path.name}:{node.lineno} imports {alias.name} through {node.module}")
+    assert not through, "names read through a module that does not define them:\n" + "\n".join(through)

@@ -9,7 +9,8 @@ import textwrap
 import pytest
 from conftest import EXAMPLES
 
-from rankaudit.report.table import MAX_TABLE_ROWS, SHOWN_NAMES
+from rankaudit.report.table import MAX_TABLE_ROWS
+from rankaudit.report.table_findings import SHOWN_NAMES
 from rankaudit.settings.levels import count, percent
 
 BLOCKS = 45

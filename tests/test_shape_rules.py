@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit.count import ops
+from rankaudit.count import op_shapes, ops
 
 
 def rule_for(target, kind):
@@ -73,11 +73,11 @@ def test_function_rules_match_real_ops(function, args, kwargs):
 
 
 def test_rules_reject_what_the_ops_reject():
-    with pytest.raises(ops.ShapeMismatch, match="3 input channels"):
+    with pytest.raises(op_shapes.ShapeMismatch, match="3 input channels"):
         ops.family_of("module", nn.Conv2d(3, 4, 3)).shape(nn.Conv2d(3, 4, 3), (torch.randn(1, 2, 8, 8),), {})
-    with pytest.raises(ops.ShapeMismatch, match="larger than its padded input"):
+    with pytest.raises(op_shapes.ShapeMismatch, match="larger than its padded input"):
         ops.family_of("module", nn.Conv2d(3, 4, 5)).shape(nn.Conv2d(3, 4, 5), (torch.randn(1, 3, 4, 4),), {})
-    with pytest.raises(ops.ShapeMismatch, match="7 input features"):
+    with pytest.raises(op_shapes.ShapeMismatch, match="7 input features"):
         ops.family_of("module", nn.Linear(7, 2)).shape(nn.Linear(7, 2), (torch.randn(1, 6),), {})
 
 

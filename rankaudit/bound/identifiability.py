@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rankaudit.count import ops
-from rankaudit.count.ops import Role
+from rankaudit.count.op_counting import Role
 from rankaudit.result import Identifiability, RoundBound, SampleBound, StepBound
 from rankaudit.settings.levels import ceiling as level_ceiling
 from rankaudit.settings.levels import verdict_level

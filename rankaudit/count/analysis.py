@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankaudit.count.ops import Role
+from rankaudit.count.op_counting import Role
 from rankaudit.result import Architecture, ArchitectureNode, Caveat, LayerRow, ResidualBlock, Result
 from rankaudit.trace.records import TracedModel
 

@@ -14,7 +14,6 @@ from torch import nn
 # The rules live by kind in op_counting and op_shapes; the registry below is the one place that names each family's.
 from rankaudit.count.op_counting import (
     Counting,
-    OpFacts,
     Role,
     count_add,
     count_aten_conv_transpose,
@@ -32,10 +31,8 @@ from rankaudit.count.op_counting import (
     count_slice,
     count_transparent,
     count_unmodelled,
-    not_modelled,  # noqa: F401  (re-exported: ops named it before the rules moved)
 )
 from rankaudit.count.op_shapes import (
-    ShapeMismatch,  # noqa: F401  (re-exported: the shape rules' tests read it from ops)
     attention_shape,
     broadcast_shape,
     cat_shape,
@@ -46,6 +43,7 @@ from rankaudit.count.op_shapes import (
     resampler_shape,
     same_shape,
 )
+from rankaudit.trace.records import OpFacts
 
 
 @dataclass(frozen=True)

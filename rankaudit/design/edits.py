@@ -7,7 +7,7 @@ import dataclasses
 from torch import nn
 
 from rankaudit.count.calls import trace_and_count
-from rankaudit.count.ops import Counting, Role
+from rankaudit.count.op_counting import Counting, Role
 from rankaudit.errors import RankauditError
 from rankaudit.result import Result
 from rankaudit.trace.records import NodeRecord, TracedModel

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from rankaudit.bound.energy import EnergyScale
 from rankaudit.bound.identifiability import gradient_sources, identifiability, sample_identifiability, sample_unknowns
-from rankaudit.count.ops import Role
+from rankaudit.count.op_counting import Role
 from rankaudit.result import Identifiability, SampleBound
 from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE, VERDICT_LEVELS
 from rankaudit.settings.round import Round

@@ -13,7 +13,7 @@ from rankaudit.design.edits import cut_skips, narrow_edits, remove_bias_edits, s
 from rankaudit.design.round_review import RoundReview, round_review
 from rankaudit.design.searches import certifying_withheld, smallest_certified_batch, smallest_protected_batch
 from rankaudit.errors import UsageError
-from rankaudit.findings.apply import readout_layers, token_leakage
+from rankaudit.findings.leakage import readout_layers, token_leakage
 from rankaudit.model.load import load_model
 from rankaudit.result import DPNoiseSuggestion, SampleBound
 from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE

@@ -4,53 +4,26 @@ from __future__ import annotations
 
 from rankaudit.bound.energy import certify
 from rankaudit.bound.identifiability import batch_statistics, identifiability, sample_identifiability
-
-# The leakage findings (leakage.py), the sentences (meaning.py) and the policy (policy.py) have their own modules;
-# the CLI, the reports, suggest and the tests read them from findings, as they did before the split: the names
-# marked re-exported are here for them.
 from rankaudit.findings.leakage import (
     bias_readouts,
     label_leakage,
-    per_token_tensors,  # noqa: F401  (re-exported)
-    readout_layers,  # noqa: F401  (re-exported)
-    safe_token_budget,  # noqa: F401  (re-exported)
-    span_exposures,  # noqa: F401  (re-exported)
-    token_leakage,  # noqa: F401  (re-exported)
 )
 from rankaudit.findings.meaning import (
-    ALL_DENSE_MEANING,  # noqa: F401  (re-exported)
-    DP_UNITS,  # noqa: F401  (re-exported)
-    NEAR_PERFECT_HIDDEN,  # noqa: F401  (re-exported)
-    RA_MEANING,  # noqa: F401  (re-exported)
     bound_meaning,
-    carried_by_sentence,  # noqa: F401  (re-exported)
     coverage_sentence,
-    dp_sentence,  # noqa: F401  (re-exported)
     energy_sentence,
-    hidden_estimate_sentence,  # noqa: F401  (re-exported)
     per_sample_view,
     ra_sentence,
-    ra_verdict,  # noqa: F401  (re-exported)
     round_meaning,
     sample_meaning,
     whole_sentence,
 )
 from rankaudit.findings.policy import (
-    apply_dp,  # noqa: F401  (re-exported)
     evaluate_policy,
 )
 from rankaudit.result import Caveat, InputInfo, Result
-
-# The verdict levels live in levels.py (torch-free, for the CLI); findings is where the rest of the code reads them.
-from rankaudit.settings.levels import (  # noqa: F401  (re-exported: the rest of the code reads the levels from findings)
+from rankaudit.settings.levels import (
     DEFAULT_FAIL_ON,
-    DEFAULT_MAX_RECOVERABLE,
-    FAIL_ON_CHOICES,
-    FAILING_VERDICTS,
-    VERDICT_LEVELS,
-    count,
-    percent,
-    verdict_level,
 )
 from rankaudit.settings.round import Round
 from rankaudit.trace.records import TracedModel

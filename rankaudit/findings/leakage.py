@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rankaudit.count.ops import Role
+from rankaudit.count.op_counting import Role
 from rankaudit.result import (
     BiasReadoutFinding,
     EmbeddingExposure,

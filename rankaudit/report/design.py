@@ -315,7 +315,7 @@ def _bound_text(result: Result) -> str:
     bound = result.identifiability
     if bound is None:
         return "no bound"
-    from rankaudit.findings.apply import per_sample_view
+    from rankaudit.findings.meaning import per_sample_view
 
     text = (
         f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "

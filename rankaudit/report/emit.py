@@ -55,7 +55,7 @@ def _dp_clause(result) -> str:
     """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
     if result.dp is None:
         return ""
-    from rankaudit.findings.apply import carried_by_sentence, dp_sentence
+    from rankaudit.findings.meaning import carried_by_sentence, dp_sentence
 
     carried = carried_by_sentence(result)
     return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")

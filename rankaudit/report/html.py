@@ -415,7 +415,7 @@ def _round_card(result: Result) -> dict | None:
 
 def _dp(result: Result) -> dict | None:
     """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
-    from rankaudit.findings.apply import dp_sentence
+    from rankaudit.findings.meaning import dp_sentence
 
     if result.dp is None:
         return None
@@ -432,7 +432,7 @@ def _dp(result: Result) -> dict | None:
 def _headline(result: Result, verdict: str) -> str:
     """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient, and
     beyond one sample the verdict is each sample's (spec §14)."""
-    from rankaudit.findings.apply import per_sample_view
+    from rankaudit.findings.meaning import per_sample_view
 
     headline = HEADLINES.get(verdict, "")
     if result.round is not None and not result.round.fedsgd:
@@ -443,14 +443,14 @@ def _headline(result: Result, verdict: str) -> str:
 
 
 def _carried(result: Result) -> str:
-    from rankaudit.findings.apply import carried_by_sentence
+    from rankaudit.findings.meaning import carried_by_sentence
 
     return carried_by_sentence(result)
 
 
 def _panel(result: Result) -> dict | None:
     """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
-    from rankaudit.findings.apply import per_sample_view
+    from rankaudit.findings.meaning import per_sample_view
 
     bound = result.identifiability
     if bound is None:
@@ -515,7 +515,7 @@ def _certificate_picture(result: Result) -> dict | None:
 
 
 def _whole(result: Result) -> str:
-    from rankaudit.findings.apply import per_sample_view, whole_sentence
+    from rankaudit.findings.meaning import per_sample_view, whole_sentence
 
     bound = result.identifiability
     if bound is None or bound.sample is None or not per_sample_view(result):

@@ -120,14 +120,14 @@ def _rule(rule_id: str) -> dict:
 
 
 def _results_for(result: Result) -> list[dict]:
-    from rankaudit.findings.apply import ra_sentence, ra_verdict
+    from rankaudit.findings.meaning import ra_sentence, ra_verdict
 
     found = []
     row = result.critical_row
     bound = result.identifiability
     if bound is not None and _VERDICT_RULE.get(result.verdict):
         verdict_rule = _VERDICT_RULE[result.verdict]
-        from rankaudit.findings.apply import carried_by_sentence
+        from rankaudit.findings.meaning import carried_by_sentence
 
         carried = (
             carried_by_sentence(result) if result.policy is not None and result.policy.carried_by == "noise" else ""
@@ -241,7 +241,7 @@ def _results_for(result: Result) -> list[dict]:
         )
     dp = result.dp
     if dp is not None and dp.within_limit is False:
-        from rankaudit.findings.apply import dp_sentence
+        from rankaudit.findings.meaning import dp_sentence
 
         found.append(
             {

@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 
 from rankaudit import __version__
-
-# What follows the rows has its own modules: the findings (table_findings) and the measurements (table_verify).
 from rankaudit.report.table_findings import (
-    SHOWN_NAMES,  # noqa: F401  (re-exported: the tests read it from table)
     caveat_lines,
     conclusion_lines,
     dp_lines,

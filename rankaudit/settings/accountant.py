@@ -1,5 +1,6 @@
-"""The privacy accountant DP settings are stated in: δ(ε) of the subsampled Gaussian mechanism (spec §13), from
-Google's dp-accounting; the bound reads its privacy profile, and a target ε read from an app becomes a σ by it."""
+"""The privacy accountant the DP settings are stated in: δ(ε) of the subsampled Gaussian, from Google's dp-accounting.
+
+Spec §13. The bound reads its privacy profile, and a target ε read from an app becomes a noise multiplier by it."""
 
 from __future__ import annotations
 

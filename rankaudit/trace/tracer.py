@@ -9,12 +9,8 @@ from rankaudit.trace.code_location import first_line, where_raised
 from rankaudit.trace.export_trace import trace_with_export
 from rankaudit.trace.fx_trace import trace_with_fx
 from rankaudit.trace.inputs import (
-    ROLE_DATA,  # noqa: F401  (re-exported)
-    ROLE_IDS,  # noqa: F401  (re-exported)
-    ROLE_MASK,  # noqa: F401  (re-exported)
     ROLE_TOKENS,
     TOKEN_DTYPE_FIX,
-    InputSpec,  # noqa: F401  (re-exported)
     check_inputs_given,
     forward_parameters,
     forward_switches,
@@ -22,16 +18,7 @@ from rankaudit.trace.inputs import (
     meta_example,
     wants_token_ids,
 )
-
-# The records live in layer_records and the input specs in trace_inputs; bound, suggest, analysis and the verifiers
-# read the graph's types and input_specs from trace, as they did before the split.
-from rankaudit.trace.records import (
-    NodeRecord,  # noqa: F401  (re-exported)
-    OpTable,
-    RecordBuilder,
-    TokenEmbedding,  # noqa: F401  (re-exported)
-    TracedModel,
-)
+from rankaudit.trace.records import OpTable, RecordBuilder, TracedModel
 
 
 def _tied_tables(builder: RecordBuilder):
