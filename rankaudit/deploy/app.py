@@ -15,20 +15,9 @@ from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
+from rankaudit.settings.round import ROUND_KEYS
 from rankaudit.settings.run import dp_values
 
-_ROUND_FIELDS = {
-    "local-samples": "local_samples",
-    "batch-size": "batch_size",
-    "local-epochs": "local_epochs",
-    "lr": "lr",
-    "optimizer": "optimizer",
-    "momentum": "momentum",
-    "clients": "clients",
-    "server-rounds": "server_rounds",
-    "available-clients": "available_clients",
-    "bn-mode": "bn_mode",
-}
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one
 # client, no momentum, one available client are what the app says by stating nothing).
@@ -350,7 +339,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
         )
     values: dict[str, object] = {}
-    for setting, name in _ROUND_FIELDS.items():
+    for setting, name in ROUND_KEYS.items():
         if overrides.round.get(name) is not None:
             value, source = overrides.round[name], f"--{setting}"
         elif table.get(name) is not None:
