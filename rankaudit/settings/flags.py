@@ -73,10 +73,15 @@ def round_flags(ctx: click.Context) -> dict:
     return {name: ctx.params.get(name) for name in ROUND_FLAGS}
 
 
-def round_options(command):
-    for option in reversed(_ROUND_OPTIONS):
+def _stacked(command, options):
+    """`command` with `options` applied as decorators written in this order (the first listed first in --help)."""
+    for option in reversed(options):
         command = option(command)
     return command
+
+
+def round_options(command):
+    return _stacked(command, _ROUND_OPTIONS)
 
 
 # --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
@@ -144,9 +149,7 @@ def dp_options(command):
             help="--verify dp: candidates the attacker chooses among, κ = 1/M (default 10).",
         ),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def _level_options(command):
@@ -220,9 +223,7 @@ def check_options(command):
         click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line."),
         click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found."),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def attack_options(command):
@@ -303,9 +304,7 @@ def attack_options(command):
             "above float32's error, else float64. float64: the reference. float32: unchecked.",
         ),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def check_run_options(command):
@@ -332,9 +331,7 @@ def check_run_options(command):
             "run-config key (num_classes=num-classes).",
         ),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def suggest_options(command):
@@ -362,9 +359,7 @@ def suggest_options(command):
         click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP),
         click.option("--debug", is_flag=True, help=_DEBUG_HELP),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def compare_options(command):
@@ -399,9 +394,7 @@ def compare_options(command):
         click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP),
         click.option("--debug", is_flag=True, help=_DEBUG_HELP),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _stacked(command, options)
 
 
 def mistyped_command(word: str, commands) -> str | None:
