@@ -58,15 +58,15 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
 
     overrides = overrides or Overrides()
     directory = path.resolve()
-    job = None
+    job, yaml_notes = None, []
     if flower.is_flower_app(directory):
         app = flower.read_app(directory, overrides.run_config)
         kind, config = "flower", app.config
     elif nvflare.is_nvflare_job(directory):
-        app, kind, config = None, "nvflare", yamlconf.app_yaml(directory)
+        app, kind, config, yaml_notes = None, "nvflare", *_yaml(directory)
         job = nvflare.read_job(directory)
     elif flower.uses_flower(_python_files(directory)):
-        app, kind, config = None, "flower", yamlconf.app_yaml(directory)  # script style, Hydra or YAML config
+        app, kind, config, yaml_notes = None, "flower", *_yaml(directory)  # script style, Hydra or YAML config
     else:
         raise UsageError(
             f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app], or code "
@@ -81,11 +81,13 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         )
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
+    sources.notes.extend(yaml_notes)
     files = _code_files(directory, app)
-    model, imported, instantiated = _model(directory, app, settings, job, files)
+    model, imported, instantiated = _model(directory, app, settings, job, files, config)
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    found = _config_strategy(config) + found
     if job is not None:
         found = job.found + found
         sources.notes.extend(job.notes)
@@ -112,6 +114,11 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     )
 
 
+def _yaml(directory: Path) -> tuple[dict[str, tuple[object, str]], list[str]]:
+    read = yamlconf.app_yaml(directory)
+    return read.entries, read.notes
+
+
 class _Sources:
     def __init__(self):
         self.rows: list[tuple[str, str, str]] = []
@@ -125,9 +132,12 @@ class _Sources:
 # ---- the model -----------------------------------------------------------------------------------------------------
 
 
-def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], model_code.Instantiation | None]:
-    """[tool.rankaudit] model, else the model the job names, else the one the client's code instantiates among
-    the nn.Module classes (and model factories) the client app's module imports from the app."""
+def _model(
+    directory: Path, app, settings, job, files, config
+) -> tuple[str, list[str], model_code.Instantiation | None]:
+    """[tool.rankaudit] model, else the model the job names, else the class a Hydra config's `_target_` names,
+    else the one the client's code instantiates among the nn.Module classes (and model factories) the client app's
+    module imports from the app."""
     if settings.model:
         path_text, _, name = settings.model.partition(":")
         base = settings.source.parent if settings.source is not None else directory  # relative to its pyproject
@@ -151,6 +161,9 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
         ]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
+    targeted = _config_target(config, callables)
+    if targeted is not None:
+        return targeted
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
     chosen = model_code.instantiated(
@@ -176,6 +189,31 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
         )
     shown = ", ".join(_relative(directory, spec) for spec in candidates)
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
+
+
+def _config_target(config, callables: list[str]):
+    """The model a YAML config names with Hydra's `_target_: pkg.models.CNN` (what `instantiate(cfg.model)`
+    builds), with the node's other keys as its arguments; None unless exactly one class or factory of the app
+    is named so."""
+    named: dict[str, tuple[str, str, str]] = {}  # spec -> (config node, dotted target, source)
+    for key, (target, source) in config.items():
+        if key.rsplit(".", 1)[-1] != "_target_" or not isinstance(target, str):
+            continue
+        module, _, name = target.rpartition(".")
+        for spec in callables:
+            path, _, defined = spec.rpartition(":")
+            if defined == name and (not module or Path(path).stem == module.split(".")[-1]):
+                named.setdefault(spec, (key[: -len("_target_")], target, source))
+    if len(named) != 1:
+        return None
+    spec, (node, target, source) = next(iter(named.items()))
+    arguments = {
+        key[len(node) :]: Found(key[len(node) :], value, f"{where} {key}")
+        for key, (value, where) in config.items()
+        if key.startswith(node) and "." not in key[len(node) :] and not key[len(node) :].startswith("_")
+    }
+    made = model_code.Instantiation(spec.rsplit(":", 1)[1], arguments, f"{source} _target_: {target}")
+    return _shown(spec), [spec], made
 
 
 def _shown(spec: str) -> str:
@@ -313,6 +351,30 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
         nodes, source = app.num_supernodes
         read["available-clients"] = Found("available-clients", nodes, source)
     return read
+
+
+_STRATEGY_KEYS = {
+    "fraction_fit": "fraction",
+    "fraction_train": "fraction",
+    "min_fit_clients": "min-clients",
+    "min_train_nodes": "min-clients",
+}
+
+
+def _config_strategy(config) -> list[Found]:
+    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`: its client
+    sampling (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
+    found = []
+    for key, (target, _) in config.items():
+        if key.rsplit(".", 1)[-1] != "_target_" or not str(target).startswith("flwr.server.strategy."):
+            continue
+        node = key[: -len("_target_")]
+        for name, setting in _STRATEGY_KEYS.items():
+            if node + name in config:
+                value, source = config[node + name]
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found.append(Found(setting, value, f"{source} {node + name}"))
+    return found
 
 
 def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources: _Sources) -> dict[str, object]:

@@ -110,13 +110,11 @@ def config_files(directory: Path, stem: str) -> list[Path]:
 
 
 def load_config(path: Path) -> dict | None:
-    """A job config, JSON or HOCON, with its `{name}` placeholders filled from its own top-level values."""
-    from rankaudit.deploy.hocon import HoconError, parse_hocon
-
+    """A job config, JSON (json) or HOCON (pyhocon, NVFlare's own reader), with its `{name}` placeholders filled
+    from its own top-level values."""
     try:
-        text = path.read_text(encoding="utf-8")
-        config = json.loads(text) if path.suffix == ".json" else parse_hocon(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, HoconError):
+        config = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else _hocon(path)
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(config, dict):
         return None
@@ -132,6 +130,18 @@ def load_config(path: Path) -> dict | None:
         return node
 
     return fill(config)
+
+
+def _hocon(path: Path) -> dict:
+    """A HOCON file as plain dicts and lists, its includes and `${...}` substitutions resolved by pyhocon."""
+    from pyhocon import ConfigFactory
+    from pyhocon.exceptions import ConfigException
+    from pyparsing.exceptions import ParseBaseException
+
+    try:
+        return ConfigFactory.parse_file(str(path)).as_plain_ordered_dict()
+    except (ConfigException, ParseBaseException) as error:
+        raise ValueError(str(error)) from None
 
 
 def read_job(directory: Path) -> NVFlareJob:
