@@ -10,6 +10,7 @@ import pytest
 
 from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.deploy.yamlconf import app_yaml
+from rankaudit.errors import UsageError
 
 APPS = Path(__file__).resolve().parent / "apps"
 GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)  # what an app cannot say
@@ -76,3 +77,104 @@ def test_hydra_defaults_list_choice_changes_the_model_and_a_missing_group_is_nam
     assert notes == [
         "bench/conf/strategy/fedprox.yaml, named in the defaults list of bench/conf/base.yaml, does not exist"
     ]
+
+
+def test_nvflare_recipe_with_homomorphic_encryption_is_a_job_and_its_encryption_is_named():
+    job = APPS / "nvflare_he_recipe"
+    script, train = job / "job.py", job / "train.py"
+    deployment = read_deployment(job, GIVEN)
+    rows = _rows(deployment)
+    assert rows["model"] == (
+        "net.py:SmallNet",
+        f"SmallNet(...) at job.py:{_line(script, 'model=SmallNet')}, the model the app trains",
+    )
+    args = _line(script, "train_args=")
+    assert rows["batch-size"] == ("8", f"job.py:{args} (train_args --batch_size 8)")
+    assert rows["local-epochs"] == ("3", f"job.py:{args} (train_args --epochs 3)")
+    assert rows["lr"] == ("0.02", f"train.py:{_line(train, '--lr')} (--lr's argparse default)")
+    assert rows["server-rounds"] == ("4", f"job.py:{_line(script, 'num_rounds=4')}")
+    assert rows["clients per round"][0] == "3"
+    he = next(note for note in deployment.notes if "homomorphic" in note)
+    assert he.startswith(f"FedAvgRecipeWithHE at job.py:{_line(script, 'recipe = ')} encrypts every layer")
+    assert deployment.round.clients == 1  # the sum is judged only when the user says how many are summed
+    assert not [row for row in rows.values() if "not read" in row[1]], rows
+
+
+def test_nvflare_fedavg_job_with_a_script_runner():
+    job = APPS / "nvflare_fedavg_job"
+    script, train = job / "fedavg_script_runner.py", job / "src" / "local_train.py"
+    deployment = read_deployment(job, GIVEN)
+    rows = _rows(deployment)
+    built = _line(script, "FedAvgJob(name")
+    assert rows["model"] == (
+        "src/network.py:TinyNetwork",
+        f"TinyNetwork(...) at fedavg_script_runner.py:{built}, the model the app trains",
+    )
+    assert rows["server-rounds"] == ("5", f"fedavg_script_runner.py:{_line(script, 'num_rounds = 5')}")
+    assert rows["clients per round"] == ("2", f"fedavg_script_runner.py:{_line(script, 'n_clients = 2')}")
+    runner = _line(script, "ScriptRunner(script=")
+    assert rows["local-epochs"] == ("2", f"fedavg_script_runner.py:{runner} (script_args --local_epochs 2)")
+    assert rows["batch-size"] == ("5", f"src/local_train.py:{_line(train, 'batch_size=5')}")
+    assert rows["momentum"] == ("0.5", f"src/local_train.py:{_line(train, 'momentum=0.5')}")
+    assert not [row for row in rows.values() if "not read" in row[1]], rows
+
+
+def test_fedbn_keeps_its_batchnorm_layers_local_when_its_client_runs(tmp_path):
+    app = APPS / "fedbn"
+    client = app / "fedbn_app" / "client.py"
+    base = app / "fedbn_app" / "conf" / "base.yaml"
+    deployment = read_deployment(app, GIVEN)
+    rows = _rows(deployment)
+    assert deployment.withheld_layers == ["bn1", "bn2"]
+    filtered = _line(client, "not in key")
+    assert rows["withheld-layers"] == (
+        "bn1,bn2",
+        f"fedbn_app/client.py:{filtered} (LocalNormClient.get_parameters sends no key holding 'bn')",
+    )
+    assert rows["lr"] == ("0.03", "fedbn_app/conf/client/localnorm.yaml:4 client.lr")
+    assert rows["batch-size"] == ("20", f"fedbn_app/conf/base.yaml:{_line(base, 'batch_size')} dataset.batch_size")
+    assert rows["server-rounds"] == ("8", f"fedbn_app/conf/base.yaml:{_line(base, 'num_rounds')} num_rounds")
+    assert rows["local-epochs"] == ("2", f"fedbn_app/client.py:{_line(client, 'epochs=2')}")
+    # The shared client sends everything: nothing is withheld, and no note claims otherwise.
+    copy = tmp_path / "fedbn"
+    shutil.copytree(app, copy)
+    copied = copy / "fedbn_app" / "conf" / "base.yaml"
+    copied.write_text(copied.read_text().replace("- client: localnorm", "- client: shared"))
+    shared = read_deployment(copy, GIVEN)
+    assert shared.withheld_layers is None and not any("bn" in note for note in shared.notes)
+    # Neither named nor built: the choice is the app's at run time, so every layer counts as sent, and a note says so.
+    copied.write_text(copied.read_text().replace("  - client: shared\n", "").replace("defaults:\n", ""))
+    undecided = read_deployment(copy, GIVEN)
+    assert undecided.withheld_layers is None
+    assert any("LocalNormClient.get_parameters" in note and "judged as sent" in note for note in undecided.notes)
+
+
+def test_fl4health_instance_level_dp_reads_noise_and_clip_from_its_config():
+    app = APPS / "fl4health_dp"
+    config = app / "config.yaml"
+    deployment = read_deployment(app, GIVEN)
+    rows = _rows(deployment)
+    assert rows["dp noise"] == ("1", f"config.yaml:{_line(config, 'noise_multiplier')} noise_multiplier")
+    assert rows["dp clip"] == ("5", f"config.yaml:{_line(config, 'clipping_bound')} clipping_bound")
+    client = f"client.py:{_line(app / 'client.py', 'class CifarDpClient')}"
+    assert rows["dp level"] == ("sample", f"InstanceLevelDpClient (FL4Health) at {client}")
+    assert rows["dp noise-by"][0] == "client"
+    assert rows["batch-size"] == ("16", f"config.yaml:{_line(config, 'batch_size')} batch_size")
+    assert rows["local-epochs"] == ("2", f"config.yaml:{_line(config, 'local_epochs')} local_epochs")
+    assert rows["server-rounds"] == ("4", f"config.yaml:{_line(config, 'n_server_rounds')} n_server_rounds")
+    dp = deployment.round.dp
+    # DP-SGD at q = B/N over E·⌈N/B⌉ steps a round, every round.
+    assert (dp.noise_multiplier, dp.clip, dp.sample_rate, dp.steps) == (1.0, 5.0, 16 / 32, 2 * 2 * 4)
+    assert not [row for row in rows.values() if "not read" in row[1]], rows
+
+
+def test_a_dp_client_whose_settings_are_not_in_the_config_is_named(tmp_path):
+    app = tmp_path / "fl4health_dp"
+    shutil.copytree(APPS / "fl4health_dp", app)
+    config = app / "config.yaml"
+    config.write_text(config.read_text().replace("noise_multiplier: 1.0\n", ""))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app, GIVEN)
+    message = str(raised.value)
+    assert message.startswith("InstanceLevelDpClient (FL4Health) at client.py:") and "noise_multiplier" in message
+    assert "--dp-noise" in message and "\n" not in message

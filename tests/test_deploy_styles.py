@@ -288,12 +288,17 @@ def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     pyproject.write_text(text[: text.index("[tool.flwr.app]")] + text[text.index("[tool.rankaudit]") :])
-    deployment = read_deployment(app)
+    # The run config is gone with the table: the batch and the epochs the bound depends on are nowhere to read.
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    assert str(raised.value).startswith("batch-size and local-epochs are not read from the app")
+    assert "--batch-size B, --local-epochs E" in str(raised.value)
+    deployment = read_deployment(app, Overrides(round={"batch_size": 32, "local_epochs": 1}))
     rows = _rows(deployment)
     assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
     task = app / "quickstart_app" / "task.py"
     assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
-    assert rows["local-epochs"][1].startswith("not read from the app")  # the run config is gone with the table
+    assert rows["local-epochs"] == ("1", "--local-epochs")
 
 
 def test_a_factory_called_with_a_positional_run_config_value(tmp_path):

@@ -93,6 +93,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         sources.notes.extend(job.notes)
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
+    _dp_needs_rounds(mechanisms, settings, overrides, values)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
     _clients_read(mechanisms, read, values, sources)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
@@ -100,7 +101,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
     dp, notes = privacy_settings(mechanisms, with_sampled, round_, settings, overrides, sources)
     round_ = replace(round_, dp=dp)
-    withheld = _withheld(directory, mechanisms, settings, sources)
+    withheld = _withheld(directory, mechanisms, settings, sources, model)
     _require(directory, model, settings, overrides, round_, read)
     return Deployment(
         kind=kind,
@@ -401,6 +402,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
         )
     values: dict[str, object] = {}
+    unread: list[str] = []
     for setting, name in ROUND_KEYS.items():
         if overrides.round.get(name) is not None:
             value, source = overrides.round[name], f"--{setting}"
@@ -409,15 +411,53 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         elif setting in read and setting != "available-clients":  # nodes count only with secure aggregation
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
+        elif setting in _VERDICT_SETTINGS:
+            unread.append(setting)
+            continue
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
-            # Not read is not "not in the app": the app may set it where rankaudit cannot read it.
+            # Not read is not "not in the app": the app may set it where rankaudit cannot read it. These ones the
+            # bound does not depend on (the verifiers' training does); server rounds not known: one round is judged
+            # and the report says what each further round adds.
             sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
             continue
         values[name] = value
         sources.add(setting, value, source)
+    if unread:
+        many = len(unread) > 1
+        raise UsageError(
+            f"{' and '.join(unread)} {'are' if many else 'is'} not read from the app, and the bound depends on "
+            f"{'them' if many else 'it'}: no value is safe to assume (more local steps expose more; a larger batch "
+            "couples more samples through its statistics)",
+            "set "
+            + " and ".join(f"{setting} = {_LETTER[setting]}" for setting in unread)
+            + f" in {ROUND_TABLE} (or "
+            + ", ".join(f"--{setting} {_LETTER[setting]}" for setting in unread)
+            + ")",
+        )
     return values
+
+
+# Round settings the rank bound depends on: never a default in their place (local-samples: _require).
+_VERDICT_SETTINGS = ("batch-size", "local-epochs")
+_LETTER = {"batch-size": "B", "local-epochs": "E"}
+
+
+def _dp_needs_rounds(mechanisms, settings, overrides: Overrides, values: dict[str, object]) -> None:
+    """DP composes over the server rounds: a guarantee for one round, where the app runs more, is not a bound."""
+    if "server_rounds" in values:
+        return
+    dp_kinds = ("flower-central", "local-dp", "opacus", "opacus-epsilon")
+    mechanism = next((m for m in mechanisms if m.kind in dp_kinds), None)
+    given = {**(settings.dp or {}), **overrides.dp}
+    if mechanism is None and "noise" not in given:
+        return
+    by = f"{mechanism.name} at {mechanism.source}" if mechanism is not None else "the DP settings given"
+    raise UsageError(
+        f"the server rounds are not read from the app, and the DP bound of {by} composes over them",
+        f"set server-rounds = R in {ROUND_TABLE} (or --server-rounds R)",
+    )
 
 
 def _fits(setting: str, value) -> bool:
@@ -510,10 +550,35 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
 # ---- withheld layers and what must be given ------------------------------------------------------------------------
 
 
-def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[str] | None:
-    """NVFlare's ExcludeVars (a config filter or a call in the code): the listed variables never leave the client."""
+def _withheld(directory: Path, mechanisms, settings, sources: _Sources, model: str) -> list[str] | None:
+    """NVFlare's ExcludeVars (a config filter or a call in the code): the listed variables never leave the client;
+    a client whose get_parameters leaves out the state-dict keys holding a word (FedBN's "bn"): the model's layers
+    named so stay local."""
     if settings.withheld_layers is not None or settings.shared_layers is not None:
         return None
+    local: list[str] = []
+    for mechanism in (m for m in mechanisms if m.kind == "local-layers"):
+        words = mechanism.arguments["words"].value
+        shown = " or ".join(repr(word) for word in words)
+        if mechanism.condition is not None:
+            sources.notes.append(
+                f"{mechanism.name} at {mechanism.source} keeps the layers whose names hold {shown} on the client, "
+                f"but {mechanism.condition}: every layer is judged as sent; name the local layers in withheld-layers "
+                "of [tool.rankaudit] for the run with it"
+            )
+            continue
+        layers = model_code.attribute_layers(model, words)
+        if not layers:
+            sources.notes.append(
+                f"{mechanism.name} at {mechanism.source} keeps the layers whose names hold {shown} on the client; "
+                "none is a layer of the model's own class rankaudit can name: every layer is judged as sent; name "
+                "them in withheld-layers of [tool.rankaudit]"
+            )
+            continue
+        local += [layer for layer in layers if layer not in local]
+        sources.add(
+            "withheld-layers", ",".join(layers), f"{mechanism.source} ({mechanism.name} sends no key holding {shown})"
+        )
     found = nvflare.excluded_variables(directory) + [
         m.arguments["exclude_vars"] for m in mechanisms if m.kind == "exclude-vars" and m.arguments.get("exclude_vars")
     ]
@@ -527,6 +592,7 @@ def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[
             continue
         names += [name for name in item.value if name not in names]
         sources.add("withheld-layers", ",".join(item.value), item.source)
+    names += [name for name in local if name not in names]
     return names or None
 
 

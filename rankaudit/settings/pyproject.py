@@ -42,7 +42,7 @@ CONVENTIONAL_KEYS = {
     "batch-size": ("batch-size", "batch_size"),
     "lr": ("lr", "learning-rate", "learning_rate"),
     "momentum": ("momentum",),
-    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
+    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds", "n_server_rounds"),
     "fraction": ("fraction-train", "fraction-fit"),
     "local-samples": (),
     "available-clients": (),
