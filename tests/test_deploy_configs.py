@@ -178,3 +178,25 @@ def test_a_dp_client_whose_settings_are_not_in_the_config_is_named(tmp_path):
     message = str(raised.value)
     assert message.startswith("InstanceLevelDpClient (FL4Health) at client.py:") and "noise_multiplier" in message
     assert "--dp-noise" in message and "\n" not in message
+
+
+def test_a_dp_client_base_rankaudit_has_no_rule_for_is_named(tmp_path):
+    app = tmp_path / "fl4health_dp"
+    shutil.copytree(APPS / "fl4health_dp", app)
+    client = app / "client.py"
+    client.write_text(
+        client.read_text()
+        .replace(
+            "from fl4health.clients.instance_level_dp_client import InstanceLevelDpClient",
+            "from fl4health.clients.scaffold_client import DPScaffoldClient",
+        )
+        .replace("class CifarDpClient(InstanceLevelDpClient)", "class CifarDpClient(DPScaffoldClient)")
+    )
+    deployment = read_deployment(app, GIVEN)
+    assert deployment.round.dp is None
+    line = _line(client, "class CifarDpClient")
+    assert any(
+        note.startswith(f"DPScaffoldClient at client.py:{line}: a privacy wrapper rankaudit has no rule for")
+        and "noise it adds on the client is not counted" in note
+        for note in deployment.notes
+    ), deployment.notes

@@ -370,6 +370,20 @@ def _fl4health_dp(reader: ModuleReader) -> list[Mechanism]:
             continue
         base = next((call_name(b) for b in node.bases if call_name(b) in _FL4HEALTH_DP_CLIENTS), None)
         if base is None:
+            # Another base that says privacy (FL4Health's DPScaffoldClient, an app's own DP client): named, not
+            # counted, never left out.
+            other = next(
+                (
+                    call_name(b)
+                    for b in node.bases
+                    if _privacy_wrapper(call_name(b)) and call_name(b) not in _KNOWN_NAMES
+                ),
+                None,
+            )
+            if other is not None:
+                noise_by = "client" if "Client" in other else "server"
+                where = reader.where(node)
+                found.append(Mechanism("unaccounted", other, {"noise_by": Found("noise-by", noise_by, where)}, where))
             continue
         arguments: dict[str, Found | None] = {}
         for argument, keys in _FL4HEALTH_KEYS.items():
