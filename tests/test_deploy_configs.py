@@ -72,6 +72,13 @@ def test_hydra_defaults_list_choice_changes_the_model_and_a_missing_group_is_nam
     deployment = read_deployment(app, GIVEN)
     assert _rows(deployment)["model"][0] == "bench/models.py:MLP"
     assert deployment.model_args == {"num_classes": 5}
+    # Hydra's own groups are Hydra's business; a group of the app's that is missing is named.
+    base.write_text(
+        base.read_text().replace(
+            "- _self_", "- override hydra/job_logging: disabled\n  - hydra/launcher: basic\n  - _self_"
+        )
+    )
+    assert app_yaml(app).notes == []
     base.write_text(base.read_text().replace("- strategy: fedavg", "- strategy: fedprox"))
     notes = app_yaml(app).notes
     assert notes == [
@@ -200,3 +207,28 @@ def test_a_dp_client_base_rankaudit_has_no_rule_for_is_named(tmp_path):
         and "noise it adds on the client is not counted" in note
         for note in deployment.notes
     ), deployment.notes
+
+
+def test_hydra_packages_nested_defaults_overrides_and_optional_groups(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "optim").mkdir()
+    (tmp_path / "main.py").write_text(
+        "import hydra\n\n\n@hydra.main(config_path='conf', config_name='run', version_base=None)\n"
+        "def main(cfg):\n    pass\n"
+    )
+    (conf / "run.yaml").write_text(
+        "defaults:\n  - experiment: small\n  - optional extras: none\n  - override optim: adam\n  - _self_\n"
+        "num_rounds: 3\n"
+    )
+    (conf / "experiment" / "small.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /optim: sgd\nbatch_size: 4\nnum_rounds: 9\n"
+    )
+    (conf / "optim" / "sgd.yaml").write_text("lr: 0.1\n")
+    (conf / "optim" / "adam.yaml").write_text("# the run's optimizer\nlr: 0.001\nbetas: [0.9, 0.99]\n")
+    read = app_yaml(tmp_path)
+    assert read.notes == []
+    assert read.entries["batch_size"] == (4, "conf/experiment/small.yaml:4")  # _global_: at the root
+    assert read.entries["num_rounds"] == (3, "conf/run.yaml:6")  # _self_ after the experiment: the run's own wins
+    assert read.entries["optim.lr"] == (0.001, "conf/optim/adam.yaml:2")  # the override chose adam
+    assert read.entries["optim.betas"] == ([0.9, 0.99], "conf/optim/adam.yaml:3")

@@ -167,8 +167,8 @@ def _compose(root, conf, folder, name, package, data, lines, overrides, notes, d
         group = (conf / group_text.lstrip("/")) if group_text.startswith("/") else folder / group_text
         group_key = group.relative_to(conf).as_posix() if group.is_relative_to(conf) else group_text
         option = overrides.get(group_key, option)
-        if option is None:
-            continue
+        if option is None or group_key.split("/")[0] == "hydra":
+            continue  # hydra/launcher, hydra/job_logging: Hydra's own groups, not the app's settings
         group_package = tuple(group_key.split("/"))
         if placed:
             group_package = () if placed == "_global_" else tuple(placed.split("."))
