@@ -126,29 +126,41 @@ def test_nvflare_fedavg_job_with_a_script_runner():
     assert not [row for row in rows.values() if "not read" in row[1]], rows
 
 
-def test_fedbn_keeps_its_batchnorm_layers_local_when_its_client_runs(tmp_path):
+def test_fedbn_local_batchnorm_is_named_and_a_local_weighted_layer_withheld(tmp_path):
     app = APPS / "fedbn"
     client = app / "fedbn_app" / "client.py"
     base = app / "fedbn_app" / "conf" / "base.yaml"
     deployment = read_deployment(app, GIVEN)
     rows = _rows(deployment)
-    assert deployment.withheld_layers == ["bn1", "bn2"]
     filtered = _line(client, "not in key")
-    assert rows["withheld-layers"] == (
-        "bn1,bn2",
-        f"fedbn_app/client.py:{filtered} (LocalNormClient.get_parameters sends no key holding 'bn')",
-    )
+    # BatchNorm's scale and shift are parameters its op uses directly, not a layer withheld-layers can take out:
+    # named, and judged as sent.
+    assert deployment.withheld_layers is None
+    assert (
+        f"LocalNormClient.get_parameters at fedbn_app/client.py:{filtered} keeps the normalisation layers bn1, bn2 "
+        "on the client (FedBN); their scale and shift are judged as sent, the stronger case for the attacker "
+        "(withheld-layers takes layers with weights only)"
+    ) in deployment.notes
     assert rows["lr"] == ("0.03", "fedbn_app/conf/client/localnorm.yaml:4 client.lr")
     assert rows["batch-size"] == ("20", f"fedbn_app/conf/base.yaml:{_line(base, 'batch_size')} dataset.batch_size")
     assert rows["server-rounds"] == ("8", f"fedbn_app/conf/base.yaml:{_line(base, 'num_rounds')} num_rounds")
     assert rows["local-epochs"] == ("2", f"fedbn_app/client.py:{_line(client, 'epochs=2')}")
-    # The shared client sends everything: nothing is withheld, and no note claims otherwise.
+    # A client that keeps a layer with weights (the classifier) local: withheld, with its source.
     copy = tmp_path / "fedbn"
     shutil.copytree(app, copy)
+    copied_client = copy / "fedbn_app" / "client.py"
+    copied_client.write_text(copied_client.read_text().replace('"bn" not in key', '"fc2" not in key'))
+    local_head = read_deployment(copy, GIVEN)
+    assert local_head.withheld_layers == ["fc2"]
+    assert _rows(local_head)["withheld-layers"] == (
+        "fc2",
+        f"fedbn_app/client.py:{filtered} (LocalNormClient.get_parameters sends no key holding 'fc2')",
+    )
+    # The shared client sends everything: nothing is withheld, and no note claims otherwise.
     copied = copy / "fedbn_app" / "conf" / "base.yaml"
     copied.write_text(copied.read_text().replace("- client: localnorm", "- client: shared"))
     shared = read_deployment(copy, GIVEN)
-    assert shared.withheld_layers is None and not any("bn" in note for note in shared.notes)
+    assert shared.withheld_layers is None and not any("get_parameters" in note for note in shared.notes)
     # Neither named nor built: the choice is the app's at run time, so every layer counts as sent, and a note says so.
     copied.write_text(copied.read_text().replace("  - client: shared\n", "").replace("defaults:\n", ""))
     undecided = read_deployment(copy, GIVEN)

@@ -567,13 +567,24 @@ def _withheld(directory: Path, mechanisms, settings, sources: _Sources, model: s
                 "of [tool.rankaudit] for the run with it"
             )
             continue
-        layers = model_code.attribute_layers(model, words)
-        if not layers:
+        built = model_code.attribute_layers(model, words)
+        norms = [name for name, made_by in built if made_by in _NORMALISATIONS]
+        layers = [name for name, made_by in built if made_by not in _NORMALISATIONS]
+        if norms:
+            # withheld-layers names layers with weights; a normalisation's scale and shift are parameters an op
+            # uses directly (docs/method.md, "The identifiability bound"), which it cannot take out: they stay counted as sent.
+            sources.notes.append(
+                f"{mechanism.name} at {mechanism.source} keeps the normalisation layers {', '.join(norms)} on the "
+                "client (FedBN); their scale and shift are judged as sent, the stronger case for the attacker "
+                "(withheld-layers takes layers with weights only)"
+            )
+        if not built:
             sources.notes.append(
                 f"{mechanism.name} at {mechanism.source} keeps the layers whose names hold {shown} on the client; "
                 "none is a layer of the model's own class rankaudit can name: every layer is judged as sent; name "
                 "them in withheld-layers of [tool.rankaudit]"
             )
+        if not layers:
             continue
         local += [layer for layer in layers if layer not in local]
         sources.add(
@@ -594,6 +605,22 @@ def _withheld(directory: Path, mechanisms, settings, sources: _Sources, model: s
         sources.add("withheld-layers", ",".join(item.value), item.source)
     names += [name for name in local if name not in names]
     return names or None
+
+
+# Layers built with these are normalisations: parameters used directly by the op, not a layer's weights.
+_NORMALISATIONS = frozenset(
+    {
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "SyncBatchNorm",
+        "InstanceNorm1d",
+        "InstanceNorm2d",
+        "InstanceNorm3d",
+        "GroupNorm",
+        "LayerNorm",
+    }
+)
 
 
 def _require(directory: Path, model: str, settings, overrides: Overrides, round_, read):

@@ -70,10 +70,10 @@ def instantiated(files: list[Path], names: list[str], root: Path, config=None) -
     return list(found.values())
 
 
-def attribute_layers(model: str, words: list[str]) -> list[str]:
+def attribute_layers(model: str, words: list[str]) -> list[tuple[str, str]]:
     """The layers model class `model` (PATH:NAME) assigns in its __init__ (`self.bn1 = nn.BatchNorm2d(...)`) whose
-    names hold one of `words`: the state-dict keys under them hold the word too. Layers nested deeper are not
-    named (they stay judged as sent, the stronger case for the attacker)."""
+    names hold one of `words`, each with the class it is built with: the state-dict keys under them hold the word
+    too. Layers nested deeper are not named (they stay judged as sent, the stronger case for the attacker)."""
     path_text, _, name = model.rpartition(":") if model.count(":") else (model, "", "")
     try:
         tree = ast.parse(Path(path_text).read_text(encoding="utf-8"))
@@ -88,7 +88,7 @@ def attribute_layers(model: str, words: list[str]) -> list[str]:
         ),
         None,
     )
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
     for statement in ast.walk(init) if init is not None else []:
         if not isinstance(statement, ast.Assign):
             continue
@@ -99,9 +99,9 @@ def attribute_layers(model: str, words: list[str]) -> list[str]:
                 and target.value.id == "self"
                 and any(word in target.attr for word in words)
                 and isinstance(statement.value, ast.Call)
-                and target.attr not in found
+                and target.attr not in [name for name, _ in found]
             ):
-                found.append(target.attr)
+                found.append((target.attr, call_name(statement.value)))
     return found
 
 
