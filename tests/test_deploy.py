@@ -269,13 +269,13 @@ def test_several_candidates_and_missing_settings_are_one_line_errors(run_cli, tm
 
 def test_nvflare_exclude_vars_withholds_layers_by_state_dict_keys(run_cli):
     job = APPS / "nvflare_job"
-    deployment = read_deployment(job, Overrides(round={"local_samples": 8, "batch_size": 8}))
+    deployment = read_deployment(job, Overrides(round={"local_samples": 8, "batch_size": 8, "local_epochs": 1}))
     assert deployment.withheld_layers == ["fc1.weight", "fc1.bias"]
     assert _rows(deployment)["withheld-layers"] == (
         "fc1.weight,fc1.bias",
         "app/config/config_fed_client.json (ExcludeVars)",
     )
-    code, out, err = run_cli(job, "--local-samples", "8", "-b", "8", "--format", "json")
+    code, out, err = run_cli(job, "--local-samples", "8", "-b", "8", "--local-epochs", "1", "--format", "json")
     read = json.loads(out)
     model = job / "app" / "custom" / "simple_network.py"
     code, out, err = run_cli(model, "-b", "8", "--withheld-layers", "fc1", "--format", "json")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rankaudit.deploy.app import Overrides, read_deployment
-from rankaudit.deploy.hocon import parse_hocon
+from rankaudit.deploy.nvflare import load_config
 from rankaudit.deploy.yamlconf import read_yaml
 from rankaudit.errors import UsageError
 
@@ -73,7 +73,9 @@ def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
     rows = _rows(read_deployment(job, GIVEN))
     assert rows["server-rounds"] == ("7", "app/config/config_fed_server.conf num_rounds")
     assert rows["clients per round"] == ("3", "app/config/config_fed_server.conf min_clients")
-    assert parse_hocon('a.b = 1\na { c: "x" } // note\nlist = [1, 2]') == {"a": {"b": 1, "c": "x"}, "list": [1, 2]}
+    hocon = tmp_path / "dotted.conf"
+    hocon.write_text('a.b = 1\na { c: "x" } // note\nlist = [1, 2]\nrounds = ${a.b}')
+    assert load_config(hocon) == {"a": {"b": 1, "c": "x"}, "list": [1, 2], "rounds": 1}
     client = job / "app" / "config" / "config_fed_client.json"
     client.write_text(client.read_text().replace('"--batch_size 16"', '"-b 24"'))
     script = job / "app" / "custom" / "client.py"
@@ -185,7 +187,7 @@ def test_an_optimizer_choice_that_is_not_read_is_refused_in_one_line(tmp_path):
     assert given.round.optimizer == "sgd"
 
 
-def test_hydra_yaml_app_without_pyyaml():
+def test_hydra_yaml_app():
     app = APPS / "hydra_app"
     deployment = read_deployment(app, GIVEN)
     rows = _rows(deployment)
@@ -286,12 +288,17 @@ def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     pyproject.write_text(text[: text.index("[tool.flwr.app]")] + text[text.index("[tool.rankaudit]") :])
-    deployment = read_deployment(app)
+    # The run config is gone with the table: the batch and the epochs the bound depends on are nowhere to read.
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    assert str(raised.value).startswith("batch-size and local-epochs are not read from the app")
+    assert "--batch-size B, --local-epochs E" in str(raised.value)
+    deployment = read_deployment(app, Overrides(round={"batch_size": 32, "local_epochs": 1}))
     rows = _rows(deployment)
     assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
     task = app / "quickstart_app" / "task.py"
     assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
-    assert rows["local-epochs"][1].startswith("not read from the app")  # the run config is gone with the table
+    assert rows["local-epochs"] == ("1", "--local-epochs")
 
 
 def test_a_factory_called_with_a_positional_run_config_value(tmp_path):

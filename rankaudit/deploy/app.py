@@ -12,6 +12,7 @@ from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
+from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
@@ -58,15 +59,15 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
 
     overrides = overrides or Overrides()
     directory = path.resolve()
-    job = None
+    job, yaml_notes = None, []
     if flower.is_flower_app(directory):
         app = flower.read_app(directory, overrides.run_config)
         kind, config = "flower", app.config
     elif nvflare.is_nvflare_job(directory):
-        app, kind, config = None, "nvflare", yamlconf.app_yaml(directory)
+        app, kind, config, yaml_notes = None, "nvflare", *_yaml(directory)
         job = nvflare.read_job(directory)
     elif flower.uses_flower(_python_files(directory)):
-        app, kind, config = None, "flower", yamlconf.app_yaml(directory)  # script style, Hydra or YAML config
+        app, kind, config, yaml_notes = None, "flower", *_yaml(directory)  # script style, Hydra or YAML config
     else:
         raise UsageError(
             f"'{path}' is a directory but neither a Flower app (pyproject.toml with [tool.flwr.app], or code "
@@ -81,16 +82,19 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         )
     settings = load_settings(directory / "pyproject.toml")
     sources = _Sources()
+    sources.notes.extend(yaml_notes)
     files = _code_files(directory, app)
-    model, imported, instantiated = _model(directory, app, settings, job, files)
+    model, imported, instantiated = _model(directory, app, settings, job, files, config)
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    found = _config_strategy(config) + found
     if job is not None:
         found = job.found + found
         sources.notes.extend(job.notes)
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
+    _dp_needs_rounds(mechanisms, settings, overrides, values)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
     _clients_read(mechanisms, read, values, sources)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
@@ -98,7 +102,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
     dp, notes = privacy_settings(mechanisms, with_sampled, round_, settings, overrides, sources)
     round_ = replace(round_, dp=dp)
-    withheld = _withheld(directory, mechanisms, settings, sources)
+    withheld = withheld_layers(directory, mechanisms, settings, sources, model)
     _require(directory, model, settings, overrides, round_, read)
     return Deployment(
         kind=kind,
@@ -110,6 +114,11 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         settings=sources.rows,
         notes=notes + sources.notes,
     )
+
+
+def _yaml(directory: Path) -> tuple[dict[str, tuple[object, str]], list[str]]:
+    read = yamlconf.app_yaml(directory)
+    return read.entries, read.notes
 
 
 class _Sources:
@@ -125,9 +134,12 @@ class _Sources:
 # ---- the model -----------------------------------------------------------------------------------------------------
 
 
-def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], model_code.Instantiation | None]:
-    """[tool.rankaudit] model, else the model the job names, else the one the client's code instantiates among
-    the nn.Module classes (and model factories) the client app's module imports from the app."""
+def _model(
+    directory: Path, app, settings, job, files, config
+) -> tuple[str, list[str], model_code.Instantiation | None]:
+    """[tool.rankaudit] model, else the model the job names, else the class a Hydra config's `_target_` names,
+    else the one the client's code instantiates among the nn.Module classes (and model factories) the client app's
+    module imports from the app."""
     if settings.model:
         path_text, _, name = settings.model.partition(":")
         base = settings.source.parent if settings.source is not None else directory  # relative to its pyproject
@@ -151,6 +163,9 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
         ]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
+    targeted = _config_target(config, callables)
+    if targeted is not None:
+        return targeted
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
     chosen = model_code.instantiated(
@@ -176,6 +191,31 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
         )
     shown = ", ".join(_relative(directory, spec) for spec in candidates)
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
+
+
+def _config_target(config, callables: list[str]):
+    """The model a YAML config names with Hydra's `_target_: pkg.models.CNN` (what `instantiate(cfg.model)`
+    builds), with the node's other keys as its arguments; None unless exactly one class or factory of the app
+    is named so."""
+    named: dict[str, tuple[str, str, str]] = {}  # spec -> (config node, dotted target, source)
+    for key, (target, source) in config.items():
+        if key.rsplit(".", 1)[-1] != "_target_" or not isinstance(target, str):
+            continue
+        module, _, name = target.rpartition(".")
+        for spec in callables:
+            path, _, defined = spec.rpartition(":")
+            if defined == name and (not module or Path(path).stem == module.split(".")[-1]):
+                named.setdefault(spec, (key[: -len("_target_")], target, source))
+    if len(named) != 1:
+        return None
+    spec, (node, target, source) = next(iter(named.items()))
+    arguments = {
+        key[len(node) :]: Found(key[len(node) :], value, f"{where} {key}")
+        for key, (value, where) in config.items()
+        if key.startswith(node) and "." not in key[len(node) :] and not key[len(node) :].startswith("_")
+    }
+    made = model_code.Instantiation(spec.rsplit(":", 1)[1], arguments, f"{source} _target_: {target}")
+    return _shown(spec), [spec], made
 
 
 def _shown(spec: str) -> str:
@@ -315,6 +355,30 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
     return read
 
 
+_STRATEGY_KEYS = {
+    "fraction_fit": "fraction",
+    "fraction_train": "fraction",
+    "min_fit_clients": "min-clients",
+    "min_train_nodes": "min-clients",
+}
+
+
+def _config_strategy(config) -> list[Found]:
+    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`: its client
+    sampling (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
+    found = []
+    for key, (target, _) in config.items():
+        if key.rsplit(".", 1)[-1] != "_target_" or not str(target).startswith("flwr.server.strategy."):
+            continue
+        node = key[: -len("_target_")]
+        for name, setting in _STRATEGY_KEYS.items():
+            if node + name in config:
+                value, source = config[node + name]
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found.append(Found(setting, value, f"{source} {node + name}"))
+    return found
+
+
 def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources: _Sources) -> dict[str, object]:
     """Round field values: flags, then [tool.rankaudit.round] (and its batch-size), then what was read."""
     table = dict(settings.round or {})
@@ -339,6 +403,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
         )
     values: dict[str, object] = {}
+    unread: list[str] = []
     for setting, name in ROUND_KEYS.items():
         if overrides.round.get(name) is not None:
             value, source = overrides.round[name], f"--{setting}"
@@ -347,15 +412,53 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         elif setting in read and setting != "available-clients":  # nodes count only with secure aggregation
             value, source = read[setting].value, read[setting].source
             value = _typed(setting, value, source)
+        elif setting in _VERDICT_SETTINGS:
+            unread.append(setting)
+            continue
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
-            # Not read is not "not in the app": the app may set it where rankaudit cannot read it.
+            # Not read is not "not in the app": the app may set it where rankaudit cannot read it. These ones the
+            # bound does not depend on (the verifiers' training does); server rounds not known: one round is judged
+            # and the report says what each further round adds.
             sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
             continue
         values[name] = value
         sources.add(setting, value, source)
+    if unread:
+        many = len(unread) > 1
+        raise UsageError(
+            f"{' and '.join(unread)} {'are' if many else 'is'} not read from the app, and the bound depends on "
+            f"{'them' if many else 'it'}: no value is safe to assume (more local steps expose more; a larger batch "
+            "couples more samples through its statistics)",
+            "set "
+            + " and ".join(f"{setting} = {_LETTER[setting]}" for setting in unread)
+            + f" in {ROUND_TABLE} (or "
+            + ", ".join(f"--{setting} {_LETTER[setting]}" for setting in unread)
+            + ")",
+        )
     return values
+
+
+# Round settings the rank bound depends on: never a default in their place (local-samples: _require).
+_VERDICT_SETTINGS = ("batch-size", "local-epochs")
+_LETTER = {"batch-size": "B", "local-epochs": "E"}
+
+
+def _dp_needs_rounds(mechanisms, settings, overrides: Overrides, values: dict[str, object]) -> None:
+    """DP composes over the server rounds: a guarantee for one round, where the app runs more, is not a bound."""
+    if "server_rounds" in values:
+        return
+    dp_kinds = ("flower-central", "local-dp", "opacus", "opacus-epsilon")
+    mechanism = next((m for m in mechanisms if m.kind in dp_kinds), None)
+    given = {**(settings.dp or {}), **overrides.dp}
+    if mechanism is None and "noise" not in given:
+        return
+    by = f"{mechanism.name} at {mechanism.source}" if mechanism is not None else "the DP settings given"
+    raise UsageError(
+        f"the server rounds are not read from the app, and the DP bound of {by} composes over them",
+        f"set server-rounds = R in {ROUND_TABLE} (or --server-rounds R)",
+    )
 
 
 def _fits(setting: str, value) -> bool:
@@ -445,27 +548,7 @@ def _secure_aggregation(mechanisms, read, values, sources: _Sources, settings, o
         sources.add("available-clients", nodes.value, nodes.source)
 
 
-# ---- withheld layers and what must be given ------------------------------------------------------------------------
-
-
-def _withheld(directory: Path, mechanisms, settings, sources: _Sources) -> list[str] | None:
-    """NVFlare's ExcludeVars (a config filter or a call in the code): the listed variables never leave the client."""
-    if settings.withheld_layers is not None or settings.shared_layers is not None:
-        return None
-    found = nvflare.excluded_variables(directory) + [
-        m.arguments["exclude_vars"] for m in mechanisms if m.kind == "exclude-vars" and m.arguments.get("exclude_vars")
-    ]
-    names: list[str] = []
-    for item in found:
-        if isinstance(item.value, str):
-            sources.notes.append(
-                f"ExcludeVars in {item.source} is a regular expression ({item.value!r}); "
-                "name the withheld layers in withheld-layers of [tool.rankaudit]"
-            )
-            continue
-        names += [name for name in item.value if name not in names]
-        sources.add("withheld-layers", ",".join(item.value), item.source)
-    return names or None
+# ---- what must be given --------------------------------------------------------------------------------------------
 
 
 def _require(directory: Path, model: str, settings, overrides: Overrides, round_, read):

@@ -70,6 +70,41 @@ def instantiated(files: list[Path], names: list[str], root: Path, config=None) -
     return list(found.values())
 
 
+def attribute_layers(model: str, words: list[str]) -> list[tuple[str, str]]:
+    """The layers model class `model` (PATH:NAME) assigns in its __init__ (`self.bn1 = nn.BatchNorm2d(...)`) whose
+    names hold one of `words`, each with the class it is built with: the state-dict keys under them hold the word
+    too. Layers nested deeper are not named (they stay judged as sent, the stronger case for the attacker)."""
+    path_text, _, name = model.rpartition(":") if model.count(":") else (model, "", "")
+    try:
+        tree = ast.parse(Path(path_text).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return []
+    owner = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
+    init = next(
+        (
+            node
+            for node in (owner.body if owner else [])
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+        ),
+        None,
+    )
+    found: list[tuple[str, str]] = []
+    for statement in ast.walk(init) if init is not None else []:
+        if not isinstance(statement, ast.Assign):
+            continue
+        for target in statement.targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+                and any(word in target.attr for word in words)
+                and isinstance(statement.value, ast.Call)
+                and target.attr not in [name for name, _ in found]
+            ):
+                found.append((target.attr, call_name(statement.value)))
+    return found
+
+
 def module_classes(tree: ast.Module) -> dict[str, int]:
     """Classes in a module that subclass nn.Module (directly, or through another class of the same module):
     name -> line."""

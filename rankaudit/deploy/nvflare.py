@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +85,7 @@ def job_scripts(directory: Path) -> list[Path]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        if "Recipe(" not in text and "FedJob(" not in text:
+        if "Recipe" not in text and "Job(" not in text:
             continue
         try:
             tree = ast.parse(text)
@@ -95,9 +96,22 @@ def job_scripts(directory: Path) -> list[Path]:
             for node in ast.walk(tree)
             if isinstance(node, ast.Call)
         }
-        if "FedJob" in names or any(name.endswith("Recipe") for name in names):
+        if any(_is_recipe(name) or _is_job(name) for name in names):
             found.append(path)
     return found
+
+
+def _is_recipe(name: str) -> bool:
+    """FedAvgRecipe, FedAvgRecipeWithHE, CyclicRecipe, ...: a Recipe class of NVFlare's Recipe API."""
+    return "Recipe" in name and name[:1].isupper()
+
+
+def _is_job(name: str) -> bool:
+    """FedJob, or a job class that builds one with its controller (FedAvgJob, BaseFedJob)."""
+    return name.endswith("FedJob") or name in _CONTROLLER_JOBS
+
+
+_CONTROLLER_JOBS = ("FedAvgJob",)  # nvflare.app_opt.pt.job_config: FedAvg with its controller built in
 
 
 def config_files(directory: Path, stem: str) -> list[Path]:
@@ -110,13 +124,11 @@ def config_files(directory: Path, stem: str) -> list[Path]:
 
 
 def load_config(path: Path) -> dict | None:
-    """A job config, JSON or HOCON, with its `{name}` placeholders filled from its own top-level values."""
-    from rankaudit.deploy.hocon import HoconError, parse_hocon
-
+    """A job config, JSON (json) or HOCON (pyhocon, NVFlare's own reader), with its `{name}` placeholders filled
+    from its own top-level values."""
     try:
-        text = path.read_text(encoding="utf-8")
-        config = json.loads(text) if path.suffix == ".json" else parse_hocon(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, HoconError):
+        config = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else _hocon(path)
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(config, dict):
         return None
@@ -132,6 +144,18 @@ def load_config(path: Path) -> dict | None:
         return node
 
     return fill(config)
+
+
+def _hocon(path: Path) -> dict:
+    """A HOCON file as plain dicts and lists, its includes and `${...}` substitutions resolved by pyhocon."""
+    from pyhocon import ConfigFactory
+    from pyhocon.exceptions import ConfigException
+    from pyparsing.exceptions import ParseBaseException
+
+    try:
+        return ConfigFactory.parse_file(str(path)).as_plain_ordered_dict()
+    except (ConfigException, ParseBaseException) as error:
+        raise ValueError(str(error)) from None
 
 
 def read_job(directory: Path) -> NVFlareJob:
@@ -198,9 +222,11 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
     reader = ModuleReader(path, directory, {})
     for call in reader.calls():
         name = call_name(call)
-        recipe = name.endswith("Recipe")
-        if not (recipe or name in _JOB_CALLS or reader.argument(call, "num_rounds") is not None):
+        recipe = _is_recipe(name)
+        if not (recipe or _is_job(name) or name in _JOB_CALLS or reader.argument(call, "num_rounds") is not None):
             continue
+        if "WithHE" in name or reader.argument(call, "encrypt_layers") is not None:
+            _encrypted(reader, call, name, job)
         rounds = reader.resolved(call, "num_rounds", "server-rounds")
         if rounds is not None and isinstance(rounds.value, int):
             job.found.append(rounds)
@@ -210,7 +236,11 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
                     "server-rounds", _RECIPE_ROUNDS_DEFAULT, f"NVFlare's FedAvgRecipe default at {reader.where(call)}"
                 )
             )
-        for keyword, setting in (("min_clients", "min-clients"), ("num_clients", "available-clients")):
+        for keyword, setting in (
+            ("min_clients", "min-clients"),
+            ("n_clients", "min-clients"),  # FedAvgJob's: the clients its controller waits for each round
+            ("num_clients", "available-clients"),
+        ):
             value = reader.resolved(call, keyword, setting)
             if value is not None and isinstance(value.value, int):
                 kind = "available-clients" if name in ("SimEnv", "PocEnv", "ProdEnv") else "min-clients"
@@ -227,7 +257,11 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
                         f"{args_keyword} at {reader.where(call)} is not a string rankaudit can read; the script's "
                         "own argparse defaults are used"
                     )
-        model = reader.argument(call, "model") if recipe else None
+        model = (
+            (reader.argument(call, "model") or reader.argument(call, "initial_model"))
+            if recipe or _is_job(name)
+            else None
+        )
         if isinstance(model, ast.Call):
             arguments = {k.arg: reader.value(k.value) for k in model.keywords if k.arg}
             job.model = (call_name(model), arguments, reader.where(model))
@@ -242,3 +276,22 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
             )
             if class_path is not None and isinstance(class_path.value, str):
                 job.model = (class_path.value, arguments, reader.where(model))
+
+
+def _encrypted(reader, call, name: str, job: NVFlareJob) -> None:
+    """Homomorphic encryption of the updates (FedAvgRecipeWithHE): the server sums ciphertexts it cannot read, but
+    the clients holding the key decrypt the sum; nothing here says how many updates are summed, so the round stays
+    judged for one client's update, the worst case, and the note says how to judge the sum."""
+    given = reader.argument(call, "encrypt_layers")
+    layers = reader.value(given)
+    if given is None:
+        which = "every layer"
+    elif layers is None:
+        which = f"the layers `{ast.unparse(given)}` names (not read; the others are sent in clear)"
+    else:
+        which = f"the layers {layers.value!r} ({layers.source}); the others are sent in clear"
+    job.notes.append(
+        f"{name} at {reader.where(call)} encrypts {which} with homomorphic encryption: the server aggregates without "
+        "reading one client's update, the key holders see the sum; the round is judged for one client's update "
+        "(the worst case); set clients = C in [tool.rankaudit.round] to judge the sum of C updates"
+    )

@@ -31,7 +31,7 @@ def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
             )
             + f" (set noise, clip and noise-by in {DP_TABLE} to count it)"
         )
-    dp_mechanisms = [m for m in mechanisms if m.kind not in ("secagg", "exclude-vars", "unaccounted")]
+    dp_mechanisms = [m for m in mechanisms if m.kind not in ("secagg", "exclude-vars", "unaccounted", "local-layers")]
     if len({m.kind for m in dp_mechanisms}) > 1:
         notes.append(
             "several DP mechanisms in the code ("

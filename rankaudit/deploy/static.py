@@ -32,10 +32,12 @@ def read_code(
             continue  # a file that does not parse is the loader's business, not the deployment reader's
     for reader in readers:
         reader.peers = readers
+    single_passes: list[Found] = []
     for reader in readers:
         found += _loaders(reader) + _optimizers(reader) + _epochs(reader) + _rounds(reader)
         mechanisms += _mechanisms(reader)
-    return found, mechanisms
+        single_passes += _single_pass(reader)
+    return found + single_passes, mechanisms  # an epoch count read anywhere wins over a loop that looks like one
 
 
 def _loaders(reader: ModuleReader) -> list[Found]:
@@ -102,8 +104,8 @@ def _epochs(reader: ModuleReader) -> list[Found]:
             steps = any(
                 isinstance(inner, ast.Call) and call_name(inner) in ("step", "backward") for inner in ast.walk(node)
             )
-            if function is None or ("train" not in function.name.lower() and not steps):
-                continue
+            if not steps and (function is None or "train" not in function.name.lower()):
+                continue  # a loop that steps an optimizer trains, in a function or in a script's body
             count = reader.value(node.iter.args[0])
             if count is not None and isinstance(count.value, int) and not isinstance(count.value, bool):
                 found.append(Found("local-epochs", count.value, count.source, count.line))
@@ -116,6 +118,49 @@ def _epochs(reader: ModuleReader) -> list[Found]:
                 if count is not None and isinstance(count.value, int) and not isinstance(count.value, bool):
                     found.append(Found("local-epochs", count.value, count.source, count.line))
     return found
+
+
+def _single_pass(reader: ModuleReader) -> list[Found]:
+    """One local epoch: a loop over the data that steps an optimizer, in no other loop (a `while` on
+    `flare.is_running()` repeats rounds, not epochs), in a function no file of the app calls from a loop."""
+    found = []
+    for node in ast.walk(reader.tree):
+        if not (isinstance(node, ast.For) and _steps(node)) or _calls_range(node):
+            continue
+        if _inside_loop(reader, node):
+            continue
+        function = reader.function_of(node)
+        if function is not None and any(
+            call_name(call) == function.name and _inside_loop(peer, call)
+            for peer in reader.peers
+            for call in peer.calls()
+        ):
+            continue
+        found.append(
+            Found("local-epochs", 1, f"{reader.where(node)} (one pass over the data, no epoch loop)", node.lineno)
+        )
+    return found
+
+
+def _steps(loop: ast.For) -> bool:
+    return any(isinstance(inner, ast.Call) and call_name(inner) == "step" for inner in ast.walk(loop))
+
+
+def _calls_range(loop: ast.For) -> bool:
+    return isinstance(loop.iter, ast.Call) and call_name(loop.iter) == "range"
+
+
+def _inside_loop(reader: ModuleReader, node: ast.AST) -> bool:
+    parent = reader._parents.get(node)
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)):
+            return True
+        if isinstance(parent, ast.While) and not (
+            isinstance(parent.test, ast.Call) and call_name(parent.test) == "is_running"
+        ):
+            return True
+        parent = reader._parents.get(parent)
+    return False
 
 
 def _rounds(reader: ModuleReader) -> list[Found]:
@@ -223,6 +268,7 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
                     "exclude-vars", name, {"exclude_vars": reader.resolved(call, "exclude_vars", "withheld")}, where
                 )
             )
+    mechanisms += _fl4health_dp(reader) + _local_layers(reader)
     for node in reader.names():
         name = node.id if isinstance(node, ast.Name) else node.attr
         if name in ("secaggplus_mod", "secagg_mod") and not isinstance(reader._parents.get(node), ast.alias):
@@ -236,7 +282,124 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
     return mechanisms
 
 
+def _local_layers(reader: ModuleReader) -> list[Mechanism]:
+    """FedBN and the like: a client's get_parameters that sends the state dict without the keys holding a word
+    (`[v for name, v in model.state_dict().items() if "bn" not in name]`): those layers stay on the client. Only
+    for a client class the app runs (a config's `_target_` names it, the code builds it, or it is the one client
+    class that defines get_parameters); else the condition says which classes the choice is between."""
+    found = []
+    senders = {
+        node.name: node
+        for peer in reader.peers
+        for node in ast.walk(peer.tree)
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(item, ast.FunctionDef) and item.name == "get_parameters" for item in node.body)
+    }
+    for node in ast.walk(reader.tree):
+        if not (isinstance(node, ast.FunctionDef) and node.name == "get_parameters"):
+            continue
+        owner = reader._enclosing(node, ast.ClassDef)
+        for comprehension in ast.walk(node):
+            if not isinstance(comprehension, (ast.ListComp, ast.GeneratorExp)):
+                continue
+            loop = comprehension.generators[0]
+            if "state_dict" not in ast.unparse(loop.iter) or not isinstance(loop.target, ast.Tuple):
+                continue
+            key = loop.target.elts[0]
+            words = [
+                test.left.value
+                for test in loop.ifs
+                if isinstance(test, ast.Compare)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.NotIn)
+                and isinstance(test.left, ast.Constant)
+                and isinstance(test.left.value, str)
+                and ast.unparse(test.comparators[0]) == ast.unparse(key)
+            ]
+            if not words or owner is None:
+                continue
+            runs = _runs(reader, owner.name, senders)
+            if runs is False:
+                continue
+            condition = None
+            if runs is None:
+                condition = "the client class is " + " or ".join(sorted(senders)) + ", chosen when the app runs"
+            found.append(
+                Mechanism(
+                    "local-layers",
+                    f"{owner.name}.get_parameters",
+                    {"words": Found("withheld", words, reader.where(comprehension))},
+                    reader.where(comprehension),
+                    condition,
+                )
+            )
+    return found
+
+
+def _runs(reader: ModuleReader, name: str, senders: dict) -> bool | None:
+    """Whether client class `name` is the one the app runs: the one a config's `_target_` names among the client
+    classes, else one the code builds, else the only client class that sends parameters; None: not decided."""
+    targets = {
+        str(value).rsplit(".", 1)[-1]
+        for key, (value, _) in reader.config.items()
+        if key.rsplit(".", 1)[-1] == "_target_"
+    }
+    if targets & set(senders):
+        return name in targets
+    built = {call_name(call) for peer in reader.peers for call in peer.calls()} & set(senders)
+    if built:
+        return name in built
+    return True if len(senders) == 1 else None
+
+
+# FL4Health's instance-level DP clients: Opacus DP-SGD on each client (sample level, Poisson batches), its noise
+# multiplier and clipping bound sent by the server from the run's config (config.yaml).
+_FL4HEALTH_DP_CLIENTS = ("InstanceLevelDpClient", "InstanceLevelPrivacyClient")
+_FL4HEALTH_KEYS = {
+    "noise_multiplier": ("noise_multiplier", "client_noise_multiplier"),
+    "max_grad_norm": ("clipping_bound", "client_clipping"),
+}
+
+
+def _fl4health_dp(reader: ModuleReader) -> list[Mechanism]:
+    """A client class built on FL4Health's InstanceLevelDpClient: DP-SGD with the config's σ and clipping bound
+    (None where the config does not give them: the DP settings then ask for noise and clip)."""
+    found = []
+    for node in ast.walk(reader.tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        base = next((call_name(b) for b in node.bases if call_name(b) in _FL4HEALTH_DP_CLIENTS), None)
+        if base is None:
+            # Another base that says privacy (FL4Health's DPScaffoldClient, an app's own DP client): named, not
+            # counted, never left out.
+            other = next(
+                (
+                    call_name(b)
+                    for b in node.bases
+                    if _privacy_wrapper(call_name(b)) and call_name(b) not in _KNOWN_NAMES
+                ),
+                None,
+            )
+            if other is not None:
+                noise_by = "client" if "Client" in other else "server"
+                where = reader.where(node)
+                found.append(Mechanism("unaccounted", other, {"noise_by": Found("noise-by", noise_by, where)}, where))
+            continue
+        arguments: dict[str, Found | None] = {}
+        for argument, keys in _FL4HEALTH_KEYS.items():
+            key = next((key for key in keys if key in reader.config), None)
+            if key is None:
+                arguments[argument] = None
+                continue
+            value, source = reader.config[key]
+            arguments[argument] = Found(argument, value, f"{source} {key}")
+        arguments["poisson_sampling"] = Found("poisson_sampling", True, f"{base} (Opacus with Poisson sampling)")
+        found.append(Mechanism("opacus", f"{base} (FL4Health)", arguments, reader.where(node)))
+    return found
+
+
 _KNOWN_NAMES = {
+    *_FL4HEALTH_DP_CLIENTS,
     *FLOWER_FIXED,
     *FLOWER_ADAPTIVE,
     "LocalDpMod",

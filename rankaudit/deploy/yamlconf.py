@@ -1,69 +1,295 @@
-"""An app's YAML configuration (Hydra's conf/config.yaml and the like): nested `key: value` maps, read without
-PyYAML into dotted keys, each with its file."""
+"""An app's YAML configuration (Hydra's conf/ with defaults lists and `${...}`, or a plain config.yaml), read into
+dotted keys, each with its file and line: PyYAML gives the lines, OmegaConf resolves the interpolations."""
 
 from __future__ import annotations
 
-import json
+import ast
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+# Where an app keeps its YAML config when no `@hydra.main(config_path=..., config_name=...)` names it.
 _CONFIG_NAMES = ("conf/config.yaml", "config/config.yaml", "conf/base.yaml", "config.yaml", "conf/config.yml")
+_SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "tests", "outputs", "multirun"}
+_PACKAGE_HEADER = re.compile(r"^#\s*@package\s+(\S+)", re.MULTILINE)
+_NESTING = 8  # defaults lists deeper than this are a loop
 
 
-def _scalar(text: str):
-    text = text.strip()
-    if not text or text in ("~", "null", "None"):
-        return None
-    if text[0] in "\"'" and text[-1] == text[0]:
-        return text[1:-1]
-    lowered = text.lower()
-    if lowered in ("true", "yes", "on"):
-        return True
-    if lowered in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    if text.startswith("[") and text.endswith("]"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-    return text
+@dataclass
+class YamlConfig:
+    """The composed config: dotted key -> (resolved value, 'FILE:LINE'); notes name what was not read."""
+
+    entries: dict[str, tuple[object, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def read_yaml(path: Path) -> dict[str, tuple[object, int]]:
-    """Dotted key -> (scalar value, line) for every `key: value` of a block-style YAML file; lists, anchors and
-    multi-line strings are left out (a key this reader cannot read is not reported as read)."""
-    found: dict[str, tuple[object, int]] = {}
-    stack: list[tuple[int, str]] = []  # (indent, key) of the maps above the current line
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip() or line.strip().startswith("-") or line.strip() in ("---", "..."):
+    """Dotted key -> (value, line) of one YAML file, its `${...}` resolved within the file (no defaults list)."""
+    data, lines = _load(path)
+    plain: dict[str, tuple[object, int]] = {}
+    for key, value in _resolved(data).items():
+        plain[key] = (value, lines.get(key, 0))
+    return plain
+
+
+def app_yaml(directory: Path) -> YamlConfig:
+    """The app's YAML config as run-config-like entries: the one `@hydra.main` names (composed over its defaults
+    list), else the first of the conventional names (conf/config.yaml, config.yaml, ...)."""
+    config = YamlConfig()
+    entries = _hydra_entries(directory)
+    chosen = None
+    if entries:
+        distinct = list(dict.fromkeys((folder, name) for folder, name, _ in entries))
+        chosen = distinct[0]
+        if len(distinct) > 1:
+            in_main = [(f, n) for f, n, where in entries if Path(where.split(":")[0]).name == "main.py"]
+            chosen = in_main[0] if in_main else chosen
+            others = ", ".join(where for f, n, where in entries if (f, n) != chosen)
+            config.notes.append(
+                f"several Hydra entry points ({others} besides the one used); the config of "
+                f"{_relative(directory, chosen[0] / chosen[1])} is read: set the round of another run in "
+                "[tool.rankaudit.round]"
+            )
+    else:
+        for name in _CONFIG_NAMES:
+            if (directory / name).is_file():
+                chosen = ((directory / name).parent, Path(name).name)
+                break
+    if chosen is None:
+        return config
+    folder, name = chosen
+    data: dict = {}
+    lines: dict[str, str] = {}
+    try:
+        _compose(directory, folder, folder, name, (), data, lines, _overrides(folder, name), config.notes, 0)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        config.notes.append(f"the YAML config {_relative(directory, folder / name)} is not read ({_first(error)})")
+        return config
+    shown = _relative(directory, folder / name)
+    config.entries = {
+        key: (value, lines.get(key, shown)) for key, value in _resolved(data).items() if value is not None
+    }
+    return config
+
+
+# ---- which config: @hydra.main(config_path=..., config_name=...) -------------------------------------------------
+
+
+def _hydra_entries(directory: Path) -> list[tuple[Path, str, str]]:
+    """(config folder, config file name, 'FILE:LINE' of the decorator) of each `@hydra.main` in the app."""
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        if _SKIPPED & set(path.relative_to(directory).parts):
             continue
-        indent = len(line) - len(line.lstrip())
-        key, separator, rest = line.strip().partition(":")
-        if not separator or " " in key.strip():
+        try:
+            text = path.read_text(encoding="utf-8")
+            if "hydra" not in text:
+                continue
+            tree = ast.parse(text)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        dotted = ".".join([name for _, name in stack] + [key.strip()])
-        if rest.strip() and not rest.strip().startswith(("&", "*", "|", ">")):
-            found[dotted] = (_scalar(rest), number)
-        elif not rest.strip():
-            stack.append((indent, key.strip()))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for decorator in node.decorator_list:
+                if not isinstance(decorator, ast.Call) or ast.unparse(decorator.func) not in ("hydra.main", "main"):
+                    continue
+                given = dict(zip(("config_path", "config_name"), decorator.args))
+                given.update({keyword.arg: keyword.value for keyword in decorator.keywords if keyword.arg})
+                folder, name = given.get("config_path"), given.get("config_name")
+                if not (isinstance(folder, ast.Constant) and isinstance(folder.value, str)):
+                    continue
+                if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                    continue
+                config_folder = (path.parent / folder.value).resolve()
+                file_name = name.value if name.value.endswith((".yaml", ".yml")) else name.value + ".yaml"
+                if (config_folder / file_name).is_file():
+                    where = f"{path.relative_to(directory).as_posix()}:{decorator.lineno}"
+                    found.append((config_folder, file_name, where))
     return found
 
 
-def app_yaml(directory: Path) -> dict[str, tuple[object, str]]:
-    """The app's main YAML config as run-config-like entries: dotted key -> (value, 'conf/config.yaml:LINE')."""
-    for name in _CONFIG_NAMES:
-        path = directory / name
-        if path.is_file():
-            try:
-                entries = read_yaml(path)
-            except (OSError, UnicodeDecodeError):
-                return {}
-            return {key: (value, f"{name}:{line}") for key, (value, line) in entries.items() if value is not None}
-    return {}
+# ---- Hydra's composition: the defaults list, packages, _self_ -------------------------------------------------------
+
+
+def _overrides(folder: Path, name: str) -> dict[str, object]:
+    """`override GROUP: OPTION` entries of the primary config's defaults list: the option chosen for the group
+    wherever it is named."""
+    try:
+        data = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    chosen = {}
+    for item in (data or {}).get("defaults", []) if isinstance(data, dict) else []:
+        if isinstance(item, dict) and len(item) == 1:
+            key, option = next(iter(item.items()))
+            if isinstance(key, str) and key.startswith("override "):
+                chosen[key.split(None, 1)[1].lstrip("/").split("@")[0]] = option
+    return chosen
+
+
+def _compose(root, conf, folder, name, package, data, lines, overrides, notes, depth) -> None:
+    """Merge config `folder/name` (and its defaults list, in order, `_self_` where it stands, else last) into
+    `data` under `package`; `lines` gets each key's 'FILE:LINE'. `conf` is the config root groups live under."""
+    if depth > _NESTING:
+        notes.append(f"the defaults list of {_relative(root, folder / name)} nests too deep; it is not read further")
+        return
+    path = folder / name
+    own, own_lines = _load(path)
+    relative = _relative(root, path)
+    header = _PACKAGE_HEADER.search(path.read_text(encoding="utf-8")[:1000])
+    if header is not None:
+        package = () if header.group(1) == "_global_" else tuple(header.group(1).split("."))
+    defaults = own.pop("defaults", None) if isinstance(own, dict) else None
+    items = list(defaults) if isinstance(defaults, list) else []
+    if "_self_" not in items:
+        items.append("_self_")
+    for item in items:
+        if item == "_self_":
+            _merge(data, lines, package, own, {key: f"{relative}:{line}" for key, line in own_lines.items()})
+            continue
+        if isinstance(item, str):  # a config of the same group, merged at the same package
+            target = conf / item.lstrip("/") if item.startswith("/") else folder / item
+            _include(root, conf, target, package, data, lines, overrides, notes, depth, relative)
+            continue
+        if not (isinstance(item, dict) and len(item) == 1):
+            notes.append(f"a defaults-list entry of {relative} ({item!r}) is not read")
+            continue
+        key, option = next(iter(item.items()))
+        words = str(key).split()
+        if words[0] == "override":
+            continue  # applied where the group is named (_overrides)
+        optional = words[0] == "optional"
+        group_text = words[-1]
+        group_text, _, placed = group_text.partition("@")
+        group = (conf / group_text.lstrip("/")) if group_text.startswith("/") else folder / group_text
+        group_key = group.relative_to(conf).as_posix() if group.is_relative_to(conf) else group_text
+        option = overrides.get(group_key, option)
+        if option is None or group_key.split("/")[0] == "hydra":
+            continue  # hydra/launcher, hydra/job_logging: Hydra's own groups, not the app's settings
+        group_package = tuple(group_key.split("/"))
+        if placed:
+            group_package = () if placed == "_global_" else tuple(placed.split("."))
+        for chosen in option if isinstance(option, list) else [option]:
+            target = group / str(chosen)
+            if optional and not _config_file(target).is_file():
+                continue
+            _include(root, conf, target, group_package, data, lines, overrides, notes, depth, relative)
+
+
+def _include(root, conf, target: Path, package, data, lines, overrides, notes, depth, named_in: str) -> None:
+    path = _config_file(target)
+    if not path.is_file():
+        notes.append(f"{_relative(root, path)}, named in the defaults list of {named_in}, does not exist")
+        return
+    _compose(root, conf, path.parent, path.name, package, data, lines, overrides, notes, depth + 1)
+
+
+def _config_file(target: Path) -> Path:
+    return target if target.suffix in (".yaml", ".yml") else target.with_name(target.name + ".yaml")
+
+
+def _merge(data: dict, lines: dict[str, str], package: tuple, own, own_lines: dict[str, str]) -> None:
+    """Merge one file's values into `data` at `package` (maps merge key by key, the later value wins)."""
+    if not isinstance(own, dict):
+        return
+    target = data
+    for part in package:
+        if not isinstance(target.get(part), dict):
+            target[part] = {}
+        target = target[part]
+    _deep_merge(target, own)
+    prefix = ".".join(package) + "." if package else ""
+    for key, where in own_lines.items():
+        lines[prefix + key] = where
+
+
+def _deep_merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+# ---- one file: values with PyYAML, lines from its composed nodes -----------------------------------------------------
+
+
+def _load(path: Path) -> tuple[dict, dict[str, int]]:
+    """A YAML file's mapping and the line of each dotted key in it."""
+    text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    lines: dict[str, int] = {}
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if isinstance(node, yaml.MappingNode):
+        _lines(node, "", lines)
+    return (data if isinstance(data, dict) else {}), lines
+
+
+def _lines(node: yaml.MappingNode, prefix: str, lines: dict[str, int]) -> None:
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        dotted = prefix + str(key.value)
+        lines[dotted] = key.start_mark.line + 1
+        if isinstance(value, yaml.MappingNode):
+            _lines(value, dotted + ".", lines)
+
+
+def _resolved(data: dict) -> dict[str, object]:
+    """Every leaf of `data` (a scalar or a list) by dotted key, its `${...}` interpolations resolved by OmegaConf;
+    a value whose interpolation does not resolve here (a resolver, a key set at run time) is left out."""
+    from omegaconf import MISSING, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    leaves = {}
+    _leaves(data, "", leaves)
+    try:
+        config = OmegaConf.create(data)
+    except (OmegaConfBaseException, ValueError, TypeError):
+        return {key: value for key, value in leaves.items() if not _interpolated(value)}
+    resolved = {}
+    for key, raw in leaves.items():
+        if raw == MISSING:
+            continue
+        if not _interpolated(raw):
+            resolved[key] = raw
+            continue
+        try:
+            value = OmegaConf.select(config, key, throw_on_missing=False)
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value, resolve=True)
+        except (OmegaConfBaseException, ValueError, TypeError, KeyError):
+            continue
+        if value is not None:
+            resolved[key] = value
+    return resolved
+
+
+def _leaves(node, prefix: str, found: dict) -> None:
+    for key, value in node.items():
+        dotted = prefix + str(key)
+        if isinstance(value, dict):
+            _leaves(value, dotted + ".", found)
+        else:
+            found[dotted] = value
+
+
+def _interpolated(value) -> bool:
+    if isinstance(value, list):
+        return any(_interpolated(item) for item in value)
+    if isinstance(value, dict):
+        return any(_interpolated(item) for item in value.values())
+    return isinstance(value, str) and "${" in value
+
+
+def _relative(root: Path, path: Path) -> str:
+    path = path.resolve()
+    root = root.resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def _first(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

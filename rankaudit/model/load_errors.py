@@ -30,20 +30,30 @@ def describe_exception(exc: BaseException, path: Path) -> str:
 
 
 _STANDALONE_CHECK = """
-import importlib, json, resource, runpy, sys
+import contextlib, importlib, json, os, resource, runpy, sys
 limit = int(sys.argv[3])
 if limit > 0:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
 # The same path as rankaudit's own import: the package root first, not the directory the command ran in.
 sys.path[:] = [sys.argv[2]] + [entry for entry in sys.path if entry not in ("", ".")]
-dotted = sys.argv[4]
-namespace = vars(importlib.import_module(dotted)) if dotted else runpy.run_path(sys.argv[1],
-                                                                               run_name="rankaudit_standalone_check")
-if len(sys.argv) > 5:
-    import torch.nn
-    obj = namespace[sys.argv[5]]
-    if not isinstance(obj, torch.nn.Module):
-        obj(**json.loads(sys.argv[6]))
+# The modules rankaudit may stand in for (defaults, --stand-in) are stood in for here too: the check is about
+# the model, not a plot library the environment lacks.
+stood_in = [name for name in os.environ.get("RANKAUDIT_STAND_INS", "").split(",") if name]
+if stood_in:
+    from rankaudit.model import standins
+    standins.set_flags(tuple(stood_in), False)
+    context = standins.while_importing()
+else:
+    context = contextlib.nullcontext()
+with context:
+    dotted = sys.argv[4]
+    namespace = (vars(importlib.import_module(dotted)) if dotted
+                 else runpy.run_path(sys.argv[1], run_name="rankaudit_standalone_check"))
+    if len(sys.argv) > 5:
+        import torch.nn
+        obj = namespace[sys.argv[5]]
+        if not isinstance(obj, torch.nn.Module):
+            obj(**json.loads(sys.argv[6]))
 """
 
 
@@ -64,8 +74,13 @@ def _runs_on_its_own(path: Path, attr: str | None, model_args: dict | None = Non
             command += [attr, json.dumps(model_args or {})]
         except TypeError:
             return None, "its factory arguments are not plain values"
+    import os
+
+    environment = {**os.environ, "RANKAUDIT_STAND_INS": ",".join(import_standins.allowed_names())}
+    rankaudit_root = str(Path(__file__).resolve().parents[2])  # so the check finds the stand-ins' module
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [rankaudit_root, os.environ.get("PYTHONPATH")]))
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, env=environment)
     except subprocess.TimeoutExpired:
         return None, f"running it took over {seconds:g} s (--timeout)"
     if done.returncode == 0:
@@ -99,6 +114,15 @@ def construction_error(
             f"install {package} there; in a pre-commit hook, list it under the hook's additional_dependencies "
             f'(additional_dependencies: ["{package}"], with its PyPI name)',
         )
+    unavailable = _missing_module(detail) if runs is False else None
+    if unavailable is not None:
+        # Not the model's fault: the check stopped at an import this environment lacks.
+        return ModelLoadError(
+            f"{head}; run on its own, the file stops earlier: it imports {unavailable}, which is not installed in "
+            "the environment rankaudit runs in",
+            f"install {unavailable} there; or, if the model does not use it, pass --stand-in {unavailable} "
+            f'(stand-ins = ["{unavailable}"] in [tool.rankaudit])',
+        )
     if runs is False:
         fix = (
             "make the file importable on its own (`" + command + "` fails the same way)"
@@ -106,6 +130,11 @@ def construction_error(
             else f"make {attr}() build with plain PyTorch, or add a zero-argument factory function and pass "
             f"{path}:factory"
         )
+        if failure.phase == "build" and "required positional argument" in detail:
+            fix = (
+                f"pass {attr}()'s arguments with --model-arg KEY=VALUE (model-args in [tool.rankaudit]), or add a "
+                f"zero-argument factory function and pass {path}:factory"
+            )
         return ModelLoadError(f"{head}; it fails with plain PyTorch too ({detail})", fix)
     if runs is True:
         where = "imports" if failure.phase == "import" else f"imports and {attr}() builds"
@@ -119,6 +148,14 @@ def construction_error(
         f"{head}; whether the file runs on its own could not be checked ({detail})",
         f"check that `{command}` runs, then report the model to rankaudit if it does",
     )
+
+
+def _missing_module(detail: str) -> str | None:
+    """The top-level module of "ModuleNotFoundError: No module named 'x.y'", the last line of a failed check."""
+    prefix = "ModuleNotFoundError: No module named "
+    if not detail.startswith(prefix):
+        return None
+    return detail[len(prefix) :].strip("'\"").split(".")[0] or None
 
 
 def needs_missing_module(error: BaseException, path: Path) -> None:

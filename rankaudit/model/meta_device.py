@@ -50,8 +50,30 @@ BUILD_META = "meta"
 BUILD_DEVICE = "device"
 
 
+# Tensor methods that move a tensor to a device: a model factory's `net.to(device)` or `net.cuda()` ends in these.
+_MOVES = frozenset({"to", "cuda", "cpu"})
+
+
+def _stay(func, args, kwargs):
+    """A device move of a tensor while building without weights: the tensor stays where it is (meta stays meta,
+    and a CPU tensor of the constructor's arithmetic does not need a GPU); a dtype it asks for still applies.
+    None: not a device move."""
+    name = getattr(func, "__name__", "")
+    if name not in _MOVES or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    tensor = args[0]
+    if name != "to":
+        return tensor
+    try:
+        _, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+    except (TypeError, RuntimeError):
+        return None  # to(other_tensor) and other forms: as torch does it
+    return tensor if dtype is None or dtype == tensor.dtype else func(tensor, dtype)
+
+
 class _SkipMetaInitialisation(TorchFunctionMode):
-    """While a model is built on meta, initialisers are no-ops (there are no values to initialise)."""
+    """While a model is built on meta, initialisers are no-ops (there are no values to initialise) and device
+    moves (`.to(device)`, `.cuda()`) leave tensors where they are."""
 
     def __init__(self):
         super().__init__()
@@ -65,6 +87,9 @@ class _SkipMetaInitialisation(TorchFunctionMode):
             and args[0].is_meta
         ):
             return args[0]
+        stayed = _stay(func, args, kwargs or {})
+        if stayed is not None:
+            return stayed
         return self._call(func, args, kwargs or {})
 
     def _call(self, func, args, kwargs):
@@ -90,6 +115,9 @@ class _MetaParametersOnly(_SkipMetaInitialisation):
         name = getattr(func, "__name__", "")
         if name in _INITIALISERS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
             return args[0]
+        stayed = _stay(func, args, kwargs)
+        if stayed is not None:
+            return stayed
         if name in _FACTORIES and kwargs.get("device") is None and _called_from_torch_nn():
             kwargs = {**kwargs, "device": "meta"}
         return self._call(func, args, kwargs)

@@ -73,6 +73,13 @@ def set_configured(value) -> None:
     _POLICY.configured = ((), True) if value is False else (tuple(value or ()), False)
 
 
+def allowed_names() -> list[str]:
+    """Every top-level module a stand-in may replace under the current flags and configuration."""
+    (flag_added, _), (config_added, _) = _POLICY.flags, _POLICY.configured
+    names = dict.fromkeys([*DEFAULT_STAND_INS, *flag_added, *config_added])
+    return [name for name in names if _POLICY.allowed(name)]
+
+
 def used() -> list[str]:
     return list(_POLICY.used)
 

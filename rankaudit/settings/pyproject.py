@@ -38,11 +38,11 @@ MODEL_KEYS = {"path", "input-shape", "model-args"}
 
 # Round settings and the run-config keys apps conventionally give them ([tool.rankaudit.flower] adds others).
 CONVENTIONAL_KEYS = {
-    "local-epochs": ("local-epochs", "local_epochs", "epochs"),
+    "local-epochs": ("local-epochs", "local_epochs", "epochs", "num_epochs"),
     "batch-size": ("batch-size", "batch_size"),
     "lr": ("lr", "learning-rate", "learning_rate"),
     "momentum": ("momentum",),
-    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds"),
+    "server-rounds": ("num-server-rounds", "num_server_rounds", "num-rounds", "num_rounds", "n_server_rounds"),
     "fraction": ("fraction-train", "fraction-fit"),
     "local-samples": (),
     "available-clients": (),
