@@ -1,0 +1,126 @@
+"""--verify fisher: each sample's ‖J/C‖_F², the clipped gradient's Jacobian in the sample, and its Fisher line.
+
+‖J‖_F² = tr(JᵀJ) = E ‖J ε‖² for Rademacher ε (Hutchinson), each ‖J ε‖² one Jacobian–vector product
+(rankaudit.verify.jacobian_products): no Jacobian is formed. Probes are drawn PROBE_CHUNK at a time until the
+standard error of the mean is at most TARGET_RELATIVE_SE of it (or MAX_PROBES are spent, said in the record).
+Where d is at most EXACT_DIMENSION the exact ‖J‖_F² (d products along the unit vectors) is the figure and the
+estimate beside it is the check. The DP reading (dFIL, the MSE floor, the PSNR ceiling, the least σ for a PSNR
+target) is rankaudit.bound.fisher's. docs/method.md, "The Fisher floor under DP noise".
+
+For callers other than the CLI::
+
+    from rankaudit.verify.fisher import measure_samples
+    measured = measure_samples(model, images, labels, clip=1.0, loss="cross-entropy")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from rankaudit.verify.jacobian_products import ClippedGradientProducts
+
+TARGET_RELATIVE_SE = 0.02
+MIN_PROBES = 16  # the standard error of fewer probes is itself too noisy to stop on
+MAX_PROBES = 2048
+PROBE_CHUNK = 8  # probes carried through one vmap'd pass
+EXACT_DIMENSION = 256  # d at or below which the exact ‖J‖_F² is computed (d products) and the estimate checks it
+
+
+def _rademacher(count: int, dimension: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 2, (count, dimension), generator=generator, dtype=torch.float64) * 2 - 1
+
+
+def hutchinson(
+    products: ClippedGradientProducts,
+    x: torch.Tensor,
+    *,
+    seed: int = 0,
+    target: float = TARGET_RELATIVE_SE,
+    max_probes: int = MAX_PROBES,
+    min_probes: int = MIN_PROBES,
+    chunk: int = PROBE_CHUNK,
+) -> dict:
+    """The estimate of ‖J‖_F² with its standard error: {value, standard_error, relative_se, probes}."""
+    generator = torch.Generator().manual_seed(seed)
+    dimension = x.numel()
+    values: list[float] = []
+    while len(values) < max_probes:
+        probes = _rademacher(min(chunk, max_probes - len(values)), dimension, generator)
+        values += products.jvp(x, probes).pow(2).sum(dim=1).tolist()
+        if len(values) >= min_probes:
+            mean, error = _mean_and_error(values)
+            if mean <= 0 or error <= target * mean:
+                break
+    mean, error = _mean_and_error(values)
+    return {
+        "value": mean,
+        "standard_error": error,
+        "relative_se": error / mean if mean > 0 else 0.0,
+        "probes": len(values),
+    }
+
+
+def _mean_and_error(values: list[float]) -> tuple[float, float]:
+    count = len(values)
+    mean = math.fsum(values) / count
+    if count < 2:
+        return mean, math.inf
+    variance = math.fsum((value - mean) ** 2 for value in values) / (count - 1)
+    return mean, math.sqrt(variance / count)
+
+
+def exact_frobenius_squared(products: ClippedGradientProducts, x: torch.Tensor, chunk: int = 64) -> float:
+    """‖J‖_F² from J's d columns, J e_k, chunk at a time."""
+    dimension = x.numel()
+    total = 0.0
+    for start in range(0, dimension, chunk):
+        basis = torch.zeros(min(chunk, dimension - start), dimension, dtype=torch.float64)
+        basis[torch.arange(len(basis)), torch.arange(start, start + len(basis))] = 1.0
+        total += float(products.jvp(x, basis).pow(2).sum())
+    return total
+
+
+def measure_samples(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    clip: float,
+    loss: str,
+    shared: list[str] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    target: float = TARGET_RELATIVE_SE,
+    max_probes: int = MAX_PROBES,
+    exact_dimension: int = EXACT_DIMENSION,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict]:
+    """For each sample (inputs: k x ...; labels: k): {label, frobenius_squared (‖J/C‖_F²), standard_error,
+    relative_se, probes, exact, clipped}. The model runs in float64 on `device`, in eval mode (DP-SGD's
+    per-sample gradients share no batch statistics: BatchNorm reads its running ones)."""
+    net = model.to(device=device, dtype=torch.float64).eval()
+    measured = []
+    for number, (x, label) in enumerate(zip(inputs, labels)):
+        x = x.to(device=device, dtype=torch.float64)
+        products = ClippedGradientProducts(net, int(label), clip=clip, loss=loss, shared=shared)
+        estimate = hutchinson(products, x, seed=seed + number, target=target, max_probes=max_probes)
+        exact = exact_frobenius_squared(products, x) if x.numel() <= exact_dimension else None
+        measured.append(
+            {
+                "label": int(label),
+                "frobenius_squared": exact if exact is not None else estimate["value"],
+                "estimate": estimate["value"],
+                "standard_error": estimate["standard_error"],
+                "relative_se": estimate["relative_se"],
+                "probes": estimate["probes"],
+                "exact": exact is not None,
+                "clipped": products.clipped(x),
+            }
+        )
+        if progress is not None:
+            progress(number + 1, len(inputs))
+    return measured
