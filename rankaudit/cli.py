@@ -208,6 +208,7 @@ def _stand_in_options(command):
 @flags.attack_options
 @flags.check_run_options
 @flags.dp_options
+@flags.psnr_target_option
 @flags.round_options
 @_timeout_option
 @_stand_in_options
@@ -262,7 +263,14 @@ def check(
     from rankaudit.verify import registry
     from rankaudit.verify.run import run_verifiers
 
-    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
+    commandline = click.core.ParameterSource.COMMANDLINE
+    psnr_given = ctx.get_parameter_source("psnr_target") is commandline
+    registry.check_request(
+        verify,
+        defenses,
+        {"--dp-candidates": dp_candidates, "--psnr-target": ctx.params["psnr_target"] if psnr_given else None},
+        weights=weights_file,
+    )
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(
         output,
@@ -270,7 +278,6 @@ def check(
         artifacts,
         report_files.command_inputs(models, data=data, aux=aux, weights=weights_file),
     )
-    commandline = click.core.ParameterSource.COMMANDLINE
     given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
     values = {name: ctx.params[name] for name in CONFIGURABLE}
     results, exit_code = [], EXIT_PASS
@@ -338,6 +345,7 @@ def check(
                     shared_layers=as_layers(chosen.shared_layers, result),
                     withheld_layers=as_layers(chosen.withheld_layers, result),
                     rank_precision=rank_precision,
+                    psnr_target=chosen.psnr_target,
                     weights=weights_file,
                     show_progress=not quiet,
                     several=len(models) > 1,

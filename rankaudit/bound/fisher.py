@@ -17,15 +17,35 @@ from __future__ import annotations
 import math
 import statistics
 
-# The PSNR an unbiased reconstruction may reach at most, by default, when a noise level is chosen from the Fisher
-# line: 20 dB is where a reconstructed photograph stops being recognisable in Guo et al.'s and our own pictures.
-DEFAULT_PSNR_TARGET = 20.0
+from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
+
 # The inputs' value range: images and the seeded inputs lie in [0, 1].
 PEAK = 1.0
 THREAT = (
     "attackers whose estimate is unbiased, at the weights measured; an attacker with an image prior can beat it, "
     "and the reconstruction bound B(κ) holds for every attacker"
 )
+
+
+# What the reconstruction bound B(κ) covers, said beside the Fisher line wherever both are shown.
+BOUND_COVERS = "every attacker, with any prior, at any weights: the gate's line"
+
+
+def summary(line: dict) -> dict:
+    """The Fisher line as the DP section shows it beside B(κ): what it covers, the medians, the worst sample and
+    the least σ for the PSNR target."""
+    worst = line["worst"]
+    return {
+        "covers": line["covers"],
+        "weights": line.get("weights", ""),
+        "noise_multiplier": line["noise_multiplier"],
+        "median_mse_floor": line["median_mse_floor"],
+        "median_psnr_ceiling": line["median_psnr_ceiling"],
+        "worst_mse_floor": worst["mse_floor"],
+        "worst_psnr_ceiling": worst["psnr_ceiling"],
+        "psnr_target": line["psnr_target"],
+        "least_noise": line["least_noise"],
+    }
 
 
 def participations(sample_rate: float, steps: int) -> float:

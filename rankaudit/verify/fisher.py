@@ -16,6 +16,7 @@ For callers other than the CLI::
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -124,3 +125,98 @@ def measure_samples(
         if progress is not None:
             progress(number + 1, len(inputs))
     return measured
+
+
+def line_for(
+    spec: str,
+    input_shape: tuple[int, ...],
+    dp,
+    *,
+    psnr_target: float,
+    data: str | None = None,
+    samples: int = 4,
+    seed: int = 0,
+    device: str = "auto",
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
+    target: float = TARGET_RELATIVE_SE,
+    edit: Callable[[nn.Module], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """The Fisher line of model `spec` (at --weights, else its seeded initialisation; `edit` changes the real model
+    first) on the first `samples` samples like the user's, at the DP settings `dp` (DPSettings: σ, C, q, T): the
+    record of --verify fisher (rankaudit.bound.fisher.read_samples's keys, plus clip, weights, inputs, estimator,
+    probes, seconds, device and notes)."""
+    from rankaudit.bound import fisher as fisher_bound
+    from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
+    from rankaudit.verify.inputs import inputs_of_shape
+    from rankaudit.verify.model import build_real_model, require_trainable, resolve_device, weights_phrase
+    from rankaudit.verify.rank.jacobian import shared_parameter_names
+
+    started = time.perf_counter()
+    device = resolve_device(device)
+    model, weights = build_real_model(spec, input_shape, seed)
+    if edit is not None:
+        edit(model)
+    require_trainable(model, "--verify fisher")
+    shared = shared_parameter_names(model, shared_layers, withheld_layers)
+    images, source = inputs_of_shape(input_shape, data, samples, seed)
+    with torch.no_grad():
+        classes = logits_of(model(images[:1])).numel()
+    loss = loss_name_for(classes)
+    labels = draw_labels(len(images), loss, classes, seed)
+    measured = measure_samples(
+        model,
+        images,
+        labels,
+        clip=dp.clip,
+        loss=loss,
+        shared=shared,
+        device=device,
+        seed=seed,
+        target=target,
+        progress=progress,
+    )
+    dimension = images[0].numel()
+    line = fisher_bound.read_samples(
+        measured,
+        dimension=dimension,
+        noise_multiplier=dp.noise_multiplier,
+        sample_rate=dp.sample_rate,
+        steps=dp.steps,
+        psnr_target=psnr_target,
+    )
+    probes = [one["probes"] for one in measured]
+    exact = sum(one["exact"] for one in measured)
+    notes = [
+        f"weights: {weights}",
+        f"inputs: {source}",
+        f"loss: {loss}, labels drawn with seed {seed}",
+        f"the sample takes part in at most q·T = {dp.sample_rate:.4g} × {dp.steps:,} = "
+        f"{line['participations']:.4g} steps' worth of information, each step read at these weights",
+    ]
+    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()):
+        notes.append("BatchNorm reads its running statistics (DP-SGD's per-sample gradients share no batch statistics)")
+    worst_se = max(one["relative_se"] for one in measured)
+    if worst_se > target:
+        notes.append(
+            f"the estimate's relative standard error reached {worst_se:.1%} after {max(probes):,} probes "
+            f"(the most drawn), above the {target:.0%} asked"
+        )
+    estimator = (
+        f"Hutchinson, {min(probes):,}-{max(probes):,} Rademacher probes per sample (relative standard error at "
+        f"most {target:.0%})"
+    )
+    if exact:
+        estimator += f"; exact ‖J‖_F² from d = {dimension} products for {exact} sample(s), the estimate its check"
+    return {
+        **line,
+        "clip": dp.clip,
+        "weights": weights_phrase(weights),
+        "inputs": source,
+        "estimator": estimator,
+        "probes": sum(probes),
+        "seconds": round(time.perf_counter() - started, 3),
+        "device": device,
+        "notes": notes,
+    }

@@ -16,8 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankaudit.bound.fisher import DEFAULT_PSNR_TARGET
 from rankaudit.errors import UsageError
+from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
 
 if TYPE_CHECKING:
     from rankaudit.result import Result
