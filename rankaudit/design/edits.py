@@ -169,6 +169,11 @@ def remove_bias_edits(traced: TracedModel) -> list[tuple[str, str, TracedModel, 
     return edits
 
 
+def changed_stride(old: tuple[int, ...]) -> tuple[int, ...]:
+    """The stride edit: a strided conv made unstrided, an unstrided one strided by 2."""
+    return tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
+
+
 def stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tuple[str, str, TracedModel, int]]:
     """Stride changes move every later shape, so these few are re-traced on meta rather than re-counted."""
     edits = []
@@ -176,7 +181,7 @@ def stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tup
         if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             continue
         old = conv.stride
-        new = tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
+        new = changed_stride(old)
         conv.stride = new
         try:
             edited = trace_and_count(module, input_shape)
