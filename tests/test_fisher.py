@@ -145,3 +145,61 @@ def test_cli_reports_each_sample_and_refuses_without_noise(run_cli, tmp_path):
     assert fisher["worst"]["dfil"] == max(sample["dfil"] for sample in fisher["samples"])
     assert "unbiased" in fisher["covers"]
     assert record["dp"]["fisher"]["median_psnr_ceiling"] == fisher["median_psnr_ceiling"]
+
+
+def test_suggest_names_each_edits_least_sigma_beside_the_bounds_and_ranks_by_it(run_cli, tmp_path):
+    model = tmp_path / "tiny.py"
+    model.write_text(MODEL)
+    (tmp_path / "pyproject.toml").write_text("[tool.rankaudit]\npsnr-target = 15\n")
+    code, out, err = run_cli(
+        "suggest", model, "--dp-noise", "1", "--dp-clip", "1e-4", "--max-reconstruction", "0.05", "--format", "json"
+    )
+    assert code == 0, err
+    fisher = json.loads(out)["fisher"]
+    assert fisher["psnr_target"] == 15.0  # from [tool.rankaudit]
+    measured = [edit for edit in fisher["edits"] if edit["least_noise"] is not None]
+    assert {edit["edit"] for edit in measured} >= {"remove-bias"}
+    assert [edit["least_noise"] for edit in measured] == sorted(edit["least_noise"] for edit in measured)
+    assert fisher["as_is"]["least_noise"] > 0
+    code, out, err = run_cli(
+        "suggest", model, "--dp-noise", "1", "--dp-clip", "1e-4", "--max-reconstruction", "0.05", "--psnr-target", "25"
+    )
+    assert code == 0, err
+    assert "the least σ keeping every measured sample's PSNR ceiling at or below 25 dB" in out
+    assert "for the reconstruction bound (any attacker)" in out
+
+
+def test_compare_shows_each_designs_floor_at_the_same_sigma(run_cli, tmp_path):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text(MODEL)
+    second.write_text(MODEL.replace("nn.Conv2d(1, 2, 3, padding=1)", "nn.Conv2d(1, 2, 3, padding=1, bias=False)"))
+    code, out, err = run_cli("compare", first, second, "--dp-noise", "2", "--dp-clip", "1e-4", "--format", "json")
+    report = json.loads(out)
+    lines = [report[side]["verification"]["fisher"] for side in ("a", "b")]
+    assert [line["noise_multiplier"] for line in lines] == [2.0, 2.0]
+    assert report["a"]["dp"]["reconstruction_bound"] == report["b"]["dp"]["reconstruction_bound"]
+    assert lines[0]["median_dfil"] != lines[1]["median_dfil"]  # the design moves the Fisher line, not B(κ)
+    code, out, err = run_cli("compare", first, second, "--dp-noise", "2", "--dp-clip", "1e-4")
+    assert "Fisher floor at σ 2" in out and "for both designs (the architecture does not enter it)" in out
+
+
+def test_a_layer_narrowed_on_the_real_model_measures_as_the_narrowed_design():
+    """suggest's narrow edit, made on the real model (readers' weights zeroed and masked), against the narrowed
+    design written out with the same kept weights."""
+    from rankaudit.design.fisher_review import narrow_in_place
+
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 16, 3)).double()
+    narrow = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(2 * 16, 3)).double()
+    with torch.no_grad():
+        narrow[0].weight.copy_(wide[0].weight[:2])
+        narrow[0].bias.copy_(wide[0].bias[:2])
+        narrow[3].weight.copy_(wide[3].weight[:, :32])
+        narrow[3].bias.copy_(wide[3].bias)
+    masks = narrow_in_place("0", 2, ["3"])(wide)
+    inputs, labels = torch.rand(2, 1, 4, 4, dtype=torch.float64), torch.tensor([0, 2])
+    edited = measure_samples(wide, inputs, labels, clip=1e-4, loss="cross-entropy", masks=masks)
+    written = measure_samples(narrow, inputs, labels, clip=1e-4, loss="cross-entropy")
+    for one, two in zip(edited, written):
+        assert one["exact"] and two["exact"]
+        assert one["frobenius_squared"] == pytest.approx(two["frobenius_squared"], rel=1e-9)

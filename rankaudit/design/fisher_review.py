@@ -9,19 +9,20 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from rankaudit.bound.fisher import summary
-from rankaudit.design.edits import changed_stride
+from rankaudit.count.calls import trace_and_count
+from rankaudit.design.edits import changed_stride, narrow_readers, narrowed_width
 from rankaudit.errors import RankauditError, UsageError
+from rankaudit.model.load import load_model
 from rankaudit.settings.round import DPSettings, Round, dp_for_round
 
 # The design review reads the Fisher line on few samples and a looser estimate than --verify fisher: it ranks
 # designs by a figure that moves by orders of magnitude between them (--verify fisher measures one closely).
 DESIGN_SAMPLES = 2
 DESIGN_RELATIVE_SE = 0.05
-# Edits that change the model's code (a skip cut, a layer narrowed and every reader of it) are not rebuilt from
-# the real model: the review says so, and `compare` measures a design written out.
+# Edits that change the model's code (a skip cut) are not rebuilt from the real model: the review says so, and
+# `compare` measures a design written out.
 NOT_REBUILT = {
     "cut-skip": "the edit rewrites forward(): write the edited design and `compare` it at the same σ",
-    "narrow": "the edit reshapes the layers reading it: write the edited design and `compare` it at the same σ",
 }
 
 
@@ -87,22 +88,57 @@ def design_line(spec: str, input_shape, dp: DPSettings, psnr_target: float, data
     )
 
 
-def _edit_of(edit: str, target: str) -> Callable[[nn.Module], None] | str:
+def narrow_in_place(name: str, width: int, readers: list[str]) -> Callable[[nn.Module], dict]:
+    """A layer cut to its first `width` output channels, on the real model: the readers' weights on the dropped
+    channels are zeroed (the forward pass is the narrowed design's) and masked out of the shared gradient (the
+    narrowed design has no such weights); the dropped channels' own parameters then get no gradient. The weights
+    kept are the model's own."""
+
+    def narrow(model: nn.Module) -> dict:
+        import torch
+
+        layer = _module(model, name)
+        old = getattr(layer, "out_channels", None) or getattr(layer, "out_features", None)
+        masks = {}
+        for reader_name in readers:
+            reader = _module(model, reader_name.split("#")[0])
+            weight = getattr(reader, "weight", None)
+            if isinstance(reader, nn.Linear) and old and reader.in_features % old == 0:
+                per_channel = reader.in_features // old
+                columns = (slice(None), slice(width * per_channel, None))
+            elif isinstance(reader, nn.modules.conv._ConvNd) and reader.groups == 1 and reader.in_channels == old:
+                columns = (slice(None), slice(width, None))
+            else:
+                raise UsageError(f"{reader_name} reads {name} in a way the review does not rebuild", "")
+            mask = torch.ones_like(weight)
+            mask[columns] = 0
+            with torch.no_grad():
+                weight.mul_(mask)
+            masks[f"{reader_name.split('#')[0]}.weight"] = mask
+        return masks
+
+    return narrow
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    try:
+        return model.get_submodule(name)
+    except AttributeError as exc:
+        raise UsageError(f"{name} is not a module of the real model", "") from exc
+
+
+def _edit_of(edit: str, target: str, detail: str, traced) -> Callable[[nn.Module], dict | None] | str:
     """The change `edit` makes to the real model, or why it cannot be made there."""
     if edit in NOT_REBUILT:
         return NOT_REBUILT[edit]
     name = target.split("#")[0]
-
-    def module_of(model: nn.Module) -> nn.Module:
-        try:
-            return model.get_submodule(name)
-        except AttributeError as exc:
-            raise UsageError(f"{name} is not a module of the real model", "") from exc
+    if edit == "narrow":
+        return narrow_in_place(name, narrowed_width(detail), narrow_readers(traced, target))
 
     if edit == "remove-bias":
 
         def remove(model):
-            module = module_of(model)
+            module = _module(model, name)
             if not isinstance(getattr(module, "bias", None), nn.Parameter):
                 raise UsageError(f"{name} holds no bias parameter to remove", "")
             module.register_parameter("bias", None)
@@ -111,7 +147,7 @@ def _edit_of(edit: str, target: str) -> Callable[[nn.Module], None] | str:
     if edit == "stride":
 
         def restride(model):
-            module = module_of(model)
+            module = _module(model, name)
             module.stride = changed_stride(module.stride)
 
         return restride
@@ -129,9 +165,13 @@ def review(report, dp: DPSettings, psnr_target: float, data: str | None) -> Fish
     def floor(edit, target, detail, line) -> EditFloor:
         return EditFloor(edit, target, detail, line["least_noise"], line["median_psnr_ceiling"])
 
+    loaded = load_model(report.model, report.input_shape, device="meta")
+    traced = trace_and_count(
+        loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+    )
     measured, unmeasured = [], []
     for suggestion in report.suggestions:
-        change = _edit_of(suggestion.edit, suggestion.target)
+        change = _edit_of(suggestion.edit, suggestion.target, suggestion.detail, traced)
         if isinstance(change, str):
             unmeasured.append(EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=change))
             continue

@@ -121,11 +121,20 @@ def _fisher_lines(report: SuggestReport) -> list[str]:
     reasons = sorted({f"{one.edit}: {one.reason}" for one in fisher.edits if one.reason})
     lines += [f"  not measured, {reason}" for reason in reasons]
     lines += [
-        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s.",
+        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s. σ varies as the "
+        f"square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of each other are within two "
+        "standard errors.",
         f"  Covers {fisher.covers}.",
         "",
     ]
     return lines
+
+
+def _noise_band(fisher) -> float:
+    """Two standard errors of the ratio of two designs' least σ (each σ ∝ √(estimate): half its relative error)."""
+    from rankaudit.design.fisher_review import DESIGN_RELATIVE_SE
+
+    return 2 * (2**0.5) * DESIGN_RELATIVE_SE / 2
 
 
 def _round_review_dict(report: SuggestReport) -> dict | None:

@@ -99,6 +99,7 @@ def measure_samples(
     max_probes: int = MAX_PROBES,
     exact_dimension: int = EXACT_DIMENSION,
     progress: Callable[[int, int], None] | None = None,
+    masks: dict[str, torch.Tensor] | None = None,
 ) -> list[dict]:
     """For each sample (inputs: k x ...; labels: k): {label, frobenius_squared (‖J/C‖_F²), standard_error,
     relative_se, probes, exact, clipped}. The model runs in float64 on `device`, in eval mode (DP-SGD's
@@ -107,7 +108,7 @@ def measure_samples(
     measured = []
     for number, (x, label) in enumerate(zip(inputs, labels)):
         x = x.to(device=device, dtype=torch.float64)
-        products = ClippedGradientProducts(net, int(label), clip=clip, loss=loss, shared=shared)
+        products = ClippedGradientProducts(net, int(label), clip=clip, loss=loss, shared=shared, masks=masks)
         estimate = hutchinson(products, x, seed=seed + number, target=target, max_probes=max_probes)
         exact = exact_frobenius_squared(products, x) if x.numel() <= exact_dimension else None
         measured.append(
@@ -140,11 +141,11 @@ def line_for(
     shared_layers: list[str] | None = None,
     withheld_layers: list[str] | None = None,
     target: float = TARGET_RELATIVE_SE,
-    edit: Callable[[nn.Module], None] | None = None,
+    edit: Callable[[nn.Module], dict | None] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """The Fisher line of model `spec` (at --weights, else its seeded initialisation; `edit` changes the real model
-    first) on the first `samples` samples like the user's, at the DP settings `dp` (DPSettings: σ, C, q, T): the
+    first, and may return masks of the parameter entries the edited design lacks) on the first `samples` samples like the user's, at the DP settings `dp` (DPSettings: σ, C, q, T): the
     record of --verify fisher (rankaudit.bound.fisher.read_samples's keys, plus clip, weights, inputs, estimator,
     probes, seconds, device and notes)."""
     from rankaudit.bound import fisher as fisher_bound
@@ -156,8 +157,7 @@ def line_for(
     started = time.perf_counter()
     device = resolve_device(device)
     model, weights = build_real_model(spec, input_shape, seed)
-    if edit is not None:
-        edit(model)
+    masks = edit(model) if edit is not None else None
     require_trainable(model, "--verify fisher")
     shared = shared_parameter_names(model, shared_layers, withheld_layers)
     images, source = inputs_of_shape(input_shape, data, samples, seed)
@@ -176,6 +176,7 @@ def line_for(
         seed=seed,
         target=target,
         progress=progress,
+        masks=masks,
     )
     dimension = images[0].numel()
     line = fisher_bound.read_samples(

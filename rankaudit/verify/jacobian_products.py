@@ -31,7 +31,8 @@ class ClippedGradientProducts:
     ``model``: real weights (its own dtype and device are used; float64 is what the verifier passes); put it in
     the mode it is to be differentiated in (eval: DP-SGD's per-sample gradients cannot share batch statistics).
     ``shared``: the parameter names whose gradient is sent (default every trainable one); ``label``: the class
-    index (cross-entropy) or ±1 (logistic) of the sample's loss."""
+    index (cross-entropy) or ±1 (logistic) of the sample's loss; ``masks``: parameter name -> 0/1 tensor of its
+    shape, the entries sent (default all)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class ClippedGradientProducts:
         clip: float,
         loss: str,
         shared: list[str] | None = None,
+        masks: dict[str, torch.Tensor] | None = None,
     ):
         from torch.func import functional_call
 
@@ -62,6 +64,8 @@ class ClippedGradientProducts:
         self.dtype, self.device = first.dtype, first.device
         self.label = torch.tensor([label], dtype=torch.long, device=self.device)
         self.size = sum(p.numel() for p in self.params.values())
+        # Entries of a shared parameter that are not sent (a design that lacks them): their gradient is dropped.
+        self.masks = {name: mask.to(self.device, self.dtype) for name, mask in (masks or {}).items()}
 
         def sample_loss(values, x):
             output = functional_call(model, (values, self.buffers), (x.unsqueeze(0),))
@@ -74,7 +78,7 @@ class ClippedGradientProducts:
         from torch.func import grad
 
         grads = grad(self._sample_loss)(self.params, x)
-        flat = torch.cat([g.reshape(-1) for g in grads.values()])
+        flat = torch.cat([(g * self.masks[n] if n in self.masks else g).reshape(-1) for n, g in grads.items()])
         norm = flat.norm()
         # min(1/C, 1/‖g‖) with a zero norm mapped to 1/C (the product is zero there anyway, and its derivative
         # finite): torch.where keeps both branches differentiable.
