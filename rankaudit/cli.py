@@ -466,7 +466,7 @@ def suggest_command(
 
         target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
         at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
-        report = dataclasses.replace(report, fisher=review(report, at, target, data))
+        report = dataclasses.replace(report, fisher=review(report, at, target, data, top))
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html

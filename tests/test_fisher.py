@@ -141,7 +141,7 @@ def test_cli_reports_each_sample_and_refuses_without_noise(run_cli, tmp_path):
     assert len(fisher["samples"]) == 2
     for sample in fisher["samples"]:
         assert {"label", "dfil", "mse_floor", "psnr_ceiling"} <= set(sample)
-        assert sample["exact"]  # d = 16: the exact Frobenius norm, the estimate its check
+        assert sample["exact"] and sample["estimate_agrees"]  # d = 16: the exact norm, the estimate its check
     assert fisher["worst"]["dfil"] == max(sample["dfil"] for sample in fisher["samples"])
     assert "unbiased" in fisher["covers"]
     assert record["dp"]["fisher"]["median_psnr_ceiling"] == fisher["median_psnr_ceiling"]

@@ -187,7 +187,8 @@ def _fisher_lines(fisher: dict | None) -> list[str]:
     for number, sample in enumerate(fisher["samples"]):
         lines.append(
             f"  {number:>6}  {sample['label']:>5}  {sample['dfil']:>10.3g}  {_floor(sample['mse_floor']):>9}  "
-            f"{_ceiling(sample['psnr_ceiling']):>12}  {sample['relative_se']:>7.1%}"
+            f"{_ceiling(sample['psnr_ceiling']):>12}  "
+            + ("  exact" if sample.get("exact") else f"{sample['relative_se']:>7.1%}")
         )
     return lines + [f"  {note}" for note in fisher["notes"]]
 
