@@ -174,7 +174,7 @@ def _fisher_lines(fisher: dict | None) -> list[str]:
     worst = fisher["worst"]
     lines = [
         "",
-        f"Verification (Fisher information under the DP noise, {len(fisher['samples'])} samples, "
+        f"Verification (Fisher information under the DP noise, {count(len(fisher['samples']), 'sample')}, "
         f"{fisher['device']}, {fisher['seconds']:.1f} s): at σ {fisher['noise_multiplier']:g} an unbiased "
         f"reconstruction's per-coordinate MSE is at least {_floor(fisher['median_mse_floor'])} (median; worst "
         f"sample {worst['index']}: {_floor(worst['mse_floor'])}), its PSNR at most "

@@ -100,10 +100,12 @@ def measure_samples(
     exact_dimension: int = EXACT_DIMENSION,
     progress: Callable[[int, int], None] | None = None,
     masks: dict[str, torch.Tensor] | None = None,
+    chunk: int = PROBE_CHUNK,
 ) -> list[dict]:
-    """For each sample (inputs: k x ...; labels: k): {label, frobenius_squared (‖J/C‖_F²), standard_error,
-    relative_se, probes, exact, clipped}. The model runs in float64 on `device`, in eval mode (DP-SGD's
-    per-sample gradients share no batch statistics: BatchNorm reads its running ones)."""
+    """For each sample (inputs: k x ...; labels: k): {label, frobenius_squared (‖J/C‖_F²), estimate,
+    standard_error, relative_se, probes, exact, estimate_agrees, clipped}; `chunk` probes per vmap'd pass. The
+    model runs in float64 on `device`, in eval mode (DP-SGD's per-sample gradients share no batch statistics:
+    BatchNorm reads its running ones)."""
     net = model.to(device=device, dtype=torch.float64).eval()
     measured = []
     for number, (x, label) in enumerate(zip(inputs, labels)):
@@ -112,7 +114,12 @@ def measure_samples(
         small = x.numel() <= exact_dimension
         # At small d the exact norm is the figure: the estimate beside it is a check, MIN_PROBES probes suffice.
         estimate = hutchinson(
-            products, x, seed=seed + number, target=target, max_probes=MIN_PROBES if small else max_probes
+            products,
+            x,
+            seed=seed + number,
+            target=target,
+            max_probes=MIN_PROBES if small else max_probes,
+            chunk=chunk,
         )
         exact = exact_frobenius_squared(products, x) if small else None
         measured.append(
