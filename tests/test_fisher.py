@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankaudit.bound import fisher as fisher_bound
-from rankaudit.verify.fisher import exact_frobenius_squared, hutchinson, measure_samples
 from rankaudit.verify.jacobian_products import ClippedGradientProducts
+from rankaudit.verify.rank.fisher import exact_frobenius_squared, hutchinson, measure_samples
 
 MODEL = """
 import torch.nn as nn

@@ -8,8 +8,8 @@ step's (Fisher information is convex in the distribution), so T steps give at mo
 weights measured. Any unbiased reconstruction then has a per-coordinate MSE of at least 1/dFIL_i (Cramér–Rao and
 Jensen), and a PSNR of at most 10·log10(peak² · dFIL_i). docs/method.md, "The Fisher floor under DP noise".
 
-Everything here takes the measurement in units of C (‖J/C‖_F², what rankaudit.verify.fisher measures), so that
-dFIL = participations · ‖J/C‖_F² / (σ² d) and dFIL ∝ 1/σ².
+Everything here takes the measurement in units of C (‖J/C‖_F², what rankaudit.verify.rank.fisher measures), so
+that dFIL = participations · ‖J/C‖_F² / (σ² d) and dFIL ∝ 1/σ².
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def review_settings(options: dict, round_: Round | None, given: dict[str, str]) 
 
 def design_line(spec: str, input_shape, dp: DPSettings, psnr_target: float, data: str | None, edit=None) -> dict:
     """One design's Fisher line at `dp` on DESIGN_SAMPLES samples, its estimate to DESIGN_RELATIVE_SE."""
-    from rankaudit.verify.fisher import line_for
+    from rankaudit.verify.rank.fisher import line_for
 
     return line_for(
         spec,
@@ -160,7 +160,7 @@ def _edit_of(edit: str, target: str, detail: str, traced) -> Callable[[nn.Module
 def review(report, dp: DPSettings, psnr_target: float, data: str | None, top: int | None = None) -> FisherReview:
     """The least σ of the model as it is and of each suggested edit that can be made on the real model, for the
     first `top` edits (default DESIGN_EDITS) of the structural ranking."""
-    from rankaudit.verify.fisher_check import check_settings
+    from rankaudit.verify.rank.fisher_check import check_settings
 
     check_settings(dp, "suggest's Fisher line")
     started = time.perf_counter()
@@ -213,7 +213,7 @@ def review(report, dp: DPSettings, psnr_target: float, data: str | None, top: in
 def compare_lines(results, specs, dp: DPSettings, psnr_target: float, data: str | None) -> list[dict]:
     """Each design's Fisher line at the same σ, filed as its Result's verification['fisher'] (what the reports
     read): the model as it is, at its seeded initialisation."""
-    from rankaudit.verify.fisher_check import check_settings
+    from rankaudit.verify.rank.fisher_check import check_settings
 
     check_settings(dp, "compare's Fisher line")
     lines = []

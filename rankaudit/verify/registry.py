@@ -28,7 +28,7 @@ _MODULES = (
     "rankaudit.verify.attacks.rgap_check",
     "rankaudit.verify.attacks.gdbr_check",
     "rankaudit.verify.rank.check",
-    "rankaudit.verify.fisher_check",
+    "rankaudit.verify.rank.fisher_check",
     "rankaudit.verify.attacks.dager_check",
     "rankaudit.verify.attacks.dp_check",
     "rankaudit.verify.attacks.bias_check",

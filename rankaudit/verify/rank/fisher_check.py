@@ -28,7 +28,7 @@ def check_settings(dp, what: str = "--verify fisher") -> None:
 
 def run(context: VerifyContext) -> dict:
     """The Fisher line of the first --samples samples at the DP settings the round carries."""
-    from rankaudit.verify.fisher import line_for
+    from rankaudit.verify.rank.fisher import line_for
 
     check_settings(context.dp)
     result = context.result

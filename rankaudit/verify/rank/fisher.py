@@ -9,7 +9,7 @@ target) is rankaudit.bound.fisher's. docs/method.md, "The Fisher floor under DP 
 
 For callers other than the CLI::
 
-    from rankaudit.verify.fisher import measure_samples
+    from rankaudit.verify.rank.fisher import measure_samples
     measured = measure_samples(model, images, labels, clip=1.0, loss="cross-entropy")
 """
 
