@@ -539,6 +539,12 @@ def compare_command(
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
     }
+    psnr_given = ctx.get_parameter_source("psnr_target") is click.core.ParameterSource.COMMANDLINE
+    if psnr_given and not dp_values(options, None):
+        raise UsageError(
+            "--psnr-target sets the PSNR the Fisher floor's least σ keeps, and compare reads it only under DP noise",
+            "add --dp-noise σ (and --dp-clip C as trained), or drop --psnr-target",
+        )
     results, rounds, targets = [], [], []
     for spec in (first, second):
         settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
@@ -550,12 +556,12 @@ def compare_command(
             )
             for name, value in given.items()
         }
-        # With DP options, each design's round carries them (q and T from its [tool.rankaudit.round]).
-        dp_given = dp_values(options, settings.dp)
+        # With DP flags, each design's round carries them over its [tool.rankaudit.dp] (q and T from its
+        # [tool.rankaudit.round]); without, compare stays structural, as it was.
+        dp_given = dp_values(options, settings.dp) if dp_values(options, None) else None
         round_ = build_run_round({}, chosen["batch_size"], settings.round, options, settings.dp) if dp_given else None
         rounds.append(round_)
-        commandline = ctx.get_parameter_source("psnr_target") is click.core.ParameterSource.COMMANDLINE
-        targets.append(settings.in_force("psnr_target", psnr_target, commandline))
+        targets.append(settings.in_force("psnr_target", psnr_target, psnr_given))
         results.append(
             audit(
                 spec,
