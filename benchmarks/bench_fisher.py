@@ -201,9 +201,9 @@ def designs_by_noise() -> dict:
 
 def picture(designs: dict, guo: dict | None) -> str:
     """An SVG: PSNR ceiling (dB) against σ on a log axis, one line per design, the 20 dB target dashed."""
-    width, height, left, right, top, bottom = 640, 380, 60, 150, 20, 45
-    low, high = -3.0, 0.0  # log10 σ
-    ymin, ymax = -40.0, 60.0
+    width, height, left, right, top, bottom = 700, 380, 60, 210, 20, 45
+    low, high = -5.0, 0.0  # log10 σ
+    ymin, ymax = -80.0, 60.0
 
     def x(log_sigma):
         return left + (log_sigma - low) / (high - low) * (width - left - right)
@@ -240,15 +240,21 @@ def picture(designs: dict, guo: dict | None) -> str:
         'stroke-dasharray="5,4"/>'
     )
     parts.append(f'<text x="{width - right + 6}" y="{y(20) + 4:.1f}">20 dB target</text>')
+    parts.append(f'<text x="{width - right + 6}" y="158">the least σ for 20 dB:</text>')
     for number, (name, one) in enumerate(designs.items()):
-        at_one = one["worst_psnr_ceiling_at_1"]
+        at_one = one["worst_psnr_ceiling_at_1"]  # the line: PSNR(σ) = at_one − 20·log10 σ, cut to the box
         colour = colours[number % len(colours)]
-        y0, y1 = at_one - 20 * low, at_one - 20 * high
+        start = max(low, (at_one - ymax) / 20)
+        end = min(high, (at_one - ymin) / 20)
+        if start < end:
+            parts.append(
+                f'<line x1="{x(start):.1f}" y1="{y(at_one - 20 * start):.1f}" x2="{x(end):.1f}" '
+                f'y2="{y(at_one - 20 * end):.1f}" stroke="{colour}" stroke-width="2"/>'
+            )
         parts.append(
-            f'<line x1="{x(low):.1f}" y1="{y(y0):.1f}" x2="{x(high):.1f}" y2="{y(y1):.1f}" stroke="{colour}" '
-            'stroke-width="2"/>'
+            f'<text x="{width - right + 6}" y="{176 + 16 * number}" fill="{colour}">{name}: σ '
+            f"{one['least_noise_20db']:.2g}</text>"
         )
-        parts.append(f'<text x="{width - right + 6}" y="{40 + 16 * number}" fill="{colour}">{name}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -530,13 +530,14 @@ def _whole(result: Result) -> str:
 
 
 def _suggest_review(suggestions) -> list[str]:
-    """suggest's round review (N, E, C for protected) and least-noise line, as the table prints them (issue 23:
-    the HTML page left them out)."""
+    """suggest's round review (N, E, C for protected), least-noise line and Fisher floor per design, as the table
+    prints them (issue 23: the HTML page left them out)."""
     if suggestions is None:
         return []
-    from rankaudit.report.design import _noise_lines, _round_lines
+    from rankaudit.report.design import _fisher_lines, _noise_lines, _round_lines
 
-    return [line.strip() for line in (*_round_lines(suggestions), *_noise_lines(suggestions)) if line.strip()]
+    lines = (*_round_lines(suggestions), *_noise_lines(suggestions), *_fisher_lines(suggestions))
+    return [line.strip() for line in lines if line.strip()]
 
 
 # The verifiers with a card of their own: name -> how the card reads its record (record, result, the model's id
