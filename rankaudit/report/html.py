@@ -414,8 +414,8 @@ def _round_card(result: Result) -> dict | None:
 
 
 def _dp(result: Result) -> dict | None:
-    """The DP card: what the noise bounds (spec §13), its curve over κ, --verify dp's measurement and --verify
-    fisher's line beside the bound."""
+    """The DP card: what the noise bounds, its curve over κ, --verify dp's measurement and --verify fisher's line
+    beside the bound."""
     from rankaudit.findings.meaning import dp_sentence
 
     if result.dp is None:
@@ -531,7 +531,7 @@ def _whole(result: Result) -> str:
 
 def _suggest_review(suggestions) -> list[str]:
     """suggest's round review (N, E, C for protected), least-noise line and Fisher floor per design, as the table
-    prints them (issue 23: the HTML page left them out)."""
+    prints them."""
     if suggestions is None:
         return []
     from rankaudit.report.design import _fisher_lines, _noise_lines, _round_lines
