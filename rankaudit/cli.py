@@ -208,6 +208,7 @@ def _stand_in_options(command):
 @flags.attack_options
 @flags.check_run_options
 @flags.dp_options
+@flags.psnr_target_option
 @flags.round_options
 @_timeout_option
 @_stand_in_options
@@ -262,7 +263,14 @@ def check(
     from rankaudit.verify import registry
     from rankaudit.verify.run import run_verifiers
 
-    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
+    commandline = click.core.ParameterSource.COMMANDLINE
+    psnr_given = ctx.get_parameter_source("psnr_target") is commandline
+    registry.check_request(
+        verify,
+        defenses,
+        {"--dp-candidates": dp_candidates, "--psnr-target": ctx.params["psnr_target"] if psnr_given else None},
+        weights=weights_file,
+    )
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(
         output,
@@ -270,7 +278,6 @@ def check(
         artifacts,
         report_files.command_inputs(models, data=data, aux=aux, weights=weights_file),
     )
-    commandline = click.core.ParameterSource.COMMANDLINE
     given = {name for name in CONFIGURABLE if ctx.get_parameter_source(name) is commandline}
     values = {name: ctx.params[name] for name in CONFIGURABLE}
     results, exit_code = [], EXIT_PASS
@@ -338,6 +345,7 @@ def check(
                     shared_layers=as_layers(chosen.shared_layers, result),
                     withheld_layers=as_layers(chosen.withheld_layers, result),
                     rank_precision=rank_precision,
+                    psnr_target=chosen.psnr_target,
                     weights=weights_file,
                     show_progress=not quiet,
                     several=len(models) > 1,
@@ -380,6 +388,7 @@ def check(
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.suggest_options
 @flags.dp_options
+@flags.psnr_target_option
 @flags.round_options
 @_timeout_option
 @_stand_in_options
@@ -397,12 +406,15 @@ def suggest_command(
     output,
     debug,
     dp_candidates,
+    psnr_target,
     **options,
 ):
     """Single architectural edits, re-bounded and ranked by each sample's recoverable fraction they reach;
     the batch sizes at which the batch as a whole is certified and protected (no batch size protects a
     sample; accuracy is not measured); with DP options and --max-reconstruction, also the least noise multiplier
-    that meets it, and when only noise can protect a sample, it says so.
+    that meets it, and when only noise can protect a sample, it says so. With DP options or --psnr-target, also
+    the least σ keeping the PSNR of any unbiased reconstruction at or below the target, for the model as it is and
+    for each edit that can be made on the real model, the edits ranked by it (measured at the seeded weights).
 
     With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the N, E and C
     at which each sample is protected (N and C never are; the round as a whole is reported beside).
@@ -426,7 +438,7 @@ def suggest_command(
     # its batch-size or [tool.rankaudit.round]'s), else the default.
     commandline = {
         name
-        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below")
+        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below", "psnr_target")
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
 
@@ -448,6 +460,13 @@ def suggest_command(
         exposed_below=exposed_below,
     )
     report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
+    fisher_options = dp_values(options, settings.dp)
+    if fisher_options or "psnr_target" in commandline or settings.psnr_target is not None:
+        from rankaudit.design.fisher_review import review, review_settings
+
+        target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
+        at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
+        report = dataclasses.replace(report, fisher=review(report, at, target, data, top))
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
@@ -471,6 +490,8 @@ def suggest_command(
 @click.argument("second", metavar="B.py[:NAME]")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.compare_options
+@flags.dp_options
+@flags.psnr_target_option
 @_timeout_option
 @_stand_in_options
 @click.pass_context
@@ -488,12 +509,22 @@ def compare_command(
     output_format,
     output,
     debug,
+    dp_candidates,
+    psnr_target,
+    **options,
 ):
     """Two designs side by side; the exit code is the policy applied to the second (B).
 
     Each model's settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above
-    its file (as `check` reads them), else from the defaults.
+    its file (as `check` reads them), else from the defaults. With --dp-noise σ: each design's DP section, and its
+    Fisher floor at the same σ (the MSE floor and PSNR ceiling of unbiased reconstructions, at the seeded weights).
     """
+    from rankaudit.settings.run import build_run_round, dp_values
+
+    if dp_candidates is not None:
+        raise UsageError(
+            "--dp-candidates sets the candidates of --verify dp, which compare does not run", "drop --dp-candidates"
+        )
     from rankaudit.audit import audit
     from rankaudit.report import design
     from rankaudit.settings.model_spec import split_model_spec
@@ -508,7 +539,13 @@ def compare_command(
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
     }
-    results = []
+    psnr_given = ctx.get_parameter_source("psnr_target") is click.core.ParameterSource.COMMANDLINE
+    if psnr_given and not dp_values(options, None):
+        raise UsageError(
+            "--psnr-target sets the PSNR the Fisher floor's least σ keeps, and compare reads it only under DP noise",
+            "add --dp-noise σ (and --dp-clip C as trained), or drop --psnr-target",
+        )
+    results, rounds, targets = [], [], []
     for spec in (first, second):
         settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
         supervise.set_config_timeout(settings.timeout)
@@ -519,16 +556,37 @@ def compare_command(
             )
             for name, value in given.items()
         }
+        # With DP flags, each design's round carries them over its [tool.rankaudit.dp] (q and T from its
+        # [tool.rankaudit.round]); without, compare stays structural, as it was.
+        dp_given = dp_values(options, settings.dp) if dp_values(options, None) else None
+        round_ = build_run_round({}, chosen["batch_size"], settings.round, options, settings.dp) if dp_given else None
+        rounds.append(round_)
+        targets.append(settings.in_force("psnr_target", psnr_target, psnr_given))
         results.append(
             audit(
                 spec,
                 **chosen,
+                round_=round_,
                 data=data,
                 shared_layers=settings.shared_layers,
                 withheld_layers=settings.withheld_layers,
                 model_args=dict(settings.model_args) if settings.model_args else None,
             )
         )
+    if any(round_ is not None for round_ in rounds):
+        from rankaudit.design.fisher_review import compare_lines
+
+        if (
+            not all(round_ is not None and round_.dp is not None for round_ in rounds)
+            or len({round_.dp.noise_multiplier for round_ in rounds}) > 1
+        ):
+            raise UsageError(
+                "compare reads both designs' Fisher floor at the same σ, and their configurations give different "
+                "noise multipliers (or only one gives any)",
+                "give --dp-noise σ on the command line",
+            )
+        for result, spec, round_, target in zip(results, (first, second), rounds, targets):
+            compare_lines([result], [spec], round_.dp, target, data)
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)
     )

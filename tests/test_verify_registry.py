@@ -43,7 +43,7 @@ def _verify_option() -> click.Option:
 
 def test_the_choices_and_help_of_verify_are_the_registry():
     option = _verify_option()
-    assert list(option.type.choices) == registry.names() == ["rgap", "gdbr", "rank", "dager", "dp", "bias"]
+    assert list(option.type.choices) == registry.names() == ["rgap", "gdbr", "rank", "fisher", "dager", "dp", "bias"]
     assert option.help == registry.help_text()
     for verifier in registry.verifiers().values():
         assert f"{verifier.name}: {verifier.help}" in option.help

@@ -151,6 +151,29 @@ def narrow_edits(traced: TracedModel, base: Result, skipped: list[str]) -> list[
     return edits
 
 
+def narrowed_width(detail: str) -> int:
+    """The width a narrow edit's detail ("out_features 16 -> 5") cuts the layer to."""
+    return int(detail.rsplit("->", 1)[1])
+
+
+def narrow_readers(traced: TracedModel, layer: str) -> list[str]:
+    """The weighted layers that read the channels of `layer` (a record's name), through the ops between that keep
+    whole channels: the layers a narrowed design's readers lose inputs of."""
+    node_id = next(n for n in traced.order if traced.record(n).name == layer)
+    readers, seen, frontier = [], set(), list(traced.successors.get(node_id, ()))
+    while frontier:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        record = traced.record(node)
+        if record.counting.role is Role.LAYER and record.counting.weights:
+            readers.append(record.name)
+            continue
+        frontier.extend(traced.successors.get(node, ()))
+    return readers
+
+
 def remove_bias_edits(traced: TracedModel) -> list[tuple[str, str, TracedModel, int]]:
     edits = []
     for node_id in traced.order:
@@ -169,6 +192,11 @@ def remove_bias_edits(traced: TracedModel) -> list[tuple[str, str, TracedModel, 
     return edits
 
 
+def changed_stride(old: tuple[int, ...]) -> tuple[int, ...]:
+    """The stride edit: a strided conv made unstrided, an unstrided one strided by 2."""
+    return tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
+
+
 def stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tuple[str, str, TracedModel, int]]:
     """Stride changes move every later shape, so these few are re-traced on meta rather than re-counted."""
     edits = []
@@ -176,7 +204,7 @@ def stride_edits(module: nn.Module, input_shape, skipped: list[str]) -> list[tup
         if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             continue
         old = conv.stride
-        new = tuple(1 for _ in old) if max(old) > 1 else tuple(2 for _ in old)
+        new = changed_stride(old)
         conv.stride = new
         try:
             edited = trace_and_count(module, input_shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rankaudit.bound.energy import EnergyScale, ReferenceDataError, certify
 from rankaudit.bound.identifiability import identifiability, sample_identifiability
@@ -19,6 +20,9 @@ from rankaudit.result import DPNoiseSuggestion, SampleBound
 from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE
 from rankaudit.settings.levels import ceiling as level_ceiling
 from rankaudit.settings.round import Round
+
+if TYPE_CHECKING:
+    from rankaudit.design.fisher_review import FisherReview
 
 EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (spec §14)
 ACCURACY_NOTE = (
@@ -74,6 +78,9 @@ class SuggestReport:
     seconds: float = 0.0
     round_review: RoundReview | None = None  # with a round: the N, E and C that make it protected
     noise: DPNoiseSuggestion | None = None  # with DP options: the least noise meeting --max-reconstruction
+    # With DP options: the least σ keeping the PSNR ceiling of unbiased reconstructions at or below --psnr-target,
+    # for the model as it is and each edit (rankaudit.design.fisher_review.FisherReview)
+    fisher: FisherReview | None = None
     sample: SampleBound | None = None  # each sample's bound as the model is (spec §14)
     readout_layers: list[str] = field(default_factory=list)  # shared layers with a bias readout (spec §14)
     # No single edit, withheld set or round setting makes each sample protected: only noise the client adds can

@@ -51,6 +51,7 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
         "suggestions": [asdict(s) for s in report.suggestions[:top]],
         "round_review": _round_review_dict(report),
         "dp_noise": asdict(report.noise) if report.noise else None,
+        "fisher": asdict(report.fisher) if report.fisher else None,
         "sample": asdict(report.sample) if report.sample else None,
         "readout_layers": report.readout_layers,
         "noise_is_the_way": report.noise_is_the_way,
@@ -81,6 +82,59 @@ def _noise_lines(report: SuggestReport) -> list[str]:
         f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
         *sources,
     ]
+
+
+def _fisher_lines(report: SuggestReport) -> list[str]:
+    """suggest with DP options: per design, the least σ keeping unbiased reconstructions at or below the PSNR
+    target, beside the least σ the reconstruction bound asks for."""
+    fisher = report.fisher
+    if fisher is None:
+        return []
+    rero = report.noise.noise_multiplier if report.noise is not None else None
+    beside = (
+        f"σ {rero:.3g} for the reconstruction bound (any attacker)"
+        if rero is not None
+        else "give --max-reconstruction for the reconstruction bound's σ (any attacker)"
+    )
+    lines = [
+        f"Fisher floor (unbiased attackers, {fisher.weights}; clip {fisher.clip:g}, q {fisher.sample_rate:.4g}, "
+        f"T {fisher.steps:,}): the least σ keeping every measured sample's PSNR ceiling at or below "
+        f"{fisher.psnr_target:g} dB; {beside}.",
+    ]
+    rows = [("design", "target", "detail", "least σ", "PSNR at σ 1")]
+    for one in [fisher.as_is, *fisher.edits]:
+        rows.append(
+            (
+                one.edit,
+                one.target or "-",
+                one.detail or "-",
+                f"{one.least_noise:.3g}" if one.least_noise is not None else "not measured",
+                "-" if one.median_psnr_ceiling is None else f"{one.median_psnr_ceiling:.1f} dB",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        lines.append(
+            "  "
+            + "  ".join(cell.rjust(widths[i]) if i in (3, 4) else cell.ljust(widths[i]) for i, cell in enumerate(row))
+        )
+    reasons = sorted({f"{one.edit}: {one.reason}" for one in fisher.edits if one.reason})
+    lines += [f"  not measured, {reason}" for reason in reasons]
+    lines += [
+        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s. σ varies as the "
+        f"square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of each other are within two "
+        "standard errors.",
+        f"  Covers {fisher.covers}.",
+        "",
+    ]
+    return lines
+
+
+def _noise_band(fisher) -> float:
+    """Two standard errors of the ratio of two designs' least σ (each σ ∝ √(estimate): half its relative error)."""
+    from rankaudit.design.fisher_review import DESIGN_RELATIVE_SE
+
+    return 2 * (2**0.5) * DESIGN_RELATIVE_SE / 2
 
 
 def _round_review_dict(report: SuggestReport) -> dict | None:
@@ -277,6 +331,7 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
         "",
         *_certificates(report),
         *_noise_lines(report),
+        *_fisher_lines(report),
         f"{len(report.suggestions)} edits re-counted and re-bounded in {report.seconds:.2f} s"
         + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "")
         + ".",
@@ -356,6 +411,7 @@ def compare_table(first: Result, second: Result) -> str:
     only = sorted({r.name for r in first.layers} ^ {r.name for r in second.layers})
     if only:
         lines.append(f"  Layers in one model only: {', '.join(only)}")
+    lines += _compare_fisher_lines(first, second)
     if first.ra_i is not None and second.ra_i is not None:
         lines += [
             "",
@@ -364,6 +420,46 @@ def compare_table(first: Result, second: Result) -> str:
             + ("pass" if second.policy.passed else "FAIL: " + "; ".join(second.policy.reasons)),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _compare_fisher_lines(first: Result, second: Result) -> list[str]:
+    """compare --dp-noise σ: each design's Fisher floor at the same σ, beside the reconstruction bound (the same for
+    both: the architecture does not enter it)."""
+    lines_of = [result.verification.get("fisher") for result in (first, second)]
+    if not all(lines_of) or first.dp is None:
+        return []
+
+    def ceiling(value):
+        return "-inf dB" if value is None else f"{value:.1f} dB"
+
+    dp = first.dp
+    lines = [
+        "",
+        f"DP noise σ {dp.noise_multiplier:g}, clip {dp.clip:g}, q {dp.sample_rate:.4g}, T {dp.steps:,}: any "
+        f"reconstruction succeeds with probability at most B({dp.prior:g}) = {dp.reconstruction_bound:.3g} for "
+        + (
+            "both designs (the architecture does not enter it)."
+            if second.dp is not None and second.dp.reconstruction_bound == dp.reconstruction_bound
+            else f"A, {second.dp.reconstruction_bound:.3g} for B."
+        ),
+        f"Fisher floor at σ {dp.noise_multiplier:g} (unbiased attackers, {lines_of[0]['weights']}):",
+    ]
+    for mark, line in zip("AB", lines_of):
+        worst = line["worst"]
+        lines.append(
+            f"  {mark}  PSNR at most {ceiling(line['median_psnr_ceiling'])} (median), {ceiling(worst['psnr_ceiling'])}"
+            f" (worst); MSE at least {_floor_text(line['median_mse_floor'])} per value; σ "
+            f"{line['least_noise']:.3g} keeps {line['psnr_target']:g} dB"
+        )
+    lines.append(
+        f"  {len(lines_of[0]['samples'])} samples each ({lines_of[0]['inputs']}); {lines_of[0]['estimator']}; "
+        f"{sum(line['seconds'] for line in lines_of):.1f} s"
+    )
+    return lines
+
+
+def _floor_text(value) -> str:
+    return "infinite" if value is None else f"{value:.3g}"
 
 
 def render_json(payload: dict) -> str:

@@ -414,17 +414,23 @@ def _round_card(result: Result) -> dict | None:
 
 
 def _dp(result: Result) -> dict | None:
-    """The DP card: what the noise bounds (spec §13), its curve over κ, and --verify dp's measurement."""
+    """The DP card: what the noise bounds, its curve over κ, --verify dp's measurement and --verify fisher's line
+    beside the bound."""
     from rankaudit.findings.meaning import dp_sentence
 
     if result.dp is None:
         return None
     attack = (result.verification or {}).get("dp")
     attack = attack if isinstance(attack, dict) else None
+    fisher = (result.verification or {}).get("fisher")
+    from rankaudit.bound.fisher import BOUND_COVERS
+
     return {
         "d": result.dp,
         "sentence": _sentence(dp_sentence(result.dp)),
         "attack": attack,
+        "bound_covers": BOUND_COVERS,
+        "fisher": fisher if isinstance(fisher, dict) else None,
         "curve": Markup(svg.dp_curve(result.dp, attack)),
     }
 
@@ -524,13 +530,14 @@ def _whole(result: Result) -> str:
 
 
 def _suggest_review(suggestions) -> list[str]:
-    """suggest's round review (N, E, C for protected) and least-noise line, as the table prints them (issue 23:
-    the HTML page left them out)."""
+    """suggest's round review (N, E, C for protected), least-noise line and Fisher floor per design, as the table
+    prints them."""
     if suggestions is None:
         return []
-    from rankaudit.report.design import _noise_lines, _round_lines
+    from rankaudit.report.design import _fisher_lines, _noise_lines, _round_lines
 
-    return [line.strip() for line in (*_round_lines(suggestions), *_noise_lines(suggestions)) if line.strip()]
+    lines = (*_round_lines(suggestions), *_noise_lines(suggestions), *_fisher_lines(suggestions))
+    return [line.strip() for line in lines if line.strip()]
 
 
 # The verifiers with a card of their own: name -> how the card reads its record (record, result, the model's id
@@ -542,7 +549,7 @@ CARDS = {
     "rank": lambda record, result, prefix, base_dir: _rank(record, base_dir, result.images),
     "bias": lambda record, result, prefix, base_dir: record,
 }
-IN_OTHER_CARDS = ("dager", "dp")
+IN_OTHER_CARDS = ("dager", "dp", "fisher")
 
 
 def _generic(name: str, record, card_id: str) -> dict:

@@ -85,8 +85,15 @@ def _dp(result: Result) -> dict | None:
     """Spec §13's DP section; the HTML card's curve stays out of the contract."""
     if result.dp is None:
         return None
+    from rankaudit.bound.fisher import BOUND_COVERS, summary
+
     section = asdict(result.dp)
     section.pop("curve")
+    section["covers"] = BOUND_COVERS
+    fisher = result.verification.get("fisher")
+    # --verify fisher: the line for unbiased attackers at the weights measured, beside B(κ) (its full record is
+    # verification.fisher).
+    section["fisher"] = summary(fisher) if fisher else None
     return section
 
 

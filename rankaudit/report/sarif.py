@@ -73,6 +73,14 @@ RULES = {
         "warning",
         "7.0",
     ),
+    "RA011": (
+        "dp-fisher-floor",
+        "Under the client's DP noise, the Fisher information of the update bounds how close an unbiased "
+        "reconstruction of each measured sample gets (an MSE floor and a PSNR ceiling, at the weights measured), "
+        "beside the bound B(κ) that holds for every attacker",
+        "note",
+        "3.0",
+    ),
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
@@ -259,6 +267,33 @@ def _results_for(result: Result) -> list[dict]:
                     "prior": dp.prior,
                     "reconstruction_bound": dp.reconstruction_bound,
                     "max_reconstruction": dp.max_reconstruction,
+                    "fisher": _fisher_summary(result),
+                },
+            }
+        )
+    fisher = result.verification.get("fisher")
+    if dp is not None and fisher:
+        from rankaudit.bound.fisher import BOUND_COVERS
+
+        line = _fisher_summary(result)
+        worst = line["worst_psnr_ceiling"]
+        found.append(
+            {
+                "ruleId": "RA011",
+                "level": RULES["RA011"][2],
+                "message": {
+                    "text": f"{result.model}: at σ {line['noise_multiplier']:g} an unbiased reconstruction of the "
+                    f"measured samples reaches a PSNR of at most "
+                    + ("-inf" if worst is None else f"{worst:.1f}")
+                    + f" dB ({line['weights']}); σ {line['least_noise']:.3g} keeps it at or below "
+                    f"{line['psnr_target']:g} dB. Any attacker: B({dp.prior:g}) = {dp.reconstruction_bound:.3g}."
+                },
+                "locations": [_location(result, None)],
+                "properties": {
+                    **line,
+                    "reconstruction_bound": dp.reconstruction_bound,
+                    "prior": dp.prior,
+                    "reconstruction_bound_covers": BOUND_COVERS,
                 },
             }
         )
@@ -272,6 +307,14 @@ def _results_for(result: Result) -> list[dict]:
             }
         )
     return found
+
+
+def _fisher_summary(result: Result) -> dict | None:
+    """--verify fisher's line as the DP section shows it (None where it did not run)."""
+    from rankaudit.bound.fisher import summary
+
+    fisher = result.verification.get("fisher")
+    return summary(fisher) if fisher else None
 
 
 def _sample_properties(result: Result) -> dict:
@@ -315,6 +358,7 @@ def to_sarif(results: list[Result]) -> dict:
         | set(_VERDICT_RULE.values())
         | {"RA003", "RA005", "RA006", "RA010"}
         | ({"RA009"} if any(r.dp for r in results) else set())
+        | ({"RA011"} if any(r.dp and r.verification.get("fisher") for r in results) else set())
     )
     return {
         "$schema": SCHEMA_URI,

@@ -183,7 +183,34 @@ def dp_lines(result: Result) -> list[str]:
             f"  B({dp.prior:g}) = {dp.reconstruction_bound:.3g}: {verdict} --max-reconstruction "
             f"{dp.max_reconstruction:g}"
         )
+    fisher = result.verification.get("fisher")
+    if fisher:
+        lines += ["  the two lines side by side:", *_two_lines(dp, fisher)]
     return lines
+
+
+def _two_lines(dp, fisher: dict) -> list[str]:
+    """ReRo (any attacker, the gate's line) beside the Fisher floor (unbiased attackers, at the weights measured)."""
+
+    def ceiling(value):
+        return "-inf dB" if value is None else f"{value:.1f} dB"
+
+    rows = [
+        ("line", "covers", "figure"),
+        (
+            "reconstruction bound",
+            "any attacker, any prior, any weights",
+            f"B({dp.prior:g}) = {dp.reconstruction_bound:.3g} (the gate's line)",
+        ),
+        (
+            "Fisher floor",
+            f"unbiased attackers, {fisher['weights']}",
+            f"PSNR at most {ceiling(fisher['median_psnr_ceiling'])} (median), {ceiling(fisher['worst']['psnr_ceiling'])}"
+            f" (worst); σ {fisher['least_noise']:.3g} keeps {fisher['psnr_target']:g} dB",
+        ),
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return [f"    {row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}" for row in rows]
 
 
 def _names(names: list[str], verbose: bool) -> str:

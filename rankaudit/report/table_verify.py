@@ -167,6 +167,40 @@ def _dp_attack_lines(attack: dict | None) -> list[str]:
     return lines + [f"  {note}" for note in attack["notes"]]
 
 
+def _fisher_lines(fisher: dict | None) -> list[str]:
+    """--verify fisher: each sample's MSE floor and PSNR ceiling for unbiased reconstructions, and the least σ."""
+    if not fisher:
+        return []
+    worst = fisher["worst"]
+    lines = [
+        "",
+        f"Verification (Fisher information under the DP noise, {count(len(fisher['samples']), 'sample')}, "
+        f"{fisher['device']}, {fisher['seconds']:.1f} s): at σ {fisher['noise_multiplier']:g} an unbiased "
+        f"reconstruction's per-coordinate MSE is at least {_floor(fisher['median_mse_floor'])} (median; worst "
+        f"sample {worst['index']}: {_floor(worst['mse_floor'])}), its PSNR at most "
+        f"{_ceiling(fisher['median_psnr_ceiling'])} (worst {_ceiling(worst['psnr_ceiling'])}); the least σ keeping "
+        f"every sample's PSNR ceiling at or below {fisher['psnr_target']:g} dB: {fisher['least_noise']:.3g}.",
+        f"  covers: {fisher['covers']}",
+        f"  {fisher['estimator']}; {fisher['weights']}",
+        "  sample  label        dFIL  MSE floor  PSNR ceiling  rel. SE",
+    ]
+    for number, sample in enumerate(fisher["samples"]):
+        lines.append(
+            f"  {number:>6}  {sample['label']:>5}  {sample['dfil']:>10.3g}  {_floor(sample['mse_floor']):>9}  "
+            f"{_ceiling(sample['psnr_ceiling']):>12}  "
+            + ("  exact" if sample.get("exact") else f"{sample['relative_se']:>7.1%}")
+        )
+    return lines + [f"  {note}" for note in fisher["notes"]]
+
+
+def _floor(value: float | None) -> str:
+    return "infinite" if value is None else f"{value:.3g}"
+
+
+def _ceiling(value: float | None) -> str:
+    return "-inf dB" if value is None else f"{value:.1f} dB"
+
+
 def _dager_lines(dager: dict | None) -> list[str]:
     """--verify dager: the token set recovered from one layer's gradient, then the decoder's sequences."""
     if not dager:
@@ -329,6 +363,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "rgap": _rgap_lines,
     "gdbr": _gdbr_lines,
     "rank": _rank_lines,
+    "fisher": _fisher_lines,
     "dager": _dager_lines,
     "dp": _dp_attack_lines,
 }

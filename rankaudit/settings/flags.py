@@ -6,7 +6,7 @@ import os
 
 import click
 
-from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAIL_ON_CHOICES
+from rankaudit.settings.levels import DEFAULT_FAIL_ON, DEFAULT_PSNR_TARGET, FAIL_ON_CHOICES
 from rankaudit.settings.run import ROUND_FLAGS
 
 FORMATS = ("table", "json", "sarif", "html")
@@ -150,6 +150,19 @@ def dp_options(command):
         ),
     ]
     return _stacked(command, options)
+
+
+def psnr_target_option(command):
+    """--psnr-target, on `check`, `suggest` and `compare`: the PSNR ceiling the Fisher floor's least σ keeps."""
+    return click.option(
+        "--psnr-target",
+        type=float,
+        default=DEFAULT_PSNR_TARGET,
+        show_default=True,
+        metavar="DB",
+        help="With DP noise: the least σ keeping the PSNR of any unbiased reconstruction at or below DB "
+        "(--verify fisher, suggest, compare; `psnr-target` in [tool.rankaudit]).",
+    )(command)
 
 
 def _level_options(command):

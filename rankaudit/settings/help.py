@@ -48,6 +48,7 @@ OPTION_GROUP = {
     "--prior": DP,
     "--noise-by": DP,
     "--dp-candidates": DP,
+    "--psnr-target": DP,
     "--verify": VERIFY,
     "--samples": VERIFY,
     "--seed": VERIFY,
@@ -94,17 +95,23 @@ EXAMPLES = {
         ("rankaudit net.py --local-epochs 2 --local-samples 64", "one round of local training, not FedSGD"),
         ("rankaudit net.py --dp-noise 1.0 --max-reconstruction 0.05", "DP-SGD: the bound on any reconstruction"),
         ("rankaudit examples/lenet.py --verify rank", "measure the exact rank, beside the bound"),
+        ("rankaudit net.py --dp-noise 1.0 --verify fisher", "each sample's MSE floor under that noise (unbiased)"),
         ("rankaudit net.py --format sarif -o ra.sarif --fail-on never", "SARIF for code scanning, never fail"),
         ("rankaudit net.py --html report.html", "also the self-contained HTML report"),
     ),
     "suggest": (
         ("rankaudit suggest examples/cnn6.py", "the edits that change the verdict, best first"),
         ("rankaudit suggest net.py --max-reconstruction 0.05", "also the least DP noise that meets 5 %"),
+        (
+            "rankaudit suggest net.py --dp-noise 1.0 --max-reconstruction 0.05 --psnr-target 20",
+            "per edit, also the least σ keeping unbiased reconstructions at or below 20 dB",
+        ),
         ("rankaudit suggest net.py --format html -o review.html", "the full report with the suggestions"),
     ),
     "compare": (
         ("rankaudit compare old.py new.py", "both verdicts and what changed"),
         ("rankaudit compare old.py new.py --format json", "the same as JSON"),
+        ("rankaudit compare old.py new.py --dp-noise 1.0", "also each design's Fisher floor at the same σ"),
     ),
 }
 

@@ -8,6 +8,9 @@ DEFAULT_MAX_RECOVERABLE = 0.5
 # Spec §15: `exposed` when less than this share of a typical sample's energy is certified hidden (--exposed-below):
 # the visible part of a typical photograph is then above about 26 dB at 32 px.
 DEFAULT_EXPOSED_BELOW = 0.05
+# --psnr-target: the PSNR (dB) an unbiased reconstruction may reach at most when σ is chosen from the Fisher floor;
+# at 20 dB a reconstructed photograph is no longer recognisable (docs/verify/fisher.md).
+DEFAULT_PSNR_TARGET = 20.0
 
 # --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before spec §11);
 # partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ TOP_KEYS = {
     "min-ra",
     "max-recoverable",
     "exposed-below",
+    "psnr-target",
     "batch-size",
     "shared-layers",
     "withheld-layers",
@@ -58,6 +60,7 @@ class Settings:
     min_ra: int | None = None
     max_recoverable: float | None = None
     exposed_below: float | None = None
+    psnr_target: float | None = None  # dB: the PSNR ceiling σ is chosen to keep (the Fisher floor)
     batch_size: int | None = None
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
@@ -182,6 +185,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             _bad(pyproject, "exposed-below", "a fraction between 0 and 1, e.g. 0.05")
         settings.exposed_below = float(value)
+    if "psnr-target" in table:
+        value = table["psnr-target"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            _bad(pyproject, "psnr-target", "a PSNR in dB, e.g. 20")
+        settings.psnr_target = float(value)
     if "batch-size" in table:
         settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
     if "shared-layers" in table:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
 
 if TYPE_CHECKING:
     from rankaudit.settings.round import Round
@@ -106,6 +107,7 @@ CONFIGURABLE = (
     "exposed_below",
     "shared_layers",
     "withheld_layers",
+    "psnr_target",
 )
 
 
@@ -126,6 +128,7 @@ class ModelSettings:
     timeout: float | None = None
     memory_limit: float | None = None
     stand_ins: list[str] | bool | None = None
+    psnr_target: float = DEFAULT_PSNR_TARGET  # dB: what --verify fisher's least σ keeps
 
 
 def model_settings(
@@ -179,4 +182,5 @@ def model_settings(
         timeout=settings.timeout,
         memory_limit=settings.memory_limit,
         stand_ins=settings.stand_ins,
+        psnr_target=pick("psnr_target"),
     )

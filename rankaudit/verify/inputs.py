@@ -10,9 +10,13 @@ from rankaudit.result import Result
 
 def real_inputs(result: Result, data: str | None, count: int, seed: int) -> tuple[torch.Tensor, str]:
     """Real images where the input is one (1 or 3 channels, or --data given); seeded uniform values otherwise."""
+    return inputs_of_shape(tuple(result.input_shape), data, count, seed)
+
+
+def inputs_of_shape(shape: tuple[int, ...], data: str | None, count: int, seed: int) -> tuple[torch.Tensor, str]:
+    """real_inputs for a per-sample shape (the design review measures models it has no Result of)."""
     from rankaudit.bound import images as image_data
 
-    shape = tuple(result.input_shape)
     if data is not None or (len(shape) == 3 and shape[0] in (1, 3)):
         try:
             images, source = image_data.load_images(data, shape, count, seed)

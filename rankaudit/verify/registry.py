@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
 
 if TYPE_CHECKING:
     from rankaudit.result import Result
@@ -27,6 +28,7 @@ _MODULES = (
     "rankaudit.verify.attacks.rgap_check",
     "rankaudit.verify.attacks.gdbr_check",
     "rankaudit.verify.rank.check",
+    "rankaudit.verify.rank.fisher_check",
     "rankaudit.verify.attacks.dager_check",
     "rankaudit.verify.attacks.dp_check",
     "rankaudit.verify.attacks.bias_check",
@@ -70,6 +72,7 @@ class VerifyContext:
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
     rank_precision: str = "auto"
+    psnr_target: float = DEFAULT_PSNR_TARGET  # --psnr-target: the PSNR ceiling the least σ of --verify fisher keeps
     weights: str | None = None  # --weights: a state dict or checkpoint every verifier runs at (None: seeded init)
     show_progress: bool = True
     several: bool = False  # several models in one run: each keeps its --artifacts in a folder of its own
