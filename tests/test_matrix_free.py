@@ -39,6 +39,20 @@ def test_exact_reading_matches_the_dense_sketch(make):
     assert reading.hidden_share_at_most == pytest.approx(_hidden_share(reference.invisible, x), abs=1e-6)
 
 
+def test_small_eigenvalues_are_not_mistaken_for_an_invariant_basis():
+    # At 3x16x16 a pooled MLP's spectrum spans many decades: A V shrinks its small directions below rounding, and
+    # only a probe from the basis's complement finds them (the rank must still be the dense sketch's, give or take
+    # singular values under the Gram matrix's coarser tolerance).
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.AvgPool2d(4), nn.Flatten(), nn.Linear(48, 16), nn.ReLU(), nn.Linear(16, 10))
+    x, y = torch.rand(1, 3, 16, 16), torch.tensor([1])
+    reference = dense.measure(net, x, y, hidden=True)
+    reading = measure_matrix_free(net, x, y)
+    assert reading.exact
+    assert reference.rank - 2 <= reading.rank_at_least <= reference.rank
+    assert reading.hidden_share_at_most == pytest.approx(_hidden_share(reference.invisible, x), abs=1e-6)
+
+
 def test_a_stopped_reading_bounds_the_rank_from_below_and_the_hidden_share_from_above():
     torch.manual_seed(1)
     net, x, y = _strided_cnn(), torch.rand(1, 3, 8, 8), torch.tensor([2])

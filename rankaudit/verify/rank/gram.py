@@ -54,7 +54,9 @@ class GramProducts:
 
     def __call__(self, block: torch.Tensor) -> torch.Tensor:
         """A V for the rows of ``block`` (k × d): k × d."""
-        with torch.no_grad():
+        # Only the products run under the checks' op substitutions: the basis's own linear algebra outside them
+        # runs at full speed.
+        with torch.no_grad(), _math_attention(), differentiable_ops():
             moved = self._forward(block.reshape(len(block), *self.x.shape))
             back = self._transpose([moved[name] for name in self.names])
         return back.reshape(len(block), -1)
@@ -97,18 +99,16 @@ def measure_matrix_free(
             "name parameters from model.named_parameters() that require grad",
         )
     started = time.perf_counter()
-    with _math_attention(), differentiable_ops():
-        products = GramProducts(net, x, labels, loss, names)
-        reading = krylov_rank(
-            products,
-            centred(x).reshape(-1),
-            seed=seed,
-            block=block,
-            budget_seconds=None if budget_seconds is None else budget_seconds - (time.perf_counter() - started),
-            hidden_below=hidden_below,
-            progress=progress,
-        )
-    return reading
+    products = GramProducts(net, x, labels, loss, names)
+    return krylov_rank(
+        products,
+        centred(x).reshape(-1),
+        seed=seed,
+        block=block,
+        budget_seconds=None if budget_seconds is None else budget_seconds - (time.perf_counter() - started),
+        hidden_below=hidden_below,
+        progress=progress,
+    )
 
 
 def as_rank_measurement(

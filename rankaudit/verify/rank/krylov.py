@@ -8,7 +8,9 @@ full reorthogonalisation. What that buys:
 
 - **The rank, from below.** The Ritz values θ_1 ≥ θ_2 ≥ … of Qᵀ A Q interlace A's eigenvalues (θ_j ≤ λ_j), so
   every θ_j above the tolerance is an eigenvalue of A above it: their count is a lower bound on rank(J) at every
-  step, and the exact rank once the basis is invariant (no new direction) or spans all d values.
+  step, and the exact rank once the basis is invariant or spans all d values. Invariance is never taken from
+  A V alone (A shrinks the directions of small eigenvalues below rounding, so they can look absent): a random
+  block from the basis's complement must also go to zero under A, else it joins the basis and the growth goes on.
 - **The sample's hidden energy, from above.** A V lies in A's range, the directions J sees; so the part of c
   outside span(A Q) bounds the part of c that J cannot see: ‖(I − P_range) c‖² ≤ ‖(I − P_{span(AQ)}) c‖². Since c
   starts the basis, that bound falls fastest along what the sample is made of.
@@ -86,14 +88,31 @@ def krylov_rank(
     stopped = "complete"
     hidden = None
     products = 0
+    largest = 0.0  # the largest ‖A v‖ seen for a unit v: a lower estimate of A's largest eigenvalue
     while True:
         fresh = _orthonormal_rows(candidates, basis)
         if fresh.shape[0] == 0:
-            stopped = "invariant"
-            break
-        fresh = fresh[: d - basis.shape[0]]
-        applied = apply_gram(fresh)
-        products += fresh.shape[0]
+            # A V added nothing the basis lacks, to working precision. That can mean the basis holds everything
+            # A sees, or only that A shrank the directions it still lacks below rounding (small eigenvalues).
+            # A random block from the basis's complement decides: A takes it to zero (invariant), or it joins.
+            probe = _orthonormal_rows(
+                torch.randn(min(block, d - basis.shape[0]), d, generator=generator, dtype=c.dtype).to(c.device),
+                basis,
+            )
+            if probe.shape[0] == 0:
+                stopped = "complete"
+                break
+            probed = apply_gram(probe)
+            products += probe.shape[0]
+            if float(probed.norm(dim=1).max()) <= largest * d * eps:
+                stopped = "invariant"
+                break
+            fresh, applied = probe, probed
+        else:
+            fresh = fresh[: d - basis.shape[0]]
+            applied = apply_gram(fresh)
+            products += fresh.shape[0]
+        largest = max(largest, float(applied.norm(dim=1).max()))
         basis = torch.cat([basis, fresh])
         images = torch.cat([images, applied])
         if progress is not None:
