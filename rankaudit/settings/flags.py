@@ -316,6 +316,16 @@ def attack_options(command):
             help="--verify rank's arithmetic. auto: a float32 sketch, kept only when it shows full rank clearly "
             "above float32's error, else float64. float64: the reference. float32: unchecked.",
         ),
+        click.option(
+            "--rank-method",
+            type=click.Choice(["auto", "dense", "matrix-free"]),
+            default="auto",
+            show_default=True,
+            help="--verify rank's method. dense: a Gaussian sketch of the whole Jacobian, then its SVD. "
+            "matrix-free: block Lanczos on JᵀJ from products with J and Jᵀ (one sample at a time; memory grows with "
+            "the rank, not the square of the input; fastest when the rank is low). auto: dense where its sketch "
+            "fits the device's memory, else matrix-free.",
+        ),
     ]
     return _stacked(command, options)
 

@@ -61,6 +61,7 @@ OPTION_GROUP = {
     "--aux": VERIFY,
     "--defense": VERIFY,
     "--rank-precision": VERIFY,
+    "--rank-method": VERIFY,
     "--weights": VERIFY,
     "--format": OUTPUT,
     "--output": OUTPUT,

@@ -72,6 +72,7 @@ class VerifyContext:
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
     rank_precision: str = "auto"
+    rank_method: str = "auto"
     psnr_target: float = DEFAULT_PSNR_TARGET  # --psnr-target: the PSNR ceiling the least σ of --verify fisher keeps
     weights: str | None = None  # --weights: a state dict or checkpoint every verifier runs at (None: seeded init)
     show_progress: bool = True

@@ -12,6 +12,8 @@ from rankaudit.verify.progress import ProgressBar
 from rankaudit.verify.registry import Need, Verifier, VerifyContext
 from rankaudit.verify.scoring import finite
 
+RANK_METHODS = ("auto", "dense", "matrix-free")
+
 if TYPE_CHECKING:
     from rankaudit.result import Result
 
@@ -31,7 +33,12 @@ def run(context: VerifyContext) -> dict:
     if context.in_round or (round_ is not None and round_.rounds_counted > 1):
         return verify_round_rank(context.result, context.spec, **common)
     return verify_rank(
-        context.result, context.spec, samples=context.samples, precision=context.rank_precision, **common
+        context.result,
+        context.spec,
+        samples=context.samples,
+        precision=context.rank_precision,
+        method=context.rank_method,
+        **common,
     )
 
 
@@ -58,6 +65,7 @@ def verify_rank(
     shared_layers: list[str] | None = None,
     withheld_layers: list[str] | None = None,
     precision: str = "auto",
+    method: str = "auto",
 ) -> dict:
     """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank.jacobian); fill result.verification['rank'].
 
@@ -95,10 +103,31 @@ def verify_rank(
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
     measurements = []
-    with ProgressBar(len(batches), "rank sketch", enabled=show_progress) as bar:
+    matrix_free = _matrix_free(method, images[batches[0]], batch, device, bool(artifacts))
+    with ProgressBar(len(batches), "rank check" if matrix_free else "rank sketch", enabled=show_progress) as bar:
+        overall = OverallProgress(bar, len(batches))
         for number, part in enumerate(batches):
-            measurements.append(
-                rank.measure(
+            if matrix_free:
+                from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
+
+                reading = measure_matrix_free(
+                    model,
+                    images[part],
+                    labels[part],
+                    shared,
+                    device=device,
+                    seed=seed + number,
+                    loss=loss,
+                    bn_mode=bn_mode,
+                    progress=overall.part(number),
+                )
+                size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
+                measured = as_rank_measurement(
+                    reading, images[part], shared=shared, shared_size=size, loss=loss, device=str(device)
+                )
+                overall.finish(reading.unknowns)
+            else:
+                measured = rank.measure(
                     model,
                     images[part],
                     labels[part],
@@ -110,9 +139,10 @@ def verify_rank(
                     hidden=True,
                     precision=precision,
                     bn_mode=bn_mode,
-                    progress=lambda done, rows, number=number: bar(number * rows + done, len(batches) * rows),
+                    progress=overall.part(number),
                 )
-            )
+                overall.finish(overall.last_total)
+            measurements.append(measured)
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = judge(result.verdict, headline.rank, headline.unknowns)
     bound = bound_check(result.identifiability, headline.rank)
@@ -122,7 +152,11 @@ def verify_rank(
         f"loss: {loss}, labels drawn with seed {seed}",
         f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
         f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in {headline.precision}, "
-        f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}",
+        f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}"
+        if not matrix_free
+        else f"matrix-free: a Krylov basis of {headline.sketch_rows} directions of JᵀJ x {headline.unknowns} "
+        f"unknowns in blocks of {headline.chunk_rows}, from products with J and Jᵀ (no dense Jacobian); rank by "
+        f"{headline.spectrum}",
     ]
     notes.append(f"precision: {headline.precision_note}")
     notes.append(_mode_note(bn_mode))
@@ -209,6 +243,56 @@ def verify_rank(
     read_energy(verification, result, weights_phrase(weights))
     result.verification["rank"] = verification
     return verification
+
+
+def _matrix_free(method: str, first, batch: int, device, artifacts: bool) -> bool:
+    """Whether the rank check runs matrix-free: asked for, or (auto) at batch size 1 when the dense sketch would not
+    fit the device's memory. The dense sketch stays the default wherever it fits (it also saves the null-space
+    directions --artifacts asks for)."""
+    from rankaudit.verify.rank.budget import memory_budget, sketch_bytes
+    from rankaudit.verify.rank.jacobian import OVERSAMPLING
+
+    if method not in RANK_METHODS:
+        raise UsageError(f"unknown rank method {method!r}", f"use one of {', '.join(RANK_METHODS)}")
+    if method == "matrix-free" and batch != 1:
+        raise UsageError(
+            "the matrix-free rank check measures one sample at a time (batch size 1)",
+            "use --rank-method dense (or auto) with --batch-size above 1",
+        )
+    if method != "auto" or batch != 1 or artifacts:
+        return method == "matrix-free"
+    unknowns = int(first.numel())
+    return sketch_bytes(unknowns + OVERSAMPLING, unknowns, vectors=True) > memory_budget(device)[0]
+
+
+class OverallProgress:
+    """One counter over several measurements whose work is known only as each runs (a float32 sketch that is
+    redone in float64 doubles its own): the count never moves backwards, and the later measurements are estimated
+    at the size of the latest one, so the time left grows honestly when a measurement turns out larger."""
+
+    def __init__(self, bar, parts: int):
+        self.bar, self.parts = bar, parts
+        self.finished = 0
+        self.last_total = 0
+        self._offset = 0  # within the current part: work already reported by an earlier attempt
+        self._seen = 0
+
+    def part(self, number: int):
+        self._offset, self._seen = 0, 0
+
+        def report(done: int, total: int) -> None:
+            if done < self._seen:  # a new attempt at the same part (float64 after float32) starts over
+                self._offset += self._seen
+            self._seen = done
+            mine = self._offset + total
+            self.last_total = mine
+            later = (self.parts - number - 1) * mine
+            self.bar(self.finished + self._offset + done, self.finished + mine + later)
+
+        return report
+
+    def finish(self, total: int) -> None:
+        self.finished += total
 
 
 def read_worst_sample(

@@ -1,0 +1,85 @@
+"""The matrix-free rank check (block Lanczos on JᵀJ) against the dense sketch, on nets small enough for both."""
+
+import pytest
+import torch
+from torch import nn
+
+from rankaudit.verify.rank import jacobian as dense
+from rankaudit.verify.rank.check import OverallProgress
+from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
+from rankaudit.verify.rank.hidden import centred
+
+
+def _pooling_mlp():
+    # Average-pool 4 before an MLP: each sample's Jacobian sees only the 12 pooled values (a low rank).
+    return nn.Sequential(nn.AvgPool2d(4), nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 10))
+
+
+def _strided_cnn():
+    return nn.Sequential(nn.Conv2d(3, 2, 3, stride=2, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(32, 10))
+
+
+def _hidden_share(invisible, x):
+    c = centred(x).reshape(-1).double()
+    return float((torch.as_tensor(invisible).reshape(-1) ** 2).sum() / (c**2).sum())
+
+
+@pytest.mark.parametrize("make", [_pooling_mlp, _strided_cnn])
+def test_exact_reading_matches_the_dense_sketch(make):
+    torch.manual_seed(0)
+    net, x, y = make(), torch.rand(1, 3, 8, 8), torch.tensor([3])
+    reference = dense.measure(net, x, y, hidden=True)
+    reading = measure_matrix_free(net, x, y, block=16)
+    assert reading.exact
+    assert reading.rank_at_least == reference.rank
+    names = [name for name, _ in net.named_parameters()]
+    measured = as_rank_measurement(reading, x, shared=names, shared_size=1, loss="cross-entropy", device="cpu")
+    assert measured.rank == reference.rank
+    assert _hidden_share(measured.invisible, x) == pytest.approx(_hidden_share(reference.invisible, x), abs=1e-6)
+    assert reading.hidden_share_at_most == pytest.approx(_hidden_share(reference.invisible, x), abs=1e-6)
+
+
+def test_small_eigenvalues_are_not_mistaken_for_an_invariant_basis():
+    # At 3x16x16 a pooled MLP's spectrum spans many decades: A V shrinks its small directions below rounding, and
+    # only a probe from the basis's complement finds them (the rank must still be the dense sketch's, give or take
+    # singular values under the Gram matrix's coarser tolerance).
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.AvgPool2d(4), nn.Flatten(), nn.Linear(48, 16), nn.ReLU(), nn.Linear(16, 10))
+    x, y = torch.rand(1, 3, 16, 16), torch.tensor([1])
+    reference = dense.measure(net, x, y, hidden=True)
+    reading = measure_matrix_free(net, x, y)
+    assert reading.exact
+    assert reference.rank - 2 <= reading.rank_at_least <= reference.rank
+    assert reading.hidden_share_at_most == pytest.approx(_hidden_share(reference.invisible, x), abs=1e-6)
+
+
+def test_a_stopped_reading_bounds_the_rank_from_below_and_the_hidden_share_from_above():
+    torch.manual_seed(1)
+    net, x, y = _strided_cnn(), torch.rand(1, 3, 8, 8), torch.tensor([2])
+    reference = dense.measure(net, x, y, hidden=True)
+    hidden = _hidden_share(reference.invisible, x)
+    reading = measure_matrix_free(net, x, y, block=8, budget_seconds=0.0)  # one block of products, then stop
+    assert not reading.exact and reading.stopped == "budget" and reading.basis == 8
+    assert reading.rank_at_least <= reference.rank
+    assert reading.hidden_share_at_most >= hidden - 1e-9
+    with pytest.raises(Exception, match="lower bound|not yet the exact answer"):
+        as_rank_measurement(reading, x, shared=[], shared_size=0, loss="cross-entropy", device="cpu")
+
+
+def test_progress_never_moves_backwards_when_a_sketch_is_redone():
+    seen = []
+    overall = OverallProgress(lambda done, total: seen.append((done, total)), parts=2)
+    first = overall.part(0)
+    for done in (10, 20, 30):  # a float32 sketch of 30 rows ...
+        first(done, 30)
+    for done in (10, 20, 30):  # ... redone in float64
+        first(done, 30)
+    overall.finish(overall.last_total)
+    second = overall.part(1)
+    for done in (15, 30):  # the next sample's float32 sketch is kept
+        second(done, 30)
+    overall.finish(overall.last_total)
+    counts = [done for done, _ in seen]
+    assert counts == sorted(counts)
+    assert all(done <= total for done, total in seen)
+    assert seen[-1][0] == seen[-1][1] == 90
