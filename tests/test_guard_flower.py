@@ -150,6 +150,7 @@ class Imprinting(Recording):
         state["hidden.weight"] = torch.full((32, 16), 1 / 16)
         state["hidden.bias"] = -thresholds
         state["out.weight"] = torch.randn(10, 1, generator=torch.Generator().manual_seed(1)).expand(10, 32).clone()
+        self.crafted = state
         return super().configure_train(server_round, ArrayRecord(state), config, grid)
 
 
@@ -182,7 +183,10 @@ def test_drop_sends_the_update_without_the_rows_that_read_samples():
     for reply in strategy.received:
         assert not reply.has_error()
         sent = reply.content["arrays"].to_torch_state_dict()
-        assert sent["hidden.weight"].shape == (32, 16)
+        # Features move between local steps: the layer that read them is not sent, whole (the crafted weights come
+        # back as they went out); the rest of the update is.
+        assert torch.equal(sent["hidden.weight"], torch.full((32, 16), 1 / 16))
+        assert not torch.equal(sent["out.bias"], strategy.crafted["out.bias"])
 
 
 def test_the_run_config_overrides_the_mod_arguments():

@@ -59,10 +59,18 @@ def _altered(
     generator: torch.Generator,
 ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """``sent`` with each offending unit's weight row and bias entry set back to the received value (drop) or
-    given Gaussian noise of ``noise_scale`` times that row's own update norm (noise)."""
+    given Gaussian noise of ``noise_scale`` times that row's own update norm (noise); every unit of a layer whose
+    readout was a sample's features."""
     out = {name: value.detach().clone() for name, value in sent.items()}
     changed = set()
-    rows = sorted({(readout.layer, unit) for readout in readouts for unit in readout.units})
+    rows = {(readout.layer, unit) for readout in readouts for unit in readout.units}
+    # A deeper layer's features move with every local step, and the check compares with those at the received
+    # weights: a later step's readout of that layer can escape it, so such a layer goes as a whole.
+    for readout in readouts:
+        if not readout.reads_input:
+            weight = f"{readout.layer}.weight" if readout.layer else "weight"
+            rows |= {(readout.layer, unit) for unit in range(len(sent[weight]))}
+    rows = sorted(rows)
     for layer, unit in rows:
         prefix = f"{layer}." if layer else ""
         for name in (f"{prefix}weight", f"{prefix}bias"):

@@ -2,7 +2,7 @@
 
 The measurement is --verify rank's (rankaudit.verify.rank.jacobian.measure with the hidden part, and
 rankaudit.verify.rank.hidden.shares): the Jacobian of the batch's gradient with respect to its inputs, and the
-share of each sample's energy outside what that gradient sees (docs/method.md, "What the visible directions show").
+share of each sample's energy outside what that gradient sees (docs/method.md, "Each sample, not the batch").
 It costs about one double-backward pass per sketch row, so it runs only where a timed gradient says it fits.
 """
 
@@ -38,12 +38,18 @@ def visible_energy(
     budget: float,
 ) -> dict:
     """{measured, seconds, threshold, and: worst_sample, hidden (its hidden share), below (samples hiding less than
-    ``min_hidden``), or a note why it was not measured}. ``net`` holds the received weights in float64."""
+    ``min_hidden``), or a note why it was not measured}. ``net`` holds the received weights; ``shared``: the
+    parameters the client sends."""
+    import copy
+
     from rankaudit.verify.client import logits_of, loss_name_for
     from rankaudit.verify.rank import hidden
     from rankaudit.verify.rank.jacobian import measure
 
     started = time.perf_counter()
+    net = copy.deepcopy(net).to(torch.float64)
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad_(name in shared)
     x = samples.detach().to(torch.float64)
     with torch.no_grad():
         loss = loss_name_for(logits_of(net(x[:1])).numel())

@@ -71,16 +71,20 @@ def named_like_model(model: nn.Module, arrays: dict[str, torch.Tensor]) -> dict[
 
 
 class LayerInputs:
-    """What each readout layer reads from each of the client's samples at the received weights (one forward pass
-    in float64, the model as the client trains it: eval mode, so dropout is off)."""
+    """What each readout layer reads from each of the client's samples at the received weights: one forward pass
+    in the model's own precision (a readout matches to 1e-3, far above float32's rounding), the model as the client
+    trains it (eval mode: dropout off), and one backward pass from the first readout layer on."""
 
     def __init__(self, model: nn.Module, received: dict[str, torch.Tensor], shared: list[str]):
-        self.net = copy.deepcopy(model).to(torch.float64).eval()
+        self.net = copy.deepcopy(model).eval()
         with torch.no_grad():
             state = self.net.state_dict()
             state.update({name: value.to(state[name].dtype) for name, value in received.items() if name in state})
             self.net.load_state_dict(state)
+        # No graph through the weights: the backward only asks which units pass a gradient.
+        self.net.requires_grad_(False)
         self.layers = readout_layers(self.net, shared)
+        self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
 
     def vectors(self, samples: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, bool], dict[str, str]]:
         """({layer: (N, d) vectors}, {layer: reads the input itself}, {layer: why it is not checked}).
@@ -92,19 +96,26 @@ class LayerInputs:
         from rankaudit.verify.client import logits_of
 
         seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {name: [] for name, _ in self.layers}
+
+        def record(name, module, args, out):
+            one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
+            if one_vector and not out.requires_grad:  # the first checkable layer: the graph starts at its output
+                out.requires_grad_()
+            seen[name].append((args[0].detach(), out if one_vector else None))
+
         hooks = [
-            module.register_forward_hook(lambda mod, args, out, name=name: seen[name].append((args[0].detach(), out)))
+            module.register_forward_hook(lambda mod, args, out, name=name: record(name, mod, args, out))
             for name, module in self.layers
         ]
-        x = samples.detach().to(torch.float64)
+        x = samples.detach().to(self.dtype)
         try:
             with torch.enable_grad():
                 output = logits_of(self.net(x))
-                outputs = [out for name, _ in self.layers for _, out in seen[name]]
+                outputs = [out for name, _ in self.layers for _, out in seen[name] if out is not None]
                 direction = torch.randn(output.shape, generator=torch.Generator().manual_seed(0), dtype=output.dtype)
                 grads = (
                     torch.autograd.grad((output * direction).sum(), outputs, allow_unused=True)
-                    if any(out.requires_grad for out in outputs)
+                    if output.requires_grad and outputs
                     else [None] * len(outputs)
                 )
         finally:
@@ -115,11 +126,12 @@ class LayerInputs:
         at = 0
         for name, module in self.layers:
             calls = seen[name]
-            gradients, at = grads[at : at + len(calls)], at + len(calls)
+            checkable = [out is not None for _, out in calls]
+            gradients, at = grads[at : at + sum(checkable)], at + sum(checkable)
             if len(calls) != 1:
                 why_not[name] = f"called {len(calls)} times per forward pass: its update sums the calls"
                 continue
-            vectors = sample_vectors(module, calls[0][0])
+            vectors = sample_vectors(module, calls[0][0]) if checkable[0] else None
             if vectors is None:
                 why_not[name] = "reads several vectors per sample (positions), not one"
                 continue
@@ -127,9 +139,18 @@ class LayerInputs:
             if len(x) > 1 and not gated:
                 why_not[name] = "every sample passes a gradient through every unit (no gate after it): no exact readout"
                 continue
-            found[name] = vectors.detach()
+            found[name] = vectors.detach().to(torch.float64)
             reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors, flat))
         return found, reads_input, why_not
+
+
+def _matches(candidates: torch.Tensor, table: torch.Tensor) -> tuple[list[int], list[float]]:
+    """For each candidate row, the nearest sample vector and the relative error to it: searched in float32 (an
+    exact readout sits orders of magnitude nearer its sample than any other), the error recomputed in float64."""
+    best, _ = nearest_rows(candidates.to(torch.float32), table.to(torch.float32))
+    chosen = table[best]
+    errors = (candidates - chosen).norm(dim=1) / chosen.norm(dim=1).clamp_min(1e-300)
+    return best.tolist(), errors.tolist()
 
 
 def _live(bias_update: torch.Tensor) -> torch.Tensor:
@@ -154,8 +175,8 @@ def layer_readouts(
     found = []
     live = torch.nonzero(_live(bias)).flatten()
     if len(live):
-        best, errors = nearest_rows(rows[live] / bias[live, None], table)
-        for unit, sample, error in zip(live.tolist(), best.tolist(), errors.tolist()):
+        best, errors = _matches(rows[live] / bias[live, None], table)
+        for unit, sample, error in zip(live.tolist(), best, errors):
             if error <= tolerance:
                 found.append(GuardReadout(name, [unit], "ratio", sample, error, reads_input))
     order = torch.argsort(received_bias.detach().to(torch.float64).cpu(), stable=True).to(rows.device)
@@ -164,8 +185,8 @@ def layer_readouts(
         row_steps, bias_steps = rows[high] - rows[low], bias[high] - bias[low]
         kept = torch.nonzero(_live(bias_steps)).flatten()
         if len(kept):
-            best, errors = nearest_rows(row_steps[kept] / bias_steps[kept, None], table)
-            for pair, sample, error in zip(kept.tolist(), best.tolist(), errors.tolist()):
+            best, errors = _matches(row_steps[kept] / bias_steps[kept, None], table)
+            for pair, sample, error in zip(kept.tolist(), best, errors):
                 if error <= tolerance:
                     units = sorted((int(low[pair]), int(high[pair])))
                     found.append(GuardReadout(name, units, "neighbours", sample, error, reads_input))

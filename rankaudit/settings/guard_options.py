@@ -36,7 +36,7 @@ class GuardSettings:
 
 
 # key (as written in TOML, run configs and keyword arguments with _) -> field
-_KEYS = {f.name.replace("_", "-"): f.name for f in fields(GuardSettings)}
+GUARD_KEYS = {f.name.replace("_", "-"): f.name for f in fields(GuardSettings)}
 
 
 def _number(where: str, key: str, value, low: float, high: float = math.inf, *, open_low: bool = False) -> float:
@@ -58,9 +58,9 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
     chosen = {}
     for raw_key, value in values.items():
         key = str(raw_key).replace("_", "-")
-        if key not in _KEYS:
-            raise UsageError(f"{where}: unknown key {raw_key}", "use " + ", ".join(_KEYS))
-        name = _KEYS[key]
+        if key not in GUARD_KEYS:
+            raise UsageError(f"{where}: unknown key {raw_key}", "use " + ", ".join(GUARD_KEYS))
+        name = GUARD_KEYS[key]
         if name == "action":
             if value not in ACTIONS:
                 raise UsageError(f"{where}: action is {value!r}", "use one of " + ", ".join(ACTIONS))
