@@ -186,7 +186,7 @@ def test_settings_are_checked_and_the_run_config_wins():
     with pytest.raises(UsageError, match="tolerance"):
         guard_settings({"tolerance": 0})
     base = guard_settings({"action": "drop", "noise_scale": 2})
-    chosen = from_run_config({"rankaudit.guard.action": "noise", "lr": 0.1}, base=base)
+    chosen = from_run_config({"rankaudit-guard-action": "noise", "lr": 0.1}, base=base)
     assert chosen.action == "noise" and chosen.noise_scale == 2.0
 
 

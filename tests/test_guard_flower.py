@@ -193,7 +193,7 @@ def test_the_run_config_overrides_the_mod_arguments():
     app = client_app(action="drop")
     grid = InProcessGrid(app, nodes=2)
     for context in grid.contexts.values():
-        context.run_config["rankaudit.guard.action"] = "block"
+        context.run_config["rankaudit-guard-action"] = "block"
     strategy = Imprinting()
     torch.manual_seed(0)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)

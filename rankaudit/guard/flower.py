@@ -8,7 +8,7 @@ a dropped or noised one replaces the reply's ArrayRecord. Every decision is one 
 the file the settings name). flwr is imported when the mod is built, never by rankaudit itself.
 
 Settings, later ones winning: the defaults (block), [tool.rankaudit.guard] in the app's pyproject.toml (the working
-directory's), the mod's keyword arguments, then the run config's ``rankaudit.guard.*`` keys.
+directory's), the mod's keyword arguments, then the run config's ``rankaudit-guard-*`` keys.
 """
 
 from __future__ import annotations

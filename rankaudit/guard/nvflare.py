@@ -115,6 +115,9 @@ def _build_filter_class():
 
 
 _BUILT: dict[str, type] = {}
+# The filter class, a subclass of NVFlare's Filter: built by __getattr__ below the first time it is named, so that
+# importing this module needs no nvflare (an annotation only: the name stays unbound until then).
+RankauditGuardFilter: type
 
 
 def __getattr__(name: str):

@@ -13,8 +13,8 @@ ACTIONS = ("block", "drop", "noise")
 # update of a weight to about 1e-7 of the weight, which puts a true readout's error near 1e-5 to 1e-4 at ordinary
 # learning rates; a unit that mixes two samples lands orders of magnitude above (docs/guard.md, "Tolerance").
 DEFAULT_TOLERANCE = 1e-3
-# Run-config keys carry this prefix (Flower flattens [tool.flwr.app.config] tables with dots).
-RUN_CONFIG_PREFIX = "rankaudit.guard."
+# Run-config keys carry this prefix, in the hyphenated style of Flower run configs ("rankaudit-guard-action").
+RUN_CONFIG_PREFIX = "rankaudit-guard-"
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
 
 
 def from_run_config(run_config: dict, base: GuardSettings | None = None) -> GuardSettings:
-    """The settings a Flower run config gives under ``rankaudit.guard.*`` keys, over ``base``."""
+    """The settings a Flower run config gives under ``rankaudit-guard-*`` keys, over ``base``."""
     found = {
         key[len(RUN_CONFIG_PREFIX) :]: value for key, value in run_config.items() if key.startswith(RUN_CONFIG_PREFIX)
     }
-    return guard_settings(found, base=base, where="the run config's rankaudit.guard keys")
+    return guard_settings(found, base=base, where="the run config's rankaudit-guard- keys")
