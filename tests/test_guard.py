@@ -176,6 +176,8 @@ def test_the_visible_energy_check_blocks_a_sample_the_gradient_shows():
     decision, _ = Guard(model, tight).decide(state(model), trained(model, x, y), x, y)
     assert not decision.energy["measured"] and "budget" in decision.energy["note"]
     assert decision.action == "send"
+    decision, _ = Guard(model, settings).decide(state(model), trained(model, x, y), x)
+    assert decision.energy is None and "needs the samples' labels" in decision.notes[0]
 
 
 def test_settings_are_checked_and_the_run_config_wins():

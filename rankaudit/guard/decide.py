@@ -152,6 +152,8 @@ class Guard:
                 f"(under {settings.min_hidden:.0%}); {len(energy['below'])} of {len(samples)} samples are under it"
             )
         action, to_send, changed, notes = "send", sent, set(), []
+        if settings.energy_budget > 0 and labels is None:
+            notes.append("the visible-energy check needs the samples' labels, and none were given: not measured")
         if readouts or low_energy:
             action, to_send = "block", None
             if settings.action != "block" and low_energy:
@@ -160,7 +162,8 @@ class Guard:
                     "update's: blocked"
                 )
             elif settings.action != "block":
-                action, to_send, changed, notes = self._alter(inputs, received, sent, samples, readouts)
+                action, to_send, changed, altered = self._alter(inputs, received, sent, samples, readouts)
+                notes += altered
         decision = GuardDecision(
             action=action,
             exact_samples=exact,

@@ -65,9 +65,10 @@ def render_table(run: GuardRun) -> str:
         )
     lines += [f"  - {reason}" for reason in decision.reasons + decision.notes]
     checked = ", ".join(decision.layers_checked) if decision.layers_checked else "none"
+    not_checkable = ", ".join(entry.split(":", 1)[0] for entry in decision.skipped)
     lines.append(
-        f"  checked: layers {checked} (tolerance {decision.tolerance:g}); {len(decision.skipped)} layer"
-        f"{'s' if len(decision.skipped) != 1 else ''} with a bias not checkable"
+        f"  checked: {checked} (tolerance {decision.tolerance:g})"
+        + (f"; not checkable: {not_checkable} (--format json says why)" if not_checkable else "")
     )
     energy = decision.energy
     if energy is not None:
