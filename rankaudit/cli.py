@@ -571,8 +571,10 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
         given["log"] = log
     guard = guard_settings(given, base=settings.guard or GuardSettings(), where="the guard's flags")
     round_flags = flags.round_flags(ctx)
-    if round_flags.get("clients") not in (None, 1):
-        raise UsageError("the guard runs on one client's update", "drop --clients")
+    for name in ("clients", "server_rounds", "available_clients"):
+        if round_flags.get(name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: the guard decides on one client's update in one round", f"drop {flag}")
     batch = batch_size or settings.batch_size
     if batch is None or round_flags.get("local_samples") is None:
         from rankaudit.guard.local import load_batch

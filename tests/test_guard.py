@@ -331,6 +331,19 @@ def test_the_command_names_bad_input(run_cli, client):
         "-1",
     )
     assert code == 2 and "tolerance" in err
+    code, _, err = run_cli(
+        "guard",
+        client / "nets.py:MLP",
+        "--weights",
+        client / "mlp.pt",
+        "--data",
+        client / "mlp_x.npy",
+        "--labels",
+        client / "mlp_y.npy",
+        "--clients",
+        "4",
+    )
+    assert code == 2 and "--clients" in err and "one client" in err
 
 
 # ---- NVFlare --------------------------------------------------------------------------------------------------------
