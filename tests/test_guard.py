@@ -103,6 +103,34 @@ def test_an_ordinary_cnn_with_honest_weights_sends():
     assert sent is not None
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("local_batch", [4, 16])
+def test_honest_cnns_send_across_seeds_and_batches(seed, local_batch):
+    """The tolerance's calibration: fresh weights, other data, small and large local batches, momentum."""
+    torch.manual_seed(seed)
+    model, (x, y) = SmallCNN(), batch(16, (3, 12, 12), seed=seed)
+    moved = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(moved.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(2):  # two local epochs
+        for start in range(0, len(x), local_batch):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(
+                moved(x[start : start + local_batch]), y[start : start + local_batch]
+            ).backward()
+            optimizer.step()
+    decision, _ = Guard(model).decide(state(model), moved.state_dict(), x, y)
+    assert decision.action == "send", decision.reasons
+
+
+def test_arrays_sent_as_a_list_are_named_in_the_models_order():
+    """Flower's legacy clients send a list of arrays (an ArrayRecord keyed "0", "1", ...)."""
+    model, x, y = one_sample_unit()
+    numbered = lambda weights: {str(i): value for i, value in enumerate(weights.values())}  # noqa: E731
+    decision, _ = Guard(model).decide(numbered(state(model)), numbered(trained(model, x, y)), x, y)
+    assert decision.action == "block" and decision.exact_samples == [2]
+
+
 def test_an_mlp_whose_first_layer_fires_for_one_sample_blocks_naming_it():
     model, x, y = one_sample_unit(sample=2)
     decision, sent = Guard(model).decide(state(model), trained(model, x, y), x, y)
