@@ -140,6 +140,20 @@ def test_an_mlp_whose_first_layer_fires_for_one_sample_blocks_naming_it():
     assert all(readout.reads_input for readout in decision.readouts)
 
 
+def test_the_samples_go_through_in_chunks_with_the_same_decision(monkeypatch):
+    from rankaudit.guard import readout
+
+    model, x, y = one_sample_unit(sample=5)
+    received, computed = state(model), trained(model, x, y)
+    whole, _ = Guard(model).decide(received, computed, x, y)
+    monkeypatch.setattr(readout, "CHUNK", 3)
+    chunked, _ = Guard(model).decide(received, computed, x, y)
+    assert whole.exact_samples == chunked.exact_samples == [5]
+    assert [(r.layer, r.units, r.kind, r.sample) for r in whole.readouts] == [
+        (r.layer, r.units, r.kind, r.sample) for r in chunked.readouts
+    ]
+
+
 def test_an_imprint_module_blocks_through_the_neighbouring_differences():
     torch.manual_seed(0)
     x, y = batch(8)

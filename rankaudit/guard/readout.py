@@ -24,6 +24,8 @@ from rankaudit.verify.attacks.bias import SILENT_BIAS, nearest_rows, readout_lay
 
 # How many differing names an architecture reason lists before it counts the rest.
 NAMED = 3
+# Samples per forward pass of the check: bounds its memory whatever the client's local data set.
+CHUNK = 256
 
 
 def _listed(names: list[str]) -> str:
@@ -92,10 +94,35 @@ class LayerInputs:
         A layer is checked where an exact readout can exist: one of its units passes no gradient for some sample
         (a ReLU-like gate after it), or the batch is one sample. Without a gate every sample reaches every unit
         (the logits under a softmax, say) and a readout only approximates a sample, however close; finding which
-        units pass a gradient needs no labels (any projection of the output has the same zeros behind a gate)."""
+        units pass a gradient needs no labels (any projection of the output has the same zeros behind a gate).
+        The samples go through in chunks of CHUNK (eval mode: a chunk's outputs do not depend on the others)."""
+        x = samples.detach().to(self.dtype)
+        parts = [self._chunk(x[start : start + CHUNK]) for start in range(0, len(x), CHUNK)]
+        found, reads_input, why_not = {}, {}, {}
+        flat = x.reshape(len(x), -1)
+        for name, _ in self.layers:
+            calls, pieces = parts[0][name][0], [part[name][1] for part in parts]
+            if calls != 1:
+                why_not[name] = f"called {calls} times per forward pass: its update sums the calls"
+                continue
+            if any(piece is None for piece in pieces):
+                why_not[name] = "reads several vectors per sample (positions), not one"
+                continue
+            gated = any(part[name][2] for part in parts)
+            if len(x) > 1 and not gated:
+                why_not[name] = "every sample passes a gradient through every unit (no gate after it): no exact readout"
+                continue
+            vectors = torch.cat(pieces)
+            found[name] = vectors.to(torch.float64)
+            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors, flat))
+        return found, reads_input, why_not
+
+    def _chunk(self, x: torch.Tensor) -> dict[str, tuple[int, torch.Tensor | None, bool]]:
+        """{layer: (calls per forward pass, its (n, d) vectors or None, whether some unit passes no gradient for
+        some sample)} for one chunk of samples: one forward pass, and one backward from the first checkable layer."""
         from rankaudit.verify.client import logits_of
 
-        seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {name: [] for name, _ in self.layers}
+        seen: dict[str, list[tuple[torch.Tensor, torch.Tensor | None]]] = {name: [] for name, _ in self.layers}
 
         def record(name, module, args, out):
             one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
@@ -107,7 +134,6 @@ class LayerInputs:
             module.register_forward_hook(lambda mod, args, out, name=name: record(name, mod, args, out))
             for name, module in self.layers
         ]
-        x = samples.detach().to(self.dtype)
         try:
             with torch.enable_grad():
                 output = logits_of(self.net(x))
@@ -121,27 +147,18 @@ class LayerInputs:
         finally:
             for hook in hooks:
                 hook.remove()
-        found, reads_input, why_not = {}, {}, {}
-        flat = x.reshape(len(x), -1)
-        at = 0
+        result, at = {}, 0
         for name, module in self.layers:
             calls = seen[name]
-            checkable = [out is not None for _, out in calls]
-            gradients, at = grads[at : at + sum(checkable)], at + sum(checkable)
-            if len(calls) != 1:
-                why_not[name] = f"called {len(calls)} times per forward pass: its update sums the calls"
+            checkable = sum(out is not None for _, out in calls)
+            gradients, at = grads[at : at + checkable], at + checkable
+            if len(calls) != 1 or calls[0][1] is None:
+                result[name] = (len(calls), None, False)
                 continue
-            vectors = sample_vectors(module, calls[0][0]) if checkable[0] else None
-            if vectors is None:
-                why_not[name] = "reads several vectors per sample (positions), not one"
-                continue
+            vectors = sample_vectors(module, calls[0][0])
             gated = gradients[0] is None or bool((gradients[0] == 0).any())
-            if len(x) > 1 and not gated:
-                why_not[name] = "every sample passes a gradient through every unit (no gate after it): no exact readout"
-                continue
-            found[name] = vectors.detach().to(torch.float64)
-            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors, flat))
-        return found, reads_input, why_not
+            result[name] = (1, None if vectors is None else vectors.detach(), gated)
+        return result
 
 
 def _matches(candidates: torch.Tensor, table: torch.Tensor) -> tuple[list[int], list[float]]:
