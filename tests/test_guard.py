@@ -192,6 +192,19 @@ def test_drop_and_noise_send_an_update_that_no_longer_reads_a_sample(action):
     assert again.action == "send", again.reasons
 
 
+def test_no_two_clients_draw_the_same_noise_unless_seeded():
+    torch.manual_seed(0)
+    x, y = batch(8)
+    model = imprint(MLP(width=16), x)
+    received, computed = state(model), trained(model, x, y)
+
+    def noised(settings):
+        return Guard(model, settings).decide(received, computed, x, y)[1]["fc1.weight"]
+
+    assert not torch.equal(noised(GuardSettings(action="noise")), noised(GuardSettings(action="noise")))
+    assert torch.equal(noised(GuardSettings(action="noise", seed=7)), noised(GuardSettings(action="noise", seed=7)))
+
+
 def test_every_decision_is_one_json_line(tmp_path):
     log = tmp_path / "guard.jsonl"
     model, x, y = one_sample_unit()

@@ -94,7 +94,11 @@ class Guard:
     def __init__(self, model: nn.Module, settings: GuardSettings | None = None):
         self.model = model
         self.settings = settings or GuardSettings()
-        self.generator = torch.Generator().manual_seed(self.settings.seed)
+        self.generator = torch.Generator()
+        if self.settings.seed is None:
+            self.generator.seed()  # non-deterministic: from the operating system's entropy
+        else:
+            self.generator.manual_seed(self.settings.seed)
 
     def decide(
         self,

@@ -84,11 +84,14 @@ def rankaudit_guard(
 
     base = guard_settings(options, base=app_settings(), where="rankaudit_guard's arguments")
     built: dict[str, nn.Module] = {}
+    guards: dict[GuardSettings, Guard] = {}  # one per settings in force: the noise generator runs on across rounds
 
-    def audited() -> nn.Module:
+    def guard_for(settings: GuardSettings) -> Guard:
         if "model" not in built:
             built["model"] = model if isinstance(model, nn.Module) else model()
-        return built["model"]
+        if settings not in guards:
+            guards[settings] = Guard(built["model"], settings)
+        return guards[settings]
 
     def mod(msg: Message, context, call_next) -> Message:
         if not msg.metadata.message_type.startswith(MessageType.TRAIN):
@@ -100,8 +103,7 @@ def rankaudit_guard(
             return reply
         key, sent_record = _array_record(reply.content)
         sent = sent_record.to_torch_state_dict()
-        settings = from_run_config(dict(context.run_config), base=base)
-        guard = Guard(audited(), settings)
+        guard = guard_for(from_run_config(dict(context.run_config), base=base))
         x, y = _samples(samples(context))
         decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
         log(

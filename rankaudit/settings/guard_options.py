@@ -29,7 +29,8 @@ class GuardSettings:
     energy_budget: float = 0.0  # seconds for the measured visible-energy check; 0 skips it
     min_hidden: float = 0.05  # the energy check's threshold: every sample must hide at least this share
     log: str | None = None  # a file the one-line JSON record of each round is appended to (None: the logger only)
-    seed: int = 0  # the noise action's generator
+    seed: int | None = None  # the noise action's generator; None: fresh from the operating system's entropy, so
+    # that no two clients or runs draw the same noise (a server that knew it could subtract it)
 
     def replaced(self, values: dict) -> GuardSettings:
         return guard_settings(values, base=self)
@@ -77,7 +78,7 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
             if value is not None and not (isinstance(value, str) and value):
                 raise UsageError(f"{where}: log is {value!r}", "give a file path")
         elif name == "seed":
-            if isinstance(value, bool) or not isinstance(value, int):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise UsageError(f"{where}: seed is {value!r}", "give an integer")
         chosen[name] = value
     return replace(base or GuardSettings(), **chosen)
