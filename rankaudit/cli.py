@@ -597,6 +597,61 @@ def compare_command(
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
 
 
+@cli.command("guard", cls=_ModelCommand)
+@click.argument("model", metavar="MODEL.py[:NAME]")
+@flags.guard_options
+@flags.round_options
+@_timeout_option
+@click.pass_context
+def guard_command(ctx, model, weights, data, labels, batch_size, log, output_format, output, debug, **options):
+    """A client's update, checked before it is sent: the local step(s) run on the batch at the received weights,
+    and the update is sent, blocked or sent with the rows that read a sample dropped or noised.
+
+    Exit codes: 0 the update goes as computed; 1 it reads a sample of the batch exactly, or the received weights
+    are not the audited model's (block, drop or noise); 2 bad input; 3 the model did not load.
+    Settings: these flags, else [tool.rankaudit.guard] and [tool.rankaudit.round] in the nearest pyproject.toml.
+    """
+    from rankaudit.guard.local import run_guard
+    from rankaudit.report import guard as guard_report
+    from rankaudit.settings.guard_options import GuardSettings, guard_settings
+    from rankaudit.settings.model_spec import split_model_spec
+    from rankaudit.settings.pyproject import load_settings
+    from rankaudit.settings.run import build_run_round
+
+    report_files.check_outputs(output, inputs=report_files.command_inputs([model], data=data))
+    settings = load_settings(split_model_spec(model)[0])
+    supervise.set_config_timeout(settings.timeout)
+    supervise.set_config_memory_limit(settings.memory_limit)
+    given = {
+        key: options.pop(key)
+        for key in ("action", "tolerance", "noise_scale", "energy_budget", "min_hidden")
+        if options.get(key) is not None
+    }
+    if log is not None:
+        given["log"] = log
+    guard = guard_settings(given, base=settings.guard or GuardSettings(), where="the guard's flags")
+    round_flags = flags.round_flags(ctx)
+    for name in ("clients", "server_rounds", "available_clients"):
+        if round_flags.get(name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: the guard decides on one client's update in one round", f"drop {flag}")
+    batch = batch_size or settings.batch_size
+    if batch is None or round_flags.get("local_samples") is None:
+        from rankaudit.guard.local import load_batch
+
+        count = len(load_batch(data, labels)[0])
+        batch = batch or count
+        if round_flags.get("local_samples") is None and not (settings.round or {}).get("local_samples"):
+            round_flags["local_samples"] = count
+    round_ = build_run_round(round_flags, batch, settings.round)
+    run = run_guard(model, weights, data, labels, round_, guard)
+    text = guard_report.render_json(run) if output_format == "json" else guard_report.render_table(run)
+    emit.write(text, output)
+    sent_as_computed = run.decision.action == "send"
+    supervise.report_delivered([sent_as_computed])
+    return EXIT_PASS if sent_as_computed else EXIT_POLICY
+
+
 def _error(message: str):
     click.echo(f"rankaudit: error: {message}", err=True)
 

@@ -407,6 +407,53 @@ class BiasReadout:
 
 
 @dataclass
+class GuardReadout:
+    """One exact readout the client-side guard found in the update it was about to send."""
+
+    layer: str
+    units: list[int]  # the unit (weight-row update over bias update) or the two neighbouring units (their difference)
+    kind: str  # "ratio" (Qian et al.) | "neighbours" (the imprint readout of Fowl et al.)
+    sample: int  # index into the client's batch
+    relative_error: float  # ‖readout − sample's vector‖ / ‖sample's vector‖
+    reads_input: bool  # the layer reads the model's input: the readout is the sample itself, else its features
+
+
+@dataclass
+class GuardDecision:
+    """The guard's decision on one update (one round on one client): send it, block it, or send it with the
+    offending rows dropped or noised."""
+
+    action: str  # send | block | drop | noise
+    exact_samples: list[int]  # indices into the batch that the update, as computed, reads out exactly
+    reasons: list[str]  # why it did not send as is (empty when it sends)
+    readouts: list[GuardReadout]
+    layers_checked: list[str]  # the layers with a bias whose readouts were compared
+    skipped: list[str]  # layers with a bias it could not check, and why
+    architecture: str | None  # None when the received weights match the audited model, else what differs
+    seconds: float
+    samples: int  # the batch's size
+    tolerance: float
+    energy: dict | None = None  # the measured visible-energy check: worst sample, its hidden share, threshold
+    changed: list[str] = field(default_factory=list)  # parameters the drop or noise action altered
+    round: int | None = None  # the server round, where the framework names it
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GuardRun:
+    """One `rankaudit guard` run: the decision, and what it was decided on."""
+
+    model: str
+    weights: str
+    data: str
+    round: Round
+    loss: str
+    decision: GuardDecision
+    seconds: float  # the whole command: loading, local training and the guard
+    training_seconds: float  # the local training alone
+
+
+@dataclass
 class Result:
     model: str  # as the user named it: path or path:name
     model_name: str  # the class, factory or instance

@@ -163,7 +163,7 @@ def test_every_verifier_has_its_page():
 
 def _keys_from_code() -> dict[str, set[str]]:
     """Table -> keys, from the sets the code validates against and from config.py's own `"key" in table["sub"]`."""
-    from rankaudit.settings import dp_options, round
+    from rankaudit.settings import dp_options, guard_options, round
     from rankaudit.settings import pyproject as config
 
     keys = {
@@ -172,6 +172,7 @@ def _keys_from_code() -> dict[str, set[str]]:
         "[tool.rankaudit.round]": set(round.ROUND_KEYS),
         "[tool.rankaudit.dp]": set(dp_options.OPTION_RULES),
         "[tool.rankaudit.flower]": set(config.CONVENTIONAL_KEYS),
+        "[tool.rankaudit.guard]": set(guard_options.GUARD_KEYS),
     }
     tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))
     for node in ast.walk(tree):  # keys read outside the sets, e.g. "dataset-size" in table["round"]

@@ -15,6 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "rankaudit"
 
 # The data flow, earliest first: a module may import its own step and the steps before it, never a later one.
+# The client-side guard runs the verifiers' readouts on a client's real update, so it comes after them; nothing
+# before the report reads it.
 # Top-level modules sit where their imports put them: errors and the package's own constants before everything,
 # the Result dataclasses right after the settings (they hold the round), the one call that runs the steps and the
 # command line on top.
@@ -29,12 +31,25 @@ STEPS = (
     ("rankaudit.bound",),
     ("rankaudit.findings",),
     ("rankaudit.verify",),
+    ("rankaudit.guard",),
     ("rankaudit.design",),
     ("rankaudit.report",),
     ("rankaudit.audit",),
     ("rankaudit.cli", "rankaudit.__main__"),
 )
-STEP_FOLDERS = {"settings", "deploy", "model", "trace", "count", "bound", "findings", "verify", "design", "report"}
+STEP_FOLDERS = {
+    "settings",
+    "deploy",
+    "model",
+    "trace",
+    "count",
+    "bound",
+    "findings",
+    "verify",
+    "guard",
+    "design",
+    "report",
+}
 # Folders of files that are not Python modules.
 DATA_FOLDERS = {"__pycache__"}
 MAX_TOP_LEVEL_MODULES = 6

@@ -420,6 +420,82 @@ def compare_options(command):
     return _stacked(command, options)
 
 
+def guard_options(command):
+    """--weights ... --debug, on `guard`: the received weights, the client's batch, what the guard does, the output."""
+    from rankaudit.settings.guard_options import ACTIONS, DEFAULT_TOLERANCE
+
+    options = [
+        click.option(
+            "--weights",
+            required=True,
+            metavar="W.pt",
+            help="The weights the client received this round (a state dict or checkpoint saved by torch.save).",
+        ),
+        click.option(
+            "--data",
+            required=True,
+            metavar="BATCH.npz|X.npy",
+            help="The client's local samples: a .npz with x and y, or a .npy of samples with --labels.",
+        ),
+        click.option("--labels", metavar="Y.npy", help="One integer label per sample of a .npy --data."),
+        click.option(
+            "--batch-size",
+            "-b",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Samples per local step (default: all of --data, one step).",
+        ),
+        click.option(
+            "--action",
+            type=click.Choice(ACTIONS),
+            default=None,
+            help="What an update that reads a sample gets: block (default) sends nothing; drop sends it without "
+            "the rows that read one; noise adds Gaussian noise to those rows.",
+        ),
+        click.option(
+            "--tolerance",
+            type=float,
+            default=None,
+            metavar="F",
+            help=f"A readout within this relative error of a sample reads it (default {DEFAULT_TOLERANCE:g}).",
+        ),
+        click.option(
+            "--noise-scale",
+            type=float,
+            default=None,
+            metavar="F",
+            help="--action noise: the noise's norm over each offending row's own update norm (default 1).",
+        ),
+        click.option(
+            "--energy-budget",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="Also measure each sample's visible energy at these weights when it fits in this time (default 0: "
+            "off).",
+        ),
+        click.option(
+            "--min-hidden",
+            type=float,
+            default=None,
+            metavar="F",
+            help="With --energy-budget: block when a sample hides less than this share of its energy (default 0.05).",
+        ),
+        click.option("--log", metavar="FILE", help="Append the decision as one JSON line to this file."),
+        click.option(
+            "--format",
+            "output_format",
+            type=click.Choice(["table", "json"]),
+            default="table",
+            show_default=True,
+            help="table: for people; json: stable keys for scripts.",
+        ),
+        click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP),
+        click.option("--debug", is_flag=True, help=_DEBUG_HELP),
+    ]
+    return _stacked(command, options)
+
+
 def mistyped_command(word: str, commands) -> str | None:
     """`rankaudit sugest m.py`: a first word close to a command's name that names no file (not a model path)."""
     import difflib

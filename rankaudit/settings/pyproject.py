@@ -35,6 +35,7 @@ TOP_KEYS = {
     "timeout",
     "memory-limit",
     "stand-ins",
+    "guard",
 }
 MODEL_KEYS = {"path", "input-shape", "model-args"}
 
@@ -77,6 +78,7 @@ class Settings:
     timeout: float | None = None  # seconds for each of the model's import, build and trace (supervise.py)
     memory_limit: float | None = None  # GiB the model's process may take (supervise.py)
     stand_ins: list[str] | bool | None = None  # stand-ins: modules to add, or false for none (import_standins)
+    guard: object | None = None  # [tool.rankaudit.guard]: the client-side guard's GuardSettings (guard_options.py)
 
     def in_force(self, name: str, value, on_command_line: bool):
         """The value a run uses: the flag where given on the command line, else this file's, else `value` (the
@@ -213,6 +215,12 @@ def load_settings(model_path: Path) -> Settings:
         settings.stand_ins = value
     if "dp" in table:
         settings.dp = _dp_table(pyproject, table["dp"])
+    if "guard" in table:
+        from rankaudit.settings.guard_options import guard_settings
+
+        if not isinstance(table["guard"], dict):
+            _bad(pyproject, "guard", "a table: [tool.rankaudit.guard]")
+        settings.guard = guard_settings(table["guard"], where=f"{pyproject} [tool.rankaudit.guard]")
     if "round" in table:
         if isinstance(table["round"], dict) and "dataset-size" in table["round"]:
             table["round"] = dict(table["round"])

@@ -44,7 +44,7 @@ def readout_layers(model: nn.Module, shared: list[str]) -> list[tuple[str, nn.Mo
     return found
 
 
-def _vectors(module: nn.Module, value: torch.Tensor) -> torch.Tensor | None:
+def sample_vectors(module: nn.Module, value: torch.Tensor) -> torch.Tensor | None:
     """The per-sample vectors a layer reads from its input ``value`` (batch first), shaped (batch, d); None when it
     reads several vectors per sample (a Linear over positions, a convolution with more than one output position)."""
     if isinstance(module, nn.Linear):
@@ -184,7 +184,7 @@ def read_out(
                     why_not[name] = f"called {len(seen[name])} times per forward pass: its update sums the calls"
                     continue
                 value, at_output = seen[name][0]
-                vectors = _vectors(module, value)
+                vectors = sample_vectors(module, value)
                 if vectors is None:
                     why_not[name] = "reads several vectors per sample (positions), not one"
                     continue
@@ -212,7 +212,7 @@ def read_out(
         indices = torch.tensor([entry[0] for entry in table[name]])
         steps = [entry[1] for entry in table[name]]
         vectors = torch.stack([entry[2] for entry in table[name]])
-        closest, errors = _nearest(candidates, vectors)
+        closest, errors = nearest_rows(candidates, vectors)
         read_units = []
         for row, unit in enumerate(live):
             best, error = int(closest[row]), float(errors[row])
@@ -285,7 +285,7 @@ def _nearest_psnr(candidates: torch.Tensor, x: torch.Tensor) -> list[tuple[int, 
     if not len(candidates):
         return []
     flat = x.reshape(-1, x[0, 0].numel())
-    nearest, _ = _nearest(flat, candidates, relative_to_rows=True)
+    nearest, _ = nearest_rows(flat, candidates, relative_to_rows=True)
     return [
         (index, psnr(flat[index].cpu().numpy(), candidates[int(nearest[index])].cpu().numpy()))
         for index in range(len(flat))
@@ -429,7 +429,7 @@ def bias_summary(result, readout: BiasReadout) -> dict:
     }
 
 
-def _nearest(rows: torch.Tensor, table: torch.Tensor, *, relative_to_rows: bool = False):
+def nearest_rows(rows: torch.Tensor, table: torch.Tensor, *, relative_to_rows: bool = False):
     """For each row, the index of the table entry nearest relative to that entry's norm (to the row's own norm with
     ``relative_to_rows``, which is then the plain nearest), and that relative error recomputed directly (the
     expanded square below cancels; the direct difference does not)."""

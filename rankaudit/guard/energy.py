@@ -1,0 +1,89 @@
+"""The guard's optional check: each sample's visible energy measured at the received weights, within a time budget.
+
+The measurement is --verify rank's (rankaudit.verify.rank.jacobian.measure with the hidden part, and
+rankaudit.verify.rank.hidden.shares): the Jacobian of the batch's gradient with respect to its inputs, and the
+share of each sample's energy outside what that gradient sees (docs/method.md, "Each sample, not the batch").
+It costs about one double-backward pass per sketch row, so it runs only where a timed gradient says it fits.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+# A sketch row costs a double backward, about this many gradients; the estimate errs long.
+_GRADIENTS_PER_ROW = 3.0
+
+
+def _one_gradient_seconds(net: nn.Module, samples: torch.Tensor, labels: torch.Tensor, loss: str) -> float:
+    from rankaudit.verify.client import mean_loss
+
+    started = time.perf_counter()
+    with torch.enable_grad():
+        net.zero_grad(set_to_none=True)
+        mean_loss(net(samples), labels, loss).backward()
+    net.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def visible_energy(
+    net: nn.Module,
+    samples: torch.Tensor,
+    labels: torch.Tensor,
+    shared: list[str],
+    *,
+    min_hidden: float,
+    budget: float,
+) -> dict:
+    """{measured, seconds, threshold, and: worst_sample, hidden (its hidden share), below (samples hiding less than
+    ``min_hidden``), or a note why it was not measured}. ``net`` holds the received weights; ``shared``: the
+    parameters the client sends."""
+    import copy
+
+    from rankaudit.verify.client import logits_of, loss_name_for
+    from rankaudit.verify.rank import hidden
+    from rankaudit.verify.rank.jacobian import measure
+
+    started = time.perf_counter()
+    net = copy.deepcopy(net).to(torch.float64)
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad_(name in shared)
+    x = samples.detach().to(torch.float64)
+    with torch.no_grad():
+        loss = loss_name_for(logits_of(net(x[:1])).numel())
+    trainable = dict(net.named_parameters())
+    shared_values = sum(trainable[name].numel() for name in shared if name in trainable)
+    rows = min(shared_values, x.numel()) + 16
+    estimate = _one_gradient_seconds(net, x, labels, loss) * rows * _GRADIENTS_PER_ROW
+    base = {"threshold": min_hidden, "budget_seconds": budget}
+    if estimate > budget:
+        return {
+            **base,
+            "measured": False,
+            "note": f"not measured: about {estimate:.1f} s for {x.numel()} input values, over the {budget:g} s budget",
+            "seconds": round(time.perf_counter() - started, 4),
+        }
+    measurement = measure(net, x, labels, shared, loss=loss, hidden=True, bn_mode="eval")
+    if measurement.invisible is None:
+        return {
+            **base,
+            "measured": False,
+            "note": "not measured: the sketch's vectors did not fit in memory",
+            "seconds": round(time.perf_counter() - started, 4),
+        }
+    found = hidden.shares(x.cpu().numpy(), measurement.invisible)
+    hidden_shares = [share.hidden_energy for share in found]
+    measured = [(i, h) for i, h in enumerate(hidden_shares) if h is not None]
+    worst = min(measured, key=lambda pair: pair[1], default=(None, None))
+    return {
+        **base,
+        "measured": True,
+        "worst_sample": worst[0],
+        "hidden": worst[1],
+        "below": [i for i, h in measured if h < min_hidden],
+        "rank": measurement.rank,
+        "unknowns": measurement.unknowns,
+        "seconds": round(time.perf_counter() - started, 4),
+    }

@@ -1,0 +1,123 @@
+"""The guard as a Flower mod: ``ClientApp(mods=[rankaudit_guard(Net, load_samples)])``.
+
+A Flower mod is a callable (message, context, call_next) -> message around the ClientApp's handlers. On a train
+message this one keeps the weights the server sent (the message's ArrayRecord), lets the client train (call_next),
+and hands the received and trained weights with the client's samples to rankaudit.guard.decide.Guard. A blocked
+update goes back as an error reply, which the server's strategy counts as a failure and aggregates nothing from;
+a dropped or noised one replaces the reply's ArrayRecord. Every decision is one JSON line in Flower's log (and in
+the file the settings name). flwr is imported when the mod is built, never by rankaudit itself.
+
+Settings, later ones winning: the defaults (block), [tool.rankaudit.guard] in the app's pyproject.toml (the working
+directory's), the mod's keyword arguments, then the run config's ``rankaudit-guard-*`` keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rankaudit.guard.decide import Guard, log_record
+from rankaudit.settings.guard_options import GuardSettings, from_run_config, guard_settings
+
+# The error code a blocked reply carries (Flower's own codes are small integers; this one is the guard's).
+BLOCKED_CODE = 4040
+
+
+def app_settings(directory: Path | None = None) -> GuardSettings:
+    """[tool.rankaudit.guard] of the nearest pyproject.toml at or above ``directory`` (default: the working
+    directory, where Flower runs an app), else the defaults."""
+    from rankaudit.settings.pyproject import load_settings
+
+    settings = load_settings((directory or Path.cwd()) / "pyproject.toml")
+    return settings.guard or GuardSettings()
+
+
+def _array_record(content):
+    """(key, record) of the message content's one ArrayRecord."""
+    records = list(content.array_records.items())
+    if len(records) != 1:
+        raise ValueError(
+            f"rankaudit_guard: the train message holds {len(records)} ArrayRecords; the guard checks the one model "
+            "the client trains (send one ArrayRecord)"
+        )
+    return records[0]
+
+
+def _samples(found) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(found, (tuple, list)):
+        x, y = found
+        return torch.as_tensor(x), None if y is None else torch.as_tensor(y)
+    return torch.as_tensor(found), None
+
+
+def _server_round(msg) -> int | None:
+    """The round the message belongs to: its group id where the server set one, else the "server-round" that
+    Flower's strategies put in the train config."""
+    group = str(msg.metadata.group_id)
+    if group.isdigit():
+        return int(group)
+    for record in msg.content.config_records.values():
+        value = record.get("server-round")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def rankaudit_guard(
+    model: nn.Module | Callable[[], nn.Module],
+    samples: Callable,
+    **options,
+):
+    """A Flower mod that checks each train reply before it leaves the client.
+
+    ``model``: the audited model, or a callable that builds it (its class). ``samples(context)``: the client's
+    samples of this round (a tensor or array, batch first), or (samples, labels); the same ones the train handler
+    trains on. ``options``: GuardSettings keys (action="drop", tolerance=1e-3, log="guard.jsonl", ...)."""
+    from logging import INFO, WARNING
+
+    from flwr.app import Error, Message, MessageType
+    from flwr.common.logger import log
+
+    base = guard_settings(options, base=app_settings(), where="rankaudit_guard's arguments")
+    built: dict[str, nn.Module] = {}
+    guards: dict[GuardSettings, Guard] = {}  # one per settings in force: the noise generator runs on across rounds
+
+    def guard_for(settings: GuardSettings) -> Guard:
+        if "model" not in built:
+            built["model"] = model if isinstance(model, nn.Module) else model()
+        if settings not in guards:
+            guards[settings] = Guard(built["model"], settings)
+        return guards[settings]
+
+    def mod(msg: Message, context, call_next) -> Message:
+        if not msg.metadata.message_type.startswith(MessageType.TRAIN):
+            return call_next(msg, context)
+        _, received_record = _array_record(msg.content)
+        received = received_record.to_torch_state_dict()
+        reply = call_next(msg, context)
+        if reply.has_error():
+            return reply
+        key, sent_record = _array_record(reply.content)
+        sent = sent_record.to_torch_state_dict()
+        guard = guard_for(from_run_config(dict(context.run_config), base=base))
+        x, y = _samples(samples(context))
+        decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
+        log(
+            INFO if decision.action == "send" else WARNING,
+            "rankaudit guard: %s",
+            json.dumps(log_record(decision)),
+        )
+        if decision.action == "block":
+            reason = "rankaudit guard blocked this update: " + "; ".join(decision.reasons + decision.notes)
+            return Message(Error(code=BLOCKED_CODE, reason=reason), reply_to=msg)
+        if decision.action in ("drop", "noise"):
+            names = list(sent_record.keys())
+            values = list(to_send.values())
+            reply.content[key] = type(sent_record)(torch_state_dict={name: value for name, value in zip(names, values)})
+        return reply
+
+    return mod

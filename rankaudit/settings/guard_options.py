@@ -1,0 +1,92 @@
+"""The client-side guard's settings: what it does with an update that reads a sample out, and how closely a readout
+must match a sample to count; from keyword arguments, a Flower run config or [tool.rankaudit.guard]."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from rankaudit.errors import UsageError
+
+ACTIONS = ("block", "drop", "noise")
+# The readouts' match: ‖ratio − sample‖ / ‖sample‖ at or under this reads the sample. Float32 training rounds the
+# update of a weight to about 1e-7 of the weight, which puts a true readout's error near 1e-5 to 1e-4 at ordinary
+# learning rates; a unit that mixes two samples lands orders of magnitude above (docs/guard.md, "Tolerance").
+DEFAULT_TOLERANCE = 1e-3
+# Run-config keys carry this prefix, in the hyphenated style of Flower run configs ("rankaudit-guard-action").
+RUN_CONFIG_PREFIX = "rankaudit-guard-"
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """How the guard decides and acts; the defaults are the safe ones (block, no energy check)."""
+
+    action: str = "block"  # block: nothing is sent this round; drop: the offending rows' update is not sent;
+    # noise: Gaussian noise of noise-scale times each offending row's own update norm is added to it
+    tolerance: float = DEFAULT_TOLERANCE
+    noise_scale: float = 1.0
+    check_features: bool = True  # readouts of a deeper layer's input (features) count, not only the raw input
+    energy_budget: float = 0.0  # seconds for the measured visible-energy check; 0 skips it
+    min_hidden: float = 0.05  # the energy check's threshold: every sample must hide at least this share
+    log: str | None = None  # a file the one-line JSON record of each round is appended to (None: the logger only)
+    seed: int | None = None  # the noise action's generator; None: fresh from the operating system's entropy, so
+    # that no two clients or runs draw the same noise (a server that knew it could subtract it)
+
+    def replaced(self, values: dict) -> GuardSettings:
+        return guard_settings(values, base=self)
+
+
+# key (as written in TOML, run configs and keyword arguments with _) -> field
+GUARD_KEYS = {f.name.replace("_", "-"): f.name for f in fields(GuardSettings)}
+
+
+def _number(where: str, key: str, value, low: float, high: float = math.inf, *, open_low: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        bound = f"above {low:g}" if open_low else f"at least {low:g}"
+        raise UsageError(
+            f"{where}: {key} is {value!r}",
+            f"give a number {bound}" + (f" and at most {high:g}" if high < 1e300 else ""),
+        )
+    return float(value)
+
+
+def guard_settings(values: dict, *, base: GuardSettings | None = None, where: str = "the guard's settings"):
+    """``base`` (default: the defaults) with ``values`` over it, each checked (a one-line UsageError naming the key)."""
+    from dataclasses import replace
+
+    chosen = {}
+    for raw_key, value in values.items():
+        key = str(raw_key).replace("_", "-")
+        if key not in GUARD_KEYS:
+            raise UsageError(f"{where}: unknown key {raw_key}", "use " + ", ".join(GUARD_KEYS))
+        name = GUARD_KEYS[key]
+        if name == "action":
+            if value not in ACTIONS:
+                raise UsageError(f"{where}: action is {value!r}", "use one of " + ", ".join(ACTIONS))
+        elif name == "tolerance":
+            value = _number(where, key, value, 0.0, 1.0, open_low=True)
+        elif name in ("noise_scale", "energy_budget"):
+            value = _number(where, key, value, 0.0)
+        elif name == "min_hidden":
+            value = _number(where, key, value, 0.0, 1.0)
+        elif name == "check_features":
+            if not isinstance(value, bool):
+                raise UsageError(f"{where}: check-features is {value!r}", "give true or false")
+        elif name == "log":
+            if value is not None and not (isinstance(value, str) and value):
+                raise UsageError(f"{where}: log is {value!r}", "give a file path")
+        elif name == "seed":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UsageError(f"{where}: seed is {value!r}", "give an integer")
+        chosen[name] = value
+    return replace(base or GuardSettings(), **chosen)
+
+
+def from_run_config(run_config: dict, base: GuardSettings | None = None) -> GuardSettings:
+    """The settings a Flower run config gives under ``rankaudit-guard-*`` keys, over ``base``."""
+    found = {
+        key[len(RUN_CONFIG_PREFIX) :]: value for key, value in run_config.items() if key.startswith(RUN_CONFIG_PREFIX)
+    }
+    return guard_settings(found, base=base, where="the run config's rankaudit-guard- keys")
