@@ -12,6 +12,7 @@ from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
+from rankaudit.deploy.syntax import syntax_of
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
@@ -85,7 +86,16 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     model, imported, instantiated = _model(directory, app, settings, job, files)
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
-    found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
+    found, mechanisms = static.read_code(
+        files,
+        directory,
+        config,
+        job.scripts if job else {},
+        entries=[entry for entry in entries if entry is not None] if entries else None,
+        component_args=job.components if job else None,
+        whole=job is not None,
+    )
     if job is not None:
         found = job.found + found
         sources.notes.extend(job.notes)
@@ -197,8 +207,8 @@ def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
     callables: dict[str, None] = {}
     for path, names in imports:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
+            tree = syntax_of(path).tree
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         for name in model_code.module_classes(tree):
             if names is None or name in names:

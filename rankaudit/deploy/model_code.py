@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rankaudit.deploy.code_reader import ModuleReader
 from rankaudit.deploy.found import Found, call_name
+from rankaudit.deploy.syntax import syntax_of
 
 # ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
 
@@ -128,7 +129,7 @@ def model_builders(tree: ast.Module) -> set[str]:
 
 def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
     """Files of the app a module imports: (file, the names imported from it, or None for the whole module)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    syntax = syntax_of(path)
     package = path.resolve().parent.relative_to(root).parts if path.resolve().is_relative_to(root) else ()
     found: list[tuple[Path, set[str] | None]] = []
 
@@ -138,7 +139,7 @@ def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None
                 return candidate
         return None
 
-    for node in ast.walk(tree):
+    for node in syntax.import_nodes:
         if isinstance(node, ast.ImportFrom):
             base = list(package[: len(package) - node.level + 1]) if node.level else []
             dotted = base + (node.module.split(".") if node.module else [])

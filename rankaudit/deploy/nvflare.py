@@ -68,6 +68,7 @@ class NVFlareJob:
     root: Path
     found: list[Found] = field(default_factory=list)  # server-rounds, min-clients, available-clients
     scripts: dict[Path, dict[str, Found]] = field(default_factory=dict)  # training script -> options passed
+    components: dict[str, dict[str, Found]] = field(default_factory=dict)  # class -> its `args` in a client config
     model: tuple[str, dict[str, Found], str] | None = None  # (class or dotted class path, arguments, source)
     notes: list[str] = field(default_factory=list)
 
