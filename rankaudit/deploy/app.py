@@ -164,7 +164,11 @@ def _model(directory: Path, app, settings, job, files) -> tuple[str, list[str], 
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
     chosen = model_code.instantiated(
-        trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory, app.config if app else None
+        trained_in,
+        [spec.rsplit(":", 1)[1] for spec in callables],
+        directory,
+        app.config if app else None,
+        whole=job is not None or client is not None,
     )
     if len(chosen) == 1:
         made = chosen[0]
@@ -348,6 +352,13 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             f"the optimizer is chosen when the app runs: {choice.value}",
             f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
         )
+    unread = read.get("momentum-unread")
+    if unread is not None and "momentum" not in read and overrides.round.get("momentum") is None:
+        if table.get("momentum") is None and read.get("optimizer", Found("", "sgd", "")).value == "sgd":
+            sources.notes.append(
+                f"the SGD momentum is set to {unread.value}, which is not read: the round is judged with momentum 0; "
+                f"set momentum in {ROUND_TABLE} (or --momentum) to the app's value"
+            )
     values: dict[str, object] = {}
     for setting, name in ROUND_KEYS.items():
         if overrides.round.get(name) is not None:

@@ -91,6 +91,9 @@ class ModuleReader:
         found = self._definitions.get(name, [])
         return [node for node in found if self.function_of(node) is None] if top_level else found
 
+    def definitions_by_name(self) -> dict[str, list[ast.AST]]:
+        return self._definitions
+
     def calls_named(self, name: str) -> list[ast.Call]:
         return self._calls_by_name.get(name, [])
 
@@ -339,12 +342,20 @@ class ModuleReader:
         class's own default for that field."""
         if not isinstance(node.value, ast.Name):
             return None
-        made = self.expression(node.value)
+        reader, made = self, self.expression(node.value)
+        function = self.function_of(node)
+        if isinstance(made, ast.Name) and function is not None and made.id in {a.arg for a in _all_arguments(function)}:
+            # A parameter: the object every caller passes (`make_optimizer(net, prefs)`), built the same way.
+            given = self.caller_arguments(function, made.id) or []
+            built = [(caller, caller.expression(expression)) for caller, expression in given]
+            if not built or len({ast.unparse(expression) for _, expression in built}) != 1:
+                return None
+            reader, made = built[0]
         if not isinstance(made, ast.Call) or made.args:
             return None
         passed = next((k.value for k in made.keywords if k.arg == node.attr), None)
         if passed is not None:
-            return self.value(passed, depth + 1)
+            return reader.value(passed, depth + 1)
         if any(k.arg is None for k in made.keywords):
             return None
         for reader in self.peers:
@@ -456,13 +467,9 @@ class ModuleReader:
             return unpacked
         function = self.function_of(node)
         if function is not None and any(arg.arg == node.id for arg in _all_arguments(function)):
-            passed = self._passed(function, node.id, depth)
-            if passed is not None:
-                return passed
-            default = _parameter_default(function, node.id)
-            if default is not None:
-                return self.value(default, depth + 1)
-            return None
+            # The one value every call that runs passes (its default where a call leaves it out); none where a
+            # call passes something unread, though the default is there.
+            return self._passed(function, node.id, depth)
         reader, expression = self._imported_assignment(node.id)
         return reader.value(expression, depth + 1) if expression is not None else None
 
@@ -514,6 +521,26 @@ class ModuleReader:
         return self.component_args.get(owner.name, {}).get(name)
 
     def _passed_by_callers(self, function, name: str, depth: int) -> Found | None:
+        given = self.caller_arguments(function, name, with_defaults=True)
+        if given is None:
+            return None
+        default = _parameter_default(function, name)
+        values = [
+            reader.value(expression, depth + 1) if expression is not None else self.value(default, depth + 1)
+            for reader, expression in given
+        ]
+        if not values and default is not None:  # never called where rankaudit sees it: the default
+            return self.value(default, depth + 1)
+        if values and all(values) and len({repr(v.value) for v in values}) == 1:
+            return values[0]
+        return None
+
+    def caller_arguments(
+        self, function, name: str, with_defaults: bool = False
+    ) -> list[tuple[ModuleReader, ast.AST | None]] | None:
+        """What each call of `function` in code that runs passes for parameter `name`, with the reader of the
+        call's file; None where a call passes it by `*args`/`**kwargs` or leaves it to the default (with
+        `with_defaults`, such a call's expression is None)."""
         positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
         owner = self._parents.get(function)
         method = isinstance(owner, ast.ClassDef) and not any(
@@ -524,7 +551,7 @@ class ModuleReader:
         if method:
             positional = positional[1:]
         called = owner.name if method and function.name == "__init__" else function.name
-        values = []
+        found = []
         for reader in self.peers:
             for call in reader.calls_named(called):
                 if reader.branch(call) is False or reader.decorates(call):
@@ -534,12 +561,10 @@ class ModuleReader:
                 given = next((k.value for k in call.keywords if k.arg == name), None)
                 if given is None and name in positional and positional.index(name) < len(call.args):
                     given = call.args[positional.index(name)]
-                if given is None:
+                if given is None and not with_defaults:
                     return None  # a call that leaves it to the default
-                values.append(reader.value(given, depth + 1))
-        if values and all(values) and len({repr(v.value) for v in values}) == 1:
-            return values[0]
-        return None
+                found.append((reader, given))
+        return found
 
     def _assignment(self, node: ast.Name) -> ast.Assign | ast.AnnAssign | None:
         """The last plain assignment of `node`'s name above it, in its function (then the functions around it),

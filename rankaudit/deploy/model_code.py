@@ -45,16 +45,28 @@ class Instantiation:
         return Instantiation(self.name, {**named, **self.arguments}, self.source)
 
 
-def instantiated(files: list[Path], names: list[str], root: Path, config=None) -> list[Instantiation]:
-    """The calls of model classes or factories (`names`) in `files`, one per name, in branches that run."""
+def instantiated(
+    files: list[Path], names: list[str], root: Path, config=None, *, entries: list[Path] | None = None, whole=True
+) -> list[Instantiation]:
+    """The calls of model classes or factories (`names`) in `files`, one per name, in code that runs: what the
+    `entries` (else the modules that start a Flower client or server) reach, or every file with `whole`."""
+    from rankaudit.deploy import reach
+
     found: dict[str, Instantiation] = {}
     wanted = set(names)
+    readers = []
     for path in files:
         try:
-            reader = ModuleReader(path, root, config or {})
+            readers.append(ModuleReader(path, root, config or {}))
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
-        defined = {node.name for node in ast.walk(reader.tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    modules = reach.ModuleIndex(readers)
+    for reader in readers:
+        reader.peers, reader.module_of = readers, modules.module
+    if not whole:
+        reach.mark_live(readers, entries, modules)
+    for reader in readers:
+        defined = set(reader.definitions_by_name()) | set(reader.methods)
         for call in reader.calls():
             name = call_name(call)
             if name not in wanted or name in found or reader.branch(call) is False:

@@ -96,6 +96,10 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
             found.append(Found("lr", 1e-3, f"{name}'s default lr at {reader.where(call)}", call.lineno))
         if momentum is not None and is_number(momentum.value):
             found.append(momentum)
+        elif kind == "sgd" and reader.argument(call, "momentum") is not None:
+            # Set by the app, but not to anything read: named, never taken as plain SGD in silence.
+            text = ast.unparse(reader.argument(call, "momentum"))
+            found.append(Found("momentum-unread", f"`{text}` at {reader.where(call)}", reader.where(call), call.lineno))
     return found
 
 
