@@ -4,6 +4,7 @@ attributes, a job's train_args however the job builds them, a job config's place
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -243,3 +244,28 @@ def test_a_privacy_wrapper_named_like_a_client_adds_its_noise_on_the_client(tmp_
     deployment = read_deployment(app, Overrides(round={"local_samples": 70}, input_shape_given=True))
     notes = [note for note in deployment.notes if "DPCifarClient" in note]
     assert len(notes) == 1 and "noise it adds on the client is not counted" in notes[0]
+
+
+def test_suggest_and_compare_take_the_app_folder_check_takes(run_cli, monkeypatch):
+    monkeypatch.chdir(APPS)
+    code, out, err = run_cli("suggest", "quickstart", "--format", "json", "--top", "1")
+    payload = json.loads(out)
+    assert code == 0, err
+    assert payload["model"].endswith("quickstart_app/task.py:Net") and payload["batch_size"] == 32  # the app's batch
+    code, out, err = run_cli("compare", "quickstart", "branches", "--format", "json")
+    payload = json.loads(out)
+    assert code == 1 and payload["a"]["model"].endswith("quickstart_app/task.py:Net")
+    assert payload["b"]["model"].endswith("branches_app/task.py:Net")
+    code, out, err = run_cli("suggest", "nvflare_json")  # what the app cannot say: one line, exit 2
+    assert code == 2 and "input shape" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_hydra_momentum_is_read_not_taken_as_zero(tmp_path):
+    app = tmp_path / "hydra"
+    shutil.copytree(APPS / "hydra_app", app)
+    config = app / "conf" / "config.yaml"
+    config.write_text(config.read_text().replace("momentum: 0.0", "momentum: 0.9"))
+    deployment = read_deployment(app, GIVEN)
+    value, source = _rows(deployment)["momentum"]
+    assert value == "0.9" and source.startswith("conf/config.yaml") and "train.momentum" in source
+    assert deployment.round.momentum == 0.9
