@@ -269,3 +269,24 @@ def test_the_hydra_momentum_is_read_not_taken_as_zero(tmp_path):
     value, source = _rows(deployment)["momentum"]
     assert value == "0.9" and source.startswith("conf/config.yaml") and "train.momentum" in source
     assert deployment.round.momentum == 0.9
+
+
+def test_what_runs_follows_star_imports_and_dotted_targets(tmp_path):
+    app = tmp_path / "port"
+    shutil.copytree(APPS / "centralized_port", app)
+    client = app / "client.py"
+    client.write_text(
+        client.read_text()
+        .replace("import cifar\n", "from cifar import *  # noqa: F403\n")
+        .replace("cifar.train(", "train(")
+        .replace("cifar.Net()", "Net()")
+        .replace("cifar.load_data()", "load_data()")
+    )
+    rows = _rows(read_deployment(app, GIVEN))
+    assert rows["local-epochs"] == ("1", f"client.py:{_line(client, 'epochs=1')}")  # main() is still not run
+    assert rows["lr"] == ("0.001", f"cifar.py:{_line(app / 'cifar.py', 'SGD(')}")  # train() is
+    # A function the app names only as a string (Hydra's `_target_`) runs too.
+    client.write_text(
+        client.read_text().replace("train(self.model", "TRAINER = 'cifar.train'\n        run(TRAINER, self.model")
+    )
+    assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.001"

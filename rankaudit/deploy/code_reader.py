@@ -63,7 +63,7 @@ class ModuleReader:
         self._calls_by_name, self._names, self._assigned = syntax.calls_by_name, syntax.names, syntax.assigned
         self._unpacking, self._attributes, self._definitions = syntax.unpacking, syntax.attributes, syntax.definitions
         self.imports, self.module_aliases, self.loops = syntax.imports, syntax.module_aliases, syntax.loops
-        self.methods, self.decorated = syntax.methods, syntax.decorated
+        self.methods, self.decorated, self.star_imports = syntax.methods, syntax.decorated, syntax.star_imports
         self.live: set[int] | None = None  # the function definitions that run (reach.mark_live); None: all
         self.dead_blocks: set[int] = set()  # `if __name__ == "__main__":` blocks that never run
         self.component_args: dict[str, dict[str, Found]] = {}  # class -> constructor arguments a job config gives

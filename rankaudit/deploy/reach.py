@@ -59,6 +59,10 @@ def mark_live(readers: list, entries: list[Path] | None, modules: ModuleIndex) -
 
     for reader in starting:
         load(reader, entry=True)
+    for value, _ in (starting[0].config or {}).values():  # a YAML config naming the app's code by its path
+        if isinstance(value, str):
+            for owner, definition in modules.dotted(starting[0], value):
+                enter(owner, definition)
     while pending:
         reader, region = pending.pop()
         for node in _region_nodes(region, reader):
@@ -67,8 +71,13 @@ def mark_live(readers: list, entries: list[Path] | None, modules: ModuleIndex) -
                     load(module, entry=False)
                 if isinstance(node, ast.ImportFrom):  # a function or class imported by name is one the app uses
                     for alias in node.names:
+                        if alias.name == "*":
+                            continue  # its names are looked up where they are used (named)
                         for owner, definition in modules.named(reader, alias.asname or alias.name):
                             enter(owner, definition)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for owner, definition in modules.dotted(reader, node.value):  # Hydra's `_target_: pkg.mod.fn`
+                    enter(owner, definition)
             elif isinstance(node, ast.Name):
                 for owner, definition in modules.named(reader, node.id):
                     enter(owner, definition)
@@ -163,13 +172,22 @@ class ModuleIndex:
         if own:
             return [(reader, definition) for definition in own]
         source = reader.imports.get(name)
-        if source is None:
-            return []
+        if source is None:  # `from cifar import *`: whichever of those modules defines it
+            stars = [self.module(reader, dotted, level) for dotted, level, _ in reader.star_imports]
+            return [(m, found) for m in stars if m is not None for found in m.definitions(name, top_level=True)]
         dotted, level, original = source
         module = self.module(reader, dotted, level)
         if module is None:
             return []
         return [(module, definition) for definition in module.definitions(original, top_level=True)]
+
+    def dotted(self, reader, text: str) -> list:
+        """`pkg.client.gen_client_fn` written as a string (Hydra's `_target_`): that definition of the app."""
+        parts = text.split(".")
+        if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+            return []
+        module = self.module(reader, parts[:-1], 0)
+        return [(module, definition) for definition in module.definitions(parts[-1], top_level=True)] if module else []
 
     def attribute(self, reader, node: ast.Attribute) -> list:
         """`module.function` of an imported module, else every method of that name (`self.train`, `client.fit`)."""

@@ -22,6 +22,10 @@ def _parsed(path: Path, modified: int, size: int) -> Syntax:
     return Syntax(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
 
 
+# Nodes with nothing under them that a lookup asks about (Load/Store, operators), shared between parents.
+_LEAVES = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
+
+
 class Syntax:
     """A module's syntax tree with the tables every lookup reads."""
 
@@ -46,6 +50,7 @@ class Syntax:
         self.function[id(self.tree)] = None
         owners: dict[int, ast.ClassDef | None] = {id(self.tree): None}
         self.import_nodes: list[ast.Import | ast.ImportFrom] = []
+        self.star_imports: list[tuple[list[str], int, str]] = []  # `from mod import *`: (module, level, "*")
         queue = deque([self.tree])
         while queue:  # breadth first, as ast.walk: a parent before its children, calls in walk order
             node = queue.popleft()
@@ -63,6 +68,9 @@ class Syntax:
                 self.import_nodes.append(node)
                 dotted = node.module.split(".") if node.module else []
                 for alias in node.names:
+                    if alias.name == "*":
+                        self.star_imports.append((dotted, node.level, "*"))
+                        continue
                     self.imports[alias.asname or alias.name] = (dotted, node.level, alias.name)
                     self.module_aliases[alias.asname or alias.name] = (dotted + [alias.name], node.level)
             elif isinstance(node, ast.Import):
@@ -82,11 +90,14 @@ class Syntax:
                     inner_owner = node
                 else:
                     inner_function = node
-            for child in ast.iter_child_nodes(node):
-                self.parents[child] = node
-                self.function[id(child)] = inner_function
-                owners[id(child)] = inner_owner
-                queue.append(child)
+            for field in node._fields:  # ast.iter_child_nodes, inlined: this loop is most of reading an app
+                value = getattr(node, field, None)
+                for child in value if isinstance(value, list) else (value,):
+                    if isinstance(child, ast.AST) and not isinstance(child, _LEAVES):
+                        self.parents[child] = node
+                        self.function[id(child)] = inner_function
+                        owners[id(child)] = inner_owner
+                        queue.append(child)
 
     def _index_assignment(self, node, function, owner) -> None:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if node.value is not None else []
