@@ -290,3 +290,15 @@ def test_what_runs_follows_star_imports_and_dotted_targets(tmp_path):
         client.read_text().replace("train(self.model", "TRAINER = 'cifar.train'\n        run(TRAINER, self.model")
     )
     assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.001"
+
+
+def test_a_factory_choice_its_callers_leave_unread_is_refused_not_taken(tmp_path):
+    app = tmp_path / "metric"
+    shutil.copytree(APPS / "metric_privacy", app)
+    server = app / "metric_app" / "server_app.py"
+    server.write_text(server.read_text().replace('config["privacy"],', "choose_privacy(),"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    message = str(raised.value)
+    assert "DifferentialPrivacyServerSideFixedClipping at metric_app/strategy_factory.py" in message
+    assert "privacy == 'global-dp'" in message and "\n" not in message

@@ -294,9 +294,15 @@ class ModuleReader:
         texts = [ast.unparse(test)] + [
             ast.unparse(self.expression(name)) for name in ast.walk(test) if isinstance(name, ast.Name)
         ]
-        # A name compared with a word (`privacy == "global-dp"`, `case "sgd":`) is a setting, not run-time state.
+        # A plain function's parameter compared with a word (`if privacy == "global-dp":` in a strategy factory)
+        # is a setting its caller passes, not run-time state (a method's `task_name == "train"` is the framework's).
+        function = self.function_of(test)
+        factory = function is not None and not isinstance(self._parents.get(function), ast.ClassDef)
+        parameters = {arg.arg for arg in _all_arguments(function)} if factory else set()
         named = any(
             isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Name)
+            and node.left.id in parameters
             and any(isinstance(side, ast.Constant) and isinstance(side.value, str) for side in node.comparators)
             for node in ast.walk(test)
         )
