@@ -78,10 +78,12 @@ def test_nvflare_script_path_from_pathlib_and_a_run_time_value_for_an_option(tmp
         )
         .replace("import tempfile\n", "import tempfile\nfrom pathlib import Path\n")
         .replace("--lr {args.lr}", "--lr {tempfile.gettempdir()}")
+        .replace("model=ModerateCNN()", "initial_model=ModerateCNN()")
     )
     deployment = read_deployment(job, GIVEN)
     rows = _rows(deployment)
     assert rows["batch-size"][0] == "16" and rows["local-epochs"][0] == "2"  # the script was found and passed
+    assert rows["model"][1] == f"ModerateCNN(...) at job.py:{_line(script, 'initial_model=')}, the model the app trains"
     # --lr is passed, with a value the job computes when it runs: neither the script's default nor a guess.
     assert rows["lr"][0] == "0.1" and rows["lr"][1].startswith("not read from the app")
 

@@ -291,7 +291,8 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
                         f"{args_keyword} at {reader.where(call)} is not a string rankaudit can read; the script's "
                         "own argparse defaults are used"
                     )
-        model = reader.argument(call, "model") if recipe else None
+        # `model=` in the Recipe API, `initial_model=` in the examples written for its first releases.
+        model = (reader.argument(call, "model") or reader.argument(call, "initial_model")) if recipe else None
         if isinstance(model, ast.Call):
             arguments = {k.arg: reader.value(k.value) for k in model.keywords if k.arg}
             job.model = (call_name(model), arguments, reader.where(model))
