@@ -32,7 +32,8 @@ def mark_live(readers: list, entries: list[Path] | None, modules: ModuleIndex) -
         return
     for reader in readers:
         reader.live = set()
-        reader.dead_blocks = {id(block) for block in _main_blocks(reader.tree)}
+        # A module nothing imports never runs, its module-level code included (a sweep script beside the app).
+        reader.dead_blocks = {id(block) for block in _main_blocks(reader.tree)} | {id(reader.tree)}
     pending: list[tuple[object, ast.AST]] = []  # (reader, region) whose references are still to follow
     loaded: set[int] = set()
 
@@ -40,6 +41,7 @@ def mark_live(readers: list, entries: list[Path] | None, modules: ModuleIndex) -
         if id(reader) in loaded:
             return
         loaded.add(id(reader))
+        reader.dead_blocks.discard(id(reader.tree))
         if entry:
             reader.dead_blocks = set()
         pending.append((reader, reader.tree))
