@@ -386,7 +386,7 @@ def check(
 
 
 @cli.command("suggest", cls=_ModelCommand)
-@click.argument("model", metavar="MODEL.py[:NAME]")
+@click.argument("model", metavar="MODEL.py[:NAME]|APP_DIR")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.suggest_options
 @flags.dp_options
@@ -419,7 +419,8 @@ def suggest_command(
     for each edit that can be made on the real model, the edits ranked by it (measured at the seeded weights).
 
     With a round (--local-samples, --local-epochs, --clients, ... or [tool.rankaudit.round]): also the N, E and C
-    at which each sample is protected (N and C never are; the round as a whole is reported beside).
+    at which each sample is protected (N and C never are; the round as a whole is reported beside). APP_DIR (a
+    Flower app, an NVFlare job): the model and the round are read from the app, as `check` reads them.
     """
     from rankaudit.bound.dp import noise_search
     from rankaudit.design.suggest import suggest
@@ -432,6 +433,15 @@ def suggest_command(
         raise UsageError(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
+    commandline_batch = ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
+    deployment = _app_deployment(
+        model,
+        flags.round_flags(ctx),
+        options,
+        batch_size=batch_size if commandline_batch else None,
+        input_shape_given=input_shape is not None,
+    )
+    model = deployment.model if deployment is not None else model
     report_files.check_outputs(output, inputs=report_files.command_inputs([model], data=data))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
@@ -448,9 +458,13 @@ def suggest_command(
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
-    whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
+    if deployment is not None:  # the app's round: its batch size unless the command line gives one
+        whole_round = deployment.round
+        batch_size = batch_size if commandline_batch else whole_round.batch_size
+    else:
+        whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
     noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
-    given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
+    given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round or deployment is not None
     round_ = whole_round if given else None
     # The review and the HTML report's audit judge the same model on the same settings.
     judged_on = dict(
@@ -488,8 +502,8 @@ def suggest_command(
 
 
 @cli.command("compare", cls=_ModelCommand)
-@click.argument("first", metavar="A.py[:NAME]")
-@click.argument("second", metavar="B.py[:NAME]")
+@click.argument("first", metavar="A.py[:NAME]|APP_DIR")
+@click.argument("second", metavar="B.py[:NAME]|APP_DIR")
 @click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.compare_options
 @flags.dp_options
@@ -518,8 +532,9 @@ def compare_command(
     """Two designs side by side; the exit code is the policy applied to the second (B).
 
     Each model's settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above
-    its file (as `check` reads them), else from the defaults. With --dp-noise σ: each design's DP section, and its
-    Fisher floor at the same σ (the MSE floor and PSNR ceiling of unbiased reconstructions, at the seeded weights).
+    its file (as `check` reads them), else from the defaults. An app folder (a Flower app, an NVFlare job) gives
+    its model and its round, as `check` reads them. With --dp-noise σ: each design's DP section, and its Fisher
+    floor at the same σ (the MSE floor and PSNR ceiling of unbiased reconstructions, at the seeded weights).
     """
     from rankaudit.settings.run import build_run_round, dp_values
 
@@ -549,6 +564,14 @@ def compare_command(
         )
     results, rounds, targets = [], [], []
     for spec in (first, second):
+        deployment = _app_deployment(
+            spec,
+            {},
+            {},
+            batch_size=batch_size if _batch_given(ctx) else None,
+            input_shape_given=input_shape is not None,
+        )
+        spec = deployment.model if deployment is not None else spec
         settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
         supervise.set_config_timeout(settings.timeout)
         supervise.set_config_memory_limit(settings.memory_limit)
@@ -558,12 +581,16 @@ def compare_command(
             )
             for name, value in given.items()
         }
+        if deployment is not None and not _batch_given(ctx):
+            chosen["batch_size"] = deployment.round.batch_size
         # With DP flags, each design's round carries them over its [tool.rankaudit.dp] (q and T from its
-        # [tool.rankaudit.round]); without, compare stays structural, as it was.
+        # [tool.rankaudit.round]); without, compare stays structural, as it was (an app's own round aside).
         dp_given = dp_values(options, settings.dp) if dp_values(options, None) else None
         round_ = build_run_round({}, chosen["batch_size"], settings.round, options, settings.dp) if dp_given else None
         rounds.append(round_)
         targets.append(settings.in_force("psnr_target", psnr_target, psnr_given))
+        if round_ is None and deployment is not None:
+            round_ = deployment.round
         results.append(
             audit(
                 spec,
@@ -650,6 +677,27 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
     sent_as_computed = run.decision.action == "send"
     supervise.report_delivered([sent_as_computed])
     return EXIT_PASS if sent_as_computed else EXIT_POLICY
+
+
+def _batch_given(ctx) -> bool:
+    return ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
+
+
+def _app_deployment(spec: str, round_flags: dict, options: dict, *, batch_size, input_shape_given: bool):
+    """An app folder's deployment, read as `check` reads it (None for a model file); an app whose model is built
+    with arguments is refused in one line, as suggest and compare build the model without them."""
+    from rankaudit.deploy.app import deployment_for
+
+    deployment = deployment_for(
+        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
+    )
+    if deployment is not None and deployment.model_args:
+        shown = ", ".join(f"{key}={value!r}" for key, value in deployment.model_args.items())
+        raise UsageError(
+            f"{spec}: the app builds its model with arguments ({shown}), which this command does not pass",
+            f"give a model file whose model takes none, e.g. a zero-argument factory: {deployment.model.rsplit(':', 1)[0]}:NAME",
+        )
+    return deployment
 
 
 def _error(message: str):

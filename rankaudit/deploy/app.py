@@ -13,6 +13,7 @@ from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.withheld import withheld_layers
+from rankaudit.deploy.syntax import syntax_of
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
@@ -87,7 +88,16 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     model, imported, instantiated = _model(directory, app, settings, job, files, config)
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
-    found, mechanisms = static.read_code(files, directory, config, job.scripts if job else {})
+    entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
+    found, mechanisms = static.read_code(
+        files,
+        directory,
+        config,
+        job.scripts if job else {},
+        entries=[entry for entry in entries if entry is not None] if entries else None,
+        component_args=job.components if job else None,
+        whole=job is not None,
+    )
     found = _config_strategy(config) + found
     if job is not None:
         found = job.found + found
@@ -169,7 +179,11 @@ def _model(
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
     chosen = model_code.instantiated(
-        trained_in, [spec.rsplit(":", 1)[1] for spec in callables], directory, app.config if app else None
+        trained_in,
+        [spec.rsplit(":", 1)[1] for spec in callables],
+        directory,
+        app.config if app else None,
+        whole=job is not None or client is not None,
     )
     if len(chosen) == 1:
         made = chosen[0]
@@ -237,8 +251,8 @@ def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
     callables: dict[str, None] = {}
     for path, names in imports:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
+            tree = syntax_of(path).tree
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         for name in model_code.module_classes(tree):
             if names is None or name in names:
@@ -402,6 +416,13 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             f"the optimizer is chosen when the app runs: {choice.value}",
             f"set that key in the app's configuration, or optimizer, lr and momentum in {ROUND_TABLE}",
         )
+    unread = read.get("momentum-unread")
+    if unread is not None and "momentum" not in read and overrides.round.get("momentum") is None:
+        if table.get("momentum") is None and read.get("optimizer", Found("", "sgd", "")).value == "sgd":
+            sources.notes.append(
+                f"the SGD momentum is set to {unread.value}, which is not read: the round is judged with momentum 0; "
+                f"set momentum in {ROUND_TABLE} (or --momentum) to the app's value"
+            )
     values: dict[str, object] = {}
     unread: list[str] = []
     for setting, name in ROUND_KEYS.items():

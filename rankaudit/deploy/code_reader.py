@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from rankaudit.deploy.found import Found, call_name
+from rankaudit.deploy.syntax import syntax_of
 
 # Flower's central-DP wrappers: clipping on the client (ClientSide) or the server (ServerSide), Gaussian noise added
 # by the server to the aggregate in both. Positional parameters after `strategy`, as Flower declares them.
@@ -28,7 +29,13 @@ POSITIONAL = {
 }
 _DEPTH = 8  # how many assignments a name is followed through
 _CONFIGURATION = re.compile(r"\b(run_config|node_config|config|cfg|conf|args|opts?|settings|params|environ|getenv)\b")
-_RESOLVING: set = set()  # (function, parameter) pairs being resolved from their callers, against cycles
+_RESOLVING: set = set()
+_STRING_METHODS = (
+    "lower",
+    "upper",
+    "strip",
+    "casefold",
+)  # (function, parameter) pairs being resolved from their callers, against cycles
 
 
 class ModuleReader:
@@ -46,11 +53,22 @@ class ModuleReader:
         self.relative = (
             path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.as_posix()
         )
-        self.tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        self._parents: dict[ast.AST, ast.AST] = {}
-        for parent in ast.walk(self.tree):
-            for child in ast.iter_child_nodes(parent):
-                self._parents[child] = parent
+        syntax = syntax_of(path)  # parsed and indexed once per file, shared by every reader of it
+        self.tree, self._parents, self._function, self._calls = (
+            syntax.tree,
+            syntax.parents,
+            syntax.function,
+            syntax.calls,
+        )
+        self._calls_by_name, self._names, self._assigned = syntax.calls_by_name, syntax.names, syntax.assigned
+        self._unpacking, self._attributes, self._definitions = syntax.unpacking, syntax.attributes, syntax.definitions
+        self.imports, self.module_aliases, self.loops = syntax.imports, syntax.module_aliases, syntax.loops
+        self.methods, self.decorated, self.star_imports = syntax.methods, syntax.decorated, syntax.star_imports
+        self.live: set[int] | None = None  # the function definitions that run (reach.mark_live); None: all
+        self.dead_blocks: set[int] = set()  # `if __name__ == "__main__":` blocks that never run
+        self.component_args: dict[str, dict[str, Found]] = {}  # class -> constructor arguments a job config gives
+        self.memo: dict = {}  # results shared by the app's readers (set by read_code), each computed once
+        self.module_of = None  # (reader, dotted, level) -> the app's module that import names (set by read_code)
         # The script's command-line options: what the job passes it (script_args) over argparse's defaults.
         from rankaudit.deploy.scripts import argparse_defaults
 
@@ -63,11 +81,40 @@ class ModuleReader:
         return f"{self.relative}:{node.lineno}"
 
     def function_of(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        while node in self._parents:
-            node = self._parents[node]
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return node
-        return None
+        return self._function.get(id(node))
+
+    def enclosing_class(self, node: ast.AST) -> ast.ClassDef | None:
+        return self._enclosing(node, ast.ClassDef)
+
+    def definitions(self, name: str, top_level: bool = False) -> list[ast.AST]:
+        """The module's functions and classes named `name` (methods aside); `top_level`: those at module level."""
+        found = self._definitions.get(name, [])
+        return [node for node in found if self.function_of(node) is None] if top_level else found
+
+    def definitions_by_name(self) -> dict[str, list[ast.AST]]:
+        return self._definitions
+
+    def calls_named(self, name: str) -> list[ast.Call]:
+        return self._calls_by_name.get(name, [])
+
+    def runs(self, node: ast.AST) -> bool:
+        """Whether the code at `node` is reached from the app's entry points (reach.mark_live)."""
+        if self.live is None and not self.dead_blocks:
+            return True
+        child = node
+        while child in self._parents:
+            parent = self._parents[child]
+            if id(parent) in self.dead_blocks:
+                return False
+            if (
+                self.live is not None
+                and isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and child not in parent.decorator_list
+                and id(parent) not in self.live
+            ):
+                return False
+            child = parent
+        return True
 
     # ---- values -----------------------------------------------------------------------------------------------
     def value(self, node: ast.AST | None, depth: int = 0) -> Found | None:
@@ -87,6 +134,17 @@ class ModuleReader:
         read = self._run_config_read(node)
         if read is not None:
             return read
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _STRING_METHODS
+            and not node.args
+            and not node.keywords
+        ):
+            inner = self.value(node.func.value, depth + 1)
+            if inner is not None and isinstance(inner.value, str):
+                return Found("", getattr(inner.value, node.func.attr)(), inner.source, inner.line)
+            return None
         if isinstance(node, ast.Call) and call_name(node) in ("int", "float", "bool") and len(node.args) == 1:
             inner = self.value(node.args[0], depth + 1)
             if inner is not None and not isinstance(inner.value, (list, str)):
@@ -141,9 +199,16 @@ class ModuleReader:
         )
 
     def branch(self, node: ast.AST, configured_only: bool = False) -> bool | str:
-        """Whether the code at `node` runs: True, False (a branch the configuration read rules out), or the text
-        of the condition that decides it where that is not read (with `configured_only`, only a condition that
-        reads the configuration; one on run-time state, `current_round == 0`, counts as running)."""
+        """Whether the code at `node` runs: True, False (code the app's entry points never reach, or a branch the
+        configuration read rules out: an `if`, a `match` case, code after an `if ...: return` that returns), or the
+        text of the condition that decides it where that is not read (with `configured_only`, only a condition
+        that reads the configuration; one on run-time state, `current_round == 0`, counts as running)."""
+        key = ("branch", id(node), configured_only)
+        if key not in self.memo:
+            self.memo[key] = self._branch(node, configured_only) if self.runs(node) else False
+        return self.memo[key]
+
+    def _branch(self, node: ast.AST, configured_only: bool) -> bool | str:
         child = node
         while child in self._parents:
             parent = self._parents[child]
@@ -157,8 +222,71 @@ class ModuleReader:
                     return f"`{ast.unparse(parent.test)}` at {self.where(parent)}"
                 if test.value != inside_body:
                     return False
+            elif isinstance(parent, ast.match_case) and child in parent.body:
+                taken = self._case_taken(parent)
+                if taken is False:
+                    return False
+                if isinstance(taken, str) and not (
+                    configured_only and not self._reads_configuration(self._parents[parent].subject)
+                ):
+                    return taken
+            if isinstance(child, ast.stmt) and self._returned_before(child, parent):
+                return False
             child = parent
         return True
+
+    def _case_taken(self, case: ast.match_case) -> bool | str:
+        """Whether `match` takes this case: its subject read and matched against each case in order."""
+        match = self._parents[case]
+        undecided = f"`match {ast.unparse(match.subject)}` at {self.where(match)}"
+        subject = self.value(match.subject)
+        if subject is None:
+            return undecided
+        for each in match.cases:
+            matched = self._pattern(each.pattern, subject.value)
+            if matched and each.guard is not None:
+                guard = self.value(each.guard)
+                matched = guard.value if guard is not None and isinstance(guard.value, bool) else None
+            if matched is None:
+                return undecided
+            if matched:
+                return each is case
+        return False
+
+    def _pattern(self, pattern: ast.pattern, subject) -> bool | None:
+        if isinstance(pattern, ast.MatchValue):
+            value = self.value(pattern.value)
+            return None if value is None else value.value == subject
+        if isinstance(pattern, ast.MatchSingleton):
+            return pattern.value is subject
+        if isinstance(pattern, ast.MatchAs):  # `case _:` and `case name:` take anything
+            return True if pattern.pattern is None else self._pattern(pattern.pattern, subject)
+        if isinstance(pattern, ast.MatchOr):
+            results = [self._pattern(option, subject) for option in pattern.patterns]
+            return True if any(results) else None if None in results else False
+        return None
+
+    def _returned_before(self, statement: ast.stmt, parent: ast.AST) -> bool:
+        """Whether an `if` above `statement` in the same block returns (or raises) on a branch that is read to
+        be taken: `if privacy == "vanilla": return strategy` ends the function before what follows."""
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and statement in block:
+                break
+        else:
+            return False
+        for earlier in block[: block.index(statement)]:
+            if not isinstance(earlier, ast.If):
+                continue
+            ends = [
+                branch and isinstance(branch[-1], (ast.Return, ast.Raise)) for branch in (earlier.body, earlier.orelse)
+            ]
+            if not any(ends):
+                continue
+            test = self.value(earlier.test)
+            if test is not None and isinstance(test.value, bool) and ends[0 if test.value else 1]:
+                return True
+        return False
 
     def _reads_configuration(self, test: ast.AST) -> bool:
         """Whether a condition reads the app's configuration: the run or node config, the script's options, a
@@ -166,7 +294,19 @@ class ModuleReader:
         texts = [ast.unparse(test)] + [
             ast.unparse(self.expression(name)) for name in ast.walk(test) if isinstance(name, ast.Name)
         ]
-        return any(_CONFIGURATION.search(text) for text in texts)
+        # A plain function's parameter compared with a word (`if privacy == "global-dp":` in a strategy factory)
+        # is a setting its caller passes, not run-time state (a method's `task_name == "train"` is the framework's).
+        function = self.function_of(test)
+        factory = function is not None and not isinstance(self._parents.get(function), ast.ClassDef)
+        parameters = {arg.arg for arg in _all_arguments(function)} if factory else set()
+        named = any(
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Name)
+            and node.left.id in parameters
+            and any(isinstance(side, ast.Constant) and isinstance(side.value, str) for side in node.comparators)
+            for node in ast.walk(test)
+        )
+        return named or any(_CONFIGURATION.search(text) for text in texts)
 
     def expression(self, node: ast.AST, depth: int = 0) -> ast.AST:
         """The expression a name stands for (its last assignment above the use), followed through names."""
@@ -178,48 +318,99 @@ class ModuleReader:
         return node
 
     def _attribute(self, node: ast.Attribute, depth: int) -> Found | None:
-        """`self.lr` (the one value the class assigns it), `args.batch_size` (the script's option)."""
+        """`self.lr` (the one value the class assigns it), `args.batch_size` (the script's option), `cfg.train.lr`
+        (a config key), `prefs.optimizer` of `prefs = Preferences()` (the field's default in the app's class)."""
         if isinstance(node.value, ast.Name) and node.value.id == "self":
             owner = self._enclosing(node, ast.ClassDef)
             if owner is None:
                 return None
             values = [
-                self.value(statement.value, depth + 1)
-                for statement in ast.walk(owner)
-                if isinstance(statement, (ast.Assign, ast.AnnAssign))
-                and statement.value is not None
-                and any(
-                    isinstance(t, ast.Attribute)
-                    and t.attr == node.attr
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == "self"
-                    for t in (statement.targets if isinstance(statement, ast.Assign) else [statement.target])
-                )
+                self.value(statement.value, depth + 1) for statement in self._attributes.get((id(owner), node.attr), ())
             ]
             # One value wherever the class sets it; two different ones are a choice the code makes at run time.
             if values and all(values) and len({repr(v.value) for v in values}) == 1:
                 return values[0]
             return None
         if isinstance(node.value, ast.Name) and node.attr in self.options:
-            return self.options[node.attr]
-        dotted = ast.unparse(node).split(".", 1)[-1]  # cfg.train.lr -> train.lr, a YAML config's key
-        if dotted in self.config:
-            value, source = self.config[dotted]
-            return Found("", value, f"{source} {dotted}", node.lineno)
+            option = self.options[node.attr]
+            return option if option.value is not None else None  # passed, but its value is known only at run time
+        parts = ast.unparse(node).split(".")
+        for start in range(1, len(parts)):  # self.cfg.train.lr -> cfg.train.lr, train.lr: a YAML config's key
+            dotted = ".".join(parts[start:])
+            single = start == len(parts) - 1  # one key: only off a config object (cfg.lr, self.cfg.lr)
+            if dotted in self.config and (not single or len(parts) == 2 or _CONFIGURATION.search(parts[start - 1])):
+                value, source = self.config[dotted]
+                return Found("", value, f"{source} {dotted}", node.lineno)
+        return self._instance_field(node, depth)
+
+    def _instance_field(self, node: ast.Attribute, depth: int) -> Found | None:
+        """`prefs.optimizer` where `prefs = Preferences(...)` builds a class of the app: the keyword passed, else the
+        class's own default for that field."""
+        if not isinstance(node.value, ast.Name):
+            return None
+        reader, made = self, self.expression(node.value)
+        function = self.function_of(node)
+        if isinstance(made, ast.Name) and function is not None and made.id in {a.arg for a in _all_arguments(function)}:
+            # A parameter: the object every caller passes (`make_optimizer(net, prefs)`), built the same way.
+            given = self.caller_arguments(function, made.id) or []
+            built = [(caller, caller.expression(expression)) for caller, expression in given]
+            if not built or len({ast.unparse(expression) for _, expression in built}) != 1:
+                return None
+            reader, made = built[0]
+        if not isinstance(made, ast.Call) or made.args:
+            return None
+        passed = next((k.value for k in made.keywords if k.arg == node.attr), None)
+        if passed is not None:
+            return reader.value(passed, depth + 1)
+        if any(k.arg is None for k in made.keywords):
+            return None
+        for reader in self.peers:
+            for definition in reader.definitions(call_name(made), top_level=True):
+                if not isinstance(definition, ast.ClassDef):
+                    continue
+                for statement in definition.body:
+                    if (
+                        isinstance(statement, ast.AnnAssign)
+                        and isinstance(statement.target, ast.Name)
+                        and statement.target.id == node.attr
+                        and statement.value is not None
+                    ):
+                        return reader.value(statement.value, depth + 1)
         return None
 
     def _item(self, node: ast.Subscript, depth: int) -> Found | None:
         """`PARAMS["batch_size"]` of a dict literal the module or function assigns."""
         if not (isinstance(node.slice, ast.Constant) and isinstance(node.value, ast.Name)):
             return None
-        table = self.expression(node.value)
+        reader, table = self, self.expression(node.value)
+        if isinstance(table, ast.Name):  # `from settings import PARAMS`: the table another module assigns
+            reader, table = self._imported_assignment(table.id)
+            if table is None:
+                return None
         if isinstance(table, ast.Call) and call_name(table) == "dict" and not table.args:
             pairs = {keyword.arg: keyword.value for keyword in table.keywords if keyword.arg}
         elif isinstance(table, ast.Dict):
             pairs = {key.value: value for key, value in zip(table.keys, table.values) if isinstance(key, ast.Constant)}
         else:
             return None
-        return self.value(pairs.get(node.slice.value), depth + 1)
+        return reader.value(pairs.get(node.slice.value), depth + 1)
+
+    def _imported_assignment(self, name: str) -> tuple[ModuleReader, ast.AST | None]:
+        """The expression a name imported from another module of the app is assigned there (at module level)."""
+        source = self.imports.get(name)
+        if source is None or self.module_of is None:
+            return self, None
+        dotted, level, original = source
+        module = self.module_of(self, dotted, level)
+        if module is None or module is self:
+            return self, None
+        above = module._assigned.get((0, original), ())
+        if not above:
+            return self, None
+        expression = module.expression(max(above, key=lambda statement: statement.lineno).value)
+        if isinstance(expression, ast.Name):
+            return module._imported_assignment(expression.id)
+        return module, expression
 
     def _enclosing(self, node: ast.AST, kind):
         while node in self._parents:
@@ -282,23 +473,18 @@ class ModuleReader:
             return unpacked
         function = self.function_of(node)
         if function is not None and any(arg.arg == node.id for arg in _all_arguments(function)):
-            passed = self._passed(function, node.id, depth)
-            if passed is not None:
-                return passed
-            default = _parameter_default(function, node.id)
-            if default is not None:
-                return self.value(default, depth + 1)
-        return None
+            # The one value every call that runs passes (its default where a call leaves it out); none where a
+            # call passes something unread, though the default is there.
+            return self._passed(function, node.id, depth)
+        reader, expression = self._imported_assignment(node.id)
+        return reader.value(expression, depth + 1) if expression is not None else None
 
     def _unpacked(self, node: ast.Name, depth: int) -> Found | None:
         """`a, noise, b = helper(...)`: the element of the tuple the module's own `helper` returns."""
         function = self.function_of(node)
-        for statement in ast.walk(function if function is not None else self.tree):
+        for statement in self._unpacking.get(id(function) if function is not None else 0, ()):
             if not (
-                isinstance(statement, ast.Assign)
-                and statement.lineno <= node.lineno
-                and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Tuple)
+                statement.lineno <= node.lineno
                 and isinstance(statement.value, ast.Call)
                 and isinstance(statement.value.func, ast.Name)
             ):
@@ -320,59 +506,86 @@ class ModuleReader:
         key = (id(function), name)
         if key in _RESOLVING:
             return None  # a call inside the function's own branches: no value from the function itself
+        if ("passed", key) in self.memo:
+            return self.memo["passed", key]
+        given = self._component_argument(function, name)
+        if given is not None:
+            return given
         _RESOLVING.add(key)
         try:
-            return self._passed_by_callers(function, name, depth)
+            found = self._passed_by_callers(function, name, depth)
         finally:
             _RESOLVING.discard(key)
+        self.memo["passed", key] = found
+        return found
+
+    def _component_argument(self, function, name: str) -> Found | None:
+        """A constructor argument a job config gives the class (an NVFlare executor's `args`)."""
+        owner = self._parents.get(function)
+        if function.name != "__init__" or not isinstance(owner, ast.ClassDef):
+            return None
+        return self.component_args.get(owner.name, {}).get(name)
 
     def _passed_by_callers(self, function, name: str, depth: int) -> Found | None:
+        given = self.caller_arguments(function, name, with_defaults=True)
+        if given is None:
+            return None
+        default = _parameter_default(function, name)
+        values = [
+            reader.value(expression, depth + 1) if expression is not None else self.value(default, depth + 1)
+            for reader, expression in given
+        ]
+        if not values and default is not None:  # never called where rankaudit sees it: the default
+            return self.value(default, depth + 1)
+        if values and all(values) and len({repr(v.value) for v in values}) == 1:
+            return values[0]
+        return None
+
+    def caller_arguments(
+        self, function, name: str, with_defaults: bool = False
+    ) -> list[tuple[ModuleReader, ast.AST | None]] | None:
+        """What each call of `function` in code that runs passes for parameter `name`, with the reader of the
+        call's file; None where a call passes it by `*args`/`**kwargs` or leaves it to the default (with
+        `with_defaults`, such a call's expression is None)."""
         positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
-        values = []
+        owner = self._parents.get(function)
+        method = isinstance(owner, ast.ClassDef) and not any(
+            ast.unparse(decorator) == "staticmethod" for decorator in function.decorator_list
+        )
+        # A method is called through its object (self.train(x)), a constructor through its class (Client(x)):
+        # neither call passes `self`.
+        if method:
+            positional = positional[1:]
+        called = owner.name if method and function.name == "__init__" else function.name
+        found = []
         for reader in self.peers:
-            for call in reader.calls():
-                if call_name(call) != function.name or reader.branch(call) is False or reader.decorates(call):
+            for call in reader.calls_named(called):
+                if reader.branch(call) is False or reader.decorates(call):
                     continue
                 if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
                     return None
                 given = next((k.value for k in call.keywords if k.arg == name), None)
                 if given is None and name in positional and positional.index(name) < len(call.args):
                     given = call.args[positional.index(name)]
-                if given is None:
+                if given is None and not with_defaults:
                     return None  # a call that leaves it to the default
-                values.append(reader.value(given, depth + 1))
-        if values and all(values) and len({repr(v.value) for v in values}) == 1:
-            return values[0]
-        return None
+                found.append((reader, given))
+        return found
 
     def _assignment(self, node: ast.Name) -> ast.Assign | ast.AnnAssign | None:
-        """The last plain assignment of `node`'s name above it, in its function, else at module level (a
-        function parameter of that name stops the search: its value is the caller's)."""
+        """The last plain assignment of `node`'s name above it, in its function (then the functions around it),
+        else at module level (a function parameter of that name stops the search: its value is the caller's)."""
         function = self.function_of(node)
-        scopes = [function, self.tree] if function is not None else [self.tree]
-        for scope in scopes:
-            assigned = None
-            for statement in ast.walk(scope):
-                if scope is self.tree and self.function_of(statement) is not None:
-                    continue
-                targets = (
-                    statement.targets
-                    if isinstance(statement, ast.Assign)
-                    else [statement.target]
-                    if isinstance(statement, ast.AnnAssign) and statement.value
-                    else []
-                )
-                if (
-                    any(isinstance(t, ast.Name) and t.id == node.id for t in targets)
-                    and statement.lineno <= node.lineno
-                    and (assigned is None or statement.lineno > assigned.lineno)
-                ):
-                    assigned = statement
-            if assigned is not None:
-                return assigned
-            if scope is function and any(arg.arg == node.id for arg in _all_arguments(function)):
+        while True:
+            scope = id(function) if function is not None else 0
+            above = [s for s in self._assigned.get((scope, node.id), ()) if s.lineno <= node.lineno]
+            if above:
+                return max(above, key=lambda statement: statement.lineno)
+            if function is None:
                 return None
-        return None
+            if any(arg.arg == node.id for arg in _all_arguments(function)):
+                return None
+            function = self.function_of(function)
 
     def argument(self, call: ast.Call, name: str) -> ast.AST | None:
         """The expression passed for parameter `name`, by keyword or by position (per POSITIONAL)."""
@@ -390,10 +603,10 @@ class ModuleReader:
         return Found(key, found.value, found.source, found.line) if found else None
 
     def calls(self) -> list[ast.Call]:
-        return [node for node in ast.walk(self.tree) if isinstance(node, ast.Call)]
+        return self._calls
 
     def names(self) -> list[ast.Name | ast.Attribute]:
-        return [node for node in ast.walk(self.tree) if isinstance(node, (ast.Name, ast.Attribute))]
+        return self._names
 
     def assigned_to(self, call: ast.Call) -> str:
         """The names a call's result is bound to (`trainloader = DataLoader(...)`), lower-cased, for telling a

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rankaudit.deploy.code_reader import ModuleReader
 from rankaudit.deploy.found import Found, call_name
+from rankaudit.deploy.syntax import syntax_of
 
 # ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
 
@@ -44,16 +45,28 @@ class Instantiation:
         return Instantiation(self.name, {**named, **self.arguments}, self.source)
 
 
-def instantiated(files: list[Path], names: list[str], root: Path, config=None) -> list[Instantiation]:
-    """The calls of model classes or factories (`names`) in `files`, one per name, in branches that run."""
+def instantiated(
+    files: list[Path], names: list[str], root: Path, config=None, *, entries: list[Path] | None = None, whole=True
+) -> list[Instantiation]:
+    """The calls of model classes or factories (`names`) in `files`, one per name, in code that runs: what the
+    `entries` (else the modules that start a Flower client or server) reach, or every file with `whole`."""
+    from rankaudit.deploy import reach
+
     found: dict[str, Instantiation] = {}
     wanted = set(names)
+    readers = []
     for path in files:
         try:
-            reader = ModuleReader(path, root, config or {})
+            readers.append(ModuleReader(path, root, config or {}))
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
-        defined = {node.name for node in ast.walk(reader.tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    modules = reach.ModuleIndex(readers)
+    for reader in readers:
+        reader.peers, reader.module_of = readers, modules.module
+    if not whole:
+        reach.mark_live(readers, entries, modules)
+    for reader in readers:
+        defined = set(reader.definitions_by_name()) | set(reader.methods)
         for call in reader.calls():
             name = call_name(call)
             if name not in wanted or name in found or reader.branch(call) is False:
@@ -163,7 +176,7 @@ def model_builders(tree: ast.Module) -> set[str]:
 
 def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None]]:
     """Files of the app a module imports: (file, the names imported from it, or None for the whole module)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    syntax = syntax_of(path)
     package = path.resolve().parent.relative_to(root).parts if path.resolve().is_relative_to(root) else ()
     found: list[tuple[Path, set[str] | None]] = []
 
@@ -173,7 +186,7 @@ def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None
                 return candidate
         return None
 
-    for node in ast.walk(tree):
+    for node in syntax.import_nodes:
         if isinstance(node, ast.ImportFrom):
             base = list(package[: len(package) - node.level + 1]) if node.level else []
             dotted = base + (node.module.split(".") if node.module else [])

@@ -69,6 +69,7 @@ class NVFlareJob:
     root: Path
     found: list[Found] = field(default_factory=list)  # server-rounds, min-clients, available-clients
     scripts: dict[Path, dict[str, Found]] = field(default_factory=dict)  # training script -> options passed
+    components: dict[str, dict[str, Found]] = field(default_factory=dict)  # class -> its `args` in a client config
     model: tuple[str, dict[str, Found], str] | None = None  # (class or dotted class path, arguments, source)
     notes: list[str] = field(default_factory=list)
 
@@ -123,16 +124,47 @@ def config_files(directory: Path, stem: str) -> list[Path]:
     )
 
 
-def load_config(path: Path) -> dict | None:
-    """A job config, JSON (json) or HOCON (pyhocon, NVFlare's own reader), with its `{name}` placeholders filled
-    from its own top-level values."""
+def _raw_config(path: Path) -> dict | None:
+    """A job config, JSON (json) or HOCON (pyhocon, NVFlare's own reader), as written (its `{name}` placeholders
+    unfilled)."""
     try:
         config = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else _hocon(path)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    if not isinstance(config, dict):
+    return config if isinstance(config, dict) else None
+
+
+def _variables(config: dict) -> dict:
+    """A config's top-level values that its `{name}` placeholders name."""
+    return {key: value for key, value in config.items() if isinstance(value, (str, int, float))}
+
+
+def component_arguments(config: dict, relative: str) -> dict[str, dict[str, Found]]:
+    """Each component's class (the last part of its `path`) -> the constructor arguments its `args` give, with a
+    `{name}` placeholder read from the config's own `name` (`"epochs": "{local_rounds}"` with `local_rounds: 1`)."""
+    variables = _variables(config)
+    found: dict[str, dict[str, Found]] = {}
+    for component in _filters(config):
+        arguments = component.get("args")
+        cls = str(component.get("path") or component.get("name") or "").rsplit(".", 1)[-1]
+        if not isinstance(arguments, dict) or not cls:
+            continue
+        read = found.setdefault(cls, {})
+        for key, value in arguments.items():
+            if isinstance(value, str) and value.startswith("{") and value.endswith("}") and value[1:-1] in variables:
+                name = value[1:-1]
+                read[key] = Found(key, variables[name], f"{relative} {name} (passed as {cls}'s {key})")
+            elif isinstance(value, (bool, int, float, str)):
+                read[key] = Found(key, value, f"{relative} {cls} args {key}")
+    return found
+
+
+def load_config(path: Path) -> dict | None:
+    """A job config, JSON or HOCON, with its `{name}` placeholders filled from its own top-level values."""
+    config = _raw_config(path)
+    if config is None:
         return None
-    variables = {key: value for key, value in config.items() if isinstance(value, (str, int, float))}
+    variables = _variables(config)
 
     def fill(node):
         if isinstance(node, dict):
@@ -173,6 +205,8 @@ def read_job(directory: Path) -> NVFlareJob:
     for path in config_files(directory, "config_fed_client"):
         config = load_config(path)
         relative = path.relative_to(directory).as_posix()
+        for cls, arguments in component_arguments(_raw_config(path) or {}, relative).items():
+            job.components.setdefault(cls, {}).update(arguments)
         for component in _filters(config or {}):
             arguments = component.get("args") or {}
             script = arguments.get("task_script_path") or arguments.get("script")
@@ -208,6 +242,36 @@ def _locate(directory: Path, config: Path, script: str) -> Path | None:
             return (base / name).resolve()
     matches = sorted(directory.rglob(name.name))
     return matches[0].resolve() if len(matches) == 1 else None
+
+
+def _script_path(reader, node, job_file: Path) -> str | None:
+    """The training script a job names: a string, or a path built from the job file's own place
+    (`os.path.join(os.path.dirname(__file__), "src", "client.py")`, `Path(__file__).parent / "client.py"`)."""
+    import ast
+
+    from rankaudit.deploy.found import call_name
+
+    if node is None:
+        return None
+    node = reader.expression(node)
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return str(job_file.resolve())
+    if isinstance(node, ast.Call) and call_name(node) in ("dirname", "abspath", "realpath", "Path", "str"):
+        inner = _script_path(reader, node.args[0], job_file) if len(node.args) == 1 else None
+        if inner is None:
+            return None
+        return str(Path(inner).parent) if call_name(node) == "dirname" else inner
+    if isinstance(node, ast.Call) and call_name(node) == "join" and node.args:
+        parts = [_script_path(reader, part, job_file) for part in node.args]
+        return str(Path(*parts)) if all(part is not None for part in parts) else None
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _script_path(reader, node.value, job_file)
+        return str(Path(inner).parent) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        left, right = _script_path(reader, node.left, job_file), _script_path(reader, node.right, job_file)
+        return str(Path(left) / right) if left is not None and right is not None else None
+    found = reader.value(node)
+    return found.value if found is not None and isinstance(found.value, str) else None
 
 
 def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
@@ -246,9 +310,9 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
                 kind = "available-clients" if name in ("SimEnv", "PocEnv", "ProdEnv") else "min-clients"
                 job.found.append(Found(kind, value.value, value.source))
         script_keyword, args_keyword = ("train_script", "train_args") if recipe else ("script", "script_args")
-        script = reader.value(reader.argument(call, script_keyword))
-        if script is not None and isinstance(script.value, str):
-            target = _locate(directory, path, script.value)
+        script = _script_path(reader, reader.argument(call, script_keyword), path)
+        if script is not None:
+            target = _locate(directory, path, script)
             words = tokens(reader, reader.argument(call, args_keyword))
             if target is not None:
                 job.scripts[target] = passed_options(words or [], args_keyword) if words is not None else {}
@@ -257,6 +321,7 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
                         f"{args_keyword} at {reader.where(call)} is not a string rankaudit can read; the script's "
                         "own argparse defaults are used"
                     )
+        # `model=` in the Recipe API, `initial_model=` in the examples written for its first releases.
         model = (
             (reader.argument(call, "model") or reader.argument(call, "initial_model"))
             if recipe or _is_job(name)

@@ -47,6 +47,9 @@ def argparse_defaults(reader) -> dict[str, Found]:
     return found
 
 
+RUN_TIME = "\x00run-time\x00"  # a word whose value the job computes when it runs
+
+
 def _typed(text: str) -> object:
     for kind in (int, float):
         try:
@@ -57,8 +60,9 @@ def _typed(text: str) -> object:
 
 
 def tokens(reader, node: ast.AST | None) -> list[tuple[str, str]] | None:
-    """The words of a script-arguments expression with where each was read: a string literal, an f-string whose
-    parts resolve, or a name assigned one; None where it is not static."""
+    """The words of a script-arguments expression with where each was read: a string literal, an f-string, or a
+    name assigned one; None where it is not static. A part of an f-string known only at run time (a data path the
+    job computes) is the word RUN_TIME, so the words around it are still read."""
     if node is None:
         return None
     node = reader.expression(node)
@@ -70,9 +74,7 @@ def tokens(reader, node: ast.AST | None) -> list[tuple[str, str]] | None:
         for part in node.values:
             if isinstance(part, ast.FormattedValue):
                 value = reader.value(part.value)
-                if value is None:
-                    return None
-                text, source = str(value.value), value.source
+                text, source = (RUN_TIME, reader.where(part)) if value is None else (str(value.value), value.source)
                 pieces = text.split() or [""]
             elif isinstance(part, ast.Constant):
                 text, source = str(part.value), reader.where(part)
@@ -105,6 +107,10 @@ def passed_options(words: list[tuple[str, str]], where: str) -> dict[str, Found]
         else:
             flag, text = word, None
         name = option_name(flag)
+        if text is not None and RUN_TIME in text:
+            # Passed, with a value the job computes when it runs: not the script's default, and not read.
+            options[name] = Found(name, None, f"{source} ({where} {flag}, a value known only at run time)", 0)
+            continue
         value = True if text is None else _typed(text)
         options[name] = Found(name, value, f"{source} ({where} {flag} {text if text is not None else ''})".rstrip(), 0)
     return options

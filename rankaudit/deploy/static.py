@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from rankaudit.deploy import reach
 from rankaudit.deploy.code_reader import FLOWER_ADAPTIVE, FLOWER_FIXED, POSITIONAL, ModuleReader, is_number
 from rankaudit.deploy.found import Found, Mechanism, call_name
 
@@ -18,9 +19,16 @@ def read_code(
     root: Path,
     config: dict[str, tuple[object, str]],
     script_args: dict[Path, dict[str, Found]] | None = None,
+    *,
+    entries: list[Path] | None = None,
+    component_args: dict[str, dict[str, Found]] | None = None,
+    whole: bool = False,
 ) -> tuple[list[Found], list[Mechanism]]:
-    """Every setting found in `files` (first find of a key wins, training loaders before others) and every
-    privacy mechanism, in file order; a training script reads the options its job passes it (`script_args`)."""
+    """Every setting found in the code of `files` that the app runs (first find of a key wins, training loaders
+    before others) and every privacy mechanism, in file order; a training script reads the options its job
+    passes it (`script_args`), a class the constructor arguments a job config gives it (`component_args`). What
+    runs: what the client and server app modules (`entries`; else the modules that start a Flower client or
+    server) reach; with `whole`, every file runs (an NVFlare job's scripts)."""
     found: list[Found] = []
     mechanisms: list[Mechanism] = []
     script_args = script_args or {}
@@ -30,8 +38,13 @@ def read_code(
             readers.append(ModuleReader(path, root, config, script_args.get(path.resolve())))
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue  # a file that does not parse is the loader's business, not the deployment reader's
+    modules = reach.ModuleIndex(readers)
+    memo: dict = {}
     for reader in readers:
-        reader.peers = readers
+        reader.peers, reader.memo, reader.module_of = readers, memo, modules.module
+        reader.component_args = component_args or {}
+    if not whole:
+        reach.mark_live(readers, entries, modules)
     single_passes: list[Found] = []
     for reader in readers:
         found += _loaders(reader) + _optimizers(reader) + _epochs(reader) + _rounds(reader)
@@ -45,7 +58,7 @@ def _loaders(reader: ModuleReader) -> list[Found]:
     (one with shuffle=True first)."""
     ranked = []
     for call in reader.calls():
-        if call_name(call) != "DataLoader":
+        if call_name(call) != "DataLoader" or reader.branch(call) is False:
             continue
         bound = reader.assigned_to(call)
         if any(word in bound for word in _EVALUATION_WORDS):
@@ -85,6 +98,10 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
             found.append(Found("lr", 1e-3, f"{name}'s default lr at {reader.where(call)}", call.lineno))
         if momentum is not None and is_number(momentum.value):
             found.append(momentum)
+        elif kind == "sgd" and reader.argument(call, "momentum") is not None:
+            # Set by the app, but not to anything read: named, never taken as plain SGD in silence.
+            text = ast.unparse(reader.argument(call, "momentum"))
+            found.append(Found("momentum-unread", f"`{text}` at {reader.where(call)}", reader.where(call), call.lineno))
     return found
 
 
@@ -92,15 +109,16 @@ def _epochs(reader: ModuleReader) -> list[Found]:
     """Local epochs: `for _ in range(E)` around a loop over the data in a train function, or a literal
     `epochs=E` / `local_epochs=E` passed to a call."""
     found = []
-    for node in ast.walk(reader.tree):
+    for node in reader.loops:
         if (
-            isinstance(node, ast.For)
-            and isinstance(node.iter, ast.Call)
+            isinstance(node.iter, ast.Call)
             and call_name(node.iter) == "range"
             and len(node.iter.args) == 1
             and any(isinstance(inner, ast.For) for stmt in node.body for inner in ast.walk(stmt))
         ):
             function = reader.function_of(node)
+            if reader.branch(node) is False:
+                continue
             steps = any(
                 isinstance(inner, ast.Call) and call_name(inner) in ("step", "backward") for inner in ast.walk(node)
             )
@@ -112,6 +130,10 @@ def _epochs(reader: ModuleReader) -> list[Found]:
     for call in reader.calls():
         if call_name(call) in ("make_private_with_epsilon",):
             continue  # its `epochs` is the accountant's horizon, read with the mechanism
+        if not any(keyword.arg in ("epochs", "local_epochs", "num_epochs") for keyword in call.keywords):
+            continue
+        if reader.branch(call) is False:
+            continue
         for keyword in call.keywords:
             if keyword.arg in ("epochs", "local_epochs", "num_epochs"):
                 count = reader.value(keyword.value)
@@ -169,6 +191,9 @@ def _rounds(reader: ModuleReader) -> list[Found]:
     found = []
     for call in reader.calls():
         name = call_name(call)
+        relevant = name in _ROUND_CALLS or any(keyword.arg in _SAMPLING_KEYWORDS for keyword in call.keywords)
+        if not relevant or reader.branch(call) is False:
+            continue
         if name in ("ServerConfig", "start", "start_simulation", "start_server"):
             rounds = reader.resolved(call, "num_rounds", "server-rounds")
             if rounds is not None and isinstance(rounds.value, int):
@@ -189,6 +214,10 @@ def _rounds(reader: ModuleReader) -> list[Found]:
             if value is not None and is_number(value.value):
                 found.append(value)
     return found
+
+
+_ROUND_CALLS = ("ServerConfig", "start", "start_simulation", "start_server", "ConfigRecord")
+_SAMPLING_KEYWORDS = ("fraction_fit", "fraction_train", "min_fit_clients", "min_train_nodes")
 
 
 # Keys of the config the server sends each round (ConfigRecord({"lr": 0.1})) that the client's training reads.
@@ -231,9 +260,10 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
     mechanisms = []
     for call in reader.calls():
         name = call_name(call)
+        relevant = name in _MECHANISM_CALLS or (_privacy_wrapper(name) and name not in _KNOWN_NAMES)
+        if not relevant or reader.branch(call) is False:
+            continue  # code the app does not run, or a branch the configuration read does not take
         where = reader.where(call)
-        if reader.branch(call) is False:
-            continue  # a branch the configuration read does not take
         if name == "PrivacyEngine" and reader.argument(call, "noise_multiplier") is not None:
             # Opacus before 1.0: PrivacyEngine(model, sample_rate=..., noise_multiplier=..., max_grad_norm=...)
             arguments = {key: reader.resolved(call, key, key) for key in _OPACUS_ARGUMENTS["make_private"]}
@@ -258,7 +288,9 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
         elif name == "SecAggPlusWorkflow" or name == "SecAggWorkflow":
             mechanisms.append(Mechanism("secagg", name, {}, where))
         elif _privacy_wrapper(name) and name not in _KNOWN_NAMES:
-            noise_by = "client" if name.endswith("Mod") or name.endswith("_mod") else "server"
+            if _holds_mechanism(reader, name):
+                continue  # the app's own client class (DPCifarClient) around a mechanism read on its own
+            noise_by = "client" if name.endswith("Mod") or name.endswith("_mod") or _a_client(name) else "server"
             if "ServerSide" in name or "ClientSide" in name or "Strategy" in name:
                 noise_by = "server"
             mechanisms.append(Mechanism("unaccounted", name, {"noise_by": Found("noise-by", noise_by, where)}, where))
@@ -396,6 +428,35 @@ def _fl4health_dp(reader: ModuleReader) -> list[Mechanism]:
         arguments["poisson_sampling"] = Found("poisson_sampling", True, f"{base} (Opacus with Poisson sampling)")
         found.append(Mechanism("opacus", f"{base} (FL4Health)", arguments, reader.where(node)))
     return found
+
+
+_MECHANISM_CALLS = (
+    "PrivacyEngine",
+    *FLOWER_FIXED,
+    *FLOWER_ADAPTIVE,
+    "LocalDpMod",
+    "make_private",
+    "make_private_with_epsilon",
+    "SecAggPlusWorkflow",
+    "SecAggWorkflow",
+    "ExcludeVars",
+)
+
+
+def _a_client(name: str) -> bool:
+    """A client class (DPCifarClient, DpClient): whatever noise it adds, it adds on the client."""
+    return name.endswith("Client") and "ClientSide" not in name
+
+
+def _holds_mechanism(reader: ModuleReader, name: str) -> bool:
+    """Whether `name` is a class of the app whose own code sets up a mechanism rankaudit reads (Opacus' engine)."""
+    for peer in reader.peers:
+        for definition in peer.definitions(name, top_level=True):
+            if isinstance(definition, ast.ClassDef) and any(
+                isinstance(node, ast.Call) and call_name(node) in _MECHANISM_CALLS for node in ast.walk(definition)
+            ):
+                return True
+    return False
 
 
 _KNOWN_NAMES = {

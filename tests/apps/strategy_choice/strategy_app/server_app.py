@@ -1,0 +1,15 @@
+"""The strategy app's ServerApp (imports flwr; rankaudit never runs it)."""
+
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.strategy import FedAdam, FedAvg
+
+
+def server_fn(context):
+    if context.run_config["strategy"] == "fedadam":
+        strategy = FedAdam(fraction_fit=0.5, min_fit_clients=2)
+    else:
+        strategy = FedAvg(fraction_fit=0.5, min_fit_clients=2)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=context.run_config["num-server-rounds"]))
+
+
+app = ServerApp(server_fn=server_fn)
