@@ -12,8 +12,8 @@ from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
 from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
-from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.deploy.syntax import syntax_of
+from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
