@@ -255,7 +255,8 @@ def check(
     model file, else from the defaults. APP_DIR (a Flower app, an NVFlare job): the model, the round and its DP are
     read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
-    from rankaudit.audit import as_layers, audit
+    # torch loads with rankaudit.audit: only once the arguments, files and settings of a model have been checked, so
+    # that a mistyped path or a bad setting is answered in a second.
     from rankaudit.deploy.app import deployment_for, deployment_read
     from rankaudit.model import standins
     from rankaudit.settings.run import CONFIGURABLE, model_settings
@@ -301,6 +302,8 @@ def check(
             supervise.set_config_timeout(chosen.timeout)
             supervise.set_config_memory_limit(chosen.memory_limit)
             standins.set_configured(chosen.stand_ins)
+            from rankaudit.audit import as_layers, audit
+
             result = audit(
                 spec,
                 input_shape=chosen.input_shape,
@@ -408,8 +411,6 @@ def suggest_command(
     at which each sample is protected (N and C never are; the round as a whole is reported beside).
     """
     from rankaudit.bound.dp import noise_search
-    from rankaudit.design.suggest import suggest
-    from rankaudit.report import design
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources, dp_values
@@ -447,6 +448,9 @@ def suggest_command(
         data=data,
         exposed_below=exposed_below,
     )
+    from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
+    from rankaudit.report import design
+
     report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
@@ -494,8 +498,6 @@ def compare_command(
     Each model's settings come from the command line, else from [tool.rankaudit] in the nearest pyproject.toml above
     its file (as `check` reads them), else from the defaults.
     """
-    from rankaudit.audit import audit
-    from rankaudit.report import design
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
 
@@ -508,9 +510,14 @@ def compare_command(
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
     }
+    # Both files and both settings are checked before torch loads (with rankaudit.audit).
+    settings_of = {spec: load_settings(split_model_spec(spec)[0]) for spec in (first, second)}
+    from rankaudit.audit import audit
+    from rankaudit.report import design
+
     results = []
     for spec in (first, second):
-        settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
+        settings = settings_of[spec]  # a malformed pyproject is a one-line exit 2
         supervise.set_config_timeout(settings.timeout)
         supervise.set_config_memory_limit(settings.memory_limit)
         chosen = {
