@@ -262,10 +262,7 @@ def test_max_reconstruction_sets_the_exit_code(run_cli, ceiling, code):
 def test_the_quiet_line_carries_the_dp_sentence(run_cli):
     code, out, _ = run_cli(EXAMPLES / "fig2_a.py", "-q", "--dp-noise", "4", "--fail-on", "never")
     assert code == 0 and out.count("\n") == 1
-    assert out.rstrip().endswith(
-        "DP-SGD: ε 0.926 at δ 1e-05; any reconstruction succeeds with probability at most "
-        "0.0189 when its prior baseline is 0.01."
-    )
+    assert out.rstrip().endswith("; DP: reconstruction <= 0.0189 at prior 0.01; exit 0: pass")
 
 
 def test_without_dp_options_nothing_changes(run_cli):
