@@ -420,3 +420,42 @@ def test_the_charts_on_the_pages_are_what_the_report_draws_now():
     stale = [name for name, text in drawn.items() if (DOCS / "img" / name).read_text(encoding="utf-8") != text]
     assert stale == [], "run `python docs/pictures.py --no-attack` and commit docs/img"
     assert 'class="cut"' in drawn["fig2_e-graph.svg"] and "∇conv2" in drawn["fig2_e-graph.svg"]
+
+
+# ---- every pasted line works from a clone of this repository -----------------------------------------------------
+
+_NAMED_REF = re.compile(
+    r"rankaudit/rankaudit(?:\.git)?(?:@|/blob/|/tree/|/releases/tag/)([^\s\"'`)#/]+)|^\s*rev:\s*['\"]?(v?\d[^\s'\"]*)",
+    re.M,
+)
+
+
+def test_no_page_or_message_names_a_tag_the_repository_does_not_have():
+    """Install lines, CI and pre-commit snippets, SARIF links and the error hints name only refs that exist: the
+    default branch, or a tag `git tag` lists."""
+    tags = set(subprocess.run(["git", "tag"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    sources = [README, ROOT / ".pre-commit-hooks.yaml", *_pages(), *sorted((ROOT / "rankaudit").rglob("*.py"))]
+    named = [
+        f"{_shown(source)}: {ref}"
+        for source in sources
+        for match in _NAMED_REF.finditer(source.read_text(encoding="utf-8"))
+        for ref in filter(None, match.groups())
+        if ref not in tags | {"main"}
+    ]
+    assert named == []
+    code = [_shown(path) for path in (ROOT / "rankaudit").rglob("*.py") if "@v{" in path.read_text(encoding="utf-8")]
+    assert code == []
+
+
+@pytest.mark.parametrize("extra", ["dp", "verify", "bench"])
+def test_the_missing_extra_hint_names_the_extras_packages(extra):
+    """The hint works in whatever environment rankaudit runs in (a clone, a pre-commit hook): pip with the
+    extra's packages as pyproject.toml lists them, no ref of the repository."""
+    import tomllib
+
+    from rankaudit import install_hint
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    hint = install_hint(extra)
+    assert "@" not in hint
+    assert hint == "pip install " + " ".join(f'"{package}"' for package in listed) or hint.startswith("pip install -e")
