@@ -459,3 +459,18 @@ def test_the_missing_extra_hint_names_the_extras_packages(extra):
     hint = install_hint(extra)
     assert "@" not in hint
     assert hint == "pip install " + " ".join(f'"{package}"' for package in listed) or hint.startswith("pip install -e")
+
+
+def test_every_picture_of_an_input_on_a_page_is_at_least_128_pixels_wide():
+    """A 32 px input shown at 32 px is unreadable: the pages' PNGs are enlarged by whole pixels (no smoothing)."""
+    import struct
+
+    narrow = []
+    for page in [README, *_pages()]:
+        for target in _IMAGE.findall(_without_code(page.read_text(encoding="utf-8"))):
+            if target.endswith(".png"):
+                data = (page.parent / target).read_bytes()
+                width = struct.unpack(">I", data[16:20])[0]
+                if width < 128:
+                    narrow.append(f"{_shown(page)}: {target} is {width} px wide")
+    assert narrow == []
