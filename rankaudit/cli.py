@@ -72,8 +72,6 @@ def cli():
 
     \b
     rankaudit MODEL.py[:NAME] [options]     same as `rankaudit check ...`
-    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded, traced or verified (or it
-    ended the process, or overran --timeout), 130 interrupted.
     """
 
 
