@@ -157,8 +157,13 @@ _PROTECTED = (
     "    def forward(self, x):\n        return self.fc(self.pool(x).flatten(1))\n"
 )
 
-# What-now's fix for an image model: the client's DP-SGD settings in pyproject.toml (docs/dp.md, docs/ci.md).
-_CLIENT_DP = "[tool.rankaudit.dp]\nnoise = 1.0\nsample-rate = 0.01\nsteps = 1000\nmax-reconstruction = 0.05\n"
+
+def documented_dp_fix() -> str:
+    """What-now's fix for an image model, as the page gives it: the client's DP settings in pyproject.toml."""
+    import re
+
+    page = (REPO / "docs" / "what-now.md").read_text(encoding="utf-8")
+    return next(b for b in re.findall(r"^```toml\n(.*?)^```", page, re.S | re.M) if "[tool.rankaudit.dp]" in b)
 
 
 def test_the_documented_hook_blocks_an_exposed_model_and_the_documented_fix_passes_it(tmp_path):
@@ -192,7 +197,7 @@ def test_the_documented_hook_blocks_an_exposed_model_and_the_documented_fix_pass
     assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land
 
     _git(project, "reset", "--quiet", "hf_model.py", env=env)
-    (project / "pyproject.toml").write_text(_CLIENT_DP)
+    (project / "pyproject.toml").write_text(documented_dp_fix())
     _git(project, "add", "pyproject.toml", env=env)
     fixed = _git(project, "commit", "-m", "client DP", check=False, env=env)
     output = fixed.stdout + fixed.stderr
