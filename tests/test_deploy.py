@@ -309,7 +309,8 @@ def test_precommit_manifest_declares_the_app_hook():
 
 def test_flowers_own_run_config_parser_agrees():
     config = pytest.importorskip(
-        "flwr.common.config", reason="flwr is not a test extra (it pins its own dependencies); CI installs flwr 1.41"
+        "flwr.common.config",
+        reason="needs Flower (flwr), not installed: not a test extra, it pins its own dependencies (pip install 'flwr==1.41.*', as CI does)",
     )
     text = 'local-epochs=3 lr=0.05 fast=true name="a b" nested.key=2'
     assert parse_run_config(text) == config.parse_config_args([text])

@@ -131,7 +131,7 @@ def test_link_checker_finds_a_broken_anchor_and_a_missing_file(tmp_path):
 
 
 def test_every_page_is_in_the_navigation():
-    yaml = pytest.importorskip("yaml")
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML, not installed (pip install -e '.[test]')")
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
 
     def entries(nav):

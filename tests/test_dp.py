@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("dp_accounting")
+pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
 from conftest import EXAMPLES
 from scipy.stats import norm
 

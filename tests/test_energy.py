@@ -13,7 +13,7 @@ from rankaudit.bound.energy import PHOTO_SPECTRUM, WHITE, data_reference, hidden
 from rankaudit.settings.levels import energy_level
 from rankaudit.settings.round import DPSettings, Round
 
-pytest.importorskip("sklearn")
+pytest.importorskip("sklearn", reason="needs scikit-learn, not installed (pip install -e '.[verify]')")
 from rankaudit.bound.images import load_images  # noqa: E402  (needs scikit-learn for the default crops)
 
 

@@ -254,7 +254,7 @@ def test_html_quiet_keeps_the_page_whole_and_the_verdict_on_stderr(run_cli):
 
 
 def test_dager_on_a_raising_or_frozen_token_model(run_cli):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
     code, _, err = run_cli(HOSTILE / "v_raise_gpt2.py", "--verify", "dager", "--fail-on", "never")
     line = _one_error_line(err)
     assert code == 3 and "RuntimeError: batch 2 is cursed" in line and "v_raise_gpt2.py:20" in line
