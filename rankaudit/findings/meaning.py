@@ -33,6 +33,14 @@ def energy_percent(share: float) -> str:
     return "less than 0.01 %" if 0 < share < 1e-4 else percent(share)
 
 
+def visible_percent(hidden: float) -> str:
+    """The share of the energy the visible directions may hold, given the share certified hidden: "all" with
+    nothing hidden, "more than 99.99 %" where the exact figure would need more digits than a reader can use."""
+    if hidden <= 0:
+        return "all"
+    return "more than 99.99 %" if hidden < 1e-4 else f"up to {percent(1 - hidden)}"
+
+
 def hidden_estimate_sentence(bound: Identifiability) -> str:
     """What the batch or round line hides of the energy: the certificate (spec §15) where one was computed, else
     spec §11's estimate, pointing to the measurement."""

@@ -3,6 +3,7 @@ the count of input directions (inline SVG)."""
 
 from __future__ import annotations
 
+from rankaudit.findings.meaning import energy_percent, visible_percent
 from rankaudit.report.svg import GRID, INK, WARN, _f, _svg_open, fmt_int, x
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
@@ -56,7 +57,11 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             width,
             row * rows,
             f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns"
-            + (f"; {percent(hidden)} of a typical sample's energy certified hidden" if hidden is not None else ""),
+            + (
+                f"; {energy_percent(hidden)} of a typical sample's energy certified hidden"
+                if hidden is not None
+                else ""
+            ),
             "bound",
             280,
             grow=2.0,
@@ -71,10 +76,10 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             "Energy of a typical sample (what the verdict reads)",
             1 - hidden,
             (
-                f"up to {percent(1 - hidden)} of its energy can be visible to a server that picks the weights",
-                f"at least {percent(hidden)} of its energy stays hidden from any weights",
+                f"{visible_percent(hidden)} of its energy can be visible to a server that picks the weights",
+                f"{energy_percent(hidden)} of its energy is certified hidden from any weights",
             ),
-            (f"visible: up to {percent(1 - hidden)}", f"certified hidden: {percent(hidden)}"),
+            (f"visible: {visible_percent(hidden)}", f"certified hidden: {energy_percent(hidden)}"),
         )
         top += row
     _share_bar(

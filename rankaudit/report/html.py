@@ -434,14 +434,14 @@ def _headline(result: Result, verdict: str) -> str:
     """The verdict card's heading: the verdict's own reason, what the directions a server can see show of a typical
     sample's energy (the certificate the level reads); without one, the direction count the level then reads. A
     round that is not FedSGD is judged on its update, and beyond one sample the verdict is each sample's."""
-    from rankaudit.findings.meaning import energy_percent, per_sample_view
+    from rankaudit.findings.meaning import energy_percent, per_sample_view, visible_percent
 
     bound = result.identifiability
     sample = bound.sample if bound is not None else None
     sent = "the round's update" if result.round is not None and not result.round.fedsgd else "a shared gradient"
     if sample is not None and sample.certified_hidden_energy is not None and verdict in HEADLINES:
         hidden = sample.certified_hidden_energy
-        shown = f"up to {percent(1 - hidden)}" if hidden > 0 else "all"
+        shown = visible_percent(hidden)
         kept = "nothing" if hidden <= 0 else energy_percent(hidden)
         if verdict == "protected":
             return (
