@@ -55,12 +55,13 @@ def quiet_line(result) -> str:
     """--quiet's one short line per model: the verdict, the share of a typical sample certified hidden (what the
     verdict reads), DP's bound where DP options were given, and the exit code with its reason. The full output
     has the sentences behind each."""
-    from rankaudit.findings.meaning import energy_percent
+    from rankaudit.findings.meaning import energy_percent, per_sample_view
     from rankaudit.findings.policy import short_reason
 
     bound = result.identifiability
     sample = bound.sample if bound is not None else None
-    parts = [f"{result.model}: {result.verdict}"]
+    each = " (each sample)" if sample is not None and per_sample_view(result) else ""
+    parts = [f"{result.model}: {result.verdict}{each}"]
     if sample is not None and sample.certified_hidden_energy is not None:
         parts.append(
             f", {energy_percent(sample.certified_hidden_energy)} of a typical sample's energy certified hidden"
