@@ -41,7 +41,7 @@ def _command_markdown(command: click.Command, path: list[str], level: int) -> li
     if arguments:
         lines += ["Arguments: " + ", ".join(f"`{a.make_metavar(ctx)}`" for a in arguments), ""]
     if options:
-        from rankaudit.settings.help import GROUPS, UNGROUPED, examples_text, group_of
+        from rankaudit.settings.help import EXIT_CODES, GROUPS, UNGROUPED, examples_text, group_of
 
         by_group: dict[str, list[str]] = {}
         for option in options:
@@ -54,6 +54,8 @@ def _command_markdown(command: click.Command, path: list[str], level: int) -> li
         for group in (*GROUPS, UNGROUPED):
             if by_group.get(group):
                 lines += [f"**{group}**", "", "| option | what it does |", "|---|---|", *by_group[group], ""]
+        if command.name in EXIT_CODES:
+            lines += [f"Exit codes: {_text(EXIT_CODES[command.name])}", ""]
         if examples_text(command.name):
             lines += ["Examples:", "", "```text", examples_text(command.name), "```", ""]
     if isinstance(command, click.Group):

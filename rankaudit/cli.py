@@ -72,8 +72,6 @@ def cli():
 
     \b
     rankaudit MODEL.py[:NAME] [options]     same as `rankaudit check ...`
-    Exit codes: 0 pass, 1 policy failed, 2 usage or configuration, 3 model not loaded, traced or verified (or it
-    ended the process, or overran --timeout), 130 interrupted.
     """
 
 
@@ -257,7 +255,8 @@ def check(
     model file, else from the defaults. APP_DIR (a Flower app, an NVFlare job): the model, the round and its DP are
     read from the app, each with its source; flags and [tool.rankaudit.*] win over what is read.
     """
-    from rankaudit.audit import as_layers, audit
+    # torch loads with rankaudit.audit: only once the arguments, files and settings of a model have been checked, so
+    # that a mistyped path or a bad setting is answered in a second.
     from rankaudit.deploy.app import deployment_for, deployment_read
     from rankaudit.model import standins
     from rankaudit.settings.run import CONFIGURABLE, model_settings
@@ -309,6 +308,8 @@ def check(
             supervise.set_config_timeout(chosen.timeout)
             supervise.set_config_memory_limit(chosen.memory_limit)
             standins.set_configured(chosen.stand_ins)
+            from rankaudit.audit import as_layers, audit
+
             result = audit(
                 spec,
                 input_shape=chosen.input_shape,
@@ -423,8 +424,6 @@ def suggest_command(
     Flower app, an NVFlare job): the model and the round are read from the app, as `check` reads them.
     """
     from rankaudit.bound.dp import noise_search
-    from rankaudit.design.suggest import suggest
-    from rankaudit.report import design
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources, dp_values
@@ -475,6 +474,9 @@ def suggest_command(
         data=data,
         exposed_below=exposed_below,
     )
+    from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
+    from rankaudit.report import design
+
     report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
     fisher_options = dp_values(options, settings.dp)
     if fisher_options or "psnr_target" in commandline or settings.psnr_target is not None:
@@ -536,14 +538,6 @@ def compare_command(
     its model and its round, as `check` reads them. With --dp-noise σ: each design's DP section, and its Fisher
     floor at the same σ (the MSE floor and PSNR ceiling of unbiased reconstructions, at the seeded weights).
     """
-    from rankaudit.settings.run import build_run_round, dp_values
-
-    if dp_candidates is not None:
-        raise UsageError(
-            "--dp-candidates sets the candidates of --verify dp, which compare does not run", "drop --dp-candidates"
-        )
-    from rankaudit.audit import audit
-    from rankaudit.report import design
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
 
@@ -556,13 +550,21 @@ def compare_command(
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
     }
+    from rankaudit.settings.run import build_run_round, dp_values
+
+    if dp_candidates is not None:
+        raise UsageError(
+            "--dp-candidates sets the candidates of --verify dp, which compare does not run", "drop --dp-candidates"
+        )
     psnr_given = ctx.get_parameter_source("psnr_target") is click.core.ParameterSource.COMMANDLINE
     if psnr_given and not dp_values(options, None):
         raise UsageError(
             "--psnr-target sets the PSNR the Fisher floor's least σ keeps, and compare reads it only under DP noise",
             "add --dp-noise σ (and --dp-clip C as trained), or drop --psnr-target",
         )
-    results, rounds, targets = [], [], []
+    # Both designs (an app folder read as `check` reads it) and both settings are checked before torch loads (with
+    # rankaudit.audit).
+    designs = []
     for spec in (first, second):
         deployment = _app_deployment(
             spec,
@@ -572,7 +574,12 @@ def compare_command(
             input_shape_given=input_shape is not None,
         )
         spec = deployment.model if deployment is not None else spec
-        settings = load_settings(split_model_spec(spec)[0])  # a malformed pyproject is a one-line exit 2
+        designs.append((spec, deployment, load_settings(split_model_spec(spec)[0])))  # a malformed pyproject: exit 2
+    from rankaudit.audit import audit
+    from rankaudit.report import design
+
+    results, rounds, targets = [], [], []
+    for spec, deployment, settings in designs:
         supervise.set_config_timeout(settings.timeout)
         supervise.set_config_memory_limit(settings.memory_limit)
         chosen = {

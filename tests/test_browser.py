@@ -135,6 +135,11 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
             assert page.locator("table.layers tr.critical").count() == 1
         assert page.locator("table.layers tbody tr").count() == len(expected["layers"])
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+        # What a server could see is drawn at least 128 px wide, pixels as blocks (a 32 px input is unreadable).
+        assert page.evaluate(
+            "[...document.querySelectorAll('figure.visible-pair img')]"
+            ".every(i => i.getBoundingClientRect().width >= 128 && getComputedStyle(i).imageRendering === 'pixelated')"
+        )
         if "--verify" in extra:  # originals and reconstructions side by side, embedded in the file
             samples = int(extra[extra.index("--samples") + 1])
             # ... beside the certificate's reference photograph and its top-R_s projection (two more images)
@@ -179,7 +184,8 @@ def test_the_visible_parts_stand_beside_the_verdict(browser):
     assert [pictures.nth(i).get_attribute("alt") for i in range(2)] == ["input 0", "visible part of input 0"]
     assert page.evaluate(
         "[...document.querySelectorAll('.visible-parts img')]"
-        ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32)"
+        ".every(i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth === 32"
+        " && i.getBoundingClientRect().width >= 128)"
     )
     caption = page.inner_text(".visible-parts .visible-pair figcaption")
     assert "hidden 2 %" in caption and " dB" in caption and "SSIM 0.99" in caption

@@ -41,6 +41,43 @@ def test_missing_path_is_a_usage_error(run_cli, tmp_path):
     assert_one_line_error(err, "does not exist", "fix:")
 
 
+# Each command's arguments, files and settings are checked before torch loads: a mistyped path is answered at
+# once, not after the seconds `import torch` takes on a loaded machine.
+_TORCH_PROBE = """
+import sys
+from rankaudit.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(exc.code, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["{missing}"],
+        ["check", "{missing}", "--format", "json"],
+        ["suggest", "{missing}"],
+        ["compare", str(EXAMPLES / "cnn6.py"), "{missing}"],
+        ["{bad_config}"],
+    ],
+    ids=["bare", "check", "suggest", "compare", "bad-config"],
+)
+def test_bad_input_fails_before_torch_loads(tmp_path, args):
+    missing = tmp_path / "nope.py"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[tool.rankaudit]\nfail-on = 'sometimes'\n")
+    (project / "model.py").write_text(CONV_NET)
+    argv = [arg.format(missing=missing, bad_config=project / "model.py") for arg in args]
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH_PROBE, *argv], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert_one_line_error(done.stderr)
+
+
 def test_unknown_flag_is_a_usage_error(run_cli):
     code, _, err = run_cli(EXAMPLES / "cnn6.py", "--bogus")
     assert code == 2
@@ -280,7 +317,7 @@ def test_fig2_e_is_exposed_on_energy_even_at_the_weaker_gate(run_cli):
     assert payload["identifiability"]["rank_bound"] == 3056
     assert payload["identifiability"]["hidden_estimate"] == pytest.approx(16 / 3072)
     code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--fail-on", "exposed", "--quiet")
-    assert code == 1 and "fig2_e.py: Rank bound 3,056 of 3,072 unknowns: exposed." in out
+    assert code == 1 and "fig2_e.py: exposed, less than 0.01 % of a typical sample's energy certified hidden" in out
 
 
 def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(run_cli):
@@ -293,3 +330,27 @@ def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(
     assert code == 1 and "verdict is partial: 0.4 % of a typical sample's energy is certified hidden" in out
     code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--exposed-below", "0.001", "--max-recoverable", "0.999")
     assert code == 0 and "protected asks at least 0.1 %" in out
+
+
+@pytest.mark.parametrize(
+    "args, verdict, reason",
+    [
+        (["strided_stem.py"], "exposed", "exit 1 (--fail-on partial): verdict is exposed"),
+        (["gpt2_tiny.py"], "exposed", "exit 1 (--fail-on partial): verdict is exposed, +2 more reasons"),
+        (
+            ["fig2_a.py", "--dp-noise", "0.5", "--max-reconstruction", "0.1"],
+            "exposed",
+            "DP: reconstruction <= 0.372 at prior 0.01; exit 1 (--fail-on partial): verdict is exposed, +1 more reason",
+        ),
+        (["fig2_a.py", "--fail-on", "never"], "exposed", "exit 0: pass"),
+    ],
+)
+def test_quiet_prints_one_short_line_per_model(run_cli, monkeypatch, args, verdict, reason):
+    """--quiet: the verdict, the share certified hidden and the exit code's reason, under 200 characters; the
+    sentences behind them are the full output's."""
+    monkeypatch.chdir(REPO)
+    code, out, _ = run_cli(f"examples/{args[0]}", *args[1:], "--quiet")
+    line = out.rstrip("\n")
+    assert "\n" not in line and len(line) < 200, line
+    assert line.startswith(f"examples/{args[0]}: {verdict}") and line.endswith(reason)
+    assert code == (0 if "exit 0" in reason else 1)

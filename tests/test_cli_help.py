@@ -58,3 +58,28 @@ def test_an_option_missing_from_the_table_is_still_listed():
 
     text = CliRunner().invoke(command, ["--help"]).output
     assert f"{cli_help.UNGROUPED}:" in text and "--brand-new" in text
+
+
+def test_every_command_help_says_what_its_exit_codes_mean():
+    """`rankaudit --help` lists the exit codes; each command's --help says them too, in its own terms."""
+    texts = {
+        path: " ".join(CliRunner().invoke(command, ["--help"], terminal_width=400).output.split())
+        for path, command in _commands()
+    }
+    for path, text in texts.items():
+        assert "Exit codes: " in text, path
+        assert "2 usage or configuration" in text and "130 interrupted" in text, path
+    assert "Exit codes: 0 pass, 1 policy failed" in texts["rankaudit check"]
+    assert "Exit codes: 0 the suggestions are written, whatever the verdict" in texts["rankaudit suggest"]
+    assert "Exit codes: 0 the second model (B) passes the policy, 1 it fails it" in texts["rankaudit compare"]
+
+
+def test_suggest_says_its_exit_code_on_an_exposed_model(run_cli):
+    from conftest import EXAMPLES
+
+    code, out, _ = run_cli("suggest", EXAMPLES / "fig2_a.py", "--top", "1")
+    assert code == 0
+    assert out.rstrip().splitlines()[-1] == (
+        f"Exit code 0 whatever the verdict (exposed here): suggest proposes, it gates nothing; "
+        f"`rankaudit check {EXAMPLES / 'fig2_a.py'}` gives the policy's exit code."
+    )

@@ -6,7 +6,9 @@ import pytest
 import torch
 from conftest import EXAMPLES
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none (CI on a GPU runner runs it)"
+)
 
 
 def test_rgap_on_cuda_reconstructs_cnn6(run_cli):
@@ -115,7 +117,7 @@ def test_verify_rank_on_cuda_from_the_cli(run_cli):
 
 
 def test_the_dp_attack_on_cuda_stays_below_the_bound(run_cli):
-    pytest.importorskip("dp_accounting")
+    pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
     code, out, _ = run_cli(
         EXAMPLES / "cnn6.py",
         "--dp-noise",

@@ -10,7 +10,7 @@ import torch
 from conftest import EXAMPLES
 from torch import nn
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
 
 from rankaudit.audit import audit
 from rankaudit.count.calls import trace_and_count

@@ -131,7 +131,7 @@ def test_link_checker_finds_a_broken_anchor_and_a_missing_file(tmp_path):
 
 
 def test_every_page_is_in_the_navigation():
-    yaml = pytest.importorskip("yaml")
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML, not installed (pip install -e '.[test]')")
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
 
     def entries(nav):
@@ -421,3 +421,57 @@ def test_the_charts_on_the_pages_are_what_the_report_draws_now():
     stale = [name for name, text in drawn.items() if (DOCS / "img" / name).read_text(encoding="utf-8") != text]
     assert stale == [], "run `python docs/pictures.py --no-attack` and commit docs/img"
     assert 'class="cut"' in drawn["fig2_e-graph.svg"] and "∇conv2" in drawn["fig2_e-graph.svg"]
+
+
+# ---- every pasted line works from a clone of this repository -----------------------------------------------------
+
+_NAMED_REF = re.compile(
+    r"rankaudit/rankaudit(?:\.git)?(?:@|/blob/|/tree/|/releases/tag/)([^\s\"'`)#/]+)|^\s*rev:\s*['\"]?(v?\d[^\s'\"]*)",
+    re.M,
+)
+
+
+def test_no_page_or_message_names_a_tag_the_repository_does_not_have():
+    """Install lines, CI and pre-commit snippets, SARIF links and the error hints name only refs that exist: the
+    default branch, or a tag `git tag` lists."""
+    tags = set(subprocess.run(["git", "tag"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    sources = [README, ROOT / ".pre-commit-hooks.yaml", *_pages(), *sorted((ROOT / "rankaudit").rglob("*.py"))]
+    named = [
+        f"{_shown(source)}: {ref}"
+        for source in sources
+        for match in _NAMED_REF.finditer(source.read_text(encoding="utf-8"))
+        for ref in filter(None, match.groups())
+        if ref not in tags | {"main"}
+    ]
+    assert named == []
+    code = [_shown(path) for path in (ROOT / "rankaudit").rglob("*.py") if "@v{" in path.read_text(encoding="utf-8")]
+    assert code == []
+
+
+@pytest.mark.parametrize("extra", ["dp", "verify", "bench"])
+def test_the_missing_extra_hint_names_the_extras_packages(extra):
+    """The hint works in whatever environment rankaudit runs in (a clone, a pre-commit hook): pip with the
+    extra's packages as pyproject.toml lists them, no ref of the repository."""
+    import tomllib
+
+    from rankaudit import install_hint
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    hint = install_hint(extra)
+    assert "@" not in hint
+    assert hint == "pip install " + " ".join(f'"{package}"' for package in listed) or hint.startswith("pip install -e")
+
+
+def test_every_picture_of_an_input_on_a_page_is_at_least_128_pixels_wide():
+    """A 32 px input shown at 32 px is unreadable: the pages' PNGs are enlarged by whole pixels (no smoothing)."""
+    import struct
+
+    narrow = []
+    for page in [README, *_pages()]:
+        for target in _IMAGE.findall(_without_code(page.read_text(encoding="utf-8"))):
+            if target.endswith(".png"):
+                data = (page.parent / target).read_bytes()
+                width = struct.unpack(">I", data[16:20])[0]
+                if width < 128:
+                    narrow.append(f"{_shown(page)}: {target} is {width} px wide")
+    assert narrow == []

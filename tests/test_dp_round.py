@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("dp_accounting")
+pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
 
 from conftest import EXAMPLES
 
@@ -79,7 +79,7 @@ def test_the_issue_example_bounds_the_round_not_one_full_batch():
     assert bound.bounds["0.1"] == pytest.approx(0.124, abs=2e-3)
     assert bound.sample_rate_source == "round: B/N = 32/4000" and bound.notes == []
     opacus = pytest.importorskip(
-        "opacus.accountants", reason="opacus is not a test extra (CI installs it from PyPI): pip install opacus"
+        "opacus.accountants", reason="needs Opacus, not installed: not a test extra (pip install opacus, as CI does)"
     )
     accountant = opacus.PRVAccountant()
     accountant.history = [(1.0, 0.008, 125)]

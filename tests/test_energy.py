@@ -13,7 +13,7 @@ from rankaudit.bound.energy import PHOTO_SPECTRUM, WHITE, data_reference, hidden
 from rankaudit.settings.levels import energy_level
 from rankaudit.settings.round import DPSettings, Round
 
-pytest.importorskip("sklearn")
+pytest.importorskip("sklearn", reason="needs scikit-learn, not installed (pip install -e '.[verify]')")
 from rankaudit.bound.images import load_images  # noqa: E402  (needs scikit-learn for the default crops)
 
 
@@ -250,9 +250,12 @@ def test_the_html_report_shows_a_reference_photograph_beside_what_the_bound_lets
     width, height = struct.unpack(">II", data[16:24])
     idat = data.index(b"IDAT")
     (length,) = struct.unpack(">I", data[idat - 4 : idat])
-    rows = np.frombuffer(zlib.decompress(data[idat + 4 : idat + 4 + length]), np.uint8).reshape(32, 1 + 32 * 3)
-    decoded = rows[:, 1:].reshape(32, 32, 3).transpose(2, 0, 1) / 255.0
-    assert (width, height) == (32, 32) and np.abs(decoded - np.clip(visible, 0, 1)).max() <= 0.5 / 255 + 1e-9
+    # Drawn 4 times as large, each pixel a 4x4 block (nearest neighbour: no detail the server does not see).
+    rows = np.frombuffer(zlib.decompress(data[idat + 4 : idat + 4 + length]), np.uint8).reshape(128, 1 + 128 * 3)
+    enlarged = rows[:, 1:].reshape(128, 128, 3).transpose(2, 0, 1)
+    decoded = enlarged[:, ::4, ::4] / 255.0
+    assert (enlarged == np.repeat(np.repeat(enlarged[:, ::4, ::4], 4, axis=1), 4, axis=2)).all()
+    assert (width, height) == (128, 128) and np.abs(decoded - np.clip(visible, 0, 1)).max() <= 0.5 / 255 + 1e-9
     assert "less than 5 % of a typical sample's energy certified hidden" in page
 
 

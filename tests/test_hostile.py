@@ -188,7 +188,7 @@ def test_every_image_verifier_keeps_the_json_on_stdout():
 
 
 def test_dager_keeps_the_json_on_stdout():
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
     done = rankaudit(HOSTILE / "noisy_gpt2.py", "-b", "2", "--verify", "dager", "--format", "json", timeout=600)
     assert done.returncode in (0, 1), done.stderr[-800:]
     assert json.loads(done.stdout)["verification"]["dager"]["token_recall"] is not None

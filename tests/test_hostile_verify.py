@@ -247,14 +247,14 @@ def test_suggest_html_shows_the_round_review_and_the_least_noise(run_cli):
 def test_html_quiet_keeps_the_page_whole_and_the_verdict_on_stderr(run_cli):
     code, out, err = run_cli(HOSTILE / "v_plain.py", "--format", "html", "--quiet", "--fail-on", "never")
     assert code == 0 and out.startswith("<!doctype html>") and out.rstrip().endswith("</html>")
-    assert err.count("\n") == 1 and "Rank bound 12 of 12 unknowns: exposed" in err
+    assert err.count("\n") == 1 and "v_plain.py: exposed, " in err
 
 
 # --- the token models' verifier (DAGER) -----------------------------------------------------------------------------
 
 
 def test_dager_on_a_raising_or_frozen_token_model(run_cli):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
     code, _, err = run_cli(HOSTILE / "v_raise_gpt2.py", "--verify", "dager", "--fail-on", "never")
     line = _one_error_line(err)
     assert code == 3 and "RuntimeError: batch 2 is cursed" in line and "v_raise_gpt2.py:20" in line

@@ -116,7 +116,7 @@ def test_the_bound_and_its_min_cut_are_drawn(results):
     """fig2-e: the bound's bar says 3,056 of 3,072, and the three layers whose gradients form the cut are ringed."""
     document = html.render([results["fig2_e"]])
     bound = _section(document, "card bound-card")
-    assert "rank ≤ 3,056 (99.5%)" in bound and "certified deficit 16 of 3,072" in bound
+    assert "rank ≤ 3,056 (99.5 %)" in bound and "certified deficit 16 of 3,072" in bound
     assert "∇conv1, ∇conv2, ∇fc" in bound
     graph = document[document.index('id="m1-graph"') :]
     assert graph.count('<rect class="cut"') == 3
@@ -343,3 +343,72 @@ def test_relative_image_paths_resolve_against_base_dir(results, tmp_path):
 
 def test_no_verification_section_without_verification(pages):
     assert 'class="card verify"' not in pages["cnn6"]
+
+
+# --- the headline and the bar say what the verdict reads ------------------------------------------------------------
+
+
+def _text_of(fragment: str) -> str:
+    return re.sub(r"<[^>]+>", " ", str(fragment)).replace("&#39;", "'")
+
+
+def test_the_headline_and_the_bar_agree_with_an_energy_verdict():
+    """A strided stem hides 85 % of the directions but 0.4 % of a typical photograph's energy: exposed. The
+    headline gives that reason, and the bar the verdict reads is energy, labelled, above the direction count."""
+    document = html.render([audit(str(EXAMPLES / "strided_stem.py"))])
+    summary = _text_of(_section(document, "summary card"))
+    headline = re.search(r'<p class="headline">(.*?)</p>', document).group(1).replace("&#39;", "'")
+    assert headline == (
+        "The directions a shared gradient can show hold up to 99.6 % of a typical sample's energy: 0.4 % is "
+        "certified hidden from any weights, so a server can reconstruct it."
+    )
+    assert "Nothing in the architecture" not in document
+    assert "0.4 % of a typical sample's energy certified hidden" in summary
+    bar = _svgs(_section(document, "card bound-card"))[0]
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", bar)
+    assert labels[:3] == [
+        "Energy of a typical sample (what the verdict reads)",
+        "visible: up to 99.6 %",
+        "certified hidden: 0.4 %",
+    ]
+    assert labels[3:] == [
+        "Input directions (the rank bound)",
+        "rank ≤ 452 (14.7 %)",
+        "certified deficit 2,620 of 3,072",
+    ]
+    widths = [
+        float(w) for w in re.findall(r'<rect x="0" y="[\d.]+" width="([\d.]+)" height="22" rx="4" fill="#c2410c"', bar)
+    ]
+    assert widths == [pytest.approx(560 * 0.996, abs=0.6)]  # the energy bar: nearly all of it visible
+
+
+def test_a_protected_headline_and_a_partial_one_read_energy(tmp_path):
+    model = tmp_path / "pooled.py"
+    model.write_text(
+        "import torch.nn as nn\nINPUT_SHAPE = (1, 40)\nclass Features(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.pool = nn.AvgPool1d(4)\n        self.fc = nn.Linear(10, 3)\n"
+        "    def forward(self, x):\n        return self.fc(self.pool(x).flatten(1))\n"
+    )
+    protected = audit(str(model))
+    assert protected.verdict == "protected"
+    headline = html._headline(protected, "protected")
+    assert headline.startswith("At least 75 % of a typical sample's energy is hidden from any weights")
+    partial = audit(str(EXAMPLES / "strided_stem.py"), exposed_below=0.001)
+    assert html._headline(partial, "partial").endswith("less than the 50 % protected asks; not protection.")
+
+
+def test_what_a_server_can_see_is_drawn_at_least_128_pixels_wide():
+    """The certificate's pictures of a 32 px input are enlarged by whole pixels (no smoothing), to 128 px."""
+    import struct
+
+    document = html.render([audit(str(EXAMPLES / "strided_stem.py"))])
+    figure = re.search(r'<figure class="visible-pair certificate".*?</figure>', document, re.S).group(0)
+    sources = re.findall(r'src="data:image/png;base64,([^"]+)"', figure)
+    assert len(sources) == 2
+    for source in sources:
+        png = base64.b64decode(source)
+        width, height = struct.unpack(">II", png[16:24])
+        assert (width, height) == (128, 128)
+    assert figure.count('height="128"') == 2
+    css = (files("rankaudit.templates") / "report.css").read_text(encoding="utf-8")
+    assert re.search(r"\.visible-pair img \{[^}]*height: 128px;[^}]*image-rendering: pixelated", css)

@@ -78,14 +78,14 @@ def test_hook_mode_skips_a_file_of_building_blocks_and_model_args_audit_it(run_c
         "--fail-on",
         "never",
     )
-    assert code == 0 and "Rank bound 84 of 192 unknowns: exposed" in out
+    assert code == 0 and f"{blocks}: exposed, " in out
     # The same from pyproject.toml: [[tool.rankaudit.models]] names the file, its arguments and its input shape.
     (tmp_path / "pyproject.toml").write_text(
         '[tool.rankaudit]\nfail-on = "never"\n\n'
         '[[tool.rankaudit.models]]\npath = "blocks.py"\nmodel-args = { channels = 3 }\ninput-shape = [3, 8, 8]\n'
     )
     code, out, _ = run_cli("--quiet", "--skip-non-models", blocks)
-    assert code == 0 and "Rank bound 84 of 192 unknowns: exposed" in out
+    assert code == 0 and f"{blocks}: exposed, " in out
 
 
 def test_a_missing_import_names_the_hooks_additional_dependencies(run_cli, tmp_path):
@@ -110,29 +110,39 @@ def test_manifest_declares_the_hook():
     assert not pattern.search("tests/test_utils.py")
 
 
-def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path):
-    if shutil.which("pre-commit") is None and os.environ.get("CI") != "true":
-        pytest.skip("pre-commit is not installed (pip install -e '.[test]')")
-    hook_repo, project = tmp_path / "hook", tmp_path / "project"
-    rev = _snapshot_of_checkout(hook_repo)
-    project.mkdir()
-    _git(project, "init", "--quiet")
-    (project / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n"
-    )
-    constraints = tmp_path / "constraints.txt"
-    constraints.write_text("torch==2.13.0\n")  # the CPU build; analysis never needs CUDA
-    env = {
+def documented_local_hooks(with_app: bool = False) -> str:
+    """The `.pre-commit-config.yaml` docs/ci.md gives: its `repo: local` block, and with `with_app` the app hook it
+    shows for a Flower app or NVFlare job at the repository's root, beside it."""
+    import re
+
+    page = (REPO / "docs" / "ci.md").read_text(encoding="utf-8")
+    section = page.split("## pre-commit\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.S | re.M)
+    local = next(block for block in blocks if "repo: local" in block)
+    app = next(block for block in blocks if "id: rankaudit-app" in block)
+    return local + (app if with_app else "")
+
+
+def hook_environment(tmp_path) -> dict:
+    """The committer's environment: the `rankaudit` rankaudit's tests run (this checkout) first on PATH."""
+    scripts = Path(sys.executable).parent
+    return {
         **os.environ,
+        "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "PRE_COMMIT_HOME": str(tmp_path / "cache"),
-        "PIP_CONSTRAINT": str(constraints),
-        # Let the hook's virtualenv see the torch already installed instead of copying 1 GB again.
-        "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true",
         "GIT_AUTHOR_NAME": "ci",
         "GIT_AUTHOR_EMAIL": "ci@rankaudit",
         "GIT_COMMITTER_NAME": "ci",
         "GIT_COMMITTER_EMAIL": "ci@rankaudit",
     }
+
+
+def install_hooks(project: Path, config: str, env: dict) -> None:
+    if shutil.which("pre-commit") is None and os.environ.get("CI") != "true":
+        pytest.skip("needs pre-commit, which is not installed (pip install -e '.[test]')")
+    _git(project, "init", "--quiet")
+    (project / ".pre-commit-config.yaml").write_text(config)
     installed = subprocess.run(
         [sys.executable, "-m", "pre_commit", "install"], cwd=project, capture_output=True, text=True, env=env
     )
@@ -140,12 +150,33 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
     _git(project, "add", ".pre-commit-config.yaml", env=env)
     _git(project, "commit", "--quiet", "--no-verify", "-m", "config", env=env)
 
+
+_PROTECTED = (
+    "import torch.nn as nn\nINPUT_SHAPE = (1, 40)\nclass Features(nn.Module):\n    def __init__(self):\n"
+    "        super().__init__()\n        self.pool = nn.AvgPool1d(4)\n        self.fc = nn.Linear(10, 3)\n"
+    "    def forward(self, x):\n        return self.fc(self.pool(x).flatten(1))\n"
+)
+
+
+def documented_dp_fix() -> str:
+    """What-now's fix for an image model, as the page gives it: the client's DP settings in pyproject.toml."""
+    import re
+
+    page = (REPO / "docs" / "what-now.md").read_text(encoding="utf-8")
+    return next(b for b in re.findall(r"^```toml\n(.*?)^```", page, re.S | re.M) if "[tool.rankaudit.dp]" in b)
+
+
+def test_the_documented_hook_blocks_an_exposed_model_and_the_documented_fix_passes_it(tmp_path):
+    """The hook docs/ci.md gives (repo: local, the committer's own environment): a protected model commits, an
+    exposed one is blocked, and what-now's fix, client DP in pyproject.toml, lets it through (the DP bound's
+    extra is in the environment the hook runs in)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    env = hook_environment(tmp_path)
+    install_hooks(project, documented_local_hooks(), env)
+
     # Feature vectors pooled 4 to 1 (white data assumed): 75 % of a sample's energy hidden from any weights.
-    (project / "protected_model.py").write_text(
-        "import torch.nn as nn\nINPUT_SHAPE = (1, 40)\nclass Features(nn.Module):\n    def __init__(self):\n"
-        "        super().__init__()\n        self.pool = nn.AvgPool1d(4)\n        self.fc = nn.Linear(10, 3)\n"
-        "    def forward(self, x):\n        return self.fc(self.pool(x).flatten(1))\n"
-    )
+    (project / "protected_model.py").write_text(_PROTECTED)
     (project / "helpers_model.py").write_text("SCALE = 2\n")  # no model in it: skipped, not an error
     (project / "models").mkdir()
     (project / "models" / "blocks.py").write_text(_BUILDING_BLOCKS)  # no zero-argument model: skipped too
@@ -155,12 +186,64 @@ def test_hook_blocks_an_exposed_model_and_lets_a_protected_one_through(tmp_path)
     assert "Passed" in passed.stdout + passed.stderr
 
     shutil.copy(EXAMPLES / "fig2_a.py", project / "exposed_model.py")
-    # A Hugging Face model file: tiny GPT-2 from a config, offline (transformers from the hook's environment).
+    # A Hugging Face model file: tiny GPT-2 from a config, offline (transformers from the committer's environment).
     shutil.copy(EXAMPLES / "gpt2_tiny.py", project / "hf_model.py")
     _git(project, "add", "exposed_model.py", "hf_model.py", env=env)
     blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
     output = blocked.stdout + blocked.stderr
     assert blocked.returncode != 0
-    assert "Failed" in output and "exposed_model.py: Rank bound 3,072 of 3,072 unknowns: exposed" in output
-    assert "hf_model.py: Rank bound 4,096 of 4,096 unknowns: exposed" in output
+    assert "Failed" in output and "exposed_model.py: exposed, 0 % of a typical sample's energy" in output
+    assert "hf_model.py: exposed, " in output
     assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land
+
+    _git(project, "reset", "--quiet", "hf_model.py", env=env)
+    (project / "pyproject.toml").write_text(documented_dp_fix())
+    _git(project, "add", "pyproject.toml", env=env)
+    fixed = _git(project, "commit", "-m", "client DP", check=False, env=env)
+    output = fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0 and "Passed" in output, output
+
+
+def test_the_documented_app_hook_audits_the_app_as_deployed(tmp_path):
+    """The rankaudit-app hook of docs/ci.md runs `rankaudit --quiet .` on a Flower app at the repository's root."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "tests" / "apps" / "quickstart", project, ignore=shutil.ignore_patterns("__pycache__"))
+    env = hook_environment(tmp_path)
+    install_hooks(project, documented_local_hooks(with_app=True), env)
+    _git(project, "add", "-A", env=env)
+    # Each sample is read by one local step of this round: exposed, the commit is blocked.
+    blocked = _git(project, "commit", "-m", "the app", check=False, env=env)
+    output = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0 and "Failed" in output and "quickstart_app/task.py:Net" in output
+    assert "exposed" in output
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("[tool.rankaudit]\n", '[tool.rankaudit]\nfail-on = "never"\n'))
+    _git(project, "add", "-A", env=env)
+    passed = _git(project, "commit", "-m", "the app, reported only", check=False, env=env)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+
+
+@pytest.mark.slow
+def test_the_hooks_of_the_repository_build_their_own_environment(tmp_path):
+    """The manifest's hook (repo: the repository, rev: a commit): pre-commit builds its own environment, torch
+    borrowed from this one here (a fresh build takes most of half an hour on two cores)."""
+    hook_repo, project = tmp_path / "hook", tmp_path / "project"
+    rev = _snapshot_of_checkout(hook_repo)
+    project.mkdir()
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch==2.13.0\n")  # the CPU build; analysis never needs CUDA
+    env = {
+        **hook_environment(tmp_path),
+        "PIP_CONSTRAINT": str(constraints),
+        # Let the hook's virtualenv see the torch already installed instead of copying 1 GB again.
+        "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true",
+    }
+    install_hooks(project, f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n", env)
+    (project / "protected_model.py").write_text(_PROTECTED)
+    _git(project, "add", "protected_model.py", env=env)
+    passed = _git(project, "commit", "-m", "protected model", check=False, env=env)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    shutil.copy(EXAMPLES / "fig2_a.py", project / "exposed_model.py")
+    _git(project, "add", "exposed_model.py", env=env)
+    blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
+    assert blocked.returncode != 0 and "exposed_model.py: exposed, " in blocked.stdout + blocked.stderr

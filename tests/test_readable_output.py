@@ -92,7 +92,7 @@ class DeepLlama(LlamaForCausalLM):
 def test_a_many_block_llm_prints_under_sixty_lines(run_cli, tmp_path):
     """The issue's 3.4 B-parameter LLM printed 681 lines (315 caveats); the same architecture from a tiny config
     with 8 blocks prints about 90 layer rows and 42 caveats in full, under 60 lines by default."""
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
     path = tmp_path / "deep_llama.py"
     path.write_text(textwrap.dedent(LLAMA.format(layers=8)))
     code, out, _ = run_cli(path)

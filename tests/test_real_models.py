@@ -13,7 +13,9 @@ import torch
 from conftest import EXAMPLES, REPO
 from torch import nn
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers, not installed (pip install -e '.[test]')"
+)
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 REAL_BATCH = 2

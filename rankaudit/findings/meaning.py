@@ -33,6 +33,14 @@ def energy_percent(share: float) -> str:
     return "less than 0.01 %" if 0 < share < 1e-4 else percent(share)
 
 
+def visible_percent(hidden: float) -> str:
+    """The share of the energy the visible directions may hold, given the share certified hidden: "all" with
+    nothing hidden, "more than 99.99 %" where the exact figure would need more digits than a reader can use."""
+    if hidden <= 0:
+        return "all"
+    return "more than 99.99 %" if hidden < 1e-4 else f"up to {percent(1 - hidden)}"
+
+
 def hidden_estimate_sentence(bound: Identifiability) -> str:
     """What the batch or round line hides of the energy: the certificate (spec §15) where one was computed, else
     spec §11's estimate, pointing to the measurement."""
@@ -99,12 +107,22 @@ def energy_sentence(result: Result) -> str:
         if bound.protected_rank == 0:
             text += (
                 " No architecture change reaches protected on this input: a single visible direction already shows "
-                "more than that share of a typical sample's energy; client DP noise can bound every reconstruction "
-                "(`rankaudit suggest` with the DP options names the least noise that does)."
+                "more than that share of a typical sample's energy."
             )
+            if result.dp is None or result.dp.noise_by != "client":
+                text += " " + NOISE_IS_THE_WAY
         else:
             text += f" Protected needs a per-sample rank bound of at most {bound.protected_rank:,}."
     return text
+
+
+# What to do where no architecture can protect a sample (photographs: a server that picks the weights sees their main
+# directions), and no client noise was given: the gate fails every such model until the client adds DP noise.
+NOISE_IS_THE_WAY = (
+    "What to do: client DP noise bounds every reconstruction; `rankaudit suggest` with the DP options names the "
+    "least noise that meets --max-reconstruction, and with it in [tool.rankaudit.dp] the gate passes; compare "
+    "designs under that noise with the design line (--verify fisher, compare --dp-noise)."
+)
 
 
 def ra_sentence(result: Result) -> str:

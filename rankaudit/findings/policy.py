@@ -75,6 +75,14 @@ def evaluate_policy(
     )
 
 
+def short_reason(reason: str, width: int = 48) -> str:
+    """A policy reason's head, for the one line --quiet prints per model: the reason up to its explanation (the
+    reasons above each open with what failed, then ": " or " (" and the detail), at most `width` characters."""
+    cuts = [at for at in (reason.find(": "), reason.find(" (")) if at > 0]
+    head = reason[: min(cuts)] if cuts else reason
+    return head if len(head) <= width else head[: width - 1].rstrip(" ,") + "…"
+
+
 def _noise_that_would(result: Result) -> str:
     """Where no architecture reaches `protected` (spec §15), the least client noise that meets the DP rule, from the
     search `suggest` runs (dp.least_noise at this q, T and δ); elsewhere the pointer to `suggest`."""
@@ -109,9 +117,9 @@ def apply_dp(result: Result, settings) -> Result:
     policy = result.policy
     if result.dp.within_limit is False and policy is not None:
         policy.reasons.append(
-            f"DP bound: a reconstruction may succeed with probability up to {result.dp.reconstruction_bound:.3g} at "
-            f"prior {result.dp.prior:g}, above the allowed {result.dp.max_reconstruction:g} (--max-reconstruction; "
-            f"{_noise_that_would(result)})"
+            f"DP bound above --max-reconstruction {result.dp.max_reconstruction:g}: a reconstruction may succeed "
+            f"with probability up to {result.dp.reconstruction_bound:.3g} at prior {result.dp.prior:g}; "
+            f"{_noise_that_would(result)}"
         )
         policy.passed = False
     elif (

@@ -188,8 +188,8 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
         top = error.name.split(".")[0]
         raise ModelLoadError(
             f"{path} imports {error.name}, which is not installed in the environment rankaudit runs in",
-            f'install {top} there (in a pre-commit hook: additional_dependencies: ["{top}"], with its PyPI '
-            f'name); or, if the model does not use it, pass --stand-in {top} (stand-ins = ["{top}"] in '
+            f"install {top} there (in a pre-commit hook with an environment of its own, not repo: local: "
+            f'additional_dependencies: ["{top}"], its PyPI name); or, if the model does not use it, pass --stand-in {top} (stand-ins = ["{top}"] in '
             "[tool.rankaudit])",
         ) from error
     if device != "meta":  # the verifier's real build: its error is the file's own

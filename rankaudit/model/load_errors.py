@@ -111,8 +111,8 @@ def construction_error(
         package = missing.split(".")[0]
         return ModelLoadError(
             f"{head}; the environment rankaudit runs in lacks {package}, which the model file imports",
-            f"install {package} there; in a pre-commit hook, list it under the hook's additional_dependencies "
-            f'(additional_dependencies: ["{package}"], with its PyPI name)',
+            f"install {package} there; in a pre-commit hook with an environment of its own (not repo: local), list "
+            f'it under the hook\'s additional_dependencies (additional_dependencies: ["{package}"], its PyPI name)',
         )
     unavailable = _missing_module(detail) if runs is False else None
     if unavailable is not None:

@@ -336,6 +336,8 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
         + (f"; {len(report.skipped)} not applicable (see --format json)" if report.skipped else "")
         + ".",
         report.note,
+        f"Exit code 0 whatever the verdict ({report.verdict} here): suggest proposes, it gates nothing; "
+        f"`rankaudit check {report.model}` gives the policy's exit code.",
     ]
     return "\n".join(lines) + "\n"
 

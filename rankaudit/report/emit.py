@@ -29,7 +29,7 @@ def emit(results, output_format: str, output: str | None, *, quiet: bool = False
         from rankaudit.report import table
 
         if quiet:
-            text = "".join(f"{result.model}: {result.summary}{_dp_clause(result)}\n" for result in results)
+            text = "".join(quiet_line(result) + "\n" for result in results)
         else:
             color = output is None and _use_color()
             text = table.render(results, color=color, verbose=verbose)
@@ -40,7 +40,7 @@ def emit(results, output_format: str, output: str | None, *, quiet: bool = False
     if quiet and output_format == "html":
         # The page is the output (stdout or -o); --quiet's one verdict line per model goes to stderr beside it.
         for result in results:
-            click.echo(f"{result.model}: {result.summary}{_dp_clause(result)}", err=True)
+            click.echo(quiet_line(result), err=True)
     if output:
         report_files.write_file(output, text)
         if not quiet:
@@ -51,11 +51,33 @@ def emit(results, output_format: str, output: str | None, *, quiet: bool = False
         supervise.write_stdout(text)
 
 
-def _dp_clause(result) -> str:
-    """The DP sentence after the verdict line (--quiet), so a DP policy failure is visible there too."""
-    if result.dp is None:
-        return ""
-    from rankaudit.findings.meaning import carried_by_sentence, dp_sentence
+def quiet_line(result) -> str:
+    """--quiet's one short line per model: the verdict, the share of a typical sample certified hidden (what the
+    verdict reads), DP's bound where DP options were given, and the exit code with its reason. The full output
+    has the sentences behind each."""
+    from rankaudit.findings.meaning import energy_percent, per_sample_view
+    from rankaudit.findings.policy import short_reason
 
-    carried = carried_by_sentence(result)
-    return f" {dp_sentence(result.dp)}." + (f" Policy passes, {carried}." if carried else "")
+    bound = result.identifiability
+    sample = bound.sample if bound is not None else None
+    each = " (each sample)" if sample is not None and per_sample_view(result) else ""
+    parts = [f"{result.model}: {result.verdict}{each}"]
+    if sample is not None and sample.certified_hidden_energy is not None:
+        parts.append(
+            f", {energy_percent(sample.certified_hidden_energy)} of a typical sample's energy certified hidden"
+        )
+    elif bound is not None:
+        parts.append(f", rank <= {bound.rank_bound:,} of {bound.unknowns:,}")
+    if result.dp is not None:
+        parts.append(f"; DP: reconstruction <= {result.dp.reconstruction_bound:.3g} at prior {result.dp.prior:g}")
+    policy = result.policy
+    if policy is None:
+        return "".join(parts)
+    if policy.passed:
+        carried = ", carried by the DP noise" if policy.carried_by == "noise" else ""
+        parts.append(f"; exit 0: pass{carried}")
+    else:
+        heads = list(dict.fromkeys(short_reason(reason) for reason in policy.reasons))
+        more = f", +{len(heads) - 1} more reason{'s' if len(heads) > 2 else ''}" if len(heads) > 1 else ""
+        parts.append(f"; exit 1 (--fail-on {policy.fail_on}): {heads[0]}{more}")
+    return "".join(parts)

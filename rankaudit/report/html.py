@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from rankaudit import __version__
 from rankaudit.findings.meaning import energy_sentence
-from rankaudit.report import records, svg
+from rankaudit.report import bound_bar, records, svg
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
 
@@ -27,6 +27,7 @@ RANK_KEYS = ("name", "unknowns", "rank", "local_deficit", "residual", "condition
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGE_BYTES = 8 * 1024 * 1024  # a verifier sample is a few KB; anything huge is not one of ours
 
+# Where no energy certificate is computed (token ids, no reference distribution), the level reads directions.
 HEADLINES = {
     "exposed": "Nothing in the architecture stops one shared gradient from determining this input.",
     "partial": "A deficit is certified, but one shared gradient still sees more of this input than the ceiling allows: "
@@ -436,14 +437,36 @@ def _dp(result: Result) -> dict | None:
 
 
 def _headline(result: Result, verdict: str) -> str:
-    """The verdict card's heading; a round that is not FedSGD is judged on its update, not on one gradient, and
-    beyond one sample the verdict is each sample's (spec §14)."""
-    from rankaudit.findings.meaning import per_sample_view
+    """The verdict card's heading: the verdict's own reason, what the directions a server can see show of a typical
+    sample's energy (the certificate the level reads); without one, the direction count the level then reads. A
+    round that is not FedSGD is judged on its update, and beyond one sample the verdict is each sample's."""
+    from rankaudit.findings.meaning import energy_percent, per_sample_view, visible_percent
 
+    bound = result.identifiability
+    sample = bound.sample if bound is not None else None
+    sent = "the round's update" if result.round is not None and not result.round.fedsgd else "a shared gradient"
+    if sample is not None and sample.certified_hidden_energy is not None and verdict in HEADLINES:
+        hidden = sample.certified_hidden_energy
+        shown = visible_percent(hidden)
+        kept = "nothing" if hidden <= 0 else energy_percent(hidden)
+        if verdict == "protected":
+            return (
+                f"At least {kept} of a typical sample's energy is hidden from any weights: the directions {sent} can "
+                f"show hold at most {percent(1 - hidden)} of it."
+            )
+        if verdict == "partial":
+            return (
+                f"The directions {sent} can show hold {shown} of a typical sample's energy: {kept} is certified "
+                f"hidden, less than the {percent(1 - bound.max_recoverable)} protected asks; not protection."
+            )
+        return (
+            f"The directions {sent} can show hold {shown} of a typical sample's energy: {kept} is certified hidden "
+            f"from any weights, so a server can reconstruct it."
+        )
     headline = HEADLINES.get(verdict, "")
-    if result.round is not None and not result.round.fedsgd:
-        headline = headline.replace("one shared gradient", "the round's update")
-    if result.identifiability is not None and result.identifiability.sample is not None and per_sample_view(result):
+    if sent != "a shared gradient":
+        headline = headline.replace("one shared gradient", sent)
+    if sample is not None and per_sample_view(result):
         headline = headline.replace("this input's", "each sample's").replace("this input", "any one sample")
     return headline
 
@@ -456,11 +479,13 @@ def _carried(result: Result) -> str:
 
 def _panel(result: Result) -> dict | None:
     """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
-    from rankaudit.findings.meaning import per_sample_view
+    from rankaudit.findings.meaning import energy_percent, per_sample_view
 
     bound = result.identifiability
     if bound is None:
         return None
+    certified = bound.sample.certified_hidden_energy if bound.sample is not None else None
+    hidden = None if certified is None else energy_percent(certified)
     if bound.sample is not None and per_sample_view(result):
         sample = bound.sample
         return {
@@ -469,6 +494,7 @@ def _panel(result: Result) -> dict | None:
             "each": True,
             "deficit": sample.unknowns - sample.rank_bound,
             "fraction": sample.recoverable_fraction,
+            "hidden": hidden,
         }
     return {
         "rank_bound": bound.rank_bound,
@@ -476,17 +502,26 @@ def _panel(result: Result) -> dict | None:
         "each": False,
         "deficit": bound.certified_deficit,
         "fraction": bound.recoverable_fraction,
+        "hidden": hidden,
     }
 
 
+# A picture narrower than this is enlarged by a whole factor, each pixel a visible block: a 32 px input shown at 32 px
+# is unreadable, and smoothing would show detail the server does not see.
+MIN_PICTURE_PX = 128
+
+
 def _png(picture) -> bytes:
-    """C×H×W in [0, 1] (1 or 3 channels) as PNG bytes: zlib and struct, no image library."""
+    """C×H×W in [0, 1] (1 or 3 channels) as PNG bytes, enlarged to at least MIN_PICTURE_PX on its shorter side by
+    repeating pixels: zlib and struct, no image library."""
     import struct
     import zlib
 
     import numpy as np
 
     pixels = (np.clip(picture, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    factor = max(1, -(-MIN_PICTURE_PX // max(1, min(pixels.shape[1:]))))
+    pixels = pixels.repeat(factor, axis=1).repeat(factor, axis=2)
     channels, height, width = pixels.shape
     rows = np.transpose(pixels, (1, 2, 0)).reshape(height, width * channels)
     raw = b"".join(b"\x00" + row.tobytes() for row in rows)  # filter type 0 on every scanline
@@ -603,7 +638,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,
         "chart": Markup(svg.ra_chart(result, prefix=f"{prefix}c")),
-        "bound_bar": Markup(svg.bound_bar(result, prefix=f"{prefix}b")),
+        "bound_bar": Markup(bound_bar.bound_bar(result, prefix=f"{prefix}b")),
         "graph": Markup(svg.architecture_graph(result, prefix=f"{prefix}g")),
         "leakage": _leakage(result),
         "tokens": _tokens(result),

@@ -10,7 +10,7 @@ from rankaudit.result import CAVEAT_CODES, Result
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 # Each rule's section on the rules page of this version's documentation (docs/rules.md: one heading per rule id).
-RULES_PAGE = f"{REPOSITORY}/blob/v{__version__}/docs/rules.md"
+RULES_PAGE = f"{REPOSITORY}/blob/main/docs/rules.md"  # no release is tagged yet: the default branch's page
 
 # id -> (name, short description, default level, security-severity). Ids are stable: never renumber.
 RULES = {

@@ -494,39 +494,6 @@ def architecture_graph(result: Result, prefix: str = "g") -> str:
     return "".join(out)
 
 
-def bound_bar(result: Result, prefix: str = "b") -> str:
-    """One bar of n unknowns: the part the gradient may determine (rank bound R) and the certified deficit."""
-    bound = result.identifiability
-    if bound is None or not bound.unknowns:
-        return ""
-    width, height, bar_y, bar_h = 560, 64, 8, 26
-    recoverable = width * bound.rank_bound / bound.unknowns
-    out = [
-        _svg_open(width, height, f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns", "bound", 280, grow=2.0)
-    ]
-    out.append(f'<rect x="0" y="{bar_y}" width="{width}" height="{bar_h}" rx="4" fill="{GRID}"/>')
-    out.append(
-        f'<rect x="0" y="{bar_y}" width="{_f(recoverable)}" height="{bar_h}" rx="4" fill="{WARN}">'
-        f"<title>{x(f'up to {bound.rank_bound:,} input directions the gradient may determine')}</title></rect>"
-    )
-    if bound.certified_deficit:
-        out.append(
-            f'<rect x="{_f(recoverable)}" y="{bar_y}" width="{_f(width - recoverable)}" height="{bar_h}" '
-            f'fill="#15803d"><title>{x(f"{bound.certified_deficit:,} directions no gradient sees")}</title>'
-            f"</rect>"
-        )
-    out.append(
-        f'<text x="4" y="{bar_y + bar_h + 18}" font-size="12" fill="{INK}">rank ≤ {fmt_int(bound.rank_bound)} '
-        f"({bound.recoverable_fraction:.1%})</text>"
-    )
-    out.append(
-        f'<text x="{width - 4}" y="{bar_y + bar_h + 18}" font-size="12" text-anchor="end" fill="{INK}">'
-        f"certified deficit {fmt_int(bound.certified_deficit)} of {fmt_int(bound.unknowns)}</text>"
-    )
-    out.append("</svg>")
-    return "".join(out)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # GDBR: recovered vs true label counts
 # ---------------------------------------------------------------------------------------------------------------

@@ -130,6 +130,22 @@ EXAMPLES = {
 }
 
 
+# Command name -> what its exit codes mean, after the options in its --help (and on the CLI reference page).
+_MODEL_FAILED = "3 model not loaded, traced or verified (or it ended the process, or overran --timeout)"
+EXIT_CODES = {
+    "cli": f"0 pass, 1 policy failed, 2 usage or configuration, {_MODEL_FAILED}, 130 interrupted.",
+    "check": f"0 pass, 1 policy failed, 2 usage or configuration, {_MODEL_FAILED}, 130 interrupted.",
+    "suggest": (
+        "0 the suggestions are written, whatever the verdict (suggest gates nothing: `rankaudit check` gives "
+        f"the policy's exit code), 2 usage or configuration, {_MODEL_FAILED}, 130 interrupted."
+    ),
+    "compare": (
+        "0 the second model (B) passes the policy, 1 it fails it, 2 usage or configuration, "
+        f"{_MODEL_FAILED}, 130 interrupted."
+    ),
+}
+
+
 def long_name(option: click.Option) -> str:
     """The option's `--name` (its first long spelling), the key of OPTION_GROUP."""
     return next((name for name in option.opts + option.secondary_opts if name.startswith("--")), option.opts[0])
@@ -163,6 +179,9 @@ class GroupedHelp:
             self.format_commands(ctx, formatter)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.name in EXIT_CODES:
+            formatter.write_paragraph()
+            formatter.write_text("Exit codes: " + EXIT_CODES[self.name])
         if self.name in EXAMPLES:
             formatter.write_paragraph()
             formatter.write_text("Examples:")
