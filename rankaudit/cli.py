@@ -224,6 +224,7 @@ def check(
     min_ra,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     shared_layers,
     withheld_layers,
     quiet,
@@ -310,6 +311,7 @@ def check(
                 min_ra=chosen.min_ra,
                 max_recoverable=chosen.max_recoverable,
                 exposed_below=chosen.exposed_below,
+                certificate_quantile=chosen.certificate_quantile,
                 data=data,
                 shared_layers=chosen.shared_layers,
                 withheld_layers=chosen.withheld_layers,
@@ -392,6 +394,7 @@ def suggest_command(
     top,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     data,
     output_format,
     output,
@@ -426,7 +429,7 @@ def suggest_command(
     # its batch-size or [tool.rankaudit.round]'s), else the default.
     commandline = {
         name
-        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below")
+        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below", "certificate_quantile")
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
 
@@ -434,6 +437,9 @@ def suggest_command(
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
+    certificate_quantile = settings.in_force(
+        "certificate_quantile", certificate_quantile, "certificate_quantile" in commandline
+    )
     whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
     noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round
@@ -446,6 +452,7 @@ def suggest_command(
         round_=round_,
         data=data,
         exposed_below=exposed_below,
+        certificate_quantile=certificate_quantile,
     )
     report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
     if output_format == "html":
@@ -484,6 +491,7 @@ def compare_command(
     min_ra,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     data,
     output_format,
     output,
@@ -507,6 +515,7 @@ def compare_command(
         "min_ra": min_ra,
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
+        "certificate_quantile": certificate_quantile,
     }
     results = []
     for spec in (first, second):

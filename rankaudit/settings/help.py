@@ -70,6 +70,7 @@ OPTION_GROUP = {
     "--min-ra": POLICY,
     "--max-recoverable": POLICY,
     "--exposed-below": POLICY,
+    "--certificate-quantile": POLICY,
     "--max-reconstruction": POLICY,
     "--timeout": RUNNING,
     "--memory-limit": RUNNING,

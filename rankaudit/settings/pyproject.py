@@ -20,6 +20,7 @@ TOP_KEYS = {
     "min-ra",
     "max-recoverable",
     "exposed-below",
+    "certificate-quantile",
     "batch-size",
     "shared-layers",
     "withheld-layers",
@@ -58,6 +59,7 @@ class Settings:
     min_ra: int | None = None
     max_recoverable: float | None = None
     exposed_below: float | None = None
+    certificate_quantile: float | None = None
     batch_size: int | None = None
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
@@ -182,6 +184,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             _bad(pyproject, "exposed-below", "a fraction between 0 and 1, e.g. 0.05")
         settings.exposed_below = float(value)
+    if "certificate-quantile" in table:
+        value = table["certificate-quantile"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            _bad(pyproject, "certificate-quantile", "a fraction strictly between 0 and 1, e.g. 0.9")
+        settings.certificate_quantile = float(value)
     if "batch-size" in table:
         settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
     if "shared-layers" in table:
