@@ -152,7 +152,6 @@ class SampleBound:
     # visible part of that share of samples stays under. None where no certificate was computed.
     certified_hidden_energy: float | None = None
     visible_psnr_ceiling: float | None = None
-    expected_hidden_energy: float | None = None
     rounds: int = 1  # the server rounds whose updates the bound sums over (1: one round, the rest not counted)
     # Spec §16: one server round's term min(|θ_s|, E_i·R(1)) (each further round can add this much); whether the
     # server rounds were stated (not known: the bound covers one round); the ops whose batch statistics the flow
@@ -161,6 +160,7 @@ class SampleBound:
     rounds_known: bool = False
     batch_statistics: list[str] = field(default_factory=list)
     covers: str = ""  # what this bound covers, in sentences: the server rounds, the BatchNorm mode (report text)
+    expected_hidden_energy: float | None = None  # the mean hidden share (see certified_hidden_energy above)
 
 
 @dataclass

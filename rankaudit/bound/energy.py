@@ -373,6 +373,21 @@ def largest_protected_rank(
     return low
 
 
+def largest_protected_share_rank(eigenvalues: np.ndarray, protected_share: float) -> float:
+    """The largest rank per sample r (fractional: R over `copies` samples) at which the mean hidden share still
+    reaches `protected_share`. Over many samples taken together the certified share of the batch approaches the mean
+    one from below, so a batch or round of c samples needs R <= c·r at least: where the searches for the first
+    protected batch or round start."""
+    total = float(eigenvalues.sum())
+    tails = np.cumsum(eigenvalues[::-1])[::-1] / total if total > 0 else np.zeros(eigenvalues.size)
+    meeting = np.nonzero(tails >= protected_share - 1e-12)[0]
+    whole = int(meeting[-1]) if meeting.size else 0
+    if whole >= eigenvalues.size or total <= 0 or eigenvalues[whole] <= 0:
+        return float(eigenvalues.size)
+    spare = (1 - protected_share) * total - float(eigenvalues[:whole].sum())  # visible energy left to spend
+    return whole + min(max(spare / float(eigenvalues[whole]), 0.0), 1.0)
+
+
 def sample_reference(inputs, unknowns: int, data: str | None = None) -> Reference | None:
     """The reference distribution of one sample of a model with these inputs (docs/method.md's order), at
     `unknowns` eigenvalues; None for token inputs (they keep the rank level and their own finding). Several data
@@ -426,6 +441,15 @@ class EnergyScale:
         if hidden is None:
             return "exposed"  # no finite figure certifies anything: assume the worst
         return energy_level(hidden, self.max_recoverable, self.exposed_below)
+
+    def whole_protected_rank(self) -> float:
+        """Where the searches for the first protected batch or round start: the largest rank per sample at which
+        the mean share is still protected (many samples together approach it from below); 0 without a figure."""
+        if self.reference is None:
+            return self.max_recoverable * self.unknowns
+        if not self.reference.certifies:
+            return 0.0
+        return largest_protected_share_rank(self.reference.eigenvalues, 1 - self.max_recoverable)
 
     def protected_rank(self) -> float:
         """The largest rank per sample that is still protected (for R over several samples, a starting point: the

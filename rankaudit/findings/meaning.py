@@ -112,14 +112,22 @@ def energy_sentence(result: Result) -> str:
         psnr = "their visible part can be the sample itself"
     expected = (
         f"; on average {energy_percent(sample.expected_hidden_energy)} stays hidden"
-        if sample.expected_hidden_energy is not None and sample.rank_bound > 0
+        if sample.expected_hidden_energy and sample.rank_bound > 0
         else ""
     )
+    if sample.certified_hidden_energy > 0:
+        kept = (
+            f"{samples_like_yours(bound)} keep {_at_least(sample.certified_hidden_energy)} of their detail (their "
+            f"difference from the average sample) hidden and {psnr}"
+        )
+    else:
+        kept = (
+            "nothing of a sample's detail (its difference from the average sample) is certified hidden, and "
+            + psnr.replace("their visible part", "its visible part")
+        )
     text = (
-        f"For any weights, including a server that picks them: {samples_like_yours(bound)} keep "
-        f"{_at_least(sample.certified_hidden_energy)} of their detail (their difference from the average sample) "
-        f"hidden and {psnr} ({bound.spectrum}{expected}); protected asks at least {percent(protected_share)} "
-        "(--max-recoverable)"
+        f"For any weights, including a server that picks them: {kept} ({bound.spectrum}{expected}); protected asks "
+        f"at least {percent(protected_share)} (--max-recoverable)"
     )
     if result.verdict == "protected":
         return text + "." + note

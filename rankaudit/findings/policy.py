@@ -31,6 +31,8 @@ def evaluate_policy(
                 "nothing is certified hidden without --data (the input is not an image)"
                 if certifies_nothing(bound)
                 else f"{samples_like_yours(bound)} keep {energy_percent(hidden)} of their detail hidden"
+                if hidden > 0
+                else "nothing of a sample's detail is certified hidden"
             )
             reasons.append(
                 f"verdict is {result.verdict}{' (each sample)' if each else ''}: {certified}, below the "

@@ -237,7 +237,9 @@ def _samples(report: SuggestReport) -> str:
 
 def _hidden_text(report: SuggestReport) -> str:
     hidden = report.sample.certified_hidden_energy
-    return "" if hidden is None else f", {_samples(report)} keep {percent(hidden)} of their detail hidden"
+    if hidden is None:
+        return ""
+    return f", {_samples(report)} keep {percent(hidden)} of their detail hidden" if hidden > 0 else ", nothing hidden"
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:

@@ -250,15 +250,22 @@ def _energy(energy) -> dict | None:
     """Spec §15, measured: the worst sample at the weights used, on the energy levels, beside the certificate."""
     if not isinstance(energy, dict) or not energy.get("line"):
         return None
-    certified, stderr = energy.get("certified_hidden_energy"), energy.get("stderr")
-    checked = certified is not None and stderr is not None
+    certified, expected, stderr = (
+        energy.get("certified_hidden_energy"),
+        energy.get("expected_hidden_energy"),
+        energy.get("stderr"),
+    )
+    checked = expected is not None and stderr is not None
     return {
         "line": energy["line"][:1].upper() + energy["line"][1:],
         "level": energy.get("level"),
         "samples": energy.get("samples"),
         "mean": percent(energy["mean_hidden_energy"]) if checked else None,
         "stderr": percent(stderr) if checked else None,
-        "certified": percent(certified) if checked else None,
+        "expected": percent(expected) if checked else None,
+        "certified": percent(certified) if certified is not None else None,
+        "below": energy.get("below_certified"),
+        "quantile": percent(energy.get("certificate_quantile") or 0.9),
         "consistent": energy.get("consistent"),
     }
 
