@@ -26,7 +26,7 @@ NO_REFERENCE = (
     "yours) for a figure"
 )
 # Above this many unknowns a shrunk sample covariance would need an eigendecomposition too large for an analysis
-# that runs in seconds; the shipped spectrum (images) or white data is used instead, and the report says so.
+# that runs in seconds; the shipped spectrum is used instead (images), and the report says so.
 LARGEST_EIGENDECOMPOSITION = 4096
 
 

@@ -517,6 +517,8 @@ def _certificate_picture(result: Result) -> dict | None:
         "psnr": "∞" if psnr is None else f"{psnr:.1f}",
         "rank": bound.sample.rank_bound,
         "hidden": bound.sample.certified_hidden_energy,
+        "hidden_text": percent(bound.sample.certified_hidden_energy or 0.0),
+        "quantile": percent(bound.certificate_quantile),
         "psnr_ceiling": bound.sample.visible_psnr_ceiling,
     }
 
