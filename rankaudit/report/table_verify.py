@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from rankaudit.findings.meaning import energy_percent
 from rankaudit.report import records
 from rankaudit.result import Result
 from rankaudit.settings.levels import count, percent
@@ -242,7 +243,7 @@ def _energy_lines(rank: dict) -> list[str]:
     readings = []
     if certified is not None and energy.get("below_certified") is not None:
         readings.append(
-            f"{energy['below_certified']} of {energy['samples']} under the certified {percent(certified)} "
+            f"{energy['below_certified']} of {energy['samples']} under the certified {energy_percent(certified)} "
             f"(which {percent(energy.get('certificate_quantile') or 0.9)} of samples keep)"
         )
     if expected is not None and energy.get("stderr") is not None:
