@@ -361,9 +361,9 @@ def largest_protected_rank(
 ) -> int:
     """The largest R at which the per-sample certificate still reaches `protected_share`: what `protected` asks of
     R_s. The certified share never grows with R (a larger subspace shows more), so a bisection finds it."""
-    if (certified_share(eigenvalues, 0, 1, quantile) or 0.0) < protected_share - 1e-12:
-        return 0
-    low, high = 0, int(eigenvalues.size)
+    if (certified_share(eigenvalues, 1, 1, quantile) or 0.0) < protected_share - 1e-12:
+        return 0  # one direction already shows too much (photographs): no bisection over 10⁵ ranks
+    low, high = 1, int(eigenvalues.size)
     while high - low > 1:
         middle = (low + high) // 2
         if (certified_share(eigenvalues, middle, 1, quantile) or 0.0) >= protected_share - 1e-12:
