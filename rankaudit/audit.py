@@ -73,6 +73,7 @@ def audit(
     withheld_layers: list[str] | None = None,
     max_recoverable: float | None = None,
     exposed_below: float | None = None,
+    certificate_quantile: float | None = None,
     data: str | None = None,
     input_dtype=None,
     round_: Round | None = None,
@@ -81,7 +82,8 @@ def audit(
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
     `data` (--data): the user's own samples as the energy certificate's reference distribution (spec §15);
-    `exposed_below`: the hidden share under which a sample is `exposed`.
+    `exposed_below`: the hidden share under which a sample is `exposed`; `certificate_quantile`: the share of samples
+    the certificate speaks for (default 0.9).
     `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
     `dp` settings (round.DPSettings) add the DP section and its policy rule (spec §13). None: FedSGD, one gradient
     of a batch of `batch_size`, no DP.
@@ -132,6 +134,7 @@ def audit(
             max_recoverable=max_recoverable,
             data=data,
             exposed_below=exposed_below,
+            certificate_quantile=certificate_quantile,
         )
     except ReferenceDataError as exc:
         raise UsageError(str(exc), "give a readable --data, or leave it out to use the shipped reference") from exc

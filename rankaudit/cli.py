@@ -223,6 +223,7 @@ def check(
     min_ra,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     shared_layers,
     withheld_layers,
     quiet,
@@ -319,6 +320,7 @@ def check(
                 min_ra=chosen.min_ra,
                 max_recoverable=chosen.max_recoverable,
                 exposed_below=chosen.exposed_below,
+                certificate_quantile=chosen.certificate_quantile,
                 data=data,
                 shared_layers=chosen.shared_layers,
                 withheld_layers=chosen.withheld_layers,
@@ -404,6 +406,7 @@ def suggest_command(
     top,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     data,
     output_format,
     output,
@@ -449,7 +452,14 @@ def suggest_command(
     # its batch-size or [tool.rankaudit.round]'s), else the default.
     commandline = {
         name
-        for name in ("input_shape", "batch_size", "max_recoverable", "exposed_below", "psnr_target")
+        for name in (
+            "input_shape",
+            "batch_size",
+            "max_recoverable",
+            "exposed_below",
+            "psnr_target",
+            "certificate_quantile",
+        )
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
 
@@ -457,6 +467,9 @@ def suggest_command(
     batch_size = settings.in_force("batch_size", batch_size, "batch_size" in commandline)
     max_recoverable = settings.in_force("max_recoverable", max_recoverable, "max_recoverable" in commandline)
     exposed_below = settings.in_force("exposed_below", exposed_below, "exposed_below" in commandline)
+    certificate_quantile = settings.in_force(
+        "certificate_quantile", certificate_quantile, "certificate_quantile" in commandline
+    )
     if deployment is not None:  # the app's round: its batch size unless the command line gives one
         whole_round = deployment.round
         batch_size = batch_size if commandline_batch else whole_round.batch_size
@@ -473,6 +486,7 @@ def suggest_command(
         round_=round_,
         data=data,
         exposed_below=exposed_below,
+        certificate_quantile=certificate_quantile,
     )
     from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
     from rankaudit.report import design
@@ -523,6 +537,7 @@ def compare_command(
     min_ra,
     max_recoverable,
     exposed_below,
+    certificate_quantile,
     data,
     output_format,
     output,
@@ -549,6 +564,7 @@ def compare_command(
         "min_ra": min_ra,
         "max_recoverable": max_recoverable,
         "exposed_below": exposed_below,
+        "certificate_quantile": certificate_quantile,
     }
     from rankaudit.settings.run import build_run_round, dp_values
 

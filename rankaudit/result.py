@@ -116,6 +116,8 @@ class Identifiability:
     sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
     certified_hidden_energy: float | None = None  # the batch/round line's certified hidden share of energy
     spectrum: str | None = None  # the reference distribution the energy figures use (its name, for the report)
+    reference_note: str | None = None  # one line where --data could not serve as the reference (one sample)
+    certificate_quantile: float = 0.9  # the share of samples the per-sample certificate speaks for
     exposed_below: float = 0.05  # spec §15: `exposed` when the certified hidden share is below this
     protected_rank: int | None = None  # the largest R_s at which the certificate reaches `protected` (energy)
 
@@ -143,9 +145,11 @@ class SampleBound:
     single_sample_bound: int  # R(1): §9's bound for one step at batch size 1 (all trainable gradients
     # carry on before the last step; only the shared ones in the last)
     binding: str  # which of the three is the minimum: unknowns | update-values | steps
-    # What the visible directions show (filled by the energy certificate): the share of a typical sample's energy
-    # outside its top R_s principal components for the reference distribution named in Identifiability.spectrum,
-    # for any weights; and the PSNR ceiling of the visible part. None where no certificate was computed.
+    # What the visible directions show (filled by the energy certificate), for the reference distribution named in
+    # Identifiability.spectrum and any weights: the share h that at least Identifiability.certificate_quantile of
+    # the samples keep hidden of their deviation from the mean (0 where no reference certifies anything), the
+    # expected share (the mean over samples, outside the top R_s principal components), and the PSNR that the
+    # visible part of that share of samples stays under. None where no certificate was computed.
     certified_hidden_energy: float | None = None
     visible_psnr_ceiling: float | None = None
     rounds: int = 1  # the server rounds whose updates the bound sums over (1: one round, the rest not counted)
@@ -156,6 +160,7 @@ class SampleBound:
     rounds_known: bool = False
     batch_statistics: list[str] = field(default_factory=list)
     covers: str = ""  # what this bound covers, in sentences: the server rounds, the BatchNorm mode (report text)
+    expected_hidden_energy: float | None = None  # the mean hidden share (see certified_hidden_energy above)
 
 
 @dataclass

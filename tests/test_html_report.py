@@ -122,7 +122,7 @@ def test_the_bound_and_its_min_cut_are_drawn(results):
     assert graph.count('<rect class="cut"') == 3
     exposed = html.render([results["cnn6"]])
     assert exposed.count('<rect class="cut"') == 1
-    assert "less than 5 % of a typical sample's energy certified hidden" in exposed
+    assert "less than 5 % of the detail of 90 % of samples like yours certified hidden" in exposed
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)

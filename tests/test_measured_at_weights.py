@@ -99,7 +99,7 @@ def test_the_attack_runs_at_the_weights_given(run_cli, small_mlp, tmp_path):
     assert json.loads(out)["verification"]["rgap"]["weights"] == "the weights in w.pt"
 
 
-def _reading(level: str, hidden: list[float], certified: float | None = None):
+def _reading(level: str, hidden: list[float], certified: float | None = None, expected: float | None = None):
     """A rank check's record after the worst-sample reading, and a Result whose per-sample bound says `level`."""
     from types import SimpleNamespace
 
@@ -114,7 +114,7 @@ def _reading(level: str, hidden: list[float], certified: float | None = None):
         "judgement": f"confirms {level} (each sample)",
         "internal_error": None,
     }
-    sample = SimpleNamespace(certified_hidden_energy=certified)
+    sample = SimpleNamespace(certified_hidden_energy=certified, expected_hidden_energy=expected)
     result = SimpleNamespace(identifiability=SimpleNamespace(sample=sample, max_recoverable=0.5, exposed_below=0.05))
     return verification, result
 
@@ -137,23 +137,39 @@ def test_protected_is_not_confirmed_when_the_worst_sample_hides_less_than_half()
     assert verification["confirms"] is True and verification["energy"]["level"] == "protected"
 
 
-def test_a_mean_below_the_certificate_beyond_three_standard_errors_is_an_internal_error():
-    """Measured 0.20, 0.30, 0.40: mean 0.30, standard error 0.0577; mean + 3 stderr = 0.473. A certificate of 0.45 is
-    within it (consistent), one of 0.50 is not (internal error)."""
+def test_a_mean_below_the_expected_share_beyond_three_standard_errors_is_an_internal_error():
+    """Measured 0.20, 0.30, 0.40: mean 0.30, standard error 0.0577; mean + 3 stderr = 0.473. An expected share of 0.45
+    is within it (consistent), one of 0.50 is not (internal error)."""
     from rankaudit.verify.rank.energy import read_energy
 
-    verification, result = _reading("partial", [0.2, 0.3, 0.4], certified=0.45)
+    verification, result = _reading("partial", [0.2, 0.3, 0.4], expected=0.45)
     read_energy(verification, result, "at the seeded initialisation")
     energy = verification["energy"]
     assert energy["mean_hidden_energy"] == pytest.approx(0.3) and energy["stderr"] == pytest.approx(0.1 / math.sqrt(3))
     assert energy["consistent"] is True and verification["internal_error"] is None
-    verification, result = _reading("partial", [0.2, 0.3, 0.4], certified=0.5)
+    verification, result = _reading("partial", [0.2, 0.3, 0.4], expected=0.5)
     read_energy(verification, result, "at the seeded initialisation")
     assert verification["energy"]["consistent"] is False
     assert "internal error: the mean measured hidden share 30 %" in verification["internal_error"]
-    verification, result = _reading("partial", [0.2], certified=0.5)  # one sample: no standard error, no check
+    verification, result = _reading("partial", [0.2], expected=0.5)  # one sample: no standard error, no check
     read_energy(verification, result, "at the seeded initialisation")
     assert verification["energy"]["consistent"] is None and verification["internal_error"] is None
+
+
+def test_too_many_samples_below_the_certified_share_is_an_internal_error():
+    """The certificate lets each sample fall below it with probability 10 %: 1 of 4 below is ordinary (P = 34 %),
+    3 of 4 is not (P = 0.37 %, still above 0.1 %: consistent), 4 of 4 is (P = 0.01 %)."""
+    from rankaudit.verify.rank.energy import below_is_surprising, read_energy
+
+    assert not below_is_surprising(1, 4, 0.9) and not below_is_surprising(3, 4, 0.9) and below_is_surprising(4, 4, 0.9)
+    assert not below_is_surprising(0, 100, 0.9) and below_is_surprising(25, 100, 0.9)
+    verification, result = _reading("partial", [0.1, 0.2, 0.3, 0.8], certified=0.5)
+    read_energy(verification, result, "at the seeded initialisation")
+    assert verification["energy"]["below_certified"] == 3 and verification["energy"]["consistent"] is True
+    verification, result = _reading("partial", [0.1, 0.2, 0.3, 0.4], certified=0.5)
+    read_energy(verification, result, "at the seeded initialisation")
+    assert verification["energy"]["consistent"] is False
+    assert "4 of 4 measured samples hide less than the certified 50 %" in verification["internal_error"]
 
 
 def test_a_measurement_below_the_certificate_exits_3_after_the_report(run_cli, small_mlp, monkeypatch):
@@ -168,9 +184,9 @@ def test_a_measurement_below_the_certificate_exits_3_after_the_report(run_cli, s
         return result
 
     monkeypatch.setattr(audit_module, "audit", audit_with_a_wrong_certificate)
-    code, out, err = run_cli(small_mlp, "--verify", "rank", "--samples", 3, "--fail-on", "never")
+    code, out, err = run_cli(small_mlp, "--verify", "rank", "--samples", 4, "--fail-on", "never")
     assert code == 3 and "Rank check" in out
-    assert "internal error: the mean measured hidden share 0 %" in err and "certified 90 %" in err
+    assert "internal error: 4 of 4 measured samples hide less than the certified 90 %" in err
 
 
 def test_one_judgement_per_attack_section():

@@ -456,9 +456,9 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
 def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
     """cnn6, N = 4, B = 2, E = 2: each sample is exposed (R_s = min(3,072, 125,456, 2 x 3,072) = |x|, spec §14),
     and no N, E or C changes that. The round as a whole, read on energy as `check` reads its round line, is
-    protected from N = 158,632 (|θ_s| = 125,456 values over 158,632 samples: 0.79 directions each, the most a
-    typical photograph's energy allows at half hidden) or C = 39,658 (4 x 39,658 samples): reported beside, as
-    what it is, and `check` agrees at those rounds."""
+    protected from N = 159,265 (|θ_s| = 125,456 values over 159,265 samples: 0.79 directions each, where 90 % of
+    such rounds keep half of the samples' detail hidden; the mean share got there at 158,632) or C = 39,817
+    (4 x 39,817 samples): reported beside, as what it is, and `check` agrees at those rounds."""
     import json
 
     from rankaudit.audit import audit
@@ -473,10 +473,10 @@ def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
     assert (review["whole_verdict"], review["whole_rank_bound"], review["whole_unknowns"]) == ("exposed", 12288, 12288)
     assert (
         settings["local-samples"]["value"] is None
-        and "protected from N = 158,632" in settings["local-samples"]["explanation"]
+        and "protected from N = 159,265" in settings["local-samples"]["explanation"]
     )
-    assert settings["clients"]["value"] is None and "protected from C = 39,658" in settings["clients"]["explanation"]
-    for samples, level in ((158_632, "protected"), (158_631, "partial")):
+    assert settings["clients"]["value"] is None and "protected from C = 39,817" in settings["clients"]["explanation"]
+    for samples, level in ((159_265, "protected"), (159_264, "partial")):
         bound = audit(str(CNN6), round_=Round(batch_size=2, local_samples=samples, local_epochs=2)).identifiability
         assert (bound.verdict, bound.rank_bound) == (level, 125_456)
     assert settings["local-epochs"]["value"] is None and not settings["local-epochs"]["unbounded"]
@@ -486,7 +486,7 @@ def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
         "sample" in table
     )
     # Withholding all but conv1 leaves |θ_s| = 576 of 3,072 directions (protected on directions), but they show all
-    # but 0.28 % of a typical photograph's energy: only sending nothing protects a sample, so noise is the way.
+    # but 0.28 % of a photograph's detail on average: only sending nothing protects a sample, so noise is the way.
     assert "Withholding gradients: no set of layers that still shares some gradient" in table
     assert "No structural edit protects a sample" in table
 
@@ -495,8 +495,8 @@ def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
     """fig2_b has R(1) = 2,667 = |θ_s| per step (spec §9). As a round of N = 8, B = 1 (24,576 unknowns) the |θ_s|
     cap keeps ρ = 0.11 whatever E; each sample keeps R_s = min(3,072, 2,667, E x 2,667) = 2,667 (ρ_s 0.87) at every
     E, N and C (spec §14). On energy, as `check` reads them, both are exposed: 2,667 directions per sample, or 333
-    per sample of the round, show more than 95 % of a typical photograph's energy; the round as a whole is
-    protected from N = 3,373 (0.79 directions per sample)."""
+    per sample of the round, show more than 95 % of the detail of photographs; the round as a whole is
+    protected from N = 3,447 (0.77 directions per sample)."""
     from rankaudit.design.round_review import round_review
 
     fig2_b = traced_example("fig2_b")
@@ -507,18 +507,18 @@ def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
     review = round_review(fig2_b, build_round({"batch_size": 1}))
     assert review.verdict == review.whole_verdict == "exposed"
     samples = next(s for s in review.settings if s.knob == "local-samples")
-    assert samples.value is None and "the round as a whole is protected from N = 3,373" in samples.explanation
+    assert samples.value is None and "the round as a whole is protected from N = 3,447" in samples.explanation
 
 
 def test_suggest_smallest_samples_is_one_batch_when_the_cap_already_protects():
     """resnet2_tiny (|θ_s| = 5,140, |x| = 768) at B = 32: one batch is 24,576 unknowns, ρ = 0.21, protected on
-    directions from N = 32; on energy, as `check` reads the round line, 5,140 values hide half of a typical
-    photograph's energy from N = 6,659 on (0.77 directions per sample). Each sample is not (R(1) = 768 = |x|)."""
+    directions from N = 32; on energy, as `check` reads the round line, 90 % of such rounds keep half of the
+    samples' detail hidden from N = 6,768 on (0.76 directions per sample). Each sample is not (R(1) = 768 = |x|)."""
     from rankaudit.design.round_review import round_review
 
     review = round_review(traced_example("resnet2_tiny"), build_round({"batch_size": 32, "local_samples": 500}))
     samples = next(s for s in review.settings if s.knob == "local-samples")
-    assert samples.value is None and "the round as a whole is protected from N = 6,659" in samples.explanation
+    assert samples.value is None and "the round as a whole is protected from N = 6,768" in samples.explanation
     assert (review.verdict, review.rank_bound, review.unknowns) == ("exposed", 768, 768)
 
 

@@ -90,14 +90,14 @@ def test_protected_model_has_no_exposure_result_and_stable_rule_ids(run_cli):
 
 
 def test_partial_is_its_own_rule(run_cli):
-    # The strided stem: 0.4 % of a typical photograph's energy certified hidden, partial above --exposed-below 0.001
+    # The strided stem: 90 % of photographs keep 0.17 % of their detail hidden, partial above --exposed-below 0.001
     code, log = sarif_of(run_cli, EXAMPLES / "strided_stem.py", "--exposed-below", "0.001")
     run = log["runs"][0]
     partial = [r for r in run["results"] if r["ruleId"] == "RA007"]
     assert code == 1 and len(partial) == 1 and not [r for r in run["results"] if r["ruleId"] == "RA004"]
     assert partial[0]["level"] == "warning" and ": partial." in partial[0]["message"]["text"]
     assert (partial[0]["properties"]["rank_bound"], partial[0]["properties"]["max_recoverable"]) == (452, 0.5)
-    assert partial[0]["properties"]["certified_hidden_energy"] == pytest.approx(0.004, abs=0.0005)
+    assert partial[0]["properties"]["certified_hidden_energy"] == pytest.approx(0.0017, abs=0.0002)
     rule = next(rule for rule in run["tool"]["driver"]["rules"] if rule["id"] == "RA007")
     assert rule["name"] == "input-partial"
 

@@ -1,5 +1,5 @@
-"""The energy certificate (spec §15): the share of a typical sample's energy no weights can make visible, and the PSNR
-ceiling of what they can."""
+"""The energy certificate: the share of each sample's detail no weights can make visible (a per-sample quantile), and
+the PSNR ceiling of what they can show (docs/method.md, "The certificate, per sample")."""
 
 from __future__ import annotations
 
@@ -11,13 +11,22 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.settings.levels import DEFAULT_EXPOSED_BELOW, DEFAULT_MAX_RECOVERABLE, energy_level, verdict_level
+from rankaudit.settings.levels import (
+    DEFAULT_CERTIFICATE_QUANTILE,
+    DEFAULT_EXPOSED_BELOW,
+    DEFAULT_MAX_RECOVERABLE,
+    energy_level,
+    verdict_level,
+)
 
 SPECTRUM_FILE = Path(__file__).with_name("data") / "photo_spectrum.json"
 PHOTO_SPECTRUM = "natural-photograph spectrum shipped with rankaudit"
-WHITE = "equal energy in every direction (white data assumed: no image shape and no --data)"
+NO_REFERENCE = (
+    "no reference for an input that is not an image: nothing is certified; give --data (a few hundred samples like "
+    "yours) for a figure"
+)
 # Above this many unknowns a shrunk sample covariance would need an eigendecomposition too large for an analysis
-# that runs in seconds; the shipped spectrum (images) or white data is used instead, and the report says so.
+# that runs in seconds; the shipped spectrum is used instead (images), and the report says so.
 LARGEST_EIGENDECOMPOSITION = 4096
 
 
@@ -32,6 +41,8 @@ class Reference:
     eigenvalues: np.ndarray
     name: str
     peak: float = 1.0  # the input's range: the PSNR's peak
+    certifies: bool = True  # False: no distribution is known (a non-image input without --data), nothing certified
+    note: str | None = None  # one line for the report where --data could not serve as the reference
 
 
 @lru_cache(maxsize=1)
@@ -76,52 +87,56 @@ def photo_eigenvalues(channels: int, height: int, width: int) -> np.ndarray:
     return np.sort(_photo_modes(channels, height, width))[::-1]
 
 
-def white_eigenvalues(unknowns: int) -> np.ndarray:
-    return np.ones(unknowns)
-
-
 def data_reference(source: str, shape: tuple[int, ...]) -> Reference:
     """The user's own samples (--data: an image folder or a .npy, read by the verifiers' rules) as the reference.
 
-    With N samples and n unknowns, N < n leaves the sample covariance rank-deficient (it would certify nothing
-    beyond its N directions as visible), so it is shrunk toward the shipped reference (photographs for images,
-    white otherwise) with weight (n − N)/n on the reference, both at the data's total variance.
+    Images: with N samples and n unknowns, N < n leaves the sample covariance rank-deficient (it would certify
+    nothing beyond its N directions as visible), so it is shrunk toward the shipped photograph spectrum with weight
+    (n − N)/n on it, both at the data's total variance. Other inputs have no shipped spectrum to shrink toward (equal
+    energy in every direction is the least concentrated spectrum there is, not a conservative one): their sample
+    covariance is used as it is, and the directions the samples do not span count as visible. One sample is no
+    distribution: it still serves as the image to attack, and the reference falls back to the shipped one (images)
+    or to none (other inputs), said in `note`.
     """
     unknowns = int(np.prod(shape))
     samples = _read_samples(source, shape)
     count = samples.shape[0]
+    image = len(shape) == 3
     if count < 2:
-        raise ReferenceDataError(f"--data {source} holds {count} sample: give at least 2 samples")
+        fallback = reference_for(shape, unknowns)
+        fallback.note = (
+            f"--data {Path(source).name} holds {count} sample: it is what the verifiers attack, and the certificate "
+            f"uses {'the shipped photograph spectrum' if image else 'no reference'} (give a few hundred samples for "
+            "one of your own)"
+        )
+        return fallback
     centred = samples.reshape(count, -1) - samples.reshape(count, -1).mean(0)
-    if count >= unknowns:
+    if count >= unknowns or not image:
         # Only the eigenvalues are needed: the singular values of the centred samples, not an n×n covariance.
         eigenvalues = np.linalg.svd(centred, compute_uv=False) ** 2 / (count - 1)
         eigenvalues = np.concatenate([eigenvalues, np.zeros(unknowns - eigenvalues.size)])
-        return Reference(np.sort(eigenvalues)[::-1], f"--data: {count:,} samples from {Path(source).name}")
-    image = len(shape) == 3
-    fallback = photo_eigenvalues(*shape) if image else white_eigenvalues(unknowns)
+        name = f"--data: {count:,} samples from {Path(source).name}"
+        if count < unknowns:
+            name += f", fewer than the {unknowns:,} unknowns: the directions they do not span count as visible"
+        return Reference(np.sort(eigenvalues)[::-1], name)
+    fallback = photo_eigenvalues(*shape)
     if unknowns > LARGEST_EIGENDECOMPOSITION:
         # Shrinking would need an n×n eigendecomposition: the reference it would shrink toward is used, and said.
-        name = PHOTO_SPECTRUM if image else WHITE
         return Reference(
             fallback,
-            f"{name}; --data's {count:,} samples are too few for {unknowns:,} unknowns (give at least that many "
-            "to use them)",
+            f"{PHOTO_SPECTRUM}; --data's {count:,} samples are too few for {unknowns:,} unknowns (give at least that "
+            "many to use them)",
         )
     weight = (unknowns - count) / unknowns
     total = float((centred**2).sum() / (count - 1))
     covariance = (1 - weight) * (centred.T @ centred) / (count - 1)
-    if image:
-        basis = _photo_basis(*shape)
-        covariance += weight * total / fallback.sum() * (basis * _photo_modes(*shape)) @ basis.T
-    else:
-        covariance += weight * total / unknowns * np.eye(unknowns)
+    basis = _photo_basis(*shape)
+    covariance += weight * total / fallback.sum() * (basis * _photo_modes(*shape)) @ basis.T
     eigenvalues = np.clip(np.linalg.eigvalsh(covariance), 0.0, None)[::-1]
-    reference = "the shipped photograph spectrum" if image else "white data"
     return Reference(
         eigenvalues,
         f"--data: {count:,} samples from {Path(source).name}, fewer than the {unknowns:,} unknowns: shrunk "
-        f"toward {reference} (weight {weight:.2f})",
+        f"toward the shipped photograph spectrum (weight {weight:.2f})",
     )
 
 
@@ -143,16 +158,10 @@ def _photo_basis(channels: int, height: int, width: int) -> np.ndarray:
 def _read_samples(source: str, shape: tuple[int, ...]) -> np.ndarray:
     path = Path(source)
     if len(shape) == 3 and shape[0] in (1, 3):
-        from rankaudit.bound.images import _IMAGE_SUFFIXES, DataError, load_images
+        from rankaudit.bound.images import DataError, held_images, load_images
 
-        if path.is_dir():
-            available = sum(1 for p in path.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES and p.is_file())
-        elif path.suffix.lower() == ".npy" and path.exists():
-            available = _npy_rows(path)
-        else:
-            available = 1
         try:
-            return load_images(source, tuple(shape), max(available, 1))[0].double().numpy()
+            return load_images(source, tuple(shape), max(held_images(source) or 1, 1))[0].double().numpy()
         except DataError as exc:
             raise ReferenceDataError(f"--data: {exc}") from exc
     if path.suffix.lower() != ".npy" or not path.exists():
@@ -173,20 +182,18 @@ def _read_samples(source: str, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def _npy_rows(path: Path) -> int:
-    try:
-        return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
-    except Exception:
-        return 1  # load_images names the problem
-
-
 def reference_for(shape: tuple[int, ...] | None, unknowns: int, data: str | None = None) -> Reference:
-    """Spec §15's order: the user's samples; the shipped photograph spectrum for C×H×W; else white data."""
+    """In this order: the user's samples; the shipped photograph spectrum for C×H×W; else no reference, which
+    certifies nothing (docs/method.md, "The reference distribution")."""
     if data is not None and shape is not None:
         return data_reference(data, shape)
     if shape is not None and len(shape) == 3 and min(shape) >= 1:
         return Reference(photo_eigenvalues(*shape), PHOTO_SPECTRUM)
-    return Reference(white_eigenvalues(unknowns), WHITE)
+    return no_reference(unknowns)
+
+
+def no_reference(unknowns: int) -> Reference:
+    return Reference(np.ones(unknowns), NO_REFERENCE, certifies=False)
 
 
 def hidden_share(eigenvalues: np.ndarray, rank: int, copies: int = 1) -> float | None:
@@ -220,98 +227,270 @@ def _tail(eigenvalues: np.ndarray, rank: int, copies: int) -> float:
     return float(eigenvalues[whole:].sum() * copies - eigenvalues[whole] * rest)
 
 
-def largest_protected_rank(eigenvalues: np.ndarray, protected_share: float) -> int:
-    """The largest R at which h_cert still reaches `protected_share`: what `protected` asks of R_s."""
-    tails = np.cumsum(eigenvalues[::-1])[::-1] / eigenvalues.sum()  # tails[R] = Σ_{k>=R} λ_k / Σ λ (0-based)
+# The per-sample certificate (docs/method.md, "The certificate, per sample") is read off Monte Carlo draws of the
+# reference: this many draws, a fixed seed (the same figure on every run), and the order statistic that sits at or
+# below the true quantile with this confidence. Neighbouring eigenvalues within MERGE_RATIO of each other are drawn
+# together (one chi-square of their joint degrees of freedom), each group at the value that makes it conservative.
+QUANTILE_DRAWS = 10_000
+QUANTILE_CONFIDENCE = 0.999
+MERGE_RATIO = 1.05
+_per_sample_cache: dict = {}
+
+
+def _order_statistic(draws: int, below: float) -> int:
+    """The largest k whose k-th smallest of `draws` independent draws lies at or below the true `below`-quantile
+    with probability QUANTILE_CONFIDENCE: P(Binomial(draws, below) < k) <= 1 − QUANTILE_CONFIDENCE. 0: none does."""
+    log_below, log_above = math.log(below), math.log1p(-below)
+    cumulative, k = 0.0, 0
+    while k < draws:
+        term = math.exp(
+            math.lgamma(draws + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(draws - k + 1)
+            + k * log_below
+            + (draws - k) * log_above
+        )
+        if cumulative + term > 1 - QUANTILE_CONFIDENCE:
+            return k
+        cumulative += term
+        k += 1
+    return draws
+
+
+def _grouped(values: np.ndarray, counts: np.ndarray, keep: str) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of sorted (largest first) values within MERGE_RATIO merged into one: value the run's largest
+    (keep="largest") or smallest, count the run's total."""
+    merged_values, merged_counts = [], []
+    start = 0
+    while start < values.size:
+        end = start
+        while end + 1 < values.size and values[end + 1] * MERGE_RATIO >= values[start]:
+            end += 1
+        merged_values.append(values[start] if keep == "largest" else values[end])
+        merged_counts.append(counts[start : end + 1].sum())
+        start = end + 1
+    return np.asarray(merged_values, dtype=np.float64), np.asarray(merged_counts, dtype=np.float64)
+
+
+def per_sample_certificate(
+    eigenvalues: np.ndarray, rank: int, copies: int = 1, quantile: float = DEFAULT_CERTIFICATE_QUANTILE
+) -> tuple[float, float] | None:
+    """(h, e): at least `quantile` of the samples drawn from a Gaussian reference with these covariance eigenvalues
+    (largest first; each repeated `copies` times for independent samples taken together) keep at least the share h
+    of their deviation from the mean, and at least the energy e of it, hidden from any one subspace of dimension
+    `rank` fixed before the sample is drawn. None when the eigenvalues are not finite.
+
+    For every such subspace V and share h, ‖(I − P_V)y‖² < h‖y‖² is a quadratic form in y whose eigenvalues are,
+    in order, at least those it has for V = the top `rank` principal components (Weyl's inequalities), and the hidden
+    energy is at least that of the principal tail in the same coupling (Cauchy interlacing): the principal subspace
+    is the worst for every quantile of both, so drawing the tail T = Σ_{k>R} λ_k z_k² and head H = Σ_{k<=R} λ_k z_k²
+    and reading the (1 − quantile)-order statistics of T/(T + H) and T is the certificate (docs/method.md)."""
+    eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
+    total = float(eigenvalues.sum())
+    if not (math.isfinite(total) and np.isfinite(eigenvalues).all()) or total <= 0:
+        return None
+    rank, copies = max(int(rank), 0), max(int(copies), 1)
+    key = (hash(eigenvalues.tobytes()), eigenvalues.size, rank, copies, float(quantile))
+    if key in _per_sample_cache:
+        return _per_sample_cache[key]
+    whole, rest = divmod(rank, copies)
+    if whole >= eigenvalues.size:
+        answer = (0.0, 0.0)
+    elif rank == 0:
+        answer = (1.0, _tail_quantile(eigenvalues, copies, quantile))
+    else:
+        values = np.sort(eigenvalues)[::-1]
+        counts = np.full(values.size, float(copies))
+        head_values, head_counts = values[: whole + (1 if rest else 0)], counts[: whole + (1 if rest else 0)].copy()
+        if rest:
+            head_counts[-1] = rest
+        tail_values, tail_counts = values[whole:].copy(), counts[whole:].copy()
+        tail_counts[0] = copies - rest
+        visible = tail_values > total * 1e-12  # dropping a negligible tail only lowers what is certified
+        answer = _draw(head_values, head_counts, tail_values[visible], tail_counts[visible], quantile)
+    _per_sample_cache[key] = answer
+    return answer
+
+
+def _tail_quantile(eigenvalues: np.ndarray, copies: int, quantile: float) -> float:
+    values = np.sort(eigenvalues)[::-1]
+    keep = values > values.sum() * 1e-12
+    return _draw(np.zeros(0), np.zeros(0), values[keep], np.full(int(keep.sum()), float(copies)), quantile)[1]
+
+
+def _draw(head_values, head_counts, tail_values, tail_counts, quantile: float) -> tuple[float, float]:
+    if tail_values.size == 0:
+        return 0.0, 0.0
+    generator = np.random.default_rng(0)
+    tail_values, tail_counts = _grouped(tail_values, tail_counts, "smallest")
+    tail = 2 * generator.standard_gamma(tail_counts / 2, size=(QUANTILE_DRAWS, tail_values.size)) @ tail_values
+    head = np.zeros(QUANTILE_DRAWS)
+    if head_values.size:
+        head_values, head_counts = _grouped(head_values, head_counts, "largest")
+        head = 2 * generator.standard_gamma(head_counts / 2, size=(QUANTILE_DRAWS, head_values.size)) @ head_values
+    k = _order_statistic(QUANTILE_DRAWS, 1 - quantile)
+    if k == 0:
+        return 0.0, 0.0
+    share = np.partition(tail / (tail + head), k - 1)[k - 1]
+    energy = np.partition(tail, k - 1)[k - 1]
+    return min(max(float(share), 0.0), 1.0), max(float(energy), 0.0)
+
+
+def certified_share(
+    eigenvalues: np.ndarray, rank: int, copies: int = 1, quantile: float = DEFAULT_CERTIFICATE_QUANTILE
+) -> float | None:
+    """The per-sample certificate's share h (per_sample_certificate); None when not finite."""
+    answer = per_sample_certificate(eigenvalues, rank, copies, quantile)
+    return None if answer is None else answer[0]
+
+
+def certified_psnr_ceiling(
+    eigenvalues: np.ndarray, rank: int, peak: float = 1.0, quantile: float = DEFAULT_CERTIFICATE_QUANTILE
+) -> float | None:
+    """10·log10(peak² · n / e): the PSNR that the visible part of at least `quantile` of the samples stays under (e:
+    per_sample_certificate's hidden energy); None when nothing is certified hidden."""
+    answer = per_sample_certificate(eigenvalues, rank, 1, quantile)
+    if answer is None or answer[1] <= 0:
+        return None
+    value = 10 * math.log10(peak**2 * eigenvalues.size / answer[1])
+    return value if math.isfinite(value) else None
+
+
+def largest_protected_rank(
+    eigenvalues: np.ndarray, protected_share: float, quantile: float = DEFAULT_CERTIFICATE_QUANTILE
+) -> int:
+    """The largest R at which the per-sample certificate still reaches `protected_share`: what `protected` asks of
+    R_s. The certified share never grows with R (a larger subspace shows more), so a bisection finds it."""
+    if (certified_share(eigenvalues, 1, 1, quantile) or 0.0) < protected_share - 1e-12:
+        return 0  # one direction already shows too much (photographs): no bisection over 10⁵ ranks
+    low, high = 1, int(eigenvalues.size)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if (certified_share(eigenvalues, middle, 1, quantile) or 0.0) >= protected_share - 1e-12:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def largest_protected_share_rank(eigenvalues: np.ndarray, protected_share: float) -> float:
+    """The largest rank per sample r (fractional: R over `copies` samples) at which the mean hidden share still
+    reaches `protected_share`. Over many samples taken together the certified share of the batch approaches the mean
+    one from below, so a batch or round of c samples needs R <= c·r at least: where the searches for the first
+    protected batch or round start."""
+    total = float(eigenvalues.sum())
+    tails = np.cumsum(eigenvalues[::-1])[::-1] / total if total > 0 else np.zeros(eigenvalues.size)
     meeting = np.nonzero(tails >= protected_share - 1e-12)[0]
-    return int(meeting[-1]) if meeting.size else 0
+    whole = int(meeting[-1]) if meeting.size else 0
+    if whole >= eigenvalues.size or total <= 0 or eigenvalues[whole] <= 0:
+        return float(eigenvalues.size)
+    spare = (1 - protected_share) * total - float(eigenvalues[:whole].sum())  # visible energy left to spend
+    return whole + min(max(spare / float(eigenvalues[whole]), 0.0), 1.0)
 
 
 def sample_reference(inputs, unknowns: int, data: str | None = None) -> Reference | None:
-    """The reference distribution of one sample of a model with these inputs (spec §15's order), at `unknowns`
-    eigenvalues; None for token inputs (they keep the rank level and their own finding). Several data inputs take
-    their unknowns together, white."""
+    """The reference distribution of one sample of a model with these inputs (docs/method.md's order), at
+    `unknowns` eigenvalues; None for token inputs (they keep the rank level and their own finding). Several data
+    inputs taken together have no reference (nothing certified)."""
     carrying = [spec for spec in inputs if spec.carries_unknowns]
     if not carrying or any(spec.role != "data" for spec in carrying):
         return None
     shape = tuple(carrying[0].shape) if len(carrying) == 1 else None
     reference = reference_for(shape, unknowns, data)
     if reference.eigenvalues.size != unknowns:
-        reference = Reference(white_eigenvalues(unknowns), WHITE)
+        reference = no_reference(unknowns)
     return reference
-
-
-def largest_protected_share_rank(eigenvalues: np.ndarray, protected_share: float) -> float:
-    """The largest rank per sample r (fractional: R over `copies` samples) at which the hidden share still reaches
-    `protected_share`. hidden_share at R over c copies is the tail interpolated linearly at R/c, so a batch or round
-    of c samples is protected exactly when R <= c·r."""
-    total = float(eigenvalues.sum())
-    whole = largest_protected_rank(eigenvalues, protected_share)
-    if whole >= eigenvalues.size or total <= 0:
-        return float(eigenvalues.size)
-    spare = (1 - protected_share) * total - float(eigenvalues[:whole].sum())  # visible energy left to spend
-    if eigenvalues[whole] <= 0:
-        return float(eigenvalues.size)
-    return whole + min(max(spare / float(eigenvalues[whole]), 0.0), 1.0)
 
 
 @dataclass
 class EnergyScale:
     """One traced model's sample reference with the thresholds in force: the level of any rank bound on it, as
-    `check` reads it (spec §15), for the design review's edits, withheld sets and rounds. Without a reference
-    (token inputs) the level stays spec §11's, on directions."""
+    `check` reads it (the per-sample certificate), for the design review's edits, withheld sets and rounds. Without
+    a reference (token inputs) the level stays the one on directions; a reference that certifies nothing (a
+    non-image input without --data) reads every bound at a hidden share of 0."""
 
     reference: Reference | None
     unknowns: int  # |x|
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE
     exposed_below: float = DEFAULT_EXPOSED_BELOW
+    quantile: float = DEFAULT_CERTIFICATE_QUANTILE
 
     @classmethod
-    def of(cls, inputs, unknowns: int, data=None, max_recoverable=None, exposed_below=None) -> EnergyScale:
+    def of(
+        cls, inputs, unknowns: int, data=None, max_recoverable=None, exposed_below=None, quantile=None
+    ) -> EnergyScale:
         return cls(
             sample_reference(inputs, unknowns, data),
             unknowns,
             DEFAULT_MAX_RECOVERABLE if max_recoverable is None else max_recoverable,
             DEFAULT_EXPOSED_BELOW if exposed_below is None else exposed_below,
+            DEFAULT_CERTIFICATE_QUANTILE if quantile is None else quantile,
         )
+
+    def hidden(self, rank_bound: int, copies: int = 1) -> float | None:
+        """The certified per-sample hidden share of a rank bound over `copies` independent samples."""
+        if not self.reference.certifies:
+            return 0.0
+        return certified_share(self.reference.eigenvalues, rank_bound, copies, self.quantile)
 
     def level(self, rank_bound: int, copies: int = 1) -> str:
         """The level of a rank bound over `copies` independent samples (1: one sample's R_s)."""
         if self.reference is None:
             return verdict_level(rank_bound, self.unknowns * copies, self.max_recoverable)
-        hidden = hidden_share(self.reference.eigenvalues, rank_bound, copies)
+        hidden = self.hidden(rank_bound, copies)
         if hidden is None:
             return "exposed"  # no finite figure certifies anything: assume the worst
         return energy_level(hidden, self.max_recoverable, self.exposed_below)
 
-    def protected_rank(self) -> float:
-        """The largest rank per sample that is still protected (fractional, for R over several samples)."""
+    def whole_protected_rank(self) -> float:
+        """Where the searches for the first protected batch or round start: the largest rank per sample at which
+        the mean share is still protected (many samples together approach it from below); 0 without a figure."""
         if self.reference is None:
             return self.max_recoverable * self.unknowns
+        if not self.reference.certifies:
+            return 0.0
         return largest_protected_share_rank(self.reference.eigenvalues, 1 - self.max_recoverable)
 
+    def protected_rank(self) -> float:
+        """The largest rank per sample that is still protected (for R over several samples, a starting point: the
+        searches check each try on the samples taken together)."""
+        if self.reference is None:
+            return self.max_recoverable * self.unknowns
+        if not self.reference.certifies:
+            return 0.0
+        return float(largest_protected_rank(self.reference.eigenvalues, 1 - self.max_recoverable, self.quantile))
 
-def certify(bound, inputs, data: str | None = None, exposed_below: float | None = None):
-    """Spec §15 into `bound` (an Identifiability with its SampleBound): the certified hidden share and the PSNR
-    ceiling per sample (R_s over |x|) and for the batch or round line (R over N·|x|, each λ once per sample), the
+
+def certify(bound, inputs, data: str | None = None, exposed_below: float | None = None, quantile: float | None = None):
+    """The energy certificate into `bound` (an Identifiability with its SampleBound): per sample (R_s over |x|) the
+    certified hidden share at the quantile, the expected share (Ky Fan) and the PSNR ceiling; for the batch or round
+    line (R over N·|x|, each λ once per sample) the certified share of the samples taken together; the
     distribution's name, and the sample level on energy. Token inputs keep the rank level and their own finding.
     Returns the Reference used (None for token inputs)."""
     sample = bound.sample
     reference = sample_reference(inputs, sample.unknowns, data)
     if reference is None:
         return None
-    eigenvalues = reference.eigenvalues
-    sample.certified_hidden_energy = hidden_share(eigenvalues, sample.rank_bound)
-    sample.visible_psnr_ceiling = psnr_ceiling(eigenvalues, sample.rank_bound, reference.peak)
-    copies = max(bound.unknowns // sample.unknowns, 1) if sample.unknowns else 1
-    bound.certified_hidden_energy = hidden_share(eigenvalues, bound.rank_bound, copies)
-    bound.spectrum = reference.name
     threshold = DEFAULT_EXPOSED_BELOW if exposed_below is None else exposed_below
     scale = EnergyScale(reference, sample.unknowns, bound.max_recoverable, threshold)
+    if quantile is not None:
+        scale.quantile = quantile
+    eigenvalues = reference.eigenvalues
+    copies = max(bound.unknowns // sample.unknowns, 1) if sample.unknowns else 1
+    sample.certified_hidden_energy = scale.hidden(sample.rank_bound)
+    bound.certified_hidden_energy = scale.hidden(bound.rank_bound, copies)
+    if reference.certifies:
+        sample.expected_hidden_energy = hidden_share(eigenvalues, sample.rank_bound)
+        sample.visible_psnr_ceiling = certified_psnr_ceiling(
+            eigenvalues, sample.rank_bound, reference.peak, scale.quantile
+        )
+    bound.spectrum = reference.name
+    bound.reference_note = reference.note
+    bound.certificate_quantile = scale.quantile
     sample.level = scale.level(sample.rank_bound)
     if bound.certified_hidden_energy is not None:  # the batch or round line, read on the same scale (context)
         bound.verdict = scale.level(bound.rank_bound, copies)
-    bound.protected_rank = largest_protected_rank(eigenvalues, 1 - bound.max_recoverable)
+    bound.protected_rank = int(scale.protected_rank())
     bound.exposed_below = scale.exposed_below
     return reference
 

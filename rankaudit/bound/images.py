@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DataError", "load_images"]
+__all__ = ["DataError", "held_images", "load_images"]
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 # ITU-R BT.601 luma, the weights PIL's "L" conversion uses.
@@ -43,6 +43,19 @@ def load_images(source: str | None, shape: tuple[int, int, int], n: int, seed: i
     if not path.exists():
         raise DataError(f"image source {source!r} does not exist: give a directory of PNG/JPEG files or a .npy file")
     raise DataError(f"image source {source!r} is neither a directory nor a .npy file: give one of those")
+
+
+def held_images(source: str) -> int | None:
+    """How many images an image folder or a .npy holds (None where that cannot be told: load_images names why)."""
+    path = Path(source)
+    try:
+        if path.is_dir():
+            return sum(1 for p in path.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES and p.is_file())
+        if path.suffix.lower() == ".npy" and path.is_file():
+            return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
+    except Exception:
+        return None
+    return None
 
 
 def _to_channels(img: torch.Tensor, c: int) -> torch.Tensor:

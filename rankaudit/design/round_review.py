@@ -112,8 +112,10 @@ def round_review(
                 )
             )
             continue
-        largest = energy.protected_rank()  # the round as a whole is protected once R <= its samples · largest
-        enough = math.ceil(values / max(largest * scale, 1e-300)) if largest > 0 else None
+        # The round as a whole needs R <= its samples · largest at least (the mean share); its certified share
+        # approaches the mean from below as samples add up, so twice that many is where the search stops.
+        largest = energy.whole_protected_rank()
+        enough = math.ceil(2 * values / max(largest * scale, 1e-300)) if largest > 0 else None
         low = round_.batch_size if setting == "local_samples" else 1
         whole = first_whole(setting, low, max(low, min(enough or MAX_ROUND_SEARCH, MAX_ROUND_SEARCH)))
         whole_text = (

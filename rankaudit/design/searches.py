@@ -56,12 +56,14 @@ def smallest_protected_batch(
 
     if protected(start, at_start):
         return start
-    largest = energy.protected_rank()
+    largest = energy.whole_protected_rank()
     if largest <= 0:
         return None
     capacity = sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)))
     capacity += sum(e.vocab_size * e.dim for e in traced.token_embeddings)
-    low, high = start, max(start + 1, int(capacity / largest) + 1)
+    # The batch's certified share approaches the mean share from below as samples add up: at twice the batch where
+    # the mean share is protected, the certificate is too (checked, not assumed).
+    low, high = start, max(start + 1, int(2 * capacity / largest) + 1)
     if not protected(high):
         return None
     return first_true(protected, low, high)

@@ -17,7 +17,7 @@ from rankaudit.errors import UsageError
 from rankaudit.findings.leakage import readout_layers, token_leakage
 from rankaudit.model.load import load_model
 from rankaudit.result import DPNoiseSuggestion, SampleBound
-from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE
+from rankaudit.settings.levels import DEFAULT_CERTIFICATE_QUANTILE, DEFAULT_MAX_RECOVERABLE
 from rankaudit.settings.levels import ceiling as level_ceiling
 from rankaudit.settings.round import Round
 
@@ -88,6 +88,7 @@ class SuggestReport:
     noise_is_the_way: bool = False
     spectrum: str = ""  # the reference distribution the levels are read on (spec §15); "" for token inputs
     exposed_below: float | None = None  # the hidden share under which a sample is exposed
+    certificate_quantile: float = DEFAULT_CERTIFICATE_QUANTILE  # the share of samples the certificate speaks for
 
 
 def suggest(
@@ -99,6 +100,7 @@ def suggest(
     round_: Round | None = None,
     data: str | None = None,
     exposed_below: float | None = None,
+    certificate_quantile: float | None = None,
 ) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
     fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
@@ -106,7 +108,8 @@ def suggest(
     certified or protected are reported beside them: no batch size protects any one sample.
 
     Every level is read on energy, as `check` reads it (spec §15): the reference is `data` (--data), else the
-    shipped photograph spectrum for C×H×W inputs, else white data; `exposed_below` as check's --exposed-below."""
+    shipped photograph spectrum for C×H×W inputs, else none (nothing certified); `exposed_below` and
+    `certificate_quantile` as check's flags."""
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta")
@@ -118,9 +121,11 @@ def suggest(
     judged_round = round_ or Round(batch_size=batch_size)
     base_sample = sample_identifiability(traced, judged_round, max_recoverable=ceiling)
     try:
-        energy = EnergyScale.of(traced.inputs, base_sample.unknowns, data, ceiling, exposed_below)
+        energy = EnergyScale.of(traced.inputs, base_sample.unknowns, data, ceiling, exposed_below, certificate_quantile)
         base_bound.sample = base_sample
-        reference = certify(base_bound, traced.inputs, data, exposed_below)  # the levels `check` prints
+        reference = certify(
+            base_bound, traced.inputs, data, exposed_below, certificate_quantile
+        )  # the levels `check` prints
     except ReferenceDataError as exc:
         raise UsageError(str(exc), "give a readable --data, or leave it out to use the shipped reference") from exc
     readouts = {name for _, name, _, _ in readout_layers(traced)}
@@ -211,5 +216,6 @@ def suggest(
         noise_is_the_way=not structural,
         spectrum=reference.name if reference is not None else "",
         exposed_below=energy.exposed_below,
+        certificate_quantile=energy.quantile,
         **span,
     )

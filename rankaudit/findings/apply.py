@@ -68,6 +68,7 @@ def apply_findings(
     max_recoverable: float | None = None,
     data: str | None = None,
     exposed_below: float | None = None,
+    certificate_quantile: float | None = None,
 ) -> Result:
     """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`.
 
@@ -90,7 +91,7 @@ def apply_findings(
             max_recoverable=bound.max_recoverable,
         )
     # Spec §15: the level is read on energy (the certified hidden share of a typical sample), not on directions.
-    certify(bound, traced.inputs, data, exposed_below)
+    certify(bound, traced.inputs, data, exposed_below, certificate_quantile)
     # Spec §14: the verdict is the sample level; the batch or round level stays as its own sentence.
     result.verdict = bound.sample.level
     bound.sample.covers = coverage_sentence(

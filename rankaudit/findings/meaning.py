@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from rankaudit.bound.energy import NO_REFERENCE
 from rankaudit.result import DPBound, Identifiability, Result, SampleBound
 from rankaudit.settings.levels import percent
 from rankaudit.settings.round import Round
@@ -47,7 +48,12 @@ def hidden_estimate_sentence(bound: Identifiability) -> str:
     if bound.certified_deficit <= 0:
         return "nothing of the input is certified hidden"
     if bound.certified_hidden_energy is not None:
-        return f"{energy_percent(bound.certified_hidden_energy)} of the samples' energy is certified hidden, for any weights"
+        if certifies_nothing(bound):
+            return "nothing of the samples' detail is certified hidden without --data (the input is not an image)"
+        return (
+            f"{percent(bound.certificate_quantile)} of batches like yours keep "
+            f"{_at_least(bound.certified_hidden_energy)} of the samples' detail hidden, for any weights"
+        )
     hidden = bound.hidden_estimate
     expect = "expect a near-perfect reconstruction" if hidden < NEAR_PERFECT_HIDDEN else "expect a degraded one"
     return (
@@ -79,27 +85,60 @@ def _at_least(share: float) -> str:
     return shown if shown.startswith("less") else f"at least {shown}"
 
 
+def samples_like_yours(bound: Identifiability) -> str:
+    """ "90 % of samples like yours": the share of samples the per-sample certificate speaks for."""
+    return f"{percent(bound.certificate_quantile)} of samples like yours"
+
+
+def certifies_nothing(bound: Identifiability) -> bool:
+    """Whether no reference distribution was there to certify anything (a non-image input without --data)."""
+    return bound.spectrum == NO_REFERENCE
+
+
 def energy_sentence(result: Result) -> str:
-    """Spec §15's certificate as the verdict line names it: the hidden share, the PSNR ceiling, the threat it covers,
-    the distribution, and, where no architecture reaches `protected`, that noise is the way."""
+    """The per-sample certificate as the verdict line names it: the share of their detail that samples like the
+    user's keep hidden, the PSNR ceiling, the threat it covers, the distribution, and, where no architecture
+    reaches `protected`, that noise is the way (docs/method.md, "The certificate, per sample")."""
     bound = result.identifiability
     sample = bound.sample if bound is not None else None
     if sample is None or sample.certified_hidden_energy is None:
         return ""
-    if sample.rank_bound == 0:  # nothing reaches the server: its best guess is the reference's mean
-        psnr = "no direction of it reaches the server"
-    elif sample.visible_psnr_ceiling is not None:
-        psnr = f"its visible part is at most a {sample.visible_psnr_ceiling:.1f} dB reconstruction"
-    else:
-        psnr = "its visible part can be the sample itself"
     protected_share = 1 - bound.max_recoverable
+    note = f" {bound.reference_note[:1].upper()}{bound.reference_note[1:]}." if bound.reference_note else ""
+    if certifies_nothing(bound):
+        return (
+            f"For any weights, nothing is certified hidden: this input is not an image, and without --data there is "
+            f"no distribution of samples like yours to certify against; give --data (a few hundred samples like "
+            f"yours) for a figure; protected asks that {samples_like_yours(bound)} keep at least "
+            f"{percent(protected_share)} of their detail hidden (--max-recoverable).{note}"
+        )
+    if sample.rank_bound == 0:  # nothing reaches the server: its best guess is the reference's mean
+        psnr = "no direction of them reaches the server"
+    elif sample.visible_psnr_ceiling is not None:
+        psnr = f"their visible part is at most a {sample.visible_psnr_ceiling:.1f} dB reconstruction"
+    else:
+        psnr = "their visible part can be the sample itself"
+    expected = (
+        f"; on average {energy_percent(sample.expected_hidden_energy)} stays hidden"
+        if sample.expected_hidden_energy and sample.rank_bound > 0
+        else ""
+    )
+    if sample.certified_hidden_energy > 0:
+        kept = (
+            f"{samples_like_yours(bound)} keep {_at_least(sample.certified_hidden_energy)} of their detail (their "
+            f"difference from the average sample) hidden and {psnr}"
+        )
+    else:
+        kept = (
+            "nothing of a sample's detail (its difference from the average sample) is certified hidden, and "
+            + psnr.replace("their visible part", "its visible part")
+        )
     text = (
-        f"For any weights, including a server that picks them: "
-        f"{_at_least(sample.certified_hidden_energy)} of a typical sample's energy stays hidden and {psnr} ({bound.spectrum}); protected asks at least "
-        f"{percent(protected_share)} (--max-recoverable)"
+        f"For any weights, including a server that picks them: {kept} ({bound.spectrum}{expected}); protected asks "
+        f"at least {percent(protected_share)} (--max-recoverable)"
     )
     if result.verdict == "protected":
-        return text + "."
+        return text + "." + note
     if result.verdict == "exposed":
         text += f", and less than {percent(bound.exposed_below)} is exposed (--exposed-below)"
     text += "."
@@ -107,13 +146,13 @@ def energy_sentence(result: Result) -> str:
         if bound.protected_rank == 0:
             text += (
                 " No architecture change reaches protected on this input: a single visible direction already shows "
-                "more than that share of a typical sample's energy."
+                "more than that share of the detail of some samples like yours."
             )
             if result.dp is None or result.dp.noise_by != "client":
                 text += " " + NOISE_IS_THE_WAY
         else:
             text += f" Protected needs a per-sample rank bound of at most {bound.protected_rank:,}."
-    return text
+    return text + note
 
 
 # What to do where no architecture can protect a sample (photographs: a server that picks the weights sees their main

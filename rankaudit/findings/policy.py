@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rankaudit.findings.meaning import energy_percent, per_sample_view, ra_verdict
+from rankaudit.findings.meaning import (
+    certifies_nothing,
+    energy_percent,
+    per_sample_view,
+    ra_verdict,
+    samples_like_yours,
+)
 from rankaudit.result import PolicyOutcome, Result
 from rankaudit.settings.levels import DEFAULT_FAIL_ON, FAILING_VERDICTS, percent
 
@@ -21,10 +27,17 @@ def evaluate_policy(
         carried_by = "none"
         hidden = bound.sample.certified_hidden_energy if bound is not None and bound.sample else None
         if hidden is not None and result.verdict in ("partial", "exposed"):
+            certified = (
+                "nothing is certified hidden without --data (the input is not an image)"
+                if certifies_nothing(bound)
+                else f"{samples_like_yours(bound)} keep {energy_percent(hidden)} of their detail hidden"
+                if hidden > 0
+                else "nothing of a sample's detail is certified hidden"
+            )
             reasons.append(
-                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {energy_percent(hidden)} of a typical "
-                f"sample's energy is certified hidden, below the {percent(1 - bound.max_recoverable)} protected asks "
-                f"(--fail-on {fail_on}; --max-recoverable sets the share, --fail-on exposed keeps the weaker gate)"
+                f"verdict is {result.verdict}{' (each sample)' if each else ''}: {certified}, below the "
+                f"{percent(1 - bound.max_recoverable)} protected asks (--fail-on {fail_on}; --max-recoverable sets "
+                "the share, --fail-on exposed keeps the weaker gate)"
             )
         elif result.verdict == "partial" and bound is not None:
             fraction = bound.sample.recoverable_fraction if each else bound.recoverable_fraction

@@ -1,9 +1,9 @@
-"""The identifiability bound as bars for the HTML report: a typical sample's energy, which the verdict reads, above
+"""The identifiability bound as bars for the HTML report: a sample's detail, which the verdict reads, above
 the count of input directions (inline SVG)."""
 
 from __future__ import annotations
 
-from rankaudit.findings.meaning import energy_percent, visible_percent
+from rankaudit.findings.meaning import energy_percent, samples_like_yours, visible_percent
 from rankaudit.report.svg import GRID, INK, WARN, _f, _svg_open, fmt_int, x
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
@@ -41,7 +41,8 @@ def _share_bar(
 
 
 def bound_bar(result: Result, prefix: str = "b") -> str:
-    """The bound in the verdict's currency first: of a typical sample's energy, the part the visible directions may
+    """The bound in the verdict's currency first: of a sample's detail (for the share of samples the certificate
+    speaks for), the part the visible directions may
     show and the part certified hidden from any weights (the level reads it); below, the same bound counted in
     directions: the rank bound R of n unknowns and the certified deficit. Only the second where no energy
     certificate was computed."""
@@ -58,7 +59,7 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             row * rows,
             f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns"
             + (
-                f"; {energy_percent(hidden)} of a typical sample's energy certified hidden"
+                f"; {energy_percent(hidden)} of the detail of {samples_like_yours(bound)} certified hidden"
                 if hidden is not None
                 else ""
             ),
@@ -73,11 +74,11 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             out,
             top,
             width,
-            "Energy of a typical sample (what the verdict reads)",
+            f"Detail of {samples_like_yours(bound)} (what the verdict reads)",
             1 - hidden,
             (
-                f"{visible_percent(hidden)} of its energy can be visible to a server that picks the weights",
-                f"{energy_percent(hidden)} of its energy is certified hidden from any weights",
+                f"up to {visible_percent(hidden)} of a sample's detail can be visible to a server that picks the weights",
+                f"{energy_percent(hidden)} of it is certified hidden from any weights",
             ),
             (f"visible: {visible_percent(hidden)}", f"certified hidden: {energy_percent(hidden)}"),
         )

@@ -57,6 +57,7 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
         "noise_is_the_way": report.noise_is_the_way,
         "spectrum": report.spectrum,
         "exposed_below": report.exposed_below,
+        "certificate_quantile": report.certificate_quantile,
     }
 
 
@@ -193,7 +194,7 @@ def _protected_text(report: SuggestReport) -> str:
     """What `protected` asks, as `check` reads it: a hidden share of the energy (directions for token inputs)."""
     if not report.spectrum:
         return f"at most {percent(report.max_recoverable)} of the input's directions recoverable"
-    return f"at least {percent(1 - report.max_recoverable)} of a typical sample's energy hidden"
+    return f"{_samples(report)} keeping at least {percent(1 - report.max_recoverable)} of their detail hidden"
 
 
 def _certificates(report: SuggestReport) -> list[str]:
@@ -234,7 +235,7 @@ def _certificates(report: SuggestReport) -> list[str]:
         exposed = percent(report.exposed_below) if report.exposed_below is not None else "5 %"
         lines.append(
             f"Levels are read on energy, as `rankaudit check` reads them (reference: {report.spectrum}): exposed "
-            f"below {exposed} of a typical sample's energy hidden."
+            f"below {exposed} of the detail of {_samples(report)} hidden."
         )
     return lines
 
@@ -283,15 +284,22 @@ def _token_budget(report: SuggestReport) -> list[str]:
     ]
 
 
-def _hidden_text(sample) -> str:
-    hidden = sample.certified_hidden_energy
-    return "" if hidden is None else f", {percent(hidden)} of a typical sample's energy hidden"
+def _samples(report: SuggestReport) -> str:
+    """ "90 % of samples like yours": the share of samples the certificate speaks for."""
+    return f"{percent(report.certificate_quantile)} of samples like yours"
+
+
+def _hidden_text(report: SuggestReport) -> str:
+    hidden = report.sample.certified_hidden_energy
+    if hidden is None:
+        return ""
+    return f", {_samples(report)} keep {percent(hidden)} of their detail hidden" if hidden > 0 else ", nothing hidden"
 
 
 def suggest_table(report: SuggestReport, top: int | None = None) -> str:
     sample = (
         f"each sample: rank bound {report.sample.rank_bound:,} of {report.sample.unknowns:,} "
-        f"({percent(report.sample.recoverable_fraction)} recoverable{_hidden_text(report.sample)}), "
+        f"({percent(report.sample.recoverable_fraction)} recoverable{_hidden_text(report)}), "
         f"{report.verdict}; the batch as a whole: "
         if report.sample is not None
         else ""

@@ -52,10 +52,11 @@ def emit(results, output_format: str, output: str | None, *, quiet: bool = False
 
 
 def quiet_line(result) -> str:
-    """--quiet's one short line per model: the verdict, the share of a typical sample certified hidden (what the
+    """--quiet's one short line per model: the verdict, the share of each sample's detail certified hidden (what the
     verdict reads), DP's bound where DP options were given, and the exit code with its reason. The full output
     has the sentences behind each."""
     from rankaudit.findings.meaning import energy_percent, per_sample_view
+    from rankaudit.settings.levels import percent
     from rankaudit.findings.policy import short_reason
 
     bound = result.identifiability
@@ -64,7 +65,8 @@ def quiet_line(result) -> str:
     parts = [f"{result.model}: {result.verdict}{each}"]
     if sample is not None and sample.certified_hidden_energy is not None:
         parts.append(
-            f", {energy_percent(sample.certified_hidden_energy)} of a typical sample's energy certified hidden"
+            f", {energy_percent(sample.certified_hidden_energy)} of the detail of "
+            f"{percent(bound.certificate_quantile)} of samples certified hidden"
         )
     elif bound is not None:
         parts.append(f", rank <= {bound.rank_bound:,} of {bound.unknowns:,}")

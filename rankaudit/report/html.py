@@ -251,15 +251,22 @@ def _energy(energy) -> dict | None:
     """Spec §15, measured: the worst sample at the weights used, on the energy levels, beside the certificate."""
     if not isinstance(energy, dict) or not energy.get("line"):
         return None
-    certified, stderr = energy.get("certified_hidden_energy"), energy.get("stderr")
-    checked = certified is not None and stderr is not None
+    certified, expected, stderr = (
+        energy.get("certified_hidden_energy"),
+        energy.get("expected_hidden_energy"),
+        energy.get("stderr"),
+    )
+    checked = expected is not None and stderr is not None
     return {
         "line": energy["line"][:1].upper() + energy["line"][1:],
         "level": energy.get("level"),
         "samples": energy.get("samples"),
         "mean": percent(energy["mean_hidden_energy"]) if checked else None,
         "stderr": percent(stderr) if checked else None,
-        "certified": percent(certified) if checked else None,
+        "expected": percent(expected) if checked else None,
+        "certified": percent(certified) if certified is not None else None,
+        "below": energy.get("below_certified"),
+        "quantile": percent(energy.get("certificate_quantile") or 0.9),
         "consistent": energy.get("consistent"),
     }
 
@@ -437,10 +444,10 @@ def _dp(result: Result) -> dict | None:
 
 
 def _headline(result: Result, verdict: str) -> str:
-    """The verdict card's heading: the verdict's own reason, what the directions a server can see show of a typical
-    sample's energy (the certificate the level reads); without one, the direction count the level then reads. A
+    """The verdict card's heading: the verdict's own reason, what the directions a server can see show of a sample's
+    detail (the per-sample certificate the level reads); without one, the direction count the level then reads. A
     round that is not FedSGD is judged on its update, and beyond one sample the verdict is each sample's."""
-    from rankaudit.findings.meaning import energy_percent, per_sample_view, visible_percent
+    from rankaudit.findings.meaning import energy_percent, per_sample_view, samples_like_yours, visible_percent
 
     bound = result.identifiability
     sample = bound.sample if bound is not None else None
@@ -449,19 +456,20 @@ def _headline(result: Result, verdict: str) -> str:
         hidden = sample.certified_hidden_energy
         shown = visible_percent(hidden)
         kept = "nothing" if hidden <= 0 else energy_percent(hidden)
+        who = samples_like_yours(bound)
         if verdict == "protected":
             return (
-                f"At least {kept} of a typical sample's energy is hidden from any weights: the directions {sent} can "
-                f"show hold at most {percent(1 - hidden)} of it."
+                f"{who[0].upper()}{who[1:]} keep at least {kept} of their detail hidden from any weights: the "
+                f"directions {sent} can show hold at most {percent(1 - hidden)} of it."
             )
         if verdict == "partial":
             return (
-                f"The directions {sent} can show hold {shown} of a typical sample's energy: {kept} is certified "
-                f"hidden, less than the {percent(1 - bound.max_recoverable)} protected asks; not protection."
+                f"The directions {sent} can show hold up to {shown} of a sample's detail: {kept} is certified hidden "
+                f"for {who}, less than the {percent(1 - bound.max_recoverable)} protected asks; not protection."
             )
         return (
-            f"The directions {sent} can show hold {shown} of a typical sample's energy: {kept} is certified hidden "
-            f"from any weights, so a server can reconstruct it."
+            f"The directions {sent} can show hold up to {shown} of a sample's detail: {kept} of it is certified "
+            f"hidden for {who}, so a server can reconstruct them."
         )
     headline = HEADLINES.get(verdict, "")
     if sent != "a shared gradient":
@@ -551,6 +559,8 @@ def _certificate_picture(result: Result) -> dict | None:
         "psnr": "∞" if psnr is None else f"{psnr:.1f}",
         "rank": bound.sample.rank_bound,
         "hidden": bound.sample.certified_hidden_energy,
+        "hidden_text": percent(bound.sample.certified_hidden_energy or 0.0),
+        "quantile": percent(bound.certificate_quantile),
         "psnr_ceiling": bound.sample.visible_psnr_ceiling,
     }
 

@@ -34,8 +34,8 @@ RULES = {
     ),
     "RA004": (
         "no-certified-deficit",
-        "Less than the exposed share (--exposed-below) of a typical sample's energy is certified hidden from any "
-        "weights: the gradient can show each sample almost in full",
+        "Less than the exposed share (--exposed-below) of the detail of 90 % of samples like yours is certified "
+        "hidden from any weights: the gradient can show such a sample almost in full",
         "error",
         "8.0",
     ),
@@ -54,7 +54,7 @@ RULES = {
     ),
     "RA007": (
         "input-partial",
-        "Part of a typical sample's energy is certified hidden from any weights, but less than protected asks "
+        "Part of each sample's detail is certified hidden from any weights, but less than protected asks "
         "(--max-recoverable): not protection",
         "warning",
         "6.5",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from rankaudit.findings.meaning import energy_percent
 from rankaudit.report import records
 from rankaudit.result import Result
 from rankaudit.settings.levels import count, percent
@@ -272,13 +273,20 @@ def _energy_lines(rank: dict) -> list[str]:
     if not energy:
         return []
     line = f"  {energy['line']}"
-    certified = energy.get("certified_hidden_energy")
-    if certified is not None and energy.get("stderr") is not None:
-        line += (
-            f"; mean {percent(energy['mean_hidden_energy'])} ± {percent(energy['stderr'])} over "
-            f"{energy['samples']} samples against the certified {percent(certified)}"
-            + ("" if energy.get("consistent") else " (inconsistent)")
+    certified, expected = energy.get("certified_hidden_energy"), energy.get("expected_hidden_energy")
+    readings = []
+    if certified is not None and energy.get("below_certified") is not None:
+        readings.append(
+            f"{energy['below_certified']} of {energy['samples']} under the certified {energy_percent(certified)} "
+            f"(which {percent(energy.get('certificate_quantile') or 0.9)} of samples keep)"
         )
+    if expected is not None and energy.get("stderr") is not None:
+        readings.append(
+            f"mean {percent(energy['mean_hidden_energy'])} ± {percent(energy['stderr'])} against the expected "
+            f"{percent(expected)}"
+        )
+    if readings:
+        line += "; " + ", ".join(readings) + ("" if energy.get("consistent") is not False else " (inconsistent)")
     return [line]
 
 

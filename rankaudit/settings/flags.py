@@ -166,20 +166,30 @@ def psnr_target_option(command):
 
 
 def _level_options(command):
-    """--max-recoverable and --exposed-below: the two thresholds every command reads its levels on (energy)."""
+    """--max-recoverable, --exposed-below and --certificate-quantile: the thresholds every command reads its levels
+    on (energy), and the share of samples the certificate speaks for."""
+    command = click.option(
+        "--certificate-quantile",
+        type=click.FloatRange(0, 1, min_open=True, max_open=True),
+        default=None,
+        metavar="Q",
+        help="The certificate speaks for this share of samples like yours: at least Q of them keep the certified "
+        "share of their detail hidden (default 0.9).",
+    )(command)
     command = click.option(
         "--exposed-below",
         type=click.FloatRange(0, 1),
         default=None,
         metavar="F",
-        help="exposed when less than F of a typical sample's energy is certified hidden (default 0.05).",
+        help="exposed when 90 % of samples like yours keep less than F of their detail (their difference from the "
+        "average sample) certified hidden (default 0.05).",
     )(command)
     return click.option(
         "--max-recoverable",
         type=click.FloatRange(0, 1),
         default=None,
         metavar="F",
-        help="protected asks that at least 1 - F of a typical sample's energy stays hidden from any weights "
+        help="protected asks that 90 % of samples like yours keep at least 1 - F of their detail hidden from any weights "
         "(default 0.5: half); below that the verdict is partial or exposed.",
     )(command)
 
@@ -216,7 +226,7 @@ def check_options(command):
             default=DEFAULT_FAIL_ON,
             show_default=True,
             help="partial: exit 1 unless the verdict is protected; exposed: the weaker gate (exit 1 only when less "
-            "than --exposed-below of a typical sample's energy is certified hidden); boundary: partial, and also "
+            "than --exposed-below of the samples' detail is certified hidden); boundary: partial, and also "
             "unless R-GAP's closed form stops (RA-i > 0); never: only other rules fail.",
         ),
         click.option("--min-ra", type=int, default=None, help=_MIN_RA_HELP),
@@ -267,7 +277,7 @@ def attack_options(command):
             "--data",
             metavar="DIR|FILE.npy",
             help="Samples like yours: the reference distribution of the energy certificate (default: a photograph "
-            "spectrum shipped with rankaudit for C,H,W inputs, else white data) and the images to attack (default: "
+            "spectrum shipped with rankaudit for C,H,W inputs; other inputs certify nothing without it) and the images to attack (default: "
             "photographs shipped with scikit-learn).",
         ),
         click.option(
@@ -369,7 +379,7 @@ def suggest_options(command):
             "--data",
             metavar="DIR|FILE.npy",
             help="Samples like yours: the reference distribution the levels are read on, as in check (default: a "
-            "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
+            "photograph spectrum shipped with rankaudit for C,H,W inputs; other inputs certify nothing without it).",
         ),
         click.option(
             "--format",
@@ -404,7 +414,7 @@ def compare_options(command):
             "--data",
             metavar="DIR|FILE.npy",
             help="Samples like yours: the reference distribution both verdicts are read on, as in check (default: a "
-            "photograph spectrum shipped with rankaudit for C,H,W inputs, else white data).",
+            "photograph spectrum shipped with rankaudit for C,H,W inputs; other inputs certify nothing without it).",
         ),
         click.option(
             "--format",

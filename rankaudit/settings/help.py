@@ -75,6 +75,7 @@ OPTION_GROUP = {
     "--min-ra": POLICY,
     "--max-recoverable": POLICY,
     "--exposed-below": POLICY,
+    "--certificate-quantile": POLICY,
     "--max-reconstruction": POLICY,
     "--action": POLICY,
     "--tolerance": POLICY,

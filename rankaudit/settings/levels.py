@@ -5,12 +5,14 @@ from __future__ import annotations
 # Weakest protection first, and the default ceiling on the recoverable fraction R/n for `protected`.
 VERDICT_LEVELS = ("exposed", "partial", "protected")
 DEFAULT_MAX_RECOVERABLE = 0.5
-# Spec §15: `exposed` when less than this share of a typical sample's energy is certified hidden (--exposed-below):
-# the visible part of a typical photograph is then above about 26 dB at 32 px.
+# `exposed` when the certificate keeps less than this share of each sample's detail hidden (--exposed-below).
 DEFAULT_EXPOSED_BELOW = 0.05
 # --psnr-target: the PSNR (dB) an unbiased reconstruction may reach at most when σ is chosen from the Fisher floor;
 # at 20 dB a reconstructed photograph is no longer recognisable (docs/verify/fisher.md).
 DEFAULT_PSNR_TARGET = 20.0
+# The certificate is read per sample: the hidden share that at least this share of samples like the user's keep
+# (--certificate-quantile). docs/method.md, "The certificate, per sample".
+DEFAULT_CERTIFICATE_QUANTILE = 0.9
 
 # --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before spec §11);
 # partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).

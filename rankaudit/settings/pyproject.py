@@ -22,6 +22,7 @@ TOP_KEYS = {
     "max-recoverable",
     "exposed-below",
     "psnr-target",
+    "certificate-quantile",
     "batch-size",
     "shared-layers",
     "withheld-layers",
@@ -62,6 +63,7 @@ class Settings:
     max_recoverable: float | None = None
     exposed_below: float | None = None
     psnr_target: float | None = None  # dB: the PSNR ceiling σ is chosen to keep (the Fisher floor)
+    certificate_quantile: float | None = None
     batch_size: int | None = None
     shared_layers: list[str] | None = None
     withheld_layers: list[str] | None = None
@@ -192,6 +194,11 @@ def load_settings(model_path: Path) -> Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             _bad(pyproject, "psnr-target", "a PSNR in dB, e.g. 20")
         settings.psnr_target = float(value)
+    if "certificate-quantile" in table:
+        value = table["certificate-quantile"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            _bad(pyproject, "certificate-quantile", "a fraction strictly between 0 and 1, e.g. 0.9")
+        settings.certificate_quantile = float(value)
     if "batch-size" in table:
         settings.batch_size = _positive_int(pyproject, "batch-size", table["batch-size"], minimum=1)
     if "shared-layers" in table:

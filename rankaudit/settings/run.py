@@ -105,6 +105,7 @@ CONFIGURABLE = (
     "min_ra",
     "max_recoverable",
     "exposed_below",
+    "certificate_quantile",
     "shared_layers",
     "withheld_layers",
     "psnr_target",
@@ -121,6 +122,7 @@ class ModelSettings:
     min_ra: int | None
     max_recoverable: float | None
     exposed_below: float | None
+    certificate_quantile: float | None
     shared_layers: list[str] | None
     withheld_layers: list[str] | None
     model_args: dict | None
@@ -176,6 +178,7 @@ def model_settings(
         min_ra=pick("min_ra"),
         max_recoverable=pick("max_recoverable"),
         exposed_below=pick("exposed_below"),
+        certificate_quantile=pick("certificate_quantile"),
         shared_layers=pick("shared_layers"),
         withheld_layers=withheld,
         model_args=arguments,

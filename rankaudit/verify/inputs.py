@@ -30,6 +30,14 @@ def inputs_of_shape(shape: tuple[int, ...], data: str | None, count: int, seed: 
     )
 
 
+def images_to_attack(data: str | None, count: int) -> int:
+    """--data that holds fewer images than asked for (one, say) is attacked whole: the record names how many."""
+    from rankaudit.bound import images as image_data
+
+    held = image_data.held_images(data) if data is not None else None
+    return min(count, held) if held else count
+
+
 def round_inputs(result: Result, data: str | None, seed: int, what: str) -> tuple[torch.Tensor, str]:
     """C·N inputs shaped (C, N, *sample): real images where the input is one, seeded uniform values otherwise."""
     round_ = result.round

@@ -105,8 +105,10 @@ def _input_setup(
             f"--verify rgap attacks images; this model's input shape is {result.input_shape}",
             "verify a model whose input is C,H,W",
         )
+    from rankaudit.verify.inputs import images_to_attack
+
     try:
-        images, source = image_data.load_images(data, tuple(result.input_shape), samples, seed)
+        images, source = image_data.load_images(data, tuple(result.input_shape), images_to_attack(data, samples), seed)
     except image_data.DataError as exc:
         raise UsageError(str(exc)) from exc
     images = images.to(torch.float64)

@@ -76,7 +76,7 @@ def verify_rank(
     import torch
 
     from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
-    from rankaudit.verify.inputs import real_inputs
+    from rankaudit.verify.inputs import images_to_attack, real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device, weights_phrase
     from rankaudit.verify.rank import jacobian as rank
     from rankaudit.verify.rank.energy import read_energy
@@ -94,7 +94,7 @@ def verify_rank(
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
-    images, source = real_inputs(result, data, samples if batch == 1 else batch, seed)
+    images, source = real_inputs(result, data, images_to_attack(data, samples) if batch == 1 else batch, seed)
     with torch.no_grad():
         logits = logits_of(model(images[:1])).numel()
     loss = loss_name_for(logits)

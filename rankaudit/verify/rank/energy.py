@@ -8,12 +8,13 @@ initialisation or --weights). Two readings join the rank check's record under ``
   is confirmed only when the worst measured sample hides at least that level's share; otherwise the judgement says
   that these weights show more than the level allows. A measured level above the verdict is no disagreement: the
   verdict covers a server that picks the weights, the measurement only the weights it ran at.
-- **The certificate's consistency.** For every weight value the expected hidden share of a sample is at least
-  h_cert (Ky Fan, first order). The mean of the measured h_i estimates that expectation from the samples used, so
-  the rule is one-sided at three standard errors: the run is inconsistent when mean + 3·stderr < h_cert
-  (stderr = sample standard deviation / √n). Then the certificate, not the measurement, is in doubt: an internal
-  error, as a rank above its bound is. With one measured sample there is no standard error and no check; the record
-  says so.
+- **The certificate's consistency.** Two readings, both one-sided. The certificate h says that, for every weight
+  value, at least a share q (--certificate-quantile, default 90 %) of samples keep at least h hidden: the count of
+  measured samples below h is at most Binomial(n, 1 − q), and the run is inconsistent when a count that high has
+  probability under 0.1 % (QUANTILE_SURPRISE). And the expected hidden share (Ky Fan, first order) is a floor for
+  the mean: inconsistent when mean + 3·stderr < the expected share (stderr = sample standard deviation / √n; no
+  check with one sample). Either way the certificate, not the measurement, is in doubt: an internal error, as a rank
+  above its bound is.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import math
 
 from rankaudit.settings.levels import DEFAULT_EXPOSED_BELOW, VERDICT_LEVELS, ceiling, energy_level, percent
 
-# Spec §15: the mean measured hidden share may fall below h_cert by at most this many standard errors.
+# The mean measured hidden share may fall below the expected share by at most this many standard errors; the count
+# of samples below the certified share may be at most this improbable under the certificate's quantile.
 CONSISTENCY_STANDARD_ERRORS = 3.0
+QUANTILE_SURPRISE = 1e-3
 CONSISTENCY_RULE = (
-    "the mean measured hidden share + 3 standard errors must reach the certified share "
-    "(one-sided, over the samples measured)"
+    "no more samples may hide less than the certified share than the certificate's quantile makes likely (a count "
+    "with probability under 0.1 % is inconsistent), and the mean measured hidden share + 3 standard errors must "
+    "reach the expected share (one-sided, over the samples measured)"
 )
 
 
@@ -34,6 +38,24 @@ def _certified(result) -> float | None:
     identifiability = getattr(result, "identifiability", None)
     sample = getattr(identifiability, "sample", None) if identifiability is not None else None
     return getattr(sample, "certified_hidden_energy", None) if sample is not None else None
+
+
+def _sample_field(result, name: str):
+    identifiability = getattr(result, "identifiability", None)
+    sample = getattr(identifiability, "sample", None) if identifiability is not None else None
+    return getattr(sample, name, None) if sample is not None else None
+
+
+def below_is_surprising(below: int, samples: int, quantile: float) -> bool:
+    """Whether `below` of `samples` measured samples under the certified share is a count of probability under
+    QUANTILE_SURPRISE when each sample falls below it with probability at most 1 − `quantile`."""
+    if below <= 0:
+        return False
+    miss = 1 - quantile
+    if miss <= 0:
+        return True
+    tail = sum(math.comb(samples, k) * miss**k * (1 - miss) ** (samples - k) for k in range(below, samples + 1))
+    return tail < QUANTILE_SURPRISE
 
 
 def _max_recoverable(result) -> float:
@@ -79,9 +101,13 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
     shares = [e["hidden_energy"] for e in measured]
     mean, stderr = mean_and_stderr(shares)
     certified = _certified(result)
-    consistent = None
-    if certified is not None and stderr is not None:
-        consistent = mean + CONSISTENCY_STANDARD_ERRORS * stderr >= certified
+    expected = _sample_field(result, "expected_hidden_energy")
+    quantile = getattr(bound, "certificate_quantile", None) or 0.9
+    below = sum(1 for share in shares if certified is not None and share < certified)
+    mean_holds = None if expected is None or stderr is None else mean + CONSISTENCY_STANDARD_ERRORS * stderr >= expected
+    quantile_holds = None if certified is None else not below_is_surprising(below, len(shares), quantile)
+    readings = [holds for holds in (mean_holds, quantile_holds) if holds is not None]
+    consistent = all(readings) if readings else None
     line = measured_line(weights_phrase, worst) + f": {level} on energy"
     energy = {
         "weights": weights_phrase,
@@ -94,12 +120,15 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
         "stderr": stderr,
         "samples": len(shares),
         "certified_hidden_energy": certified,
+        "certificate_quantile": quantile,
+        "below_certified": below,
+        "expected_hidden_energy": expected,
         "consistent": consistent,
         "consistency_rule": CONSISTENCY_RULE,
         "line": line,
     }
-    if certified is not None and stderr is None:
-        energy["consistency_note"] = "one sample measured: no standard error, the certified share is not checked"
+    if expected is not None and stderr is None:
+        energy["consistency_note"] = "one sample measured: no standard error, the expected share is not checked"
     verification["energy"] = energy
     verdict_level = verification.get("sample_level")
     if verdict_level == "exposed" and verification.get("confirms") is None:
@@ -121,10 +150,19 @@ def read_energy(verification: dict, result, weights_phrase: str) -> None:
                 f"at least {needed} of its energy"
             )
     if consistent is False:
+        if quantile_holds is False:
+            why = (
+                f"{below} of {len(shares)} measured samples hide less than the certified {percent(certified)}, more "
+                f"than {percent(quantile)} of samples keeping it makes likely"
+            )
+        else:
+            why = (
+                f"the mean measured hidden share {percent(mean)} (± {percent(stderr)} standard error, "
+                f"{len(shares)} samples) is below the expected {percent(expected)} by more than "
+                f"{CONSISTENCY_STANDARD_ERRORS:g} standard errors"
+            )
         error = (
-            f"internal error: the mean measured hidden share {percent(mean)} (± {percent(stderr)} standard error, "
-            f"{len(shares)} samples) is below the certified {percent(certified)} by more than "
-            f"{CONSISTENCY_STANDARD_ERRORS:g} standard errors: the energy certificate is wrong for this model; "
-            "please report it with this model file"
+            f"internal error: {why}: the energy certificate is wrong for this model; please report it with this "
+            "model file"
         )
         verification["internal_error"] = "; ".join(e for e in (verification.get("internal_error"), error) if e)
