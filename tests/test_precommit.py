@@ -188,7 +188,10 @@ def test_the_documented_hook_blocks_an_exposed_model_and_the_documented_fix_pass
     blocked = _git(project, "commit", "-m", "exposed model", check=False, env=env)
     output = blocked.stdout + blocked.stderr
     assert blocked.returncode != 0
-    assert "Failed" in output and "exposed_model.py: exposed, 0 % of the detail of 90 % of samples certified hidden" in output
+    assert (
+        "Failed" in output
+        and "exposed_model.py: exposed, 0 % of the detail of 90 % of samples certified hidden" in output
+    )
     assert "hf_model.py: exposed, " in output
     assert _git(project, "log", "--oneline", env=env).stdout.count("\n") == 2  # the exposed commit did not land
 
@@ -235,7 +238,10 @@ def test_the_hooks_of_the_repository_build_their_own_environment(tmp_path):
         "VIRTUALENV_SYSTEM_SITE_PACKAGES": "true",
     }
     install_hooks(project, f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: rankaudit\n", env)
-    (project / "protected_model.py").write_text(_PROTECTED)
+    # The strided stem is protected in a project that asks only 0.1 % of each sample's detail hidden.
+    (project / "pyproject.toml").write_text("[tool.rankaudit]\nmax-recoverable = 0.999\nexposed-below = 0.001\n")
+    _git(project, "add", "pyproject.toml", env=env)
+    shutil.copy(EXAMPLES / "strided_stem.py", project / "protected_model.py")
     _git(project, "add", "protected_model.py", env=env)
     passed = _git(project, "commit", "-m", "protected model", check=False, env=env)
     assert passed.returncode == 0, passed.stdout + passed.stderr

@@ -56,8 +56,8 @@ def quiet_line(result) -> str:
     verdict reads), DP's bound where DP options were given, and the exit code with its reason. The full output
     has the sentences behind each."""
     from rankaudit.findings.meaning import energy_percent, per_sample_view
-    from rankaudit.settings.levels import percent
     from rankaudit.findings.policy import short_reason
+    from rankaudit.settings.levels import percent
 
     bound = result.identifiability
     sample = bound.sample if bound is not None else None
