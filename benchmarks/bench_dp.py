@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the DP bound (spec §13): the accountant at T = 10,000 steps, and --verify dp's attack trials/second.
+"""Benchmark of the DP bound (method.md: DP): the accountant at T = 10,000 steps, and --verify dp's attack trials/second.
 
 Run from the repository root (needs `pip install ".[dp,verify]"`):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Accuracy of the DP bound (spec §13, issue 23): rankaudit's default PLD grid against the same library at a 10x finer grid.
+"""Accuracy of the DP bound (method.md: DP): rankaudit's default PLD grid against the same library at a 10x finer grid.
 
 Run from the repository root (needs `pip install ".[dp]"`):
 

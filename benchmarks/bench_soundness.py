@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soundness across the zoo: the static bound (spec §9) against the measured rank of ∂g/∂x (spec §10).
+"""Soundness across the zoo: the static bound (method.md: the bound) against the measured rank of ∂g/∂x (method.md: numerical check).
 
     python benchmarks/bench_soundness.py [--only examples|torchvision|timm] [--filter SUBSTRING]
                                          [--device auto] [--precision auto] [--max-params N] [--out rows.json]

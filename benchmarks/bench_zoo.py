@@ -186,7 +186,7 @@ def run_one(entry: Entry, directory: str, timeout: float) -> Outcome:
             return outcome
         bound = payload.get("identifiability")
         outcome.ra_i, outcome.verdict = payload.get("ra_i"), payload.get("verdict")
-        if bound:  # the identifiability bound (spec §9); absent from older reports
+        if bound:  # the identifiability bound (method.md: the bound); absent from older reports
             outcome.bound = f"{bound['rank_bound']}/{bound['unknowns']}"
         outcome.caveats = sorted(Counter(c["code"] for c in payload.get("caveats", [])))
         outcome.tracer, outcome.build = payload.get("tracer"), payload.get("build")

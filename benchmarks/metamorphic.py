@@ -6,7 +6,7 @@ layer, ...); every step kind has several spellings of one function: the torch.nn
 method form, the weight transposed, scaled, masked or composed in forward(), an einsum, a repeated operand, a
 division, views and permutes. `variants()` yields the base spelled the default way, then each single rewrite, then
 (with `mixes`) random mixes of rewrites. `check()` gives, for one variant, the static per-sample bound that
-`rankaudit` computes on the meta device and the rank of ∂g/∂x measured on real float64 tensors (spec §10's
+`rankaudit` computes on the meta device and the rank of ∂g/∂x measured on real float64 tensors (method.md: numerical check's
 sketch); a sound analysis has bound >= rank on every variant.
 
 Used by tests/test_metamorphic.py (single rewrites, a few seconds) and benchmarks/bench_metamorphic.py (the sweep).

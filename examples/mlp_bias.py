@@ -1,4 +1,4 @@
-"""Spec §14's MLP: 3x8x8 -> Linear 6 (bias) -> ReLU -> Linear 10. Its first layer's bias reads samples out."""
+"""The MLP of method.md: each sample: 3x8x8 -> Linear 6 (bias) -> ReLU -> Linear 10. Its first layer's bias reads samples out."""
 
 import torch.nn as nn
 

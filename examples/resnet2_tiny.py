@@ -1,4 +1,4 @@
-"""A two-block residual net at 3x16x16 (5,140 parameters), comparable to spec §12's federated-round reference net."""
+"""A two-block residual net at 3x16x16 (5,140 parameters), comparable to the federated-round reference net (method.md: the round)."""
 
 import torch
 import torch.nn as nn

@@ -81,11 +81,11 @@ def audit(
 ) -> Result:
     """Analyse the model named by `spec` (PATH or PATH:NAME) on the meta device.
 
-    `data` (--data): the user's own samples as the energy certificate's reference distribution (spec §15);
+    `data` (--data): the user's own samples as the energy certificate's reference distribution (method.md: energy);
     `exposed_below`: the hidden share under which a sample is `exposed`; `certificate_quantile`: the share of samples
     the certificate speaks for (default 0.9).
-    `round_`: the federated round the client runs (spec §12); its batch size is the analysis batch size, and its
-    `dp` settings (round.DPSettings) add the DP section and its policy rule (spec §13). None: FedSGD, one gradient
+    `round_`: the federated round the client runs (method.md: the round); its batch size is the analysis batch size, and its
+    `dp` settings (round.DPSettings) add the DP section and its policy rule (method.md: DP). None: FedSGD, one gradient
     of a batch of `batch_size`, no DP.
     """
     if round_ is not None:

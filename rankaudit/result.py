@@ -19,7 +19,7 @@ CAVEAT_CODES = {
 
 @dataclass
 class LayerRow:
-    """One layer's counts at batch size B (spec §2, §6): ra_i = inputs - weights - outputs - virtual."""
+    """One layer's counts at batch size B (method.md: counting): ra_i = inputs - weights - outputs - virtual."""
 
     name: str
     op: str
@@ -28,7 +28,7 @@ class LayerRow:
     outputs: int  # B·|z|: weight constraints
     virtual: int  # V: virtual constraints inherited from earlier layers
     ra_i: int
-    dense: bool  # no weight sharing and B <= out_features: always recoverable (spec §3)
+    dense: bool  # no weight sharing and B <= out_features: always recoverable (method.md: counting)
     critical: bool = False
     block: str | None = None  # the residual block this layer's main path belongs to
     folded: list[str] = field(default_factory=list)  # shortcut projections whose |W| is added here
@@ -37,7 +37,7 @@ class LayerRow:
     frozen_params: int = 0
     node: str = ""  # the traced graph node
     source: str | None = None  # file:line that calls this layer
-    side: bool = False  # reaches the loss only through a gate or a statistic: never critical (§5)
+    side: bool = False  # reaches the loss only through a gate or a statistic: never critical (method.md: counting)
 
 
 @dataclass
@@ -102,37 +102,37 @@ class Architecture:
 
 @dataclass
 class Identifiability:
-    """Spec §9: an upper bound on rank(∂g/∂x) from a min cut of the traced graph; the verdict follows it."""
+    """method.md: the bound: an upper bound on rank(∂g/∂x) from a min cut of the traced graph; the verdict follows it."""
 
     unknowns: int  # n = B·|x|
     rank_bound: int  # R = max flow: rank(∂g/∂x) <= R for every weight value and every attack
     certified_deficit: int  # max(n - R, 0): input directions no gradient can see, to first order
     recoverable_fraction: float  # R / n, capped at 1
     bottleneck: list[str]  # tensors and gradients on the min cut
-    verdict: str  # spec §11: exposed (R >= n) | partial (R/n > max_recoverable) | protected
+    verdict: str  # method.md: verdicts: exposed (R >= n) | partial (R/n > max_recoverable) | protected
     cut_nodes: list[str] = field(default_factory=list)  # traced nodes (layers, merges, input) where the cut lies
     max_recoverable: float = 0.5  # ρ_max: the ceiling on R/n that `protected` asks for (--max-recoverable)
-    round: RoundBound | None = None  # the round's terms (spec §12) when the update is more than one gradient
-    sample: SampleBound | None = None  # spec §14: the bound for each one sample; the verdict reads this level
+    round: RoundBound | None = None  # the round's terms (method.md: the round), an update of more than one gradient
+    sample: SampleBound | None = None  # the bound for each one sample, the level the verdict reads (method.md)
     certified_hidden_energy: float | None = None  # the batch/round line's certified hidden share of energy
     spectrum: str | None = None  # the reference distribution the energy figures use (its name, for the report)
     reference_note: str | None = None  # one line where --data could not serve as the reference (one sample)
     certificate_quantile: float = 0.9  # the share of samples the per-sample certificate speaks for
-    exposed_below: float = 0.05  # spec §15: `exposed` when the certified hidden share is below this
+    exposed_below: float = 0.05  # method.md: energy: `exposed` when the certified hidden share is below this
     protected_rank: int | None = None  # the largest R_s at which the certificate reaches `protected` (energy)
 
     @property
     def hidden_estimate(self) -> float:
-        """Spec §11: the share of a natural image's energy a generic invisible subspace of this size holds,
+        """method.md: verdicts: the share of a natural image's energy a generic invisible subspace of this size holds,
         about deficit / n. An estimate: a deficit concentrated in some frequencies moves it either way."""
         return self.certified_deficit / self.unknowns if self.unknowns else 0.0
 
 
 @dataclass
 class SampleBound:
-    """Spec §14: rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i of the batch or round.
+    """method.md: each sample: rank(∂u/∂x_i) <= R_s = min(|x|, |θ_s|, E_i·R(1)) for every sample i of the batch or round.
 
-    In one step the batch gradient is a sum of per-sample gradients, so one sample's Jacobian is §9's flow at
+    In one step the batch gradient is a sum of per-sample gradients, so one sample's Jacobian is the bound's flow at
     batch size 1; a sample reaches the update only through the E_i steps that read it. Batch size, N and the
     clients do not enter: mixing samples certifies nothing for any one of them.
     """
@@ -140,9 +140,9 @@ class SampleBound:
     rank_bound: int  # R_s
     unknowns: int  # |x|: one sample's unknowns
     recoverable_fraction: float  # ρ_s = R_s / |x|
-    level: str  # spec §11's level at ρ_s: exposed | partial | protected
+    level: str  # the level (method.md: verdicts) at ρ_s: exposed | partial | protected
     steps_per_sample: int  # E_i: the local steps that read one sample (E; 1 for FedSGD)
-    single_sample_bound: int  # R(1): §9's bound for one step at batch size 1 (all trainable gradients
+    single_sample_bound: int  # R(1): the bound for one step at batch size 1 (all trainable gradients
     # carry on before the last step; only the shared ones in the last)
     binding: str  # which of the three is the minimum: unknowns | update-values | steps
     # What the visible directions show (filled by the energy certificate), for the reference distribution named in
@@ -153,7 +153,7 @@ class SampleBound:
     certified_hidden_energy: float | None = None
     visible_psnr_ceiling: float | None = None
     rounds: int = 1  # the server rounds whose updates the bound sums over (1: one round, the rest not counted)
-    # Spec §16: one server round's term min(|θ_s|, E_i·R(1)) (each further round can add this much); whether the
+    # method.md: the round: one server round's term min(|θ_s|, E_i·R(1)) (each further round can add this much); whether the
     # server rounds were stated (not known: the bound covers one round); the ops whose batch statistics the flow
     # network couples the samples through (BatchNorm in training mode; none in eval mode or without BatchNorm).
     round_bound: int = 0
@@ -165,7 +165,7 @@ class SampleBound:
 
 @dataclass
 class StepBound:
-    """One kind of local step in a round: §9's bound for one step at this batch size, and how many steps of a
+    """One kind of local step in a round: the bound for one step at this batch size, and how many steps of a
     client's round are of this kind."""
 
     batch_size: int
@@ -177,7 +177,7 @@ class StepBound:
 
 @dataclass
 class RoundBound:
-    """Spec §12: R_round <= min(n, |θ_s|, Σ_c Σ_k R(B_k)), and which of the three binds."""
+    """method.md: the round: R_round <= min(n, |θ_s|, Σ_c Σ_k R(B_k)), and which of the three binds."""
 
     unknowns: int  # n = C·N·|x|
     update_values: int  # |θ_s|: the values of the (aggregated) update the server sees
@@ -276,7 +276,7 @@ class PolicyOutcome:
     passed: bool
     reasons: list[str]
     max_recoverable: float | None = None
-    # Spec §14 / §13: what carries the per-sample verdict through the gate. structure: the sample level passes
+    # method.md: each sample / method.md: DP: what carries the per-sample verdict through the gate. structure: the sample level passes
     # on its own; noise: it does not, but the client's DP noise bounds every reconstruction within
     # --max-reconstruction; none: neither (the policy fails on the verdict, or --fail-on never asks nothing).
     carried_by: str = "structure"
@@ -284,7 +284,7 @@ class PolicyOutcome:
 
 @dataclass
 class DPBound:
-    """Spec §13: what the DP noise bounds. ε at δ, and B(κ) = inf_ε (e^ε κ + δ(ε)): the most any reconstruction
+    """method.md: DP: what the DP noise bounds. ε at δ, and B(κ) = inf_ε (e^ε κ + δ(ε)): the most any reconstruction
     attack whose success without the update is κ can succeed with it."""
 
     level: str  # sample (DP-SGD) | client (user-level DP-FedAvg)
@@ -350,7 +350,7 @@ class DeploymentRead:
 
 @dataclass
 class BiasReadoutFinding:
-    """Spec §14, static: a shared layer whose unit k's update row over its bias update is one sample's input to
+    """method.md: each sample, static: a shared layer whose unit k's update row over its bias update is one sample's input to
     the layer whenever that unit fires for that sample alone (Qian, Nassar & Hansen, Proposition 1)."""
 
     name: str  # the layer: fc1
@@ -397,7 +397,7 @@ class BiasReadoutSample:
 
 @dataclass
 class BiasReadout:
-    """--verify bias (spec §14): the samples the update hands over exactly through a layer's bias."""
+    """--verify bias (method.md: each sample): the samples the update hands over exactly through a layer's bias."""
 
     samples: int
     samples_read: list[int]
@@ -489,9 +489,9 @@ class Result:
     # PNG pictures a verifier made for the HTML report ("rank/visible_0" -> bytes); never in the JSON, whose
     # numbers describe them.
     images: dict[str, bytes] = field(default_factory=dict)
-    dp: DPBound | None = None  # what DP noise bounds (spec §13); None without DP options
-    round: Round | None = None  # the federated round judged (spec §12); None: FedSGD at batch_size
-    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)  # spec §14's static readout finding
+    dp: DPBound | None = None  # what DP noise bounds (method.md: DP); None without DP options
+    round: Round | None = None  # the federated round judged (method.md: the round); None: FedSGD at batch_size
+    bias_readout: list[BiasReadoutFinding] = field(default_factory=list)  # the static readout finding (method.md)
     deployment: DeploymentRead | None = None  # `rankaudit DIR`: what was read from the app, and from where
 
     @property

@@ -30,7 +30,7 @@ _MEASURED: dict[tuple, tuple] = {}
 
 
 def measured_rank(example: str, batch_size: int = 1, seed: int = 0):
-    """An example's static Result and its measured rank(∂g/∂x) at uniform random inputs (spec §10), computed once
+    """An example's static Result and its measured rank(∂g/∂x) at uniform random inputs (method.md: numerical check), computed once
     per test session: the sketches of 3x32x32 models take most of a minute each on two cores."""
     key = (example, batch_size, seed)
     if key not in _MEASURED:

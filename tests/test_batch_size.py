@@ -1,4 +1,4 @@
-"""Spec §6 against Qian et al.'s propositions: when a batch of B samples is over-determined."""
+"""method.md: counting against Qian et al.'s propositions: when a batch of B samples is over-determined."""
 
 import pytest
 from conftest import analyse_module
@@ -17,7 +17,7 @@ def test_proposition_2_first_linear(d, n, batch):
     first = analyse_module(_mlp(d, n), (d,), batch).layers[0]
     assert (first.inputs, first.weights, first.outputs) == (batch * d, n * d + n, batch * n)
     assert (first.ra_i <= 0) == (n * (d + 1 + batch) >= batch * d)
-    # Dense (excluded from the critical search) only while B <= out_features (spec §3).
+    # Dense (excluded from the critical search) only while B <= out_features (method.md: counting).
     assert first.dense == (batch <= n)
 
 
@@ -25,7 +25,7 @@ def test_a_batch_wider_than_a_layer_makes_it_deficient_and_the_deficit_propagate
     result = analyse_module(_mlp(100, 10), (100,), batch_size=64)
     first, head = result.layers
     assert not first.dense and first.ra_i == 64 * 100 - (100 * 10 + 10) - 64 * 10  # 4750
-    # V = -4750 after the first layer raises the index of the head (spec §2: V may go negative).
+    # V = -4750 after the first layer raises the index of the head (method.md: counting: V may go negative).
     assert head.virtual == -4750 and head.ra_i == 64 * 10 - 11 - 64 * 1 + 4750
     assert (result.critical_layer, result.ra_i) == ("2", 5315)
     # The batch as a whole keeps a certified deficit (at most half of its directions recoverable), each sample does

@@ -1,4 +1,4 @@
-"""The identifiability bound (spec §9) and RA-i on branching graphs (spec §5 revised), against hand-derived values."""
+"""The identifiability bound (method.md: the bound) and RA-i on branching graphs (method.md: counting revised), against hand-derived values."""
 
 import math
 
@@ -118,7 +118,7 @@ def test_parameters_used_outside_layers_are_gradients_too():
         model = _NormedHead()
     bound = identifiability(trace_and_count(model, (3, 8, 8)))
     # The gradients hold 6 + 2 layer weights and the norm's 4 affine values, all reachable through the 128-value
-    # conv output: the norm's gradients are shared and count (§9), else the bound would be 8, too low.
+    # conv output: the norm's gradients are shared and count (method.md: the bound), else the bound would be 8, too low.
     assert bound.rank_bound == 12 and bound.certified_deficit == 192 - 12
     assert set(bound.bottleneck) == {"∇conv", "∇fc", "∇norm.weight", "∇norm.bias"}
 
@@ -174,7 +174,7 @@ class _TinyDense(nn.Module):
 
 
 def test_dense_concatenation_counts_shared_history_once():
-    """Input 1x4x4 (16 unknowns). s_ℓ = max(z-x, 0) - max(x-z-W, 0) (spec §2), V = Σ s over the upstream *set*.
+    """Input 1x4x4 (16 unknowns). s_ℓ = max(z-x, 0) - max(x-z-W, 0) (method.md: counting), V = Σ s over the upstream *set*.
 
     stem: x 16, W 18, z 32, V 0  -> RA -34; s_stem = 16
     A:    x 32, W 18, z 16, V 16 -> RA -18; s_A = -max(32-16-18, 0) = 0

@@ -1,5 +1,5 @@
 """Every op the registry calls constant-Jacobian has one: its Jacobian, evaluated numerically in float64, is the
-same at two random points (spec §9: such ops add no forward-to-backward edge to the flow network).
+same at two random points (method.md: the bound: such ops add no forward-to-backward edge to the flow network).
 
 Two kinds of constancy are checked:
 - linear ops (conv, pooling by averaging, views, sums, scalings): the Jacobians at two independent random points

@@ -34,7 +34,7 @@ def test_resnet_top_skip_cut_is_block_3_and_block_8_changes_nothing(resnet_repor
 def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_report):
     reached = [(s.recoverable_fraction, -s.ra_i) for s in resnet_report.suggestions]
     assert reached == sorted(reached)
-    # Spec §14: a batch size protects the batch as a whole, never one sample, so it is no edit row any more; the
+    # method.md: each sample: a batch size protects the batch as a whole, never one sample, so it is no edit row any more; the
     # two batch sizes (the first with any certified deficit, the first protected) are reported beside the rows.
     assert not [s for s in resnet_report.suggestions if s.edit == "batch-size"]
     smallest = {"partial": resnet_report.certifying_batch, "protected": resnet_report.protecting_batch}
@@ -114,7 +114,7 @@ def test_suggest_cli_json_and_top(run_cli):
     ][0].keys()
     assert "Accuracy is not measured" in payload["note"]
     code, out, _ = run_cli("suggest", EXAMPLES / "resnet18_w16.py", "--top", "2")
-    # Batch sizes are no edit rows (spec §14: they protect no sample); they stand in the whole-batch line.
+    # Batch sizes are no edit rows (method.md: each sample: they protect no sample); they stand in the whole-batch line.
     assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
     assert "No batch size protects any one sample: a sample's bound" in out
     assert "smallest protected (90 % of samples like yours keeping at least 50 % of their detail hidden): 888914" in out
@@ -206,7 +206,7 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
 
 
 def test_resnet_sample_needs_noise_and_the_review_names_the_least(resnet_report):
-    """Spec §14: no edit, withheld set or batch size brings a ResNet-18-w16 sample within the ceiling (R(1) = |x|;
+    """method.md: each sample: no edit, withheld set or batch size brings a ResNet-18-w16 sample within the ceiling (R(1) = |x|;
     the norms' 2,400 parameters stay shared): the review says noise is the way, with σ when DP options are given."""
     import dataclasses
 

@@ -1,4 +1,4 @@
-"""Spec §13: the DP reconstruction bound B(κ), its accountant, the noise search and the attack that meets it."""
+"""method.md: DP: the DP reconstruction bound B(κ), its accountant, the noise search and the attack that meets it."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from rankaudit.settings import accountant, dp_options
 from rankaudit.settings.round import DPSettings
 from rankaudit.verify.attacks.dp import clopper_pearson, informed_attack
 
-# Spec §13's reference table: (q, σ, T) -> ε at δ = 1e-5, B(0.1), B(0.01), B(0.001).
+# the DP section's reference table: (q, σ, T) -> ε at δ = 1e-5, B(0.1), B(0.01), B(0.001).
 EXACT_ROWS = [((1.0, 1.0, 1), 4.38, (0.389, 0.0924, 0.0183)), ((1.0, 4.0, 1), 0.93, (0.151, 0.0189, 0.0023))]
 ACCOUNTANT_ROWS = [
     ((0.01, 1.0, 1000), 1.83, (0.194, 0.0291, 0.0041)),

@@ -1,4 +1,4 @@
-"""Spec §15: the energy certificate (h_cert, the PSNR ceiling), its reference distributions and the verdict on it."""
+"""method.md: energy: the energy certificate (h_cert, the PSNR ceiling), its reference distributions and the verdict on it."""
 
 import json
 import math
@@ -86,7 +86,7 @@ def test_photo_crop_data_sits_between_the_shipped_value_and_twice_it(tmp_path):
     shipped = photo_eigenvalues(3, 8, 8)
     for rank in (3, 12, 24, 48, 96):
         assert hidden_share(shipped, rank) <= hidden_share(data, rank) <= 2 * hidden_share(shipped, rank)
-    assert hidden_share(data, 96) == pytest.approx(0.0011, rel=0.3)  # spec §15's table: 0.11 %
+    assert hidden_share(data, 96) == pytest.approx(0.0011, rel=0.3)  # the energy section's table: 0.11 %
     assert hidden_share(data, 12) == pytest.approx(0.074, rel=0.2)  # 7.4 %
     assert psnr_ceiling(data, 96) == pytest.approx(40.6, abs=1.5)  # 40.6 dB
 

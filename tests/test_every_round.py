@@ -1,4 +1,4 @@
-"""Spec §16: the per-sample bound over every server round the client takes part in, and over batch statistics in
+"""method.md: the round: the per-sample bound over every server round the client takes part in, and over batch statistics in
 training mode, each against the exact rank of one sample's Jacobian measured on real float64 tensors."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rankaudit.settings.round import Round, build_round
 
 
 class PatchNet(nn.Module):
-    """3x8x8 -> a 4x4 stride-4 patch convolution to one channel -> SELU -> Linear 4 -> classes (spec §16), with an
+    """3x8x8 -> a 4x4 stride-4 patch convolution to one channel -> SELU -> Linear 4 -> classes (method.md: the round), with an
     optional BatchNorm1d(192, affine=False) on the flattened input."""
 
     def __init__(self, batch_norm: bool = False, classes: int = 10):
@@ -77,7 +77,7 @@ def rounds_ranks(model: nn.Module, batch: torch.Tensor, labels: torch.Tensor, ro
 
 
 def test_rounds_sum_and_stay_above_the_measured_rank_round_after_round():
-    """Spec §16's reference: measured 51, 100, 147, 192 of 192 over 1-4 rounds; each round alone is bounded by 53."""
+    """The round section's reference: measured 51, 100, 147, 192 of 192 over 1-4 rounds; each round alone is bounded by 53."""
     model_graph = traced()
     model = real()
     torch.manual_seed(2)
@@ -137,7 +137,7 @@ def one_step_rank(model: nn.Module, batch: torch.Tensor, labels: torch.Tensor) -
 
 
 def test_batch_statistics_in_training_mode_bound_the_measured_rank():
-    """Spec §16: BatchNorm1d(192, affine=False) before the patch convolution, B = 16: measured 107 in training
+    """method.md: the round: BatchNorm1d(192, affine=False) before the patch convolution, B = 16: measured 107 in training
     mode (a 100-class head; with 10 classes |θ_s| = 99 caps it, see the rank check's test), against 51 in eval
     mode (bound 53)."""
     classes, measured_rank, bound_value = 100, 107, 113

@@ -1,4 +1,4 @@
-"""Spec §11, measured: the projection onto the invisible subspace, hidden energy, the visible part's PSNR and SSIM."""
+"""method.md: verdicts, measured: the projection onto the invisible subspace, hidden energy, the visible part's PSNR and SSIM."""
 
 import math
 

@@ -103,7 +103,7 @@ def test_conv_covering_its_input_is_dense_and_never_critical():
     assert head.dense and not first.dense and result.critical_layer == "0"
     # The same conv with a 7x7 input does not cover it (1 output position is impossible; 2x2 here): ordinary.
     assert not analyse_module(build, (2, 7, 7)).layers[1].dense
-    # With a batch wider than its 5 output channels it is ordinary too (spec §3).
+    # With a batch wider than its 5 output channels it is ordinary too (method.md: counting).
     assert not analyse_module(build, (2, 6, 6), batch_size=6).layers[1].dense
 
 

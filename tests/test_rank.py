@@ -1,4 +1,4 @@
-"""--verify rank (spec §10): the measured rank of ∂g/∂x on R-GAP's reference nets and the modern examples, against
+"""--verify rank (method.md: numerical check): the measured rank of ∂g/∂x on R-GAP's reference nets and the modern examples, against
 the exact Jacobian of a small model, with batches, withheld and frozen layers; the CLI line, JSON, artifacts, HTML
 and the errors."""
 
@@ -79,7 +79,7 @@ def _exact_jacobian(model, images, labels, names):
     return torch.autograd.functional.jacobian(shared_gradient, images).reshape(-1, images.numel())
 
 
-# ---- the reference nets (spec §8, §10), uniform random inputs, seed 0 --------------------------------------------
+# ---- the reference nets (method.md: counting, numerical check), uniform random inputs, seed 0 --------------------------------------------
 
 
 @pytest.mark.parametrize("example", ["fig2_a", "fig2_d", "cnn6"])
@@ -96,8 +96,8 @@ def test_full_rank_reference_nets(example):
     "example, at_least", [("fig2_b", 405), pytest.param("fig2_c", 405, marks=pytest.mark.slow), ("fig2_e", 16)]
 )
 def test_figure2_deficits(example, at_least):
-    # The counts give 405 (b, c) and 16 (e); R-GAP's out_channels² relations (§7) add more. Measured here:
-    # b and c rank 2658 (deficit 414 = 405 + 3²), e rank 3036 (deficit 36), as in spec §10; gaps 1e9 to 1e12.
+    # The counts give 405 (b, c) and 16 (e); R-GAP's out_channels² relations (method.md: numerical check) add more. Measured here:
+    # b and c rank 2658 (deficit 414 = 405 + 3²), e rank 3036 (deficit 36), as in method.md: numerical check; gaps 1e9 to 1e12.
     _, measured = measured_rank(example)
     assert measured.unknowns == 3072 and measured.deficit >= at_least
     assert measured.reliable and measured.gap > 1e6
@@ -305,7 +305,7 @@ def test_vit_tiny_line(run_cli):
     line = next(line for line in out.splitlines() if line.startswith("Rank check"))
     assert line.startswith("Rank check (∂g/∂x, 1 image): rank 768 / 768 unknowns, deficit 0, gap ")
     assert line.endswith("(one gradient determines the input).")
-    assert "confirms exposed" in line  # the bound (spec §9) finds no cut: exposed, as measured
+    assert "confirms exposed" in line  # the bound (method.md: the bound) finds no cut: exposed, as measured
 
 
 def test_a_rank_above_the_static_bound_is_an_internal_error(tiny_file):
@@ -436,7 +436,7 @@ def test_model_outputs_with_logits_attributes_and_tuples():
 
 
 def test_fig2_e_hides_little_of_the_first_default_crop():
-    """Spec §11 on the product's first photograph crop (seed 0): 1.0-2.0 % of its energy hidden, the visible part
+    """The verdicts on the product's first photograph crop (seed 0): 1.0-2.0 % of its energy hidden, the visible part
     at 30.6-39.7 dB. Measured here: 2.00 % hidden (deficit 42), 34.3 dB, SSIM 0.994."""
     from conftest import rank_check
 

@@ -143,7 +143,7 @@ def _analyse(run_cli, path: str, *args: str) -> tuple[int, dict]:
 
 
 def _counted_rows(payload: dict) -> dict[str, list[tuple[int, int, int]]]:
-    """Rows by module, each call's (|x|, |W|, |z|); a folded shortcut projection (spec §5) has no row of its own:
+    """Rows by module, each call's (|x|, |W|, |z|); a folded shortcut projection (method.md: counting) has no row of its own:
     its |W| is the difference between its block's first row's weights and own weights."""
     rows = defaultdict(list)
     for row in payload["layers"]:
@@ -207,7 +207,7 @@ def test_image_models_count_like_forward_hooks(run_cli, tmp_path, name):
     assert payload["token_leakage"] is None
     hooked = _as_counted(_hooked_rows(name), payload)
     if name == "vit":
-        # The class token is a parameter, not input: it joins the patches (cat) without unknowns (spec §5), so the
+        # The class token is a parameter, not input: it joins the patches (cat) without unknowns (method.md: counting), so the
         # first block's projections see 16 patches x 32 unknowns, not the 17 x 32 entries a hook measures.
         for projection in ("q_proj", "k_proj", "v_proj"):
             ((x, w, z),) = hooked[f"vit.layers.0.attention.{projection}"]

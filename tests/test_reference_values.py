@@ -1,4 +1,4 @@
-"""The spec's reference values (§8) and R-GAP Figure 4, through the whole path from a model file."""
+"""The spec's reference values (method.md: counting) and R-GAP Figure 4, through the whole path from a model file."""
 
 import json
 
@@ -9,7 +9,7 @@ from rankaudit.audit import audit
 
 FIGURE_2 = [
     ("fig2_a.py", -484, "conv1", "exposed"),
-    # Read on energy (spec §15): certified deficits of 405 and 16 of 3,072 directions hide almost none of a typical
+    # Read on energy (method.md: energy): certified deficits of 405 and 16 of 3,072 directions hide almost none of a typical
     # photograph's energy, so Figures 2(b), 2(c) and 2(e) are exposed like 2(a) and 2(d).
     ("fig2_b.py", 405, "conv1", "exposed"),
     ("fig2_c.py", 405, "conv1", "exposed"),
@@ -29,7 +29,7 @@ def test_figure_2_through_the_json_contract(run_cli, filename, ra_i, critical, v
     code, out, _ = run_cli(EXAMPLES / filename, "--format", "json")
     payload = json.loads(out)
     assert (payload["ra_i"], payload["critical_layer"], payload["verdict"]) == (ra_i, critical, verdict)
-    assert code == 1  # none is protected: exposed, or partial with most directions still recoverable (spec §11)
+    assert code == 1  # none is protected: exposed, or partial with most directions recoverable (method.md: verdicts)
     code, _, _ = run_cli(EXAMPLES / filename, "--fail-on", "exposed")
     assert code == (1 if verdict == "exposed" else 0)
 
@@ -91,7 +91,7 @@ def test_cnn6_counts():
 
 
 def test_cnn6_d_second_layer_counts_as_over_determined():
-    """Spec §7: locally |x| - |W| - |z| = -312 at conv2 (the numerical rank tells otherwise)."""
+    """method.md: numerical check: locally |x| - |W| - |z| = -312 at conv2 (the numerical rank tells otherwise)."""
     conv2 = audit(str(EXAMPLES / "cnn6_d.py")).layers[1]
     assert conv2.inputs - conv2.weights - conv2.outputs == -312
 

@@ -1,4 +1,4 @@
-"""Spec §5 on small blocks whose counts can be checked by hand."""
+"""method.md: counting on small blocks whose counts can be checked by hand."""
 
 import torch
 import torch.nn.functional as F
@@ -103,7 +103,7 @@ def test_cutting_the_skip_lets_the_deficit_through():
             return self.head(F.leaky_relu(self.expand(F.leaky_relu(self.reduce(x)))))
 
     head = analyse_module(NoSkip, (16, 4, 4)).layers[-1]
-    assert head.virtual == -192 + (256 - 32)  # chain rule of spec §2
+    assert head.virtual == -192 + (256 - 32)  # chain rule of method.md: counting
     assert analyse_module(NoSkip, (16, 4, 4)).blocks == []
 
 

@@ -1,4 +1,4 @@
-"""R-GAP closed-form attack and the verifier's image loader: numbers the paper and spec §7-8 publish."""
+"""R-GAP closed-form attack and the verifier's image loader: numbers the paper and method.md: numerical check-8 publish."""
 
 import importlib.util
 import math

@@ -1,4 +1,4 @@
-"""The federated round (spec §12): building and validating it, its static bound, the measured rank of the update
+"""The federated round (method.md: the round): building and validating it, its static bound, the measured rank of the update
 through unrolled local training, and the FedAvg inversion attack."""
 
 import dataclasses
@@ -17,7 +17,7 @@ from rankaudit.model.load import load_model
 from rankaudit.settings.pyproject import load_settings
 from rankaudit.settings.round import Round, build_round
 
-# Spec §9's reference values (one sample, 3x32x32, all gradients shared): (rank bound, certified deficit).
+# the bound section's reference values (one sample, 3x32x32, all gradients shared): (rank bound, certified deficit).
 FIG2_BOUNDS = {
     "fig2_a": (3072, 0),
     "fig2_b": (2667, 405),
@@ -120,17 +120,17 @@ def test_config_round_errors(tmp_path, body, problem):
 def test_fedsgd_round_is_the_single_gradient_bound(name):
     traced = traced_example(name)
     bound = round_identifiability(traced, Round(batch_size=1))
-    assert dataclasses.replace(bound, sample=None) == identifiability(traced, 1)  # plus the per-sample bound (§14)
+    assert dataclasses.replace(bound, sample=None) == identifiability(traced, 1)  # + the per-sample bound (method.md)
     assert (bound.rank_bound, bound.certified_deficit) == FIG2_BOUNDS[name]
     assert bound.round is None
 
 
 def test_round_formula_on_hand_checkable_cases():
-    """cnn6 (|x| = 3,072, |θ_s| = 125,456, R(1) = 3,072, R(2) = 6,144: full rank, spec §10):
+    """cnn6 (|x| = 3,072, |θ_s| = 125,456, R(1) = 3,072, R(2) = 6,144: full rank, method.md: numerical check):
 
     - N = 3, B = 2, E = 2: steps at batch 2, 1, 2, 1: Σ R = 2·6,144 + 2·3,072 = 18,432 >= n = 9,216: no cap binds.
     - N = 64, B = 4: n = 196,608 > |θ_s|: R = 125,456, deficit 71,152, ρ = 0.638 > 0.5: partial.
-    fig2_b (R(1) = 2,667 = |θ_s|, spec §9), N = B = 1, C = 2: n = 6,144, Σ R = 5,334, R = min = 2,667: protected.
+    fig2_b (R(1) = 2,667 = |θ_s|, method.md: the bound), N = B = 1, C = 2: n = 6,144, Σ R = 5,334, R = min = 2,667: protected.
     """
     cnn6 = traced_example("cnn6")
     bound = round_identifiability(cnn6, build_round({"batch_size": 2, "local_samples": 3, "local_epochs": 2}))
@@ -157,7 +157,7 @@ def test_parameter_cap_certifies_once_the_samples_outnumber_the_update():
     above = round_identifiability(cnn6, build_round({"batch_size": 1, "local_samples": 41}))
     assert (below.certified_deficit, below.verdict) == (0, "exposed")
     assert (above.certified_deficit, above.round.binding) == (41 * 3072 - CNN6_PARAMETERS, "update-values")
-    assert len(above.round.terms) == 1  # §9's network ran once for the 41 steps of one kind
+    assert len(above.round.terms) == 1  # the bound's network ran once for the 41 steps of one kind
 
 
 def test_secure_aggregation_over_two_clients_doubles_the_unknowns():
@@ -220,11 +220,11 @@ def test_local_training_matches_torch_optim(optimizer, momentum):
     assert torch.allclose(simulated, expected, atol=1e-12, rtol=1e-9)
 
 
-# ---- the measured rank of the update (spec §12's exact check) -----------------------------------------------------
+# ---- the measured rank of the update (the round section's exact check) -----------------------------------------------------
 
 # Measured (seed 0, ResNet2Tiny width 4 at 3x8x8: 2,004 parameters, 192 unknowns per sample, uniform random
 # inputs, lr 0.1, float64): (N, B, E) = (2, 2, 1): 295; (2, 1, 1): 303; (2, 1, 2): 384 of 384. At 3x16x16 and
-# width 8 (5,140 parameters, as in spec §12) the same rounds measure 1,476, 1,337 and 1,536 of 1,536 (README).
+# width 8 (5,140 parameters, as in method.md: the round) the same rounds measure 1,476, 1,337 and 1,536 of 1,536 (README).
 ROUNDS = [(2, 2, 1), (2, 1, 1), (2, 1, 2)]
 
 
@@ -398,7 +398,7 @@ def test_cli_round_reaches_json_table_and_sarif(run_cli):
         payload["identifiability"]["verdict"] == "exposed"
         and payload["identifiability"]["rank_bound"] == CNN6_PARAMETERS
     )
-    assert payload["verdict"] == "exposed"  # spec §14: each sample's bound is R(1) = 3,072 = |x|
+    assert payload["verdict"] == "exposed"  # method.md: each sample: each sample's bound is R(1) = 3,072 = |x|
     assert payload["identifiability"]["round"]["binding"] == "update-values"
     code, out, _ = run_cli(CNN6, "--local-samples", 4, "--batch-size", 2, "--local-epochs", 2, "--clients", 3)
     header = out.splitlines()[0]
@@ -447,14 +447,14 @@ def test_config_round_table_drives_the_check_and_flags_win(run_cli, tmp_path):
     payload = json.loads(out)
     # the round as a whole (128 samples, 125,456 update values) hides 0.09 % of their energy: exposed on energy too
     assert payload["round"]["clients"] == 2 and payload["identifiability"]["verdict"] == "exposed"
-    assert payload["verdict"] == "exposed"  # spec §14: the round as a whole, not each sample
+    assert payload["verdict"] == "exposed"  # method.md: each sample: the round as a whole, not each sample
     _, out, _ = run_cli(tmp_path / "cnn6.py", "--format", "json", "--clients", 1, "--local-samples", 8)
     shown = json.loads(out)["round"]
     assert (shown["clients"], shown["local_samples"], shown["batch_size"]) == (1, 8, 4)
 
 
 def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
-    """cnn6, N = 4, B = 2, E = 2: each sample is exposed (R_s = min(3,072, 125,456, 2 x 3,072) = |x|, spec §14),
+    """cnn6, N = 4, B = 2, E = 2: each sample is exposed (R_s = min(3,072, 125,456, 2 x 3,072) = |x|, method.md: each sample),
     and no N, E or C changes that. The round as a whole, read on energy as `check` reads its round line, is
     protected from N = 159,265 (|θ_s| = 125,456 values over 159,265 samples: 0.79 directions each, where 90 % of
     such rounds keep half of the samples' detail hidden; the mean share got there at 158,632) or C = 39,817
@@ -492,9 +492,9 @@ def test_suggest_with_a_round_finds_n_e_and_c(run_cli):
 
 
 def test_suggest_largest_epochs_before_the_steps_fill_the_unknowns():
-    """fig2_b has R(1) = 2,667 = |θ_s| per step (spec §9). As a round of N = 8, B = 1 (24,576 unknowns) the |θ_s|
+    """fig2_b has R(1) = 2,667 = |θ_s| per step (method.md: the bound). As a round of N = 8, B = 1 (24,576 unknowns) the |θ_s|
     cap keeps ρ = 0.11 whatever E; each sample keeps R_s = min(3,072, 2,667, E x 2,667) = 2,667 (ρ_s 0.87) at every
-    E, N and C (spec §14). On energy, as `check` reads them, both are exposed: 2,667 directions per sample, or 333
+    E, N and C (method.md: each sample). On energy, as `check` reads them, both are exposed: 2,667 directions per sample, or 333
     per sample of the round, show more than 95 % of the detail of photographs; the round as a whole is
     protected from N = 3,447 (0.77 directions per sample)."""
     from rankaudit.design.round_review import round_review
@@ -563,7 +563,7 @@ def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
 
 
 def test_the_rounds_rank_check_reports_each_samples_hidden_part(run_cli, tmp_path):
-    """Spec §11 over a round's inputs: (N, B, E) = (2, 1, 1) on the 3x8x8, width-4 residual net leaves 81 of 384
+    """The verdicts over a round section's inputs: (N, B, E) = (2, 1, 1) on the 3x8x8, width-4 residual net leaves 81 of 384
     directions invisible (rank 303); the projection runs over both samples at once and each gets its share."""
     import json
 

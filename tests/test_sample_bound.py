@@ -1,4 +1,4 @@
-"""Spec §14: the per-sample bound R_s = min(|x|, |θ_s|, E_i·R(1)), its verdict and its findings."""
+"""method.md: each sample: the per-sample bound R_s = min(|x|, |θ_s|, E_i·R(1)), its verdict and its findings."""
 
 import json
 import textwrap
@@ -49,7 +49,7 @@ def traced_pooled():
     return trace_and_count(model, (3, 8, 8))
 
 
-# The MLP of spec §14 (examples/mlp_bias.py): |x| = 3·8·8 = 192; |θ_s| = 192·6 + 6 + 6·10 + 10 = 1,228; R(1) = 192
+# The MLP of method.md: each sample (examples/mlp_bias.py): |x| = 3·8·8 = 192; |θ_s| = 192·6 + 6 + 6·10 + 10 = 1,228; R(1) = 192
 # (the input feeds fc1's 1,158-value gradient directly). R_s = min(192, 1,228, E·192) = 192 for every round:
 # exposed, while the round's bound at N = 32, B = 8, E = 1 is min(6,144, 1,228, 4·R(8)) = 1,228 (ρ 0.20).
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_mlp_round_of_the_issue_is_protected_as_a_batch_only():
 
 
 def test_fig2_b_sample_bound_is_r1_times_epochs_capped():
-    traced = traced_example("fig2_b")  # spec §9: R(1) = 2,667 of 3,072; |θ_s| = 2,667 too
+    traced = traced_example("fig2_b")  # method.md: the bound: R(1) = 2,667 of 3,072; |θ_s| = 2,667 too
     for round_ in (Round(), Round(batch_size=8), Round(batch_size=8, local_samples=16)):
         sample = sample_identifiability(traced, round_)
         assert (sample.rank_bound, sample.binding, sample.level) == (2667, "steps", "partial")
@@ -148,7 +148,7 @@ def test_fedsgd_batch_one_reads_as_before_on_every_example(example):
     assert "Bound (each sample)" not in table.render([result]) and "as a whole" not in result.summary
 
 
-# ---- the MLP round of issue 21 (spec §14's first measured row) -------------------------------------------------
+# ---- the MLP round of issue 21 (the per-sample section's first measured row) -------------------------------------------------
 
 
 def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):
@@ -233,7 +233,7 @@ def test_mlp_round_sarif_and_html_read_each_sample(run_cli, tmp_path):
 def test_cnn6_at_a_real_round_is_no_longer_protected():
     # N = 5,000, B = 32, E = 1: the round's bound is the 125,456 update values of 15,360,000 unknowns (ρ 0.008,
     # 25 of each sample's principal directions as a whole: partial on energy); each sample: R(1) = 3,072 = |x|
-    # (spec §10: full rank): exposed.
+    # (method.md: numerical check: full rank): exposed.
     result = audit(str(EXAMPLES / "cnn6.py"), round_=Round(batch_size=32, local_samples=5000))
     bound = result.identifiability
     assert (bound.rank_bound, bound.unknowns, bound.verdict) == (125_456, 15_360_000, "partial")
@@ -241,7 +241,7 @@ def test_cnn6_at_a_real_round_is_no_longer_protected():
     assert not result.policy.passed
 
 
-# ---- structure or noise (spec §13 + §14) -------------------------------------------------------------------------
+# ---- structure or noise (method.md: DP + method.md: each sample) -------------------------------------------------------------------------
 
 
 def test_client_noise_carries_a_sample_the_structure_exposes(run_cli):

@@ -1,4 +1,4 @@
-"""Spec §14, measured: --verify bias reads out exactly the samples a unit fires for alone (and claims no other), and
+"""method.md: each sample, measured: --verify bias reads out exactly the samples a unit fires for alone (and claims no other), and
 --verify rank's per-sample ranks rank(J_i) stay within the per-sample bound R_s, worst sample first."""
 
 import json
@@ -90,7 +90,7 @@ def test_a_unit_firing_for_two_samples_reads_none(tmp_path):
     assert readout.samples_read == []
     fc1 = readout.layers[0]
     assert fc1.units_read == [] and fc1.units_firing_for_one_sample == 0 and fc1.live_units == 4
-    # Withholding fc1's bias stops the readout there (spec §14's fix): fc1 is no longer a readout layer.
+    # Withholding fc1's bias stops the readout there (the per-sample section's fix): fc1 is no longer a readout layer.
     assert [name for name, _ in bias.readout_layers(net, [n for n in names if n != "fc1.bias"])] == ["fc2"]
 
 
@@ -198,7 +198,7 @@ def test_a_sample_rank_above_the_per_sample_bound_is_an_internal_error(tmp_path)
 
 
 def test_spec_reference_row_mlp_fedsgd_batch_of_8(run_cli):
-    """§14's MLP at FedSGD, B = 8, photograph crops: rank(J_i) = 192 for every sample (spec: 192); the smallest
+    """The each sample rule's MLP at FedSGD, B = 8, photograph crops: rank(J_i) = 192 for every sample (spec: 192); the smallest
     hidden energy 4.8 % and the median 29 % here (spec: 3.4 % and 71 %, other crops and weights)."""
     code, out, err = run_cli(EXAMPLES / "mlp_bias.py", "-b", 8, "--verify", "rank", "--format", "json")
     check = json.loads(out)["verification"]["rank"]

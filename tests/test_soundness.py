@@ -1,5 +1,5 @@
 """The identifiability bound against the exact answer: the measured rank never exceeds it, and no model whose input
-one gradient determines is called partial or protected (spec §9 against §10)."""
+one gradient determines is called partial or protected (method.md: the bound against method.md: numerical check)."""
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ TOKEN_EXAMPLES = {"bert_tiny", "gpt2_tiny", "gpt2_lora_tiny", "llama_tiny"}
 IMAGE_EXAMPLES = sorted(path.stem for path in EXAMPLES.glob("*.py") if path.stem not in TOKEN_EXAMPLES)
 
 # Where the bound certifies no deficit and the measurement finds one anyway: algebraic dependencies the cut cannot
-# see (spec §7/§10). Measured at seed 0, uniform inputs, random initialisation; listed so that a change shows.
+# see (method.md: numerical check/method.md: numerical check). Measured at seed 0, uniform inputs, random initialisation; listed so that a change shows.
 KNOWN_GAPS = {
     # The stride-2 stem maps 3,072 inputs to 16x16x16 values and a ReLU zeroes about half of them at this input:
     # the dead units cut directions that the bound, generic in its ReLUs (RA102), lets through.

@@ -1,6 +1,6 @@
 """The bound holds for every spelling of the same maths: for each way a model used to escape the count, two
 spellings of one function get the same per-sample bound, and that bound is at least the rank of ∂g/∂x measured
-on real float64 tensors (spec §9 against §10)."""
+on real float64 tensors (method.md: the bound against method.md: numerical check)."""
 
 from __future__ import annotations
 

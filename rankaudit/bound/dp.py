@@ -1,4 +1,4 @@
-"""Differential privacy (spec §13): the bound B(κ) on any reconstruction from a DP accountant's privacy profile."""
+"""Differential privacy (method.md: DP): the bound B(κ) on any reconstruction from a DP accountant's privacy profile."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ _EPSILON_FLOOR = -10.0
 # δ(ε) is read at this many ε in one vectorised pass (a grid step of about 0.01 for κ = 1e-4) to place the search,
 # then refined by golden section.
 _EPSILON_GRID_POINTS = 2001
-# The golden-section search stops when its bracket is this narrow: well below the PLD's loss grid at the spec's
-# rows, and the bounds agree with a search to 1e-6 in their first 6 digits on the spec's table.
+# The golden-section search stops when its bracket is this narrow: well below the PLD's loss grid at the reference
+# rows, and the bounds agree with a search to 1e-6 in their first 6 digits on the reference table (method.md: DP).
 _EPSILON_TOLERANCE = 1e-4
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 

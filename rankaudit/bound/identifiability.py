@@ -1,4 +1,4 @@
-"""Spec §9: flow network over the traced graph, max flow / min cut -> an upper bound on rank(∂g/∂x)."""
+"""method.md: the bound: flow network over the traced graph, max flow / min cut -> an upper bound on rank(∂g/∂x)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def shared_predicate(
 
 
 class FlowNetwork:
-    """The §9 network of one traced model at batch size B; vertex capacities by splitting (v_in -> v_out)."""
+    """The flow network (method.md: the bound) of one traced model at batch size B; vertex capacities by splitting (v_in -> v_out)."""
 
     def __init__(self, traced: TracedModel, batch_size: int, is_shared: Callable[[GradientSource], bool]):
         self.traced = traced
@@ -139,7 +139,7 @@ class FlowNetwork:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
 
     def add_rest_of_batch(self, is_shared: Callable[[GradientSource], bool], rest: int, statistics: list[str]):
-        """Spec §16: the other `rest` = B-1 samples of sample i's batch, coupled to it by batch statistics.
+        """method.md: the round: the other `rest` = B-1 samples of sample i's batch, coupled to it by batch statistics.
 
         Built on a network at batch size 1 (sample i): a second copy of every tensor and its δ at capacity
         rest·numel ("r|" vertices) stands for the rest of the batch, held fixed (the source does not reach it), and
@@ -335,7 +335,7 @@ def identifiability(
     withheld_layers: list[str] | None = None,
     max_recoverable: float | None = None,
 ) -> Identifiability:
-    """rank(∂g/∂x) <= max flow; the verdict is spec §11's level at the recoverable-fraction ceiling
+    """rank(∂g/∂x) <= max flow; the verdict is the level (method.md: verdicts) at the recoverable-fraction ceiling
     `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
     seen, `partial` with a smaller certified deficit, `exposed` without one."""
     ceiling = level_ceiling(max_recoverable)
@@ -356,7 +356,7 @@ def identifiability(
     )
 
 
-# ---- the federated round (spec §12) --------------------------------------------------------------------------------
+# ---- the federated round (method.md: the round) --------------------------------------------------------------------------------
 
 
 def round_identifiability(
@@ -368,19 +368,19 @@ def round_identifiability(
     max_recoverable: float | None = None,
     cache: dict | None = None,
 ) -> Identifiability:
-    """rank(∂u/∂X) <= min(n, |θ_s|, Σ_c Σ_k R(B_k)) for the update u of a round (spec §12).
+    """rank(∂u/∂X) <= min(n, |θ_s|, Σ_c Σ_k R(B_k)) for the update u of a round (method.md: the round).
 
     Every influence of a step's samples on u leaves that step through its gradient, so rank(∂u/∂X) is at most the
-    sum over the steps of rank(∂g_k/∂x_k) <= R(B_k), §9's bound at that step's batch size (a sample read in every
+    sum over the steps of rank(∂g_k/∂x_k) <= R(B_k), the bound at that step's batch size (a sample read in every
     epoch counts once per step that reads it). Before the last step every trainable gradient carries influence
     on, withheld ones too: they move weights that later steps read; the last step's withheld gradients go
     nowhere the server sees. All of it ends in the |θ_s| values of the update, and with secure aggregation the
-    C clients' rounds add up: n = C·N·|x|. FedSGD (one step, one client) is §9's bound itself.
+    C clients' rounds add up: n = C·N·|x|. FedSGD (one step, one client) is the bound itself.
 
     Hand-checkable (one-sample input 3x32x32, |x| = 3,072): N = B = 1, C = 2 doubles n to 6,144 and the steps'
     term to 2·R(1); N = 3, B = 2, E = 2 runs steps at batch sizes 2, 1, 2, 1, so Σ R = 2·R(2) + 2·R(1).
 
-    `cache` (a dict the caller keeps) holds §9's per-step bounds and |θ_s| between calls on the same traced model
+    `cache` (a dict the caller keeps) holds the bound's per-step bounds and |θ_s| between calls on the same traced model
     and shared set, so that a design review can try many rounds for the price of a few max flows.
     """
     cache = {} if cache is None else cache
@@ -421,7 +421,7 @@ def round_identifiability(
     kinds = _step_kinds(round_, partial=bool(shared_layers or withheld_layers))
     last = round_.samples % round_.batch_size or round_.batch_size
     terms, bounds = [], cache
-    for (size, every), count in kinds.items():  # §9's network once per distinct kind of step
+    for (size, every), count in kinds.items():  # the bound's network once per distinct kind of step
         if (size, every) not in bounds:
             bounds[(size, every)] = (
                 identifiability(traced, size)
@@ -467,7 +467,7 @@ _FUNCTIONAL_BATCH_NORMS = ("batch_norm", "native_batch_norm", "_native_batch_nor
 
 
 def batch_statistics(traced: TracedModel, bn_mode: str) -> list[str]:
-    """The records that normalise with the batch's mean and variance (spec §16): in training mode every
+    """The records that normalise with the batch's mean and variance (method.md: the round): in training mode every
     normalisation of the norm family that is not per sample (BatchNorm1d/2d/3d, SyncBatchNorm, their subclasses,
     F.batch_norm); in eval mode the BatchNorms without running statistics and the functional calls."""
     found = []
@@ -496,9 +496,9 @@ def _sample_step(
     withheld_layers: list[str] | None,
     max_recoverable: float | None,
 ) -> int:
-    """One local step's bound on rank(∂g_k/∂x_i): §9's flow at batch size 1 where the samples of a batch do not
+    """One local step's bound on rank(∂g_k/∂x_i): the bound's flow at batch size 1 where the samples of a batch do not
     meet (eval mode, no batch statistics, B = 1); else the flow over sample i and the other B-1 samples of its
-    batch, joined by the statistics (spec §16). `every`: all trainable gradients carry on (a step before the
+    batch, joined by the statistics (method.md: the round). `every`: all trainable gradients carry on (a step before the
     last); else only the shared ones."""
     if batch_size == 1 or not statistics:
         key = (1, every)
@@ -533,10 +533,10 @@ def sample_identifiability(
     max_recoverable: float | None = None,
     cache: dict | None = None,
 ) -> SampleBound:
-    """rank(∂u/∂x_i) <= R_s = min(|x|, Σ_t min(|θ_s|, E_i·R(1))) for every sample i (spec §14, §16).
+    """rank(∂u/∂x_i) <= R_s = min(|x|, Σ_t min(|θ_s|, E_i·R(1))) for every sample i (method.md: each sample, the round).
 
     J_i = ∂u/∂x_i moves one sample with every other one fixed. Within a step the batch gradient is a sum of
-    per-sample gradients, so ∂g_k/∂x_i is the single-sample Jacobian, bounded by §9's flow at batch size 1; the
+    per-sample gradients, so ∂g_k/∂x_i is the single-sample Jacobian, bounded by the bound's flow at batch size 1; the
     sample reaches u only through the E_i steps that read it (E for a round of E epochs, 1 for FedSGD at any batch
     size), and all of it ends in the |θ_s| update values. The batch size, N and the clients do not enter, except
     through batch statistics: in training mode a BatchNorm carries sample i into every other sample's activations,

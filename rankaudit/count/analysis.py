@@ -1,4 +1,4 @@
-"""The spec's rules: chain, residual, merges, batch size -> Result (rows, RA-i, critical layer)."""
+"""The counting rules (method.md: counting): chain, residual, merges, batch size -> Result (rows, RA-i, critical layer)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rankaudit.trace.records import TracedModel
 
 @dataclass
 class _Merge:
-    """A residual `add` as spec §5 reads it."""
+    """A residual `add` as method.md: counting reads it."""
 
     block: ResidualBlock
     first_layer: str | None  # main-path layer reading x1: the shortcut's |W| is added to it
@@ -147,7 +147,7 @@ def gate_operands(traced: TracedModel, node_id: str) -> set[str]:
 
 
 def _data_path(traced: TracedModel) -> set[str]:
-    """Records that reach an output other than only through a gate operand (spec §5: the rest are side)."""
+    """Records that reach an output other than only through a gate operand (method.md: counting: the rest are side)."""
     reaches: set[str] = set(traced.output_ids)
     for node_id in reversed(traced.order):
         if node_id in reaches:
@@ -167,7 +167,7 @@ def analyze(
     model_name: str = "",
     input_shape: tuple[int, ...] = (),
 ) -> Result:
-    """Count every layer as spec §1–§6 says and find the network's RA-i and critical layer."""
+    """Count every layer as the counting says and find the network's RA-i (method.md: counting) and critical layer."""
     merges, caveats = _find_merges(traced)
     folded_into: dict[str, list[str]] = {}
     shortcut_layers: set[str] = set()
@@ -180,7 +180,7 @@ def analyze(
             block_of.setdefault(layer_id, merge.block.name)  # innermost block first: merges run in order
 
     B = batch_size
-    # Spec §5: V(t) is the sum of s_ℓ over the *set* of layers upstream of t, each counted once however many
+    # method.md: counting: V(t) is the sum of s_ℓ over the *set* of layers upstream of t, each counted once however many
     # paths reach it (summing the operands' V at every merge counts shared history twice per merge).
     terms: dict[str, frozenset] = {}
     term_value: dict[str, int] = {}

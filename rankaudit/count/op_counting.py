@@ -17,7 +17,7 @@ from rankaudit.trace.records import OpFacts
 class Role(str, Enum):
     LAYER = "layer"  # a row of its own: |x|, |W|, |z|
     TRANSPARENT = "transparent"  # keeps the count: V and the unknowns pass through
-    ADD = "add"  # a merge by sum: residual rules (spec §5)
+    ADD = "add"  # a merge by sum: residual rules (method.md: counting)
     CAT = "cat"  # a merge by concatenation: V adds up
 
 
@@ -30,15 +30,15 @@ class Counting:
     reported_params: int = 0  # parameters shown but not counted (norms, not-modelled ops)
     frozen_params: int = 0  # parameters without requires_grad: no gradient is shared for them
     bias_params: int = 0  # the trainable bias among `weights` (for the remove-bias edit)
-    dense_candidate: bool = False  # weights applied at exactly one position per sample (spec §3)
-    out_features: int | None = None  # the B <= out_features condition of spec §3 and §6
+    dense_candidate: bool = False  # weights applied at exactly one position per sample (method.md: counting)
+    out_features: int | None = None  # the B <= out_features condition of method.md: counting and method.md: counting
     non_injective: bool = False  # ReLU-like: a zero output removes a weight constraint
     passes_unknowns: bool = True  # transparent ops: the unknowns of the input flow through
-    caveat: str | None = None  # set for ops the spec does not model
+    caveat: str | None = None  # set for ops the counting rules do not model
     # The call's Jacobian depends on its traced input although its family's does not (1 / x is no scaling).
     input_dependent_jacobian: bool = False
     # Positions, among the traced operands, that only weight the others (attention's q and k): a layer that
-    # reaches the loss only through them is a side branch (spec §5). None: decided from the shapes.
+    # reaches the loss only through them is a side branch (method.md: counting). None: decided from the shapes.
     gates: tuple[int, ...] | None = None
 
 
@@ -177,7 +177,7 @@ def count_cat(f: OpFacts) -> Counting:
 
 
 def not_modelled(f: OpFacts, why: str | None = None) -> Counting:
-    """Spec §1: same numel -> transparent, otherwise a parameter-free layer; always a caveat."""
+    """method.md: counting: same numel -> transparent, otherwise a parameter-free layer; always a caveat."""
     params = f.trainable + f.frozen
     message = why or f"{f.op} is not modelled by the rank analysis"
     if params:

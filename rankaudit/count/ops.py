@@ -54,7 +54,7 @@ class OpFamily:
     # module, function or method name called. Meta kernels of many ops are Python and import half of torch
     # on first use (about a second); a formula costs microseconds.
     shape: Callable[[Any, tuple, dict], tuple | None] | None = None
-    # Spec §9: does the op's local Jacobian depend (smoothly) on its forward input? Then the backward pass
+    # method.md: the bound: does the op's local Jacobian depend (smoothly) on its forward input? Then the backward pass
     # through it reads the forward tensor, and the bound's flow network gets an edge t -> δ(in). Linear maps
     # with fixed weights and piecewise-linear maps (ReLU, max-pool) do not; unknown ops are assumed to (sound).
     input_dependent_jacobian: bool = False

@@ -138,7 +138,7 @@ def narrow_edits(traced: TracedModel, base: Result, skipped: list[str]) -> list[
         channels = counting.out_features
         per_channel = counting.weights / channels
         positions = record.output_numel // channels
-        # Locally deficient (spec §2 without V): B|x| - c·w_c - B·c·P > 0, so c < B|x| / (w_c + B·P).
+        # Locally deficient (method.md: counting without V): B|x| - c·w_c - B·c·P > 0, so c < B|x| / (w_c + B·P).
         limit = row.inputs / (per_channel + base.batch_size * positions)
         width = min(channels - 1, int(limit) - (1 if limit == int(limit) else 0))
         if row.inputs - row.weights - row.outputs > 0 or width < 1:

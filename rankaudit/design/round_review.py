@@ -17,7 +17,7 @@ from rankaudit.trace.records import TracedModel
 
 @dataclass
 class RoundSetting:
-    """One knob of the round moved to where each sample becomes `protected` (spec §14, §15), with its bound."""
+    """One knob of the round moved to where each sample becomes `protected` (method.md: each sample, energy), with its bound."""
 
     knob: str  # local-samples | local-epochs | clients
     value: int | None  # the value found; None: no value in the range searched protects the round
@@ -31,9 +31,9 @@ class RoundSetting:
 
 @dataclass
 class RoundReview:
-    """The round as given and the three single changes that make each sample `protected` (spec §14): the
-    verdict, bound and fraction are per sample; `whole_*` are the round as a whole (spec §12). The levels are
-    read on energy (spec §15), as `check` reads them."""
+    """The round as given and the three single changes that make each sample `protected` (method.md: each sample): the
+    verdict, bound and fraction are per sample; `whole_*` are the round as a whole (method.md: the round). The levels are
+    read on energy (method.md: energy), as `check` reads them."""
 
     round: Round
     verdict: str
@@ -54,13 +54,13 @@ MAX_ROUND_SEARCH = 1_000_000
 def round_review(
     traced: TracedModel, round_: Round, max_recoverable: float | None = None, energy: EnergyScale | None = None
 ) -> RoundReview:
-    """Per sample (spec §14): the N, E and C at which each sample of the round is `protected`, one knob at a time,
-    each level read on energy (spec §15) by `energy` (default: the model's shipped reference).
+    """Per sample (method.md: each sample): the N, E and C at which each sample of the round is `protected`, one knob at a time,
+    each level read on energy (method.md: energy) by `energy` (default: the model's shipped reference).
 
     R_s = min(|x|, |θ_s|, E·R(1)) holds whatever N, B and C are: more local samples or clients never protect a
     sample (they only raise the hidden share of the round as a whole, reported beside it), and the largest E is the
     last whose E·R(1) (or the |θ_s| cap) keeps the hidden share protected. The hidden share only shrinks as R_s
-    grows, so the searches stay monotone. Each try is arithmetic: §9's max flows are cached.
+    grows, so the searches stay monotone. Each try is arithmetic: the bound's max flows are cached.
     """
     ceiling = level_ceiling(max_recoverable)
     energy = energy or EnergyScale.of(traced.inputs, sample_unknowns(traced), max_recoverable=ceiling)
@@ -78,7 +78,7 @@ def round_review(
         return whole_level(bound) == "protected"
 
     def first_whole(setting: str, low: int, high: int) -> int | None:
-        """The least value in [low, high] of one setting at which the round as a whole is protected (spec §12), for
+        """The least value in [low, high] of one setting at which the round as a whole is protected (method.md: the round), for
         the record. The round's bound per sample, R/(N·C), never grows with N or C (each sample adds at most |x|,
         the |θ_s| cap does not grow), so its hidden share never shrinks: a bisection, not a scan of up to a
         million rounds (photographs need R/(N·C) under one direction per sample)."""

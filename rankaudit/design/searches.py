@@ -14,7 +14,7 @@ from rankaudit.trace.records import TracedModel
 
 
 def smallest_certified_batch(traced: TracedModel, start: int = 1, at_start: Identifiability | None = None) -> int:
-    """Smallest B >= start with a certified deficit (spec §9).
+    """Smallest B >= start with a certified deficit (method.md: the bound).
 
     Each extra sample adds |x| unknowns and at most |x| flow, so the deficit never shrinks as B grows: a
     bisection finds the first B. Once B·|x| exceeds every shared gradient's size, the deficit is certain.
@@ -40,7 +40,7 @@ def smallest_protected_batch(
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE,
     energy: EnergyScale | None = None,
 ) -> int | None:
-    """Smallest B >= start whose batch as a whole is `protected` on energy (spec §15: the hidden share of B
+    """Smallest B >= start whose batch as a whole is `protected` on energy (method.md: energy: the hidden share of B
     samples' energy, R over B·|x|); None if no B is.
 
     Every cut's capacity is a + B·b (gradients a, tensors B·b, both >= 0), so R(B) is their minimum and R(B)/B =
@@ -89,11 +89,11 @@ def certifying_withheld(
     round_: Round | None = None,
     energy: EnergyScale | None = None,
 ) -> list[str] | None:
-    """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (spec §14,
-    §15: `protected`, or `partial`); None if no set that still shares some layer's gradient does (withholding
+    """A small set of layers whose gradients, withheld, bring each sample to the verdict level `aim` (method.md: each sample,
+    method.md: energy: `protected`, or `partial`); None if no set that still shares some layer's gradient does (withholding
     every layer sends nothing to train with: that is no design, whatever it hides).
     Each sample is judged by sample_identifiability in `round_` (default: FedSGD at batch_size), its level read on
-    energy (spec §15) by `energy` (default: the model's shipped reference at these thresholds).
+    energy (method.md: energy) by `energy` (default: the model's shipped reference at these thresholds).
 
     Greedy: withhold, one at a time, the layer whose removal lowers the rank bound most. Exact minimum sets are
     a combinatorial search; the greedy set is a certificate, not a proof that none smaller exists.

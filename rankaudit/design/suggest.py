@@ -24,7 +24,7 @@ from rankaudit.settings.round import Round
 if TYPE_CHECKING:
     from rankaudit.design.fisher_review import FisherReview
 
-EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (spec §14)
+EDITS = ("cut-skip", "narrow", "stride", "remove-bias")  # batch sizes protect no sample (method.md: each sample)
 ACCURACY_NOTE = (
     "Accuracy is not measured: each edit changes what the model can learn, so retrain and compare "
     "before adopting one (R-GAP's Figure 4 found cutting block 3's skip cost no accuracy on CIFAR-10)."
@@ -38,10 +38,10 @@ class Suggestion:
     detail: str  # what exactly changes, e.g. "out_channels 16 -> 5"
     ra_i: int | None
     critical_layer: str | None
-    verdict: str  # the per-sample verdict level of the edited model, on energy as `check` reads it (spec §14, §15)
+    verdict: str  # the per-sample verdict level of the edited model, on energy as `check` reads it (method.md: each sample, energy)
     delta_params: int
     crosses_verdict: bool  # the verdict differs from the unedited model's
-    rank_bound: int = 0  # R_s of the edited model: each sample's bound (spec §14)
+    rank_bound: int = 0  # R_s of the edited model: each sample's bound (method.md: each sample)
     certified_deficit: int = 0  # |x| - R_s: directions of each sample certified hidden
     recoverable_fraction: float = 1.0  # R_s/|x| of the edited model: the edits are ranked by it
 
@@ -53,10 +53,10 @@ class SuggestReport:
     batch_size: int
     ra_i: int | None
     critical_layer: str | None
-    verdict: str  # the per-sample verdict on energy (spec §14, §15), as `check` prints it: what the edits aim at
+    verdict: str  # the per-sample verdict on energy (method.md: each sample, energy), as `check` prints it: what the edits aim at
     suggestions: list[Suggestion]
     skipped: list[str] = field(default_factory=list)  # edits that could not be applied, and why
-    # The batch as a whole (spec §9, §11) at batch_size: R of n = B·|x|; a statement about all samples at once.
+    # The batch as a whole (method.md: the bound, verdicts) at batch_size: R of n = B·|x|; a statement about all samples at once.
     unknowns: int = 0
     rank_bound: int = 0
     certified_deficit: int = 0
@@ -64,7 +64,7 @@ class SuggestReport:
     protecting_batch: int | None = None  # smallest batch size whose whole batch is protected (None: none is)
     max_recoverable: float = DEFAULT_MAX_RECOVERABLE  # protected asks that 1 - this of the energy stays hidden
     recoverable_fraction: float = 1.0  # R/n of the model as it is (the whole batch)
-    # Layers whose gradients, kept back, make each sample protected (spec §14); [] none needed; None: no set does
+    # Layers whose gradients, kept back, make each sample protected (method.md: each sample); [] none needed; None: no set does
     certifying_withheld: list[str] | None = None
     # Where no set of layers reaches protected (norms and other directly used parameters still send enough):
     # layers whose gradients, kept back, give at least a certified deficit (partial).
@@ -81,12 +81,12 @@ class SuggestReport:
     # With DP options: the least σ keeping the PSNR ceiling of unbiased reconstructions at or below --psnr-target,
     # for the model as it is and each edit (rankaudit.design.fisher_review.FisherReview)
     fisher: FisherReview | None = None
-    sample: SampleBound | None = None  # each sample's bound as the model is (spec §14)
-    readout_layers: list[str] = field(default_factory=list)  # shared layers with a bias readout (spec §14)
+    sample: SampleBound | None = None  # each sample's bound as the model is (method.md: each sample)
+    readout_layers: list[str] = field(default_factory=list)  # layers with a bias readout (method.md: each sample)
     # No single edit, withheld set or round setting makes each sample protected: only noise the client adds can
     # bound what the server reconstructs of a sample.
     noise_is_the_way: bool = False
-    spectrum: str = ""  # the reference distribution the levels are read on (spec §15); "" for token inputs
+    spectrum: str = ""  # the reference distribution the levels are read on (method.md: energy); "" for token inputs
     exposed_below: float | None = None  # the hidden share under which a sample is exposed
     certificate_quantile: float = DEFAULT_CERTIFICATE_QUANTILE  # the share of samples the certificate speaks for
 
@@ -103,11 +103,11 @@ def suggest(
     certificate_quantile: float | None = None,
 ) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
-    fraction R_s/|x| it reaches (spec §14; the verdict level follows it, §11), then by the RA-i; with a round,
+    fraction R_s/|x| it reaches (method.md: each sample; the verdict level follows it, method.md: verdicts), then by the RA-i; with a round,
     also the N, E and C at which each sample is protected. The batch sizes at which the batch as a whole is
     certified or protected are reported beside them: no batch size protects any one sample.
 
-    Every level is read on energy, as `check` reads it (spec §15): the reference is `data` (--data), else the
+    Every level is read on energy, as `check` reads it (method.md: energy): the reference is `data` (--data), else the
     shipped photograph spectrum for C×H×W inputs, else none (nothing certified); `exposed_below` and
     `certificate_quantile` as check's flags."""
     ceiling = level_ceiling(max_recoverable)

@@ -72,7 +72,7 @@ def apply_findings(
 ) -> Result:
     """Verdict, meaning, model-level caveats, label leakage and the policy outcome, added to `result`.
 
-    The verdict is spec §11's level of the identifiability bound (spec §9) in `result.identifiability`, computed
+    The verdict is the level (method.md: verdicts) of the identifiability bound (method.md: the bound) in `result.identifiability`, computed
     here with all gradients shared when the caller did not compute it; RA-i stays R-GAP's index.
     """
     non_injective = [
@@ -90,9 +90,9 @@ def apply_findings(
             shared_layers=sorted(shared_layers) if shared_layers else None,
             max_recoverable=bound.max_recoverable,
         )
-    # Spec §15: the level is read on energy (the certified hidden share of a typical sample), not on directions.
+    # method.md: energy: the level is read on energy (the certified hidden share of a typical sample), not on directions.
     certify(bound, traced.inputs, data, exposed_below, certificate_quantile)
-    # Spec §14: the verdict is the sample level; the batch or round level stays as its own sentence.
+    # method.md: each sample: the verdict is the sample level; the batch or round level stays as its own sentence.
     result.verdict = bound.sample.level
     bound.sample.covers = coverage_sentence(
         bound.sample, result.round or Round(batch_size=result.batch_size), _batch_norms(traced)

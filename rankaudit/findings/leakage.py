@@ -360,7 +360,7 @@ def safe_token_budget(layers: list[SpanExposure]) -> tuple[int | None, int | Non
     return safe, -(-safe // max(1, max(layer.positions for layer in sent)))
 
 
-# --- the bias readout (spec §14; Qian, Nassar & Hansen, Proposition 1) ------------------------------------------
+# --- the bias readout (method.md: each sample; Qian, Nassar & Hansen, Proposition 1) ------------------------------------------
 
 _READOUT_FAMILIES = {"linear", "conv", "convolution", "conv_transpose", "matmul_param"}
 # Activations whose slope vanishes on a region: a unit silent for every other sample passes no gradient for them.
@@ -421,7 +421,7 @@ def readout_layers(traced: TracedModel, shared: set[str] | None = None) -> list[
 
 
 def bias_readouts(traced: TracedModel, result: Result, shared: set[str] | None) -> list[BiasReadoutFinding]:
-    """Spec §14's static readout finding for every layer of readout_layers: unit k's update row over its bias
+    """The per-sample section's static readout finding for every layer of readout_layers: unit k's update row over its bias
     update, (∂u/∂W_k)/(∂u/∂b_k), is one sample's input to the layer whenever k fires for that sample alone."""
     round_ = result.round
     batch = round_.batch_size if round_ is not None else result.batch_size

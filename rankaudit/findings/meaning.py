@@ -12,7 +12,7 @@ from rankaudit.settings.round import Round
 # Below this estimated hidden share of an image's energy, the visible part is a near-perfect picture of it.
 NEAR_PERFECT_HIDDEN = 0.05
 
-# R-GAP's index (spec §4): where its closed-form recursion stops. It no longer gives the verdict.
+# R-GAP's index (method.md: counting): where its closed-form recursion stops. It no longer gives the verdict.
 RA_MEANING = {
     "exposed": "R-GAP's closed form over-determines the input of every layer and reconstructs it layer by layer",
     "boundary": "R-GAP's closed form has exactly as many constraints as unknowns at the critical layer",
@@ -22,7 +22,7 @@ ALL_DENSE_MEANING = "every layer is dense (no weight sharing): R-GAP recovers ea
 
 
 def ra_verdict(ra_i: int | None) -> str:
-    """Spec §4's reading of RA-i: < 0 exposed, = 0 boundary, > 0 protected; no non-dense layer is exposed."""
+    """The counting section's reading of RA-i: < 0 exposed, = 0 boundary, > 0 protected; no non-dense layer is exposed."""
     if ra_i is None or ra_i < 0:
         return "exposed"
     return "boundary" if ra_i == 0 else "protected"
@@ -43,8 +43,8 @@ def visible_percent(hidden: float) -> str:
 
 
 def hidden_estimate_sentence(bound: Identifiability) -> str:
-    """What the batch or round line hides of the energy: the certificate (spec §15) where one was computed, else
-    spec §11's estimate, pointing to the measurement."""
+    """What the batch or round line hides of the energy: the certificate (method.md: energy) where one was computed, else
+    the verdicts section's estimate, pointing to the measurement."""
     if bound.certified_deficit <= 0:
         return "nothing of the input is certified hidden"
     if bound.certified_hidden_energy is not None:
@@ -63,7 +63,7 @@ def hidden_estimate_sentence(bound: Identifiability) -> str:
 
 
 def bound_meaning(bound: Identifiability, ra_i: int | None, critical_layer: str | None) -> str:
-    """What the bound means, in one sentence (spec §9, §11); the level itself is read on energy (§15)."""
+    """What the bound means, in one sentence (method.md: the bound, verdicts); the level itself is read on energy (method.md: energy)."""
     if bound.certified_deficit > 0:
         return (
             f"at least {bound.certified_deficit:,} input directions leave every shared gradient unchanged (to "
@@ -178,7 +178,7 @@ def ra_sentence(result: Result) -> str:
 
 
 def round_meaning(bound: Identifiability) -> str:
-    """What the round's verdict means, in one sentence (spec §12)."""
+    """What the round's verdict means, in one sentence (method.md: the round)."""
     cap = bound.round.explanation
     if not bound.certified_deficit:
         return (
@@ -196,7 +196,7 @@ def round_meaning(bound: Identifiability) -> str:
     )
 
 
-# ---- each sample, not the batch (spec §14) ---------------------------------------------------------------------
+# ---- each sample, not the batch (method.md: each sample) ---------------------------------------------------------------------
 
 
 def per_sample_view(result: Result) -> bool:
@@ -213,7 +213,7 @@ def _steps(count: int) -> str:
 
 
 def sample_meaning(bound: Identifiability) -> str:
-    """What the per-sample verdict means, in one sentence (spec §14)."""
+    """What the per-sample verdict means, in one sentence (method.md: each sample)."""
     sample = bound.sample
     steps, one_step = _steps(sample.steps_per_sample), sample.single_sample_bound
     if sample.rounds > 1:
@@ -254,7 +254,7 @@ def sample_meaning(bound: Identifiability) -> str:
 
 
 def coverage_sentence(sample: SampleBound, round_: Round, batch_norms: list[str]) -> str:
-    """What one verdict covers (spec §16): the server rounds counted, and the BatchNorm mode of the model's
+    """What one verdict covers (method.md: the round): the server rounds counted, and the BatchNorm mode of the model's
     `batch_norms` (empty: the model has none, and the mode is not mentioned)."""
     per_round = sample.round_bound
     if not sample.rounds_known:
@@ -300,7 +300,7 @@ def coverage_sentence(sample: SampleBound, round_: Round, batch_norms: list[str]
 
 
 def whole_sentence(result: Result) -> str:
-    """The batch or round level as what it is (spec §14): a statement about all samples at once."""
+    """The batch or round level as what it is (method.md: each sample): a statement about all samples at once."""
     bound = result.identifiability
     round_ = result.round
     if round_ is not None and not round_.fedsgd:
@@ -317,7 +317,7 @@ def whole_sentence(result: Result) -> str:
     return f"{head}: nothing certifies that any part of the {f'{count:,} samples' if count != 1 else 'sample'} stays hidden."
 
 
-# --- differential privacy (spec §13): a section beside the structural verdict -----------------------------------
+# --- differential privacy (method.md: DP): a section beside the structural verdict -----------------------------------
 
 DP_UNITS = {"sample": "DP-SGD", "client": "DP-FedAvg (client level)"}
 
@@ -340,7 +340,7 @@ def dp_sentence(dp: DPBound) -> str:
 
 
 def carried_by_sentence(result: Result) -> str:
-    """Which of the two carries a passing verdict (spec §14: structure or noise), in one sentence; '' otherwise."""
+    """Which of the two carries a passing verdict (method.md: each sample: structure or noise), in one sentence; '' otherwise."""
     policy, dp = result.policy, result.dp
     if policy is None or not policy.passed or dp is None:
         return ""

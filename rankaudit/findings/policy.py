@@ -18,7 +18,7 @@ def evaluate_policy(
 ) -> PolicyOutcome:
     """Exit-code policy: fail on a verdict level `fail_on` names (by default anything short of `protected`), on
     RA-i below `min_ra`, and on the token findings. `max_recoverable` is the ceiling the verdict level was
-    computed with (spec §11); it is recorded here, the level already applies it."""
+    computed with (method.md: verdicts); it is recorded here, the level already applies it."""
     reasons = []
     bound = result.identifiability
     each = bound is not None and bound.sample is not None and per_sample_view(result)
@@ -97,7 +97,7 @@ def short_reason(reason: str, width: int = 48) -> str:
 
 
 def _noise_that_would(result: Result) -> str:
-    """Where no architecture reaches `protected` (spec §15), the least client noise that meets the DP rule, from the
+    """Where no architecture reaches `protected` (method.md: energy), the least client noise that meets the DP rule, from the
     search `suggest` runs (dp.least_noise at this q, T and δ); elsewhere the pointer to `suggest`."""
     bound, dp = result.identifiability, result.dp
     hopeless = (
@@ -141,7 +141,7 @@ def apply_dp(result: Result, settings) -> Result:
         and policy.carried_by == "none"
         and result.verdict in FAILING_VERDICTS[policy.fail_on]
     ):
-        # Spec §14 + §13: the structure leaves the sample open; the noise may still bound every reconstruction.
+        # method.md: each sample + method.md: DP: the structure leaves the sample open; the noise may still bound every reconstruction.
         verdict_reason = next((r for r in policy.reasons if r.startswith(f"verdict is {result.verdict}")), None)
         if result.dp.noise_by == "client" and verdict_reason is not None:
             policy.reasons.remove(verdict_reason)

@@ -161,7 +161,7 @@ _KNOB_TEXT = {
 
 
 def _round_lines(report: SuggestReport) -> list[str]:
-    """With a round: the N, E and C at which it is protected, each with its bound (spec §12)."""
+    """With a round: the N, E and C at which it is protected, each with its bound (method.md: the round)."""
     review = report.round_review
     if review is None:
         return []
@@ -241,7 +241,7 @@ def _certificates(report: SuggestReport) -> list[str]:
 
 
 def _readout_text(report: SuggestReport) -> list[str]:
-    """Spec §14: the bias readout, and whether anything but noise can protect a sample."""
+    """method.md: each sample: the bias readout, and whether anything but noise can protect a sample."""
     lines = []
     if report.readout_layers:
         lines.append(
@@ -386,7 +386,7 @@ def _bound_text(result: Result) -> str:
         f"rank bound {bound.rank_bound:,} of {bound.unknowns:,} (deficit {bound.certified_deficit:,}, "
         f"{percent(bound.recoverable_fraction)} recoverable)"
     )
-    if bound.sample is not None and per_sample_view(result):  # spec §14: the verdict is each sample's
+    if bound.sample is not None and per_sample_view(result):  # method.md: each sample: the verdict is each sample's
         sample = bound.sample
         text = (
             f"each sample: rank bound {sample.rank_bound:,} of {sample.unknowns:,} "

@@ -183,7 +183,7 @@ def _embedded(png: bytes | None) -> str | None:
 
 
 def _visible_parts(data: dict, images: dict[str, bytes]) -> list[dict]:
-    """Spec §11: each checked input beside its visible part (what the gradient shows to first order)."""
+    """method.md: verdicts: each checked input beside its visible part (what the gradient shows to first order)."""
     shown = []
     for sample in data.get("samples") or []:
         for entry in (sample.get("inputs") or []) if isinstance(sample, dict) else []:
@@ -248,7 +248,7 @@ def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = N
 
 
 def _energy(energy) -> dict | None:
-    """Spec §15, measured: the worst sample at the weights used, on the energy levels, beside the certificate."""
+    """method.md: energy, measured: the worst sample at the weights used, on the energy levels, beside the certificate."""
     if not isinstance(energy, dict) or not energy.get("line"):
         return None
     certified, expected, stderr = (
@@ -272,7 +272,7 @@ def _energy(energy) -> dict | None:
 
 
 def _worst(data: dict) -> dict | None:
-    """Spec §14: the sample the gradient hides least of, which the card leads with (not the median)."""
+    """method.md: each sample: the sample the gradient hides least of, which the card leads with (not the median)."""
     worst = data.get("worst")
     if not isinstance(worst, dict) or worst.get("hidden_energy") is None:
         return None
@@ -394,7 +394,7 @@ def _tokens(result: Result) -> dict | None:
 
 
 def _round_card(result: Result) -> dict | None:
-    """The federated round (spec §12): N, B, E, K, C, the cap that binds and ρ; None for FedSGD."""
+    """The federated round (method.md: the round): N, B, E, K, C, the cap that binds and ρ; None for FedSGD."""
     from rankaudit.settings.round import describe
 
     round_ = result.round
@@ -486,7 +486,7 @@ def _carried(result: Result) -> str:
 
 
 def _panel(result: Result) -> dict | None:
-    """The verdict card's rank figure: each sample's bound (spec §14); at FedSGD batch 1 that is the batch's."""
+    """The verdict card's rank figure: each sample's bound (method.md: each sample); at FedSGD batch 1 that is the batch's."""
     from rankaudit.findings.meaning import energy_percent, per_sample_view
 
     bound = result.identifiability
@@ -542,7 +542,7 @@ def _png(picture) -> bytes:
 
 
 def _certificate_picture(result: Result) -> dict | None:
-    """Spec §15: a shipped photograph crop beside its projection onto the top R_s components of the shipped
+    """method.md: energy: a shipped photograph crop beside its projection onto the top R_s components of the shipped
     spectrum, captioned with the PSNR: what a server that picks the weights could see of it. No weights needed."""
     from rankaudit.bound.energy import PHOTO_SPECTRUM, reference_picture
 

@@ -82,7 +82,7 @@ def to_dict(result: Result) -> dict:
 
 
 def _dp(result: Result) -> dict | None:
-    """Spec §13's DP section; the HTML card's curve stays out of the contract."""
+    """The DP section; the HTML card's curve stays out of the contract."""
     if result.dp is None:
         return None
     from rankaudit.bound.fisher import BOUND_COVERS, summary

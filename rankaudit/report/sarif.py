@@ -84,7 +84,7 @@ RULES = {
     **{code: (name, title, "note", "2.0") for code, (name, title) in CAVEAT_CODES.items()},
 }
 # RA001/RA002 read R-GAP's index (RA-i); RA004 (exposed) and RA007 (partial) read the identifiability bound's
-# verdict level (spec §11).
+# verdict level (method.md: verdicts).
 _RA_RULE = {"exposed": "RA001", "boundary": "RA002"}
 _VERDICT_RULE = {"exposed": "RA004", "partial": "RA007"}
 
@@ -318,7 +318,7 @@ def _fisher_summary(result: Result) -> dict | None:
 
 
 def _sample_properties(result: Result) -> dict:
-    """Spec §14: the per-sample bound the verdict reads (rank_bound and unknowns above are the batch's or round's)."""
+    """method.md: each sample: the per-sample bound the verdict reads (rank_bound and unknowns above are the batch's or round's)."""
     sample = result.identifiability.sample
     if sample is None:
         return {}
@@ -337,7 +337,7 @@ def _sample_properties(result: Result) -> dict:
 
 
 def _round_properties(result: Result) -> dict:
-    """The round behind a verdict (spec §12), for a round that is not FedSGD."""
+    """The round behind a verdict (method.md: the round), for a round that is not FedSGD."""
     from rankaudit.settings.round import round_dict
 
     if result.round is None or result.round.fedsgd:

@@ -44,7 +44,7 @@ def conclusion_lines(result: Result, verdict: str) -> list[str]:
 
 
 def round_lines(result: Result) -> list[str]:
-    """The round's three caps (spec §12) and which one binds; what the verdict covers (server rounds, BatchNorm)."""
+    """The round's three caps (method.md: the round) and which one binds; what the verdict covers (server rounds, BatchNorm)."""
     bound = result.identifiability
     covers = [f"Covers: {bound.sample.covers}"] if bound is not None and bound.sample and bound.sample.covers else []
     if bound is None or bound.round is None:
@@ -58,7 +58,7 @@ def round_lines(result: Result) -> list[str]:
 
 
 def readout_lines(result: Result) -> list[str]:
-    """Spec §14's static bias readout: each shared layer that can hand a sample over exactly, and the fix."""
+    """The per-sample section's static bias readout: each shared layer that can hand a sample over exactly, and the fix."""
     lines = []
     for finding in result.bias_readout:
         lines += ["", f"Sample readout: {finding.message}.", f"  Fix: {finding.fix}."]
@@ -161,7 +161,7 @@ def span_lines(result: Result) -> list[str]:
 
 
 def dp_lines(result: Result) -> list[str]:
-    """The DP section (spec §13): what the noise bounds, beside (not instead of) the structural verdict."""
+    """The DP section (method.md: DP): what the noise bounds, beside (not instead of) the structural verdict."""
     dp = result.dp
     if dp is None:
         return []

@@ -237,7 +237,7 @@ def _rank_gap(rank: dict) -> str:
 
 
 def _worst_sample_lines(rank: dict) -> list[str]:
-    """Spec §14, measured: each sample's rank(J_i) against R_s, and the worst sample first."""
+    """method.md: each sample, measured: each sample's rank(J_i) against R_s, and the worst sample first."""
     lines = []
     ranks = rank.get("per_sample_rank") or []
     bound = rank.get("sample_bound")
@@ -267,7 +267,7 @@ def _worst_sample_lines(rank: dict) -> list[str]:
 
 
 def _energy_lines(rank: dict) -> list[str]:
-    """Spec §15, measured: the worst sample's hidden energy at the weights used, on the energy levels, and the
+    """method.md: energy, measured: the worst sample's hidden energy at the weights used, on the energy levels, and the
     certified share the mean must reach."""
     energy = rank.get("energy")
     if not energy:
@@ -291,7 +291,7 @@ def _energy_lines(rank: dict) -> list[str]:
 
 
 def _hidden_lines(rank: dict) -> list[str]:
-    """Spec §11, measured: the median hidden energy and what the visible part looks like, in one line."""
+    """method.md: verdicts, measured: the median hidden energy and what the visible part looks like, in one line."""
     inputs = [entry for sample in rank.get("samples", []) for entry in sample.get("inputs", [])]
     if not inputs or rank.get("hidden_energy_median") is None:
         return []

@@ -1,6 +1,6 @@
 """The privacy accountant the DP settings are stated in: δ(ε) of the subsampled Gaussian, from Google's dp-accounting.
 
-Spec §13. The bound reads its privacy profile, and a target ε read from an app becomes a noise multiplier by it."""
+method.md: DP. The bound reads its privacy profile, and a target ε read from an app becomes a noise multiplier by it."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
-# ---- the federated round (spec §12): flags, then [tool.rankaudit.round], validated by round.build_round ----------
+# ---- the federated round (method.md: the round): flags, then [tool.rankaudit.round], validated by round.build_round ----------
 _ROUND_OPTIONS = [
     click.option(
         "--local-samples",
@@ -84,7 +84,7 @@ def round_options(command):
     return _stacked(command, _ROUND_OPTIONS)
 
 
-# --- differential privacy (spec §13): the DP options of `check` and `suggest`, and how they merge with the config --
+# --- differential privacy (method.md: DP): the DP options of `check` and `suggest`, and how they merge with the config --
 
 
 def dp_options(command):

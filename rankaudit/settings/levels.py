@@ -1,4 +1,4 @@
-"""Spec §11's verdict levels and the --fail-on gates over them (no torch: the CLI names them at startup)."""
+"""The verdicts section's verdict levels and the --fail-on gates over them (no torch: the CLI names them at startup)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ DEFAULT_PSNR_TARGET = 20.0
 # (--certificate-quantile). docs/method.md, "The certificate, per sample".
 DEFAULT_CERTIFICATE_QUANTILE = 0.9
 
-# --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before spec §11);
+# --fail-on, weakest gate first: never; exposed (fail without a certified deficit: the gate before method.md: verdicts);
 # partial, the default (fail unless `protected`); boundary (also unless R-GAP's closed form stops, RA-i > 0).
 FAIL_ON_CHOICES = ("never", "exposed", "partial", "boundary")
 DEFAULT_FAIL_ON = "partial"
@@ -32,7 +32,7 @@ def ceiling(max_recoverable: float | None) -> float:
 
 
 def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAULT_MAX_RECOVERABLE) -> str:
-    """Spec §11: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
+    """method.md: verdicts: `exposed` without a certified deficit (R >= n); `protected` when the recoverable fraction
     ρ = R/n is at most `max_recoverable`; `partial` in between (some directions hidden, most still visible)."""
     if unknowns <= 0 or rank_bound >= unknowns:
         return "exposed"
@@ -42,7 +42,7 @@ def verdict_level(rank_bound: int, unknowns: int, max_recoverable: float = DEFAU
 def energy_level(
     hidden: float, max_recoverable: float = DEFAULT_MAX_RECOVERABLE, exposed_below: float = DEFAULT_EXPOSED_BELOW
 ) -> str:
-    """Spec §15's levels on a hidden share of energy: `exposed` below `exposed_below` (default 5 %), `protected`
+    """The energy section's levels on a hidden share of energy: `exposed` below `exposed_below` (default 5 %), `protected`
     from 1 − `max_recoverable` (default half of the energy hidden), `partial` in between."""
     if hidden < exposed_below:
         return "exposed"

@@ -316,7 +316,7 @@ def _dp_table(path: Path, table) -> dict:
     return {key: check_option(key, value, str(path)) for key, value in table.items()}
 
 
-# ---- [tool.rankaudit.round]: the federated round (spec §12); ranges are checked by round.validate_round ----------
+# ---- [tool.rankaudit.round]: the federated round (method.md: the round); ranges are checked by round.validate_round ----------
 
 
 def _round_table(path: Path, table) -> dict[str, object]:

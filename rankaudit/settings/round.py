@@ -27,7 +27,7 @@ MIN_LR = 1e-30
 
 @dataclass(frozen=True)
 class DPSettings:
-    """DP-SGD on the client (level `sample`) or user-level DP-FedAvg (level `client`), spec §13.
+    """DP-SGD on the client (level `sample`) or user-level DP-FedAvg (level `client`), method.md: DP.
 
     Each unit's gradient (a sample's, or a client's whole update) is clipped to `clip`, Gaussian noise of
     standard deviation noise_multiplier · clip is added to the sum, each unit takes part in a step with
@@ -54,7 +54,7 @@ class DPSettings:
 
 @dataclass(frozen=True)
 class Round:
-    """What one client sends in one federated round (spec §12). FedSGD is local_samples == batch_size, one epoch.
+    """What one client sends in one federated round (method.md: the round). FedSGD is local_samples == batch_size, one epoch.
 
     Built once from flags and [tool.rankaudit.round] and handed to every step; nothing else re-derives it.
     """
@@ -160,7 +160,7 @@ def build_round(
     return dataclasses.replace(round_, dp=dp_for_round(round_, dp, dp_given or {}))
 
 
-# ---- DP follows the round (spec §13): what a unit's sampling rate q and its number of steps T are -----------------
+# ---- DP follows the round (method.md: DP): what a unit's sampling rate q and its number of steps T are -----------------
 
 
 def round_sampling(round_: Round, level: str) -> tuple[float, str, int, str]:
@@ -314,7 +314,7 @@ def describe(round_: Round) -> str:
 
 
 def round_dict(round_: Round | None) -> dict | None:
-    """The round judged, as the JSON reports write it (spec §12): FedSGD is local_samples = batch_size, one epoch,
+    """The round judged, as the JSON reports write it (method.md: the round): FedSGD is local_samples = batch_size, one epoch,
     one client."""
     if round_ is None:
         return None

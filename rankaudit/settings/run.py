@@ -11,7 +11,7 @@ from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
 if TYPE_CHECKING:
     from rankaudit.settings.round import Round
 
-# The round's flags (spec §12), by their parameter names; they mirror [tool.rankaudit.round].
+# The round's flags (method.md: the round), by their parameter names; they mirror [tool.rankaudit.round].
 ROUND_FLAGS = (
     "local_samples",
     "local_epochs",

@@ -395,7 +395,7 @@ class RecordBuilder:
             return
         if not any(a.name in self.records for a in traced_args):
             # Reads only the input's shape, e.g. cls_token.expand(x.shape[0], -1, -1): its values do not depend
-            # on the input, so it carries no unknowns and is no row (spec §5).
+            # on the input, so it carries no unknowns and is no row (method.md: counting).
             return
         operands = _traced_operands(node, args, kwargs, self.traced)
         operand_shapes = [torch.Size(value.shape) for _, _, value in operands]

@@ -1,12 +1,12 @@
 """The client's loss and labels, and its local training as a differentiable function of its data: the update one
-round sends (spec §12).
+round sends (method.md: the round).
 
 Pure functions of (parameters, inputs) built on ``torch.func``, so that the rank check can take vector-Jacobian
 products through the whole unrolled training and the attack can batch candidates and clients with ``vmap``.
 The model runs as the client trains it in the BatchNorm mode the bound covers (client_mode: BatchNorm on each
 batch's own statistics in training mode, the default; on running statistics with --bn-mode eval; every other
 module in eval mode, so dropout is off); each step's loss is the mean over its mini-batch; the batch order is fixed
-and the same in every epoch (samples 0..B-1 first). Over several server rounds (spec §16) the weights move between
+and the same in every epoch (samples 0..B-1 first). Over several server rounds (method.md: the round) the weights move between
 rounds by the clients' own updates and by a fixed random step that stands for the other clients' (independent of
 the samples).
 """

@@ -1,6 +1,6 @@
 """Exactly equal, twice-differentiable stand-ins for ops whose backward PyTorch cannot differentiate (verifiers only).
 
-The rank check (spec §10) and the inverting-gradients attack differentiate the shared gradient again, so every op of
+The rank check (method.md: numerical check) and the inverting-gradients attack differentiate the shared gradient again, so every op of
 the model needs a derivative of its backward. A few built-in ops have none; a user cannot rewrite an op inside a
 zoo model, so while those verifiers run, :class:`differentiable_ops` (a ``TorchFunctionMode``) answers each call of
 an op in :data:`SUBSTITUTES` with a composition of ops that have one. Each composition equals the op's output and

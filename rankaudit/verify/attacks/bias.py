@@ -1,4 +1,4 @@
-"""--verify bias: the bias readout measured (spec §14; Qian, Nassar & Hansen, Proposition 1) on the real update.
+"""--verify bias: the bias readout measured (method.md: each sample; Qian, Nassar & Hansen, Proposition 1) on the real update.
 
 For a Linear (or a convolution whose output is one position) whose weight and bias updates are both sent, unit k's
 update rows are u_W[k] = Σ c_(i,t) x_(i,t) and u_b[k] = Σ c_(i,t), summed over the samples i and local steps t in
@@ -386,7 +386,7 @@ def bias_summary(result, readout: BiasReadout) -> dict:
     sample = getattr(result.identifiability, "sample", None) if result.identifiability is not None else None
     single = result.round is None or (result.round.fedsgd and result.round.batch_size == 1)
     single = single and result.batch_size == 1
-    # The per-sample level (spec §14); without it only a single-sample audit's verdict speaks of one sample.
+    # The per-sample level (method.md: each sample); without it only a single-sample audit's verdict speaks of one sample.
     level = getattr(sample, "level", None) or (result.verdict if single else None)
     internal_error = None
     if images and level in ("partial", "protected"):

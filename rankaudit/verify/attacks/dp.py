@@ -1,4 +1,4 @@
-"""--verify dp: the informed, prior-aware reconstruction attack on DP noise (spec §13), measured against B(1/M)."""
+"""--verify dp: the informed, prior-aware reconstruction attack on DP noise (method.md: DP), measured against B(1/M)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def informed_attack(
     seed: int = 0,
     full_draw_limit: int = FULL_DRAW_LIMIT,
 ) -> AttackOutcome:
-    """Spec §13's attack: per trial a target among the M candidates (uniform, so κ = 1/M), T steps of DP-SGD.
+    """The DP section's attack: per trial a target among the M candidates (uniform, so κ = 1/M), T steps of DP-SGD.
 
     Each step every unit takes part with probability q (Poisson sampling), the update is the sum of the clipped
     gradients that took part plus N(0, σ²c² I). The informed attacker knows the other units and which of them took

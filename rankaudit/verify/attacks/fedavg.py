@@ -1,4 +1,4 @@
-"""The optimisation attack on a federated round's update (spec §12): inverting gradients, unrolled over local training.
+"""The optimisation attack on a federated round's update (method.md: the round): inverting gradients, unrolled over local training.
 
 The server knows θ₀, the round (N, B, E, lr, optimizer, C) and, as in the FedSGD attacks, every sample's label
 and the batch order. It simulates the clients' local training from θ₀ on candidate inputs (rankaudit.verify.client)

@@ -341,7 +341,7 @@ def numerical_rank(
     device: str | torch.device = "cpu",
     only: set[str] | None = None,
 ) -> list[LayerSolve]:
-    """|x_i| - rank(A_i) per layer (spec §7 numerical mode), bottom layer first.
+    """|x_i| - rank(A_i) per layer (method.md: numerical check numerical mode), bottom layer first.
 
     Without gradients, the k_i come from a seeded uniform [0,1] input pushed through the given weights
     (pass random weights for the generic rank); with gradients, R-GAP runs and its solves are returned.

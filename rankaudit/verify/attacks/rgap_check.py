@@ -236,7 +236,7 @@ def verify_inputs(
         )
     deficient = [layer for layer in layers if layer["local_deficit"] > 0]
     if deficient:
-        # Spec §7: counts cannot see dependent constraints; the numerical rank can, and explains a disagreement.
+        # method.md: numerical check: counts cannot see dependent constraints; the numerical rank can, and explains a disagreement.
         judgement += "; numerically deficient: " + ", ".join(
             f"{layer['name']} rank {layer['rank']} of {layer['unknowns']} unknowns (deficit {layer['local_deficit']})"
             for layer in deficient

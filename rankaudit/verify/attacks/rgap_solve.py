@@ -22,7 +22,7 @@ class LayerSolve:
     """What solving A_i x_i = b_i told us about one layer."""
 
     name: str
-    unknowns: int  # |x_i| counting zero-padding entries, as the spec does
+    unknowns: int  # |x_i| counting zero-padding entries, as the counting rules do
     rank: int
     local_deficit: int  # unknowns - rank
     residual: float  # max of the relative residuals of weight and gradient constraints (nan: not solved)

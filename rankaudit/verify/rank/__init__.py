@@ -1,1 +1,1 @@
-"""The exact check (spec §10, §14): the numerical rank of the shared gradient's Jacobian in the input."""
+"""The exact check (method.md: numerical check, each sample): the numerical rank of the shared gradient's Jacobian in the input."""

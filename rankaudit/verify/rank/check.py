@@ -71,7 +71,7 @@ def verify_rank(
 
     Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
     an image can only lose rank to a coincidence such as a dead unit). Batch size B > 1: one sketch of one
-    batch of B images. Compares the headline with the verdict and with the static bound (spec §9).
+    batch of B images. Compares the headline with the verdict and with the static bound (method.md: the bound).
     """
     import torch
 
@@ -298,7 +298,7 @@ class OverallProgress:
 def read_worst_sample(
     verification: dict, result: Result, ranks: list[int], inputs: list[dict], what: str, *, keep_agreement: bool = False
 ):
-    """Spec §14 in the rank check's JSON: the per-sample keys, and confirms / judgement read the worst sample (the
+    """The per-sample rank check's JSON: the per-sample keys, and confirms / judgement read the worst sample (the
     batch's reading stays under batch_*); a rank(J_i) above R_s joins internal_error."""
     from rankaudit.verify.rank.per_sample import sample_reading
 
@@ -325,7 +325,7 @@ def read_worst_sample(
 def _what_the_gradient_shows(
     result: Result, images, batches: list[slice], measurements: list, artifacts: str | None
 ) -> dict:
-    """Spec §11, measured: each input's hidden energy and visible part (rankaudit.verify.rank.hidden), the medians
+    """method.md: verdicts, measured: each input's hidden energy and visible part (rankaudit.verify.rank.hidden), the medians
     over all inputs, PNGs of the originals and visible parts for the HTML report (result.images), and with
     --artifacts the visible parts as .npy and PNG."""
     import numpy as np
@@ -472,7 +472,7 @@ def verify_round_rank(
         for text in (agreement, judgement)
     )
     rounds = simulated_rounds(round_)
-    # Spec §16: over several rounds the stacked updates can show each round's directions; the round's bound counts
+    # method.md: the round: over several rounds the stacked updates can show each round's directions; the round's bound counts
     # one round, so the whole Jacobian is held to the sum over the rounds simulated.
     whole = result.identifiability
     if rounds > 1 and whole is not None:
@@ -504,7 +504,7 @@ def verify_round_rank(
             "depends on where the tolerance falls"
         )
     saved = save_directions(artifacts, _first_client_view(measured)) if artifacts else []
-    # Spec §11 over the round's inputs: every client's samples in one projection, each sample's share reported.
+    # the verdicts over the round section's inputs: every client's samples in one projection, each sample's share reported.
     flat = inputs.reshape(-1, *inputs.shape[2:])
     seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts)
     if measured.invisible is None:

@@ -1,9 +1,9 @@
-"""Spec §15, measured: each sample's hidden energy at the weights that are sent, judged on the energy levels.
+"""method.md: energy, measured: each sample's hidden energy at the weights that are sent, judged on the energy levels.
 
 The certificate (h_cert, for any weights) is the analysis'; this is the measurement at given weights (the seeded
 initialisation or --weights). Two readings join the rank check's record under ``energy``:
 
-- **The measured level.** The worst sample's hidden share h_min on spec §15's thresholds (levels.energy_level). The
+- **The measured level.** The worst sample's hidden share h_min on the energy section's thresholds (levels.energy_level). The
   check never confirms a level the measurement does not support: a per-sample verdict of `protected` (or `partial`)
   is confirmed only when the worst measured sample hides at least that level's share; otherwise the judgement says
   that these weights show more than the level allows. A measured level above the verdict is no disagreement: the

@@ -1,4 +1,4 @@
-"""Spec §11, measured: how much of each input the gradient cannot see, and the visible part an attacker gets.
+"""method.md: verdicts, measured: how much of each input the gradient cannot see, and the visible part an attacker gets.
 
 With c the batch with each sample's mean removed and P the orthogonal projection onto the measured invisible
 subspace (right singular vectors of the dropped singular values of the sketch, over all B·|x| unknowns), sample

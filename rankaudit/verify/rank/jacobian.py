@@ -1,4 +1,4 @@
-"""--verify rank: the numerical rank of J = ∂g/∂x, the shared gradient's Jacobian in the input (spec §10).
+"""--verify rank: the numerical rank of J = ∂g/∂x, the shared gradient's Jacobian in the input (method.md: numerical check).
 
 The exact answer to "does one gradient determine the input?" for any differentiable model: rank(J) = n means it
 does (to first order, up to isolated points); a deficit n - rank(J) counts input directions the gradient cannot
@@ -121,7 +121,7 @@ def measure(
     double backward. ``directions``: also return up to that many right singular vectors of dropped singular
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
-    return P c, the batch's mean-removed input projected onto the whole invisible subspace (spec §11; a full SVD
+    return P c, the batch's mean-removed input projected onto the whole invisible subspace (method.md: verdicts; a full SVD
     with vectors unless the rank is full), for :mod:`rankaudit.verify.rank.hidden`. ``precision``:
     "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
     least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see

@@ -40,13 +40,13 @@ class RankMeasurement:
     invisible: np.ndarray | None = None
     precision: str = "float64"  # the sketch whose spectrum gave the rank: float32 (accepted) | float64
     precision_note: str = ""  # why that precision
-    # Spec §14: rank(J_i) of each sample of the batch from its column block of the same sketch (R·J_i), in order.
+    # method.md: each sample: rank(J_i) of each sample of the batch from its column block of the same sketch (R·J_i), in order.
     sample_ranks: list[int] = field(default_factory=list)
 
 
 def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str]:
     """(confirms, agreement, judgement): full rank agrees with `exposed`, a deficit with `partial` and `protected`
-    (spec §11; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
+    (method.md: verdicts; how much a deficit hides is the hidden-energy measurement's business); `boundary` has nothing to
     agree with (confirms None). `agreement` is the short form the table prints."""
     deficit = unknowns - rank
     measured = (
@@ -82,7 +82,7 @@ def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str
 
 
 def bound_check(identifiability, rank: int) -> dict | None:
-    """The measured rank against the static upper bound of spec §9; a rank above it means the bound is wrong."""
+    """The measured rank against the static upper bound of method.md: the bound; a rank above it means the bound is wrong."""
     if identifiability is None:
         return None
     bound = int(identifiability.rank_bound)

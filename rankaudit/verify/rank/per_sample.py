@@ -1,14 +1,14 @@
-"""Spec §14, measured: each sample's rank(J_i) against the per-sample bound R_s, and the worst sample first.
+"""method.md: each sample, measured: each sample's rank(J_i) against the per-sample bound R_s, and the worst sample first.
 
 The rank check sketches J over all of a batch's (or round's) unknowns; sample i's column block of that sketch is
 R·J_i (rankaudit.verify.rank.jacobian.sample_ranks), so rank(J_i) comes free. A rank above R_s means the static per-sample
-bound is wrong: an internal error. The hidden energy h_i of each sample (spec §11, with all samples unknown) is
+bound is wrong: an internal error. The hidden energy h_i of each sample (method.md: verdicts, with all samples unknown) is
 ordered worst first, and the judgement reads the worst sample: the one the update sees most of.
 """
 
 from __future__ import annotations
 
-# Spec §14: "how many samples hide less than 1 % of their energy".
+# method.md: each sample: "how many samples hide less than 1 % of their energy".
 SMALL_HIDDEN_SHARE = 0.01
 
 
@@ -89,7 +89,7 @@ def judge_worst(
     """(confirms, agreement, judgement) of the per-sample verdict against the worst sample.
 
     Full rank of some sample's J_i agrees with `exposed`; a deficit in every sample with `partial` and `protected`,
-    except that `protected` disagrees when the worst sample still hides under 1 % of its energy (spec §11: a
+    except that `protected` disagrees when the worst sample still hides under 1 % of its energy (method.md: verdicts: a
     deficit that hides almost nothing is no protection)."""
     one = "one gradient" if what == "gradient" else "the update"
     deficit = unknowns - ranks[top]

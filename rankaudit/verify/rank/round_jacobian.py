@@ -1,6 +1,6 @@
 """--verify rank for a federated round: the numerical rank of J = ∂u/∂X, the update's Jacobian in all C·N·|x| inputs.
 
-Spec §12's exact check, sketched as §10 does the single gradient (rankaudit.verify.rank.jacobian): S = R·J with
+the round section's exact check, sketched as method.md: numerical check does the single gradient (rankaudit.verify.rank.jacobian): S = R·J with
 min(|θ_s|, n) + 16 Gaussian rows, each row rᵀJ = ∂/∂X ⟨r, u(X)⟩ a vector-Jacobian product through the unrolled
 local training (a double backward through every step, and through the weights later steps receive from earlier
 ones); ``torch.func.vjp`` records the training once and ``vmap`` pushes a chunk of rows back through it together.
@@ -81,7 +81,7 @@ def measure_round(
 
     u is Σ_c (θ_K − θ₀) over the ``shared`` parameters (names; default every trainable one). The same fields as
     rank.measure; ``unknowns`` is C·N·|x| and ``shared_gradient_size`` the update's |θ_s| values. ``hidden``: also
-    P c over all C·N samples, shaped (C·N, *sample), as rank.measure (spec §11 applies to the round's inputs).
+    P c over all C·N samples, shaped (C·N, *sample), as rank.measure (the verdicts applies to the round section's inputs).
     """
     device = torch.device(device)
     if inputs.shape[:2] != (round_.clients, round_.samples) or labels.shape != inputs.shape[:2]:
@@ -106,7 +106,7 @@ def measure_round(
             f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
             "name parameters from model.named_parameters() that require grad",
         )
-    rounds = simulated_rounds(round_)  # spec §16: every round's update stacked, the weights moving between them
+    rounds = simulated_rounds(round_)  # every round's update stacked, the weights moving (method.md: the round)
     training = LocalTraining(net, round_, loss, names, rounds=rounds, seed=seed)
     unknowns, m = int(x.numel()), training.values
     rows = min(m, unknowns) + OVERSAMPLING

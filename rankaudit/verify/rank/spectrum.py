@@ -16,7 +16,7 @@ TOLERANCE_RULE = "sigma_max * max(rows, n) * eps(float64)"
 
 
 def sample_ranks(sketch: torch.Tensor, samples: int, rank: int) -> list[int]:
-    """rank(J_i) of each of ``samples`` equal column blocks of the sketch S = R·J (spec §14): S's columns of sample
+    """rank(J_i) of each of ``samples`` equal column blocks of the sketch S = R·J (method.md: each sample): S's columns of sample
     i are R·J_i, whose rank is rank(J_i) since R has at least min(m, |x|) + 16 rows. Each block by the same rule
     as the whole (QR when it clearly has full rank, else its singular values above LAPACK's tolerance); at full
     rank of S (``rank`` = its column count) every block has full rank and nothing is factorised again."""
