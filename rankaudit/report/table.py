@@ -88,6 +88,8 @@ def _input_rows(result: Result) -> list[tuple[str, ...]]:
 _BUILDS = {
     "meta-parameters": "parameters on the meta device, the constructor's own arithmetic on the CPU",
     "meta": "everything on the meta device (building with CPU arithmetic failed)",
+    "small-cpu": "real weights on the CPU, moved to the meta device before tracing: torch's own code needs weight "
+    "values while it builds, which the meta device lacks (a CPU build is capped at 256 MB)",
 }
 
 
