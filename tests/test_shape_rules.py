@@ -178,3 +178,31 @@ def test_meta_shortcuts_match_real_ops(function, args, kwargs):
     assert answer is not None and answer.is_meta
     assert (tuple(answer.shape), answer.dtype) == (tuple(expected.shape), expected.dtype)
     assert meta_shortcut(function, args, kwargs) is None  # real tensors run the op
+
+
+def test_the_slow_spellings_never_import_the_compiler(tmp_path):
+    """What made weight_norm, LSTMs, attention, checkpointing and the rest take seconds: a meta kernel importing
+    torch._dynamo. Each model of benchmarks/bench_spellings.py analyses in one fresh process without it."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from bench_spellings import HEAD, MODELS
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    paths = []
+    for name, (_, body) in MODELS.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(HEAD + body)
+        paths.append(str(path))
+    probe = (
+        "import sys\nfrom rankaudit.audit import audit\n"
+        "for path in sys.argv[1:]:\n    audit(path)\n"
+        "print(sorted(name for name in ('torch._dynamo', 'sympy') if name in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, *paths], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
