@@ -25,7 +25,7 @@ from rankaudit.model.meta_device import (
     everything_to_meta,
     failing_op,
 )
-from rankaudit.model.model_file import ConstructionFailed, execute_file
+from rankaudit.model.model_file import ConstructionFailed, execute_file, package_root
 from rankaudit.settings.model_spec import split_model_spec
 
 
@@ -207,6 +207,13 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
     error = first_failure.error
     if first_failure.phase == "import" and isinstance(error, ModuleNotFoundError) and error.name:
         top = error.name.split(".")[0]
+        library = import_standins.library_import(error, package_root(path)[0])
+        if library is not None:
+            raise ModelLoadError(
+                f"{path} imports a library that needs {error.name}, which is not installed in the environment "
+                f"rankaudit runs in (imported by {library})",
+                f"install {top} there; a stand-in answers only the model's own imports, not a library's",
+            ) from error
         raise ModelLoadError(
             f"{path} imports {error.name}, which is not installed in the environment rankaudit runs in",
             f'install {top} there (in a pre-commit hook: additional_dependencies: ["{top}"], with its PyPI '

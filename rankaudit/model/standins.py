@@ -11,6 +11,7 @@ import os
 import site
 import sys
 import sysconfig
+import traceback
 import types
 from contextlib import contextmanager
 from pathlib import Path
@@ -210,7 +211,9 @@ class _UserCode:
         self.answers: dict[str, bool] = {}
 
     def wrote(self, frame) -> bool:
-        filename = frame.f_code.co_filename
+        return self.wrote_file(frame.f_code.co_filename)
+
+    def wrote_file(self, filename: str) -> bool:
         if filename not in self.answers:
             resolved = str(Path(filename).resolve()) if not filename.startswith("<") else filename
             self.answers[filename] = (
@@ -220,6 +223,20 @@ class _UserCode:
                 and not any(part in ("site-packages", "dist-packages") for part in Path(resolved).parts)
             )
         return self.answers[filename]
+
+
+def library_import(error: BaseException, user_folder: Path) -> str | None:
+    """The installed library whose import statement raised `error` (a missing module), or None when the model's
+    own files made it: a stand-in answers only those, so --stand-in cannot help a library."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen") and not frame.filename.startswith(_IMPORT_MACHINERY)
+    ]
+    if not frames:
+        return None
+    importer = frames[-1].filename
+    return None if _UserCode(user_folder).wrote_file(importer) else importer
 
 
 def _forget_stand_ins() -> None:
