@@ -65,9 +65,11 @@ def _analyse_and_measure(tmp_path, name: str, source: str):
     return result, measured.rank
 
 
-def test_an_orthogonal_parametrisation_builds_on_the_cpu_and_its_bound_holds(tmp_path):
+def test_an_orthogonal_parametrisation_builds_on_the_cpu_and_its_bound_holds(run_cli, tmp_path):
     result, rank = _analyse_and_measure(tmp_path, "orthogonal_conv", ORTHOGONAL_CONV)
     assert result.build == "small-cpu"
+    code, out, err = run_cli(tmp_path / "orthogonal_conv.py")  # the real weights are said on every run
+    assert code in (0, 1) and "Built with real weights on the CPU" in out and "capped at 256 MB" in out
     bound = result.identifiability.sample.rank_bound
     assert rank <= bound <= result.identifiability.unknowns
     assert {layer.name for layer in result.layers} >= {"conv", "fc"}
