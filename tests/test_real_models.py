@@ -475,3 +475,63 @@ def test_a_peft_wrapper_gets_the_wrapped_models_switches(run_cli, tmp_path):
     payload = json.loads(out)
     assert payload["forward_kwargs"] == ["use_cache=False"]
     assert payload["identifiability"]["unknowns"] == 16 * 32
+
+
+# How users write a Hugging Face model: through the module's attributes (import transformers as tf), an Auto
+# class, a factory, a subclass. The classes load lazily, at build time, when the file's import is over.
+HF_SPELLINGS = {
+    "gpt2-attribute": (
+        "gpt2",
+        "model = tf.GPT2LMHeadModel(tf.GPT2Config(**{kwargs!r}))",
+        "",
+    ),
+    "llama-factory": (
+        "llama",
+        "def build():\n    return tf.LlamaForCausalLM(tf.LlamaConfig(**{kwargs!r}))",
+        ":build",
+    ),
+    "bert-auto": (
+        "bert",
+        "def build():\n    return tf.AutoModelForSequenceClassification.from_config(tf.BertConfig(**{kwargs!r}))",
+        ":build",
+    ),
+    "distilbert-subclass": (
+        "distilbert",
+        "class Classifier(tf.DistilBertForSequenceClassification):\n"
+        "    def __init__(self):\n        super().__init__(tf.DistilBertConfig(**{kwargs!r}))",
+        "",
+    ),
+    "gpt2-auto-causal-lm": (
+        "gpt2",
+        "def build():\n    return tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model('gpt2', **{kwargs!r}))",
+        ":build",
+    ),
+}
+
+
+# The second Auto spelling runs with the slow cases: each spelling is a fresh process that imports transformers.
+@pytest.mark.parametrize(
+    "spelling", [*HF_SPELLINGS][:-1] + [pytest.param("gpt2-auto-causal-lm", marks=pytest.mark.slow)]
+)
+def test_hugging_face_models_through_attributes_and_auto_classes(tmp_path, spelling):
+    """In a fresh process, as a user runs it: transformers decides which optional packages exist when it is first
+    imported, and this test process imported it long ago."""
+    name, body, suffix = HF_SPELLINGS[spelling]
+    path = tmp_path / f"{spelling.replace('-', '_')}.py"
+    source = "import transformers as tf\nINPUT_SHAPE = (8,)\nINPUT_DTYPE = 'int64'\n"
+    path.write_text(source + body.format(kwargs=MODELS[name][2]) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "rankaudit", f"{path}{suffix}", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    code, payload = done.returncode, json.loads(done.stdout or "{}")
+    assert code == 1, done.stderr
+    tokens = payload["inputs"][0]
+    assert (tokens["role"], tokens["unknowns_at"]) == ("tokens", EMBEDDING[name])
+    assert payload["token_leakage"]["exposed"]
+    assert [e["name"] for e in payload["token_leakage"]["embeddings"]] == [EMBEDDING[name]]
+    assert payload["stand_ins"] == []  # nothing the file imports is missing: no stand-in answered anyone
+    assert code == 1

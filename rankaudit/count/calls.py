@@ -6,6 +6,7 @@ from torch import nn
 
 from rankaudit.count import ops
 from rankaudit.count.op_counting import Counting, Role
+from rankaudit.model.meta_device import MetaShortcuts
 from rankaudit.trace.records import NodeRecord, TracedModel
 from rankaudit.trace.tracer import trace_model
 
@@ -21,11 +22,13 @@ def trace_and_count(
 
 def count_calls(traced: TracedModel) -> TracedModel:
     """Sets each record's Counting, in place, and refines its family where the count shows what it is (x @ W is a
-    linear map); returns the same graph."""
-    for node_id in traced.order:
-        record = traced.record(node_id)
-        if record.counting is None:
-            record.counting = _counting(record)
+    linear map); returns the same graph. A rule that reads a parametrised weight (weight_norm) computes it on
+    meta: MetaShortcuts answers those functions from their shapes."""
+    with MetaShortcuts():
+        for node_id in traced.order:
+            record = traced.record(node_id)
+            if record.counting is None:
+                record.counting = _counting(record)
     return traced
 
 

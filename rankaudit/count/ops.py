@@ -33,15 +33,19 @@ from rankaudit.count.op_counting import (
     count_unmodelled,
 )
 from rankaudit.count.op_shapes import (
+    addmm_shape,
     attention_shape,
     broadcast_shape,
     cat_shape,
     conv_shape,
     conv_transpose_shape,
     linear_shape,
+    lp_pool_shape,
+    matmul_shape,
     reduction_shape,
     resampler_shape,
     same_shape,
+    unmodelled_shape,
 )
 from rankaudit.trace.records import OpFacts
 
@@ -203,7 +207,7 @@ register(
 register(
     "lp_pool",
     count_resampler,
-    shape=resampler_shape,
+    shape=lp_pool_shape,
     input_dependent_jacobian=True,
     modules=(nn.LPPool1d, nn.LPPool2d, *((nn.LPPool3d,) if hasattr(nn, "LPPool3d") else ())),
     functions=(F.lp_pool1d, F.lp_pool2d, *((F.lp_pool3d,) if hasattr(F, "lp_pool3d") else ())),
@@ -495,12 +499,13 @@ register(
 register(
     "matmul",
     count_matmul,
+    shape=matmul_shape,
     input_dependent_jacobian=True,
     functions=(torch.matmul, operator.matmul, torch.bmm, torch.mm, torch.einsum, torch.baddbmm),
     methods=("matmul", "bmm", "mm", "__matmul__"),
     aten=("matmul", "bmm", "mm", "einsum", "baddbmm"),
 )
-register("addmm", count_matmul, functions=(torch.addmm,), methods=("addmm",), aten=("addmm",))
+register("addmm", count_matmul, shape=addmm_shape, functions=(torch.addmm,), methods=("addmm",), aten=("addmm",))
 # x @ W with a parameter W: the matmul family's calls that turn out to be Linear layers (constant Jacobian).
 register("matmul_param", count_matmul)
 # A scaling that turned out to divide by a traced tensor (1 / x, c / x): its Jacobian depends on that tensor.
@@ -530,7 +535,7 @@ register(
     aten=("mean", "sum"),
 )
 
-UNMODELLED = OpFamily("not_modelled", count_unmodelled, input_dependent_jacobian=True)
+UNMODELLED = OpFamily("not_modelled", count_unmodelled, shape=unmodelled_shape, input_dependent_jacobian=True)
 FAMILIES[UNMODELLED.key] = UNMODELLED
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import os
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,19 +12,20 @@ import torch
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, NoModelInFile, NoZeroArgumentModel, OutOfMemory, UsageError
+from rankaudit.model import meta_device, supervise
 from rankaudit.model import standins as import_standins
-from rankaudit.model import supervise
 from rankaudit.model.input_shape import combine_shapes, dtype_from_file, shape_from_file
 from rankaudit.model.load_errors import construction_error, describe_exception, needs_missing_module
 from rankaudit.model.meta_device import (
     BUILD_DEVICE,
     BUILD_META,
     BUILD_META_PARAMETERS,
+    BUILD_SMALL_CPU,
     building_on,
     everything_to_meta,
     failing_op,
 )
-from rankaudit.model.model_file import ConstructionFailed, execute_file
+from rankaudit.model.model_file import ConstructionFailed, execute_file, package_root
 from rankaudit.settings.model_spec import split_model_spec
 
 
@@ -147,7 +150,7 @@ class LoadedModel:
     input_dtype: torch.dtype | dict[str, torch.dtype] | None = None  # None: float32
     forward_kwargs: dict = field(default_factory=dict)  # FORWARD_KWARGS: switches the file asks forward() for
     vocab_size: int | None = None  # VOCAB_SIZE, else the first nn.Embedding's rows
-    build: str = BUILD_DEVICE  # which construction worked: meta-parameters, meta or device
+    build: str = BUILD_DEVICE  # which construction worked: meta-parameters, meta, small-cpu or device
     stand_ins: list[str] = field(default_factory=list)  # missing modules replaced while the file was imported
 
 
@@ -163,11 +166,27 @@ def _vocabulary(namespace, model: nn.Module, path: Path) -> int | None:
     return next((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), None)
 
 
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent) + os.sep
+
+
+def _raised_inside_torch(error: BaseException) -> bool:
+    """The torch function that failed was called by torch's own code (a stock module reading values the meta
+    device lacks), not by the model file: a constructor of the user's that reads weights is told so instead.
+    The caller is the frame just before the build context's __torch_function__ (or, without one, the deepest)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    context = next((i for i, frame in enumerate(frames) if frame.filename == meta_device.__file__), None)
+    caller = frames[context - 1] if context else (frames[-1] if frames else None)
+    return caller is not None and str(Path(caller.filename).resolve()).startswith(_TORCH_DIR)
+
+
 def _construct(path: Path, name: str | None, device: str, model_args: dict | None = None):
-    """Run the file and build its model; on meta, first with parameters only on meta, then all on meta."""
-    builds = (BUILD_META_PARAMETERS, BUILD_META) if device == "meta" else (BUILD_DEVICE,)
+    """Run the file and build its model; on meta, first with parameters only on meta, then all on meta; when
+    both fail inside torch's own code, on the CPU with real weights, capped in size (then moved to meta)."""
+    builds = [BUILD_META_PARAMETERS, BUILD_META] if device == "meta" else [BUILD_DEVICE]
     first_failure, attr = None, name
     for build in builds:
+        if build == BUILD_SMALL_CPU and not _raised_inside_torch(first_failure.error):
+            break
         try:
             namespace = execute_file(path, device, build)
             attr, obj = _pick(namespace, name, path, model_args)
@@ -175,6 +194,8 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
         except ConstructionFailed as failure:
             needs_missing_module(failure.error, path)
             first_failure = first_failure or failure
+            if build == BUILD_META:
+                builds.append(BUILD_SMALL_CPU)
             continue
         missing = import_standins.stands_in(model)
         if missing:
@@ -186,6 +207,13 @@ def _construct(path: Path, name: str | None, device: str, model_args: dict | Non
     error = first_failure.error
     if first_failure.phase == "import" and isinstance(error, ModuleNotFoundError) and error.name:
         top = error.name.split(".")[0]
+        library = import_standins.library_import(error, package_root(path)[0])
+        if library is not None:
+            raise ModelLoadError(
+                f"{path} imports a library that needs {error.name}, which is not installed in the environment "
+                f"rankaudit runs in (imported by {library})",
+                f"install {top} there; a stand-in answers only the model's own imports, not a library's",
+            ) from error
         raise ModelLoadError(
             f"{path} imports {error.name}, which is not installed in the environment rankaudit runs in",
             f"install {top} there (in a pre-commit hook with an environment of its own, not repo: local: "

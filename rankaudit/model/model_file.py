@@ -58,7 +58,7 @@ def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
     mode = None
     try:
         context, mode = building_on(device, build)
-        with context, supervise.phase(f"the import of {path}"), import_standins.while_importing():
+        with context, supervise.phase(f"the import of {path}"), import_standins.while_importing(root):
             spec.loader.exec_module(module)
     except (KeyboardInterrupt, GeneratorExit, SystemExit):  # SystemExit: the model ended the process (cli.main)
         raise

@@ -88,6 +88,8 @@ def _input_rows(result: Result) -> list[tuple[str, ...]]:
 _BUILDS = {
     "meta-parameters": "parameters on the meta device, the constructor's own arithmetic on the CPU",
     "meta": "everything on the meta device (building with CPU arithmetic failed)",
+    "small-cpu": "real weights on the CPU, moved to the meta device before tracing: torch's own code needs weight "
+    "values while it builds, which the meta device lacks (a CPU build is capped at 256 MB)",
 }
 
 
@@ -99,7 +101,7 @@ def _verbose_lines(result: Result) -> list[str]:
         f"Traced with {result.tracer} in {result.seconds:.3f} s; {count(len(result.layers), 'counted layer')}, "
         f"{count(len(result.blocks), 'residual block')}.",
     ]
-    if result.build in _BUILDS:
+    if result.build in _BUILDS and result.build != "small-cpu":  # small-cpu is said on every run
         lines.append(f"Built with {_BUILDS[result.build]}.")
     if result.call_notes:
         lines.append(
@@ -126,6 +128,8 @@ def _deployment_lines(result: Result, width: int = 118) -> list[str]:
         if result.stand_ins
         else []
     )
+    if result.build == "small-cpu":  # the one build that allocates real weights: said on every run
+        stood_in.append(f"Built with {_BUILDS[result.build]}.")
     if read is None:
         return stood_in
     items = [f"{setting} {value} ({source})" for setting, value, source in read.settings]

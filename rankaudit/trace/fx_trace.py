@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import Any
@@ -11,9 +12,20 @@ import torch.fx as fx
 from torch import nn
 
 from rankaudit.errors import TraceError
+from rankaudit.model.meta_device import MetaShortcuts
 from rankaudit.trace.code_location import first_line, is_user_file, relative_path, where_raised
 from rankaudit.trace.inputs import TOKEN_DTYPE_FIX, InputSpec, check_inputs_given, wants_token_ids
 from rankaudit.trace.records import NodeRecord, OpFamilyKey, OpTable, RecordBuilder, parameters_in
+
+
+def _meta_values(shape):
+    """A shape rule's answer as meta tensors: a shape (a tuple of sizes) is one tensor; a tuple of shapes (and
+    Nones) is the tuple an op such as nn.LSTM returns."""
+    if shape is None:
+        return None
+    if all(isinstance(size, int) for size in shape):
+        return torch.empty(shape, device="meta")
+    return tuple(_meta_values(part) for part in shape)
 
 
 class _MetaShapeRecorder(fx.Interpreter):
@@ -57,7 +69,7 @@ class _MetaShapeRecorder(fx.Interpreter):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             shape = family.shape(target, args, kwargs)
             if shape is not None:
-                return torch.empty(shape, device="meta")
+                return _meta_values(shape)
         return super().run_node(n)
 
     def run_node(self, n: fx.Node) -> Any:
@@ -176,6 +188,46 @@ class _SourceRecordingTracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name) or self.op_table.atomic_kind(m) is not None
 
 
+def _checkpointed_forward(
+    function,
+    *args,
+    use_reentrant=None,
+    context_fn=None,
+    determinism_check=None,
+    debug=None,
+    preserve_rng_state=True,
+    early_stop=None,
+    **kwargs,
+):
+    """What torch.utils.checkpoint.checkpoint computes in the forward pass: function(*args, **kwargs) (it only
+    changes what the backward pass keeps)."""
+    return function(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _checkpoint_without_compiler():
+    """torch.utils.checkpoint.checkpoint's wrapper imports torch's compiler on its first call, and its
+    non-reentrant variant reads the compiler's settings: seconds for a forward pass that is function(*args). While
+    fx traces through it, the wrapper's cached callee is that forward pass (checkpoint_sequential's, itself)."""
+    import torch.utils.checkpoint as checkpointing
+
+    stand_ins = {checkpointing.checkpoint: _checkpointed_forward, checkpointing.checkpoint_sequential: None}
+    seeded = []
+    for wrapper, forward in stand_ins.items():
+        function = getattr(wrapper, "__wrapped__", None)
+        code = getattr(wrapper, "__code__", None)
+        if function is None or code is None or not code.co_filename.endswith("_compile.py"):
+            continue  # another torch: leave it as it is
+        if "__dynamo_disable" not in vars(function):
+            function.__dynamo_disable = forward or function
+            seeded.append(function)
+    try:
+        yield
+    finally:
+        for function in seeded:
+            vars(function).pop("__dynamo_disable", None)
+
+
 _CONCRETE_SUFFIX = re.compile(r"_\d+$")
 
 
@@ -187,7 +239,8 @@ def trace_with_fx(
     op_table: OpTable,
 ) -> RecordBuilder:
     tracer = _SourceRecordingTracer(op_table)
-    graph = tracer.trace(model, concrete_args=switches or None)
+    with _checkpoint_without_compiler():
+        graph = tracer.trace(model, concrete_args=switches or None)
     module = fx.GraphModule(tracer.root, graph)
     by_name = {spec.name: spec for spec in specs}
     positional = [spec for spec in specs if spec.positional]
@@ -214,5 +267,6 @@ def trace_with_fx(
             values.append(None)
     check_inputs_given(missing, specs)
     builder = RecordBuilder(op_table)
-    _MetaShapeRecorder(module, builder, placeholder_specs).run(*values)
+    with MetaShortcuts():  # a parametrised weight (weight_norm) is computed when a shape rule reads it
+        _MetaShapeRecorder(module, builder, placeholder_specs).run(*values)
     return builder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from rankaudit.errors import TraceError
@@ -55,6 +56,33 @@ def _prune_to_outputs(builder: RecordBuilder):
     builder.input_starts = {name: node for name, node in builder.input_starts.items() if node in alive}
 
 
+def _mixes_cpu_with_meta(error: BaseException) -> bool:
+    seen, current = set(), error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if "at least two devices" in text and "meta" in text and "cpu" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _export_on_meta(model, specs, examples, switches, op_table):
+    """torch.export; when forward() makes a tensor without naming a device (torch.zeros(n, 3) for an RNN's first
+    state), that tensor lands on the CPU beside the meta inputs and the op that mixes them fails: export again
+    with the meta device as the default, where such a factory makes the tensor it makes on the input's device
+    when the model runs. Only then: a forward() that computes Python values with CPU tensors keeps them."""
+    try:
+        return trace_with_export(model, specs, examples, switches, op_table)
+    except TraceError:
+        raise
+    except Exception as error:
+        if not _mixes_cpu_with_meta(error):
+            raise
+    with torch.device("meta"):
+        return trace_with_export(model, specs, examples, switches, op_table)
+
+
 def trace_model(
     model: nn.Module, input_shape, op_table: OpTable, *, input_dtype=None, forward_kwargs: dict | None = None
 ) -> TracedModel:
@@ -86,7 +114,7 @@ def trace_model(
             raise
         fallback_reason = f"torch.fx: {first_line(fx_error)}{where_raised(fx_error)}"
         try:
-            builder, tracer = trace_with_export(model, specs, examples, switches, op_table), "torch.export"
+            builder, tracer = _export_on_meta(model, specs, examples, switches, op_table), "torch.export"
         except TraceError:
             raise
         except Exception as export_error:
