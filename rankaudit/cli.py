@@ -17,7 +17,7 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
-from rankaudit.model import supervise
+from rankaudit.model import supervise, worker
 from rankaudit.model.faults import ended_process, model_fault, out_of_memory
 from rankaudit.report import emit
 from rankaudit.report import files as report_files
@@ -260,7 +260,6 @@ def check(
     from rankaudit.model import standins
     from rankaudit.settings.run import CONFIGURABLE, model_settings
     from rankaudit.verify import registry
-    from rankaudit.verify.run import run_verifiers
 
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
@@ -343,7 +342,7 @@ def check(
                     several=len(models) > 1,
                     requested=tuple(verify),
                 )
-                run_verifiers(verify, request, _error)
+                result.verification, result.images = worker.run(_verified, verify, request, limited=False)
         except Exception as raised:
             exc = raised if isinstance(raised, RankauditError) else out_of_memory(raised) or model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
@@ -447,7 +446,7 @@ def suggest_command(
         data=data,
         exposed_below=exposed_below,
     )
-    report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
+    report = dataclasses.replace(worker.run(suggest, model, **judged_on, limited=False), noise=noise)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
@@ -537,6 +536,14 @@ def compare_command(
     return EXIT_PASS if results[1].policy.passed else EXIT_POLICY
 
 
+def _verified(verify, request) -> tuple[dict, dict]:
+    """The verifiers, in the model's worker (they run its code on real inputs): the records and pictures they made."""
+    from rankaudit.verify.run import run_verifiers
+
+    run_verifiers(verify, request, _error)
+    return request.result.verification, request.result.images
+
+
 def _error(message: str):
     click.echo(f"rankaudit: error: {message}", err=True)
 
@@ -594,7 +601,9 @@ def run():
     if supervise.can_supervise() and supervise.may_answer_here(args):
         code = supervise.answer_here(main, args, _RunsModel)  # None: --help was an option's value
     if supervise.can_supervise() and code is None:
-        code = supervise.run_supervised(main, args)
+        from rankaudit.model.parent import run_supervised
+
+        code = run_supervised(main, args)
     elif code is None:
         try:
             main(args)

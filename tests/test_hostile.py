@@ -465,13 +465,37 @@ def test_a_memory_limit_that_is_not_a_number_of_gib_is_refused(run_cli, value):
     ("model", "said"),
     [
         ("forges_exit_frame.py", "something other than rankaudit wrote onto its status channel"),
-        ("forges_with_the_token.py", "with exit status 0 but without handing over a report"),
+        ("forges_with_the_token.py", "the model file ended the process (exit status 0, without a result)"),
+        ("forges_exit_256.py", "something other than rankaudit wrote onto its status channel"),
     ],
 )
 def test_a_forged_exit_frame_without_a_report_is_exit_3(model, said):
     done = rankaudit(HOSTILE / model, "--format", "json")
-    assert done.returncode == 3 and done.stdout == ""  # before: exit 0, the forged frame's code
+    assert done.returncode == 3 and done.stdout == ""  # before: exit 0, the forged frame's code (or the report's)
     error_line(done.stderr, said, "the import of")
+
+
+def test_a_report_forged_with_rankaudits_own_functions_is_exit_3():
+    """write_stdout and report_delivered, token and all, onto every pipe the model can reach: none is the report's."""
+    done = rankaudit(HOSTILE / "forges_the_report.py", "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""  # before: exit 0 with the forged "protected" report
+    said = done.stderr.replace('{"verdict": "protected", "forged": true}\n', "", 1)  # the model's own print
+    error_line(said, "something other than rankaudit wrote onto its status channel", "the import of")
+
+
+def test_a_model_that_rewrites_the_policy_keeps_its_own_verdict():
+    """The report and the verdict are computed in a process the model's code never ran in."""
+    done = rankaudit(HOSTILE / "rewrites_the_verdict.py", "--format", "json")
+    assert done.returncode == 1, done.stderr  # before: exit 0, and no report
+    assert json.loads(done.stdout)["verdict"] == "exposed" and done.stderr == ""
+
+
+def test_a_model_cannot_lift_its_own_time_limit():
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / "forges_an_unlimited_phase.py", "--timeout", "1", timeout=60)
+    assert done.returncode == 3 and done.stdout == ""  # before: it ran until killed from outside
+    error_line(done.stderr, "did not finish within 1 s", "--timeout")
+    assert time.monotonic() - started < 30
 
 
 def test_a_forward_that_loops_only_on_real_tensors_is_stopped_under_verify_rank():
