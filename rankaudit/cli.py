@@ -23,6 +23,7 @@ from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
+from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
 from rankaudit.settings.run import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
@@ -40,6 +41,12 @@ class _ModelCommand(GroupedCommand):
     def invoke(self, ctx: click.Context):
         if supervise.reading_help():
             raise _RunsModel
+        for param in self.params:  # a 400-digit --batch-size: one line, not an overflow deep in the analysis
+            if too_large(ctx.params.get(param.name)):
+                option = max(param.opts, key=len)
+                raise UsageError(
+                    f"{option} {shown(ctx.params[param.name])} is too large", f"give {option} at most {MAX_COUNT:,}"
+                )
         return super().invoke(ctx)
 
 
@@ -129,13 +136,15 @@ def _set_timeout(ctx, param, value):
         try:
             supervise.check_seconds(value, "--timeout")
         except ValueError as exc:
-            raise click.BadParameter("must be a positive, finite number of seconds, e.g. 300") from exc
+            raise click.BadParameter(
+                f"must be a positive number of seconds up to {MAX_SECONDS:,.0f}, e.g. 300"
+            ) from exc
     supervise.set_flag_timeout(value)
 
 
 def _set_memory_limit(ctx, param, value):
-    if value is not None and not 0 <= value < float("inf"):
-        raise click.BadParameter("must be a finite number of GiB, e.g. 8 (0: no limit)")
+    if value is not None and not 0 <= value <= MAX_GIB:
+        raise click.BadParameter(f"must be a number of GiB up to {MAX_GIB:,.0f}, e.g. 8 (0: no limit)")
     supervise.set_flag_memory_limit(value)
 
 
@@ -258,9 +267,12 @@ def check(
     from rankaudit.audit import as_layers, audit
     from rankaudit.deploy.app import deployment_for, deployment_read
     from rankaudit.model import standins
+    from rankaudit.settings.model_spec import check_path
     from rankaudit.settings.run import CONFIGURABLE, model_settings
     from rankaudit.verify import registry
 
+    for spec in models:  # a path the system cannot open, or Python cannot name, before any other use of it
+        check_path(spec, "model or app")
     registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(

@@ -640,3 +640,60 @@ def test_an_output_naming_a_file_of_an_app_is_refused(run_cli, tmp_path):
         assert code == 2 and out == ""
         error_line(err, f"-o {target} is a file read from the app folder", "would overwrite it")
     assert {path: path.read_bytes() for path in app.rglob("*") if path.is_file()} == before
+
+
+# ---- numbers and paths the system cannot hold: one line, exit 2 ---------------------------------------------------
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--input-shape", HUGE], "--input-shape has a dimension of 400 digits"),
+        (["--input-shape", f"3,{HUGE},2"], "--input-shape has a dimension of 400 digits"),
+        (["--memory-limit", "1e308"], "--memory-limit"),
+        (["--timeout", "1e308"], "--timeout"),
+        (["--batch-size", HUGE], "--batch-size a 400-digit number is too large"),
+        (["--local-epochs", HUGE], "--local-epochs a 400-digit number is too large"),
+    ],
+)
+def test_a_number_too_large_is_one_line(run_cli, args, named):
+    code, out, err = run_cli(HOSTILE / "v_plain.py", *args)  # before: an internal error (OverflowError), exit 3
+    assert code == 2 and out == ""
+    error_line(err, named)
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (f"batch-size = {HUGE}", "batch-size must be at most"),
+        (f"timeout = {HUGE}", "timeout must be a positive number of seconds"),
+        ("memory-limit = 1e308", "memory-limit must be a number of GiB"),
+        (f"[tool.rankaudit.round]\nlocal-epochs = {HUGE}", "round.local-epochs must be at most"),
+        (f"[tool.rankaudit.round]\nlr = {HUGE}", "round.lr must be a number of at most"),
+    ],
+)
+def test_a_configured_number_too_large_is_one_line(run_cli, tmp_path, line, named):
+    (tmp_path / "net.py").write_text((HOSTILE / "v_plain.py").read_text())
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rankaudit]\n{line}\n")
+    code, out, err = run_cli(tmp_path / "net.py")
+    assert code == 2 and out == ""
+    error_line(err, named, "a 400-digit number" if HUGE in line else "1e+308")
+
+
+@pytest.mark.parametrize("command", ["check", "suggest"])
+@pytest.mark.parametrize("case", ["over-path-max", "name-over-name-max", "not-utf-8"])
+def test_a_path_the_system_cannot_open_is_one_line(run_cli, tmp_path, case, command):
+    if case == "over-path-max":
+        path, named = str(tmp_path / ("a/" * 3000)) + "net.py", "longer than the system opens"
+    elif case == "name-over-name-max":
+        path, named = str(tmp_path / ("a" * 300)) + ".py", "longer than the system opens"
+    else:
+        raw = os.fsencode(tmp_path) + b"/net\xff.py"
+        with open(raw, "wb") as handle:
+            handle.write((HOSTILE / "v_plain.py").read_bytes())
+        path, named = os.fsdecode(raw), "net\\xff.py is not valid UTF-8"  # before: blamed on the meta device
+    code, out, err = run_cli(command, path)
+    assert code == 2 and out == ""
+    error_line(err, named, "fix:")

@@ -20,7 +20,7 @@ the model's is no frame; a report frame on the status pipe is forged). Whatever 
 forks share one process group, killed when the command ends; a watchdog outside it kills that group when the parent
 dies by a signal it cannot catch (SIGKILL), and the child itself dies with its parent (PR_SET_PDEATHSIG).
 
-This module imports only the standard library: the parent (rankaudit.model.parent) must stay at the cost of a bare
+This module imports only the standard library (and rankaudit.settings.limits, constants): the parent (rankaudit.model.parent) must stay at the cost of a bare
 interpreter.
 """
 
@@ -31,6 +31,8 @@ import os
 import signal
 import struct
 import sys
+
+from rankaudit.settings.limits import MAX_SECONDS, shown
 
 DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
 INTERRUPTED = 130  # 128 + SIGINT: the shell's convention for a command ended by Ctrl-C
@@ -82,8 +84,8 @@ def timeout() -> float:
 
 def check_seconds(value: float, where: str) -> float:
     """A time limit must be a finite positive number: nan and inf would remove it (ValueError naming `where`)."""
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")):
-        raise ValueError(f"{where} must be a positive, finite number of seconds, not {value!r}")
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS):
+        raise ValueError(f"{where} must be a positive number of seconds up to {MAX_SECONDS:,.0f}, not {shown(value)}")
     return float(value)
 
 
