@@ -359,7 +359,13 @@ def test_suggest_and_compare_refuse_an_output_naming_a_model(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("model", "phase"), [("hoard_memory.py", "the import of"), ("hoard_in_forward.py", "the trace")]
+    ("model", "phase"),
+    [
+        ("hoard_memory.py", "the import of"),
+        ("hoard_in_forward.py", "the trace"),
+        ("raises_its_memory_limit.py", "the import of"),  # before: 2.8 GB taken, then stopped as a timeout
+        ("shared_memory.py", "the import of"),  # shared mappings escaped the data limit
+    ],
 )
 def test_the_memory_limit_is_exit_3_naming_the_phase(model, phase):
     started = time.monotonic()
@@ -650,8 +656,9 @@ HUGE = "9" * 400
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--input-shape", HUGE], "--input-shape has a dimension of 400 digits"),
-        (["--input-shape", f"3,{HUGE},2"], "--input-shape has a dimension of 400 digits"),
+        (["--input-shape", HUGE], "values per sample, above the"),
+        (["--input-shape", f"3,{HUGE},2"], "values per sample, above the"),
+        (["--input-shape", "9" * 5000], "--input-shape has a dimension of 5000 digits"),
         (["--memory-limit", "1e308"], "--memory-limit"),
         (["--timeout", "1e308"], "--timeout"),
         (["--batch-size", HUGE], "--batch-size a 400-digit number is too large"),

@@ -127,25 +127,55 @@ def describe_memory_limit() -> str:
     return f"{memory_limit():g} GiB"
 
 
+_HEADROOM = 512 * 1024**2  # address space beyond the data limit: thread stacks, torch's and the loader's mappings
+_STACK_PER_CORE = 16 * 1024**2
+
+
+def _address_space() -> int | None:
+    """Bytes of address space this process holds now (VmSize), None where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
 def _apply_memory_limit() -> None:
-    """RLIMIT_DATA (heap and private mappings: what torch's allocator and Python objects take; unlike RLIMIT_AS it
-    leaves the address space torch reserves alone), in the supervised child only: never in a test's own process."""
+    """In a model worker: RLIMIT_DATA (heap and private mappings) at the limit, soft and hard, so that the model
+    cannot raise it; and RLIMIT_AS (what shared mappings also take) at what the worker holds when it starts plus the
+    limit and room for its threads' stacks (malloc keeps few arenas, so threads do not reserve 64 MiB each). Not on
+    a machine with an NVIDIA GPU: CUDA reserves far more address space than it uses, and there only the data limit
+    holds. Never in a test's own process (unsupervised)."""
     if _channel is None:
         return
-    with contextlib.suppress(ImportError, ValueError, OSError):
+    with contextlib.suppress(ImportError, ValueError, OSError, OverflowError):
         import resource
 
-        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         wanted = memory_limit()
-        soft = resource.RLIM_INFINITY if wanted <= 0 else int(wanted * _GIB)
-        if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
-            soft = hard
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        if wanted <= 0:
+            return
+        limit = int(wanted * _GIB)
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        held = _address_space()
+        if held is None or os.path.exists("/dev/nvidiactl"):
+            return
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None).mallopt(-8, 4)  # M_ARENA_MAX
+        space = held + limit + _HEADROOM + _STACK_PER_CORE * (os.cpu_count() or 1)
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        space = space if hard == resource.RLIM_INFINITY else min(space, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """MemoryError, or torch's allocator refusing (a RuntimeError) under the memory limit."""
     if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == 12:  # ENOMEM: a mapping over the address-space limit
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and (
@@ -187,6 +217,7 @@ def become_worker() -> None:
         with contextlib.suppress(OSError):
             os.close(_report_channel)
     _report_channel, _child_pid = None, os.getpid()
+    _apply_memory_limit()
 
 
 @contextlib.contextmanager
@@ -196,7 +227,6 @@ def phase(name: str, limited: bool = True):
     global _phase_name, _phase_limited, _exited_in
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, limited
-    _apply_memory_limit()
     _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode())
     try:
         yield
@@ -225,7 +255,6 @@ def enter(name: str) -> None:
     """A new unlimited phase (a verifier's attack, say): named when the model ends the process in it."""
     global _phase_name, _phase_limited
     _phase_name, _phase_limited = name, False
-    _apply_memory_limit()
     _send(_PHASE, f"-1.0\t{name}".encode())
 
 

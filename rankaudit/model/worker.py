@@ -86,12 +86,13 @@ def _as_error(exc: BaseException) -> tuple:
     return ("internal", type(exc).__name__, message)
 
 
-_CAP_SYS_PTRACE = 19
+_CAP_SYS_PTRACE, _CAP_SYS_RESOURCE = 19, 24
 
 
 def _no_tracing() -> None:
     """Linux, run as root: the worker gives up CAP_SYS_PTRACE, without which no process (root's included) reads or
-    writes a non-dumpable one's memory or file descriptors: the supervising processes stay out of the model's reach."""
+    writes a non-dumpable one's memory or file descriptors: the supervising processes stay out of the model's reach;
+    and CAP_SYS_RESOURCE, without which it cannot raise its memory limit's hard value."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -99,12 +100,14 @@ def _no_tracing() -> None:
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable for capabilities 0-31, then 32-63
     if libc.capget(header, data) != 0:
         return
-    if not data[1] & (1 << _CAP_SYS_PTRACE):
+    dropped = (1 << _CAP_SYS_PTRACE) | (1 << _CAP_SYS_RESOURCE)
+    if not data[1] & dropped:
         return
     for index in (0, 1, 2):
-        data[index] &= ~(1 << _CAP_SYS_PTRACE)
+        data[index] &= ~dropped
     libc.capset(header, data)
-    libc.prctl(24, _CAP_SYS_PTRACE, 0, 0, 0)  # PR_CAPBSET_DROP: nor regained by a program it starts
+    for capability in (_CAP_SYS_PTRACE, _CAP_SYS_RESOURCE):
+        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP: nor regained by a program it starts
 
 
 def _serve(function, args, kwargs, write_end: int) -> None:

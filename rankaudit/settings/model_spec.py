@@ -63,7 +63,8 @@ MAX_SAMPLE_VALUES = 2**40
 
 
 def _count(values: int) -> str:
-    return f"{values:.3g}" if len(str(values)) < 300 else shown(values)
+    digits = len(str(values))
+    return f"{values:.3g}" if digits < 300 else f"over 10^{digits - 1}"  # float() of 10^400 overflows
 
 
 def check_shape_size(shape: tuple[int, ...], where: str) -> tuple[int, ...]:
@@ -86,10 +87,10 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     """'3,32,32', '3x32x32' or '(3, 32, 32)' -> (3, 32, 32); per sample, without the batch dimension."""
     match = _SHAPE.match(text)
     digits = re.split(r"\s*[,x×]\s*", match.group(1)) if match else []
-    if any(len(d.lstrip("0")) > len(str(MAX_DIMENSION)) for d in digits):  # int() of 5,000 digits is refused
+    if any(len(d.lstrip("0")) > 300 for d in digits):  # int() of 5,000 digits is refused
         raise UsageError(
-            f"--input-shape has a dimension of {len(max(digits, key=len))} digits, above the "
-            f"{MAX_DIMENSION:,} rankaudit analyses",
+            f"--input-shape has a dimension of {len(max(digits, key=len))} digits: more values per sample, above "
+            f"the {MAX_SAMPLE_VALUES:.3g} (and {MAX_DIMENSION:,} per dimension) rankaudit analyses",
             "give the shape of one real sample, without the batch dimension, e.g. 3,224,224",
         )
     shape = tuple(int(d) for d in digits)
