@@ -704,3 +704,36 @@ def test_a_path_the_system_cannot_open_is_one_line(run_cli, tmp_path, case, comm
     code, out, err = run_cli(command, path)
     assert code == 2 and out == ""
     error_line(err, named, "fix:")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["finishes", signal.SIGKILL, signal.SIGTERM])
+def test_no_process_of_the_model_outlives_rankaudit_even_in_a_session_of_its_own(tmp_path, how):
+    marker = f"daemon_{os.getpid()}_{how}"
+    model = tmp_path / f"{marker}.py"
+    model.write_text((HOSTILE / "starts_a_daemon.py").read_text())
+    environment = {**os.environ, "RANKAUDIT_TEST_PIDS": str(tmp_path)}
+    if how != "finishes":
+        environment["RANKAUDIT_TEST_WAIT"] = "1"
+    process = subprocess.Popen(
+        ["rankaudit", model, "--timeout", "200"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=environment,
+    )
+    seen, deadline = "", time.monotonic() + 120
+    while "started two sleepers" not in seen and time.monotonic() < deadline:
+        seen += process.stderr.readline()
+    pids = list(map(int, (tmp_path / "pids").read_text().split()))
+    if how != "finishes":
+        assert all(_alive(pid) for pid in pids)
+        os.kill(process.pid, how)  # rankaudit itself, not its process group
+    _, said = process.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while (any(map(_alive, pids)) or _running_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)) and _running_with(marker) == []  # before: alive a minute later
+    assert process.returncode == (1 if how == "finishes" else 128 + how if how == signal.SIGTERM else -how), said

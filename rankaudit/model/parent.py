@@ -186,10 +186,15 @@ class _Parent:
         return self._finish()
 
     def end_group(self) -> None:
-        """SIGKILL to the child's process group: the model's own forks (a sleeper, a worker) end with rankaudit."""
+        """SIGKILL to the child's process group: the model's own forks (a sleeper, a worker) end with rankaudit; and
+        to every process below this one, those that left the group (a session of their own, a daemon's double
+        fork) included: as a subreaper, this process inherits them when their parent ends."""
         if self.pid > 0:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
+            end_descendants(keep=self.watchdog, child=self.pid)
+
+    watchdog: int | None = None  # the watchdog's pid: it outlives the model's processes by design
 
     def _kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -275,9 +280,10 @@ class _Parent:
         return 1 if code == 1 or not all(self.verdicts) else 0
 
 
-def _watch(alive: int, group: int) -> None:
+def _watch(alive: int, group: int, parent: int) -> None:
     """The watchdog, forked by the parent: when the parent's end of `alive` closes (the parent ended, however),
-    SIGKILL the model's process group. It holds nothing else open (not the caller's stderr) and ignores the
+    SIGKILL the model's process group, and every process it saw below the parent that is still the same process
+    (those of a session of their own too). It holds nothing else open (not the caller's stderr) and ignores the
     signals aimed at rankaudit's own process group."""
     try:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -288,30 +294,62 @@ def _watch(alive: int, group: int) -> None:
             os.dup2(null, fd)
         os.closerange(3, alive)
         os.closerange(alive + 1, 1 << 16)
+        import select
+
+        seen: dict[int, bytes] = {}
         while True:
             try:
-                if not os.read(alive, 1):
+                ready, _, _ = select.select([alive], [], [], 0.5)
+                if ready and not os.read(alive, 1):
                     break
             except InterruptedError:
                 continue
+            seen.update(_below(parent, keep=os.getpid()))
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
+        for pid, started in seen.items():
+            if _started(pid) == started:  # not a new process that got the number since
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
     finally:
         supervise._real_exit(0)
 
 
-def _start_watchdog(group: int) -> int | None:
-    """The write end the parent keeps open for its whole life (closed by the kernel when it dies)."""
+def _started(pid: int) -> bytes | None:
+    """A process's start time (clock ticks since boot): with its pid, what tells it from a later one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _below(root: int, keep: int) -> dict[int, bytes]:
+    """The processes below `root` (but `keep`), each with its start time."""
+    children, found, todo = _children(), {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            started = _started(child)
+            if child != keep and started is not None:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def _start_watchdog(group: int) -> tuple[int | None, int | None]:
+    """The write end the parent keeps open for its whole life (closed by the kernel when it dies), and the
+    watchdog's pid."""
+    parent = os.getpid()
     try:
         read_end, write_end = os.pipe()
         pid = os.fork()
     except OSError:
-        return None
+        return None, None
     if pid == 0:
         os.close(write_end)
-        _watch(read_end, group)
+        _watch(read_end, group, parent)
     os.close(read_end)
-    return write_end
+    return write_end, pid
 
 
 _PARENT_SIGNALS = tuple(
@@ -319,10 +357,61 @@ _PARENT_SIGNALS = tuple(
 )
 
 
+def _children() -> dict[int, list[int]]:
+    """Each process's children, from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def end_descendants(keep: int | None = None, child: int | None = None) -> None:
+    """SIGKILL every process below this one but `keep`, until none is left (those orphaned meanwhile come to us:
+    see _become_subreaper), and reap the ones that came to us (not `child`: its status is read by the caller)."""
+    me = os.getpid()
+    for _ in range(20):
+        children, found, todo = _children(), [], [me]
+        while todo:
+            for below in children.get(todo.pop(), ()):
+                if below != keep:
+                    found.append(below)
+                    todo.append(below)
+        alive = []
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                alive.append(pid)
+        for pid in alive:
+            if pid != child:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+        if not alive:
+            return
+        time.sleep(0.01)
+
+
+def _become_subreaper() -> None:
+    """Linux: the model's processes that leave their parent (a daemon's double fork, a new session) become this
+    process's children instead of init's, so that end_descendants finds them."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def run_supervised(main, argv: list[str]) -> int:
     """Fork; the child runs main(argv) and never returns; the parent returns the exit code for the command."""
     supervise._token = os.urandom(_TOKEN_BYTES)
     supervise._not_dumpable()
+    _become_subreaper()
     read_end, write_end = os.pipe()
     report_read, report_write = os.pipe()
     parent = _Parent(0, read_end, report_read)
@@ -338,7 +427,7 @@ def run_supervised(main, argv: list[str]) -> int:
     parent.pid = pid
     os.close(write_end)
     os.close(report_write)
-    watchdog = _start_watchdog(pid)
+    watchdog, parent.watchdog = _start_watchdog(pid)
     if parent.signalled is not None:  # it came while we forked: the child did not hear it from us
         parent.on_signal(parent.signalled, None)
     try:
