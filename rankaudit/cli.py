@@ -273,7 +273,9 @@ def check(
 
     for spec in models:  # a path the system cannot open, or Python cannot name, before any other use of it
         check_path(spec, "model or app")
-    registry.check_request(verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file)
+    registry.check_request(
+        verify, defenses, {"--dp-candidates": dp_candidates}, weights=weights_file, artifacts=artifacts
+    )
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(
         output,
@@ -565,6 +567,11 @@ def main(argv: list[str] | None = None):
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
+        os.getcwd()
+    except OSError:  # torch, the model's imports and relative paths would each fail on it in their own words
+        _error("the working directory no longer exists (deleted or moved away); fix: cd into an existing folder")
+        sys.exit(EXIT_USAGE)
+    try:
         try:
             code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
         except SystemExit as exc:  # nothing of ours raises it in a command: the model's sys.exit (exit 3, not its code)
@@ -610,6 +617,10 @@ def run():
     """
     args = sys.argv[1:]
     code = None
+    if supervise.can_supervise():
+        from rankaudit.model.parent import reopen_closed_streams
+
+        reopen_closed_streams()
     if supervise.can_supervise() and supervise.may_answer_here(args):
         code = supervise.answer_here(main, args, _RunsModel)  # None: --help was an option's value
     if supervise.can_supervise() and code is None:

@@ -233,7 +233,7 @@ def test_suggest_and_compare_check_their_output_too(run_cli, tmp_path):
 
 def test_artifacts_under_a_file_is_refused(run_cli, tmp_path):
     (tmp_path / "file").write_text("x")
-    code, _, err = run_cli(HOSTILE / "marked.py", "--artifacts", tmp_path / "file" / "art")
+    code, _, err = run_cli(HOSTILE / "marked.py", "--verify", "rank", "--artifacts", tmp_path / "file" / "art")
     assert code == 2
     error_line(err, "--artifacts", "is not a folder")
 
@@ -587,7 +587,26 @@ def test_a_closed_stdout_ends_quietly_with_the_verdicts_code(how):
             timeout=240,
         )
     assert done.returncode == 1, done.stderr  # the plain model is exposed: the policy fails, exit 1
-    assert "Traceback" not in done.stderr and "error" not in done.stderr
+    if how == "closed":  # the report went nowhere: said once (before: nothing at all)
+        error_line(done.stderr, "stdout is closed (>&-), so the report went nowhere", "-o PATH")
+    else:  # the reader had what it wanted
+        assert "Traceback" not in done.stderr and "error" not in done.stderr
+
+
+@pytest.mark.parametrize(("model", "code"), [("v_plain.py", 1), ("no_such_model.py", 2)])
+def test_a_closed_stderr_keeps_the_exit_code(model, code):
+    """Before: with 2>&- a model that never ran was exit 1, "policy failed"."""
+    done = subprocess.run(
+        f"rankaudit {HOSTILE / model} --format json 2>&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert done.returncode == code and done.stderr == ""
+    if code == 1:
+        assert json.loads(done.stdout)["verdict"] == "exposed"
 
 
 def test_a_mistyped_command_fails_at_once(run_cli):
@@ -737,3 +756,50 @@ def test_no_process_of_the_model_outlives_rankaudit_even_in_a_session_of_its_own
         time.sleep(0.1)
     assert not any(map(_alive, pids)) and _running_with(marker) == []  # before: alive a minute later
     assert process.returncode == (1 if how == "finishes" else 128 + how if how == signal.SIGTERM else -how), said
+
+
+def test_artifacts_without_a_verifier_is_refused(run_cli, tmp_path):
+    code, out, err = run_cli(HOSTILE / "marked.py", "--artifacts", tmp_path / "art")  # before: silently ignored
+    assert code == 2 and out == "" and not (tmp_path / "art").exists()
+    error_line(err, "--artifacts", "add --verify rank")
+    assert "marked.py imported" not in err
+
+
+def test_a_deleted_working_directory_is_named(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && rankaudit {HOSTILE / 'v_plain.py'}"
+    done = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2 and done.stdout == ""  # before: torch's failure, blamed on the model (exit 3)
+    error_line(done.stderr, "the working directory no longer exists")
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo"])
+def test_a_model_path_that_is_no_regular_file_is_refused(run_cli, tmp_path, target):
+    if target == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        target = tmp_path / "fifo"
+    (tmp_path / "net.py").symlink_to(target)
+    code, out, err = run_cli(tmp_path / "net.py")  # before: /dev/zero was read without end
+    assert code == 2 and out == ""
+    error_line(err, "is not a regular file")
+
+
+def test_a_report_onto_a_named_pipe_nobody_reads_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    done = rankaudit(HOSTILE / "marked.py", "-o", tmp_path / "fifo", timeout=60)  # before: it hung
+    assert done.returncode == 2 and done.stdout == ""
+    error_line(done.stderr, "is a named pipe (FIFO) that no process reads")
+
+
+def test_a_report_onto_a_named_pipe_reaches_its_reader(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    reader = subprocess.Popen(["cat", tmp_path / "fifo"], stdout=subprocess.PIPE, text=True)
+    try:
+        done = rankaudit(HOSTILE / "v_plain.py", "-o", tmp_path / "fifo", "--format", "json", timeout=120)
+        received, _ = reader.communicate(timeout=60)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert done.returncode == 1, done.stderr
+    assert json.loads(received)["verdict"] == "exposed"

@@ -32,6 +32,32 @@ from rankaudit.model.supervise import (
 )
 
 _GRACE = 5.0  # seconds a child gets to stop after Ctrl-C before it is killed
+_stdout_closed = False  # rankaudit started with fd 1 closed (>&-): a report for stdout goes nowhere
+
+
+def reopen_closed_streams() -> None:
+    """fd 0, 1 or 2 closed when rankaudit starts (`>&-`, `2>&-`): /dev/null there, before any pipe is made, so that
+    no pipe of ours gets the number (the model's prints on our status channel, our frames on the terminal). With
+    stdout closed the report goes nowhere, and stderr says so; with stderr closed the error lines go nowhere, and
+    the exit code alone says what happened."""
+    global _stdout_closed
+    import fcntl
+
+    for fd in (0, 1, 2):
+        try:  # closed, or (a shell script's own file, left there by a wrapper that exec'd us) not writable
+            usable = fd == 0 or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+        except OSError:
+            usable = False
+        if not usable:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 1:
+                _stdout_closed = True
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - fd 1 for the rest of the run
+            elif fd == 2:
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
 def _signal_name(number: int) -> str:
@@ -242,7 +268,11 @@ class _Parent:
             )
             return 3
         code = self._code_from_report()
-        if self.output and code in (0, 1):
+        if self.output and code in (0, 1) and _stdout_closed:
+            _error(
+                "stdout is closed (>&-), so the report went nowhere; fix: keep stdout open, or write the report to a file with -o PATH"
+            )
+        elif self.output and code in (0, 1):
             try:
                 sys.stdout.buffer.write(b"".join(self.output))
                 sys.stdout.flush()

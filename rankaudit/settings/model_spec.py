@@ -51,7 +51,21 @@ def split_model_spec(spec: str) -> tuple[Path, str | None]:
         raise UsageError(
             f"'{path_text}' is a directory, not a model file", "give the path of a Python file, e.g. examples/cnn6.py"
         )
+    if not path.is_file():  # a device (a link to /dev/zero would be read without end), a pipe, a socket
+        raise UsageError(
+            f"'{path_text}' is not a regular file (it is {_kind(path)})",
+            "give the path of a Python file, e.g. examples/cnn6.py",
+        )
     return path, name
+
+
+def _kind(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return f"a device, {os.path.realpath(path)}"
+    return "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
 
 
 _SHAPE = re.compile(r"^\s*[(\[]?\s*(\d+(?:\s*[,x×]\s*\d+)*)\s*,?\s*[)\]]?\s*$")
