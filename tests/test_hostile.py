@@ -803,3 +803,71 @@ def test_a_report_onto_a_named_pipe_reaches_its_reader(tmp_path):
         reader.wait()
     assert done.returncode == 1, done.stderr
     assert json.loads(received)["verdict"] == "exposed"
+
+
+# ---- a broken app configuration: one line, exit 2, never analysed as if it were right ----------------------------
+
+APPS = REPO / "tests" / "apps"
+
+
+def _quickstart(tmp_path, edit):
+    import shutil
+
+    app = tmp_path / "app"
+    shutil.copytree(APPS / "quickstart", app)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(edit(pyproject.read_text()))
+    return app
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "named"),
+    [
+        (
+            "colons",
+            lambda text: text.replace('clientapp = "quickstart_app.client_app:app"', 'clientapp = "::::"'),
+            "clientapp = '::::' is not a MODULE:ATTRIBUTE reference",
+        ),
+        (
+            "missing-module",
+            lambda text: text.replace("quickstart_app.client_app:app", "quickstart_app.no_such:app"),
+            "names the module quickstart_app.no_such, which is not in the app",
+        ),
+        (
+            "unknown-mapped-key",
+            lambda text: text + '\n[tool.rankaudit.flower]\nlr = "no-such-key"\n',
+            "[tool.rankaudit.flower] lr names the run-config key 'no-such-key'",
+        ),
+        (
+            "table-for-a-number",
+            lambda text: text.replace("local-epochs = 1", "local-epochs = {a = 1}"),
+            "run-config key local-epochs is a table",
+        ),
+        (
+            "no-components",
+            lambda text: text.replace(
+                '[tool.flwr.app.components]\nserverapp = "quickstart_app.server_app:app"\n'
+                'clientapp = "quickstart_app.client_app:app"\n',
+                "",
+            ),
+            "has no [tool.flwr.app.components] table",
+        ),
+    ],
+)
+def test_a_broken_app_configuration_is_one_line(run_cli, tmp_path, case, edit, named):
+    app = _quickstart(tmp_path, edit)
+    code, out, err = run_cli(app, "--format", "json")  # before: each was analysed, exit 1 with a report
+    assert code == 2 and out == ""
+    error_line(err, named, "fix:")
+
+
+def test_pyproject_is_parsed_once_per_run(run_cli, tmp_path, monkeypatch):
+    from rankaudit.settings import pyproject
+
+    app = _quickstart(tmp_path, lambda text: text)
+    parsed = []
+    parse = pyproject._parse_toml
+    monkeypatch.setattr(pyproject, "_parse_toml", lambda path: parsed.append(path) or parse(path))
+    code, out, _ = run_cli(app, "--format", "json")
+    assert code in (0, 1) and json.loads(out)
+    assert [path.name for path in parsed].count("pyproject.toml") == 1  # before: three times

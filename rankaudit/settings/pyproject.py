@@ -94,8 +94,29 @@ def find_pyproject(model_path: Path) -> Path | None:
     return None
 
 
+_parsed: dict[tuple, dict] = {}  # each file read once per run: its path, size and change time -> its tables
+
+
 def read_toml(path: Path) -> dict:
-    """A TOML file's tables, or a one-line UsageError naming the file (bad syntax, unreadable)."""
+    """A TOML file's tables, or a one-line UsageError naming the file (bad syntax, unreadable). A file read before
+    in this run and unchanged since is not parsed again (finding the configuration, reading the settings and the
+    app each ask for pyproject.toml); the caller gets its own copy."""
+    import copy
+
+    try:
+        status = path.stat()
+        key = (str(path.resolve()), status.st_size, status.st_mtime_ns, status.st_ino)
+    except (OSError, RuntimeError):
+        key = None
+    if key in _parsed:
+        return copy.deepcopy(_parsed[key])
+    tables = _parse_toml(path)
+    if key is not None:
+        _parsed[key] = copy.deepcopy(tables)
+    return tables
+
+
+def _parse_toml(path: Path) -> dict:
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
