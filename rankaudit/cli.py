@@ -137,7 +137,7 @@ def _set_timeout(ctx, param, value):
             supervise.check_seconds(value, "--timeout")
         except ValueError as exc:
             raise click.BadParameter(
-                f"must be a positive number of seconds up to {MAX_SECONDS:,.0f}, e.g. 300"
+                f"must be a positive, finite number of seconds up to {MAX_SECONDS:,.0f}, e.g. 300"
             ) from exc
     supervise.set_flag_timeout(value)
 

@@ -500,7 +500,7 @@ def test_a_model_cannot_lift_its_own_time_limit():
     started = time.monotonic()
     done = rankaudit(HOSTILE / "forges_an_unlimited_phase.py", "--timeout", "1", timeout=60)
     assert done.returncode == 3 and done.stdout == ""  # before: it ran until killed from outside
-    error_line(done.stderr, "did not finish within 1 s", "--timeout")
+    error_line(done.stderr, "did not finish within 12 s", "--timeout")  # twice the limit and 10 s between phases
     assert time.monotonic() - started < 30
 
 
@@ -749,6 +749,7 @@ def test_no_process_of_the_model_outlives_rankaudit_even_in_a_session_of_its_own
     pids = list(map(int, (tmp_path / "pids").read_text().split()))
     if how != "finishes":
         assert all(_alive(pid) for pid in pids)
+        time.sleep(2)  # the watchdog lists the processes below rankaudit twice a second
         os.kill(process.pid, how)  # rankaudit itself, not its process group
     _, said = process.communicate(timeout=60)
     deadline = time.monotonic() + 10

@@ -32,6 +32,8 @@ from rankaudit.model.supervise import (
 )
 
 _GRACE = 5.0  # seconds a child gets to stop after Ctrl-C before it is killed
+_PHASES_AT_MOST = 8  # a limited worker's whole time, in --timeouts: import, build, trace and the steps between
+_GAP_SECONDS = 10.0  # besides twice the limit, for rankaudit's own steps between a limited worker's phases
 _stdout_closed = False  # rankaudit started with fd 1 closed (>&-): a report for stdout goes nowhere
 
 
@@ -139,21 +141,24 @@ class _Parent:
             raise ValueError(mode)
         self.worker, now = (None if mode == "none" else mode), time.monotonic()
         self.timeout = check_seconds(float(seconds), "the time limit") if self.worker else self.timeout
-        # Import, build and trace each get the limit; a worker that says it entered more phases gets no more.
-        self.worker_deadline = now + 4 * self.timeout if mode == "limited" else None
+        # Import, build and trace (and the steps between) each get the limit; a worker that says it entered more
+        # phases gets no more than this in all.
+        self.worker_deadline = now + _PHASES_AT_MOST * self.timeout + _GAP_SECONDS if mode == "limited" else None
         self.deadline, self.limit = self.worker_deadline, self.timeout if mode == "limited" else None
 
     def _phase(self, name: str, limited: bool) -> None:
         """The phase a model worker says it entered: the limit is the parent's own, and a limited worker can
-        neither lift it nor, by entering phase after phase, stretch it past its end."""
+        neither lift it (each of its phases gets the limit, whatever the frame says) nor, by entering phase after
+        phase, stretch it past its end."""
         now = time.monotonic()
         self.phase = name
-        if limited:
-            self.deadline, self.limit = now + self.timeout, self.timeout
+        if limited or self.worker == "limited":
+            # Between the limited phases runs rankaudit's own code, the check whether the file runs on its own
+            # included (under the same limit, in a process of its own): room for it, never an open end.
+            seconds = self.timeout if limited else 2 * self.timeout + _GAP_SECONDS
+            self.deadline, self.limit = now + seconds, seconds
             if self.worker_deadline is not None:
                 self.deadline = min(self.deadline, self.worker_deadline)
-        elif self.worker == "limited":
-            self.deadline, self.limit = self.worker_deadline, self.timeout
         elif self.worker == "open":
             self.deadline, self.limit = None, None
         # No worker: only rankaudit's own code runs in the child; it names its phases but sets no limit.

@@ -85,7 +85,9 @@ def timeout() -> float:
 def check_seconds(value: float, where: str) -> float:
     """A time limit must be a finite positive number: nan and inf would remove it (ValueError naming `where`)."""
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS):
-        raise ValueError(f"{where} must be a positive number of seconds up to {MAX_SECONDS:,.0f}, not {shown(value)}")
+        raise ValueError(
+            f"{where} must be a positive, finite number of seconds up to {MAX_SECONDS:,.0f}, not {shown(value)}"
+        )
     return float(value)
 
 
