@@ -42,7 +42,7 @@ class _ModelCommand(GroupedCommand):
         if supervise.reading_help():
             raise _RunsModel
         for param in self.params:  # a 400-digit --batch-size: one line, not an overflow deep in the analysis
-            if too_large(ctx.params.get(param.name)):
+            if isinstance(ctx.params.get(param.name), int) and too_large(ctx.params[param.name]):
                 option = max(param.opts, key=len)
                 raise UsageError(
                     f"{option} {shown(ctx.params[param.name])} is too large", f"give {option} at most {MAX_COUNT:,}"
