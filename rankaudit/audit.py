@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from rankaudit.bound.energy import ReferenceDataError
@@ -12,7 +13,7 @@ from rankaudit.count.op_counting import Role
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.findings import apply as findings
 from rankaudit.findings import leakage, policy
-from rankaudit.model import supervise
+from rankaudit.model import supervise, worker
 from rankaudit.model.load import load_model
 from rankaudit.result import Result
 from rankaudit.settings import levels
@@ -62,6 +63,21 @@ def layer_names(names: list[str] | None, traced) -> list[str] | None:
     return list(dict.fromkeys(layer_of(name, layers) for name in names))
 
 
+def load_and_trace(spec: str, input_shape, *, input_dtype=None, model_args: dict | None = None):
+    """The model's code, in its worker: import, build and trace on meta, each in its phase. Hands back what the
+    analysis reads, and nothing of the model's own (no module, no parameter, no call's arguments)."""
+    loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
+    with supervise.phase(f"the trace of {spec}'s forward()"):
+        traced = trace_and_count(
+            loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+        )
+    for node_id in traced.order:
+        traced.record(node_id).facts = None
+    for record in traced.records.values():
+        record.facts = None
+    return dataclasses.replace(loaded, module=None, forward_kwargs={}), traced
+
+
 def audit(
     spec: str,
     *,
@@ -95,11 +111,9 @@ def audit(
     if fail_on not in levels.FAIL_ON_CHOICES:
         raise UsageError(f"unknown fail-on level '{fail_on}'", "use one of " + ", ".join(levels.FAIL_ON_CHOICES))
     started = time.perf_counter()
-    loaded = load_model(spec, input_shape, device="meta", input_dtype=input_dtype, model_args=model_args)
-    with supervise.phase(f"the trace of {spec}'s forward()"):
-        traced = trace_and_count(
-            loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
-        )
+    loaded, traced = worker.run(
+        load_and_trace, spec, input_shape, input_dtype=input_dtype, model_args=model_args, limited=True
+    )
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
     findings.describe_inputs(result, traced, loaded)
     result.stand_ins = list(loaded.stand_ins)

@@ -17,12 +17,13 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
-from rankaudit.model import supervise
+from rankaudit.model import supervise, worker
 from rankaudit.model.faults import ended_process, model_fault, out_of_memory
 from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
+from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
 from rankaudit.settings.run import ROUND_FLAGS
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
@@ -40,6 +41,12 @@ class _ModelCommand(GroupedCommand):
     def invoke(self, ctx: click.Context):
         if supervise.reading_help():
             raise _RunsModel
+        for param in self.params:  # a 400-digit --batch-size: one line, not an overflow deep in the analysis
+            if isinstance(ctx.params.get(param.name), int) and too_large(ctx.params[param.name]):
+                option = max(param.opts, key=len)
+                raise UsageError(
+                    f"{option} {shown(ctx.params[param.name])} is too large", f"give {option} at most {MAX_COUNT:,}"
+                )
         return super().invoke(ctx)
 
 
@@ -127,13 +134,15 @@ def _set_timeout(ctx, param, value):
         try:
             supervise.check_seconds(value, "--timeout")
         except ValueError as exc:
-            raise click.BadParameter("must be a positive, finite number of seconds, e.g. 300") from exc
+            raise click.BadParameter(
+                f"must be a positive, finite number of seconds up to {MAX_SECONDS:,.0f}, e.g. 300"
+            ) from exc
     supervise.set_flag_timeout(value)
 
 
 def _set_memory_limit(ctx, param, value):
-    if value is not None and not 0 <= value < float("inf"):
-        raise click.BadParameter("must be a finite number of GiB, e.g. 8 (0: no limit)")
+    if value is not None and not 0 <= value <= MAX_GIB:
+        raise click.BadParameter(f"must be a number of GiB up to {MAX_GIB:,.0f}, e.g. 8 (0: no limit)")
     supervise.set_flag_memory_limit(value)
 
 
@@ -260,10 +269,12 @@ def check(
     # that a mistyped path or a bad setting is answered in a second.
     from rankaudit.deploy.app import deployment_for, deployment_read
     from rankaudit.model import standins
+    from rankaudit.settings.model_spec import check_path
     from rankaudit.settings.run import CONFIGURABLE, model_settings
     from rankaudit.verify import registry
-    from rankaudit.verify.run import run_verifiers
 
+    for spec in models:  # a path the system cannot open, or Python cannot name, before any other use of it
+        check_path(spec, "model or app")
     commandline = click.core.ParameterSource.COMMANDLINE
     psnr_given = ctx.get_parameter_source("psnr_target") is commandline
     registry.check_request(
@@ -271,6 +282,7 @@ def check(
         defenses,
         {"--dp-candidates": dp_candidates, "--psnr-target": ctx.params["psnr_target"] if psnr_given else None},
         weights=weights_file,
+        artifacts=artifacts,
     )
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(
@@ -356,7 +368,7 @@ def check(
                     several=len(models) > 1,
                     requested=tuple(verify),
                 )
-                run_verifiers(verify, request, _error)
+                result.verification, result.images = worker.run(_verified, verify, request, limited=False)
         except Exception as raised:
             exc = raised if isinstance(raised, RankauditError) else out_of_memory(raised) or model_fault(raised)
             if exc is None or (debug and not isinstance(raised, RankauditError)):
@@ -491,14 +503,16 @@ def suggest_command(
     from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
     from rankaudit.report import design
 
-    report = dataclasses.replace(suggest(model, **judged_on), noise=noise)
+    report = dataclasses.replace(worker.run(suggest, model, **judged_on, limited=False), noise=noise)
     fisher_options = dp_values(options, settings.dp)
     if fisher_options or "psnr_target" in commandline or settings.psnr_target is not None:
         from rankaudit.design.fisher_review import review, review_settings
 
         target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
         at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
-        report = dataclasses.replace(report, fisher=review(report, at, target, data, top))
+        # The review runs the model's code on real inputs: in a worker, like the verifiers.
+        fisher = worker.run(review, report, at, target, data, top, limited=False)
+        report = dataclasses.replace(report, fisher=fisher)
     if output_format == "html":
         from rankaudit.audit import audit
         from rankaudit.report import html
@@ -694,7 +708,8 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
         if round_flags.get("local_samples") is None and not (settings.round or {}).get("local_samples"):
             round_flags["local_samples"] = count
     round_ = build_run_round(round_flags, batch, settings.round)
-    run = run_guard(model, weights, data, labels, round_, guard)
+    # The local steps run the model's code: in a worker, so the decision is made where that code never ran.
+    run = worker.run(run_guard, model, weights, data, labels, round_, guard, limited=False)
     text = guard_report.render_json(run) if output_format == "json" else guard_report.render_table(run)
     emit.write(text, output)
     sent_as_computed = run.decision.action == "send"
@@ -723,6 +738,14 @@ def _app_deployment(spec: str, round_flags: dict, options: dict, *, batch_size, 
     return deployment
 
 
+def _verified(verify, request) -> tuple[dict, dict]:
+    """The verifiers, in the model's worker (they run its code on real inputs): the records and pictures they made."""
+    from rankaudit.verify.run import run_verifiers
+
+    run_verifiers(verify, request, _error)
+    return request.result.verification, request.result.images
+
+
 def _error(message: str):
     click.echo(f"rankaudit: error: {message}", err=True)
 
@@ -731,6 +754,11 @@ def main(argv: list[str] | None = None):
     """Console entry point: one-line errors and the documented exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    try:
+        os.getcwd()
+    except OSError:  # torch, the model's imports and relative paths would each fail on it in their own words
+        _error("the working directory no longer exists (deleted or moved away); fix: cd into an existing folder")
+        sys.exit(EXIT_USAGE)
     try:
         try:
             code = cli.main(args=args, prog_name="rankaudit", standalone_mode=False)
@@ -777,10 +805,16 @@ def run():
     """
     args = sys.argv[1:]
     code = None
+    if supervise.can_supervise():
+        from rankaudit.model.parent import reopen_closed_streams
+
+        reopen_closed_streams()
     if supervise.can_supervise() and supervise.may_answer_here(args):
         code = supervise.answer_here(main, args, _RunsModel)  # None: --help was an option's value
     if supervise.can_supervise() and code is None:
-        code = supervise.run_supervised(main, args)
+        from rankaudit.model.parent import run_supervised
+
+        code = run_supervised(main, args)
     elif code is None:
         try:
             main(args)

@@ -233,7 +233,7 @@ def test_suggest_and_compare_check_their_output_too(run_cli, tmp_path):
 
 def test_artifacts_under_a_file_is_refused(run_cli, tmp_path):
     (tmp_path / "file").write_text("x")
-    code, _, err = run_cli(HOSTILE / "marked.py", "--artifacts", tmp_path / "file" / "art")
+    code, _, err = run_cli(HOSTILE / "marked.py", "--verify", "rank", "--artifacts", tmp_path / "file" / "art")
     assert code == 2
     error_line(err, "--artifacts", "is not a folder")
 
@@ -359,7 +359,13 @@ def test_suggest_and_compare_refuse_an_output_naming_a_model(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("model", "phase"), [("hoard_memory.py", "the import of"), ("hoard_in_forward.py", "the trace")]
+    ("model", "phase"),
+    [
+        ("hoard_memory.py", "the import of"),
+        ("hoard_in_forward.py", "the trace"),
+        ("raises_its_memory_limit.py", "the import of"),  # before: 2.8 GB taken, then stopped as a timeout
+        ("shared_memory.py", "the import of"),  # shared mappings escaped the data limit
+    ],
 )
 def test_the_memory_limit_is_exit_3_naming_the_phase(model, phase):
     started = time.monotonic()
@@ -465,13 +471,37 @@ def test_a_memory_limit_that_is_not_a_number_of_gib_is_refused(run_cli, value):
     ("model", "said"),
     [
         ("forges_exit_frame.py", "something other than rankaudit wrote onto its status channel"),
-        ("forges_with_the_token.py", "with exit status 0 but without handing over a report"),
+        ("forges_with_the_token.py", "the model file ended the process (exit status 0, without a result)"),
+        ("forges_exit_256.py", "something other than rankaudit wrote onto its status channel"),
     ],
 )
 def test_a_forged_exit_frame_without_a_report_is_exit_3(model, said):
     done = rankaudit(HOSTILE / model, "--format", "json")
-    assert done.returncode == 3 and done.stdout == ""  # before: exit 0, the forged frame's code
+    assert done.returncode == 3 and done.stdout == ""  # before: exit 0, the forged frame's code (or the report's)
     error_line(done.stderr, said, "the import of")
+
+
+def test_a_report_forged_with_rankaudits_own_functions_is_exit_3():
+    """write_stdout and report_delivered, token and all, onto every pipe the model can reach: none is the report's."""
+    done = rankaudit(HOSTILE / "forges_the_report.py", "--format", "json")
+    assert done.returncode == 3 and done.stdout == ""  # before: exit 0 with the forged "protected" report
+    said = done.stderr.replace('{"verdict": "protected", "forged": true}\n', "", 1)  # the model's own print
+    error_line(said, "something other than rankaudit wrote onto its status channel", "the import of")
+
+
+def test_a_model_that_rewrites_the_policy_keeps_its_own_verdict():
+    """The report and the verdict are computed in a process the model's code never ran in."""
+    done = rankaudit(HOSTILE / "rewrites_the_verdict.py", "--format", "json")
+    assert done.returncode == 1, done.stderr  # before: exit 0, and no report
+    assert json.loads(done.stdout)["verdict"] == "exposed" and done.stderr == ""
+
+
+def test_a_model_cannot_lift_its_own_time_limit():
+    started = time.monotonic()
+    done = rankaudit(HOSTILE / "forges_an_unlimited_phase.py", "--timeout", "1", timeout=60)
+    assert done.returncode == 3 and done.stdout == ""  # before: it ran until killed from outside
+    error_line(done.stderr, "did not finish within 12 s", "--timeout")  # twice the limit and 10 s between phases
+    assert time.monotonic() - started < 30
 
 
 def test_a_forward_that_loops_only_on_real_tensors_is_stopped_under_verify_rank():
@@ -557,7 +587,26 @@ def test_a_closed_stdout_ends_quietly_with_the_verdicts_code(how):
             timeout=240,
         )
     assert done.returncode == 1, done.stderr  # the plain model is exposed: the policy fails, exit 1
-    assert "Traceback" not in done.stderr and "error" not in done.stderr
+    if how == "closed":  # the report went nowhere: said once (before: nothing at all)
+        error_line(done.stderr, "stdout is closed (>&-), so the report went nowhere", "-o PATH")
+    else:  # the reader had what it wanted
+        assert "Traceback" not in done.stderr and "error" not in done.stderr
+
+
+@pytest.mark.parametrize(("model", "code"), [("v_plain.py", 1), ("no_such_model.py", 2)])
+def test_a_closed_stderr_keeps_the_exit_code(model, code):
+    """Before: with 2>&- a model that never ran was exit 1, "policy failed"."""
+    done = subprocess.run(
+        f"rankaudit {HOSTILE / model} --format json 2>&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert done.returncode == code and done.stderr == ""
+    if code == 1:
+        assert json.loads(done.stdout)["verdict"] == "exposed"
 
 
 def test_a_mistyped_command_fails_at_once(run_cli):
@@ -616,3 +665,210 @@ def test_an_output_naming_a_file_of_an_app_is_refused(run_cli, tmp_path):
         assert code == 2 and out == ""
         error_line(err, f"-o {target} is a file read from the app folder", "would overwrite it")
     assert {path: path.read_bytes() for path in app.rglob("*") if path.is_file()} == before
+
+
+# ---- numbers and paths the system cannot hold: one line, exit 2 ---------------------------------------------------
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--input-shape", HUGE], "values per sample, above the"),
+        (["--input-shape", f"3,{HUGE},2"], "values per sample, above the"),
+        (["--input-shape", "9" * 5000], "--input-shape has a dimension of 5000 digits"),
+        (["--memory-limit", "1e308"], "--memory-limit"),
+        (["--timeout", "1e308"], "--timeout"),
+        (["--batch-size", HUGE], "--batch-size a 400-digit number is too large"),
+        (["--local-epochs", HUGE], "--local-epochs a 400-digit number is too large"),
+    ],
+)
+def test_a_number_too_large_is_one_line(run_cli, args, named):
+    code, out, err = run_cli(HOSTILE / "v_plain.py", *args)  # before: an internal error (OverflowError), exit 3
+    assert code == 2 and out == ""
+    error_line(err, named)
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (f"batch-size = {HUGE}", "batch-size must be at most"),
+        (f"timeout = {HUGE}", "timeout must be a positive number of seconds"),
+        ("memory-limit = 1e308", "memory-limit must be a number of GiB"),
+        (f"[tool.rankaudit.round]\nlocal-epochs = {HUGE}", "round.local-epochs must be at most"),
+        (f"[tool.rankaudit.round]\nlr = {HUGE}", "round.lr must be a number of at most"),
+    ],
+)
+def test_a_configured_number_too_large_is_one_line(run_cli, tmp_path, line, named):
+    (tmp_path / "net.py").write_text((HOSTILE / "v_plain.py").read_text())
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rankaudit]\n{line}\n")
+    code, out, err = run_cli(tmp_path / "net.py")
+    assert code == 2 and out == ""
+    error_line(err, named, "a 400-digit number" if HUGE in line else "1e+308")
+
+
+@pytest.mark.parametrize("command", ["check", "suggest"])
+@pytest.mark.parametrize("case", ["over-path-max", "name-over-name-max", "not-utf-8"])
+def test_a_path_the_system_cannot_open_is_one_line(run_cli, tmp_path, case, command):
+    if case == "over-path-max":
+        path, named = str(tmp_path / ("a/" * 3000)) + "net.py", "longer than the system opens"
+    elif case == "name-over-name-max":
+        path, named = str(tmp_path / ("a" * 300)) + ".py", "longer than the system opens"
+    else:
+        raw = os.fsencode(tmp_path) + b"/net\xff.py"
+        with open(raw, "wb") as handle:
+            handle.write((HOSTILE / "v_plain.py").read_bytes())
+        path, named = os.fsdecode(raw), "net\\xff.py is not valid UTF-8"  # before: blamed on the meta device
+    code, out, err = run_cli(command, path)
+    assert code == 2 and out == ""
+    error_line(err, named, "fix:")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["finishes", signal.SIGKILL, signal.SIGTERM])
+def test_no_process_of_the_model_outlives_rankaudit_even_in_a_session_of_its_own(tmp_path, how):
+    marker = f"daemon_{os.getpid()}_{how}"
+    model = tmp_path / f"{marker}.py"
+    model.write_text((HOSTILE / "starts_a_daemon.py").read_text())
+    environment = {**os.environ, "RANKAUDIT_TEST_PIDS": str(tmp_path)}
+    if how != "finishes":
+        environment["RANKAUDIT_TEST_WAIT"] = "1"
+    process = subprocess.Popen(
+        ["rankaudit", model, "--timeout", "200"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=environment,
+    )
+    seen, deadline = "", time.monotonic() + 120
+    while "started two sleepers" not in seen and time.monotonic() < deadline:
+        seen += process.stderr.readline()
+    pids = list(map(int, (tmp_path / "pids").read_text().split()))
+    if how != "finishes":
+        assert all(_alive(pid) for pid in pids)
+        time.sleep(2)  # the watchdog lists the processes below rankaudit twice a second
+        os.kill(process.pid, how)  # rankaudit itself, not its process group
+    _, said = process.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while (any(map(_alive, pids)) or _running_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)) and _running_with(marker) == []  # before: alive a minute later
+    assert process.returncode == (1 if how == "finishes" else 128 + how if how == signal.SIGTERM else -how), said
+
+
+def test_artifacts_without_a_verifier_is_refused(run_cli, tmp_path):
+    code, out, err = run_cli(HOSTILE / "marked.py", "--artifacts", tmp_path / "art")  # before: silently ignored
+    assert code == 2 and out == "" and not (tmp_path / "art").exists()
+    error_line(err, "--artifacts", "add --verify rank")
+    assert "marked.py imported" not in err
+
+
+def test_a_deleted_working_directory_is_named(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && rankaudit {HOSTILE / 'v_plain.py'}"
+    done = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2 and done.stdout == ""  # before: torch's failure, blamed on the model (exit 3)
+    error_line(done.stderr, "the working directory no longer exists")
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo"])
+def test_a_model_path_that_is_no_regular_file_is_refused(run_cli, tmp_path, target):
+    if target == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        target = tmp_path / "fifo"
+    (tmp_path / "net.py").symlink_to(target)
+    code, out, err = run_cli(tmp_path / "net.py")  # before: /dev/zero was read without end
+    assert code == 2 and out == ""
+    error_line(err, "is not a regular file")
+
+
+def test_a_report_onto_a_named_pipe_nobody_reads_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    done = rankaudit(HOSTILE / "marked.py", "-o", tmp_path / "fifo", timeout=60)  # before: it hung
+    assert done.returncode == 2 and done.stdout == ""
+    error_line(done.stderr, "is a named pipe (FIFO) that no process reads")
+
+
+def test_a_report_onto_a_named_pipe_reaches_its_reader(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    reader = subprocess.Popen(["cat", tmp_path / "fifo"], stdout=subprocess.PIPE, text=True)
+    try:
+        done = rankaudit(HOSTILE / "v_plain.py", "-o", tmp_path / "fifo", "--format", "json", timeout=120)
+        received, _ = reader.communicate(timeout=60)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert done.returncode == 1, done.stderr
+    assert json.loads(received)["verdict"] == "exposed"
+
+
+# ---- a broken app configuration: one line, exit 2, never analysed as if it were right ----------------------------
+
+APPS = REPO / "tests" / "apps"
+
+
+def _quickstart(tmp_path, edit):
+    import shutil
+
+    app = tmp_path / "app"
+    shutil.copytree(APPS / "quickstart", app)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(edit(pyproject.read_text()))
+    return app
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "named"),
+    [
+        (
+            "colons",
+            lambda text: text.replace('clientapp = "quickstart_app.client_app:app"', 'clientapp = "::::"'),
+            "clientapp = '::::' is not a MODULE:ATTRIBUTE reference",
+        ),
+        (
+            "missing-module",
+            lambda text: text.replace("quickstart_app.client_app:app", "quickstart_app.no_such:app"),
+            "names the module quickstart_app.no_such, which is not in the app",
+        ),
+        (
+            "unknown-mapped-key",
+            lambda text: text + '\n[tool.rankaudit.flower]\nlr = "no-such-key"\n',
+            "[tool.rankaudit.flower] lr names the run-config key 'no-such-key'",
+        ),
+        (
+            "table-for-a-number",
+            lambda text: text.replace("local-epochs = 1", "local-epochs = {a = 1}"),
+            "run-config key local-epochs is a table",
+        ),
+        (
+            "no-components",
+            lambda text: text.replace(
+                '[tool.flwr.app.components]\nserverapp = "quickstart_app.server_app:app"\n'
+                'clientapp = "quickstart_app.client_app:app"\n',
+                "",
+            ),
+            "has no [tool.flwr.app.components] table",
+        ),
+    ],
+)
+def test_a_broken_app_configuration_is_one_line(run_cli, tmp_path, case, edit, named):
+    app = _quickstart(tmp_path, edit)
+    code, out, err = run_cli(app, "--format", "json")  # before: each was analysed, exit 1 with a report
+    assert code == 2 and out == ""
+    error_line(err, named, "fix:")
+
+
+def test_pyproject_is_parsed_once_per_run(run_cli, tmp_path, monkeypatch):
+    from rankaudit.settings import pyproject
+
+    app = _quickstart(tmp_path, lambda text: text)
+    parsed = []
+    parse = pyproject._parse_toml
+    monkeypatch.setattr(pyproject, "_parse_toml", lambda path: parsed.append(path) or parse(path))
+    code, out, _ = run_cli(app, "--format", "json")
+    assert code in (0, 1) and json.loads(out)
+    assert [path.name for path in parsed].count("pyproject.toml") == 1  # before: three times

@@ -4,6 +4,9 @@ stderr line naming the cause and the fix. Hostile model files: tests/hostile/v_*
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 import torch
 from conftest import REPO
@@ -260,3 +263,18 @@ def test_dager_on_a_raising_or_frozen_token_model(run_cli):
     assert code == 3 and "RuntimeError: batch 2 is cursed" in line and "v_raise_gpt2.py:20" in line
     code, _, err = run_cli(HOSTILE / "v_frozen_gpt2.py", "--verify", "dager", "--fail-on", "never")
     assert code == 2 and "no shared, trainable layer" in _one_error_line(err)
+
+
+def test_a_model_too_large_to_build_with_real_weights_is_refused_up_front():
+    started = time.monotonic()
+    done = subprocess.run(
+        ["rankaudit", HOSTILE / "v_wide_linear.py", "--verify", "rank", "--memory-limit", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert done.returncode == 2 and done.stdout == ""  # before: exit 3 after minutes and the whole limit
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "builds the model with real weights" in lines[0] and "--memory-limit" in lines[0]
+    assert time.monotonic() - started < 60

@@ -342,12 +342,32 @@ def _python_files(directory: Path) -> list[Path]:
     return sorted(path for path in directory.rglob("*.py") if not skipped & set(path.relative_to(directory).parts))
 
 
+def _check_keys(config, setting: str, names, mapped: bool) -> None:
+    """A run-config key a round setting is read from must hold a value: one [tool.rankaudit.flower] maps must exist,
+    and one that is a table (`local-epochs = {a = 1}`) is no number of epochs."""
+    for name in names:
+        inside = sorted(key for key in config if key.startswith(f"{name}."))
+        if name not in config and inside:
+            raise UsageError(
+                f"the app's run-config key {name} is a table ({', '.join(inside)}), not the value of {setting}",
+                f"give {name} a single value in the app's configuration",
+            )
+    if mapped and not any(name in config or any(key.rsplit(".", 1)[-1] == name for key in config) for name in names):
+        known = ", ".join(sorted(config)) or "none"
+        raise UsageError(
+            f"[tool.rankaudit.flower] {setting} names the run-config key {names[0]!r}, which the app's "
+            f"configuration does not have (keys: {known})",
+            f"name one of those keys, or drop {setting} from [tool.rankaudit.flower]",
+        )
+
+
 def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dict[str, Found]:
     """Each round setting the app states: its run config first (conventional keys, or the key
     [tool.rankaudit.flower] maps), then literals in the code; the federation's nodes as available clients."""
     read: dict[str, Found] = {}
     for setting, keys in CONVENTIONAL_KEYS.items():
         names = (mapping[setting],) if setting in mapping else keys
+        _check_keys(config, setting, names, mapped=setting in mapping)
         for name in names:
             # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
             nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]

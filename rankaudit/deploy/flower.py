@@ -138,7 +138,7 @@ def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
     pyproject = directory / "pyproject.toml"
     flwr = read_toml(pyproject).get("tool", {}).get("flwr", {})
     app_table = flwr.get("app", {})
-    components = app_table.get("components", {}) if isinstance(app_table, dict) else {}
+    components = _components(pyproject, app_table)
     app = FlowerApp(
         root=directory.resolve(),
         pyproject=pyproject,
@@ -156,6 +156,38 @@ def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
         app.config[key] = (value, RUN_CONFIG_FLAG)
     app.num_supernodes = _num_supernodes(flwr.get("federations", {})) or configuration_nodes()
     return app
+
+
+# Flower's component reference: a dotted module path, a colon, a dotted attribute path (`pkg.client_app:app`).
+_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _components(pyproject: Path, app_table) -> dict[str, str]:
+    """[tool.flwr.app.components]: a table whose serverapp and clientapp are references `flwr run` can load, the
+    client's module inside the app (it builds the model). Else one line naming what is wrong."""
+    components = app_table.get("components") if isinstance(app_table, dict) else None
+    if not isinstance(components, dict) or not components.get("clientapp"):
+        raise UsageError(
+            f"{pyproject}: the Flower app has no [tool.flwr.app.components] table with a clientapp",
+            'add it as `flwr new` writes it: serverapp = "PKG.server_app:app", clientapp = "PKG.client_app:app"',
+        )
+    for role in ("serverapp", "clientapp"):
+        reference = components.get(role)
+        if reference is not None and not (isinstance(reference, str) and _REFERENCE.match(reference)):
+            raise UsageError(
+                f"{pyproject}: [tool.flwr.app.components] {role} = {reference!r} is not a MODULE:ATTRIBUTE reference",
+                f'write it as Flower loads it, e.g. {role} = "PKG.{role[:-3]}_app:app"',
+            )
+    module = components["clientapp"].split(":", 1)[0]
+    root = pyproject.parent
+    parts = module.split(".")
+    if not any(p.is_file() for p in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py"))):
+        raise UsageError(
+            f"{pyproject}: [tool.flwr.app.components] clientapp names the module {module}, which is not in the app "
+            f"({'/'.join(parts)}.py does not exist)",
+            "name the module that defines the ClientApp, relative to the app's folder",
+        )
+    return components
 
 
 def _num_supernodes(federations: dict) -> tuple[int, str] | None:

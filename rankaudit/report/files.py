@@ -35,6 +35,10 @@ def _check_file(option: str, path: str) -> None:
     if existed and not os.path.isfile(path):  # a device or a pipe: opening a pipe would wait for its reader
         if not os.access(path, os.W_OK):
             _refuse(option, path, "cannot be written (permission denied)", "choose a writable path")
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            _refuse(option, path, "is a socket, which a report cannot be written to", "give a file name")
+        if stat.S_ISFIFO(os.stat(path).st_mode):  # held open until the report is written: closing it would end
+            _held_fifos.setdefault(os.path.realpath(path), _open_fifo(option, path))  # the reader's input
         return
     try:
         descriptor = os.open(path, os.O_WRONLY | (0 if existed else os.O_CREAT | os.O_EXCL), 0o666)
@@ -49,6 +53,26 @@ def _check_file(option: str, path: str) -> None:
     if not existed:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+_held_fifos: dict[str, int] = {}  # named pipes checked, by their real path: the descriptor the report goes to
+
+
+def _open_fifo(option: str, path: str) -> int:
+    """A named pipe opened for writing without waiting: a pipe no process reads would block the run for ever."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        _refuse(
+            option,
+            path,
+            "is a named pipe (FIFO) that no process reads",
+            "start its reader first (`cat PATH &`), or write the report to a file",
+        )
+    os.set_blocking(descriptor, True)
+    return descriptor
 
 
 def _check_folder(option: str, path: str) -> None:
@@ -163,6 +187,11 @@ def write_file(path: str, text: str) -> None:
     except OSError:
         mode = None
     try:
+        if mode is not None and stat.S_ISFIFO(mode):
+            held = _held_fifos.pop(target, None)
+            with open(held if held is not None else _open_fifo("the report file", target), "wb") as handle:
+                handle.write(data)
+            return
         if mode is not None and not stat.S_ISREG(mode):
             with open(target, "wb") as handle:
                 handle.write(data)

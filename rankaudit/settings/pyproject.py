@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rankaudit.errors import UsageError
 from rankaudit.settings.levels import FAIL_ON_CHOICES
+from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -100,8 +101,29 @@ def find_pyproject(model_path: Path) -> Path | None:
     return None
 
 
+_parsed: dict[tuple, dict] = {}  # each file read once per run: its path, size and change time -> its tables
+
+
 def read_toml(path: Path) -> dict:
-    """A TOML file's tables, or a one-line UsageError naming the file (bad syntax, unreadable)."""
+    """A TOML file's tables, or a one-line UsageError naming the file (bad syntax, unreadable). A file read before
+    in this run and unchanged since is not parsed again (finding the configuration, reading the settings and the
+    app each ask for pyproject.toml); the caller gets its own copy."""
+    import copy
+
+    try:
+        status = path.stat()
+        key = (str(path.resolve()), status.st_size, status.st_mtime_ns, status.st_ino)
+    except (OSError, RuntimeError):
+        key = None
+    if key in _parsed:
+        return copy.deepcopy(_parsed[key])
+    tables = _parse_toml(path)
+    if key is not None:
+        _parsed[key] = copy.deepcopy(tables)
+    return tables
+
+
+def _parse_toml(path: Path) -> dict:
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
@@ -140,7 +162,19 @@ def _names(path: Path, key: str, value) -> list[str]:
 def _positive_int(path: Path, key: str, value, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         _bad(path, key, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+    if too_large(value):
+        _bad(path, key, f"at most {MAX_COUNT:,}, not {shown(value)}")
     return value
+
+
+def _number(path: Path, key: str, value, low: float, high: float, expected: str, low_included: bool = False) -> float:
+    """A number in (low, high] ([low, high] when low_included), else one line naming the key (a 400-digit integer
+    included: it never reaches float())."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _bad(path, key, expected)
+    if not (low <= value <= high if low_included else low < value <= high):
+        _bad(path, key, f"{expected}, up to {high:,.0f}, not {shown(value)}")
+    return float(value)
 
 
 def _shape(path: Path, key: str, value) -> tuple[int, ...]:
@@ -206,15 +240,13 @@ def load_settings(model_path: Path) -> Settings:
     if "withheld-layers" in table:
         settings.withheld_layers = _names(pyproject, "withheld-layers", table["withheld-layers"])
     if "timeout" in table:
-        value = table["timeout"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            _bad(pyproject, "timeout", "a positive number of seconds, e.g. 300")
-        settings.timeout = float(value)
+        settings.timeout = _number(
+            pyproject, "timeout", table["timeout"], 0, MAX_SECONDS, "a positive number of seconds, e.g. 300"
+        )
     if "memory-limit" in table:
-        value = table["memory-limit"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            _bad(pyproject, "memory-limit", "a number of GiB, e.g. 8 (0: no limit)")
-        settings.memory_limit = float(value)
+        settings.memory_limit = _number(
+            pyproject, "memory-limit", table["memory-limit"], 0, MAX_GIB, "a number of GiB, e.g. 8 (0: no limit)", True
+        )
     if "stand-ins" in table:
         value = table["stand-ins"]
         if value is not False and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
@@ -347,7 +379,7 @@ def _round_table(path: Path, table) -> dict[str, object]:
                 _bad(path, "round.bn-mode", 'a string, "train" or "eval"')
             values[field] = value
         else:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                _bad(path, f"round.{key}", "a number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or too_large(value):
+                _bad(path, f"round.{key}", f"a number of at most {MAX_COUNT:,}, not {shown(value)}")
             values[field] = float(value)
     return values

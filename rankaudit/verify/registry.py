@@ -134,10 +134,18 @@ def runs_apart(verifier: Verifier) -> bool:
     return Need.DP_NOISE in verifier.needs
 
 
-def check_request(requested, defense_specs, flags: dict[str, Any], weights: str | None = None) -> None:
+def check_request(
+    requested, defense_specs, flags: dict[str, Any], weights: str | None = None, artifacts: str | None = None
+) -> None:
     """Refusals that need no model: --defense with nothing to defend, a verifier's flag without the verifier,
-    --weights without a verifier or naming no file."""
+    --weights or --artifacts without a verifier, --weights naming no file."""
     chosen = [get(name) for name in requested]
+    if artifacts is not None and not requested:
+        raise UsageError(
+            "--artifacts is where the verifiers write their images and records; without --verify nothing would be "
+            "written there",
+            "add --verify rank (or another verifier), or drop --artifacts",
+        )
     if weights is not None and not requested:
         raise UsageError(
             "--weights sets the weights the verifiers run at; the analysis holds for every weight value",

@@ -41,6 +41,29 @@ def _in_order(chosen: list[Verifier]) -> list[Verifier]:
     return sorted(unique.values(), key=lambda verifier: verifier.order)
 
 
+def _check_real_model_memory(requested, context: VerifyContext, sample_values: int) -> None:
+    """Refuse, before the model is built with real weights, a verifier whose model alone does not fit the memory
+    limit: its parameters in float64, the trainable ones' gradient and its derivative, and one batch of inputs with
+    its gradient. Building it first took minutes and the whole limit before failing."""
+    from rankaudit.model import supervise
+
+    limit = supervise.memory_limit()
+    chosen = [name for name in requested if not runs_apart(get(name))]
+    if limit <= 0 or not chosen:
+        return
+    parameters = context.result.parameters
+    trainable = sum(row.own_weights for row in context.result.layers)  # frozen ones get no gradient
+    needed = 8 * (parameters + 2 * min(trainable, parameters) + 2 * context.result.batch_size * sample_values)
+    if needed > limit * 2**30:
+        raise UsageError(
+            f"--verify {', '.join(chosen)} builds the model with real weights: its {parameters:,} parameters in "
+            f"float64 with their gradients and one batch of {sample_values:,} input values take at least "
+            f"{needed / 2**30:.1f} GiB, more than the memory limit of {supervise.describe_memory_limit()}",
+            "raise --memory-limit if the machine has the memory, or verify a smaller model (the analysis itself "
+            "needs no weights: drop --verify)",
+        )
+
+
 def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
     """Run the requested verifiers on one model: the refusals their needs call for, then each in its order, every
     one at the --weights given (rankaudit.verify.model.deployed_weights)."""
@@ -68,6 +91,7 @@ def _run_verifiers(requested, context: VerifyContext, report_error: Callable[[st
         restarts=context.restarts,
         sample_values=sum(math.prod(one) for one in shapes),
     )
+    _check_real_model_memory(requested, context, sum(math.prod(one) for one in shapes))
     chosen = [get(name) for name in requested]
     for verifier in _in_order([verifier for verifier in chosen if runs_apart(verifier)]):
         _file(context, verifier, report_error)
