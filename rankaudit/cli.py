@@ -17,14 +17,16 @@ from rankaudit.errors import (
     RankauditError,
     UsageError,
 )
+from rankaudit.model import options as model_options
 from rankaudit.model import supervise, worker
 from rankaudit.model.faults import ended_process, model_fault, out_of_memory
 from rankaudit.report import emit
 from rankaudit.report import files as report_files
 from rankaudit.settings import flags
 from rankaudit.settings.help import GroupedCommand, GroupedHelp
-from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
+from rankaudit.settings.limits import MAX_COUNT, shown, too_large
 from rankaudit.settings.run import ROUND_FLAGS
+from rankaudit.verify import options as verify_options
 
 EXIT_PASS, EXIT_POLICY, EXIT_USAGE, EXIT_MODEL = 0, 1, 2, 3
 
@@ -82,143 +84,32 @@ def cli():
     """
 
 
-class _VerifierChoice(click.Choice):
-    """--verify's choices: the registry's names (rankaudit.verify.registry), read when click asks for them."""
-
-    def __init__(self):
-        super().__init__(())
-
-    @property
-    def choices(self):
-        from rankaudit.verify import registry
-
-        return tuple(registry.names())
-
-    @choices.setter
-    def choices(self, value):
-        pass  # click.Choice.__init__ sets them; the registry holds them
-
-
-class _VerifyOption(click.Option):
-    """--verify: its help is each registered verifier's sentence (rankaudit.verify.registry.help_text)."""
-
-    @property
-    def help(self):
-        from rankaudit.verify import registry
-
-        return registry.help_text()
-
-    @help.setter
-    def help(self, value):
-        pass
-
-
-def _parse_shape(ctx, param, value):
-    if value is None:
-        return None
-    from rankaudit.settings.model_spec import parse_input_shape
-
-    return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
-
-
-def _parse_dtype(ctx, param, value):
-    if value is None:
-        return None
-    from rankaudit.model.input_shape import parse_input_dtype
-
-    return parse_input_dtype(value)  # a UsageError reaches main() and becomes one line, exit 2
-
-
-def _set_timeout(ctx, param, value):
-    if value is not None:
-        try:
-            supervise.check_seconds(value, "--timeout")
-        except ValueError as exc:
-            raise click.BadParameter(
-                f"must be a positive, finite number of seconds up to {MAX_SECONDS:,.0f}, e.g. 300"
-            ) from exc
-    supervise.set_flag_timeout(value)
-
-
-def _set_memory_limit(ctx, param, value):
-    if value is not None and not 0 <= value <= MAX_GIB:
-        raise click.BadParameter(f"must be a number of GiB up to {MAX_GIB:,.0f}, e.g. 8 (0: no limit)")
-    supervise.set_flag_memory_limit(value)
-
-
-def _timeout_option(command):
-    """--timeout: the limit on each of the model's import, build and trace (supervise.py ends one that overruns);
-    --memory-limit: the model's process's memory (supervise.py sets it)."""
-    command = click.option(
-        "--memory-limit",
-        type=float,
-        default=None,
-        metavar="GIB",
-        expose_value=False,
-        is_eager=True,
-        callback=_set_memory_limit,
-        help="Memory the model's process may take, in GiB (default: [tool.rankaudit] memory-limit, else 8 or "
-        "half the machine's memory, whichever is less; 0: no limit); exceeding it is exit 3.",
-    )(command)
-    return click.option(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        expose_value=False,
-        is_eager=True,
-        callback=_set_timeout,
-        help=f"Stop a model whose import, build or trace takes longer (default: [tool.rankaudit] "
-        f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.",
-    )(command)
-
-
-def _stand_in_options(command):
-    """--stand-in MODULE / --no-stand-ins: what the model file may import without it being installed."""
-    from rankaudit.model import standins as import_standins
-
-    command = click.option(
-        "--stand-in",
-        multiple=True,
-        metavar="MODULE",
-        expose_value=False,
-        callback=lambda ctx, param, value: import_standins.set_flags(added=value),
-        help="Import the model file with a stand-in for MODULE when it is not installed (repeatable; data, "
-        "logging and FL packages have one already).",
-    )(command)
-    return click.option(
-        "--no-stand-ins",
-        is_flag=True,
-        expose_value=False,
-        callback=lambda ctx, param, value: import_standins.set_flags(added=None, forbidden=value),
-        help="Fail on any import the model file makes of a module that is not installed.",
-    )(command)
-
-
 @cli.command(cls=_ModelCommand)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL.py[:NAME]|APP_DIR...")
 @click.option(
     "--input-shape",
-    callback=_parse_shape,
+    callback=flags.parse_shape,
     metavar="C,H,W",
     help=flags.INPUT_SHAPE_HELP,
 )
 @click.option(
     "--input-dtype",
-    callback=_parse_dtype,
+    callback=model_options.parse_dtype,
     metavar="DTYPE",
     help="Input dtype: int64 for token ids (unknowns start at the embedding), or NAME=DTYPE pairs for "
     "several inputs (default: INPUT_DTYPE, else float32).",
 )
 @flags.check_options
-@click.option("--verify", "verify", multiple=True, cls=_VerifyOption, type=_VerifierChoice())
+@click.option(
+    "--verify", "verify", multiple=True, cls=verify_options.VerifyOption, type=verify_options.VerifierChoice()
+)
 @flags.attack_options
 @flags.check_run_options
 @flags.dp_options
 @flags.psnr_target_option
 @flags.round_options
-@_timeout_option
-@_stand_in_options
+@model_options.limit_options
+@model_options.stand_in_options
 @click.pass_context
 def check(
     ctx,
@@ -402,13 +293,13 @@ def check(
 
 @cli.command("suggest", cls=_ModelCommand)
 @click.argument("model", metavar="MODEL.py[:NAME]|APP_DIR")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@click.option("--input-shape", callback=flags.parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.suggest_options
 @flags.dp_options
 @flags.psnr_target_option
 @flags.round_options
-@_timeout_option
-@_stand_in_options
+@model_options.limit_options
+@model_options.stand_in_options
 @click.pass_context
 def suggest_command(
     ctx,
@@ -448,7 +339,9 @@ def suggest_command(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
     commandline_batch = ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
-    deployment = _app_deployment(
+    from rankaudit.deploy.app import deployment_for_design
+
+    deployment = deployment_for_design(
         model,
         flags.round_flags(ctx),
         options,
@@ -534,12 +427,12 @@ def suggest_command(
 @cli.command("compare", cls=_ModelCommand)
 @click.argument("first", metavar="A.py[:NAME]|APP_DIR")
 @click.argument("second", metavar="B.py[:NAME]|APP_DIR")
-@click.option("--input-shape", callback=_parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
+@click.option("--input-shape", callback=flags.parse_shape, metavar="C,H,W", help=flags.INPUT_SHAPE_HELP)
 @flags.compare_options
 @flags.dp_options
 @flags.psnr_target_option
-@_timeout_option
-@_stand_in_options
+@model_options.limit_options
+@model_options.stand_in_options
 @click.pass_context
 def compare_command(
     ctx,
@@ -595,8 +488,10 @@ def compare_command(
     # Both designs (an app folder read as `check` reads it) and both settings are checked before torch loads (with
     # rankaudit.audit).
     designs = []
+    from rankaudit.deploy.app import deployment_for_design
+
     for spec in (first, second):
-        deployment = _app_deployment(
+        deployment = deployment_for_design(
             spec,
             {},
             {},
@@ -665,7 +560,7 @@ def compare_command(
 @click.argument("model", metavar="MODEL.py[:NAME]")
 @flags.guard_options
 @flags.round_options
-@_timeout_option
+@model_options.limit_options
 @click.pass_context
 def guard_command(ctx, model, weights, data, labels, batch_size, log, output_format, output, debug, **options):
     """A client's update, checked before it is sent: the local step(s) run on the batch at the received weights,
@@ -677,7 +572,7 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
     """
     from rankaudit.guard.local import run_guard
     from rankaudit.report import guard as guard_report
-    from rankaudit.settings.guard_options import GuardSettings, guard_settings
+    from rankaudit.settings.guard_options import one_round_flags, settings_from_flags
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round
@@ -686,19 +581,8 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
-    given = {
-        key: options.pop(key)
-        for key in ("action", "tolerance", "noise_scale", "energy_budget", "min_hidden")
-        if options.get(key) is not None
-    }
-    if log is not None:
-        given["log"] = log
-    guard = guard_settings(given, base=settings.guard or GuardSettings(), where="the guard's flags")
-    round_flags = flags.round_flags(ctx)
-    for name in ("clients", "server_rounds", "available_clients"):
-        if round_flags.get(name) is not None:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag}: the guard decides on one client's update in one round", f"drop {flag}")
+    guard = settings_from_flags(options, log, settings.guard)
+    round_flags = one_round_flags(flags.round_flags(ctx))
     batch = batch_size or settings.batch_size
     if batch is None or round_flags.get("local_samples") is None:
         from rankaudit.guard.local import load_batch
@@ -719,23 +603,6 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
 
 def _batch_given(ctx) -> bool:
     return ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
-
-
-def _app_deployment(spec: str, round_flags: dict, options: dict, *, batch_size, input_shape_given: bool):
-    """An app folder's deployment, read as `check` reads it (None for a model file); an app whose model is built
-    with arguments is refused in one line, as suggest and compare build the model without them."""
-    from rankaudit.deploy.app import deployment_for
-
-    deployment = deployment_for(
-        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
-    )
-    if deployment is not None and deployment.model_args:
-        shown = ", ".join(f"{key}={value!r}" for key, value in deployment.model_args.items())
-        raise UsageError(
-            f"{spec}: the app builds its model with arguments ({shown}), which this command does not pass",
-            f"give a model file whose model takes none, e.g. a zero-argument factory: {deployment.model.rsplit(':', 1)[0]}:NAME",
-        )
-    return deployment
 
 
 def _verified(verify, request) -> tuple[dict, dict]:

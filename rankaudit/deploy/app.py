@@ -664,3 +664,18 @@ def deployment_for(
 def deployment_read(deployment):
     """What the report says about the deployment that was read (its paths relative to the working directory)."""
     return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)
+
+
+def deployment_for_design(spec: str, round_flags: dict, options: dict, *, batch_size, input_shape_given: bool):
+    """An app folder's deployment, read as `check` reads it (None for a model file); an app whose model is built
+    with arguments is refused in one line, as suggest and compare build the model without them."""
+    deployment = deployment_for(
+        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
+    )
+    if deployment is not None and deployment.model_args:
+        shown = ", ".join(f"{key}={value!r}" for key, value in deployment.model_args.items())
+        raise UsageError(
+            f"{spec}: the app builds its model with arguments ({shown}), which this command does not pass",
+            f"give a model file whose model takes none, e.g. a zero-argument factory: {deployment.model.rsplit(':', 1)[0]}:NAME",
+        )
+    return deployment

@@ -73,6 +73,15 @@ def round_flags(ctx: click.Context) -> dict:
     return {name: ctx.params.get(name) for name in ROUND_FLAGS}
 
 
+def parse_shape(ctx, param, value):
+    """--input-shape's callback: C,H,W (or any per-sample shape), checked."""
+    if value is None:
+        return None
+    from rankaudit.settings.model_spec import parse_input_shape
+
+    return parse_input_shape(value)  # a UsageError reaches main() and becomes one line, exit 2
+
+
 def _stacked(command, options):
     """`command` with `options` applied as decorators written in this order (the first listed first in --help)."""
     for option in reversed(options):

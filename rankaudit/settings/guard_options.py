@@ -90,3 +90,24 @@ def from_run_config(run_config: dict, base: GuardSettings | None = None) -> Guar
         key[len(RUN_CONFIG_PREFIX) :]: value for key, value in run_config.items() if key.startswith(RUN_CONFIG_PREFIX)
     }
     return guard_settings(found, base=base, where="the run config's rankaudit-guard- keys")
+
+
+def settings_from_flags(options: dict, log: str | None, base: GuardSettings | None) -> GuardSettings:
+    """The guard command's own flags over ``base`` ([tool.rankaudit.guard]); the flags are taken out of ``options``."""
+    given = {
+        key: options.pop(key)
+        for key in ("action", "tolerance", "noise_scale", "energy_budget", "min_hidden")
+        if options.get(key) is not None
+    }
+    if log is not None:
+        given["log"] = log
+    return guard_settings(given, base=base or GuardSettings(), where="the guard's flags")
+
+
+def one_round_flags(round_flags: dict) -> dict:
+    """The round flags the guard takes: one client's update in one round, so none that counts clients or rounds."""
+    for name in ("clients", "server_rounds", "available_clients"):
+        if round_flags.get(name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: the guard decides on one client's update in one round", f"drop {flag}")
+    return round_flags
