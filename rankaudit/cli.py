@@ -566,8 +566,6 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
     """A client's update, checked before it is sent: the local step(s) run on the batch at the received weights,
     and the update is sent, blocked or sent with the rows that read a sample dropped or noised.
 
-    Exit codes: 0 the update goes as computed; 1 it reads a sample of the batch exactly, or the received weights
-    are not the audited model's (block, drop or noise); 2 bad input; 3 the model did not load.
     Settings: these flags, else [tool.rankaudit.guard] and [tool.rankaudit.round] in the nearest pyproject.toml.
     """
     from rankaudit.guard.local import run_guard

@@ -322,7 +322,7 @@ def test_fig2_e_is_exposed_on_energy_even_at_the_weaker_gate(run_cli):
     assert payload["identifiability"]["rank_bound"] == 3056
     assert payload["identifiability"]["hidden_estimate"] == pytest.approx(16 / 3072)
     code, out, _ = run_cli(EXAMPLES / "fig2_e.py", "--fail-on", "exposed", "--quiet")
-    assert code == 1 and "fig2_e.py: exposed, less than 0.01 % of a typical sample's energy certified hidden" in out
+    assert code == 1 and "fig2_e.py: exposed, less than 0.01 % of the detail of 90 % of samples certified hidden" in out
 
 
 def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(run_cli):

@@ -113,7 +113,7 @@ def test_a_verifier_with_a_section_of_its_own_is_not_repeated_generically(fake_r
 
 
 def test_the_table_has_a_section_for_each_of_today_s_verifiers():
-    assert list(SECTIONS) == ["bias", "rgap", "gdbr", "rank", "dager", "dp"]
+    assert list(SECTIONS) == ["bias", "rgap", "gdbr", "rank", "fisher", "dager", "dp"]
     assert set(SECTIONS) == set(registry.names())
     assert set(html.CARDS) | set(html.IN_OTHER_CARDS) == set(registry.names())
 

@@ -223,7 +223,10 @@ def test_mlp_round_sarif_and_html_read_each_sample(run_cli, tmp_path):
     text = page.read_text()
     assert code == 1 and "of 192 unknowns per sample" in text and "The round as a whole: rank &lt;= 1,228" in text
     assert "Sample readout (RA010): fc1" in text
-    assert "The directions the round&#39;s update can show hold all of a typical sample&#39;s energy" in text
+    assert (
+        "The directions the round&#39;s update can show hold all of a sample&#39;s detail: nothing of it is certified hidden"
+        in text
+    )
     assert "R_s = min(|x|, |θ_s|, E_i·R(1)) = 192 of 192" in text
 
 

@@ -464,11 +464,11 @@ def _headline(result: Result, verdict: str) -> str:
             )
         if verdict == "partial":
             return (
-                f"The directions {sent} can show hold up to {shown} of a sample's detail: {kept} is certified hidden "
+                f"The directions {sent} can show hold {shown} of a sample's detail: {kept} is certified hidden "
                 f"for {who}, less than the {percent(1 - bound.max_recoverable)} protected asks; not protection."
             )
         return (
-            f"The directions {sent} can show hold up to {shown} of a sample's detail: {kept} of it is certified "
+            f"The directions {sent} can show hold {shown} of a sample's detail: {kept} of it is certified "
             f"hidden for {who}, so a server can reconstruct them."
         )
     headline = HEADLINES.get(verdict, "")

@@ -144,6 +144,11 @@ EXIT_CODES = {
         "0 the second model (B) passes the policy, 1 it fails it, 2 usage or configuration, "
         f"{_MODEL_FAILED}, 130 interrupted."
     ),
+    "guard": (
+        "0 the update goes as computed, 1 it reads a sample of the batch exactly or the received weights are not "
+        "the audited model's (block, drop or noise), 2 usage or configuration, "
+        f"{_MODEL_FAILED}, 130 interrupted."
+    ),
 }
 
 
