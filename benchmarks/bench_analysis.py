@@ -21,7 +21,7 @@ Measured:
   3. floor      : the whole ``rankaudit`` process on ResNet-50 (the same command
                   as 1.) vs. a bare ``python -c "import torch"``: what the
                   static path costs beyond importing torch, the supervising
-                  parent and the child that runs the model included (issue 23).
+                  parent and the child that runs the model included.
                   Target: median ratio <= 1.15.
   4. MLP-10B    : peak RSS of the rankaudit process. Target: < 1.5 GB
                   (1500 MB, 1 MB = 10**6 bytes). torchinfo is NOT run on it:

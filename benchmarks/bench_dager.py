@@ -6,7 +6,7 @@ Run from the repository root:
     python benchmarks/bench_dager.py [--batch 4] [--length 32] [--vocab 50000] [--blocks 2] [--device auto]
                                      [--through-model] [--out FILE.json]
 
-Target (issue 12): the span test over the whole vocabulary under 60 s on the project's CPUs and under 5 s on a GPU.
+Target: the span test over the whole vocabulary under 60 s on the project's CPUs and under 5 s on a GPU.
 Two models at GPT-2 small's width (d = 768, 12 heads) with a 50,000-token vocabulary, random weights, float64,
 `--blocks` blocks (the test reads the first block: depth changes the gradient's cost, not the test's):
   - GPT-2: a position embedding is added before ln_1, so every (token, position) pair is a candidate

@@ -5,7 +5,7 @@ Run from the repository root (needs `pip install ".[dp,verify]"`):
 
     python benchmarks/bench_dp.py [--repeat 5] [--trials 2000] [--device auto] [--out FILE.json]
 
-Target (issue 18): B(κ) for T = 10,000 steps a fraction of a second on the CPU. Timed: the PLD's construction and
+Target: B(κ) for T = 10,000 steps a fraction of a second on the CPU. Timed: the PLD's construction and
 self-composition and B(κ) at κ = 0.1, 0.01, 0.001 (rankaudit.bound.dp.dp_bound without the HTML curve), median of
 `--repeat` runs after one warm-up that pays the library's import. The attack: the informed attack on CNN6's real
 clipped per-sample gradients (125,456 values each; M = 10 candidates, q = 1, T = 1, σ = 1), noise drawn in full

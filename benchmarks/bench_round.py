@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the federated-round verifiers (issue 17): the rank of a round's update and the FedAvg inversion.
+"""Benchmark of the federated-round verifiers: the rank of a round's update and the FedAvg inversion.
 
 Run from the repository root:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Calibration of the FedAvg inversion's prior and precision (issue 21): PSNR beside the grey and mean-colour baselines.
+"""Calibration of the FedAvg inversion's prior and precision: PSNR beside the grey and mean-colour baselines.
 
 Run from the repository root:
 

@@ -15,7 +15,7 @@ Targets (issues 3, 4 and 9):
   5. on a GPU, the rank check of a ResNet-18 (11.2 M parameters, 3x32x32) in under 30 s;
   6. the optimisation attack on 8 CNN6 images (1000 steps x 2 restarts) at least 10x faster on the GPU than on the
      CPU of the same machine;
-  7. (issue 16, part "mobile") depthwise-heavy nets: on a GPU the rank check of the MobileNetV2-style network
+  7. depthwise-heavy nets: on a GPU the rank check of the MobileNetV2-style network
      (benchmarks/models/mobilenetv2_32.py, 3x32x32) in under 60 s with --rank-precision auto; on the CPU, the cost
      per sketch row in float64 and float32 rows, and the share of the convolutions in a profiled chunk.
 Targets 1-3 run on --device; 4 and the CPU side of 6 on the CPU; 5 and the GPU side of 6 only where CUDA is present

@@ -1,4 +1,4 @@
-"""`rankaudit DIR`: Flower apps, Opacus and NVFlare settings read statically, each value with its source (issue 22)."""
+"""`rankaudit DIR`: Flower apps, Opacus and NVFlare settings read statically, each value with its source."""
 
 from __future__ import annotations
 

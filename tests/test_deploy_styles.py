@@ -1,5 +1,5 @@
 """`rankaudit DIR` on every common way to write an app: each value the app sets is read with its source, and none is
-called a default (issue 30)."""
+called a default."""
 
 from __future__ import annotations
 

@@ -409,7 +409,7 @@ def test_html_card_draws_the_curve_and_the_measured_attack(run_cli, tmp_path):
 
 
 def test_client_level_units_are_whole_rounds_of_local_training():
-    """DP-FedAvg at the client level (issue 22): a candidate is a client's whole local dataset, its unit the update of
+    """DP-FedAvg at the client level: a candidate is a client's whole local dataset, its unit the update of
     the round's simulated local training, clipped; the other clients the server samples from are known."""
     from rankaudit.audit import audit
     from rankaudit.settings.round import Round
@@ -529,7 +529,7 @@ def test_suggest_names_the_least_noise(run_cli):
     assert code == 2 and "add --max-reconstruction" in err
 
 
-# --- issue 23: never crash, never overstate, within 1 % of a finer grid -------------------------------------------
+# --- never crash, never overstate, within 1 % of a finer grid -------------------------------------------
 
 
 @pytest.mark.parametrize("q, sigma, steps", [(0.01, 0.1, 1000), (1.0, 0.5, 1000)])

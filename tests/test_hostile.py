@@ -1,4 +1,4 @@
-"""Hostile and broken inputs (issue 23): a model file that ends the process, hangs, or prints into the report, and
+"""Hostile and broken inputs: a model file that ends the process, hangs, or prints into the report, and
 report paths that cannot be written. Each case: its exit code, one stderr line where it fails, JSON that parses
 where it passes. The model files are in tests/hostile/; `rankaudit` runs as the user runs it (a fresh process)."""
 

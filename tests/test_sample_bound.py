@@ -148,7 +148,7 @@ def test_fedsgd_batch_one_reads_as_before_on_every_example(example):
     assert "Bound (each sample)" not in table.render([result]) and "as a whole" not in result.summary
 
 
-# ---- the MLP round of issue 21 (the per-sample section's first measured row) -------------------------------------------------
+# ---- the MLP round (the per-sample section's first measured row) -------------------------------------------------
 
 
 def test_mlp_round_fails_per_sample_with_the_round_line_beside_it(run_cli):

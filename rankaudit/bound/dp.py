@@ -34,7 +34,7 @@ def reconstruction_bounds(profile: PrivacyProfile, priors: Sequence[float]) -> l
     """B(κ) = inf over ε of (e^ε κ + δ(ε)) for each κ: no attack whose baseline success is κ succeeds more often.
 
     Past ε = log(1/κ) the term e^ε·κ alone is >= 1, which B never exceeds, so the infimum lies in [_EPSILON_FLOOR,
-    log(1/κ)] (and e^ε cannot overflow, however large the profile's ε: issue 23). δ(ε) is read on a grid of that
+    log(1/κ)] (and e^ε cannot overflow, however large the profile's ε). δ(ε) is read on a grid of that
     range in one vectorised call for every prior, then the objective, convex in t = e^ε (δ is a sum of hinge
     functions of t) and so unimodal in ε, is narrowed by golden section between the grid minimum's neighbours.
     Every value evaluated is itself a valid bound (the profile is pessimistic), so the smallest one evaluated is

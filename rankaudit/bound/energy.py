@@ -198,7 +198,7 @@ def no_reference(unknowns: int) -> Reference:
 
 def hidden_share(eigenvalues: np.ndarray, rank: int, copies: int = 1) -> float | None:
     """Σ_{k>R} λ_k / Σ λ_k over the sorted eigenvalues, each repeated `copies` times (independent samples): the
-    least share of a typical sample's energy outside every subspace of dimension R (Ky Fan). None when not finite."""
+    least share of a sample's energy, on average, outside every subspace of dimension R (Ky Fan). None when not finite."""
     total = float(eigenvalues.sum()) * copies
     hidden = _tail(eigenvalues, rank, copies)
     if not (math.isfinite(total) and math.isfinite(hidden)) or total <= 0:

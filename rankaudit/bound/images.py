@@ -88,7 +88,7 @@ def _photo_crops(c: int, h: int, w: int, n: int, seed: int) -> torch.Tensor:
     tallest = max(photo.shape[1] for photo in photos)
     widest = max(photo.shape[2] for photo in photos)
     if h > min(photo.shape[1] for photo in photos) or w > min(photo.shape[2] for photo in photos):
-        # A crop would have to be blown up past the photograph itself (issue 23: 3x512x512 failed inside randint).
+        # A crop would have to be blown up past the photograph itself (3x512x512 failed inside randint).
         raise DataError(
             f"the input {h}x{w} is larger than scikit-learn's sample photographs ({tallest}x{widest}), "
             "the default images: a --data source is needed; fix: pass --data DIR (PNG/JPEG images) or "

@@ -31,7 +31,7 @@ def _is_model_module(name: str) -> bool:
 
 def model_fault(exc: BaseException) -> ModelLoadError | None:
     """An exception raised inside a model file's own code (a frame of a module execute_file ran), as the model's
-    error: exit 3 with the file:line and the exception (issue 23), not an internal error of rankaudit's. None when
+    error: exit 3 with the file:line and the exception, not an internal error of rankaudit's. None when
     no frame of a model file is on its traceback (or its cause's): then it is ours."""
     seen, current = set(), exc
     while current is not None and id(current) not in seen:

@@ -24,7 +24,7 @@ def conclusion_lines(result: Result, verdict: str) -> list[str]:
     if bound is None:
         return [result.summary]
     cut = ", ".join(bound.bottleneck[:6]) + (" ..." if len(bound.bottleneck) > 6 else "")
-    # An empty cut (nothing shared to cut through) is said in words, never printed as "min cut: " (issue 23).
+    # An empty cut (nothing shared to cut through) is said in words, never printed as "min cut: ".
     cut = f"min cut: {cut}" if cut else "no cut: nothing is shared"
     if bound.sample is not None and per_sample_view(result):
         sample = bound.sample

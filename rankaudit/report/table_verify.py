@@ -16,7 +16,7 @@ def _number(value) -> str:
 
 
 def _baseline_lines(attack: dict) -> list[str]:
-    """The input attack's PSNR beside what a guess that reads no gradient scores, and its best image (issue 21)."""
+    """The input attack's PSNR beside what a guess that reads no gradient scores, and its best image."""
     best = attack.get("best") or {}
     lines = [
         f"  baselines (read no gradient): flat grey {_number(attack['grey_psnr_median'])} dB, each image's own "
@@ -253,7 +253,7 @@ def _worst_sample_lines(rank: dict) -> list[str]:
     worst = rank.get("worst")
     if worst and worst.get("hidden_energy") is not None:
         psnr, ssim = worst.get("visible_psnr"), worst.get("visible_ssim")
-        if rank.get("rank") == 0:  # an empty gradient: no visible-part figure (issue 23)
+        if rank.get("rank") == 0:  # an empty gradient: no visible-part figure
             shown = "nothing visible (rank 0)"
         else:
             shown = "visible part " + ("∞ dB (nothing hidden)" if psnr is None else f"{psnr:.1f} dB")
@@ -315,7 +315,7 @@ def _hidden_lines(rank: dict) -> list[str]:
 
 
 def _rank_precision(rank: dict) -> str:
-    """Which arithmetic settled the rank (issue 16): float32 only when it showed full rank with a margin."""
+    """Which arithmetic settled the rank: float32 only when it showed full rank with a margin."""
     used = set(rank.get("precisions") or [rank.get("precision")]) - {None}
     return f" in {' and '.join(sorted(used))}" if used else ""
 

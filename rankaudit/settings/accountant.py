@@ -11,7 +11,7 @@ from typing import Protocol
 from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
-# The PLD's loss grid (issue 23). Its pessimistic rounding errs by about C·Δ² (measured: Δ 1e-3 -> 1e-4 -> 1e-5
+# The PLD's loss grid. Its pessimistic rounding errs by about C·Δ² (measured: Δ 1e-3 -> 1e-4 -> 1e-5
 # shrinks ε's excess ~60x then ~100x), with C growing as one step's privacy loss shrinks: a fixed 1e-3 was within
 # 0.5 % at q = 1 but 85-108 % loose in ε at q = 0.001. So Δ follows the spread s of one step's loss: s/8 keeps ε and
 # B(κ) within 0.25 % of a 10x finer grid (benchmarks/bench_dp_accuracy.py); where the PLD stays small (under

@@ -245,7 +245,7 @@ def _first_non_finite_step(training: LocalTraining, inputs: torch.Tensor, labels
 def check_local_training(
     net: nn.Module, round_: Round, loss: str, inputs: torch.Tensor, labels: torch.Tensor, verifier: str
 ) -> None:
-    """Raise the right error when the round's local training, in float32 as clients run it, is not finite (issue 23),
+    """Raise the right error when the round's local training, in float32 as clients run it, is not finite,
     before any sketch or attack.
 
     At the starting weights a non-finite gradient is the model's (exit 3, the op named). After the weights moved, the
@@ -260,7 +260,7 @@ def check_local_training(
     from rankaudit.verify import finite
 
     # In float32, as clients train: the rank check's float64 would carry an --lr that no client's training survives
-    # (issue 23: --verify rank passed at --lr 1e305 where rgap's float32 attack diverged).
+    # (--verify rank passed at --lr 1e305 where rgap's float32 attack diverged).
     net = client_mode(copy.deepcopy(net).to(torch.float32), round_.bn_mode)
     inputs = inputs.to(torch.float32) if inputs.is_floating_point() else inputs
     with torch.no_grad():

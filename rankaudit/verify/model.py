@@ -98,7 +98,7 @@ def _limit_first_forward(model: nn.Module, spec: str) -> None:
 
 def require_trainable(model: nn.Module, verifier: str) -> None:
     """An attack on the shared gradient needs one: a model with no trainable parameter (frozen, or none at all)
-    shares nothing, an option it cannot meet (exit 2), not an internal error (issue 23)."""
+    shares nothing, an option it cannot meet (exit 2), not an internal error."""
     if not any(p.requires_grad for p in model.parameters()):
         what = "all of its parameters are frozen" if any(True for _ in model.parameters()) else "it has no parameters"
         raise UsageError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-# Spec of issue 3: an exposed model is confirmed by a near-perfect reconstruction, a protected one by a poor one.
+# An exposed model is confirmed by a near-perfect reconstruction, a protected one by a poor one.
 CONFIRM_EXPOSED_BELOW = 1e-3
 CONFIRM_PROTECTED_ABOVE = 1e-2
 

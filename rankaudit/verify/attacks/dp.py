@@ -90,7 +90,7 @@ def unit_gradients(
 
 def clip_in_units(gradients: torch.Tensor, clip: float) -> torch.Tensor:
     """g · min(1, c/‖g‖) / c: the clipped gradients in units of c (norm <= 1), so that no clip norm, 1e-30 or 1e30,
-    under- or overflows (issue 23); the attack, whose likelihoods read only ⟨y, g⟩/(σc)², is the same in these
+    under- or overflows; the attack, whose likelihoods read only ⟨y, g⟩/(σc)², is the same in these
     units with c = 1. The ratio is taken in float64; a zero gradient stays zero."""
     norms = gradients.double().norm(dim=1, keepdim=True)
     scale = torch.where(
@@ -211,7 +211,7 @@ def informed_attack(
     return AttackOutcome(successes, trials, draw, time.perf_counter() - start, str(device))
 
 
-# What --verify dp may take before it is refused up front (issue 23). The attack's arithmetic: about 10 operations per
+# What --verify dp may take before it is refused up front. The attack's arithmetic: about 10 operations per
 # (trial, step, candidate) (a score, the mixture's log-likelihood ratio, the sum and the argmax), about 1e9 a second
 # on a CPU core, so the ceiling is about a minute. The units: each is an image drawn and a per-unit gradient held.
 ATTACK_OPERATIONS_PER_SCORE = 10

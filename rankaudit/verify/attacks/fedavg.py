@@ -285,7 +285,7 @@ def _match(reconstruction: torch.Tensor, originals: torch.Tensor, labels: torch.
     return ordered.reshape(originals.shape)
 
 
-# The FedAvg inversion's limits (issue 23), checked before any image is loaded: sample-gradient passes (each with
+# The FedAvg inversion's limits, checked before any image is loaded: sample-gradient passes (each with
 # its double backward; a small CNN does about 1e4 a second on a CPU core) and values its candidates hold at once.
 MAX_SAMPLE_PASSES = 10**10
 MAX_CANDIDATE_VALUES = 2 * 10**9

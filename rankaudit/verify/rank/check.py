@@ -374,7 +374,7 @@ def _what_the_gradient_shows(
         per_sample.append(inputs)
     psnr_median = hidden.median([s.visible_psnr for s in every], none_is_infinite=True)
     if all(measurement.rank == 0 for measurement in measurements):
-        # An empty gradient shows nothing: no "visible part" figure of an all-zero projection (issue 23).
+        # An empty gradient shows nothing: no "visible part" figure of an all-zero projection.
         for entry in (entry for inputs in per_sample for entry in inputs):
             entry["visible_psnr"] = entry["visible_ssim"] = None
         return {

@@ -60,7 +60,7 @@ def judge(verdict: str, rank: int, unknowns: int) -> tuple[bool | None, str, str
         else f"the gradient's Jacobian has rank {rank} of {unknowns}: {measured}"
     )
     if verdict == "exposed" and deficit:
-        # The levels read energy: `exposed` says that too little of a typical sample's energy is certified hidden,
+        # The levels read energy: `exposed` says that too little of each sample's detail is certified hidden,
         # which a deficit of directions does not contradict. What the invisible directions hold is the energy
         # line's judgement (rankaudit.verify.rank.energy.read_energy), which settles `confirms`.
         return (

@@ -107,7 +107,7 @@ def judge_worst(
         visible = (
             "nothing visible (rank 0)"
             if max(ranks) == 0
-            # an empty gradient (issue 23)
+            # an empty gradient
             else f"visible part {shown}" + (f", SSIM {ssim:.3f}" if ssim is not None else "")
         )
         hidden = (

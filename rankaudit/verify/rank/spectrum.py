@@ -39,7 +39,7 @@ class _Spectrum:
 
     def reliable(self, shared_gradient_size: int) -> bool:
         """The rank does not hang on where the tolerance falls: a gap of RELIABLE_GAP at the cut, or an empty
-        gradient (no shared value, or all zero), whose rank 0 is exact and no tolerance decides (issue 23)."""
+        gradient (no shared value, or all zero), whose rank 0 is exact and no tolerance decides."""
         return (self.gap is not None and self.gap >= RELIABLE_GAP) or shared_gradient_size == 0 or not self.sigma_max
 
 
