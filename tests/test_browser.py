@@ -63,14 +63,15 @@ def _cli(*args: str) -> int:
 
 
 def _without_verify(extra: tuple[str, ...]) -> list[str]:
-    """The same analysis without running an attack: verification never changes the verdict or the critical layer."""
+    """The same analysis without running an attack: verification never changes the verdict or the critical layer.
+    --artifacts goes too: it saves what an attack finds, so without --verify it is refused."""
     kept, skip = [], False
     for arg in extra:
         if skip:
             skip = False
-        elif arg == "--verify":
+        elif arg in ("--verify", "--artifacts"):
             skip = True
-        elif not arg.startswith("--verify="):
+        elif not arg.startswith(("--verify=", "--artifacts=")):
             kept.append(arg)
     return kept
 
