@@ -340,7 +340,9 @@ def suggest_command(
         )
     commandline_batch = ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
     from rankaudit.deploy.app import deployment_for_design
+    from rankaudit.settings.model_spec import check_path
 
+    check_path(model, "model or app")  # a path the system cannot open, or Python cannot name, before any use of it
     deployment = deployment_for_design(
         model,
         flags.round_flags(ctx),
@@ -489,8 +491,10 @@ def compare_command(
     # rankaudit.audit).
     designs = []
     from rankaudit.deploy.app import deployment_for_design
+    from rankaudit.settings.model_spec import check_path
 
     for spec in (first, second):
+        check_path(spec, "model or app")
         deployment = deployment_for_design(
             spec,
             {},
