@@ -30,7 +30,7 @@ def describe_exception(exc: BaseException, path: Path) -> str:
 
 
 _STANDALONE_CHECK = """
-import contextlib, importlib, json, os, resource, runpy, sys
+import contextlib, importlib, json, os, pathlib, resource, runpy, sys
 limit = int(sys.argv[3])
 if limit > 0:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
@@ -42,7 +42,7 @@ stood_in = [name for name in os.environ.get("RANKAUDIT_STAND_INS", "").split(","
 if stood_in:
     from rankaudit.model import standins
     standins.set_flags(tuple(stood_in), False)
-    context = standins.while_importing()
+    context = standins.while_importing(pathlib.Path(sys.argv[2]))  # the user's files: its package root
 else:
     context = contextlib.nullcontext()
 with context:
