@@ -22,7 +22,7 @@ from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_
 from rankaudit.verify.rank.hidden import centred
 from rankaudit.verify.rank.krylov import BLOCK, KrylovReading, krylov_rank
 from rankaudit.verify.rank.measurement import RankMeasurement
-from rankaudit.verify.rank.sketch import _ForwardOverReverse, _math_attention
+from rankaudit.verify.rank.sketch import _ForwardOverReverse, _math_attention, shared_names
 from rankaudit.verify.rank.spectrum import RELIABLE_GAP
 from rankaudit.verify.substitute import differentiable_ops
 
@@ -90,14 +90,7 @@ def measure_matrix_free(
     if loss is None:
         with torch.no_grad(), _math_attention():
             loss = loss_name_for(logits_of(net(x))[:1].numel())
-    trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}
-    names = list(trainable) if shared is None else list(dict.fromkeys(shared))
-    missing = [name for name in names if name not in trainable]
-    if missing:
-        raise UsageError(
-            f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
-            "name parameters from model.named_parameters() that require grad",
-        )
+    trainable, names = shared_names(net, shared, type(model).__name__)
     started = time.perf_counter()
     products = GramProducts(net, x, labels, loss, names)
     return krylov_rank(

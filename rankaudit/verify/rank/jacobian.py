@@ -45,7 +45,7 @@ from rankaudit.verify import finite
 from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 from rankaudit.verify.rank.measurement import RankMeasurement
-from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention
+from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention, shared_names
 from rankaudit.verify.rank.spectrum import _Spectrum, _spectrum, sample_ranks
 from rankaudit.verify.substitute import differentiable_ops
 
@@ -143,14 +143,7 @@ def measure(
             loss = loss_name_for(logits_of(net(x))[:1].numel())
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r}", "use cross-entropy or logistic")
-    trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}
-    names = list(trainable) if shared is None else list(dict.fromkeys(shared))
-    missing = [name for name in names if name not in trainable]
-    if missing:
-        raise UsageError(
-            f"{', '.join(missing)} is not a trainable parameter of {type(model).__name__}",
-            "name parameters from model.named_parameters() that require grad",
-        )
+    trainable, names = shared_names(net, shared, type(model).__name__)
     m = sum(trainable[name].numel() for name in names)
     # rank(J) <= min(m, n), and a Gaussian R keeps the rank of J once it has that many rows: with fewer shared
     # gradient values than unknowns, m + 16 rows are enough.

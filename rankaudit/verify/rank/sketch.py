@@ -33,6 +33,20 @@ class _math_attention:
         return self._context.__exit__(*exc)
 
 
+def shared_names(net: nn.Module, shared, model_name: str) -> tuple[dict, list[str]]:
+    """The net's trainable parameters by name, and the names whose gradient is shared (default: every trainable
+    one), each checked to be one of them."""
+    trainable = {name: p for name, p in net.named_parameters() if p.requires_grad}
+    names = list(trainable) if shared is None else list(dict.fromkeys(shared))
+    missing = [name for name in names if name not in trainable]
+    if missing:
+        raise UsageError(
+            f"{', '.join(missing)} is not a trainable parameter of {model_name}",
+            "name parameters from model.named_parameters() that require grad",
+        )
+    return trainable, names
+
+
 def _fill_sketch(
     net: nn.Module,
     x: torch.Tensor,
