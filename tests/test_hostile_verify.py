@@ -240,10 +240,10 @@ def test_suggest_html_shows_the_round_review_and_the_least_noise(run_cli):
         "0.2",
     )
     assert code == 0
-    # The round review per sample (method.md: each sample): no N protects a sample; the round as a whole is protected from N = 61,
+    # The round review per sample (method.md: each sample): no N protects a sample; the round as a whole is protected from N = 74,
     # read on energy as `check` reads its round line (N = 7 hid half of the directions, not of the energy).
     assert "Smallest local dataset N for each sample protected: none" in out
-    assert "the round as a whole is protected from N = 61" in out
+    assert "the round as a whole is protected from N = 74" in out
     assert "the least noise multiplier meeting it is σ =" in out
 
 
