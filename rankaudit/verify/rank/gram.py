@@ -115,7 +115,7 @@ def as_rank_measurement(
             f"({reading.seconds:.0f} s, {reading.stopped}): the rank is at least {reading.rank_at_least:,} and "
             f"this sample hides at most {100 * (reading.hidden_share_at_most or 0):.2g} % of its energy, "
             "not yet the exact answer",
-            "raise --rank-budget, run it on a GPU (--device cuda), or lower --input-shape",
+            "give it more time (budget_seconds), run it on a GPU (--device cuda), or lower --input-shape",
         )
     values = reading.singular_values
     rank, unknowns = reading.rank_at_least, reading.unknowns
