@@ -10,11 +10,36 @@ import torch
 from rankaudit.cli import main
 from rankaudit.count.analysis import analyze
 from rankaudit.count.calls import trace_and_count
+from rankaudit.deploy.app import Overrides
 from rankaudit.findings import apply as findings
 from rankaudit.result import Result
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+APPS = Path(__file__).resolve().parent / "apps"
+# What an app cannot say about its round: the local samples and that the input shape is given.
+APP_GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)
+
+
+@pytest.fixture
+def no_flower_configuration(monkeypatch, tmp_path):
+    """The Flower configuration file is the user's; each app test states its own (or none)."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+
+
+def setting_rows(deployment) -> dict[str, tuple[str, str]]:
+    """What an app reading printed, each setting -> (value, source)."""
+    return {setting: (value, source) for setting, value, source in deployment.settings}
+
+
+def line_of(path: Path, text: str) -> int:
+    """The first line of `path` holding `text` (1-based): where a value read from the app must point."""
+    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def no_default_source(rows: dict[str, tuple[str, str]]) -> None:
+    """No setting fell back to rankaudit's default (argparse defaults of the app's own script are the app's)."""
+    assert not [row for row in rows.values() if "default" in row[1] and "argparse" not in row[1]], rows
 
 
 def analyse_module(build, input_shape, batch_size: int = 1) -> Result:

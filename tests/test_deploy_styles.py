@@ -5,48 +5,29 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import APP_GIVEN, APPS, line_of, no_default_source, setting_rows
 
 from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.deploy.nvflare import load_config
 from rankaudit.deploy.yamlconf import read_yaml
 from rankaudit.errors import UsageError
 
-APPS = Path(__file__).resolve().parent / "apps"
-GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)  # what an app cannot say
-
-
-@pytest.fixture(autouse=True)
-def _no_flower_configuration(monkeypatch, tmp_path):
-    """The Flower configuration file is the user's; each test states its own (or none)."""
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
-
-
-def _rows(deployment) -> dict[str, tuple[str, str]]:
-    return {setting: (value, source) for setting, value, source in deployment.settings}
-
-
-def _line(path: Path, text: str) -> int:
-    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
-
-
-def _no_default(rows: dict[str, tuple[str, str]]) -> None:
-    assert not [row for row in rows.values() if "default" in row[1] and "argparse" not in row[1]], rows
+pytestmark = pytest.mark.usefixtures("no_flower_configuration")
 
 
 def test_nvflare_json_job_script_arguments_argparse_defaults_and_server_rounds():
     job = APPS / "nvflare_json"
     client = job / "app" / "custom" / "client.py"
-    deployment = read_deployment(job, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
     assert rows["batch-size"] == ("16", "app/config/config_fed_client.json task_script_args (passes --batch_size 16)")
     assert rows["local-epochs"] == (
         "2",
-        f"app/custom/client.py:{_line(client, '--epochs')} (--epochs's argparse default)",
+        f"app/custom/client.py:{line_of(client, '--epochs')} (--epochs's argparse default)",
     )
-    assert rows["lr"] == ("0.01", f"app/custom/client.py:{_line(client, '--lr')} (--lr's argparse default)")
+    assert rows["lr"] == ("0.01", f"app/custom/client.py:{line_of(client, '--lr')} (--lr's argparse default)")
     assert rows["server-rounds"] == ("2", "app/config/config_fed_server.json num_rounds")
     assert rows["clients per round"] == ("2", "app/config/config_fed_server.json min_clients")
     assert rows["model"][0] == "app/custom/net.py:Net"
@@ -58,7 +39,7 @@ def test_nvflare_json_job_script_arguments_argparse_defaults_and_server_rounds()
         2,
         1,
     )
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
@@ -70,7 +51,7 @@ def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
         '    path = "nvflare.app_common.workflows.scatter_and_gather.ScatterAndGather"\n'
         '    args { min_clients = 3, num_rounds = "{rounds}" }\n  }\n]\n'
     )
-    rows = _rows(read_deployment(job, GIVEN))
+    rows = setting_rows(read_deployment(job, APP_GIVEN))
     assert rows["server-rounds"] == ("7", "app/config/config_fed_server.conf num_rounds")
     assert rows["clients per round"] == ("3", "app/config/config_fed_server.conf min_clients")
     hocon = tmp_path / "dotted.conf"
@@ -80,7 +61,7 @@ def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
     client.write_text(client.read_text().replace('"--batch_size 16"', '"-b 24"'))
     script = job / "app" / "custom" / "client.py"
     script.write_text(script.read_text().replace('add_argument("--batch_size"', 'add_argument("-b", "--batch_size"'))
-    assert _rows(read_deployment(job, GIVEN))["batch-size"] == (
+    assert setting_rows(read_deployment(job, APP_GIVEN))["batch-size"] == (
         "24",
         "app/config/config_fed_client.json task_script_args (passes -b 24)",
     )
@@ -89,23 +70,23 @@ def test_nvflare_hocon_server_config_with_placeholders(tmp_path):
 def test_nvflare_recipe_job_reads_train_args_argparse_and_the_model_it_names():
     job = APPS / "nvflare_recipe"
     script = job / "job.py"
-    deployment = read_deployment(job, GIVEN)
-    rows = _rows(deployment)
-    created = _line(script, "model=CNN")
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
+    created = line_of(script, "model=CNN")
     assert rows["model"] == ("model.py:CNN", f"CNN(...) at job.py:{created}, the model the app trains")
     assert rows["model-arg num_classes"] == ("4", f"job.py:{created}")
     assert deployment.model_args == {"num_classes": 4}
     assert rows["batch-size"] == (
         "16",
-        f"job.py:{_line(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 16)",
+        f"job.py:{line_of(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 16)",
     )
-    assert rows["local-epochs"] == ("2", f"job.py:{_line(script, 'train_args=')} (train_args --epochs 2)")
-    assert rows["server-rounds"] == ("5", f"job.py:{_line(script, '--num_rounds')} (--num_rounds's argparse default)")
+    assert rows["local-epochs"] == ("2", f"job.py:{line_of(script, 'train_args=')} (train_args --epochs 2)")
+    assert rows["server-rounds"] == ("5", f"job.py:{line_of(script, '--num_rounds')} (--num_rounds's argparse default)")
     assert rows["nodes"][0] == "3" and rows["clients per round"][0] == "3"
     client = job / "client.py"
-    assert rows["lr"] == ("0.05", f"client.py:{_line(client, 'lr=0.05')}")
-    assert rows["momentum"] == ("0.9", f"client.py:{_line(client, 'lr=0.05')}")
-    _no_default(rows)
+    assert rows["lr"] == ("0.05", f"client.py:{line_of(client, 'lr=0.05')}")
+    assert rows["momentum"] == ("0.9", f"client.py:{line_of(client, 'lr=0.05')}")
+    no_default_source(rows)
 
 
 def test_nested_run_config_tables_and_the_flower_configuration_file(tmp_path, monkeypatch):
@@ -116,7 +97,7 @@ def test_nested_run_config_tables_and_the_flower_configuration_file(tmp_path, mo
     )
     monkeypatch.setenv("FLWR_HOME", str(home))
     deployment = read_deployment(APPS / "fedprox_nested", Overrides())
-    rows = _rows(deployment)
+    rows = setting_rows(deployment)
     assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
     assert rows["local-epochs"] == ("10", "[tool.flwr.app.config] algorithm.local-epochs")
     assert rows["lr"] == ("0.03", "[tool.flwr.app.config] algorithm.lr")
@@ -126,44 +107,44 @@ def test_nested_run_config_tables_and_the_flower_configuration_file(tmp_path, mo
     assert rows["clients per round"][0] == "8" and "server_app.py" in rows["clients per round"][1]
     round_ = deployment.round
     assert (round_.batch_size, round_.local_epochs, round_.lr, round_.server_rounds) == (10, 10, 0.03, 100)
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_script_style_client_with_opacus_factory_attribute_lr_and_module_dict():
     app = APPS / "script_client"
     client = app / "client.py"
-    deployment = read_deployment(app, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
     # CNN is imported too, but the client trains ResNet() (a factory).
     assert rows["model"] == (
         "models.py:ResNet",
-        f"ResNet(...) at client.py:{_line(client, 'ResNet()')}, the model the app trains",
+        f"ResNet(...) at client.py:{line_of(client, 'ResNet()')}, the model the app trains",
     )
-    params = _line(client, "PARAMS = ")
+    params = line_of(client, "PARAMS = ")
     assert rows["batch-size"] == ("16", f"client.py:{params}") and rows["local-epochs"] == ("3", f"client.py:{params}")
-    assert rows["lr"] == ("0.02", f"client.py:{_line(client, 'self._lr = ')}")  # 0.01 * 2, an attribute
-    assert rows["server-rounds"] == ("4", f"server.py:{_line(app / 'server.py', 'num_rounds=4')}")
-    assert rows["dp noise"] == ("1.1", f"client.py:{_line(client, 'NOISE_MULTIPLIER = ')}")
-    assert rows["dp clip"] == ("1.5", f"client.py:{_line(client, 'MAX_GRAD_NORM = ')}")
+    assert rows["lr"] == ("0.02", f"client.py:{line_of(client, 'self._lr = ')}")  # 0.01 * 2, an attribute
+    assert rows["server-rounds"] == ("4", f"server.py:{line_of(app / 'server.py', 'num_rounds=4')}")
+    assert rows["dp noise"] == ("1.1", f"client.py:{line_of(client, 'NOISE_MULTIPLIER = ')}")
+    assert rows["dp clip"] == ("1.5", f"client.py:{line_of(client, 'MAX_GRAD_NORM = ')}")
     assert rows["dp noise-by"][0] == "client" and rows["dp level"][0] == "sample"
     dp = deployment.round.dp
     assert (dp.noise_multiplier, dp.clip, dp.level, dp.sample_rate, dp.steps) == (1.1, 1.5, "sample", 0.5, 24)
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_configuration_resolves_the_optimizer_and_the_privacy_wrapper_in_a_sibling_package():
     app = APPS / "branches"
     deployment = read_deployment(app)
-    rows = _rows(deployment)
+    rows = setting_rows(deployment)
     client = app / "branches_app" / "client_app.py"
-    assert rows["optimizer"] == ("adam", f"Adam at branches_app/client_app.py:{_line(client, 'Adam(')}")
+    assert rows["optimizer"] == ("adam", f"Adam at branches_app/client_app.py:{line_of(client, 'Adam(')}")
     assert "momentum" not in rows and deployment.round.momentum == 0.0  # never SGD's momentum with Adam
     assert rows["dp noise"] == ("0.01", "[tool.flwr.app.config] noise")
     assert rows["dp clip"] == ("5", "[tool.flwr.app.config] clip")
     assert rows["dp noise-by"][0] == "server"
     assert deployment.round.dp.sample_rate == 0.5  # num_sampled_clients 5 of 10 nodes
     sgd = read_deployment(app, Overrides(run_config='optimizer="sgd"'))
-    assert _rows(sgd)["optimizer"][0] == "sgd" and sgd.round.momentum == 0.9
+    assert setting_rows(sgd)["optimizer"][0] == "sgd" and sgd.round.momentum == 0.9
     metric = read_deployment(app, Overrides(run_config='privacy="metric-privacy"'))
     assert metric.round.dp is None
     assert any(
@@ -189,16 +170,16 @@ def test_an_optimizer_choice_that_is_not_read_is_refused_in_one_line(tmp_path):
 
 def test_hydra_yaml_app():
     app = APPS / "hydra_app"
-    deployment = read_deployment(app, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
     config = app / "conf" / "config.yaml"
-    assert rows["batch-size"] == ("32", f"conf/config.yaml:{_line(config, 'batch_size')} batch_size")
-    assert rows["local-epochs"] == ("2", f"conf/config.yaml:{_line(config, 'local_epochs')} train.local_epochs")
-    assert rows["lr"] == ("0.05", f"conf/config.yaml:{_line(config, 'lr:')} train.lr")
-    assert rows["server-rounds"] == ("4", f"conf/config.yaml:{_line(config, 'num_rounds')} num_rounds")
+    assert rows["batch-size"] == ("32", f"conf/config.yaml:{line_of(config, 'batch_size')} batch_size")
+    assert rows["local-epochs"] == ("2", f"conf/config.yaml:{line_of(config, 'local_epochs')} train.local_epochs")
+    assert rows["lr"] == ("0.05", f"conf/config.yaml:{line_of(config, 'lr:')} train.lr")
+    assert rows["server-rounds"] == ("4", f"conf/config.yaml:{line_of(config, 'num_rounds')} num_rounds")
     assert rows["nodes"][0] == "20" and rows["clients per round"][0] == "5"  # max(⌊0.25 · 20⌋, 2)
-    _no_default(rows)
-    assert read_yaml(config)["train.lr"] == (0.05, _line(config, "lr:"))
+    no_default_source(rows)
+    assert read_yaml(config)["train.lr"] == (0.05, line_of(config, "lr:"))
 
 
 def test_missing_data_imports_get_stand_ins_and_are_named(run_cli, monkeypatch):
@@ -255,7 +236,7 @@ def test_opacus_clip_passed_through_a_helper_in_another_file(tmp_path):
         + text[end:]
     )
     deployment = read_deployment(app)
-    assert _rows(deployment)["dp clip"] == ("0.7", "[tool.flwr.app.config] max-grad-norm")
+    assert setting_rows(deployment)["dp clip"] == ("0.7", "[tool.flwr.app.config] max-grad-norm")
     assert deployment.round.dp.clip == 0.7
 
 
@@ -279,7 +260,7 @@ def test_a_function_called_from_its_own_branch_does_not_loop(tmp_path):
         "import torch\n\n\ndef pick(net, fast):\n    if fast:\n        return pick(net, fast)\n"
         "    else:\n        return torch.optim.SGD(net.parameters(), lr=0.3)\n"
     )
-    assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.02"  # the client's own SGD, read first
+    assert setting_rows(read_deployment(app, APP_GIVEN))["lr"][0] == "0.02"  # the client's own SGD, read first
 
 
 def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
@@ -294,10 +275,10 @@ def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
     assert str(raised.value).startswith("batch-size and local-epochs are not read from the app")
     assert "--batch-size B, --local-epochs E" in str(raised.value)
     deployment = read_deployment(app, Overrides(round={"batch_size": 32, "local_epochs": 1}))
-    rows = _rows(deployment)
+    rows = setting_rows(deployment)
     assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
     task = app / "quickstart_app" / "task.py"
-    assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{_line(task, 'torch.optim.SGD')}")
+    assert rows["momentum"] == ("0.9", f"quickstart_app/task.py:{line_of(task, 'torch.optim.SGD')}")
     assert rows["local-epochs"] == ("1", "--local-epochs")
 
 
@@ -316,9 +297,9 @@ def test_a_factory_called_with_a_positional_run_config_value(tmp_path):
         .replace("self.model = ResNet()", "self.model = ResNet(PARAMS['width'])")
         .replace('"local_epochs": 3}', '"local_epochs": 3, "width": 8}')
     )
-    deployment = read_deployment(app, GIVEN)
+    deployment = read_deployment(app, APP_GIVEN)
     assert deployment.model_args == {"width": 8}
-    assert _rows(deployment)["model-arg width"] == ("8", f"client.py:{_line(client, 'PARAMS = ')}")
+    assert setting_rows(deployment)["model-arg width"] == ("8", f"client.py:{line_of(client, 'PARAMS = ')}")
 
 
 def test_run_config_through_a_local_name(tmp_path):
@@ -333,11 +314,11 @@ def test_run_config_through_a_local_name(tmp_path):
     )
     pyproject = app / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace("lr = 0.03", "step = 0.03"))  # lr now only via the code
-    rows = _rows(read_deployment(app, Overrides()))
+    rows = setting_rows(read_deployment(app, Overrides()))
     model = app / "fedprox_app" / "model.py"
-    assert rows["lr"] == ("0.5", f"fedprox_app/client_app.py:{_line(client, 'cfg.get(')}")
+    assert rows["lr"] == ("0.5", f"fedprox_app/client_app.py:{line_of(client, 'cfg.get(')}")
     assert rows["batch-size"] == ("10", "[tool.flwr.app.config] dataset.batch-size")
-    assert rows["optimizer"][1] == f"SGD at fedprox_app/model.py:{_line(model, 'SGD')}"
+    assert rows["optimizer"][1] == f"SGD at fedprox_app/model.py:{line_of(model, 'SGD')}"
 
 
 def test_an_import_the_file_guards_itself_gets_no_stand_in(run_cli, tmp_path):
@@ -366,4 +347,4 @@ def test_dp_set_up_under_a_run_time_condition_still_counts(tmp_path):
         )
         .replace("        return [], len(", "        self.rounds_done = self.rounds_done + 1\n        return [], len(")
     )
-    assert read_deployment(app, GIVEN).round.dp.noise_multiplier == 1.1
+    assert read_deployment(app, APP_GIVEN).round.dp.noise_multiplier == 1.1

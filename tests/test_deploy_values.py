@@ -6,64 +6,45 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import APP_GIVEN, APPS, line_of, no_default_source, setting_rows
 
 from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.errors import UsageError
 
-APPS = Path(__file__).resolve().parent / "apps"
-GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)  # what an app cannot say
-
-
-@pytest.fixture(autouse=True)
-def _no_flower_configuration(monkeypatch, tmp_path):
-    """The Flower configuration file is the user's; each test states its own (or none)."""
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
-
-
-def _rows(deployment) -> dict[str, tuple[str, str]]:
-    return {setting: (value, source) for setting, value, source in deployment.settings}
-
-
-def _line(path: Path, text: str) -> int:
-    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
-
-
-def _no_default(rows: dict[str, tuple[str, str]]) -> None:
-    assert not [row for row in rows.values() if "default" in row[1] and "argparse" not in row[1]], rows
+pytestmark = pytest.mark.usefixtures("no_flower_configuration")
 
 
 def test_nvflare_fedprox_recipe_reads_train_args_built_from_run_time_paths():
     job = APPS / "nvflare_fedprox"
     script = job / "job.py"
     client = job / "src" / "client.py"
-    deployment = read_deployment(job, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
     # train_script=os.path.join(os.path.dirname(__file__), ...) and an f-string with a run-time data path: the
     # job's --lr 0.05 reaches the script, never the script's own default 0.01.
-    assert rows["lr"] == ("0.05", f"job.py:{_line(script, '--lr')} (--lr's argparse default) (train_args --lr 0.05)")
+    assert rows["lr"] == ("0.05", f"job.py:{line_of(script, '--lr')} (--lr's argparse default) (train_args --lr 0.05)")
     assert rows["batch-size"] == (
         "16",
-        f"job.py:{_line(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 16)",
+        f"job.py:{line_of(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 16)",
     )
     assert rows["local-epochs"] == (
         "2",
-        f"job.py:{_line(script, '--aggregation_epochs')} (--aggregation_epochs's argparse default) "
+        f"job.py:{line_of(script, '--aggregation_epochs')} (--aggregation_epochs's argparse default) "
         "(train_args --aggregation_epochs 2)",
     )
-    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at src/client.py:{_line(client, 'SGD(')}")
-    assert rows["momentum"] == ("0.9", f"src/client.py:{_line(client, 'SGD(')}")
-    assert rows["server-rounds"] == ("6", f"job.py:{_line(script, '--num_rounds')} (--num_rounds's argparse default)")
-    assert rows["nodes"] == ("4", f"job.py:{_line(script, '--n_clients')} (--n_clients's argparse default)")
+    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at src/client.py:{line_of(client, 'SGD(')}")
+    assert rows["momentum"] == ("0.9", f"src/client.py:{line_of(client, 'SGD(')}")
+    assert rows["server-rounds"] == ("6", f"job.py:{line_of(script, '--num_rounds')} (--num_rounds's argparse default)")
+    assert rows["nodes"] == ("4", f"job.py:{line_of(script, '--n_clients')} (--n_clients's argparse default)")
     assert rows["model"] == (
         "src/model.py:ModerateCNN",
-        f"ModerateCNN(...) at job.py:{_line(script, 'model=')}, the model the app trains",
+        f"ModerateCNN(...) at job.py:{line_of(script, 'model=')}, the model the app trains",
     )
     round_ = deployment.round
     assert (round_.lr, round_.batch_size, round_.local_epochs, round_.momentum) == (0.05, 16, 2, 0.9)
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_nvflare_script_path_from_pathlib_and_a_run_time_value_for_an_option(tmp_path):
@@ -80,10 +61,12 @@ def test_nvflare_script_path_from_pathlib_and_a_run_time_value_for_an_option(tmp
         .replace("--lr {args.lr}", "--lr {tempfile.gettempdir()}")
         .replace("model=ModerateCNN()", "initial_model=ModerateCNN()")
     )
-    deployment = read_deployment(job, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
     assert rows["batch-size"][0] == "16" and rows["local-epochs"][0] == "2"  # the script was found and passed
-    assert rows["model"][1] == f"ModerateCNN(...) at job.py:{_line(script, 'initial_model=')}, the model the app trains"
+    assert (
+        rows["model"][1] == f"ModerateCNN(...) at job.py:{line_of(script, 'initial_model=')}, the model the app trains"
+    )
     # --lr is passed, with a value the job computes when it runs: neither the script's default nor a guess.
     assert rows["lr"][0] == "0.1" and rows["lr"][1].startswith("not read from the app")
 
@@ -91,64 +74,64 @@ def test_nvflare_script_path_from_pathlib_and_a_run_time_value_for_an_option(tmp
 def test_nvflare_flip_executor_arguments_from_config_placeholders():
     job = APPS / "nvflare_flip"
     trainer = job / "app" / "custom" / "flip_trainer.py"
-    deployment = read_deployment(job, GIVEN)
-    rows = _rows(deployment)
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
     assert rows["local-epochs"] == (
         "1",
         "app/config/config_fed_client.json local_rounds (passed as FLIP_TRAINER's epochs)",
     )  # not the trainer's __init__ default 5
     assert rows["lr"] == ("0.02", "app/config/config_fed_client.json learning_rate (passed as FLIP_TRAINER's lr)")
-    assert rows["batch-size"] == ("8", f"app/custom/flip_trainer.py:{_line(trainer, 'batch_size=8')}")
-    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at app/custom/flip_trainer.py:{_line(trainer, 'SGD(')}")
-    assert rows["momentum"] == ("0.9", f"app/custom/flip_trainer.py:{_line(trainer, 'SGD(')}")
+    assert rows["batch-size"] == ("8", f"app/custom/flip_trainer.py:{line_of(trainer, 'batch_size=8')}")
+    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at app/custom/flip_trainer.py:{line_of(trainer, 'SGD(')}")
+    assert rows["momentum"] == ("0.9", f"app/custom/flip_trainer.py:{line_of(trainer, 'SGD(')}")
     assert rows["server-rounds"] == ("3", "app/config/config_fed_server.json num_rounds")
     assert rows["clients per round"] == ("2", "app/config/config_fed_server.json min_clients")
     assert rows["model"] == (
         "app/custom/simple_network.py:SimpleNetwork",
-        f"SimpleNetwork(...) at app/custom/flip_trainer.py:{_line(trainer, 'SimpleNetwork()')}, the model the app trains",
+        f"SimpleNetwork(...) at app/custom/flip_trainer.py:{line_of(trainer, 'SimpleNetwork()')}, the model the app trains",
     )
     assert (deployment.round.local_epochs, deployment.round.lr) == (1, 0.02)
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_centralized_to_federated_port_reads_the_clients_epochs_not_the_centralized_main():
     app = APPS / "centralized_port"
     cifar, client = app / "cifar.py", app / "client.py"
-    deployment = read_deployment(app, GIVEN)
-    rows = _rows(deployment)
-    assert rows["local-epochs"] == ("1", f"client.py:{_line(client, 'epochs=1')}")  # cifar.main() trains 2
-    assert rows["batch-size"] == ("32", f"cifar.py:{_line(cifar, 'batch_size=32')}")
-    assert rows["lr"] == ("0.001", f"cifar.py:{_line(cifar, 'SGD(')}")
-    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at cifar.py:{_line(cifar, 'SGD(')}")
-    assert rows["momentum"] == ("0.9", f"cifar.py:{_line(cifar, 'SGD(')}")
-    assert rows["server-rounds"] == ("3", f"server.py:{_line(app / 'server.py', 'num_rounds=3')}")
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
+    assert rows["local-epochs"] == ("1", f"client.py:{line_of(client, 'epochs=1')}")  # cifar.main() trains 2
+    assert rows["batch-size"] == ("32", f"cifar.py:{line_of(cifar, 'batch_size=32')}")
+    assert rows["lr"] == ("0.001", f"cifar.py:{line_of(cifar, 'SGD(')}")
+    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at cifar.py:{line_of(cifar, 'SGD(')}")
+    assert rows["momentum"] == ("0.9", f"cifar.py:{line_of(cifar, 'SGD(')}")
+    assert rows["server-rounds"] == ("3", f"server.py:{line_of(app / 'server.py', 'num_rounds=3')}")
     assert rows["model"] == (
         "cifar.py:Net",
-        f"Net(...) at client.py:{_line(client, 'cifar.Net()')}, the model the app trains",
+        f"Net(...) at client.py:{line_of(client, 'cifar.Net()')}, the model the app trains",
     )
     assert deployment.round.local_epochs == 1
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_a_match_on_a_preferences_default_picks_the_case_the_app_takes(tmp_path):
     app = APPS / "match_optimizer"
     task = app / "match_app" / "task.py"
     deployment = read_deployment(app)
-    rows = _rows(deployment)
-    assert rows["optimizer"] == ("adam", f"Adam at match_app/task.py:{_line(task, 'torch.optim.Adam(')}")
+    rows = setting_rows(deployment)
+    assert rows["optimizer"] == ("adam", f"Adam at match_app/task.py:{line_of(task, 'torch.optim.Adam(')}")
     assert "momentum" not in rows and deployment.round.momentum == 0.0  # never the sgd case's momentum
-    assert rows["lr"] == ("0.005", f"match_app/task.py:{_line(task, 'lr: float')}")
-    assert rows["batch-size"] == ("12", f"match_app/task.py:{_line(task, 'batch_size: int')}")
+    assert rows["lr"] == ("0.005", f"match_app/task.py:{line_of(task, 'lr: float')}")
+    assert rows["batch-size"] == ("12", f"match_app/task.py:{line_of(task, 'batch_size: int')}")
     assert rows["local-epochs"] == ("2", "[tool.flwr.app.config] local-epochs")
     assert rows["server-rounds"] == ("3", "[tool.flwr.app.config] num-server-rounds")
-    _no_default(rows)
+    no_default_source(rows)
     # The case follows the value: "SGD" lower-cased takes the sgd case, with its momentum.
     copy = tmp_path / "match"
     shutil.copytree(app, copy)
     copied = copy / "match_app" / "task.py"
     copied.write_text(copied.read_text().replace('optimizer: str = "adam"', 'optimizer: str = "SGD"'))
     sgd = read_deployment(copy)
-    assert _rows(sgd)["optimizer"][0] == "sgd" and sgd.round.momentum == 0.9
+    assert setting_rows(sgd)["optimizer"][0] == "sgd" and sgd.round.momentum == 0.9
     # A subject that is not read: refused in one line, never the first case.
     copied.write_text(copied.read_text().replace("match preferences.optimizer.lower():", "match OPTIMIZER_FROM_ENV:"))
     with pytest.raises(UsageError) as raised:
@@ -162,19 +145,25 @@ def test_a_run_config_strategy_followed_through_the_constructor_into_train():
     task = app / "strategy_app" / "task.py"
     client = app / "strategy_app" / "client_app.py"
     deployment = read_deployment(app)
-    rows = _rows(deployment)
+    rows = setting_rows(deployment)
     # strategy = "fedavg" -> FlowerClient(..., strategy_name) -> self.strategy_name -> train(..., strategy, ...)
-    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.9) at strategy_app/task.py:{_line(task, 'torch.optim.SGD(')}")
-    assert rows["momentum"] == ("0.9", f"strategy_app/client_app.py:{_line(client, 'CLIENT_MOMENTUM = ')}")
+    assert rows["optimizer"] == (
+        "sgd",
+        f"SGD(momentum=0.9) at strategy_app/task.py:{line_of(task, 'torch.optim.SGD(')}",
+    )
+    assert rows["momentum"] == ("0.9", f"strategy_app/client_app.py:{line_of(client, 'CLIENT_MOMENTUM = ')}")
     assert rows["lr"] == ("0.03", "[tool.flwr.app.config] learning-rate")
     assert rows["batch-size"] == ("20", "[tool.flwr.app.config] batch-size")
     assert rows["local-epochs"] == ("1", "[tool.flwr.app.config] local-epochs")
     assert rows["server-rounds"] == ("5", "[tool.flwr.app.config] num-server-rounds")
     assert rows["clients per round"][0] == "3"  # max(⌊0.5 · 6⌋, 2)
     assert (deployment.round.optimizer, deployment.round.momentum) == ("sgd", 0.9)
-    _no_default(rows)
+    no_default_source(rows)
     adam = read_deployment(app, Overrides(run_config='strategy="fedadam"'))
-    assert _rows(adam)["optimizer"] == ("adam", f"Adam at strategy_app/task.py:{_line(task, 'torch.optim.Adam(')}")
+    assert setting_rows(adam)["optimizer"] == (
+        "adam",
+        f"Adam at strategy_app/task.py:{line_of(task, 'torch.optim.Adam(')}",
+    )
     assert adam.round.momentum == 0.0
 
 
@@ -184,7 +173,7 @@ def test_a_momentum_that_is_not_read_is_named_not_taken_as_zero(tmp_path):
     client = app / "strategy_app" / "client_app.py"
     client.write_text(client.read_text().replace("momentum=CLIENT_MOMENTUM", "momentum=self.tuned_momentum()"))
     deployment = read_deployment(app)
-    assert "momentum" not in _rows(deployment)
+    assert "momentum" not in setting_rows(deployment)
     assert any("SGD momentum is set to `momentum`" in note and "--momentum" in note for note in deployment.notes)
 
 
@@ -192,9 +181,9 @@ def test_the_metric_privacy_branch_is_the_only_one_taken():
     app = APPS / "metric_privacy"
     factory = app / "metric_app" / "strategy_factory.py"
     deployment = read_deployment(app)
-    rows = _rows(deployment)
+    rows = setting_rows(deployment)
     assert deployment.round.dp is None and not any(key.startswith("dp ") for key in rows)
-    wrapper = f"MetricPrivacyServerSideFixedClipping at metric_app/strategy_factory.py:{_line(factory, 'return MetricPrivacy')}"
+    wrapper = f"MetricPrivacyServerSideFixedClipping at metric_app/strategy_factory.py:{line_of(factory, 'return MetricPrivacy')}"
     assert [note for note in deployment.notes if "privacy wrapper" in note] == [
         f"{wrapper}: a privacy wrapper rankaudit has no rule for; its noise, added by the server, protects nothing "
         "against the server (set noise, clip and noise-by in [tool.rankaudit.dp] to count it)"
@@ -205,10 +194,10 @@ def test_the_metric_privacy_branch_is_the_only_one_taken():
     # The global-dp branch, when the run config takes it: Flower's wrapper, and no metric-privacy note.
     dp = read_deployment(app, Overrides(run_config='privacy="global-dp"'))
     assert (dp.round.dp.noise_multiplier, dp.round.dp.clip, dp.round.dp.noise_by) == (0.05, 5.0, "server")
-    assert _rows(dp)["dp level"] == (
+    assert setting_rows(dp)["dp level"] == (
         "client",
         f"DifferentialPrivacyServerSideFixedClipping at metric_app/strategy_factory.py:"
-        f"{_line(factory, 'return DifferentialPrivacy')}",
+        f"{line_of(factory, 'return DifferentialPrivacy')}",
     )
     assert not any("MetricPrivacy" in note for note in dp.notes)
 
@@ -217,22 +206,22 @@ def test_script_opacus_client_batch_read_across_files_and_noise_on_the_client():
     app = APPS / "dp_script"
     main = app / "dp_cifar_main.py"
     deployment = read_deployment(app, Overrides(round={"local_samples": 70}, input_shape_given=True))
-    rows = _rows(deployment)
-    batch, epochs = _line(main, "batch_size"), _line(main, "local_epochs")
-    noise, clip = _line(main, "noise_multiplier"), _line(main, "max_grad_norm")
+    rows = setting_rows(deployment)
+    batch, epochs = line_of(main, "batch_size"), line_of(main, "local_epochs")
+    noise, clip = line_of(main, "noise_multiplier"), line_of(main, "max_grad_norm")
     # DataLoader(trainset, PARAMS["batch_size"]) in dp_cifar_client.py, PARAMS assigned in dp_cifar_main.py.
     assert rows["batch-size"] == ("32", f"dp_cifar_main.py:{batch}")
     assert rows["local-epochs"] == ("1", f"dp_cifar_main.py:{epochs}")
-    assert rows["lr"] == ("0.001", f"dp_cifar_main.py:{_line(main, 'SGD(')}")
-    assert rows["momentum"] == ("0.9", f"dp_cifar_main.py:{_line(main, 'SGD(')}")
+    assert rows["lr"] == ("0.001", f"dp_cifar_main.py:{line_of(main, 'SGD(')}")
+    assert rows["momentum"] == ("0.9", f"dp_cifar_main.py:{line_of(main, 'SGD(')}")
     assert rows["dp noise"] == ("0.4", f"dp_cifar_main.py:{noise}")
     assert rows["dp clip"] == ("1.2", f"dp_cifar_main.py:{clip}")
     assert rows["dp noise-by"][0] == "client" and rows["dp level"][0] == "sample"
-    assert rows["server-rounds"] == ("3", f"dp_cifar_server.py:{_line(app / 'dp_cifar_server.py', 'num_rounds=3')}")
+    assert rows["server-rounds"] == ("3", f"dp_cifar_server.py:{line_of(app / 'dp_cifar_server.py', 'num_rounds=3')}")
     assert not any("DPCifarClient" in note or "added by the server" in note for note in deployment.notes)
     dp = deployment.round.dp
     assert (dp.noise_multiplier, dp.clip, dp.sample_rate, dp.steps) == (0.4, 1.2, 32 / 70, 9)  # q = B/N, 1·3 × 3
-    _no_default(rows)
+    no_default_source(rows)
 
 
 def test_a_privacy_wrapper_named_like_a_client_adds_its_noise_on_the_client(tmp_path):
@@ -267,8 +256,8 @@ def test_the_hydra_momentum_is_read_not_taken_as_zero(tmp_path):
     shutil.copytree(APPS / "hydra_app", app)
     config = app / "conf" / "config.yaml"
     config.write_text(config.read_text().replace("momentum: 0.0", "momentum: 0.9"))
-    deployment = read_deployment(app, GIVEN)
-    value, source = _rows(deployment)["momentum"]
+    deployment = read_deployment(app, APP_GIVEN)
+    value, source = setting_rows(deployment)["momentum"]
     assert value == "0.9" and source.startswith("conf/config.yaml") and "train.momentum" in source
     assert deployment.round.momentum == 0.9
 
@@ -284,14 +273,14 @@ def test_what_runs_follows_star_imports_and_dotted_targets(tmp_path):
         .replace("cifar.Net()", "Net()")
         .replace("cifar.load_data()", "load_data()")
     )
-    rows = _rows(read_deployment(app, GIVEN))
-    assert rows["local-epochs"] == ("1", f"client.py:{_line(client, 'epochs=1')}")  # main() is still not run
-    assert rows["lr"] == ("0.001", f"cifar.py:{_line(app / 'cifar.py', 'SGD(')}")  # train() is
+    rows = setting_rows(read_deployment(app, APP_GIVEN))
+    assert rows["local-epochs"] == ("1", f"client.py:{line_of(client, 'epochs=1')}")  # main() is still not run
+    assert rows["lr"] == ("0.001", f"cifar.py:{line_of(app / 'cifar.py', 'SGD(')}")  # train() is
     # A function the app names only as a string (Hydra's `_target_`) runs too.
     client.write_text(
         client.read_text().replace("train(self.model", "TRAINER = 'cifar.train'\n        run(TRAINER, self.model")
     )
-    assert _rows(read_deployment(app, GIVEN))["lr"][0] == "0.001"
+    assert setting_rows(read_deployment(app, APP_GIVEN))["lr"][0] == "0.001"
 
 
 def test_a_factory_choice_its_callers_leave_unread_is_refused_not_taken(tmp_path):
