@@ -106,42 +106,29 @@ def verify_rank(
     matrix_free = _matrix_free(method, images[batches[0]], batch, device, bool(artifacts))
     with ProgressBar(len(batches), "rank check" if matrix_free else "rank sketch", enabled=show_progress) as bar:
         overall = OverallProgress(bar, len(batches))
-        for number, part in enumerate(batches):
-            if matrix_free:
-                from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
+        if matrix_free:
+            from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
 
-                reading = measure_matrix_free(
-                    model,
-                    images[part],
-                    labels[part],
-                    shared,
-                    device=device,
-                    seed=seed + number,
-                    loss=loss,
-                    bn_mode=bn_mode,
-                    progress=overall.part(number),
-                )
-                size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
+            shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
+        for number, part in enumerate(batches):
+            common = dict(device=device, seed=seed + number, loss=loss, bn_mode=bn_mode, progress=overall.part(number))
+            if matrix_free:
+                reading = measure_matrix_free(model, images[part], labels[part], shared, **common)
                 measured = as_rank_measurement(
-                    reading, images[part], shared=shared, shared_size=size, loss=loss, device=str(device)
+                    reading, images[part], shared=shared, shared_size=shared_size, loss=loss, device=str(device)
                 )
-                overall.finish(reading.unknowns)
             else:
                 measured = rank.measure(
                     model,
                     images[part],
                     labels[part],
                     shared,
-                    device=device,
-                    seed=seed + number,
-                    loss=loss,
                     directions=rank.MAX_DIRECTIONS if artifacts else 0,
                     hidden=True,
                     precision=precision,
-                    bn_mode=bn_mode,
-                    progress=overall.part(number),
+                    **common,
                 )
-                overall.finish(overall.last_total)
+            overall.finish(overall.last_total)
             measurements.append(measured)
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = judge(result.verdict, headline.rank, headline.unknowns)
