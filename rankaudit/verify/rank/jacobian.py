@@ -294,6 +294,7 @@ def _float32_attempt(
     relative = float(row_errors.max())
     error = relative * float(wide.norm())
     clearance = spectrum.sigma_min_kept / error if error > 0 else math.inf
+    spectrum_min = spectrum.sigma_min_kept
     if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
         lower = spectrum.sigma_min_kept - error
         spectrum = _Spectrum(
@@ -311,10 +312,74 @@ def _float32_attempt(
             f"float32 error {error:.3g} (rows off by up to {relative:.2g} of their norm against {probe} rows "
             f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}"
         )
+    if math.isfinite(relative) and wide.shape[0] >= unknowns:
+        refined = _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, method, used_chunk)
+        if refined is not None and refined.sigma_min_at_least > spectrum.tolerance:
+            lower = refined.sigma_min_at_least
+            spectrum = _Spectrum(
+                spectrum.rank,
+                spectrum.tolerance,
+                lower / spectrum.tolerance if spectrum.tolerance else math.inf,
+                spectrum.sigma_max,
+                lower,
+                spectrum.values,
+                None,
+                f"{spectrum.how}, its {refined.trailing} trailing rows in float64",
+            )
+            return (method, used_chunk, spectrum, sketched), (
+                f"float32 rows, the {refined.trailing} trailing ones recomputed in float64 "
+                f"({refined.seconds:.1f} s): full rank with σ_min at least {lower:.3g}. The float32 sketch's σ_min "
+                f"{spectrum_min:.3g} is only {clearance:.3g}x its float32 error {error:.3g} (margin "
+                f"{FLOAT32_MARGIN:g}); its singular values past the {refined.trailing} smallest (from "
+                f"{refined.next_singular_value:.3g}) clear it, and the rows along those {refined.trailing} were "
+                "recomputed in float64"
+            )
     return None, (
-        f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum.sigma_min_kept:.3g} is only "
+        f"the float32 sketch ({seconds}) showed full rank, but σ_min {spectrum_min:.3g} is only "
         f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
         "computed in float64"
+    )
+
+
+def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, method, chunk):
+    """The float32 sketch's σ_min from below with its trailing rows recomputed in float64 (verify.rank.refine), or
+    None when the rest of the sketch does not clear the float32 error either."""
+    from rankaudit.verify.rank.refine import DRAW_CHUNK, TRAILING, trailing_rows_bound
+    from rankaudit.verify.rank.sketch import _draw_rows, _ForwardOverReverse, _ReverseOverReverse
+
+    named = dict(net.named_parameters())
+    shapes = [tuple(named[name].shape) for name in names]
+    sizes = [named[name].numel() for name in names]
+    rows, d, m = wide.shape[0], wide.shape[1], sum(sizes)
+    # Three d x d matrices, the stacked rows of its last resort, the trailing directions and the drawn rows.
+    need = 8 * (3 * d * d + (rows + TRAILING[-1]) * d + TRAILING[-1] * m) + 12 * DRAW_CHUNK * m
+    if need > memory_budget(x.device)[0]:
+        return None
+    generator = torch.Generator(device=x.device)
+    reuse: dict = {}
+    with _math_attention(), differentiable_ops():
+        if method == "reverse-over-reverse":  # the way the float32 rows were taken
+            rows_of = _ReverseOverReverse(net, x, labels, loss, names, why=RuntimeError("as the float32 sketch"))
+        else:
+            rows_of = _ForwardOverReverse(net, x, labels, loss, names)
+    step = max(1, chunk // 2)  # float64 rows take twice the float32 ones' memory
+
+    def exact_rows(directions: torch.Tensor) -> torch.Tensor:
+        parts = []
+        with _math_attention(), differentiable_ops():
+            for first in range(0, directions.shape[0], step):
+                chunk_rows = directions[first : first + step]
+                count = chunk_rows.shape[0]
+                cut = [block.view(count, *shape) for block, shape in zip(chunk_rows.split(sizes, dim=1), shapes)]
+                parts.append(rows_of(cut).reshape(count, -1))
+        return torch.cat(parts)
+
+    return trailing_rows_bound(
+        wide,
+        error,
+        draw_rows=lambda first, count: _draw_rows(first, count, sum(sizes), seed, generator, reuse),
+        exact_rows=exact_rows,
+        margin=FLOAT32_MARGIN,
     )
 
 

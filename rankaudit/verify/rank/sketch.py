@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -115,6 +116,7 @@ def fill_in_chunks(
     )
     size = max(1, min(size, rows))
     generator = torch.Generator(device=device)
+    buffers: dict = {}  # the drawn rows' memory, reused from chunk to chunk
     done, sized = 0, chunk_rows is not None or device.type != "cuda"
     while done < rows:
         count = min(size, rows - done)
@@ -122,7 +124,7 @@ def fill_in_chunks(
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-        directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype)
+        directions = _gaussian_rows(done, count, shapes, seed, generator, dtype=sketch.dtype, reuse=buffers)
         try:
             block = rows_of(directions)
         except torch.cuda.OutOfMemoryError:
@@ -152,6 +154,7 @@ def _gaussian_rows(
     seed: int,
     generator: torch.Generator,
     dtype: torch.dtype = torch.float64,
+    reuse: dict | None = None,
 ) -> list[torch.Tensor]:
     """Rows first .. first + count - 1 of R, cut into one (count, *shape) tensor of ``dtype`` per shared parameter
     (the float32 and the float64 sketch use the same R).
@@ -161,17 +164,51 @@ def _gaussian_rows(
     an exact float64 Gaussian sample (at float32 resolution, which changes nothing about rank(R·J) = rank(J)), and
     PyTorch's CPU sampler is 5x faster for float32; R has rows x m entries, 3.9e9 for Figure 2(c)'s 1.26M
     parameters, and drawing them dominated its sketch.
+
+    ``reuse``: a dict the caller keeps across chunks; the rows are then drawn into buffers kept there (fresh
+    memory of this size costs a page fault per page, seconds over a whole sketch), and the tensors returned are
+    views that the next call overwrites.
     """
     sizes = [math.prod(shape) for shape in shapes]
-    drawn = torch.empty((count, sum(sizes)), device=generator.device, dtype=torch.float32)
-    for offset in range(count):
-        generator.manual_seed((seed * 2**24 + first + offset) % 2**63)
-        drawn[offset].normal_(generator=generator)
-    # One pass widens and cuts: the column block of each parameter is viewed in its shape and copied.
-    return [
-        torch.empty((count, *shape), device=drawn.device, dtype=dtype).copy_(block.view(count, *shape))
-        for block, shape in zip(drawn.split(sizes, dim=1), shapes)
-    ]
+    drawn = _draw_rows(first, count, sum(sizes), seed, generator, reuse)
+    wide = drawn
+    if dtype != torch.float32:
+        wide = _buffer(reuse, "wide", count, sum(sizes), dtype, generator.device).copy_(drawn)
+    # A parameter's column block, viewed in its shape: its rows are strided, its entries within a row contiguous.
+    return [block.view(count, *shape) for block, shape in zip(wide.split(sizes, dim=1), shapes)]
+
+
+def _draw_rows(
+    first: int, count: int, width: int, seed: int, generator: torch.Generator, reuse: dict | None = None
+) -> torch.Tensor:
+    """Rows first .. first + count - 1 of R as one float32 (count, width) tensor, each row from its own seed."""
+    drawn = _buffer(reuse, "draws", count, width, torch.float32, generator.device)
+
+    def draw(offsets: range, source: torch.Generator) -> None:
+        for offset in offsets:
+            source.manual_seed((seed * 2**24 + first + offset) % 2**63)
+            drawn[offset].normal_(generator=source)
+
+    threads = min(torch.get_num_threads(), count) if generator.device.type == "cpu" else 1
+    if threads > 1:
+        # The CPU's sampler runs on one core; the rows are seeded one by one, so threads that each take every
+        # threads-th row draw the same R (torch releases the GIL while it samples).
+        with ThreadPoolExecutor(threads) as pool:
+            parts = [range(start, count, threads) for start in range(threads)]
+            list(pool.map(draw, parts, [torch.Generator() for _ in range(threads)]))
+    else:
+        draw(range(count), generator)
+    return drawn
+
+
+def _buffer(reuse: dict | None, name: str, count: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A (count, width) tensor: the first rows of the one kept in ``reuse`` under ``name`` when it is large enough."""
+    if reuse is None:
+        return torch.empty((count, width), dtype=dtype, device=device)
+    kept = reuse.get(name)
+    if kept is None or kept.shape[0] < count or kept.shape[1] != width or kept.dtype != dtype:
+        kept = reuse[name] = torch.empty((count, width), dtype=dtype, device=device)
+    return kept[:count]
 
 
 def _cpu_chunk(shared_numel: int, activation_numel: int, rows: int) -> int:
