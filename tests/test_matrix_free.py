@@ -66,6 +66,23 @@ def test_a_stopped_reading_bounds_the_rank_from_below_and_the_hidden_share_from_
         as_rank_measurement(reading, x, shared=[], shared_size=0, loss="cross-entropy", device="cpu")
 
 
+def test_the_check_stops_before_its_basis_outgrows_the_memory_it_may_use_and_says_both_bounds():
+    from rankaudit.errors import UsageError
+    from rankaudit.verify.rank.krylov import basis_bytes
+
+    torch.manual_seed(1)
+    net, x, y = _strided_cnn(), torch.rand(1, 3, 8, 8), torch.tensor([2])
+    reference = dense.measure(net, x, y, hidden=True)
+    allowed = basis_bytes(24, x.numel(), 8)  # room for three blocks of 8
+    reading = measure_matrix_free(net, x, y, block=8, memory_bytes=allowed)
+    assert reading.stopped == "memory" and reading.basis == 24 and not reading.exact
+    assert reading.rank_at_least <= reference.rank
+    assert reading.hidden_share_at_most >= _hidden_share(reference.invisible, x) - 1e-9
+    with pytest.raises(UsageError, match="outgrow the device's memory") as refused:
+        as_rank_measurement(reading, x, shared=[], shared_size=0, loss="cross-entropy", device="cpu")
+    assert "lower --input-shape" in refused.value.fix
+
+
 def test_progress_never_moves_backwards_when_a_sketch_is_redone():
     seen = []
     overall = OverallProgress(lambda done, total: seen.append((done, total)), parts=2)

@@ -19,6 +19,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
+from rankaudit.verify.rank.budget import memory_budget
 from rankaudit.verify.rank.hidden import centred
 from rankaudit.verify.rank.krylov import BLOCK, KrylovReading, krylov_rank
 from rankaudit.verify.rank.measurement import RankMeasurement
@@ -77,10 +78,12 @@ def measure_matrix_free(
     progress: Callable[[int, int], None] | None = None,
     bn_mode: str = "eval",
     dtype: torch.dtype = torch.float64,
+    memory_bytes: int | None = None,
 ) -> KrylovReading:
     """rank(∂g/∂x) from below and the hidden share of ``images``' deviation from above, for one batch (usually
-    one sample), without the dense sketch. Stops when exact, past ``budget_seconds``, or once the hidden share is
-    shown below ``hidden_below``."""
+    one sample), without the dense sketch. Stops when exact, past ``budget_seconds``, once the hidden share is
+    shown below ``hidden_below``, or before the basis outgrows ``memory_bytes`` (default: half of what the rank
+    check may use on the device)."""
     device = torch.device(device)
     if labels.shape[0] != images.shape[0]:
         raise UsageError(f"{images.shape[0]} images but {labels.shape[0]} labels", "give one label per image")
@@ -101,6 +104,8 @@ def measure_matrix_free(
         budget_seconds=None if budget_seconds is None else budget_seconds - (time.perf_counter() - started),
         hidden_below=hidden_below,
         progress=progress,
+        # The basis may take half of what the check may use; the products' own passes need the rest.
+        memory_bytes=memory_budget(device)[0] // 2 if memory_bytes is None else memory_bytes,
     )
 
 
@@ -110,12 +115,21 @@ def as_rank_measurement(
     """An exact Krylov reading as the dense check's record, so every reading of the rank (the verdict, the static
     bound, each sample's hidden energy) reads both alike. Refuses an inexact one: a lower bound is not a rank."""
     if not reading.exact or reading.visible is None:
+        why = {"memory": "its basis would outgrow the device's memory", "budget": "its time budget was spent"}
+        hidden = (
+            "not measured"
+            if reading.hidden_share_at_most is None
+            else (f"at most {100 * reading.hidden_share_at_most:.3g} %")
+        )
         raise UsageError(
             f"the matrix-free rank check stopped after {reading.basis:,} of {reading.unknowns:,} directions "
-            f"({reading.seconds:.0f} s, {reading.stopped}): the rank is at least {reading.rank_at_least:,} and "
-            f"this sample hides at most {100 * (reading.hidden_share_at_most or 0):.2g} % of its energy, "
-            "not yet the exact answer",
-            "give it more time (budget_seconds), run it on a GPU (--device cuda), or lower --input-shape",
+            f"({reading.seconds:.0f} s; {why.get(reading.stopped, reading.stopped)}): the rank is at least "
+            f"{reading.rank_at_least:,} and this sample's hidden share of its energy is {hidden}, not yet the "
+            "exact answer",
+            "lower --input-shape (convolutional models are resolution-independent), or use a device with more "
+            "memory (--device cuda)"
+            if reading.stopped == "memory"
+            else "give it more time (budget_seconds), run it on a GPU (--device cuda), or lower --input-shape",
         )
     values = reading.singular_values
     rank, unknowns = reading.rank_at_least, reading.unknowns

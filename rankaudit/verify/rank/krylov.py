@@ -52,7 +52,7 @@ class KrylovReading:
     hidden_share_at_most: float | None  # ‖(I − P_{span(AQ)}) c‖² / ‖c‖²; None for c = 0
     products: int  # products with A (each one J and one Jᵀ product)
     seconds: float
-    stopped: str  # why it stopped: invariant | complete | decided | budget
+    stopped: str  # why it stopped: invariant | complete | decided | budget | memory
     # When exact: an orthonormal basis (rows) of what J sees, the eigenvectors of A above the tolerance.
     visible: torch.Tensor | None = None
 
@@ -66,9 +66,11 @@ def krylov_rank(
     budget_seconds: float | None = None,
     hidden_below: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    memory_bytes: int | None = None,
 ) -> KrylovReading:
     """Grow a Krylov basis of A = JᵀJ from the sample's ``deviation`` (d values) until it is exact, the time budget
-    is spent, or (with ``hidden_below``) the sample's hidden share is shown to be below that share.
+    is spent, (with ``hidden_below``) the sample's hidden share is shown to be below that share, or (with
+    ``memory_bytes``) one more block would take the basis and what is kept beside it past that many bytes.
 
     ``apply_gram(V)`` returns A V for a block V (k × d) in the dtype and device of ``deviation``."""
     started = time.perf_counter()
@@ -90,6 +92,9 @@ def krylov_rank(
     products = 0
     largest = 0.0  # the largest ‖A v‖ seen for a unit v: a lower estimate of A's largest eigenvalue
     while True:
+        if memory_bytes is not None and basis_bytes(basis.shape[0] + block, d, c.element_size()) > memory_bytes:
+            stopped = "memory"  # stop with both bounds rather than run out of memory half-way through a block
+            break
         fresh = _orthonormal_rows(candidates, basis)
         if fresh.shape[0] == 0:
             # A V added nothing the basis lacks, to working precision. That can mean the basis holds everything
@@ -154,6 +159,12 @@ def krylov_rank(
         stopped=stopped,
         visible=visible,
     )
+
+
+def basis_bytes(rows: int, d: int, itemsize: int) -> int:
+    """Memory of a basis of ``rows`` directions: the basis, A applied to it, an orthonormal basis of that and the
+    visible directions at the end (each rows x d), and the Ritz problem's two rows x rows matrices."""
+    return itemsize * (4 * rows * d + 2 * rows * rows)
 
 
 def _orthonormal_rows(candidates: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
