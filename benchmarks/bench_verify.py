@@ -6,7 +6,7 @@ Run from the repository root:
     python benchmarks/bench_verify.py [--images 2] [--attack-images 8] [--device auto]
                                       [--out benchmarks/verify_results.json]
 
-Targets (issues 3, 4 and 9):
+Targets:
   1. one CNN6 R-GAP reconstruction in under 10 s (CPU);
   2. R-GAP at least 50x faster than the optimisation attack (inverting gradients) on the same images, counted only
      where the optimisation attack's MSE is the same or worse than R-GAP's;

@@ -150,7 +150,7 @@ def _rgap(data: dict, base_dir: Path | None) -> dict:
         "layers": [
             {key: layer.get(key) for key in RANK_KEYS} for layer in data.get("layers") or [] if isinstance(layer, dict)
         ],
-        # Issue 21: the baselines beside the PSNR, the outcome they give and the best image.
+        # The baselines beside the PSNR, the outcome they give and the best image.
         "grey_psnr_median": data.get("grey_psnr_median"),
         "mean_colour_psnr_median": data.get("mean_colour_psnr_median"),
         "outcome": data.get("outcome"),

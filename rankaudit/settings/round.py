@@ -20,7 +20,7 @@ NOISE_BY = ("client", "server")
 BN_MODES = ("train", "eval")
 
 
-# Issue 23: below this a step's lr·g underflows float32 (smallest normal 1.2e-38 at gradients of 1e-8) and the
+# Below this a step's lr·g underflows float32 (smallest normal 1.2e-38 at gradients of 1e-8) and the
 # verifiers' sketch fills with denormals (--lr 1e-320 measured rank 48 above the bound 39).
 MIN_LR = 1e-30
 

@@ -430,7 +430,7 @@ def _input_rows(result, run: _InputRun, defenses, settings: AttackSettings, opti
                 defense, attack, base, outcome, images, source, loss, first, stop, settings.steps, settings.restarts
             )
             with_scored = baselines.summary(baselines.score(images, found))
-            # Issue 21: both medians beside what a flat image scores on the same images.
+            # Both medians beside what a flat image scores on the same images.
             row.update(
                 {
                     "grey_psnr_median": with_scored["grey_psnr_median"],

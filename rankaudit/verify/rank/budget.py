@@ -9,7 +9,7 @@ import torch
 from rankaudit import install_hint
 from rankaudit.errors import UsageError
 
-# Issue 16: how large a sketch may be follows the device's memory, not a constant. On a CPU the sketch, its
+# How large a sketch may be follows the device's memory, not a constant. On a CPU the sketch, its
 # factorisation and the chunks of rows may take this share of the physical RAM (or of a cgroup's limit, when lower):
 # the rest is the operating system's and the other jobs'.
 CPU_RAM_SHARE = 0.5
