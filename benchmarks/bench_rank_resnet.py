@@ -21,8 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from bench_matrix_free import hidden_share
 from torch import nn
 
 from rankaudit.verify.rank import jacobian as dense
@@ -34,11 +36,6 @@ def photo(size: int) -> torch.Tensor:
     """A smooth sample in [0, 1] (a blurred random field), so the hidden share is not that of white noise."""
     field = torch.rand(1, 3, size // 8 + 1, size // 8 + 1, generator=torch.Generator().manual_seed(size))
     return nn.functional.interpolate(field, size=(size, size), mode="bilinear", align_corners=False)
-
-
-def hidden_share(invisible, x: torch.Tensor) -> float:
-    c = centred(x).reshape(-1).double()
-    return float((torch.as_tensor(invisible).reshape(-1) ** 2).sum() / (c**2).sum())
 
 
 def krylov_hidden(reading, x: torch.Tensor) -> float:

@@ -32,6 +32,7 @@ from its singular values in :mod:`.spectrum`, the record and its readings in :mo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -296,19 +297,9 @@ def _float32_attempt(
     clearance = spectrum.sigma_min_kept / error if error > 0 else math.inf
     spectrum_min = spectrum.sigma_min_kept
     if math.isfinite(relative) and clearance >= FLOAT32_MARGIN:
-        lower = spectrum.sigma_min_kept - error
-        spectrum = _Spectrum(
-            spectrum.rank,
-            spectrum.tolerance,
-            lower / spectrum.tolerance if spectrum.tolerance else math.inf,
-            spectrum.sigma_max,
-            lower,
-            spectrum.values,
-            None,
-            spectrum.how,
-        )
+        spectrum = _from_below(spectrum, spectrum_min - error, spectrum.how)
         return (method, used_chunk, spectrum, sketched), (
-            f"float32 rows: full rank with σ_min {spectrum.sigma_min_kept + error:.3g}, {clearance:.3g}x the "
+            f"float32 rows: full rank with σ_min {spectrum_min:.3g}, {clearance:.3g}x the "
             f"float32 error {error:.3g} (rows off by up to {relative:.2g} of their norm against {probe} rows "
             f"recomputed in float64, times the sketch's norm); margin {FLOAT32_MARGIN:g}"
         )
@@ -316,16 +307,7 @@ def _float32_attempt(
         refined = _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, method, used_chunk)
         if refined is not None and refined.sigma_min_at_least > spectrum.tolerance:
             lower = refined.sigma_min_at_least
-            spectrum = _Spectrum(
-                spectrum.rank,
-                spectrum.tolerance,
-                lower / spectrum.tolerance if spectrum.tolerance else math.inf,
-                spectrum.sigma_max,
-                lower,
-                spectrum.values,
-                None,
-                f"{spectrum.how}, its {refined.trailing} trailing rows in float64",
-            )
+            spectrum = _from_below(spectrum, lower, f"{spectrum.how}, its {refined.trailing} trailing rows in float64")
             return (method, used_chunk, spectrum, sketched), (
                 f"float32 rows, the {refined.trailing} trailing ones recomputed in float64 "
                 f"({refined.seconds:.1f} s): full rank with σ_min at least {lower:.3g}. The float32 sketch's σ_min "
@@ -339,6 +321,13 @@ def _float32_attempt(
         f"{clearance:.3g}x its float32 error {error:.3g} (margin {FLOAT32_MARGIN:g}), so the rank was "
         "computed in float64"
     )
+
+
+def _from_below(spectrum: _Spectrum, lower: float, how: str) -> _Spectrum:
+    """A float32 sketch's spectrum kept at full rank, read in float64's terms: σ_min is a float64 lower bound, and
+    the gap is that bound over float64's tolerance."""
+    gap = lower / spectrum.tolerance if spectrum.tolerance else math.inf
+    return dataclasses.replace(spectrum, gap=gap, sigma_min_kept=lower, right_vectors=None, how=how)
 
 
 def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, method, chunk):
