@@ -40,6 +40,7 @@ def test_the_bound_sits_under_the_float64_sketchs_smallest_singular_value_where_
             draw_rows=lambda first, count, r=directions: r[first : first + count].float(),
             exact_rows=lambda chosen, j=jacobian: chosen @ j,
             margin=1.0,
+            width=directions.shape[1],
         )
         assert refined is not None and refined.trailing == 8
         assert 0.5 * sigma_min <= refined.sigma_min_at_least <= sigma_min
@@ -53,8 +54,24 @@ def test_no_bound_when_every_singular_value_meets_the_error():
         draw_rows=lambda first, count: directions[first : first + count],
         exact_rows=lambda chosen: chosen @ jacobian,
         margin=1.0,
+        width=directions.shape[1],
     )
     assert refined is None
+
+
+def test_no_bound_when_what_it_needs_does_not_fit_the_memory_it_may_use():
+    from rankaudit.verify.rank.refine import needed_bytes
+
+    perturbed, error, directions, jacobian, _ = _synthetic(0)
+    rows, d = perturbed.shape
+    common = dict(
+        draw_rows=lambda first, count: directions[first : first + count],
+        exact_rows=lambda chosen: chosen @ jacobian,
+        margin=1.0,
+        width=directions.shape[1],
+    )
+    assert trailing_rows_bound(perturbed, error, memory_bytes=needed_bytes(rows, d, 90, 8) - 1, **common) is None
+    assert trailing_rows_bound(perturbed, error, memory_bytes=needed_bytes(rows, d, 90, 8), **common) is not None
 
 
 class Dimmed(nn.Module):

@@ -333,17 +333,12 @@ def _from_below(spectrum: _Spectrum, lower: float, how: str) -> _Spectrum:
 def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, method, chunk):
     """The float32 sketch's σ_min from below with its trailing rows recomputed in float64 (verify.rank.refine), or
     None when the rest of the sketch does not clear the float32 error either."""
-    from rankaudit.verify.rank.refine import DRAW_CHUNK, TRAILING, trailing_rows_bound
+    from rankaudit.verify.rank.refine import trailing_rows_bound
     from rankaudit.verify.rank.sketch import _draw_rows, _ForwardOverReverse, _ReverseOverReverse
 
     named = dict(net.named_parameters())
     shapes = [tuple(named[name].shape) for name in names]
     sizes = [named[name].numel() for name in names]
-    rows, d, m = wide.shape[0], wide.shape[1], sum(sizes)
-    # Three d x d matrices, the stacked rows of its last resort, the trailing directions and the drawn rows.
-    need = 8 * (3 * d * d + (rows + TRAILING[-1]) * d + TRAILING[-1] * m) + 12 * DRAW_CHUNK * m
-    if need > memory_budget(x.device)[0]:
-        return None
     generator = torch.Generator(device=x.device)
     reuse: dict = {}
     with _math_attention(), differentiable_ops():
@@ -369,6 +364,8 @@ def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, me
         draw_rows=lambda first, count: _draw_rows(first, count, sum(sizes), seed, generator, reuse),
         exact_rows=exact_rows,
         margin=FLOAT32_MARGIN,
+        width=sum(sizes),
+        memory_bytes=memory_budget(x.device)[0],
     )
 
 

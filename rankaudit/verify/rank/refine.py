@@ -54,23 +54,27 @@ def trailing_rows_bound(
     draw_rows: Callable[[int, int], torch.Tensor],
     exact_rows: Callable[[torch.Tensor], torch.Tensor],
     margin: float,
+    width: int,
+    memory_bytes: int | None = None,
 ) -> Refinement | None:
     """A lower bound on σ_min(S) for the float64 sketch S that ``wide`` (S32 widened to float64, rows x d, rows >= d)
     approximates to ``error`` (an estimate of ‖S32 − S‖₂), or None when no k in TRAILING leaves the rest of S32
-    clear of the error.
+    clear of the error, or when what it needs would take more than ``memory_bytes``.
 
-    ``draw_rows(first, count)``: rows first .. first + count - 1 of R (count x m, any float dtype; valid until the
+    ``width``: m, the shared gradient's values (R's columns); ``draw_rows(first, count)``: rows first .. first + count - 1 of R (count x m, any float dtype; valid until the
     next call); ``exact_rows(directions)``: the float64 sketch rows rᵀJ of the rows of ``directions`` (k x m,
     float64), k x d."""
     started = time.perf_counter()
     rows, d = wide.shape
+    if memory_bytes is not None and needed_bytes(rows, d, width, TRAILING[0]) > memory_bytes:
+        return None
     scaled = margin * error
     eps = float(torch.finfo(wide.dtype).eps)
     gram = wide.T @ wide
     traced = float(gram.diagonal().sum())  # ‖S32‖_F²
     values, vectors = torch.linalg.eigh(gram)  # ascending: S32's squared singular values
     trailing = next((k for k in TRAILING if k < d and float(values[k].clamp_min(0)) >= (CLEARANCE * scaled) ** 2), None)
-    if trailing is None:
+    if trailing is None or (memory_bytes is not None and needed_bytes(rows, d, width, trailing) > memory_bytes):
         return None
     # W_s: the left singular vectors of the k smallest, S32 v / σ, orthonormalised (any orthonormal W_s keeps the
     # bound valid; these make it sharp).
@@ -116,6 +120,12 @@ def trailing_rows_bound(
         next_singular_value=math.sqrt(max(next_value, 0.0)),
         seconds=time.perf_counter() - started,
     )
+
+
+def needed_bytes(rows: int, d: int, width: int, trailing: int) -> int:
+    """Memory beside the sketch: three d x d float64 matrices, the stacked rows of the last resort, the trailing
+    directions (trailing x width) and the chunk of rows drawn again (float32, and its float64 copy)."""
+    return 8 * (3 * d * d + (rows + trailing) * d + trailing * width) + 12 * DRAW_CHUNK * width
 
 
 def _combined_rows(left: torch.Tensor, draw_rows: Callable[[int, int], torch.Tensor], rows: int) -> torch.Tensor:
