@@ -121,3 +121,16 @@ def test_reused_buffers_give_the_same_rows_and_views_of_each_parameters_shape():
         kept = _gaussian_rows(first, count, shapes, 1, torch.Generator(), reuse=reuse)
         assert [tuple(t.shape) for t in kept] == [(count, *shape) for shape in shapes]
         assert all(torch.equal(a, b) and b.dtype == torch.float64 for a, b in zip(fresh, kept))
+
+
+def test_float32_rows_are_taken_without_tf32_and_the_settings_come_back():
+    from rankaudit.verify.rank.sketch import full_float32
+
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with full_float32():
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

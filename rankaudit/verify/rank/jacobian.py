@@ -46,7 +46,7 @@ from rankaudit.verify import finite
 from rankaudit.verify.client import client_mode, logits_of, loss_name_for, mean_loss
 from rankaudit.verify.rank.budget import check_size, memory_budget, sketch_bytes
 from rankaudit.verify.rank.measurement import RankMeasurement
-from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention, shared_names
+from rankaudit.verify.rank.sketch import _fill_sketch, _math_attention, full_float32, shared_names
 from rankaudit.verify.rank.spectrum import _Spectrum, _spectrum, sample_ranks
 from rankaudit.verify.substitute import differentiable_ops
 
@@ -266,7 +266,7 @@ def _float32_attempt(
     unknowns = x.numel()
     single = copy.deepcopy(net).float()
     sketch = torch.zeros(rows, unknowns, dtype=torch.float32, device=x.device)
-    with _math_attention(), differentiable_ops():
+    with _math_attention(), differentiable_ops(), full_float32():
         method, used_chunk = _fill_sketch(
             single, x.float(), labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress
         )

@@ -34,6 +34,19 @@ class _math_attention:
         return self._context.__exit__(*exc)
 
 
+class full_float32:
+    """float32 that is float32: CUDA's convolutions (and, where enabled, matrix products) otherwise run in TF32, whose
+    10-bit mantissa puts a float32 sketch's error near 1e-3 of its rows, too large for its full-rank test."""
+
+    def __enter__(self):
+        self._saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self._saved
+        return False
+
+
 def shared_names(net: nn.Module, shared, model_name: str) -> tuple[dict, list[str]]:
     """The net's trainable parameters by name, and the names whose gradient is shared (default: every trainable
     one), each checked to be one of them."""
