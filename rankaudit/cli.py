@@ -253,6 +253,7 @@ def check(
                     withheld_layers=as_layers(chosen.withheld_layers, result),
                     rank_precision=rank_precision,
                     rank_method=rank_method,
+                    rank_budget=options.get("rank_budget"),
                     psnr_target=chosen.psnr_target,
                     weights=weights_file,
                     show_progress=not quiet,

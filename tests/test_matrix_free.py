@@ -100,3 +100,57 @@ def test_progress_never_moves_backwards_when_a_sketch_is_redone():
     assert counts == sorted(counts)
     assert all(done <= total for done, total in seen)
     assert seen[-1][0] == seen[-1][1] == 90
+
+
+STRIDED_SOURCE = """
+import torch.nn as nn
+
+INPUT_SHAPE = (3, 8, 8)
+
+
+class Strided(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 2, 3, stride=2, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+def test_a_rank_budget_reports_bounds_that_the_dense_check_sits_inside(run_cli, tmp_path):
+    import json
+
+    model = tmp_path / "strided.py"
+    model.write_text(STRIDED_SOURCE)
+    common = ("--verify", "rank", "--samples", "1", "--format", "json")
+    code, out, _ = run_cli(model, *common, "--rank-method", "dense")
+    dense_record = json.loads(out)["verification"]["rank"]
+    code, out, _ = run_cli(model, *common, "--rank-method", "matrix-free", "--rank-budget", "1e-9")
+    partial = json.loads(out)["verification"]["rank"]
+    assert partial["exact"] is False and partial["stopped"] == ["budget"] and partial["internal_error"] is None
+    assert partial["samples"][0]["directions"] == 32  # one block of products, then the budget is spent
+    # The independent measurement sits inside the bounds: its rank above the lower bound, its hidden share under
+    # the upper one.
+    assert partial["rank_at_least"] <= dense_record["rank"]
+    assert partial["hidden_share_at_most"] >= dense_record["samples"][0]["inputs"][0]["hidden_energy"] - 1e-9
+    page = tmp_path / "report.html"
+    code, out, _ = run_cli(
+        model,
+        "--verify",
+        "rank",
+        "--samples",
+        "1",
+        "--rank-method",
+        "matrix-free",
+        "--rank-budget",
+        "1e-9",
+        "--html",
+        page,
+    )
+    assert "Measured, not finished: rank at least 32 of 192" in page.read_text()
+    line = next(line for line in out.splitlines() if line.startswith("Rank check"))
+    assert line.startswith(
+        "Rank check (∂g/∂x, 1 image, matrix-free, stopped: its time budget was spent): rank ≥ 32 / 192"
+    )
+    assert "inconclusive, not the exact rank" in line

@@ -223,7 +223,12 @@ def _rank(data: dict, base_dir: Path | None, images: dict[str, bytes] | None = N
         for i, d in enumerate(data.get("directions") or [])
         if isinstance(d, dict)
     ]
+    hidden_at_most = data.get("hidden_share_at_most")
     return {
+        "exact": data.get("exact", True),  # False: the matrix-free check stopped early and measured bounds
+        "rank_at_least": data.get("rank_at_least"),
+        "hidden_at_most": None if hidden_at_most is None else percent(hidden_at_most),
+        "stopped_because": data.get("stopped_because"),
         "rank": data.get("rank"),
         "unknowns": data.get("unknowns"),
         "deficit": data.get("deficit"),

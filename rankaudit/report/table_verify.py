@@ -320,10 +320,37 @@ def _rank_precision(rank: dict) -> str:
     return f" in {' and '.join(sorted(used))}" if used else ""
 
 
+def _partial_rank_lines(rank: dict) -> list[str]:
+    """--verify rank stopped before the exact answer (matrix-free): the rank from below, the hidden share from above."""
+    samples = rank["samples"]
+    hidden = rank.get("hidden_share_at_most")
+    shown = "" if hidden is None else f"; each sample hides at most {percent(hidden)} of its energy"
+    lines = [
+        "",
+        f"Rank check (∂g/∂x, {count(len(samples), 'image')}, matrix-free, stopped: {rank['stopped_because']}): "
+        f"rank ≥ {rank['rank_at_least']} / {rank['unknowns']} unknowns{shown}, {rank['seconds']:.1f} s on "
+        f"{rank.get('device', 'n/a')}: {rank['agreement']}.",
+    ]
+    if rank.get("internal_error"):
+        lines.append(f"  {rank['internal_error']}")
+    if len(samples) > 1:
+        lines.append(
+            "  per image: "
+            + ", ".join(
+                f"rank {'' if s['exact'] else '≥ '}{s['rank_at_least']}"
+                + ("" if s["hidden_share_at_most"] is None else f", hidden ≤ {percent(s['hidden_share_at_most'])}")
+                for s in samples
+            )
+        )
+    return lines
+
+
 def _rank_lines(rank: dict | None) -> list[str]:
     """--verify rank: one line, and a line for each warning that applies."""
     if not rank:
         return []
+    if rank.get("exact") is False:
+        return _partial_rank_lines(rank)
     samples = len(rank["samples"])
     inputs = (
         f"{samples} image{'s' if samples != 1 else ''}"

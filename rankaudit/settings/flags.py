@@ -345,6 +345,15 @@ def attack_options(command):
             "the rank, not the square of the input; fastest when the rank is low). auto: dense where its sketch "
             "fits the device's memory, else matrix-free.",
         ),
+        click.option(
+            "--rank-budget",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            metavar="SECONDS",
+            help="--verify rank's matrix-free check: stop each sample after this many seconds and report what was "
+            "measured (the rank from below, the sample's hidden share from above) instead of the exact answer. "
+            "Default: run until exact, or until its basis would outgrow the device's memory.",
+        ),
     ]
     return _stacked(command, options)
 

@@ -62,6 +62,7 @@ OPTION_GROUP = {
     "--defense": VERIFY,
     "--rank-precision": VERIFY,
     "--rank-method": VERIFY,
+    "--rank-budget": VERIFY,
     "--weights": VERIFY,
     "--labels": VERIFY,
     "--energy-budget": VERIFY,

@@ -73,6 +73,7 @@ class VerifyContext:
     withheld_layers: list[str] | None = None
     rank_precision: str = "auto"
     rank_method: str = "auto"
+    rank_budget: float | None = None  # --rank-budget: seconds per sample for the matrix-free check (None: until exact)
     psnr_target: float = DEFAULT_PSNR_TARGET  # --psnr-target: the PSNR ceiling the least σ of --verify fisher keeps
     weights: str | None = None  # --weights: a state dict or checkpoint every verifier runs at (None: seeded init)
     show_progress: bool = True

@@ -38,6 +38,7 @@ def run(context: VerifyContext) -> dict:
         samples=context.samples,
         precision=context.rank_precision,
         method=context.rank_method,
+        budget=context.rank_budget,
         **common,
     )
 
@@ -66,12 +67,15 @@ def verify_rank(
     withheld_layers: list[str] | None = None,
     precision: str = "auto",
     method: str = "auto",
+    budget: float | None = None,
 ) -> dict:
     """Measure rank(∂g/∂x) of the shared gradient (rankaudit.verify.rank.jacobian); fill result.verification['rank'].
 
     Batch size 1: one sketch per image over `samples` images, the headline the largest rank (the generic rank:
     an image can only lose rank to a coincidence such as a dead unit). Batch size B > 1: one sketch of one
     batch of B images. Compares the headline with the verdict and with the static bound (method.md: the bound).
+    ``budget``: seconds per sample for the matrix-free check; a sample it stops early turns the record into bounds
+    (rankaudit.verify.rank.partial).
     """
     import torch
 
@@ -103,17 +107,25 @@ def verify_rank(
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
     measurements = []
+    readings = []  # matrix-free: each sample's reading and its hidden share from above
     matrix_free = _matrix_free(method, images[batches[0]], batch, device, bool(artifacts))
     with ProgressBar(len(batches), "rank check" if matrix_free else "rank sketch", enabled=show_progress) as bar:
         overall = OverallProgress(bar, len(batches))
         if matrix_free:
             from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
+            from rankaudit.verify.rank.partial import hidden_at_most, partial_verification
 
             shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
         for number, part in enumerate(batches):
             common = dict(device=device, seed=seed + number, loss=loss, bn_mode=bn_mode, progress=overall.part(number))
             if matrix_free:
-                reading = measure_matrix_free(model, images[part], labels[part], shared, **common)
+                reading = measure_matrix_free(
+                    model, images[part], labels[part], shared, budget_seconds=budget, **common
+                )
+                readings.append((reading, hidden_at_most(reading, images[part])))
+                if not reading.exact:  # bounds only: read below, with the others
+                    overall.finish(overall.last_total)
+                    continue
                 measured = as_rank_measurement(
                     reading, images[part], shared=shared, shared_size=shared_size, loss=loss, device=str(device)
                 )
@@ -130,6 +142,18 @@ def verify_rank(
                 )
             overall.finish(overall.last_total)
             measurements.append(measured)
+    if any(not reading.exact for reading, _ in readings):
+        notes = [
+            f"weights: {weights}",
+            f"inputs: {source}",
+            f"loss: {loss}, labels drawn with seed {seed}",
+            f"shared gradient: {len(shared)} parameter tensors, {shared_size:,} values",
+            "matrix-free: a Krylov basis of JᵀJ per sample, from products with J and Jᵀ; stopped before the "
+            "exact answer, so the rank is a lower bound and each hidden share an upper bound (exact arithmetic)",
+        ]
+        verification = partial_verification(result, readings, budget=budget, device=str(device), notes=notes)
+        result.verification["rank"] = verification
+        return verification
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = judge(result.verdict, headline.rank, headline.unknowns)
     bound = bound_check(result.identifiability, headline.rank)
