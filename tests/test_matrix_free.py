@@ -124,8 +124,9 @@ def test_a_rank_budget_reports_bounds_that_the_dense_check_sits_inside(run_cli, 
     model = tmp_path / "strided.py"
     model.write_text(STRIDED_SOURCE)
     common = ("--verify", "rank", "--samples", "1", "--format", "json")
-    code, out, _ = run_cli(model, *common, "--rank-method", "dense")
+    code, out, _ = run_cli(model, *common, "--rank-method", "dense", "--rank-budget", "5")
     dense_record = json.loads(out)["verification"]["rank"]
+    assert "--rank-budget applies to the matrix-free check; the dense sketch ran to the end" in dense_record["notes"]
     code, out, _ = run_cli(model, *common, "--rank-method", "matrix-free", "--rank-budget", "1e-9")
     partial = json.loads(out)["verification"]["rank"]
     assert partial["exact"] is False and partial["stopped"] == ["budget"] and partial["internal_error"] is None

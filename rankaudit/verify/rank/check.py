@@ -171,6 +171,8 @@ def verify_rank(
     ]
     notes.append(f"precision: {headline.precision_note}")
     notes.append(_mode_note(bn_mode))
+    if budget is not None and not matrix_free:
+        notes.append("--rank-budget applies to the matrix-free check; the dense sketch ran to the end")
     if not headline.reliable:
         notes.append(
             f"unreliable: the gap {_gap_text(headline.gap)} is under {RELIABLE_GAP:g}, so the rank "
