@@ -29,22 +29,13 @@ from torch import nn
 
 from rankaudit.verify.rank import jacobian as dense
 from rankaudit.verify.rank.gram import measure_matrix_free
-from rankaudit.verify.rank.hidden import centred
+from rankaudit.verify.rank.partial import hidden_at_most
 
 
 def photo(size: int) -> torch.Tensor:
     """A smooth sample in [0, 1] (a blurred random field), so the hidden share is not that of white noise."""
     field = torch.rand(1, 3, size // 8 + 1, size // 8 + 1, generator=torch.Generator().manual_seed(size))
     return nn.functional.interpolate(field, size=(size, size), mode="bilinear", align_corners=False)
-
-
-def krylov_hidden(reading, x: torch.Tensor) -> float:
-    """The hidden share the rank check reports: measured on the visible subspace when exact, else its upper bound."""
-    if not reading.exact:
-        return reading.hidden_share_at_most or 0.0
-    c = centred(x).reshape(-1).double().to(reading.visible.device)
-    invisible = c - reading.visible.T @ (reading.visible @ c)
-    return float(invisible.square().sum() / c.square().sum())
 
 
 def row(name, size, method, seconds, rank, exact, hidden, products, d):
@@ -110,7 +101,7 @@ def main() -> None:
         seconds,
         reading.rank_at_least,
         reading.exact,
-        krylov_hidden(reading, x),
+        hidden_at_most(reading, x) or 0.0,
         reading.products,
         x.numel(),
     )

@@ -106,6 +106,7 @@ def verify_rank(
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
+    shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
     measurements = []
     readings = []  # matrix-free: each sample's reading and its hidden share from above
     matrix_free = _matrix_free(method, images[batches[0]], batch, device, bool(artifacts))
@@ -114,8 +115,6 @@ def verify_rank(
         if matrix_free:
             from rankaudit.verify.rank.gram import as_rank_measurement, measure_matrix_free
             from rankaudit.verify.rank.partial import hidden_at_most, partial_verification
-
-            shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
         for number, part in enumerate(batches):
             common = dict(device=device, seed=seed + number, loss=loss, bn_mode=bn_mode, progress=overall.part(number))
             if matrix_free:
@@ -142,26 +141,24 @@ def verify_rank(
                 )
             overall.finish(overall.last_total)
             measurements.append(measured)
+    notes = [
+        f"weights: {weights}",
+        f"inputs: {source}",
+        f"loss: {loss}, labels drawn with seed {seed}",
+        f"shared gradient: {len(shared)} parameter tensors, {shared_size:,} values",
+    ]
     if any(not reading.exact for reading, _ in readings):
-        notes = [
-            f"weights: {weights}",
-            f"inputs: {source}",
-            f"loss: {loss}, labels drawn with seed {seed}",
-            f"shared gradient: {len(shared)} parameter tensors, {shared_size:,} values",
+        notes.append(
             "matrix-free: a Krylov basis of JᵀJ per sample, from products with J and Jᵀ; stopped before the "
-            "exact answer, so the rank is a lower bound and each hidden share an upper bound (exact arithmetic)",
-        ]
+            "exact answer, so the rank is a lower bound and each hidden share an upper bound (exact arithmetic)"
+        )
         verification = partial_verification(result, readings, budget=budget, device=str(device), notes=notes)
         result.verification["rank"] = verification
         return verification
     headline = max(measurements, key=lambda m: m.rank)
     confirms, agreement, judgement = judge(result.verdict, headline.rank, headline.unknowns)
     bound = bound_check(result.identifiability, headline.rank)
-    notes = [
-        f"weights: {weights}",
-        f"inputs: {source}",
-        f"loss: {loss}, labels drawn with seed {seed}",
-        f"shared gradient: {len(shared)} parameter tensors, {headline.shared_gradient_size:,} values",
+    notes += [
         f"sketch: {headline.sketch_rows} Gaussian rows x {headline.unknowns} unknowns in {headline.precision}, "
         f"{headline.method} in chunks of {headline.chunk_rows} rows; rank by {headline.spectrum}"
         if not matrix_free

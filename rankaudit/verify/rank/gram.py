@@ -109,6 +109,12 @@ def measure_matrix_free(
     )
 
 
+def invisible_part(reading: KrylovReading, images: torch.Tensor) -> torch.Tensor:
+    """The part of ``images``' deviation from their mean that an exact reading's visible subspace misses (flat)."""
+    x = centred(images.detach().to(reading.visible.dtype)).reshape(-1).to(reading.visible.device)
+    return x - reading.visible.T @ (reading.visible @ x)
+
+
 def as_rank_measurement(
     reading: KrylovReading, images: torch.Tensor, *, shared: list[str], shared_size: int, loss: str, device: str
 ) -> RankMeasurement:
@@ -140,8 +146,7 @@ def as_rank_measurement(
         gap = kept / float(values[rank]) if values[rank] > 0 else math.inf
     else:
         gap = kept / reading.tolerance if reading.tolerance > 0 else math.inf
-    x = centred(images.detach().to(reading.visible.dtype)).reshape(-1).to(reading.visible.device)
-    invisible = x - reading.visible.T @ (reading.visible @ x)
+    invisible = invisible_part(reading, images)
     return RankMeasurement(
         unknowns=unknowns,
         rank=rank,

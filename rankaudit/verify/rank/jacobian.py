@@ -334,11 +334,11 @@ def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, me
     """The float32 sketch's σ_min from below with its trailing rows recomputed in float64 (verify.rank.refine), or
     None when the rest of the sketch does not clear the float32 error either."""
     from rankaudit.verify.rank.refine import trailing_rows_bound
-    from rankaudit.verify.rank.sketch import _draw_rows, _ForwardOverReverse, _ReverseOverReverse
+    from rankaudit.verify.rank.sketch import _draw_rows, _ForwardOverReverse, _ReverseOverReverse, per_parameter
 
     named = dict(net.named_parameters())
     shapes = [tuple(named[name].shape) for name in names]
-    sizes = [named[name].numel() for name in names]
+    width = sum(named[name].numel() for name in names)
     generator = torch.Generator(device=x.device)
     reuse: dict = {}
     with _math_attention(), differentiable_ops():
@@ -353,18 +353,16 @@ def _trailing_rows_in_float64(net, x, labels, loss, names, wide, error, seed, me
         with _math_attention(), differentiable_ops():
             for first in range(0, directions.shape[0], step):
                 chunk_rows = directions[first : first + step]
-                count = chunk_rows.shape[0]
-                cut = [block.view(count, *shape) for block, shape in zip(chunk_rows.split(sizes, dim=1), shapes)]
-                parts.append(rows_of(cut).reshape(count, -1))
+                parts.append(rows_of(per_parameter(chunk_rows, shapes)).reshape(len(chunk_rows), -1))
         return torch.cat(parts)
 
     return trailing_rows_bound(
         wide,
         error,
-        draw_rows=lambda first, count: _draw_rows(first, count, sum(sizes), seed, generator, reuse),
+        draw_rows=lambda first, count: _draw_rows(first, count, width, seed, generator, reuse),
         exact_rows=exact_rows,
         margin=FLOAT32_MARGIN,
-        width=sum(sizes),
+        width=width,
         memory_bytes=memory_budget(x.device)[0],
     )
 

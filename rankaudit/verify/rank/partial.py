@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rankaudit.verify.rank.gram import invisible_part
 from rankaudit.verify.rank.hidden import centred
 from rankaudit.verify.rank.krylov import KrylovReading
 from rankaudit.verify.rank.measurement import bound_check
@@ -26,12 +27,10 @@ def hidden_at_most(reading: KrylovReading, image: torch.Tensor) -> float | None:
     Krylov bound; None for a sample equal to its own mean."""
     if not reading.exact or reading.visible is None:
         return reading.hidden_share_at_most
-    c = centred(image.detach().to(reading.visible.dtype)).reshape(-1).to(reading.visible.device)
-    energy = float(c.square().sum())
+    energy = float(centred(image.detach().double()).square().sum())
     if energy == 0:
         return None
-    invisible = c - reading.visible.T @ (reading.visible @ c)
-    return float(invisible.square().sum()) / energy
+    return float(invisible_part(reading, image).square().sum()) / energy
 
 
 def partial_verification(

@@ -182,13 +182,19 @@ def _gaussian_rows(
     memory of this size costs a page fault per page, seconds over a whole sketch), and the tensors returned are
     views that the next call overwrites.
     """
-    sizes = [math.prod(shape) for shape in shapes]
-    drawn = _draw_rows(first, count, sum(sizes), seed, generator, reuse)
+    width = sum(math.prod(shape) for shape in shapes)
+    drawn = _draw_rows(first, count, width, seed, generator, reuse)
     wide = drawn
     if dtype != torch.float32:
-        wide = _buffer(reuse, "wide", count, sum(sizes), dtype, generator.device).copy_(drawn)
-    # A parameter's column block, viewed in its shape: its rows are strided, its entries within a row contiguous.
-    return [block.view(count, *shape) for block, shape in zip(wide.split(sizes, dim=1), shapes)]
+        wide = _buffer(reuse, "wide", count, width, dtype, generator.device).copy_(drawn)
+    return per_parameter(wide, shapes)
+
+
+def per_parameter(rows: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Flat rows (count x m) cut into one (count, *shape) view per parameter: a parameter's column block, viewed in
+    its shape (its rows strided, its entries within a row contiguous), nothing copied."""
+    sizes = [math.prod(shape) for shape in shapes]
+    return [block.view(len(rows), *shape) for block, shape in zip(rows.split(sizes, dim=1), shapes)]
 
 
 def _draw_rows(
