@@ -573,6 +573,7 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
 
     Settings: these flags, else [tool.rankaudit.guard] and [tool.rankaudit.round] in the nearest pyproject.toml.
     """
+    from rankaudit.guard.batch import load_batch
     from rankaudit.guard.local import run_guard
     from rankaudit.report import guard as guard_report
     from rankaudit.settings.guard_options import one_round_flags, settings_from_flags
@@ -580,23 +581,22 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round
 
-    report_files.check_outputs(output, inputs=report_files.command_inputs([model], data=data))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
     supervise.set_config_memory_limit(settings.memory_limit)
-    guard = settings_from_flags(options, log, settings.guard)
+    guard = settings_from_flags(options, log, settings.guard)  # its log: the flag's, else the pyproject's
+    inputs = report_files.command_inputs([model], data=data, weights=weights, labels=labels)
+    report_files.check_outputs(output, inputs=inputs, log=guard.log)
     round_flags = one_round_flags(flags.round_flags(ctx))
     batch = batch_size or settings.batch_size
     if batch is None or round_flags.get("local_samples") is None:
-        from rankaudit.guard.local import load_batch
-
         count = len(load_batch(data, labels)[0])
         batch = batch or count
         if round_flags.get("local_samples") is None and not (settings.round or {}).get("local_samples"):
             round_flags["local_samples"] = count
     round_ = build_run_round(round_flags, batch, settings.round)
     # The local steps run the model's code: in a worker, so the decision is made where that code never ran.
-    run = worker.run(run_guard, model, weights, data, labels, round_, guard, limited=False)
+    run = worker.run(run_guard, model, weights, data, labels, round_, guard, limited=False, phase="the local training")
     text = guard_report.render_json(run) if output_format == "json" else guard_report.render_table(run)
     emit.write(text, output)
     sent_as_computed = run.decision.action == "send"

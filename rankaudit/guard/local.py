@@ -10,55 +10,14 @@ fixed, in float32 as clients train).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from rankaudit.errors import UsageError
+from rankaudit.guard.batch import check_label_range, load_batch
 from rankaudit.result import GuardRun
 from rankaudit.settings.guard_options import GuardSettings
 from rankaudit.settings.round import Round
-
-
-def load_batch(data: str, labels: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(samples, labels) from a .npz with x and y, or a .npy with a labels .npy; one line and exit 2 otherwise."""
-    path = Path(data)
-    if not path.is_file():
-        raise UsageError(f"--data {data}: no such file", "give the client's batch as a .npz (x, y) or a .npy")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except Exception as exc:
-        raise UsageError(
-            f"--data {data} could not be read as NumPy data ({exc})", "save it with np.save or np.savez"
-        ) from exc
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        keys = set(loaded.files)
-        if not {"x", "y"} <= keys:
-            raise UsageError(
-                f"--data {data} holds {', '.join(sorted(keys)) or 'nothing'}, not x and y",
-                "save the batch with np.savez(path, x=samples, y=labels)",
-            )
-        if labels is not None:
-            raise UsageError("--labels given with a .npz that holds y", "drop --labels, or give a .npy as --data")
-        x, y = loaded["x"], loaded["y"]
-    else:
-        if labels is None:
-            raise UsageError(
-                f"--data {data} holds samples only: the local step needs their labels",
-                "add --labels LABELS.npy, or save np.savez(path, x=samples, y=labels)",
-            )
-        if not Path(labels).is_file():
-            raise UsageError(f"--labels {labels}: no such file", "give the labels saved with np.save")
-        x, y = loaded, np.load(labels, allow_pickle=False)
-    if x.ndim < 2 or not np.issubdtype(x.dtype, np.number):
-        raise UsageError(f"--data {data}: samples of shape {x.shape} ({x.dtype})", "give numeric samples, batch first")
-    if y.shape[:1] != x.shape[:1] or not np.issubdtype(y.dtype, np.integer):
-        raise UsageError(
-            f"labels of shape {y.shape} ({y.dtype}) for {len(x)} samples",
-            "give one integer class label per sample",
-        )
-    return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
 
 
 def run_guard(
@@ -98,7 +57,10 @@ def run_guard(
             model.load_state_dict(received)
         net = client_mode(model.float(), round_.bn_mode)
         with torch.no_grad():
-            loss = loss_name_for(logits_of(net(x[:1])).numel())
+            classes = logits_of(net(x[:1])).numel()
+        loss = loss_name_for(classes)
+        if loss == "cross-entropy":
+            check_label_range(y, classes)
         labels_for_loss = y if loss == "cross-entropy" else torch.where(y > 0, 1, -1)
         # torch.func's first use in a process sets up its transforms (seconds on a small machine): done on a scalar
         # before the clock starts, so that the training's time is the training's.

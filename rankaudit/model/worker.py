@@ -110,8 +110,9 @@ def _no_tracing() -> None:
         libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP: nor regained by a program it starts
 
 
-def _serve(function, args, kwargs, write_end: int) -> None:
-    """In the worker: run the function, write its answer, end (never return)."""
+def _serve(function, args, kwargs, write_end: int, phase: str | None = None) -> None:
+    """In the worker: run the function (as one limited phase when `phase` names it), write its answer, end (never
+    return)."""
     supervise.become_worker()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(Exception):
@@ -122,7 +123,11 @@ def _serve(function, args, kwargs, write_end: int) -> None:
         _no_tracing()
     code = 0
     try:
-        answer = ("ok", function(*args, **kwargs))
+        if phase is None:
+            answer = ("ok", function(*args, **kwargs))
+        else:
+            with supervise.phase(phase):
+                answer = ("ok", function(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - every failure is handed back, as the clean process says it
         answer = _as_error(exc)
     try:
@@ -184,12 +189,14 @@ def _end_as(status: int) -> None:
     supervise._real_exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 3)
 
 
-def run(function, *args, limited: bool = True, **kwargs):
+def run(function, *args, limited: bool = True, phase: str | None = None, **kwargs):
     """function(*args, **kwargs) with the model's code in a worker process; its answer, or its error raised here.
 
     limited: the worker only imports, builds and traces (each under --timeout, never without one); otherwise it
-    runs a verifier or suggest's searches, unlimited but for the phases it enters. Unsupervised (in-process, tests,
-    no fork) it is a plain call."""
+    runs a verifier or suggest's searches, unlimited but for the phases it enters. phase: the function runs as one
+    phase of that name under --timeout (the phases it enters get their own; on leaving one, the clock starts again):
+    a client's local training, say, that must end like the model's load. Unsupervised (in-process, tests, no fork)
+    it is a plain call."""
     if not supervise.may_report() or not hasattr(os, "fork"):
         return function(*args, **kwargs)
     read_end, write_end = os.pipe()
@@ -200,7 +207,7 @@ def run(function, *args, limited: bool = True, **kwargs):
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _serve(function, args, kwargs, write_end)
+        _serve(function, args, kwargs, write_end, phase)
     os.close(write_end)
     try:
         data, status = _read_answer(read_end, pid)

@@ -55,6 +55,16 @@ def _check_file(option: str, path: str) -> None:
             os.unlink(path)
 
 
+def _check_appended(option: str, path: str) -> None:
+    """Can lines be appended to `path`? A regular file, or one that can be created: a pipe would hold the run until
+    something reads it, a device is no log."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        mode = os.stat(path).st_mode
+        what = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a file"
+        _refuse(option, path, f"is {what}; lines are appended to a regular file", "give a file name")
+    _check_file(option, path)
+
+
 _held_fifos: dict[str, int] = {}  # named pipes checked, by their real path: the descriptor the report goes to
 
 
@@ -158,12 +168,18 @@ def check_outputs(
     html: str | None = None,
     artifacts: str | None = None,
     inputs: list[tuple[str, str | None]] | None = None,
+    log: str | None = None,
 ) -> None:
     """Every output path of a command, before any model code runs: one line and exit 2 for one that cannot work
-    (`inputs`: what the command reads, as (what, path): no output may name one)."""
+    (`inputs`: what the command reads, as (what, path): no output may name one; `log`: a file lines are appended
+    to, --log)."""
     if output and html and _same_file(output, html):
         raise UsageError(f"-o and --html both name {output}", "give the HTML report its own file name")
-    refuse_inputs({"-o": output, "--html": html}, inputs or [])
+    if output and log and _same_file(output, log):
+        raise UsageError(f"-o and --log both name {output}", "give the log its own file name")
+    refuse_inputs({"-o": output, "--html": html, "--log": log}, inputs or [])
+    if log:
+        _check_appended("--log", log)
     for option, path in (("-o", output), ("--html", html)):
         if path:
             _check_file(option, path)

@@ -1,0 +1,214 @@
+"""`rankaudit guard` on hostile inputs (a client runs it on what a server sends): outputs that would overwrite an
+input, a log that is a pipe or in a missing folder, a forward that never returns, labels and .npz files that are
+not what they say. Each is one line and its exit code, never an internal error or a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+from torch import nn
+
+MODEL = """
+import torch
+from torch import nn
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+class Stalls(MLP):
+    # A forward that traces on the meta device and then never returns on the client's real samples.
+    def forward(self, x):
+        while not x.is_meta:
+            pass
+        return super().forward(x)
+"""
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+
+@pytest.fixture
+def client(tmp_path):
+    (tmp_path / "net.py").write_text(MODEL)
+    torch.manual_seed(0)
+    torch.save(MLP().state_dict(), tmp_path / "w.pt")
+    generator = np.random.default_rng(0)
+    x = generator.random((6, 12), dtype=np.float32)
+    y = generator.integers(0, 3, 6)
+    np.savez(tmp_path / "batch.npz", x=x, y=y)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    return tmp_path
+
+
+def guard(run_cli, client, *args, data="batch.npz", model="net.py:MLP"):
+    return run_cli("guard", client / model, "--weights", client / "w.pt", "--data", client / data, *args)
+
+
+def one_line(err: str, *fragments: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rankaudit: error: ") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_log_of_its_own_gets_one_line_per_decision(run_cli, client):
+    code, out, err = guard(run_cli, client, "--log", client / "guard.jsonl")
+    assert code in (0, 1) and out and not err.strip(), err  # a small MLP: a unit may well fire for one sample
+    assert (client / "guard.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize("target", ["w.pt", "x.npy", "y.npy", "net.py", "batch.npz"])
+def test_the_report_never_overwrites_an_input(run_cli, client, target):
+    before = (client / target).read_bytes()
+    data = ("x.npy", "--labels", client / "y.npy") if target in ("x.npy", "y.npy") else ("batch.npz",)
+    code, out, err = guard(run_cli, client, *data[1:], "-o", client / target, data=data[0])
+    assert code == 2 and out == ""
+    one_line(err, f"-o {client / target}", "the report would overwrite it")
+    assert (client / target).read_bytes() == before
+
+
+@pytest.mark.parametrize("target", ["w.pt", "net.py", "batch.npz"])
+def test_the_log_never_appends_to_an_input(run_cli, client, target):
+    before = (client / target).read_bytes()
+    code, _, err = guard(run_cli, client, "--log", client / target)
+    assert code == 2
+    one_line(err, f"--log {client / target}", "the report would overwrite it")
+    assert (client / target).read_bytes() == before
+
+
+def test_the_log_through_a_link_to_the_weights_is_refused(run_cli, client):
+    os.symlink(client / "w.pt", client / "innocent.jsonl")
+    code, _, err = guard(run_cli, client, "--log", client / "innocent.jsonl")
+    assert code == 2 and "the weights input" in one_line(err)
+
+
+def test_the_log_and_the_report_in_one_file_are_refused(run_cli, client):
+    code, _, err = guard(run_cli, client, "--log", client / "out.txt", "-o", client / "out.txt")
+    assert code == 2
+    one_line(err, "-o and --log both name")
+
+
+def test_a_log_that_is_a_pipe_or_in_a_missing_folder_is_refused(run_cli, client):
+    os.mkfifo(client / "pipe")
+    started = time.monotonic()
+    code, _, err = guard(run_cli, client, "--log", client / "pipe")
+    assert code == 2 and time.monotonic() - started < 30
+    one_line(err, "named pipe (FIFO)", "regular file")
+    code, _, err = guard(run_cli, client, "--log", client / "missing" / "guard.jsonl")
+    assert code == 2
+    one_line(err, "does not exist", "create the folder")
+
+
+def test_a_log_the_pyproject_names_is_checked_too(run_cli, client):
+    (client / "pyproject.toml").write_text(f'[tool.rankaudit.guard]\nlog = "{client / "w.pt"}"\n')
+    code, _, err = guard(run_cli, client)
+    assert code == 2
+    one_line(err, "--log", "the weights input")
+
+
+def _labels(client, values) -> None:
+    x = np.load(client / "x.npy")
+    np.savez(client / "bad.npz", x=x, y=np.asarray(values))
+
+
+@pytest.mark.parametrize(
+    "labels, fragment",
+    [
+        ([0, 1, 2, 3, 0, 1], "a label is 3, but the model gives 3 class scores"),
+        ([0, 1, -1, 2, 0, 1], "the labels hold -1"),
+        (np.array([0, 1, 2, 0, 1, np.iinfo(np.uint64).max], dtype=np.uint64), "18446744073709551615"),
+        (np.zeros((6, 3), dtype=np.int64), "labels of shape (6, 3)"),
+        (np.zeros(6, dtype=bool), "(bool)"),
+        (np.zeros(6, dtype=np.float32), "(float32)"),
+    ],
+    ids=["out-of-range", "negative", "uint64-max", "2-D", "bool", "float"],
+)
+def test_labels_that_are_not_class_indices_are_one_line(run_cli, client, labels, fragment):
+    _labels(client, labels)
+    code, _, err = guard(run_cli, client, data="bad.npz")
+    assert code == 2
+    one_line(err, fragment)
+
+
+def test_pickled_object_arrays_are_refused_unread(run_cli, client):
+    x = np.load(client / "x.npy")
+    objects = np.empty(6, dtype=object)
+    objects[:] = [0, 1, 2, 0, 1, 2]
+    with zipfile.ZipFile(client / "pickled.npz", "w") as archive:  # what np.savez writes, with a pickled member
+        for name, value in (("x", x), ("y", objects)):
+            with archive.open(f"{name}.npy", "w") as member:
+                np.lib.format.write_array(member, value, allow_pickle=True)
+    code, _, err = guard(run_cli, client, data="pickled.npz")
+    assert code == 2
+    one_line(err, "its y could not be read", "no object arrays")
+    np.save(client / "labels.npy", objects, allow_pickle=True)
+    code, _, err = guard(run_cli, client, "--labels", client / "labels.npy", data="x.npy")
+    assert code == 2
+    one_line(err, "--labels", "could not be read as NumPy data")
+
+
+def test_corrupt_and_truncated_archives_are_one_line(run_cli, client):
+    whole = (client / "batch.npz").read_bytes()
+    (client / "truncated.npz").write_bytes(whole[: len(whole) // 2])
+    code, _, err = guard(run_cli, client, data="truncated.npz")
+    assert code == 2
+    one_line(err, "truncated.npz")
+    corrupt = bytearray(whole)
+    start = whole.index(b"y.npy") + 200  # inside the y member's data: its checksum no longer matches
+    corrupt[start : start + 16] = b"\xff" * 16
+    (client / "corrupt.npz").write_bytes(bytes(corrupt))
+    code, _, err = guard(run_cli, client, data="corrupt.npz")
+    assert code == 2
+    one_line(err, "corrupt.npz")
+
+
+def test_complex_and_non_finite_samples_are_refused(run_cli, client):
+    x, y = np.load(client / "x.npy"), np.load(client / "y.npy")
+    np.savez(client / "complex.npz", x=x + 1j * x, y=y)
+    code, _, err = guard(run_cli, client, data="complex.npz")
+    assert code == 2
+    one_line(err, "complex", "real-valued")
+    x[2, 3] = np.nan
+    np.savez(client / "nan.npz", x=x, y=y)
+    code, _, err = guard(run_cli, client, data="nan.npz")
+    assert code == 2
+    one_line(err, "NaN")
+
+
+def test_a_forward_that_never_returns_ends_at_the_timeout(client):
+    """The local training runs under --timeout like the model's load: here the trace passes (meta tensors) and the
+    first real forward loops, in a fresh process as the user runs it."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "rankaudit", "guard", client / "net.py:Stalls", "--weights", client / "w.pt"]
+        + ["--data", client / "batch.npz", "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3 and done.stdout == ""
+    one_line(done.stderr, "the local training did not finish within 5 s", "--timeout")
+    assert elapsed < 30, elapsed
