@@ -235,16 +235,16 @@ def test_the_visible_energy_check_blocks_a_sample_the_gradient_shows():
     assert decision.energy is None and "needs the samples' labels" in decision.notes[0]
 
 
-def test_settings_are_checked_and_the_run_config_wins():
+def test_settings_are_checked_and_the_run_config_only_tightens():
     with pytest.raises(UsageError, match="action"):
         guard_settings({"action": "warn"})
     with pytest.raises(UsageError, match="unknown key"):
         guard_settings({"tolerence": 1e-3})
     with pytest.raises(UsageError, match="tolerance"):
         guard_settings({"tolerance": 0})
-    base = guard_settings({"action": "drop", "noise_scale": 2})
-    chosen = from_run_config({"rankaudit-guard-action": "noise", "lr": 0.1}, base=base)
-    assert chosen.action == "noise" and chosen.noise_scale == 2.0
+    base = guard_settings({"action": "noise", "noise_scale": 2})
+    chosen = from_run_config({"rankaudit-guard-action": "drop", "lr": 0.1}, base=base)
+    assert chosen.action == "drop" and chosen.noise_scale == 2.0
 
 
 def test_the_pyproject_table(tmp_path):

@@ -213,3 +213,195 @@ def test_a_message_that_is_not_training_passes_untouched():
     )
     reply = grid.send_and_receive([message])[0]
     assert not reply.has_error() and reply.content["metrics"]["accuracy"] == 0.5
+
+
+# ---- samples(context) as Flower apps have them ---------------------------------------------------------------------
+
+
+class DictItems:
+    """A map-style dataset of dict items, as a Hugging Face partition with a transform gives them."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return {"img": self.x[index], "label": int(self.y[index])}
+
+
+def load_data(partition_id: int, num_partitions: int):
+    """The shape of Flower's quickstart load_data: a train and a test DataLoader of {"img", "label"} batches."""
+    from torch.utils.data import DataLoader
+
+    x, y = DATA[partition_id]
+    train = DataLoader(DictItems(x, y), batch_size=BATCH)
+    test = DataLoader(DictItems(x[:4], y[:4]), batch_size=BATCH)
+    return train, test
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["quickstart-pair", "dataloader", "tuple-dataloader", "dataset", "dict-dataset", "tensors", "arrays", "dict"],
+)
+def test_samples_may_be_what_flower_apps_have(form):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from rankaudit.guard.batch import client_samples
+
+    x, y = DATA[0]
+    found = {
+        "quickstart-pair": lambda: load_data(0, 2),
+        "dataloader": lambda: DataLoader(DictItems(x, y), batch_size=5),
+        "tuple-dataloader": lambda: DataLoader(TensorDataset(x, y), batch_size=3),
+        "dataset": lambda: TensorDataset(x, y),
+        "dict-dataset": lambda: DictItems(x, y),
+        "tensors": lambda: (x, y),
+        "arrays": lambda: (x.numpy(), y.numpy()),
+        "dict": lambda: {"img": x, "label": y},
+    }[form]()
+    samples, labels, notes = client_samples(found)
+    assert torch.equal(samples, x) and torch.equal(labels, y)
+    assert notes == (
+        ["samples(context) returned 2 DataLoaders: the guard took the first, the training one"]
+        if form == "quickstart-pair"
+        else []
+    )
+    alone, none, _ = client_samples(x.numpy())
+    assert torch.equal(alone, x) and none is None
+
+
+@pytest.mark.parametrize(
+    "found, words",
+    [
+        ("img", "returned a str"),
+        (7, "returned a int"),
+        ({"pixels": torch.zeros(2, 3)}, "keys pixels, and none holds the samples"),
+        ((x for x in range(3)), "returned a generator"),
+        ([], "returned no samples"),
+    ],
+)
+def test_a_wrong_return_is_one_line_naming_what_is_expected(found, words):
+    from rankaudit.errors import UsageError
+    from rankaudit.guard.batch import client_samples
+
+    with pytest.raises(UsageError) as raised:
+        client_samples(found)
+    line = str(raised.value)
+    assert words in line and "\n" not in line
+    assert "DataLoader" in line or "img or image" in line or "this round's samples" in line
+
+
+def test_the_quickstart_shape_runs_and_a_wrong_return_blocks_with_one_line(caplog):
+    def quickstart_samples(context):
+        return load_data(context.node_config["partition-id"], 2)
+
+    app = ClientApp(mods=[rankaudit_guard(SmallCNN, quickstart_samples)])
+    app.train()(_train)
+    strategy = Recording()
+    torch.manual_seed(0)
+    strategy.start(grid=InProcessGrid(app, nodes=2), initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)
+    assert all(not reply.has_error() for reply in strategy.received)
+    assert sum("took the first, the training one" in r.getMessage() for r in caplog.records) == 1  # once per process
+
+    caplog.clear()
+    app = ClientApp(mods=[rankaudit_guard(SmallCNN, lambda context: "data/partition-0")])
+    app.train()(_train)
+    strategy = Recording()
+    strategy.start(grid=InProcessGrid(app, nodes=2), initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)
+    assert all(reply.has_error() and reply.error.code == BLOCKED_CODE for reply in strategy.received)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2 and all("returned a str" in line and "DataLoader" in line for line in errors)
+    assert all("Traceback" not in (r.exc_text or "") for r in caplog.records)
+
+
+def _train(msg: Message, context: Context) -> Message:
+    model = SmallCNN()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    x, y = DATA[context.node_config["partition-id"]]
+    local_training(model, x, y)
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": len(x)})})
+    return Message(content=content, reply_to=msg)
+
+
+# ---- the run config may only make the guard stricter -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key, value, base",
+    [
+        ("action", "drop", {}),
+        ("action", "noise", {}),
+        ("action", "noise", {"action": "drop"}),
+        ("tolerance", 1e-300, {}),
+        ("check-features", False, {}),
+        ("energy-budget", 1.0, {"energy_budget": 30.0}),
+        ("min-hidden", 0.0, {"energy_budget": 30.0}),
+        ("noise-scale", 0.001, {"action": "noise"}),
+        ("log", "/tmp/anywhere.jsonl", {}),
+        ("seed", 0, {"action": "noise"}),
+    ],
+)
+def test_a_run_config_key_that_weakens_the_guard_is_ignored_with_a_line(key, value, base):
+    from rankaudit.settings.guard_options import GuardSettings, from_run_config, guard_settings
+
+    client = guard_settings(base)
+    ignored: list[str] = []
+    chosen = from_run_config({f"rankaudit-guard-{key}": value, "lr": 0.1}, base=client, ignored=ignored)
+    assert chosen == client and chosen != GuardSettings(**{**client.__dict__, key.replace("-", "_"): value})
+    assert len(ignored) == 1
+    assert f"rankaudit-guard-{key}" in ignored[0] and "ignored" in ignored[0] and "pyproject.toml" in ignored[0]
+
+
+@pytest.mark.parametrize(
+    "key, value, base",
+    [
+        ("action", "block", {"action": "drop"}),
+        ("action", "drop", {"action": "noise"}),
+        ("tolerance", 0.01, {}),
+        ("check-features", True, {"check_features": False}),
+        ("energy-budget", 20.0, {}),
+        ("min-hidden", 0.2, {}),
+        ("noise-scale", 3.0, {"action": "noise"}),
+    ],
+)
+def test_a_run_config_key_that_tightens_the_guard_is_taken(key, value, base):
+    from rankaudit.settings.guard_options import from_run_config, guard_settings
+
+    ignored: list[str] = []
+    chosen = from_run_config({f"rankaudit-guard-{key}": value}, base=guard_settings(base), ignored=ignored)
+    assert getattr(chosen, key.replace("-", "_")) == value and ignored == []
+
+
+def test_the_rule_table_covers_every_setting_or_refuses_it():
+    """Every setting is either ordered in the table or never taken from a run config; the table's names are the
+    settings' own or ones the settings may gain (min_psnr, feature_action)."""
+    from dataclasses import fields
+
+    from rankaudit.settings.guard_options import STRICTER, GuardSettings, _stricter_or_equal
+
+    names = {field.name for field in fields(GuardSettings)}
+    assert set(STRICTER) - names <= {"min_psnr", "feature_action"}
+    assert not _stricter_or_equal("log", "x", None) and not _stricter_or_equal("a_later_setting", 1, 0)
+    assert _stricter_or_equal("min_psnr", 20.0, 30.0) and not _stricter_or_equal("min_psnr", 40.0, 30.0)
+    assert _stricter_or_equal("feature_action", "block", "drop") and not _stricter_or_equal(
+        "feature_action", "send", "drop"
+    )
+
+
+def test_a_launcher_cannot_turn_the_guard_into_drop_or_aim_its_log(tmp_path, caplog):
+    app = client_app()
+    grid = InProcessGrid(app, nodes=2)
+    aimed = tmp_path / "aimed.jsonl"
+    for context in grid.contexts.values():
+        context.run_config.update({"rankaudit-guard-action": "drop", "rankaudit-guard-log": str(aimed)})
+    strategy = Imprinting()
+    torch.manual_seed(0)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)
+    assert all(reply.has_error() and reply.error.code == BLOCKED_CODE for reply in strategy.received)
+    assert not aimed.exists()
+    warnings = [r.getMessage() for r in caplog.records if "would weaken" in r.getMessage()]
+    assert len(warnings) == 2  # one per key, once per client process (the two nodes share this one)
+    assert any("rankaudit-guard-action" in line for line in warnings)
+    assert any("rankaudit-guard-log" in line for line in warnings)

@@ -8,7 +8,9 @@ a dropped or noised one replaces the reply's ArrayRecord. Every decision is one 
 the file the settings name). flwr is imported when the mod is built, never by rankaudit itself.
 
 Settings, later ones winning: the defaults (block), [tool.rankaudit.guard] in the app's pyproject.toml (the working
-directory's), the mod's keyword arguments, then the run config's ``rankaudit-guard-*`` keys.
+directory's), the mod's keyword arguments, then the run config's ``rankaudit-guard-*`` keys where they make the guard
+stricter (the run config is whoever launches the run's: a key that would weaken the client's own settings is ignored
+with a warning line naming it).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from torch import nn
 
+from rankaudit.errors import RankauditError
+from rankaudit.guard.batch import client_samples
 from rankaudit.guard.decide import Guard, log_record
 from rankaudit.settings.guard_options import GuardSettings, from_run_config, guard_settings
 
@@ -47,13 +50,6 @@ def _array_record(content):
     return records[0]
 
 
-def _samples(found) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(found, (tuple, list)):
-        x, y = found
-        return torch.as_tensor(x), None if y is None else torch.as_tensor(y)
-    return torch.as_tensor(found), None
-
-
 def _server_round(msg) -> int | None:
     """The round the message belongs to: its group id where the server set one, else the "server-round" that
     Flower's strategies put in the train config."""
@@ -74,10 +70,11 @@ def rankaudit_guard(
 ):
     """A Flower mod that checks each train reply before it leaves the client.
 
-    ``model``: the audited model, or a callable that builds it (its class). ``samples(context)``: the client's
-    samples of this round (a tensor or array, batch first), or (samples, labels); the same ones the train handler
-    trains on. ``options``: GuardSettings keys (action="drop", tolerance=1e-3, log="guard.jsonl", ...)."""
-    from logging import INFO, WARNING
+    ``model``: the audited model, or a callable that builds it (its class). ``samples(context)``: the samples the
+    train handler trains on this round, as the app has them: a DataLoader (or the quickstart's (trainloader,
+    testloader) pair: the first is taken), a dataset, a tensor or array (batch first), (samples, labels), or dict
+    batches ({"img": ..., "label": ...}). ``options``: GuardSettings keys (action="drop", log="guard.jsonl", ...)."""
+    from logging import ERROR, INFO, WARNING
 
     from flwr.app import Error, Message, MessageType
     from flwr.common.logger import log
@@ -85,6 +82,12 @@ def rankaudit_guard(
     base = guard_settings(options, base=app_settings(), where="rankaudit_guard's arguments")
     built: dict[str, nn.Module] = {}
     guards: dict[GuardSettings, Guard] = {}  # one per settings in force: the noise generator runs on across rounds
+    said: set[str] = set()  # the warnings and notes already in the log: each once per client process
+
+    def say_once(level: int, line: str) -> None:
+        if line not in said:
+            said.add(line)
+            log(level, "rankaudit guard: %s", line)
 
     def guard_for(settings: GuardSettings) -> Guard:
         if "model" not in built:
@@ -103,8 +106,19 @@ def rankaudit_guard(
             return reply
         key, sent_record = _array_record(reply.content)
         sent = sent_record.to_torch_state_dict()
-        guard = guard_for(from_run_config(dict(context.run_config), base=base))
-        x, y = _samples(samples(context))
+        ignored: list[str] = []
+        try:
+            guard = guard_for(from_run_config(dict(context.run_config), base=base, ignored=ignored))
+            x, y, notes = client_samples(samples(context))
+        except RankauditError as exc:  # the guard cannot check this update: it is not sent, and the line says why
+            log(ERROR, "rankaudit guard: %s", exc)
+            return Message(
+                Error(code=BLOCKED_CODE, reason=f"rankaudit guard could not check this update: {exc}"), reply_to=msg
+            )
+        for line in ignored:
+            say_once(WARNING, line)
+        for line in notes:
+            say_once(INFO, line)
         decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
         log(
             INFO if decision.action == "send" else WARNING,

@@ -3,6 +3,7 @@ must match a sample to count; from keyword arguments, a Flower run config or [to
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 
@@ -84,12 +85,64 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
     return replace(base or GuardSettings(), **chosen)
 
 
-def from_run_config(run_config: dict, base: GuardSettings | None = None) -> GuardSettings:
-    """The settings a Flower run config gives under ``rankaudit-guard-*`` keys, over ``base``."""
+# Which way each setting makes the guard stricter, for the settings a run config may only tighten: "higher" or
+# "lower" (a number), "true" (a switch), or the values from weakest to strictest. A field this table does not name
+# (a later setting, or `log` and `seed`, which aim the guard's output or make its noise predictable) is never taken
+# from a run config. Names the settings do not have (yet) are skipped.
+STRICTER = {
+    "action": ("noise", "drop", "block"),  # noise sends the offending rows noised, drop sends none of them
+    "feature_action": ("send", "drop", "block"),
+    "tolerance": "higher",  # a looser match counts more readouts as reads
+    "min_psnr": "lower",  # a readout at or above it leaks: a lower threshold counts more
+    "check_features": "true",
+    "noise_scale": "higher",
+    "energy_budget": "higher",  # 0 skips the energy check
+    "min_hidden": "higher",
+}
+
+
+def _stricter_or_equal(name: str, value, current) -> bool:
+    way = STRICTER.get(name)
+    if way is None:
+        return False
+    if isinstance(way, tuple):
+        return value in way and current in way and way.index(value) >= way.index(current)
+    if way == "true":
+        return bool(value) or not current
+    return value >= current if way == "higher" else value <= current
+
+
+def from_run_config(
+    run_config: dict, base: GuardSettings | None = None, ignored: list[str] | None = None
+) -> GuardSettings:
+    """The settings a Flower run config gives under ``rankaudit-guard-*`` keys, over ``base`` (the client's own,
+    from its code and its pyproject.toml): only where they make the guard stricter. Whoever launches the run sets
+    the run config, and the guard protects the client from the server's side: a key that would weaken ``base`` is
+    left out, with one line in ``ignored`` naming it and where the client sets it instead."""
+    from dataclasses import fields as dataclass_fields
+
+    base = base or GuardSettings()
     found = {
         key[len(RUN_CONFIG_PREFIX) :]: value for key, value in run_config.items() if key.startswith(RUN_CONFIG_PREFIX)
     }
-    return guard_settings(found, base=base, where="the run config's rankaudit-guard- keys")
+    where = "the run config's rankaudit-guard- keys"
+    proposed = guard_settings(found, base=base, where=where)  # each value checked as the client's own would be
+    kept = {}
+    for field in dataclass_fields(GuardSettings):
+        value, current = getattr(proposed, field.name), getattr(base, field.name)
+        if value == current:
+            continue
+        if _stricter_or_equal(field.name, value, current):
+            kept[field.name] = value
+        elif ignored is not None:
+            key = field.name.replace("_", "-")
+            ignored.append(
+                f"the run config's {RUN_CONFIG_PREFIX}{key} = {json.dumps(value)} would weaken the client's guard "
+                f"({key} = {json.dumps(current)}), so it is ignored: a run config may only make the guard stricter; set "
+                f"{key} in the client's own code (rankaudit_guard(..., {field.name}=...)) or in its pyproject.toml "
+                "[tool.rankaudit.guard]"
+            )
+    return guard_settings(kept, base=base, where=where)
 
 
 def settings_from_flags(options: dict, log: str | None, base: GuardSettings | None) -> GuardSettings:
