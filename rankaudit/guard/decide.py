@@ -91,6 +91,10 @@ class Guard:
     ``model``: the audited architecture (any weights; the received ones are loaded into a copy). ``settings``:
     rankaudit.settings.guard_options.GuardSettings (block by default)."""
 
+    # Where each decision's line goes besides the settings' log file; a framework's adapter sets None and writes the
+    # line into the framework's own log instead, so that each decision is logged once.
+    logger: logging.Logger | None = LOGGER
+
     def __init__(self, model: nn.Module, settings: GuardSettings | None = None):
         self.model = model
         self.settings = settings or GuardSettings()
@@ -210,7 +214,8 @@ class Guard:
         if self.settings.log:
             with open(self.settings.log, "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
-        LOGGER.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
+        if self.logger is not None:
+            self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
 
 

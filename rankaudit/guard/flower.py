@@ -94,6 +94,7 @@ def rankaudit_guard(
             built["model"] = model if isinstance(model, nn.Module) else model()
         if settings not in guards:
             guards[settings] = Guard(built["model"], settings)
+            guards[settings].logger = None  # the decision's line goes to Flower's log, below
         return guards[settings]
 
     def mod(msg: Message, context, call_next) -> Message:

@@ -1,0 +1,1 @@
+"""Flower's PyTorch quickstart with the rankaudit guard on every client."""
