@@ -1,13 +1,11 @@
 """The client-side guard: its decision on real updates (an honest CNN sends, an MLP unit that fires for one sample
-and an imprint module block), its actions, its settings, the command, and the NVFlare filter against a minimal fake
-of NVFlare's Filter and DXO interface (nvflare is not installed in CI)."""
+and an imprint module block), its actions, its settings and the command (the NVFlare filter: test_guard_nvflare.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -402,139 +400,6 @@ def test_the_command_names_bad_input(run_cli, client):
 
 
 # ---- NVFlare --------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake_nvflare(monkeypatch):
-    """The part of NVFlare's API the filter uses (nvflare.apis.filter and nvflare.apis.dxo), as NVFlare 2.x defines
-    it: Filter with set_prop/get_prop and log_info/log_warning, ContentBlockedException, the chain types, and DXOs
-    carried in a Shareable (a dict with headers). A fake, because nvflare is not a dependency."""
-    filter_module = types.ModuleType("nvflare.apis.filter")
-    dxo_module = types.ModuleType("nvflare.apis.dxo")
-
-    class ContentBlockedException(BaseException):
-        pass
-
-    class FilterChainType:
-        TASK_DATA_CHAIN, TASK_RESULT_CHAIN = "task_data", "task_result"
-
-    class FilterContextKey:
-        SOURCE, CHAIN_TYPE = "__source", "__chain_type"
-
-    class Filter:
-        logged: list = []
-
-        def set_prop(self, key, value):
-            setattr(self, key, value)
-
-        def get_prop(self, key, default=None):
-            return getattr(self, key, default)
-
-        def log_info(self, fl_ctx, message):
-            Filter.logged.append(("info", message))
-
-        def log_warning(self, fl_ctx, message):
-            Filter.logged.append(("warning", message))
-
-    class DataKind:
-        WEIGHTS, WEIGHT_DIFF, METRICS = "WEIGHTS", "WEIGHT_DIFF", "METRICS"
-
-    class Shareable(dict):
-        def __init__(self):
-            super().__init__()
-            self.headers = {}
-
-        def set_header(self, key, value):
-            self.headers[key] = value
-
-        def get_header(self, key, default=None):
-            return self.headers.get(key, default)
-
-    class DXO:
-        def __init__(self, data_kind, data, meta=None):
-            self.data_kind, self.data, self.meta = data_kind, data, meta or {}
-
-        def update_shareable(self, shareable):
-            shareable.set_header("__content_type__", "DXO")
-            shareable["DXO"] = {"kind": self.data_kind, "data": self.data, "meta": self.meta}
-            return shareable
-
-        def to_shareable(self):
-            return self.update_shareable(Shareable())
-
-    def from_shareable(shareable):
-        if shareable.get_header("__content_type__") != "DXO":
-            raise ValueError("not a DXO")
-        encoded = shareable["DXO"]
-        return DXO(encoded["kind"], encoded["data"], encoded["meta"])
-
-    for name, value in dict(
-        ContentBlockedException=ContentBlockedException,
-        FilterChainType=FilterChainType,
-        FilterContextKey=FilterContextKey,
-        Filter=Filter,
-    ).items():
-        setattr(filter_module, name, value)
-    for name, value in dict(DataKind=DataKind, DXO=DXO, from_shareable=from_shareable).items():
-        setattr(dxo_module, name, value)
-    for name in ("nvflare", "nvflare.apis"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "nvflare.apis.filter", filter_module)
-    monkeypatch.setitem(sys.modules, "nvflare.apis.dxo", dxo_module)
-    import rankaudit.guard.nvflare as guard_nvflare
-
-    monkeypatch.setattr(guard_nvflare, "_BUILT", {})
-    return types.SimpleNamespace(module=guard_nvflare, DXO=DXO, Filter=Filter, blocked=ContentBlockedException)
-
-
-def _chain(fake, model, samples, chain, **options):
-    guard_filter = fake.module.RankauditGuardFilter(model=model, samples=samples, **options)
-    guard_filter.set_prop("__chain_type", chain)
-    return guard_filter
-
-
-def _numpy(weights: dict) -> dict:
-    return {name: value.numpy() for name, value in weights.items()}
-
-
-def test_the_nvflare_filter_blocks_a_result_that_reads_a_sample(fake_nvflare):
-    model, x, y = one_sample_unit()
-    received, computed = state(model), trained(model, x, y)
-    incoming = _chain(fake_nvflare, model, lambda ctx: (x, y), "task_data")
-    outgoing = _chain(fake_nvflare, model, lambda ctx: (x, y), "task_result")
-    task = fake_nvflare.DXO("WEIGHTS", _numpy(received)).to_shareable()
-    assert incoming.process(task, None) is task
-    result = fake_nvflare.DXO("WEIGHTS", _numpy(computed)).to_shareable()
-    with pytest.raises(fake_nvflare.blocked, match="sample 2"):
-        outgoing.process(result, None)
-    assert fake_nvflare.Filter.logged[-1][0] == "warning"
-
-
-def test_the_nvflare_filter_sends_honest_weights_and_drops_rows_of_a_weight_diff(fake_nvflare):
-    torch.manual_seed(0)
-    model, (x, y) = SmallCNN(), batch(16, (3, 12, 12))
-    received, computed = state(model), trained(model, x, y, batch=8)
-    _chain(fake_nvflare, model, lambda ctx: x, "task_data").process(
-        fake_nvflare.DXO("WEIGHTS", _numpy(received)).to_shareable(), None
-    )
-    result = fake_nvflare.DXO("WEIGHTS", _numpy(computed)).to_shareable()
-    assert _chain(fake_nvflare, model, lambda ctx: x, "task_result").process(result, None) is result
-
-    x8, y8 = batch(8)
-    mlp = imprint(MLP(width=16), x8)
-    received, computed = state(mlp), trained(mlp, x8, y8)
-    _chain(fake_nvflare, mlp, lambda ctx: x8, "task_data", action="drop").process(
-        fake_nvflare.DXO("WEIGHTS", _numpy(received)).to_shareable(), None
-    )
-    diff = {name: (computed[name] - received[name]).numpy() for name in computed}
-    result = fake_nvflare.DXO("WEIGHT_DIFF", diff).to_shareable()
-    out = _chain(fake_nvflare, mlp, lambda ctx: x8, "task_result", action="drop").process(result, None)
-    sent_diff = out["DXO"]["data"]
-    assert out["DXO"]["kind"] == "WEIGHT_DIFF"
-    assert np.array_equal(sent_diff["fc2.weight"], diff["fc2.weight"])
-    assert not np.array_equal(sent_diff["fc1.weight"], diff["fc1.weight"])
-    sent = {name: received[name] + torch.as_tensor(sent_diff[name]) for name in received}
-    assert Guard(mlp).decide(received, sent, x8, y8)[0].action == "send"
 
 
 def test_naming_the_filter_without_nvflare_says_how_to_install_it(monkeypatch):
