@@ -62,6 +62,13 @@ def one_sample_unit(sample=2):
         model.fc1.bias[0] = -(scores[sample] + runner_up) / 2
     return model
 
+class Crafted(MLP):
+    """The crafted weights as a model class, for the server's persistor to start from."""
+
+    def __init__(self):
+        super().__init__()
+        self.load_state_dict(one_sample_unit().state_dict())
+
 def trained(model, steps=1, lr=0.1):
     import copy
     model = copy.deepcopy(model)
@@ -233,7 +240,7 @@ def test_the_job_api_exports_the_filter_in_both_chains_with_all_its_arguments(jo
         },
     }
     for chain in ("task_data_filters", "task_result_filters"):
-        assert config[chain] == [{"tasks": ["*"], "filters": [expected]}], config[chain]
+        assert config[chain] == [{"tasks": ["train"], "filters": [expected]}], config[chain]
     assert not (tmp_path / "jobs" / "guarded" / "app_site-1" / "custom" / "rankaudit").exists()
     rebuilt = RankauditGuardFilter(**expected["args"])  # as NVFlare's loader builds it on the site
     assert rebuilt._settings.action == "drop" and rebuilt.model_args == {"width": 16}
@@ -252,7 +259,7 @@ CLIENT_SCRIPT = textwrap.dedent(
         received = flare.receive()
         model = MLP()
         model.load_state_dict({k: torch.as_tensor(v) for k, v in received.params.items()})
-        params = {k: v.numpy() for k, v in trained(model).state_dict().items()}
+        params = trained(model).state_dict()
         flare.send(flare.FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": 1}))
     """
 )
@@ -263,6 +270,7 @@ def test_every_site_blocked_in_the_simulator_and_the_run_goes_on(job_code, tmp_p
     """FedAvg from crafted weights, two sites, two rounds: every result is blocked, the run ends normally, the global
     model is the crafted one still, and the log holds one decision line per site and round, none with a traceback."""
     from nvflare.app_common.workflows.fedavg import FedAvg
+    from nvflare.app_opt.pt.job_config.model import PTModel
     from nvflare.job_config.api import FedJob
     from nvflare.job_config.script_runner import ScriptRunner
 
@@ -271,15 +279,19 @@ def test_every_site_blocked_in_the_simulator_and_the_run_goes_on(job_code, tmp_p
     crafted = job_code.one_sample_unit()
     (tmp_path / "client.py").write_text(CLIENT_SCRIPT)
     job = FedJob(name="guarded", min_clients=2)
-    job.to(FedAvg(num_clients=2, num_rounds=2, model=_weights(crafted)), "server")
+    job.to(FedAvg(num_clients=2, num_rounds=2), "server")
+    job.to(PTModel(job_code.Crafted()), "server")
     for site in ("site-1", "site-2"):
         job.to(ScriptRunner(script=str(tmp_path / "client.py"), launch_external_process=False), site)
         job.to(RankauditGuardFilter(model="guardjob_net:MLP", samples="guardjob_net:local_samples"), site)
     workspace = tmp_path / "workspace"
-    job.simulator_run(str(workspace), n_clients=2, threads=2)
+    job.simulator_run(str(workspace), threads=2)
     logs = "\n".join(path.read_text(errors="replace") for path in workspace.rglob("log.txt"))
     decisions = [line for line in logs.splitlines() if "rankaudit guard: {" in line]
-    assert len(decisions) == 4, logs[-4000:]
+    assert len(decisions) == 4, logs[-3000:]
     assert all('"action": "block"' in line for line in decisions)
     assert "Traceback" not in logs and "Cannot reach min_responses" not in logs
     assert "Finished FedAvg" in logs
+    saved = torch.load(next(workspace.rglob("FL_global_model.pt")), weights_only=False)["model"]
+    for name, value in crafted.state_dict().items():  # every site blocked: the global model is the server's own
+        assert torch.allclose(torch.as_tensor(saved[name]), value, rtol=1e-5, atol=1e-7), name

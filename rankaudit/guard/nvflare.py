@@ -38,6 +38,7 @@ _RECEIVED: dict[str, dict[str, torch.Tensor]] = {}
 # small that beside any other site's result it counts for nothing.
 BLOCKED_WEIGHT = 1e-9
 BLOCKED_MARK = "rankaudit_guard"
+TRAIN_TASK = "train"  # the task name of NVFlare's FedAvg and ScatterAndGather
 
 
 def import_path(value, what: str) -> str:
@@ -121,9 +122,10 @@ def _build_filter_class():
 
         def add_to_fed_job(self, job, ctx, **kwargs):
             """``job.to(filter, "site-1")``: into the site's task-data and task-result chains (the result filter
-            needs the weights the task brought), for ``tasks`` (default all); rankaudit is the site's installed
-            package, not code the job ships."""
-            tasks = kwargs.get("tasks", ["*"])
+            needs the weights the task brought), for ``tasks`` (default ["train"]: NVFlare looks a chain up by the
+            task's exact name, so "*" would never apply); rankaudit is the site's installed package, not code the
+            job ships."""
+            tasks = kwargs.get("tasks") or [TRAIN_TASK]
             chains = (
                 [kwargs["filter_type"]] if kwargs.get("filter_type") else [FilterType.TASK_DATA, FilterType.TASK_RESULT]
             )
