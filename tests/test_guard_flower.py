@@ -4,12 +4,7 @@ only hands each Message to the ClientApp and returns its reply, as the simulatio
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from uuid import uuid4
@@ -440,64 +435,14 @@ def test_the_example_app_runs_its_rounds_with_one_guard_line_per_client_round(ex
     update reaches FedAvg as a failure, never as an abort."""
     client, server = example_app
     grid = InProcessGrid(client, nodes=2)
-    run_config = {"num-server-rounds": 2, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.01}
+    run_config = {"num-server-rounds": 1, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.01}
     for context in grid.contexts.values():
         context.node_config["num-partitions"] = 2
         context.run_config.update(run_config)
     server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rankaudit guard: {")]
     decisions = [json.loads(line.split(": ", 1)[1]) for line in lines]
-    assert [d["round"] for d in decisions] == [1, 1, 2, 2]
+    assert [d["round"] for d in decisions] == [1, 1]
     assert all(d["samples"] == 64 and d["action"] in ("send", "block") for d in decisions)
     finished = [r.getMessage() for r in caplog.records if "aggregate_train: Received" in r.getMessage()]
-    assert len(finished) == 2
-
-
-@pytest.mark.slow
-def test_flwr_run_runs_the_example_in_simulation(tmp_path):
-    """`flwr run . --stream` as the example's README says, in Flower's simulation (Ray), with a Flower home and
-    ports of its own; the local SuperLink it starts is stopped after."""
-    pytest.importorskip("ray", reason='the simulation needs Ray: pip install "flwr[simulation]==1.41.*"')
-    import socket
-
-    def free_port() -> str:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return str(sock.getsockname()[1])
-
-    app = tmp_path / "flower_guard"
-    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": free_port(),
-        "FLWR_LOCAL_CONTROL_API_PORT": free_port(),
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
-    before = set(_processes())
-    try:
-        done = subprocess.run(
-            ["flwr", "run", ".", "--stream"], cwd=app, env=env, capture_output=True, text=True, timeout=900
-        )
-    finally:
-        for pid in set(_processes()) - before:  # the local SuperLink and its simulation, started by this run
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-3000:]
-    decisions = [
-        json.loads(line.split("rankaudit guard: ", 1)[1]) for line in log.splitlines() if "rankaudit guard: {" in line
-    ]
-    assert sorted(d["round"] for d in decisions) == [1, 1, 2, 2], log[-3000:]
-
-
-def _processes() -> list[int]:
-    """This user's processes whose command line names flower's local runtime (started by `flwr run`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                if b"flower-superlink" in command or b"flwr-simulation" in command:
-                    found.append(int(entry.name))
-    return found
+    assert len(finished) == 1
