@@ -446,3 +446,13 @@ def test_the_example_app_runs_its_rounds_with_one_guard_line_per_client_round(ex
     assert all(d["samples"] == 64 and d["action"] in ("send", "block") for d in decisions)
     finished = [r.getMessage() for r in caplog.records if "aggregate_train: Received" in r.getMessage()]
     assert len(finished) == 1
+
+
+def test_a_log_that_is_a_pipe_is_refused_when_the_mod_is_built(tmp_path):
+    import os
+
+    from rankaudit.errors import UsageError
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(UsageError, match="named pipe"):
+        rankaudit_guard(SmallCNN, lambda context: DATA[0], log=str(tmp_path / "pipe"))

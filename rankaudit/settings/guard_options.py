@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, fields
 
 from rankaudit.errors import UsageError
@@ -78,6 +80,12 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
         elif name == "log":
             if value is not None and not (isinstance(value, str) and value):
                 raise UsageError(f"{where}: log is {value!r}", "give a file path")
+            if value is not None and os.path.exists(value) and not os.path.isfile(value):
+                # A named pipe would hold every round until something reads it; a device or a folder is no log.
+                kind = "a named pipe (FIFO)" if stat.S_ISFIFO(os.stat(value).st_mode) else "not a file"
+                raise UsageError(
+                    f"{where}: log {value} is {kind}; lines are appended to a regular file", "give a file name"
+                )
         elif name == "seed":
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise UsageError(f"{where}: seed is {value!r}", "give an integer")
