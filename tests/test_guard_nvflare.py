@@ -203,6 +203,23 @@ def test_a_result_the_guard_cannot_check_is_not_sent(job_code, caplog):
     assert len(lines) == 1 and "no_such_function" in lines[0].getMessage() and not lines[0].exc_info
 
 
+def test_a_samples_function_that_raises_blocks_with_one_line(job_code, caplog):
+    from rankaudit.guard.nvflare import RankauditGuardFilter
+
+    job_code.broken = lambda fl_ctx: 1 / 0
+    crafted = job_code.one_sample_unit()
+    incoming = RankauditGuardFilter(model="guardjob_net:MLP", samples="guardjob_net:broken")
+    outgoing = RankauditGuardFilter(model="guardjob_net:MLP", samples="guardjob_net:broken")
+    incoming.set_prop("__chain_type", "task_data")
+    outgoing.set_prop("__chain_type", "task_result")
+    incoming.process(DXO(DataKind.WEIGHTS, _weights(crafted)).to_shareable(), FLContext())
+    result = DXO(DataKind.WEIGHTS, _weights(job_code.trained(crafted))).to_shareable()
+    out = from_shareable(outgoing.process(result, FLContext()))
+    assert out.get_meta_prop(BLOCKED_MARK) == "block"
+    lines = _guard_lines(caplog)
+    assert len(lines) == 1 and "ZeroDivisionError" in lines[0].getMessage() and not lines[0].exc_info
+
+
 def test_python_objects_are_named_by_import_path_or_refused(job_code):
     from rankaudit.guard.nvflare import RankauditGuardFilter
 

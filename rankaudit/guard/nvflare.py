@@ -176,8 +176,13 @@ def _build_filter_class():
                 decision, to_send = self._audited().decide(
                     received, sent, x, y, round_number=current if isinstance(current, int) else None
                 )
-            except (RankauditError, KeyError) as exc:  # the guard cannot check this result: it is not sent
+            except RankauditError as exc:  # the guard cannot check this result: it is not sent
                 return self._blocked(dxo, shareable, fl_ctx, received, f"could not check this update: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the job's own code (samples, model) failed: the same, said
+                problem = (
+                    f"could not check this update: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+                return self._blocked(dxo, shareable, fl_ctx, received, problem)
             for note in notes:
                 self.log_info(fl_ctx, "rankaudit guard: " + note)
             line = "rankaudit guard: " + json.dumps(log_record(decision))
