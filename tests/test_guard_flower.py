@@ -283,6 +283,8 @@ def test_samples_may_be_what_flower_apps_have(form):
         ({"pixels": torch.zeros(2, 3)}, "keys pixels, and none holds the samples"),
         ((x for x in range(3)), "returned a generator"),
         ([], "returned no samples"),
+        (torch.zeros(4, 3, dtype=torch.complex64), "the samples are complex"),
+        ((torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.long)), "labels of shape (4, 2)"),
     ],
 )
 def test_a_wrong_return_is_one_line_naming_what_is_expected(found, words):
@@ -293,7 +295,10 @@ def test_a_wrong_return_is_one_line_naming_what_is_expected(found, words):
         client_samples(found)
     line = str(raised.value)
     assert words in line and "\n" not in line
-    assert "DataLoader" in line or "img or image" in line or "this round's samples" in line
+    assert any(
+        words in line
+        for words in ("DataLoader", "img or image", "this round's samples", "real-valued", "one integer class label")
+    )
 
 
 def test_the_quickstart_shape_runs_and_a_wrong_return_blocks_with_one_line(caplog):
