@@ -405,7 +405,8 @@ def test_the_command_names_bad_input(run_cli, client):
 def test_naming_the_filter_without_nvflare_says_how_to_install_it(monkeypatch):
     import rankaudit.guard.nvflare as guard_nvflare
 
-    monkeypatch.setitem(sys.modules, "nvflare", None)
+    for name in ["nvflare"] + [name for name in sys.modules if name.startswith("nvflare.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed, also where another test imported it
     monkeypatch.setattr(guard_nvflare, "_BUILT", {})
     with pytest.raises(ImportError, match="pip install nvflare"):
         guard_nvflare.RankauditGuardFilter  # noqa: B018
