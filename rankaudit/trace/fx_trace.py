@@ -97,7 +97,7 @@ class _MetaShapeRecorder(fx.Interpreter):
                     n,
                     "module",
                     module,
-                    type(module).__name__,
+                    _module_display(module),
                     n.target,
                     module,
                     args,
@@ -139,6 +139,14 @@ class _MetaShapeRecorder(fx.Interpreter):
         elif n.op == "output":
             self.builder.output_ids = _output_choice(n.args[0] if n.args else None, self.builder.records)
         return value
+
+
+def _module_display(module: nn.Module) -> str:
+    """A module call's op as the user wrote it: its class, and for a TorchScript module the class it was compiled
+    from (torch.jit names every one RecursiveScriptModule or TopLevelTracedModule)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return f"{getattr(module, 'original_name', None) or type(module).__name__} (TorchScript)"
+    return type(module).__name__
 
 
 def _output_choice(structure: Any, records: dict[str, NodeRecord]) -> list[str]:
@@ -185,7 +193,12 @@ class _SourceRecordingTracer(fx.Tracer):
         self.op_table = op_table
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return super().is_leaf_module(m, module_qualified_name) or self.op_table.atomic_kind(m) is not None
+        # A TorchScript module runs compiled code fx cannot enter: one call, whose parameters the record keeps.
+        return (
+            isinstance(m, torch.jit.ScriptModule)
+            or super().is_leaf_module(m, module_qualified_name)
+            or self.op_table.atomic_kind(m) is not None
+        )
 
 
 def _checkpointed_forward(
