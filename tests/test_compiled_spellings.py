@@ -54,18 +54,20 @@ def _write(tmp_path, name: str, body: str):
     return path
 
 
-def _real_model(path, seed: int = 0) -> torch.nn.Module:
+def _real_model(path, seed: int = 0, name: str = "Net") -> torch.nn.Module:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(seed)
-    return module.Net().double()
+    return getattr(module, name)().double()
 
 
 def exact_rank(model: torch.nn.Module, shape=(3, 8, 8), seed: int = 0) -> tuple[int, float]:
     """rank of ∂g/∂x for one sample: the Jacobian of the flattened gradient of the cross-entropy (every trainable
     parameter) with respect to the input, by torch.func.jacrev in float64; the numerical rank counts singular
     values above σ_max · max(m, n) · eps. Returns the rank and the gap σ_r / σ_(r+1) around it."""
+    if isinstance(model, torch.jit.ScriptModule):
+        model = torch.nn.Sequential(model)  # functional_call takes a compiled submodule, not a compiled root
     parameters = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     x = torch.rand((1, *shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     label = torch.tensor([1])
@@ -102,6 +104,16 @@ def test_a_torchscript_module_is_counted_with_its_parameters(tmp_path, name, bod
     caveat = next(c for c in result.caveats if c.node == layer)
     assert "compiled" in caveat.message and f"its {parameters} parameters" in caveat.message, caveat.message
     assert [r.op for r in result.layers if r.name == layer] == ["Sequential (TorchScript)"]
+
+
+def test_a_model_compiled_as_a_whole_is_one_call_of_unknown_structure(tmp_path):
+    """torch.jit.script of the whole model: no tracer enters it; it is analysed as one call whose parameters every
+    input direction may reach, not refused with a hint about control flow."""
+    path = _write(tmp_path, "compiled", SCRIPTED_HEAD + "\n\ndef compiled():\n    return torch.jit.script(Net())\n")
+    result = audit(f"{path}:compiled")
+    rank, gap = exact_rank(_real_model(path, name="compiled"))
+    assert gap > 1e6 and _per_sample_bound(result) >= rank, (_per_sample_bound(result), rank, gap)
+    assert [r.op for r in result.layers] == ["Net (TorchScript)"]
 
 
 def test_the_rank_check_of_a_traced_stem_agrees_with_the_exact_rank(tmp_path, run_cli):

@@ -158,6 +158,20 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
     )
 
 
+class CompiledModel(nn.Module):
+    """A model that is TorchScript as a whole (torch.jit.script or torch.jit.trace of the model itself), held as the
+    submodule `model` of one input: no tracer enters compiled code, so it is counted as a TorchScript submodule is
+    (its parameters read from it, the worst case), and the verifiers can hook its first forward, which a
+    ScriptModule refuses."""
+
+    def __init__(self, compiled: nn.Module):
+        super().__init__()
+        self.model = compiled
+
+    def forward(self, x):
+        return self.model(x)
+
+
 @dataclass
 class LoadedModel:
     module: nn.Module
@@ -264,6 +278,8 @@ def load_model(
     if path.suffix != ".py":
         raise UsageError(f"'{path}' is not a .py file", "give the Python file that defines the model")
     namespace, attr, model, build = _construct(path, name, device, model_args)
+    if isinstance(model, torch.jit.ScriptModule):
+        model = CompiledModel(model)
     if device == "meta":
         everything_to_meta(model)
     from_file = shape_from_file(namespace.INPUT_SHAPE, path) if hasattr(namespace, "INPUT_SHAPE") else None
