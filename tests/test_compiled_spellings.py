@@ -161,3 +161,14 @@ def test_a_parametrized_linear_is_a_linear_whose_gradient_is_its_originals(tmp_p
     assert _per_sample_bound(result) >= rank, f"{kind}: bound {_per_sample_bound(result)} < exact rank {rank}"
     trained = sum(p.numel() for name, p in model.named_parameters() if name.startswith("fc."))
     assert [r.weights for r in result.layers if r.name == "fc"] == [trained]
+
+
+def test_weights_saved_from_a_compiled_model_load_into_it():
+    """--weights of a model compiled as a whole: its state dict names the compiled model's own parameters."""
+    from rankaudit.model.load import CompiledModel
+    from rankaudit.verify.model import load_weights
+
+    saved = torch.jit.script(torch.nn.Linear(3, 2))
+    model = CompiledModel(torch.jit.script(torch.nn.Linear(3, 2)))
+    load_weights(model, saved.state_dict(), "weights.pt")
+    assert torch.equal(model.model.weight, saved.weight) and torch.equal(model.model.bias, saved.bias)

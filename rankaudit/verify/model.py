@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.model.load import load_model
+from rankaudit.model.load import CompiledModel, load_model
 
 # Keys a training checkpoint commonly keeps its state dict under (PyTorch Lightning, timm, torchvision's
 # references, Flower and NVFlare examples), tried in this order when the file is not a state dict itself.
@@ -188,6 +188,8 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], weights_file:
     """Copy ``state`` into ``model``: every parameter and buffer the model has, each at its shape, or exit 3 naming
     the first few that differ (a checkpoint of another architecture must not run as if it were this one)."""
     expected = model.state_dict()
+    if isinstance(model, CompiledModel) and not any(name.startswith("model.") for name in state):
+        state = {f"model.{name}": tensor for name, tensor in state.items()}  # saved from the compiled model itself
     missing = [name for name in expected if name not in state]
     unexpected = [name for name in state if name not in expected]
     if missing or unexpected:
