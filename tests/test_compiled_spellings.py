@@ -172,3 +172,40 @@ def test_weights_saved_from_a_compiled_model_load_into_it():
     model = CompiledModel(torch.jit.script(torch.nn.Linear(3, 2)))
     load_weights(model, saved.state_dict(), "weights.pt")
     assert torch.equal(model.model.weight, saved.weight) and torch.equal(model.model.bias, saved.bias)
+
+
+TRACED_WITH_A_CONSTANT = """
+class Stem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        {keep}
+
+    def forward(self, x):
+        return torch.tanh(self.conv(x * {scale}))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.jit.trace(Stem(), torch.rand(1, 3, 8, 8))
+        self.head = nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x):
+        return self.head(F.avg_pool2d(self.stem(x), 4).flatten(1))
+"""
+
+
+def test_a_traced_module_holding_a_cpu_tensor_is_refused_with_its_cause(tmp_path, run_cli):
+    """torch.jit.trace bakes a tensor made in forward() into the compiled code, on the CPU: the module cannot run on
+    the meta device. The error says so and how to fix it, and the fix it names analyses."""
+    made = "torch.linspace(0.5, 1.5, 3).view(1, 3, 1, 1)"
+    path = _write(tmp_path, "baked", TRACED_WITH_A_CONSTANT.format(keep="", scale=made))
+    code, out, err = run_cli(f"{path}:Net")
+    assert code == 3 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "TorchScript module stem could not run without weights" in err and "baked.py:" in err
+    assert "register the tensors its code makes as buffers" in err and "input shape" not in err
+    buffered = TRACED_WITH_A_CONSTANT.format(keep=f'self.register_buffer("scale", {made})', scale="self.scale")
+    path = _write(tmp_path, "buffered", buffered)
+    rank, _ = exact_rank(_real_model(path))
+    assert _per_sample_bound(audit(f"{path}:Net")) >= rank
