@@ -4,8 +4,9 @@
     python benchmarks/bench_spellings.py [--repeat 5] [--out spellings.json]
 
 Each model is a small net (a 3x8x8 image or 8 steps of 8 features) written in one spelling: weight_norm,
-spectral_norm, functional_call, addmm, unfold + matmul, checkpointing, LPPool, RNN, LSTM, GRU, a
-TransformerEncoderLayer, MultiheadAttention, Bilinear. Beside each, the plain model of its input kind (a conv and a
+spectral_norm, orthogonal (built on the CPU), a torch.jit.script-ed and a torch.jit.trace-d layer, functional_call,
+addmm, unfold + matmul, checkpointing, LPPool, RNN, LSTM, GRU, a TransformerEncoderLayer, MultiheadAttention,
+Bilinear. Beside each, the plain model of its input kind (a conv and a
 linear head, or two linear layers). Every run is a fresh ``python -m rankaudit MODEL --format json`` process, the
 spellings and the plain models interleaved on every repeat so that drifting load hits both alike; one untimed
 warm-up run first.
@@ -87,6 +88,49 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = spectral_norm(nn.Conv2d(3, 4, 3))
+        self.fc = nn.Linear(4 * 6 * 6, 10)
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+""",
+    ),
+    "orthogonal": (
+        "plain",
+        """
+INPUT_SHAPE = (3, 8, 8)
+
+from torch.nn.utils.parametrizations import orthogonal
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = orthogonal(nn.Linear(4 * 6 * 6, 10))
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+""",
+    ),
+    "jit_script": (
+        "plain",
+        """
+INPUT_SHAPE = (3, 8, 8)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = torch.jit.script(nn.Linear(4 * 6 * 6, 10))
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+""",
+    ),
+    "jit_trace": (
+        "plain",
+        """
+INPUT_SHAPE = (3, 8, 8)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.jit.trace(nn.Conv2d(3, 4, 3), torch.rand(1, 3, 8, 8))
         self.fc = nn.Linear(4 * 6 * 6, 10)
     def forward(self, x):
         return self.fc(torch.relu(self.conv(x)).flatten(1))

@@ -117,6 +117,7 @@ def audit(
     result = analyze(traced, batch_size, model=spec, model_name=loaded.name, input_shape=traced.inputs[0].shape)
     findings.describe_inputs(result, traced, loaded)
     result.stand_ins = list(loaded.stand_ins)
+    result.model_args = dict(model_args or {})
     if not result.layers:
         raise ModelLoadError(
             f"found no layer to count in {spec} (no conv, linear, pooling or similar op depends on the input)",

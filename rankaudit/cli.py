@@ -207,7 +207,6 @@ def check(
                 round_flags=flags.round_flags(ctx),
                 dp_options=options,
                 model_args=model_args,
-                verifying=bool(verify),
             )
             supervise.set_config_timeout(chosen.timeout)
             supervise.set_config_memory_limit(chosen.memory_limit)

@@ -493,6 +493,8 @@ class Result:
     round: Round | None = None  # the federated round judged (method.md: the round); None: FedSGD at batch_size
     bias_readout: list[BiasReadoutFinding] = field(default_factory=list)  # the static readout finding (method.md)
     deployment: DeploymentRead | None = None  # `rankaudit DIR`: what was read from the app, and from where
+    # The keyword arguments the model was built with (--model-arg, model-args): the verifiers build it with them too.
+    model_args: dict = field(default_factory=dict)
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -352,10 +352,25 @@ def test_learning_rate_sent_by_the_server_and_torchs_default(tmp_path):
     assert rows["lr"] == ("0.001", f"Adam's default lr at central_dp_app/task.py:{_line(task, 'Adam(')}")
 
 
-def test_verify_refuses_a_factory_with_arguments(run_cli, monkeypatch):
+def test_verify_builds_the_model_with_the_arguments_the_analysis_used(run_cli, monkeypatch, tmp_path):
+    """The app's model needs num_features and num_classes (a run-config key): the rank check builds the model the
+    analysis judged, so its shared gradient is that model's, round after round."""
     monkeypatch.chdir(APPS / "factory")
-    code, out, err = run_cli(".", "--verify", "rank")
-    assert code == 2 and "factory's arguments" in err
+    code, out, err = run_cli(".", "--verify", "rank", "--format", "json", "--quiet")
+    assert code in (0, 1), err
+    payload = json.loads(out)
+    rank = payload["verification"]["rank"]
+    assert rank["shared_parameters"] == ["fc1.weight", "fc1.bias"] and rank["internal_error"] is None
+    assert rank["shared_gradient_size"] % payload["parameters"] == 0  # one update of the same model per round
+    # A plain file whose class takes an argument, given with --model-arg: built at width 3 (15 values), not refused.
+    model = tmp_path / "needs.py"
+    model.write_text(
+        "from torch import nn\nINPUT_SHAPE = (4,)\nclass Net(nn.Sequential):\n"
+        "    def __init__(self, width):\n        super().__init__(nn.Linear(4, width))\n"
+    )
+    code, out, err = run_cli(model, "--model-arg", "width=3", "--verify", "rank", "--format", "json", "--quiet")
+    assert code in (0, 1), err
+    assert json.loads(out)["verification"]["rank"]["shared_gradient_size"] == 4 * 3 + 3
 
 
 def test_dataset_size_over_the_nodes_gives_the_smallest_partition(tmp_path):

@@ -476,6 +476,11 @@ def batch_statistics(traced: TracedModel, bn_mode: str) -> list[str]:
         op = record.op.lower()
         # Another library's normalisation module is traced as one op (the layer_norm family, per sample); one named
         # for batch normalisation is taken at its word, except a frozen one (fixed statistics by construction).
+        if record.family == "script_module":
+            # Compiled code whose inside is not known: it may normalise with the batch's statistics in any mode
+            # (torch.jit.trace fixes a BatchNorm's training flag as it was when traced). The worst case.
+            found.append(node_id)
+            continue
         other_library = record.family == "layer_norm" and "batch" in op and not op.startswith("frozen")
         if record.family != "norm" and not other_library:
             continue

@@ -197,6 +197,18 @@ def count_unmodelled(f: OpFacts) -> Counting:
     return not_modelled(f)
 
 
+def count_script_module(f: OpFacts) -> Counting:
+    """A TorchScript module (torch.jit.script or torch.jit.trace): its graph is compiled, not Python the tracer can
+    follow, so nothing is known of its inside but its parameters. Counted as the worst case: an op of unknown
+    structure whose every input direction can reach every parameter's gradient (method.md: counting)."""
+    return not_modelled(
+        f,
+        f"{f.op} is compiled (torch.jit.script or torch.jit.trace) and its inside cannot be traced, so the worst "
+        "case is assumed: every input direction may reach its parameters' gradients, and at a batch size above 1 "
+        "it may mix the samples (a BatchNorm fixed in training mode when it was traced)",
+    )
+
+
 def count_attention(f: OpFacts) -> Counting:
     """softmax(q kᵀ) v: the output is the data v mixed by weights that q and k only set."""
     counting = not_modelled(f, "attention (softmax(q kᵀ) v) is not modelled")

@@ -28,6 +28,7 @@ from rankaudit.count.op_counting import (
     count_reduction,
     count_resampler,
     count_scale,
+    count_script_module,
     count_slice,
     count_transparent,
     count_unmodelled,
@@ -534,6 +535,10 @@ register(
     methods=("mean", "sum"),
     aten=("mean", "sum"),
 )
+
+# TorchScript modules (torch.jit.script, torch.jit.trace; their classes derive from ScriptModule): one leaf call of
+# unknown structure, run on meta as compiled; the Jacobian is assumed to depend on the input (sound).
+register("script_module", count_script_module, input_dependent_jacobian=True, modules=(torch.jit.ScriptModule,))
 
 UNMODELLED = OpFamily("not_modelled", count_unmodelled, shape=unmodelled_shape, input_dependent_jacobian=True)
 FAMILIES[UNMODELLED.key] = UNMODELLED

@@ -81,6 +81,8 @@ def _build(
         context, mode = building_on(device, build)
         with context, supervise.phase(f"the build of {attr}() from {path}"):
             built = obj(**(model_args or {}))
+            if device == "meta" and isinstance(built, nn.Module):
+                _compute_parametrized_weights(built)
     except (KeyboardInterrupt, GeneratorExit, SystemExit):
         raise
     except BaseException as exc:
@@ -93,6 +95,22 @@ def _build(
             "make the factory return the model",
         )
     return built
+
+
+def _compute_parametrized_weights(model: nn.Module) -> None:
+    """Every parametrized tensor (orthogonal, weight_norm, spectral_norm) computed once from its meta originals; raises
+    where one cannot be. torch.nn.utils.parametrize swallows a NotImplementedError from a parametrization's
+    right_inverse, which the meta device raises wherever a value is read (orthogonal's test that its weight is
+    orthogonal): the build then ends without error, the parametrization half set up (orthogonal's base is None),
+    and the model needs the small CPU build instead. (Here, not in meta_device: the error must read as raised
+    inside torch's own code, which is what sends the loader to that build.)"""
+    from torch.nn.utils import parametrize
+
+    with meta_device.MetaShortcuts():
+        for module in model.modules():
+            if parametrize.is_parametrized(module):
+                for name in module.parametrizations:
+                    getattr(module, name)
 
 
 def _pick(module, name: str | None, path: Path, model_args: dict | None = None) -> tuple[str, object]:
@@ -138,6 +156,20 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
         f"no nn.Module subclass or instance is defined in {path}",
         "define the model class in that file, or name it with PATH:NAME",
     )
+
+
+class CompiledModel(nn.Module):
+    """A model that is TorchScript as a whole (torch.jit.script or torch.jit.trace of the model itself), held as the
+    submodule `model` of one input: no tracer enters compiled code, so it is counted as a TorchScript submodule is
+    (its parameters read from it, the worst case), and the verifiers can hook its first forward, which a
+    ScriptModule refuses."""
+
+    def __init__(self, compiled: nn.Module):
+        super().__init__()
+        self.model = compiled
+
+    def forward(self, x):
+        return self.model(x)
 
 
 @dataclass
@@ -246,6 +278,8 @@ def load_model(
     if path.suffix != ".py":
         raise UsageError(f"'{path}' is not a .py file", "give the Python file that defines the model")
     namespace, attr, model, build = _construct(path, name, device, model_args)
+    if isinstance(model, torch.jit.ScriptModule):
+        model = CompiledModel(model)
     if device == "meta":
         everything_to_meta(model)
     from_file = shape_from_file(namespace.INPUT_SHAPE, path) if hasattr(namespace, "INPUT_SHAPE") else None

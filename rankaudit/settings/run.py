@@ -142,7 +142,6 @@ def model_settings(
     round_flags: dict,
     dp_options: dict,
     model_args: tuple[str, ...],
-    verifying: bool,
 ) -> ModelSettings:
     """A flag given on the command line (`given`) wins; else the model's [tool.rankaudit] value; else the
     deployment's (an app's round, NVFlare's ExcludeVars), else the default in `values`."""
@@ -166,11 +165,6 @@ def model_settings(
     arguments = factory_arguments(deployment, model_args)
     if arguments is None and deployment is None and settings.model_args:  # [[tool.rankaudit.models]] model-args
         arguments = dict(settings.model_args)
-    if arguments and verifying:
-        raise UsageError(
-            "--verify builds the model without the factory's arguments (not supported yet)",
-            "verify through a zero-argument factory that passes them: PATH:factory",
-        )
     return ModelSettings(
         round=round_,
         input_shape=pick("input_shape"),

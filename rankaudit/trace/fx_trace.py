@@ -80,6 +80,13 @@ class _MetaShapeRecorder(fx.Interpreter):
             raise
         except Exception as exc:
             label = n.target if n.op == "call_module" else n.name
+            if isinstance(target, torch.jit.ScriptModule):
+                raise TraceError(
+                    f"the TorchScript module {label} could not run without weights: {_compiled_error(exc)}",
+                    "register the tensors its code makes as buffers before it is traced or scripted, so that they "
+                    "move with the model (a traced module keeps any other tensor where it was made); or analyse the "
+                    "module uncompiled",
+                ) from exc
             raise TraceError(
                 f"shape propagation failed at {label}: {first_line(exc)}{where_raised(exc)}",
                 TOKEN_DTYPE_FIX
@@ -97,7 +104,7 @@ class _MetaShapeRecorder(fx.Interpreter):
                     n,
                     "module",
                     module,
-                    type(module).__name__,
+                    _module_display(module),
                     n.target,
                     module,
                     args,
@@ -139,6 +146,32 @@ class _MetaShapeRecorder(fx.Interpreter):
         elif n.op == "output":
             self.builder.output_ids = _output_choice(n.args[0] if n.args else None, self.builder.records)
         return value
+
+
+def _compiled_error(error: BaseException) -> str:
+    """What failed inside compiled code: the interpreter's last error line and the model-code line it names (its own
+    first line only says that an operation failed in the TorchScript interpreter)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    failed = next((line for line in reversed(lines) if re.match(r"^\w+(Error|Exception): ", line)), None)
+    if failed is None:
+        return first_line(error)
+    while re.match(r"^\w+(Error|Exception): \w+(Error|Exception): ", failed):
+        failed = failed.split(": ", 1)[1]  # the interpreter repeats the error's type
+    where = next(
+        (line for line in lines if re.match(r"^\S+\.py\(\d+\): ", line) and is_user_file(line.split("(")[0])), None
+    )
+    if where is None:
+        return failed
+    file, line = re.match(r"^(\S+\.py)\((\d+)\)", where).groups()
+    return f"{failed} (at {relative_path(file)}:{line})"
+
+
+def _module_display(module: nn.Module) -> str:
+    """A module call's op as the user wrote it: its class, and for a TorchScript module the class it was compiled
+    from (torch.jit names every one RecursiveScriptModule or TopLevelTracedModule)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return f"{getattr(module, 'original_name', None) or type(module).__name__} (TorchScript)"
+    return type(module).__name__
 
 
 def _output_choice(structure: Any, records: dict[str, NodeRecord]) -> list[str]:
@@ -185,7 +218,12 @@ class _SourceRecordingTracer(fx.Tracer):
         self.op_table = op_table
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return super().is_leaf_module(m, module_qualified_name) or self.op_table.atomic_kind(m) is not None
+        # A TorchScript module runs compiled code fx cannot enter: one call, whose parameters the record keeps.
+        return (
+            isinstance(m, torch.jit.ScriptModule)
+            or super().is_leaf_module(m, module_qualified_name)
+            or self.op_table.atomic_kind(m) is not None
+        )
 
 
 def _checkpointed_forward(

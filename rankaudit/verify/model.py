@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
-from rankaudit.model.load import load_model
+from rankaudit.model.load import CompiledModel, load_model
 
 # Keys a training checkpoint commonly keeps its state dict under (PyTorch Lightning, timm, torchvision's
 # references, Flower and NVFlare examples), tried in this order when the file is not a state dict itself.
@@ -31,6 +31,26 @@ def deployed_weights(weights_file: str | None):
         yield
     finally:
         _deployed_weights.reset(token)
+
+
+# The model's keyword arguments for the verifiers now running (--model-arg, model-args; run.run_verifiers sets them
+# from the analysis): the real model is the one the analysis judged.
+_model_arguments: contextvars.ContextVar[dict | None] = contextvars.ContextVar("model_arguments", default=None)
+
+
+@contextlib.contextmanager
+def model_arguments(arguments: dict | None):
+    """Within this block, the verifiers build the model with ``arguments`` (None or empty: without any)."""
+    token = _model_arguments.set(dict(arguments) if arguments else None)
+    try:
+        yield
+    finally:
+        _model_arguments.reset(token)
+
+
+def current_model_arguments() -> dict | None:
+    """The keyword arguments the verifiers now running build the model with, or None."""
+    return _model_arguments.get()
 
 
 def deployed_weights_file() -> str | None:
@@ -60,13 +80,13 @@ def build_real_model(
     if weights_file is not None:
         state = read_state_dict(weights_file)
         torch.manual_seed(seed)
-        model = load_model(spec, input_shape, device="cpu").module
+        model = load_model(spec, input_shape, device="cpu", model_args=current_model_arguments()).module
         load_weights(model, state, weights_file)
         return model.double().eval(), f"the weights in {Path(weights_file).name}"
     torch.manual_seed(seed)
-    model = load_model(spec, input_shape, device="cpu").module
+    model = load_model(spec, input_shape, device="cpu", model_args=current_model_arguments()).module
     torch.manual_seed(seed + 1)
-    again = load_model(spec, input_shape, device="cpu").module
+    again = load_model(spec, input_shape, device="cpu", model_args=current_model_arguments()).module
     same = all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
     has_params = any(True for _ in model.parameters())
     weights = (
@@ -168,6 +188,8 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], weights_file:
     """Copy ``state`` into ``model``: every parameter and buffer the model has, each at its shape, or exit 3 naming
     the first few that differ (a checkpoint of another architecture must not run as if it were this one)."""
     expected = model.state_dict()
+    if isinstance(model, CompiledModel) and not any(name.startswith("model.") for name in state):
+        state = {f"model.{name}": tensor for name, tensor in state.items()}  # saved from the compiled model itself
     missing = [name for name in expected if name not in state]
     unexpected = [name for name in state if name not in expected]
     if missing or unexpected:

@@ -66,12 +66,13 @@ def _check_real_model_memory(requested, context: VerifyContext, sample_values: i
 
 def run_verifiers(requested, context: VerifyContext, report_error: Callable[[str], None]) -> None:
     """Run the requested verifiers on one model: the refusals their needs call for, then each in its order, every
-    one at the --weights given (rankaudit.verify.model.deployed_weights)."""
-    from rankaudit.verify.model import deployed_weights, read_state_dict
+    one at the --weights given (rankaudit.verify.model.deployed_weights) and built with the model arguments the
+    analysis used (model_arguments)."""
+    from rankaudit.verify.model import deployed_weights, model_arguments, read_state_dict
 
     if context.weights is not None:
         read_state_dict(context.weights)  # a missing or unreadable file is refused before any verifier runs
-    with deployed_weights(context.weights):
+    with deployed_weights(context.weights), model_arguments(context.result.model_args):
         _run_verifiers(requested, context, report_error)
 
 

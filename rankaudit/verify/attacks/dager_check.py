@@ -57,7 +57,7 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
     from rankaudit.model.load import load_model
     from rankaudit.trace.inputs import input_specs
     from rankaudit.verify.attacks import dager_call
-    from rankaudit.verify.model import build_real_model
+    from rankaudit.verify.model import build_real_model, current_model_arguments
 
     named = {info.name: info for info in result.inputs}
     dtypes = {name: getattr(torch, info.dtype) for name, info in named.items()}
@@ -68,7 +68,7 @@ def _token_call(result: Result, spec: str, seed: int, device: str):
         shape, dtype = {name: tuple(info.shape) for name, info in named.items()}, dtypes
     model, weights = build_real_model(spec, shape, seed)
     model = model.to(device)
-    loaded = load_model(spec, shape, device="meta", input_dtype=dtype)
+    loaded = load_model(spec, shape, device="meta", input_dtype=dtype, model_args=current_model_arguments())
     specs = [s for s in input_specs(model, shape, dtype) if s.name in named or s.same_as]
     return model, weights, dager_call.forward_call(model, specs, loaded.forward_kwargs)
 

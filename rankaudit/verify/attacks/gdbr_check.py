@@ -99,7 +99,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
 
     from rankaudit.model.load import load_model
     from rankaudit.verify.attacks import gdbr_victims
-    from rankaudit.verify.model import deployed_weights_file, load_weights, read_state_dict
+    from rankaudit.verify.model import current_model_arguments, deployed_weights_file, load_weights, read_state_dict
 
     layer = _gdbr_layer(result)
     if len(result.input_shape) != 3:
@@ -108,7 +108,7 @@ def _label_setup(result: Result, spec: str, seed: int, aux: str | None):
             "verify a model whose input is C,H,W",
         )
     torch.manual_seed(seed)
-    model = load_model(spec, result.input_shape, device="cpu").module.eval()
+    model = load_model(spec, result.input_shape, device="cpu", model_args=current_model_arguments()).module.eval()
     names = [name for name, _ in model.named_modules()]
     bottom = names[names.index(layer) :] if layer in names else [layer]
     bottom = [name for name in bottom if isinstance(model.get_submodule(name), (nn.Linear, nn.Conv2d))]
