@@ -20,7 +20,7 @@ the model's is no frame; a report frame on the status pipe is forged). Whatever 
 forks share one process group, killed when the command ends; a watchdog outside it kills that group when the parent
 dies by a signal it cannot catch (SIGKILL), and the child itself dies with its parent (PR_SET_PDEATHSIG).
 
-This module imports only the standard library (and rankaudit.settings.limits, constants): the parent (rankaudit.model.parent) must stay at the cost of a bare
+This module imports only the standard library (and rankaudit.settings.limits and .files, light): the parent (rankaudit.model.parent) must stay at the cost of a bare
 interpreter.
 """
 
@@ -32,9 +32,9 @@ import signal
 import struct
 import sys
 
-from rankaudit.settings.limits import MAX_SECONDS, shown
+from rankaudit.settings import files
+from rankaudit.settings.limits import DEFAULT_TIMEOUT, MAX_SECONDS, default_memory_limit, shown
 
-DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
 INTERRUPTED = 130  # 128 + SIGINT: the shell's convention for a command ended by Ctrl-C
 _TOKEN_BYTES = 16
 _HEADER = struct.Struct(f">{_TOKEN_BYTES}scI")
@@ -67,12 +67,14 @@ def set_flag_timeout(seconds: float | None) -> None:
     """--timeout's value (None when not given); the flag wins over the configuration."""
     global _timeout_flag
     _timeout_flag = seconds
+    _share_limits()
 
 
 def set_config_timeout(seconds: float | None) -> None:
     """[tool.rankaudit] timeout of the model being analysed (None when the file says nothing)."""
     global _timeout_config
     _timeout_config = seconds
+    _share_limits()
 
 
 def timeout() -> float:
@@ -98,23 +100,16 @@ _memory_config: float | None = None
 _GIB = 1024**3
 
 
-def default_memory_limit() -> float:
-    """GiB: 8, or half the machine's memory where that is less."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _GIB
-    except (ValueError, OSError, AttributeError):
-        return 8.0
-    return min(8.0, physical / 2)
-
-
 def set_flag_memory_limit(gib: float | None) -> None:
     global _memory_flag
     _memory_flag = gib
+    _share_limits()
 
 
 def set_config_memory_limit(gib: float | None) -> None:
     global _memory_config
     _memory_config = gib
+    _share_limits()
 
 
 def memory_limit() -> float:
@@ -123,6 +118,11 @@ def memory_limit() -> float:
         if value is not None:
             return float(value)
     return default_memory_limit()
+
+
+def _share_limits() -> None:
+    """A parse of an app's configuration runs under the same limits (rankaudit.settings.files)."""
+    files.use_limits(memory_limit(), timeout())
 
 
 def describe_memory_limit() -> str:

@@ -7,6 +7,19 @@ MAX_COUNT = 2**53
 # --timeout: about four months; --memory-limit: a pebibyte. Above them a limit would be no limit.
 MAX_SECONDS = 1e7
 MAX_GIB = 2.0**20
+# The model worker's limits, which a parse of an app's configuration runs under too.
+DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
+
+
+def default_memory_limit() -> float:
+    """GiB: 8, or half the machine's memory where that is less."""
+    import os
+
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError, AttributeError):
+        return 8.0
+    return min(8.0, physical / 2)
 
 
 def shown(number) -> str:
