@@ -25,11 +25,11 @@ from rankaudit.model.supervise import (
     _STATUS_KINDS,
     _TOKEN_BYTES,
     _WORKER,
-    DEFAULT_TIMEOUT,
     INTERRUPTED,
     _error,
     check_seconds,
 )
+from rankaudit.settings.limits import DEFAULT_TIMEOUT
 
 _GRACE = 5.0  # seconds a child gets to stop after Ctrl-C before it is killed
 _PHASES_AT_MOST = 8  # a limited worker's whole time, in --timeouts: import, build, trace and the steps between

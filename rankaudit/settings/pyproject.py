@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from rankaudit.errors import UsageError
 from rankaudit.settings import files
 from rankaudit.settings.levels import FAIL_ON_CHOICES
-from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
+from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, PSNR_TARGET_DB, shown, too_large
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -245,8 +244,9 @@ def load_settings(model_path: Path) -> Settings:
         settings.exposed_below = float(value)
     if "psnr-target" in table:
         value = table["psnr-target"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            _bad(pyproject, "psnr-target", "a PSNR in dB, e.g. 20")
+        low, high = PSNR_TARGET_DB
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            _bad(pyproject, "psnr-target", f"a PSNR in dB from {low:g} to {high:g}, e.g. 20")
         settings.psnr_target = float(value)
     if "certificate-quantile" in table:
         value = table["certificate-quantile"]
