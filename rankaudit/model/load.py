@@ -61,6 +61,24 @@ def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     return instances, classes
 
 
+def _hidden_models(module, path: Path) -> list[str]:
+    """nn.Module instances under a private name, and nn.Module subclasses whose methods were written in this file
+    but that are private or claim another module (`__module__` reassigned): what _candidates leaves out."""
+    found, here = [], os.path.realpath(path)
+    for attr, value in vars(module).items():
+        if isinstance(value, nn.Module) and attr.startswith("_"):
+            found.append(attr)
+        elif inspect.isclass(value) and issubclass(value, nn.Module) and value is not nn.Module:
+            written_here = any(
+                os.path.realpath(member.__code__.co_filename) == here
+                for member in vars(value).values()
+                if hasattr(member, "__code__")
+            )
+            if written_here and (attr.startswith("_") or value.__module__ != module.__name__):
+                found.append(attr)
+    return sorted(found)
+
+
 def _build(
     obj, attr: str, path: Path, device: str, build: str = BUILD_DEVICE, model_args: dict | None = None
 ) -> nn.Module:
@@ -134,6 +152,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
                 f"{attr} in {path} derives from {missing}, which is not installed",
                 f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
             )
+    hidden = _hidden_models(module, path)
+    if hidden:  # not a helper module: a pre-commit run must not skip it as one and pass without a verdict
+        raise ModelLoadError(
+            f"{path} holds models rankaudit does not pick on its own ({', '.join(hidden)}: a name starting with _ "
+            "or a class that claims another module)",
+            f"name the model with {path}:{hidden[0]}",
+        )
     raise NoModelInFile(
         f"no nn.Module subclass or instance is defined in {path}",
         "define the model class in that file, or name it with PATH:NAME",

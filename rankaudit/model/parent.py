@@ -257,6 +257,14 @@ class _Parent:
             )
             return 3
         if self.code is None or self.ended is not None:  # rankaudit's own exit never goes through os._exit
+            if self.ended is None and os.WIFSIGNALED(self.status) and os.WTERMSIG(self.status) == signal.SIGKILL:
+                _error(
+                    f"the process running the model was killed from outside (SIGKILL) during {self.phase}, most "
+                    "likely by the system's out-of-memory killer; no report was written; fix: give rankaudit more "
+                    "memory, or set --memory-limit GIB below what the machine has free so that rankaudit stops the "
+                    "model itself and says where"
+                )
+                return 3
             if self.ended is None and os.WIFSIGNALED(self.status):
                 name = _signal_name(os.WTERMSIG(self.status))
                 _error(

@@ -157,6 +157,7 @@ def _apply_memory_limit() -> None:
         if wanted <= 0:
             return
         limit = int(wanted * _GIB)
+        _cap_recursion(limit)
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -173,10 +174,34 @@ def _apply_memory_limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
+# Python calls Python without the C stack: each frame is on the heap. A recursion without end under a raised
+# recursion limit grows until the memory limit refuses a frame, and then unwinds millions of frames, each failing to
+# allocate its traceback: minutes, past --timeout. The depth is capped at what the memory limit holds (this many
+# bytes a frame, generously), so it ends at once, as running out of memory.
+_FRAME_BYTES = 1024
+_recursion_ceiling: int | None = None
+
+
+def _cap_recursion(limit: int) -> None:
+    """In a model worker: sys.setrecursionlimit keeps to the depth `limit` bytes of frames hold."""
+    global _recursion_ceiling
+    _recursion_ceiling = max(10_000, limit // _FRAME_BYTES)
+    allow = sys.setrecursionlimit
+
+    def capped(depth):
+        allow(min(depth, _recursion_ceiling) if isinstance(depth, int) else depth)
+
+    sys.setrecursionlimit = capped
+    allow(min(sys.getrecursionlimit(), _recursion_ceiling))
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """MemoryError, or torch's allocator refusing (a RuntimeError) under the memory limit."""
+    """MemoryError, or torch's allocator refusing (a RuntimeError) under the memory limit, or a recursion as deep
+    as the memory limit holds."""
     if isinstance(exc, MemoryError):
         return True
+    if isinstance(exc, RecursionError) and _recursion_ceiling is not None:
+        return sys.getrecursionlimit() >= _recursion_ceiling
     if isinstance(exc, OSError) and exc.errno == 12:  # ENOMEM: a mapping over the address-space limit
         return True
     text = str(exc)
