@@ -16,6 +16,7 @@ from rankaudit.errors import (
     NoZeroArgumentModel,
     RankauditError,
     UsageError,
+    one_line,
 )
 from rankaudit.model import options as model_options
 from rankaudit.model import supervise, worker
@@ -610,7 +611,7 @@ def _verified(verify, request) -> tuple[dict, dict]:
 
 
 def _error(message: str):
-    click.echo(f"rankaudit: error: {message}", err=True)
+    click.echo(f"rankaudit: error: {one_line(message)}", err=True)
 
 
 def main(argv: list[str] | None = None):

@@ -1,6 +1,19 @@
 """The errors rankaudit reports to a user: one line, a cause, a fix, and the exit code they map to."""
 
 
+def one_line(text: str) -> str:
+    """`text` as one line of a terminal: a newline or other control character (in a file name, say) is escaped so
+    that it cannot split the line or forge another. A name's bytes that arrived escaped (the C locale) show as the
+    UTF-8 text they are, or as \\xNN where they are not UTF-8."""
+    if text.isprintable():
+        return text
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no decoder made
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in text)
+
+
 class RankauditError(Exception):
     """A problem the user can fix; printed as one line, never as a traceback (unless --debug)."""
 

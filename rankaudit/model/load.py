@@ -48,6 +48,17 @@ def _accepts(cls, model_args: dict) -> bool:
     return True
 
 
+_UNREADABLE = "(parameters not readable)"
+
+
+def _parameters(cls) -> str:
+    """A constructor's parameters as its signature writes them: `(width, depth=2)`."""
+    try:
+        return str(inspect.signature(cls))
+    except (TypeError, ValueError):
+        return _UNREADABLE
+
+
 def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     """Module-level nn.Module instances, and nn.Module subclasses defined in (not imported into) the file."""
     instances, classes = {}, {}
@@ -94,6 +105,11 @@ def _build(
             f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
             f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME",
         )
+    if model_args and _parameters(obj) != _UNREADABLE and not _accepts(obj, model_args):
+        raise UsageError(
+            f"--model-arg {', '.join(sorted(model_args))} does not fit {attr} in {path}: it takes {_parameters(obj)}",
+            "pass the arguments the constructor names (model-args in [tool.rankaudit])",
+        )
     mode = None
     try:
         context, mode = building_on(device, build)
@@ -137,6 +153,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
         names = ", ".join(sorted(buildable))
         raise UsageError(
             f"{path} defines several models that build without arguments ({names})", f"choose one with {path}:NAME"
+        )
+    if classes and model_args:
+        raise UsageError(
+            f"--model-arg {', '.join(sorted(model_args))} does not fit any model in {path}: "
+            + "; ".join(f"{attr} takes {_parameters(cls)}" for attr, cls in sorted(classes.items())),
+            "pass the arguments the constructor names (model-args in [tool.rankaudit]), or choose the model with "
+            f"{path}:NAME",
         )
     if classes:
         names = ", ".join(sorted(classes))

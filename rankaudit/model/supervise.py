@@ -218,6 +218,8 @@ def current_phase() -> str:
 
 
 def _send(kind: bytes, payload: bytes) -> None:
+    # Text payloads name files: encoded with surrogateescape, a UTF-8 name that arrived escaped (the C locale) is
+    # its own bytes again on the wire, and the parent reads it back as the name.
     channel = _channel if kind in _STATUS_KINDS else _report_channel
     if channel is None or os.getpid() != _child_pid:
         return
@@ -254,7 +256,7 @@ def phase(name: str, limited: bool = True):
     global _phase_name, _phase_limited, _exited_in
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, limited
-    _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode())
+    _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode(errors="surrogateescape"))
     try:
         yield
     except SystemExit:
@@ -268,7 +270,7 @@ def phase(name: str, limited: bool = True):
         raise
     finally:
         _phase_name, _phase_limited = outer
-        _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode())
+        _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode(errors="surrogateescape"))
 
 
 def take_exit_phase() -> str | None:
@@ -282,7 +284,7 @@ def enter(name: str) -> None:
     """A new unlimited phase (a verifier's attack, say): named when the model ends the process in it."""
     global _phase_name, _phase_limited
     _phase_name, _phase_limited = name, False
-    _send(_PHASE, f"-1.0\t{name}".encode())
+    _send(_PHASE, f"-1.0\t{name}".encode(errors="surrogateescape"))
 
 
 def open_limited(name: str) -> tuple[str, bool]:
@@ -291,14 +293,14 @@ def open_limited(name: str) -> tuple[str, bool]:
     global _phase_name, _phase_limited
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, True
-    _send(_PHASE, f"{timeout()}\t{name}".encode())
+    _send(_PHASE, f"{timeout()}\t{name}".encode(errors="surrogateescape"))
     return outer
 
 
 def close_limited(outer: tuple[str, bool]) -> None:
     global _phase_name, _phase_limited
     _phase_name, _phase_limited = outer
-    _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode())
+    _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode(errors="surrogateescape"))
 
 
 def report_delivered(verdicts: list[bool]) -> None:
@@ -350,7 +352,9 @@ def source_location(filename: str, line: int) -> str:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"rankaudit: error: {message}\n")
+    from rankaudit.errors import one_line
+
+    sys.stderr.write(f"rankaudit: error: {one_line(message)}\n")
     sys.stderr.flush()
 
 
@@ -358,7 +362,12 @@ def _hooked_exit(code=0):
     """os._exit in the child: tell the parent where it was called from, then exit as asked."""
     with contextlib.suppress(Exception):
         caller = sys._getframe(1)
-        _send(_ENDED, f"os._exit({code}) at {source_location(caller.f_code.co_filename, caller.f_lineno)}".encode())
+        _send(
+            _ENDED,
+            f"os._exit({code}) at {source_location(caller.f_code.co_filename, caller.f_lineno)}".encode(
+                errors="surrogateescape"
+            ),
+        )
     _real_exit(code)
 
 

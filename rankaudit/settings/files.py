@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from rankaudit.errors import UsageError
+from rankaudit.errors import UsageError, one_line
 from rankaudit.settings.limits import DEFAULT_TIMEOUT, default_memory_limit
 
 CONFIG_BYTES = 1 << 20  # a configuration file (TOML, YAML, JSON, HOCON): real ones are a few KiB
@@ -36,22 +36,8 @@ def use_limits(gib: float | None, seconds: float | None) -> None:
 
 
 def shown_path(path: Path | str) -> str:
-    """A path as a one-line message quotes it: a newline or other control character in a name is escaped, so that
-    it cannot split the line or forge one; a name that is not UTF-8 shows its bytes escaped."""
-    text = os.fsdecode(path) if not isinstance(path, str) else path
-    if text.isprintable() and not any(0xDC80 <= ord(c) <= 0xDCFF for c in text):
-        return text
-    return "".join(
-        character if character.isprintable() and not 0xDC80 <= ord(character) <= 0xDCFF else _escaped(character)
-        for character in text
-    )
-
-
-def _escaped(character: str) -> str:
-    code = ord(character)
-    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode carries it
-        return f"\\x{code - 0xDC00:02x}"
-    return repr(character)[1:-1] if code < 0x10000 else f"\\U{code:08x}"
+    """A path as a one-line message quotes it (errors.one_line: a newline in a name cannot split the line)."""
+    return one_line(path if isinstance(path, str) else os.fsdecode(path))
 
 
 def read_bytes(path: Path, what: str = "configuration file", limit: int = CONFIG_BYTES) -> bytes:
