@@ -233,3 +233,74 @@ def test_weights_that_are_not_finite_are_refused(run_cli, tmp_path):
     code, out, err = run_cli(HOSTILE / "v_plain.py", "--verify", "rank", "--weights", weights, "--format", "json")
     assert code in (2, 3) and out == ""
     error_line(err, str(weights), "NaN or infinite", "fc.weight")
+
+
+# ---- the model's process: killed from outside, recursion, hidden models, names, arguments ----------------------
+
+
+def test_a_model_process_killed_by_sigkill_is_said_to_be_killed_from_outside():
+    done = rankaudit(HOSTILE / "killed_in_constructor.py", "--format", "json", module=True, timeout=120)
+    assert done.returncode == 3 and done.stdout == ""
+    line = error_line(done.stderr, "killed from outside (SIGKILL)", "out-of-memory", "--memory-limit")
+    assert "exit call" not in line
+
+
+def test_a_recursion_without_end_stops_at_the_memory_limit():
+    started = time.monotonic()
+    done = rankaudit(
+        HOSTILE / "recurse_on_the_heap.py", "--memory-limit", "0.75", "--timeout", "60", module=True, timeout=120
+    )
+    assert done.returncode == 3 and done.stdout == ""
+    line = error_line(done.stderr, "ran out of memory during the build of Net()", "0.75 GiB")
+    assert "SIGSEGV" not in line and "did not finish" not in line
+    assert time.monotonic() - started < 50
+
+
+@pytest.mark.parametrize("how", ["private", "claims-another-module"])
+def test_a_hidden_model_is_not_skipped_as_a_helper(run_cli, tmp_path, how):
+    model = tmp_path / "hidden.py"
+    name = "_Net" if how == "private" else "Net"
+    tail = 'Net.__module__ = "torch.nn.modules.linear"\n' if how == "claims-another-module" else ""
+    model.write_text(
+        "from torch import nn\n\n\n"
+        f"class {name}(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n\n\n"
+        f"INPUT_SHAPE = (4,)\n{tail}"
+    )
+    code, out, err = run_cli(model, "--skip-non-models", "--format", "json")
+    assert code == 3 and out == ""
+    error_line(err, f"{model}:{name}")
+    code, out, _ = run_cli(f"{model}:{name}", "--format", "json")
+    assert code in (0, 1) and json.loads(out)["model_name"]
+
+
+def test_a_helper_module_is_still_skipped(run_cli, tmp_path):
+    helper = tmp_path / "helper.py"
+    helper.write_text("from torch import nn\n\n\ndef make():\n    return nn.Linear(2, 2)\n")
+    code, out, err = run_cli(helper, "--skip-non-models")
+    assert code == 0 and err == ""
+
+
+def test_a_newline_in_a_file_name_is_escaped_in_the_error_line(run_cli, tmp_path):
+    code, out, err = run_cli(tmp_path / "no\nsuch.py")
+    assert code == 2 and out == ""
+    error_line(err, "no\\nsuch.py")
+
+
+def test_a_utf8_name_under_the_c_locale_is_read(tmp_path):
+    model = tmp_path / "café.py"
+    model.write_text((HOSTILE / "v_plain.py").read_text())
+    environment = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    done = rankaudit(model.name, "--format", "json", module=True, cwd=tmp_path, env=environment, timeout=120)
+    assert done.returncode in (0, 1), done.stderr
+    assert "UTF-8" not in done.stderr
+    assert json.loads(done.stdout)["verdict"]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_model_argument_that_does_not_bind_names_the_parameters(run_cli, named):
+    spec = f"{HOSTILE / 'needs_arguments.py'}" + (":Net" if named else "")
+    code, out, err = run_cli(spec, "--model-arg", "bogus=3")
+    assert code == 2 and out == ""
+    error_line(err, "--model-arg bogus does not fit", "(width)")
