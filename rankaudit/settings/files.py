@@ -1,5 +1,6 @@
-"""An app's files opened and parsed safely: regular files only, a size cap, a nesting cap, parsers under memory and
-time limits, includes kept inside the app's folder; each refusal one line naming the file (exit 2).
+"""An app's files opened and parsed safely: regular files only, a size cap, a nesting and alias cap, parsers under
+the model worker's memory and time limits, includes kept inside the app's folder; each refusal one line naming the
+file (exit 2).
 
 rankaudit reads a deployment's configuration in its own process, from folders it did not write: a config may be a
 link to /dev/zero, a FIFO that never yields, a 370-byte YAML alias bomb, a HOCON substitution that doubles itself,
