@@ -248,10 +248,10 @@ def test_a_model_process_killed_by_sigkill_is_said_to_be_killed_from_outside():
 def test_a_recursion_without_end_stops_at_the_memory_limit():
     started = time.monotonic()
     done = rankaudit(
-        HOSTILE / "recurse_on_the_heap.py", "--memory-limit", "0.75", "--timeout", "60", module=True, timeout=120
+        HOSTILE / "recurse_on_the_heap.py", "--memory-limit", "0.5", "--timeout", "60", module=True, timeout=120
     )
     assert done.returncode == 3 and done.stdout == ""
-    line = error_line(done.stderr, "ran out of memory during the build of Net()", "0.75 GiB")
+    line = error_line(done.stderr, "ran out of memory during the build of Net()", "0.5 GiB")
     assert "SIGSEGV" not in line and "did not finish" not in line
     assert time.monotonic() - started < 50
 

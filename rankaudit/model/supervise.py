@@ -178,7 +178,7 @@ def _apply_memory_limit() -> None:
 # recursion limit grows until the memory limit refuses a frame, and then unwinds millions of frames, each failing to
 # allocate its traceback: minutes, past --timeout. The depth is capped at what the memory limit holds (this many
 # bytes a frame, generously), so it ends at once, as running out of memory.
-_FRAME_BYTES = 1024
+_FRAME_BYTES = 4096
 _recursion_ceiling: int | None = None
 
 
