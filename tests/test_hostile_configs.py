@@ -191,8 +191,8 @@ def _strict(text: str):
 def test_the_json_report_spells_no_nan_or_infinity():
     from rankaudit.report.json import dumps
 
-    text = dumps({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": {"d": 2}})
-    assert _strict(text) == {"a": None, "b": [None, None, 1.5], "c": {"d": 2}}
+    text = dumps({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": {"d": 2}, "e": "x\ny"})
+    assert _strict(text) == {"a": None, "b": [None, None, 1.5], "c": {"d": 2}, "e": "x\ny"}
 
 
 @pytest.mark.parametrize(
@@ -295,7 +295,8 @@ def test_a_utf8_name_under_the_c_locale_is_read(tmp_path):
     done = rankaudit(model.name, "--format", "json", module=True, cwd=tmp_path, env=environment, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     assert "UTF-8" not in done.stderr
-    assert json.loads(done.stdout)["verdict"]
+    report = json.loads(done.stdout)
+    assert report["verdict"] and report["model"] == "café.py"
 
 
 @pytest.mark.parametrize("named", [False, True])

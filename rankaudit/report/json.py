@@ -133,15 +133,26 @@ def render(results: list[Result]) -> str:
 
 
 def finite(value):
-    """NaN and infinities as null: JSON has no spelling for them (Python's NaN / Infinity are not JSON, and strict
-    readers refuse the whole report); a measurement that came out non-finite was not measured."""
+    """The payload as JSON every strict reader takes: NaN and infinities as null (JSON has no spelling for them;
+    Python's NaN / Infinity make strict readers refuse the whole report, and a measurement that came out
+    non-finite was not measured), and a file name's bytes that arrived escaped (the C locale) as the UTF-8 text
+    they are, never lone surrogates."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if value.isprintable() else _text(value)
     if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
+        return {finite(key) if isinstance(key, str) else key: finite(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [finite(item) for item in value]
     return value
+
+
+def _text(value: str) -> str:
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no decoder made
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def dumps(payload) -> str:
