@@ -11,6 +11,7 @@ Python source) goes through here.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import stat
 from pathlib import Path
@@ -156,29 +157,31 @@ def bounded(parse, path: Path, *args):
     pickled (it holds only what the parser built from text). Where the system cannot fork, it runs here."""
     if not hasattr(os, "fork"):
         return _outcome(_attempt(parse, args), path)
-    import pickle
     import select
     import signal
     import time
 
     seconds = _limits["seconds"] or DEFAULT_TIMEOUT
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no process to spare (EAGAIN): the size and nesting caps still hold here
+        os.close(read_end)
+        os.close(write_end)
+        return _outcome(_attempt(parse, args), path)
     if pid == 0:  # pragma: no cover - the forked process (its coverage is not collected)
         code = 70
         try:
             os.close(read_end)
             _limit_memory()
-            data = pickle.dumps(_attempt(parse, args), protocol=pickle.HIGHEST_PROTOCOL)
-            if len(data) > _RESULT_BYTES:
-                data = pickle.dumps(("values",))
+            data = _packed(_attempt(parse, args))
             while data:
                 data = data[os.write(write_end, data) :]
             code = 0
         finally:
             os._exit(code)
     os.close(write_end)
-    chunks, held, deadline, late = [], 0, time.monotonic() + seconds, False
+    chunks, held, deadline, late, too_large = [], 0, time.monotonic() + seconds, False, False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -191,7 +194,7 @@ def bounded(parse, path: Path, *args):
             chunks.append(chunk)
             held += len(chunk)
             if held > _RESULT_BYTES:
-                chunks = [pickle.dumps(("values",))]
+                too_large = True
                 break
     finally:
         os.close(read_end)
@@ -205,11 +208,60 @@ def bounded(parse, path: Path, *args):
             "stopped it",
             "simplify that file (its substitutions or includes), or raise --timeout",
         )
+    if too_large:
+        return _outcome(("values",), path)
+    if not chunks:  # the process ended without an answer: killed over the memory limit
+        return _outcome(("memory",), path)
     try:
-        outcome = pickle.loads(b"".join(chunks))
-    except Exception:  # the process ended without an answer: killed over the memory limit
-        outcome = ("memory",)
+        outcome = _PlainData(io.BytesIO(b"".join(chunks))).load()
+    except Exception as exc:  # noqa: BLE001 - an answer cut short, or holding more than plain data
+        outcome = ("error", type(exc).__name__, str(exc)[:300])
     return _outcome(outcome, path)
+
+
+def _packed(outcome: tuple) -> bytes:  # pragma: no cover - runs in the forked process
+    import pickle
+
+    try:
+        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except MemoryError:
+        return pickle.dumps(("memory",))
+    except Exception as exc:  # a value the parser built that does not pickle
+        return pickle.dumps(("error", type(exc).__name__, str(exc)[:300]))
+    return data if len(data) <= _RESULT_BYTES else pickle.dumps(("values",))
+
+
+class _PlainData:
+    """Unpickles what a parser builds from text (dicts, lists, strings, numbers, dates, sets) and nothing else: no
+    class the answer names is imported or called but these."""
+
+    _ALLOWED = {
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("datetime", "date"),
+        ("datetime", "datetime"),
+        ("datetime", "time"),
+        ("datetime", "timedelta"),
+        ("datetime", "timezone"),
+    }
+
+    def __init__(self, stream):
+        import pickle
+
+        allowed = self._ALLOWED
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module, name):
+                if (module, name) not in allowed:
+                    raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+                return super().find_class(module, name)
+
+        self._unpickler = Unpickler(stream)
+
+    def load(self):
+        return self._unpickler.load()
 
 
 def _attempt(parse, args) -> tuple:
