@@ -15,8 +15,8 @@ OPTION_RULES = {
         "noise_multiplier",
         float,
         lambda v: NOISE_MULTIPLIER[0] <= v <= NOISE_MULTIPLIER[1],
-        f"a number from {NOISE_MULTIPLIER[0]:g} to {NOISE_MULTIPLIER[1]:g} (the standard deviation of the noise "
-        "over the clipping norm)",
+        f"a number above 0 (from {NOISE_MULTIPLIER[0]:g} to {NOISE_MULTIPLIER[1]:g}: the accountant's arithmetic "
+        "holds no other)",
         "1.0",
     ),
     "clip": ("clip", float, lambda v: v > 0, "a number above 0", "1.0"),

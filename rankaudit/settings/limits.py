@@ -9,9 +9,9 @@ MAX_SECONDS = 1e7
 MAX_GIB = 2.0**20
 # A PSNR target in dB: far outside this the noise it asks for is no float (10^(PSNR/20) overflows at 6,000 dB).
 PSNR_TARGET_DB = (-100.0, 200.0)
-# A DP noise multiplier: below the least, the privacy loss of one step outgrows every accountant's grid (the
-# noise bounds nothing and the arithmetic meets 1/σ² = inf); above the most, σ² overflows.
-NOISE_MULTIPLIER = (1e-6, 1e6)
+# A DP noise multiplier the accountant's arithmetic holds: its loss grid divides by 2σ² and squares 12σ, which
+# underflow to 0 or overflow past these (a σ of 1e-300 or 1e300 is no mechanism a float describes).
+NOISE_MULTIPLIER = (1e-100, 1e100)
 # The model worker's limits, which a parse of an app's configuration runs under too.
 DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
 
