@@ -66,7 +66,15 @@ class ModelEndedProcess(ModelLoadError):
 class OutOfMemory(ModelLoadError):
     """The model's process went over its memory limit (exit 3), in a named phase (the import, the trace, ...)."""
 
-    def __init__(self, phase: str, limit: str):
+    def __init__(self, phase: str, limit: str, cause: BaseException | None = None):
+        if isinstance(cause, RecursionError):  # the depth the limit holds (rankaudit.model.supervise)
+            super().__init__(
+                f"the model's process ran out of memory during {phase}: a recursion went as deep as its memory "
+                f"limit ({limit}) holds; no report was written",
+                "give the recursion in the model's code an end (the traceback with --debug shows where), or raise "
+                "--memory-limit GIB if it is that deep on purpose",
+            )
+            return
         super().__init__(
             f"the model's process ran out of memory during {phase} (its memory limit is {limit}); no report was "
             "written",

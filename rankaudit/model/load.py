@@ -119,7 +119,7 @@ def _build(
         raise
     except BaseException as exc:
         if supervise.is_out_of_memory(exc):
-            raise OutOfMemory(f"the build of {attr}() from {path}", supervise.describe_memory_limit()) from exc
+            raise OutOfMemory(f"the build of {attr}() from {path}", supervise.describe_memory_limit(), exc) from exc
         raise ConstructionFailed("build", exc, failing_op(mode, exc)) from exc
     if not isinstance(built, nn.Module):
         raise ModelLoadError(
