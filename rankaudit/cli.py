@@ -16,6 +16,7 @@ from rankaudit.errors import (
     NoZeroArgumentModel,
     RankauditError,
     UsageError,
+    one_line,
 )
 from rankaudit.model import options as model_options
 from rankaudit.model import supervise, worker
@@ -167,14 +168,7 @@ def check(
     for spec in models:  # a path the system cannot open, or Python cannot name, before any other use of it
         check_path(spec, "model or app")
     commandline = click.core.ParameterSource.COMMANDLINE
-    psnr_given = ctx.get_parameter_source("psnr_target") is commandline
-    registry.check_request(
-        verify,
-        defenses,
-        {"--dp-candidates": dp_candidates, "--psnr-target": ctx.params["psnr_target"] if psnr_given else None},
-        weights=weights_file,
-        artifacts=artifacts,
-    )
+    registry.check_request(verify, defenses, flags.verifier_flags(ctx), weights=weights_file, artifacts=artifacts)
     registry.check_budget(verify, steps=steps, samples=samples, trials=trials, batch_size=batch_size)
     report_files.check_outputs(
         output,
@@ -616,7 +610,7 @@ def _verified(verify, request) -> tuple[dict, dict]:
 
 
 def _error(message: str):
-    click.echo(f"rankaudit: error: {message}", err=True)
+    click.echo(f"rankaudit: error: {one_line(message)}", err=True)
 
 
 def main(argv: list[str] | None = None):

@@ -1,6 +1,19 @@
 """The errors rankaudit reports to a user: one line, a cause, a fix, and the exit code they map to."""
 
 
+def one_line(text: str) -> str:
+    """`text` as one line of a terminal: a newline or other control character (in a file name, say) is escaped so
+    that it cannot split the line or forge another. A name's bytes that arrived escaped (the C locale) show as the
+    UTF-8 text they are, or as \\xNN where they are not UTF-8."""
+    if text.isprintable():
+        return text
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no decoder made
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in text)
+
+
 class RankauditError(Exception):
     """A problem the user can fix; printed as one line, never as a traceback (unless --debug)."""
 
@@ -53,7 +66,15 @@ class ModelEndedProcess(ModelLoadError):
 class OutOfMemory(ModelLoadError):
     """The model's process went over its memory limit (exit 3), in a named phase (the import, the trace, ...)."""
 
-    def __init__(self, phase: str, limit: str):
+    def __init__(self, phase: str, limit: str, cause: BaseException | None = None):
+        if isinstance(cause, RecursionError):  # the depth the limit holds (rankaudit.model.supervise)
+            super().__init__(
+                f"the model's process ran out of memory during {phase}: a recursion went as deep as its memory "
+                f"limit ({limit}) holds; no report was written",
+                "give the recursion in the model's code an end (the traceback with --debug shows where), or raise "
+                "--memory-limit GIB if it is that deep on purpose",
+            )
+            return
         super().__init__(
             f"the model's process ran out of memory during {phase} (its memory limit is {limit}); no report was "
             "written",

@@ -16,6 +16,7 @@ from rankaudit.deploy.syntax import syntax_of
 from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
+from rankaudit.settings.files import read_source
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
 from rankaudit.settings.round import ROUND_KEYS
 from rankaudit.settings.run import dp_values
@@ -615,8 +616,8 @@ def _require(directory: Path, model: str, settings, overrides: Overrides, round_
 def _declares_input_shape(model: str) -> bool:
     path = Path(model.rsplit(":", 1)[0] if model.count(":") else model)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+        tree = ast.parse(read_source(path))
+    except (UsageError, SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return any(
         isinstance(node, (ast.Assign, ast.AnnAssign))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.files import read_source
 from rankaudit.settings.pyproject import read_toml
 
 if sys.version_info >= (3, 11):
@@ -64,8 +65,8 @@ _FLOWER_MARKS = (
 def uses_flower(files: list[Path]) -> bool:
     for path in files:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_source(path)
+        except UsageError:
             continue
         if ("flwr" in text or "flower" in text) and any(mark in text for mark in _FLOWER_MARKS):
             return True

@@ -11,6 +11,8 @@ from pathlib import Path
 from rankaudit.deploy.code_reader import ModuleReader
 from rankaudit.deploy.found import Found, call_name
 from rankaudit.deploy.syntax import syntax_of
+from rankaudit.errors import UsageError
+from rankaudit.settings.files import read_source
 
 # ---- the model: nn.Module classes the client app's module imports ------------------------------------------------
 
@@ -29,8 +31,8 @@ class Instantiation:
         if not self.positional:
             return self
         try:
-            tree = ast.parse(definition.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError):
+            tree = ast.parse(read_source(definition))
+        except (UsageError, SyntaxError, ValueError, RecursionError, MemoryError):
             return self
         node = next((n for n in tree.body if getattr(n, "name", None) == self.name), None)
         if isinstance(node, ast.ClassDef):
@@ -89,8 +91,8 @@ def attribute_layers(model: str, words: list[str]) -> list[tuple[str, str]]:
     too. Layers nested deeper are not named (they stay judged as sent, the stronger case for the attacker)."""
     path_text, _, name = model.rpartition(":") if model.count(":") else (model, "", "")
     try:
-        tree = ast.parse(Path(path_text).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+        tree = ast.parse(read_source(Path(path_text)))
+    except (UsageError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     owner = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
     init = next(

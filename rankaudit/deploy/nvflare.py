@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankaudit.deploy.found import Found
+from rankaudit.errors import UsageError
+from rankaudit.settings import files
 
 _CLIENT_CONFIGS = ("config_fed_client.json", "config_fed_client.conf")
 _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
@@ -83,8 +85,8 @@ def job_scripts(directory: Path) -> list[Path]:
         if _SKIPPED & set(path.relative_to(directory).parts):
             continue
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = files.read_source(path)
+        except UsageError:
             continue
         if "Recipe" not in text and "Job(" not in text:
             continue
@@ -126,12 +128,27 @@ def config_files(directory: Path, stem: str) -> list[Path]:
 
 def _raw_config(path: Path) -> dict | None:
     """A job config, JSON (json) or HOCON (pyhocon, NVFlare's own reader), as written (its `{name}` placeholders
-    unfilled)."""
+    unfilled); parsed under the memory and time limits, its nesting and includes bounded (one line naming the file
+    where they are not); None where its syntax is not JSON or HOCON."""
+    root = _job_root(path)
+    text = files.read_text(path)
     try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else _hocon(path)
-    except (OSError, UnicodeDecodeError, ValueError):
+        config = files.bounded(_parse_config, path, text, path, root)
+    except files.ParseFailed:
         return None
     return config if isinstance(config, dict) else None
+
+
+def _job_root(path: Path) -> Path:
+    """The folder a config's includes must stay in: the job's (the folder above the app's config/ folder)."""
+    folder = path.resolve().parent
+    return folder.parent.parent if folder.name == "config" else folder
+
+
+def _parse_config(text: str, path: Path, root: Path):
+    config = json.loads(text) if path.suffix == ".json" else _hocon(text, path, root)
+    files.check_shape(config, path)
+    return config
 
 
 def _variables(config: dict) -> dict:
@@ -178,16 +195,47 @@ def load_config(path: Path) -> dict | None:
     return fill(config)
 
 
-def _hocon(path: Path) -> dict:
-    """A HOCON file as plain dicts and lists, its includes and `${...}` substitutions resolved by pyhocon."""
+def _hocon(text: str, path: Path, root: Path) -> dict:
+    """A HOCON text as plain dicts and lists, its includes and `${...}` substitutions resolved by pyhocon. An include
+    is read through files.read_text and only inside `root` (never a URL, never /etc/passwd), at most
+    files.MAX_INCLUDES of them (a file that includes itself stops there)."""
     from pyhocon import ConfigFactory
-    from pyhocon.exceptions import ConfigException
-    from pyparsing.exceptions import ParseBaseException
 
+    included = []
+
+    def parse_file(filename, encoding="utf-8", required=True, resolve=True, unresolved_value=None, **_):
+        target = Path(filename)
+        shown = files.shown_path(target)
+        if not files.inside(root, target):
+            raise UsageError(
+                f"{files.shown_path(path)} includes {shown}, outside the job's folder; rankaudit does not read it",
+                "copy what it needs into the job's folder, or remove the include",
+            )
+        included.append(target)
+        if len(included) > files.MAX_INCLUDES:
+            raise UsageError(
+                f"{files.shown_path(path)} includes over {files.MAX_INCLUDES} files (an include that includes "
+                "itself?); rankaudit does not read it",
+                "remove the include loop",
+            )
+        if not target.exists() and not required:
+            return []
+        given = {} if unresolved_value is None else {"unresolved_value": unresolved_value}
+        return ConfigFactory.parse_string(files.read_text(target), str(target.parent), resolve, **given)
+
+    def parse_url(url, *args, **kwargs):
+        raise UsageError(
+            f"{files.shown_path(path)} includes the URL {files.shown_path(str(url))}; rankaudit reads no URL",
+            "copy what it needs into the job's folder, or remove the include",
+        )
+
+    originals = {name: vars(ConfigFactory)[name] for name in ("parse_file", "parse_URL")}
+    ConfigFactory.parse_file, ConfigFactory.parse_URL = staticmethod(parse_file), staticmethod(parse_url)
     try:
-        return ConfigFactory.parse_file(str(path)).as_plain_ordered_dict()
-    except (ConfigException, ParseBaseException) as error:
-        raise ValueError(str(error)) from None
+        return ConfigFactory.parse_string(text, str(path.parent)).as_plain_ordered_dict()
+    finally:
+        for name, method in originals.items():
+            setattr(ConfigFactory, name, method)
 
 
 def read_job(directory: Path) -> NVFlareJob:

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rankaudit.deploy.found import call_name
+from rankaudit.settings.files import read_source
 
 
 def syntax_of(path: Path) -> Syntax:
@@ -19,7 +20,7 @@ def syntax_of(path: Path) -> Syntax:
 
 @lru_cache(maxsize=1024)
 def _parsed(path: Path, modified: int, size: int) -> Syntax:
-    return Syntax(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    return Syntax(ast.parse(read_source(path), filename=str(path)))
 
 
 # Nodes with nothing under them that a lookup asks about (Load/Store, operators), shared between parents.

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from rankaudit.errors import UsageError
+from rankaudit.settings import files
+
 # Where an app keeps its YAML config when no `@hydra.main(config_path=..., config_name=...)` names it.
 _CONFIG_NAMES = ("conf/config.yaml", "config/config.yaml", "conf/base.yaml", "config.yaml", "conf/config.yml")
 _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "tests", "outputs", "multirun"}
@@ -29,7 +32,7 @@ def read_yaml(path: Path) -> dict[str, tuple[object, int]]:
     """Dotted key -> (value, line) of one YAML file, its `${...}` resolved within the file (no defaults list)."""
     data, lines = _load(path)
     plain: dict[str, tuple[object, int]] = {}
-    for key, value in _resolved(data).items():
+    for key, value in files.bounded(_resolved, path, data).items():
         plain[key] = (value, lines.get(key, 0))
     return plain
 
@@ -64,12 +67,14 @@ def app_yaml(directory: Path) -> YamlConfig:
     lines: dict[str, str] = {}
     try:
         _compose(directory, folder, folder, name, (), data, lines, _overrides(folder, name), config.notes, 0)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+    except files.ParseFailed as error:
         config.notes.append(f"the YAML config {_relative(directory, folder / name)} is not read ({_first(error)})")
         return config
     shown = _relative(directory, folder / name)
     config.entries = {
-        key: (value, lines.get(key, shown)) for key, value in _resolved(data).items() if value is not None
+        key: (value, lines.get(key, shown))
+        for key, value in files.bounded(_resolved, folder / name, data).items()
+        if value is not None
     }
     return config
 
@@ -84,11 +89,11 @@ def _hydra_entries(directory: Path) -> list[tuple[Path, str, str]]:
         if _SKIPPED & set(path.relative_to(directory).parts):
             continue
         try:
-            text = path.read_text(encoding="utf-8")
+            text = files.read_source(path)
             if "hydra" not in text:
                 continue
             tree = ast.parse(text)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        except (UsageError, SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -118,8 +123,8 @@ def _overrides(folder: Path, name: str) -> dict[str, object]:
     """`override GROUP: OPTION` entries of the primary config's defaults list: the option chosen for the group
     wherever it is named."""
     try:
-        data = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data, _ = _load(folder / name)
+    except files.ParseFailed:
         return {}
     chosen = {}
     for item in (data or {}).get("defaults", []) if isinstance(data, dict) else []:
@@ -137,9 +142,12 @@ def _compose(root, conf, folder, name, package, data, lines, overrides, notes, d
         notes.append(f"the defaults list of {_relative(root, folder / name)} nests too deep; it is not read further")
         return
     path = folder / name
-    own, own_lines = _load(path)
     relative = _relative(root, path)
-    header = _PACKAGE_HEADER.search(path.read_text(encoding="utf-8")[:1000])
+    if not files.inside(root, path):
+        notes.append(f"{relative} is outside the app's folder; rankaudit does not read it")
+        return
+    own, own_lines = _load(path)
+    header = _PACKAGE_HEADER.search(files.read_text(path)[:1000])
     if header is not None:
         package = () if header.group(1) == "_global_" else tuple(header.group(1).split("."))
     defaults = own.pop("defaults", None) if isinstance(own, dict) else None
@@ -181,6 +189,12 @@ def _compose(root, conf, folder, name, package, data, lines, overrides, notes, d
 
 def _include(root, conf, target: Path, package, data, lines, overrides, notes, depth, named_in: str) -> None:
     path = _config_file(target)
+    if not files.inside(root, path):
+        notes.append(
+            f"{_relative(root, path)}, named in the defaults list of {named_in}, is outside the app's folder; "
+            "rankaudit does not read it"
+        )
+        return
     if not path.is_file():
         notes.append(f"{_relative(root, path)}, named in the defaults list of {named_in}, does not exist")
         return
@@ -218,14 +232,57 @@ def _deep_merge(into: dict, new: dict) -> None:
 
 
 def _load(path: Path) -> tuple[dict, dict[str, int]]:
-    """A YAML file's mapping and the line of each dotted key in it."""
-    text = path.read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
-    lines: dict[str, int] = {}
+    """A YAML file's mapping and the line of each dotted key in it, parsed in a process under the memory and time
+    limits, its aliases expanded and its nesting within the caps (files.bounded); a syntax error: ParseFailed."""
+    return files.bounded(_parse, path, files.read_text(path), path)
+
+
+def _parse(text: str, path: Path) -> tuple[dict, dict[str, int]]:
     node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return {}, {}
+    _check_expansion(node, path)
+    loader = yaml.SafeLoader("")
+    data = loader.construct_document(node)
+    lines: dict[str, int] = {}
     if isinstance(node, yaml.MappingNode):
         _lines(node, "", lines)
     return (data if isinstance(data, dict) else {}), lines
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """The values a YAML document holds with every alias expanded, and its nesting, within files.MAX_NODES and
+    files.MAX_DEPTH: a 370-byte alias bomb composes to a few nodes but expands to billions of values."""
+    expanded: dict[int, int] = {}
+    depth_of: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if not children_done:
+            if key in expanded:
+                continue
+            if any(id(child) in open_nodes for child in children):  # an alias inside its own anchor: endless
+                raise files.too_many_values(path)
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in expanded)
+            continue
+        open_nodes.discard(key)
+        expanded[key] = 1 + sum(expanded[id(child)] for child in children)
+        depth_of[key] = 1 + max((depth_of[id(child)] for child in children), default=0)
+        if expanded[key] > files.MAX_NODES:
+            raise files.too_many_values(path)
+        if depth_of[key] > files.MAX_DEPTH:
+            raise files.nests_too_deep(path)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
 def _lines(node: yaml.MappingNode, prefix: str, lines: dict[str, int]) -> None:

@@ -18,7 +18,7 @@ def out_of_memory(exc: BaseException):
     from rankaudit.errors import OutOfMemory
 
     phase = getattr(exc, "rankaudit_phase", None) or supervise.current_phase()
-    return OutOfMemory(phase, supervise.describe_memory_limit())
+    return OutOfMemory(phase, supervise.describe_memory_limit(), exc)
 
 
 MODEL_MODULE_PREFIX = "rankaudit_model_"  # the module name a model file runs under: how its frames are found

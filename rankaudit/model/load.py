@@ -48,6 +48,17 @@ def _accepts(cls, model_args: dict) -> bool:
     return True
 
 
+_UNREADABLE = "(parameters not readable)"
+
+
+def _parameters(cls) -> str:
+    """A constructor's parameters as its signature writes them: `(width, depth=2)`."""
+    try:
+        return str(inspect.signature(cls))
+    except (TypeError, ValueError):
+        return _UNREADABLE
+
+
 def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
     """Module-level nn.Module instances, and nn.Module subclasses defined in (not imported into) the file."""
     instances, classes = {}, {}
@@ -59,6 +70,24 @@ def _candidates(module) -> tuple[dict[str, object], dict[str, type]]:
         elif inspect.isclass(value) and issubclass(value, nn.Module) and value.__module__ == module.__name__:
             classes[attr] = value
     return instances, classes
+
+
+def _hidden_models(module, path: Path) -> list[str]:
+    """nn.Module instances under a private name, and nn.Module subclasses whose methods were written in this file
+    but that are private or claim another module (`__module__` reassigned): what _candidates leaves out."""
+    found, here = [], os.path.realpath(path)
+    for attr, value in vars(module).items():
+        if isinstance(value, nn.Module) and attr.startswith("_"):
+            found.append(attr)
+        elif inspect.isclass(value) and issubclass(value, nn.Module) and value is not nn.Module:
+            written_here = any(
+                os.path.realpath(member.__code__.co_filename) == here
+                for member in vars(value).values()
+                if hasattr(member, "__code__")
+            )
+            if written_here and (attr.startswith("_") or value.__module__ != module.__name__):
+                found.append(attr)
+    return sorted(found)
 
 
 def _build(
@@ -76,6 +105,11 @@ def _build(
             f"'{attr}' in {path} is a {type(obj).__name__}, not a model",
             f"name an nn.Module subclass, a zero-argument factory or an instance: {path}:NAME",
         )
+    if model_args and _parameters(obj) != _UNREADABLE and not _accepts(obj, model_args):
+        raise UsageError(
+            f"--model-arg {', '.join(sorted(model_args))} does not fit {attr} in {path}: it takes {_parameters(obj)}",
+            "pass the arguments the constructor names (model-args in [tool.rankaudit])",
+        )
     mode = None
     try:
         context, mode = building_on(device, build)
@@ -87,7 +121,7 @@ def _build(
         raise
     except BaseException as exc:
         if supervise.is_out_of_memory(exc):
-            raise OutOfMemory(f"the build of {attr}() from {path}", supervise.describe_memory_limit()) from exc
+            raise OutOfMemory(f"the build of {attr}() from {path}", supervise.describe_memory_limit(), exc) from exc
         raise ConstructionFailed("build", exc, failing_op(mode, exc)) from exc
     if not isinstance(built, nn.Module):
         raise ModelLoadError(
@@ -138,6 +172,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
         raise UsageError(
             f"{path} defines several models that build without arguments ({names})", f"choose one with {path}:NAME"
         )
+    if classes and model_args:
+        raise UsageError(
+            f"--model-arg {', '.join(sorted(model_args))} does not fit any model in {path}: "
+            + "; ".join(f"{attr} takes {_parameters(cls)}" for attr, cls in sorted(classes.items())),
+            "pass the arguments the constructor names (model-args in [tool.rankaudit]), or choose the model with "
+            f"{path}:NAME",
+        )
     if classes:
         names = ", ".join(sorted(classes))
         raise (ModelLoadError if model_args else NoZeroArgumentModel)(
@@ -152,6 +193,13 @@ def _pick(module, name: str | None, path: Path, model_args: dict | None = None) 
                 f"{attr} in {path} derives from {missing}, which is not installed",
                 f"install {missing.split('.')[0]} (a stand-in replaced it while the file was imported)",
             )
+    hidden = _hidden_models(module, path)
+    if hidden:  # not a helper module: a pre-commit run must not skip it as one and pass without a verdict
+        raise ModelLoadError(
+            f"{path} holds models rankaudit does not pick on its own ({', '.join(hidden)}: a name starting with _ "
+            "or a class that claims another module)",
+            f"name the model with {path}:{hidden[0]}",
+        )
     raise NoModelInFile(
         f"no nn.Module subclass or instance is defined in {path}",
         "define the model class in that file, or name it with PATH:NAME",

@@ -68,7 +68,7 @@ def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
         ) from exc
     except BaseException as exc:  # the user's file can raise anything, SystemExit included
         if supervise.is_out_of_memory(exc):  # no second strategy and no re-run: each would take as much
-            raise OutOfMemory(f"the import of {path}", supervise.describe_memory_limit()) from exc
+            raise OutOfMemory(f"the import of {path}", supervise.describe_memory_limit(), exc) from exc
         raise ConstructionFailed("import", exc, failing_op(mode, exc)) from exc
     finally:
         if sys.path and sys.path[0] == directory:

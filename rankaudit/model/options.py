@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from rankaudit.model import supervise
-from rankaudit.settings.limits import MAX_GIB, MAX_SECONDS
+from rankaudit.settings.limits import DEFAULT_TIMEOUT, MAX_GIB, MAX_SECONDS
 
 
 def parse_dtype(ctx, param, value):
@@ -57,7 +57,7 @@ def limit_options(command):
         is_eager=True,
         callback=_set_timeout,
         help=f"Stop a model whose import, build or trace takes longer (default: [tool.rankaudit] "
-        f"timeout, else {supervise.DEFAULT_TIMEOUT:g}); exit 3.",
+        f"timeout, else {DEFAULT_TIMEOUT:g}); exit 3.",
     )(command)
 
 

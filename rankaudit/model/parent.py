@@ -25,11 +25,11 @@ from rankaudit.model.supervise import (
     _STATUS_KINDS,
     _TOKEN_BYTES,
     _WORKER,
-    DEFAULT_TIMEOUT,
     INTERRUPTED,
     _error,
     check_seconds,
 )
+from rankaudit.settings.limits import DEFAULT_TIMEOUT
 
 _GRACE = 5.0  # seconds a child gets to stop after Ctrl-C before it is killed
 _PHASES_AT_MOST = 8  # a limited worker's whole time, in --timeouts: import, build, trace and the steps between
@@ -257,6 +257,14 @@ class _Parent:
             )
             return 3
         if self.code is None or self.ended is not None:  # rankaudit's own exit never goes through os._exit
+            if self.ended is None and os.WIFSIGNALED(self.status) and os.WTERMSIG(self.status) == signal.SIGKILL:
+                _error(
+                    f"the process running the model was killed from outside (SIGKILL) during {self.phase}, most "
+                    "likely by the system's out-of-memory killer; no report was written; fix: give rankaudit more "
+                    "memory, or set --memory-limit GIB below what the machine has free so that rankaudit stops the "
+                    "model itself and says where"
+                )
+                return 3
             if self.ended is None and os.WIFSIGNALED(self.status):
                 name = _signal_name(os.WTERMSIG(self.status))
                 _error(

@@ -16,6 +16,9 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 
+from rankaudit.errors import UsageError
+from rankaudit.settings.files import read_source
+
 # Packages an app imports for data, logging, configuration or the federation itself, not for its model: when one
 # is not installed, the model file is still imported, with a stand-in in its place (as Sphinx's autodoc mocks).
 DEFAULT_STAND_INS = (
@@ -158,9 +161,8 @@ def _guarded_lines(filename: str) -> list[tuple[int, int]]:
     if filename not in _GUARDS:
         ranges = []
         try:
-            with open(filename, encoding="utf-8") as handle:
-                tree = ast.parse(handle.read())
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            tree = ast.parse(read_source(Path(filename)))
+        except (UsageError, SyntaxError, ValueError, RecursionError, MemoryError):
             tree = None
         for node in ast.walk(tree) if tree is not None else ():
             if isinstance(node, ast.Try) and node.body:

@@ -20,7 +20,7 @@ the model's is no frame; a report frame on the status pipe is forged). Whatever 
 forks share one process group, killed when the command ends; a watchdog outside it kills that group when the parent
 dies by a signal it cannot catch (SIGKILL), and the child itself dies with its parent (PR_SET_PDEATHSIG).
 
-This module imports only the standard library (and rankaudit.settings.limits, constants): the parent (rankaudit.model.parent) must stay at the cost of a bare
+This module imports only the standard library (and rankaudit.settings.limits and .files, light): the parent (rankaudit.model.parent) must stay at the cost of a bare
 interpreter.
 """
 
@@ -32,9 +32,9 @@ import signal
 import struct
 import sys
 
-from rankaudit.settings.limits import MAX_SECONDS, shown
+from rankaudit.settings import files
+from rankaudit.settings.limits import DEFAULT_TIMEOUT, MAX_SECONDS, default_memory_limit, shown
 
-DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
 INTERRUPTED = 130  # 128 + SIGINT: the shell's convention for a command ended by Ctrl-C
 _TOKEN_BYTES = 16
 _HEADER = struct.Struct(f">{_TOKEN_BYTES}scI")
@@ -67,12 +67,14 @@ def set_flag_timeout(seconds: float | None) -> None:
     """--timeout's value (None when not given); the flag wins over the configuration."""
     global _timeout_flag
     _timeout_flag = seconds
+    _share_limits()
 
 
 def set_config_timeout(seconds: float | None) -> None:
     """[tool.rankaudit] timeout of the model being analysed (None when the file says nothing)."""
     global _timeout_config
     _timeout_config = seconds
+    _share_limits()
 
 
 def timeout() -> float:
@@ -98,23 +100,16 @@ _memory_config: float | None = None
 _GIB = 1024**3
 
 
-def default_memory_limit() -> float:
-    """GiB: 8, or half the machine's memory where that is less."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _GIB
-    except (ValueError, OSError, AttributeError):
-        return 8.0
-    return min(8.0, physical / 2)
-
-
 def set_flag_memory_limit(gib: float | None) -> None:
     global _memory_flag
     _memory_flag = gib
+    _share_limits()
 
 
 def set_config_memory_limit(gib: float | None) -> None:
     global _memory_config
     _memory_config = gib
+    _share_limits()
 
 
 def memory_limit() -> float:
@@ -123,6 +118,11 @@ def memory_limit() -> float:
         if value is not None:
             return float(value)
     return default_memory_limit()
+
+
+def _share_limits() -> None:
+    """A parse of an app's configuration runs under the same limits (rankaudit.settings.files)."""
+    files.use_limits(memory_limit(), timeout())
 
 
 def describe_memory_limit() -> str:
@@ -157,6 +157,7 @@ def _apply_memory_limit() -> None:
         if wanted <= 0:
             return
         limit = int(wanted * _GIB)
+        _cap_recursion(limit)
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -173,10 +174,34 @@ def _apply_memory_limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
+# Python calls Python without the C stack: each frame is on the heap. A recursion without end under a raised
+# recursion limit grows until the memory limit refuses a frame, and then unwinds millions of frames, each failing to
+# allocate its traceback: minutes, past --timeout. The depth is capped at what the memory limit holds (this many
+# bytes a frame, generously), so it ends at once, as running out of memory.
+_FRAME_BYTES = 4096
+_recursion_ceiling: int | None = None
+
+
+def _cap_recursion(limit: int) -> None:
+    """In a model worker: sys.setrecursionlimit keeps to the depth `limit` bytes of frames hold."""
+    global _recursion_ceiling
+    _recursion_ceiling = max(10_000, limit // _FRAME_BYTES)
+    allow = sys.setrecursionlimit
+
+    def capped(depth):
+        allow(min(depth, _recursion_ceiling) if isinstance(depth, int) else depth)
+
+    sys.setrecursionlimit = capped
+    allow(min(sys.getrecursionlimit(), _recursion_ceiling))
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """MemoryError, or torch's allocator refusing (a RuntimeError) under the memory limit."""
+    """MemoryError, or torch's allocator refusing (a RuntimeError) under the memory limit, or a recursion as deep
+    as the memory limit holds."""
     if isinstance(exc, MemoryError):
         return True
+    if isinstance(exc, RecursionError) and _recursion_ceiling is not None:
+        return sys.getrecursionlimit() >= _recursion_ceiling
     if isinstance(exc, OSError) and exc.errno == 12:  # ENOMEM: a mapping over the address-space limit
         return True
     text = str(exc)
@@ -193,6 +218,8 @@ def current_phase() -> str:
 
 
 def _send(kind: bytes, payload: bytes) -> None:
+    # Text payloads name files: encoded with surrogateescape, a UTF-8 name that arrived escaped (the C locale) is
+    # its own bytes again on the wire, and the parent reads it back as the name.
     channel = _channel if kind in _STATUS_KINDS else _report_channel
     if channel is None or os.getpid() != _child_pid:
         return
@@ -229,7 +256,7 @@ def phase(name: str, limited: bool = True):
     global _phase_name, _phase_limited, _exited_in
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, limited
-    _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode())
+    _send(_PHASE, f"{timeout() if limited else -1.0}\t{name}".encode(errors="surrogateescape"))
     try:
         yield
     except SystemExit:
@@ -243,7 +270,7 @@ def phase(name: str, limited: bool = True):
         raise
     finally:
         _phase_name, _phase_limited = outer
-        _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode())
+        _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode(errors="surrogateescape"))
 
 
 def take_exit_phase() -> str | None:
@@ -257,7 +284,7 @@ def enter(name: str) -> None:
     """A new unlimited phase (a verifier's attack, say): named when the model ends the process in it."""
     global _phase_name, _phase_limited
     _phase_name, _phase_limited = name, False
-    _send(_PHASE, f"-1.0\t{name}".encode())
+    _send(_PHASE, f"-1.0\t{name}".encode(errors="surrogateescape"))
 
 
 def open_limited(name: str) -> tuple[str, bool]:
@@ -266,14 +293,14 @@ def open_limited(name: str) -> tuple[str, bool]:
     global _phase_name, _phase_limited
     outer = _phase_name, _phase_limited
     _phase_name, _phase_limited = name, True
-    _send(_PHASE, f"{timeout()}\t{name}".encode())
+    _send(_PHASE, f"{timeout()}\t{name}".encode(errors="surrogateescape"))
     return outer
 
 
 def close_limited(outer: tuple[str, bool]) -> None:
     global _phase_name, _phase_limited
     _phase_name, _phase_limited = outer
-    _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode())
+    _send(_PHASE, f"{timeout() if outer[1] else -1.0}\t{outer[0]}".encode(errors="surrogateescape"))
 
 
 def report_delivered(verdicts: list[bool]) -> None:
@@ -325,7 +352,9 @@ def source_location(filename: str, line: int) -> str:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"rankaudit: error: {message}\n")
+    from rankaudit.errors import one_line
+
+    sys.stderr.write(f"rankaudit: error: {one_line(message)}\n")
     sys.stderr.flush()
 
 
@@ -333,7 +362,12 @@ def _hooked_exit(code=0):
     """os._exit in the child: tell the parent where it was called from, then exit as asked."""
     with contextlib.suppress(Exception):
         caller = sys._getframe(1)
-        _send(_ENDED, f"os._exit({code}) at {source_location(caller.f_code.co_filename, caller.f_lineno)}".encode())
+        _send(
+            _ENDED,
+            f"os._exit({code}) at {source_location(caller.f_code.co_filename, caller.f_lineno)}".encode(
+                errors="surrogateescape"
+            ),
+        )
     _real_exit(code)
 
 

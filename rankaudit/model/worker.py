@@ -183,8 +183,9 @@ def _end_as(status: int) -> None:
             stream.flush()
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
             signal.signal(number, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
             os.kill(os.getpid(), number)
     supervise._real_exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 3)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 from rankaudit import __version__
 from rankaudit.design.suggest import SuggestReport
+from rankaudit.report.json import dumps as strict_json
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
@@ -473,4 +473,4 @@ def _floor_text(value) -> str:
 
 
 def render_json(payload: dict) -> str:
-    return json.dumps(payload, indent=2) + "\n"
+    return strict_json(payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as _json
+import math
 from dataclasses import asdict
 
 from rankaudit import __version__
@@ -128,4 +129,32 @@ def _label_leakage(result: Result) -> dict | None:
 def render(results: list[Result]) -> str:
     """One object for one model, a list for several."""
     payload = to_dict(results[0]) if len(results) == 1 else [to_dict(r) for r in results]
-    return _json.dumps(payload, indent=2) + "\n"
+    return dumps(payload)
+
+
+def finite(value):
+    """The payload as JSON every strict reader takes: NaN and infinities as null (JSON has no spelling for them;
+    Python's NaN / Infinity make strict readers refuse the whole report, and a measurement that came out
+    non-finite was not measured), and a file name's bytes that arrived escaped (the C locale) as the UTF-8 text
+    they are, never lone surrogates."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if value.isprintable() else _text(value)
+    if isinstance(value, dict):
+        return {finite(key) if isinstance(key, str) else key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def _text(value: str) -> str:
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no decoder made
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def dumps(payload) -> str:
+    """Strict JSON text of a report: indented, non-finite numbers as null."""
+    return _json.dumps(finite(payload), indent=2, allow_nan=False) + "\n"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rankaudit import REPOSITORY, __version__
+from rankaudit.report.json import dumps as strict_json
 from rankaudit.result import CAVEAT_CODES, Result
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -381,4 +381,4 @@ def to_sarif(results: list[Result]) -> dict:
 
 
 def render(results: list[Result]) -> str:
-    return json.dumps(to_sarif(results), indent=2) + "\n"
+    return strict_json(to_sarif(results))

@@ -5,12 +5,20 @@ from __future__ import annotations
 import math
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.limits import NOISE_MULTIPLIER
 from rankaudit.settings.round import DP_LEVELS, NOISE_BY, DPSettings
 
 # The DP options: config key in [tool.rankaudit.dp] -> (DPSettings field, type, test, what a valid value is).
 # The flag is --dp-KEY, except --prior and --max-reconstruction. One table for the flags, the config and validate().
 OPTION_RULES = {
-    "noise": ("noise_multiplier", float, lambda v: v > 0, "a number above 0", "1.0"),
+    "noise": (
+        "noise_multiplier",
+        float,
+        lambda v: NOISE_MULTIPLIER[0] <= v <= NOISE_MULTIPLIER[1],
+        f"a number above 0 (from {NOISE_MULTIPLIER[0]:g} to {NOISE_MULTIPLIER[1]:g}: the accountant's arithmetic "
+        "holds no other)",
+        "1.0",
+    ),
     "clip": ("clip", float, lambda v: v > 0, "a number above 0", "1.0"),
     "sample-rate": (
         "sample_rate",

@@ -7,6 +7,7 @@ import os
 import click
 
 from rankaudit.settings.levels import DEFAULT_FAIL_ON, DEFAULT_PSNR_TARGET, FAIL_ON_CHOICES
+from rankaudit.settings.limits import MAX_SECONDS, PSNR_TARGET_DB
 from rankaudit.settings.run import ROUND_FLAGS
 
 FORMATS = ("table", "json", "sarif", "html")
@@ -166,12 +167,38 @@ def psnr_target_option(command):
     return click.option(
         "--psnr-target",
         type=float,
+        callback=_psnr_in_range,
         default=DEFAULT_PSNR_TARGET,
         show_default=True,
         metavar="DB",
         help="With DP noise: the least σ keeping the PSNR of any unbiased reconstruction at or below DB "
         "(--verify fisher, suggest, compare; `psnr-target` in [tool.rankaudit]).",
     )(command)
+
+
+def _psnr_in_range(ctx, param, value):
+    low, high = PSNR_TARGET_DB
+    if value is not None and not low <= value <= high:  # nan fails both comparisons
+        raise click.BadParameter(f"{value} is not a PSNR in dB from {low:g} to {high:g}; give e.g. 20")
+    return value
+
+
+def _seconds(ctx, param, value):
+    """A number of seconds that keeps a limit: nan and inf would remove it."""
+    if value is not None and not 0 < value <= MAX_SECONDS:
+        raise click.BadParameter(f"{value} is not a number of seconds above 0 and up to {MAX_SECONDS:g}")
+    return value
+
+
+def verifier_flags(ctx) -> dict:
+    """The verifiers' own flags as given on the command line (None where not given): each is refused without its
+    verifier, so that a setting that would change nothing is said."""
+    given = {"--dp-candidates": "dp_candidates", "--psnr-target": "psnr_target", "--rank-budget": "rank_budget"}
+    commandline = click.core.ParameterSource.COMMANDLINE
+    return {
+        flag: ctx.params.get(name) if ctx.get_parameter_source(name) is commandline else None
+        for flag, name in given.items()
+    }
 
 
 def _level_options(command):
@@ -347,7 +374,8 @@ def attack_options(command):
         ),
         click.option(
             "--rank-budget",
-            type=click.FloatRange(min=0, min_open=True),
+            type=float,
+            callback=_seconds,
             default=None,
             metavar="SECONDS",
             help="--verify rank's matrix-free check: stop each sample after this many seconds and report what was "

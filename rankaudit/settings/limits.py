@@ -7,6 +7,24 @@ MAX_COUNT = 2**53
 # --timeout: about four months; --memory-limit: a pebibyte. Above them a limit would be no limit.
 MAX_SECONDS = 1e7
 MAX_GIB = 2.0**20
+# A PSNR target in dB: far outside this the noise it asks for is no float (10^(PSNR/20) overflows at 6,000 dB).
+PSNR_TARGET_DB = (-100.0, 200.0)
+# A DP noise multiplier the accountant's arithmetic holds: its loss grid divides by 2σ² and squares 12σ, which
+# underflow to 0 or overflow past these (a σ of 1e-300 or 1e300 is no mechanism a float describes).
+NOISE_MULTIPLIER = (1e-100, 1e100)
+# The model worker's limits, which a parse of an app's configuration runs under too.
+DEFAULT_TIMEOUT = 300.0  # seconds for each of the model's import, build and trace
+
+
+def default_memory_limit() -> float:
+    """GiB: 8, or half the machine's memory where that is less."""
+    import os
+
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError, AttributeError):
+        return 8.0
+    return min(8.0, physical / 2)
 
 
 def shown(number) -> str:

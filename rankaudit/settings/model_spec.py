@@ -19,9 +19,10 @@ def check_path(text: str, what: str) -> str:
     """A path the system can open and Python can name: not longer than PATH_MAX (a name not over NAME_MAX), and in
     the file system's encoding (a name with bytes that are not UTF-8 cannot be imported as a module). UsageError
     otherwise, naming the path shortened."""
-    try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError:
+    try:  # the name's bytes as the system holds them: under the C locale a UTF-8 name arrives escaped, not broken
+        encoded = os.fsencode(text)
+        encoded.decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
         raise UsageError(
             f"the {what} path {os.fsencode(text).decode('utf-8', 'backslashreplace')[:200]} is not valid UTF-8",
             "rename the file (or its folder) to a UTF-8 name",

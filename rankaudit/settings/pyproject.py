@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from rankaudit.errors import UsageError
+from rankaudit.settings import files
 from rankaudit.settings.levels import FAIL_ON_CHOICES
-from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, shown, too_large
+from rankaudit.settings.limits import MAX_COUNT, MAX_GIB, MAX_SECONDS, PSNR_TARGET_DB, shown, too_large
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -125,18 +125,37 @@ def read_toml(path: Path) -> dict:
 
 def _parse_toml(path: Path) -> dict:
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}", "fix the syntax of that file") from exc
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: it is not UTF-8 text", "fix or replace that file") from exc
-    except (RecursionError, MemoryError) as exc:
+        text = files.read_bytes(path, "TOML file").decode("utf-8")
+    except UnicodeDecodeError:
         raise UsageError(
-            f"{path} is not valid TOML that can be read: it nests too deeply", "flatten or fix that file"
-        ) from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+            f"{files.shown_path(path)} is not valid TOML: it is not UTF-8 text", "fix or replace that file"
+        ) from None
+    if _key_depth(text) > files.MAX_DEPTH:
+        raise files.nests_too_deep(path)
+    try:
+        tables = files.bounded(_checked_toml, path, text, path)
+    except files.ParseFailed as exc:
+        raise UsageError(f"{files.shown_path(path)} is not valid TOML: {exc}", "fix the syntax of that file") from None
+    return tables
+
+
+def _key_depth(text: str) -> int:
+    """The most parts a key or table header of a TOML text has: a dotted header of 100,000 parts takes tomllib
+    minutes (its work grows with the square of the parts), so it is refused before parsing."""
+    deepest = 0
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        key = stripped.split("]", 1)[0] if stripped.startswith("[") else stripped.split("=", 1)[0]
+        deepest = max(deepest, key.count(".") + 1)
+    return deepest
+
+
+def _checked_toml(text: str, path: Path) -> dict:
+    """The tables of a TOML text, its nesting within what the readers after it walk (a dotted header of 100,000
+    parts parses, then defeats every recursive reader)."""
+    tables = tomllib.loads(text)
+    files.check_shape(tables, path)
+    return tables
 
 
 def parse_value(text: str) -> object:
@@ -225,8 +244,9 @@ def load_settings(model_path: Path) -> Settings:
         settings.exposed_below = float(value)
     if "psnr-target" in table:
         value = table["psnr-target"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            _bad(pyproject, "psnr-target", "a PSNR in dB, e.g. 20")
+        low, high = PSNR_TARGET_DB
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            _bad(pyproject, "psnr-target", f"a PSNR in dB from {low:g} to {high:g}, e.g. 20")
         settings.psnr_target = float(value)
     if "certificate-quantile" in table:
         value = table["certificate-quantile"]

@@ -165,6 +165,17 @@ def read_state_dict(weights_file: str) -> dict[str, torch.Tensor]:
             "save torch.save(model.state_dict(), path), or a checkpoint dict holding it under "
             + " or ".join(f"'{key}'" for key in CHECKPOINT_KEYS[:3]),
         )
+    broken = [
+        name
+        for name, tensor in state.items()
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all())
+    ]
+    if broken:  # a run at NaN or infinite weights measures nothing: every gradient and readout is NaN
+        raise ModelLoadError(
+            f"--weights {weights_file} holds NaN or infinite values (in {_names(broken)}); the verifiers cannot run "
+            "at them",
+            "save the weights of a model whose training did not diverge",
+        )
     return state
 
 

@@ -159,6 +159,11 @@ def check_request(
             "--defense needs an attack to defend against",
             "add " + " and/or ".join(f"--verify {name}" for name in defendable()),
         )
+    if defense_specs:  # a malformed value is the user's to fix (exit 2), said before any model runs
+        from rankaudit.verify.defenses import parse_defense
+
+        for spec in defense_specs:
+            parse_defense(spec)
     for verifier in verifiers().values():
         for flag, what in verifier.flags.items():
             if flags.get(flag) is not None and verifier.name not in requested:

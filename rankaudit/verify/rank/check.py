@@ -50,6 +50,7 @@ VERIFIER = Verifier(
     needs=frozenset({Need.IMAGES, Need.ROUND, Need.GPU}),
     run=run,
     order=50,
+    flags={"--rank-budget": "the time limit of each sample's matrix-free check"},
 )
 
 
