@@ -30,6 +30,7 @@ MIN_PROBES = 16  # the standard error of fewer probes is itself too noisy to sto
 MAX_PROBES = 2048
 PROBE_CHUNK = 8  # probes carried through one vmap'd pass
 EXACT_DIMENSION = 256  # d at or below which the exact ‖J‖_F² is computed (d products) and the estimate checks it
+DENSE_VALUES = 2**25  # |θ|·d at or below which such a J is kept whole (256 MiB in float64) for its dense rank check
 
 
 def _rademacher(count: int, dimension: int, generator: torch.Generator) -> torch.Tensor:
@@ -77,13 +78,22 @@ def _mean_and_error(values: list[float]) -> tuple[float, float]:
 
 def exact_frobenius_squared(products: ClippedGradientProducts, x: torch.Tensor, chunk: int = 64) -> float:
     """‖J‖_F² from J's d columns, J e_k, chunk at a time."""
+    return sum(float(columns.pow(2).sum()) for columns in _columns(products, x, chunk))
+
+
+def dense_jacobian(products: ClippedGradientProducts, x: torch.Tensor) -> torch.Tensor:
+    """J itself (|θ| x d), from its d columns in one pass: at small d, for the dense rank check of the line with a
+    prior."""
+    return torch.cat(list(_columns(products, x, x.numel()))).T
+
+
+def _columns(products: ClippedGradientProducts, x: torch.Tensor, chunk: int):
+    """J e_k for the unit vectors, chunk at a time (rows: chunk x |θ|)."""
     dimension = x.numel()
-    total = 0.0
     for start in range(0, dimension, chunk):
         basis = torch.zeros(min(chunk, dimension - start), dimension, dtype=torch.float64)
         basis[torch.arange(len(basis)), torch.arange(start, start + len(basis))] = 1.0
-        total += float(products.jvp(x, basis).pow(2).sum())
-    return total
+        yield products.jvp(x, basis)
 
 
 # A Jacobian whose Frobenius norm is below this share of its terms' (s·J_g, before the clipping's derivative cancels
@@ -130,7 +140,7 @@ def measure_samples(
     fisher_prior, at most `rank_seconds` each): {rank, rank_exact, hidden, directions, stopped}; an exact reading's
     tr(JᵀJ) is then the exact norm at any d."""
     from rankaudit.verify.client import client_mode
-    from rankaudit.verify.rank.fisher_prior import nothing_seen, read_visible
+    from rankaudit.verify.rank.fisher_prior import nothing_seen, read_dense, read_visible
 
     net = client_mode(model.to(device=device, dtype=torch.float64), bn_mode)
     measured = []
@@ -154,12 +164,16 @@ def measure_samples(
             if progress is not None:
                 progress(number + 1, len(inputs))
             continue
-        visible = (
-            read_visible(products, x, mean, seed=seed + number, budget_seconds=rank_seconds)
-            if mean is not None
-            else None
-        )
         small = x.numel() <= exact_dimension
+        dense = small and mean is not None and products.size * x.numel() <= DENSE_VALUES
+        if dense:
+            # At small d the dense J is cheaper than the matrix-free reading, and gives the exact norm too.
+            jacobian = dense_jacobian(products, x)
+            visible = read_dense(jacobian, x, mean)
+        elif mean is not None:
+            visible = read_visible(products, x, mean, seed=seed + number, budget_seconds=rank_seconds)
+        else:
+            visible = None
         read_exactly = visible is not None and visible["trace"] is not None
         # With an exact norm (small d, or the exact reading's trace) the estimate beside it is a check, MIN_PROBES
         # probes suffice.
@@ -171,7 +185,7 @@ def measure_samples(
             max_probes=MIN_PROBES if small or read_exactly else max_probes,
             chunk=chunk,
         )
-        exact = exact_frobenius_squared(products, x) if small else visible["trace"] if read_exactly else None
+        exact = visible["trace"] if read_exactly else exact_frobenius_squared(products, x) if small else None
         one = {
             "label": int(label),
             "frobenius_squared": exact if exact is not None else estimate["value"],

@@ -11,6 +11,8 @@ bound). docs/method.md, "What a prior fills in".
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -70,6 +72,27 @@ def read_visible(
         "stopped": reading.stopped,
         "directions": reading.basis,
         "seconds": reading.seconds,
+    }
+
+
+def read_dense(jacobian: torch.Tensor, x: torch.Tensor, mean: torch.Tensor) -> dict:
+    """read_visible's record from the dense J (|θ| x d), by the dense rank check's rule: singular values above
+    σ_max · max(|θ|, d) · ε count (rankaudit.verify.rank.spectrum)."""
+    started = time.perf_counter()
+    deviation = (x - mean.to(x.device, x.dtype)).reshape(-1)
+    _, values, right = torch.linalg.svd(jacobian, full_matrices=False)
+    top = float(values[0]) if values.numel() else 0.0
+    rank = int((values > top * max(jacobian.shape) * torch.finfo(jacobian.dtype).eps).sum()) if top > 0 else 0
+    seen = right[:rank]
+    invisible = deviation - seen.T @ (seen @ deviation)
+    return {
+        "rank": rank,
+        "rank_exact": True,
+        "hidden": float(invisible.square().sum()),
+        "trace": float(values.square().sum()),
+        "stopped": "dense",
+        "directions": x.numel(),
+        "seconds": time.perf_counter() - started,
     }
 
 
