@@ -480,6 +480,14 @@ def _compare_fisher_lines(first: Result, second: Result) -> list[str]:
             f"{ceiling(worst['psnr_ceiling'])} (worst); MSE at least {_floor_text(line['median_mse_floor'])} per "
             f"value; σ {line['least_noise']:.3g} keeps {line['psnr_target']:g} dB"
         )
+    for mark, line in zip("AB", lines_of):
+        stopped = sum(1 for one in line["samples"] if one.get("rank_exact") is False)
+        if stopped:
+            lines.append(
+                f"  {mark}: the rank check of {stopped} of {len(line['samples'])} samples stopped before the exact "
+                "rank; its ceiling with the mean then reads the rank from below and nothing as hidden, higher than "
+                "the exact one"
+            )
     safer = _safer_design(lines_of)
     if safer:
         lines.append(f"  {safer}")
@@ -493,7 +501,8 @@ def _compare_fisher_lines(first: Result, second: Result) -> list[str]:
 def _safer_design(lines_of: list[dict]) -> str:
     """Which design needs less noise against the attacker with a prior (the figure designs are ranked by)."""
     needed = [line.get("least_noise_with_prior") for line in lines_of]
-    if None in needed or needed[0] == needed[1]:
+    stopped = any(one.get("rank_exact") is False for line in lines_of for one in line["samples"])
+    if None in needed or needed[0] == needed[1] or stopped:
         return ""
     mark = "A" if needed[0] < needed[1] else "B"
     return f"{mark} needs less noise for the same ceiling (σ {min(needed):.3g} against {max(needed):.3g})"

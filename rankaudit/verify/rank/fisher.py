@@ -30,7 +30,7 @@ MIN_PROBES = 16  # the standard error of fewer probes is itself too noisy to sto
 MAX_PROBES = 2048
 PROBE_CHUNK = 8  # probes carried through one vmap'd pass
 EXACT_DIMENSION = 256  # d at or below which the exact ‖J‖_F² is computed (d products) and the estimate checks it
-DENSE_VALUES = 2**25  # |θ|·d at or below which such a J is kept whole (256 MiB in float64) for its dense rank check
+DENSE_VALUES = 2**25  # |θ|·d at or below which J is kept whole (256 MiB in float64) for its dense rank check
 
 
 def _rademacher(count: int, dimension: int, generator: torch.Generator) -> torch.Tensor:
@@ -81,10 +81,9 @@ def exact_frobenius_squared(products: ClippedGradientProducts, x: torch.Tensor, 
     return sum(float(columns.pow(2).sum()) for columns in _columns(products, x, chunk))
 
 
-def dense_jacobian(products: ClippedGradientProducts, x: torch.Tensor) -> torch.Tensor:
-    """J itself (|θ| x d), from its d columns in one pass: at small d, for the dense rank check of the line with a
-    prior."""
-    return torch.cat(list(_columns(products, x, x.numel()))).T
+def dense_jacobian(products: ClippedGradientProducts, x: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """J itself (|θ| x d), from its d columns: where it fits, for the dense rank check of the line with a prior."""
+    return torch.cat(list(_columns(products, x, chunk))).T
 
 
 def _columns(products: ClippedGradientProducts, x: torch.Tensor, chunk: int):
@@ -165,9 +164,9 @@ def measure_samples(
                 progress(number + 1, len(inputs))
             continue
         small = x.numel() <= exact_dimension
-        dense = small and mean is not None and products.size * x.numel() <= DENSE_VALUES
-        if dense:
-            # At small d the dense J is cheaper than the matrix-free reading, and gives the exact norm too.
+        if mean is not None and products.size * x.numel() <= DENSE_VALUES:
+            # Where J fits, its d columns and one SVD cost less than the matrix-free reading (no transposed
+            # products, no reorthogonalisation), and give the exact norm too.
             jacobian = dense_jacobian(products, x)
             visible = read_dense(jacobian, x, mean)
         elif mean is not None:
@@ -329,7 +328,12 @@ def line_for(
             f"the estimate's relative standard error reached {worst_se:.1%} after {max(probes):,} probes "
             f"(the most drawn), above the {target:.0%} asked"
         )
-    if exact == len(measured):
+    if exact == len(measured) and dimension > EXACT_DIMENSION:
+        estimator = (
+            "exact ‖J‖_F² from each sample's exact rank check (the dense J, or block Lanczos on JᵀJ); Hutchinson "
+            f"with {min(probes):,} Rademacher probes its check"
+        )
+    elif exact == len(measured):
         estimator = (
             f"exact ‖J‖_F² from d = {dimension} Jacobian–vector products per sample; Hutchinson with "
             f"{min(probes):,} Rademacher probes its check"
