@@ -132,9 +132,13 @@ def _fisher_lines(report: SuggestReport) -> list[str]:
     reasons = sorted({f"{one.edit}: {one.reason}" for one in fisher.edits if one.reason})
     lines += [f"  not measured, {reason}" for reason in reasons]
     lines += [
-        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s. σ varies as the "
-        f"square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of each other are within two "
-        "standard errors.",
+        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s."
+        + (
+            ""
+            if fisher.estimator.startswith("exact")
+            else f" σ varies as the square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of "
+            "each other are within two standard errors."
+        ),
         f"  Covers {fisher.covers}.",
         *[f"  note: {note}" for note in fisher.notes],
         "",
