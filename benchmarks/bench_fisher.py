@@ -23,6 +23,14 @@ Part 2: the worst sample's PSNR ceiling against σ for a few designs (examples/)
 the limit in which the update tells only the gradient's direction), 2 samples each: the straight lines (−20 dB per
 decade of σ) of docs/img/fisher-floor.svg.
 
+Part 3, what a prior fills in: a 2x2-average-pool-first CNN (pool, 3x3 conv of 16, ReLU, strided 3x3 conv of 16,
+ReLU, linear to 10) on 3x16x16 crops, σ 0.003, C 1.4, q = 1, T = 1. Per sample: the unbiased ceiling, the ceiling
+with the mean filling what J cannot see, the noise-free limit of the latter (each 2x2 block's mean plus the mean
+image's detail inside it), the best linear unbiased attacker on the visible part reading a noised update (dense J,
+the noise drawn), and inverting gradients with its TV prior on the noised clipped gradient. PASS when the linear
+attacker stays at or under the ceiling with the mean (the inverting attack's prior is an image prior, outside both
+lines: printed, not judged).
+
 This is a benchmark, not a test: it exits 0 and prints PASS/FAIL.
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -199,6 +208,96 @@ def designs_by_noise() -> dict:
     return out
 
 
+PRIOR_SHAPE = (3, 16, 16)
+PRIOR_NOISE, PRIOR_CLIP = 0.003, 1.4
+
+
+def pooling_first_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.AvgPool2d(2),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, stride=2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 4 * 4, CLASSES),
+    ).double()
+
+
+def _psnr(mse: float) -> float:
+    return 10 * math.log10(1.0 / mse)
+
+
+def with_prior(samples: int, steps: int, draws: int = 32) -> dict:
+    """Part 3: the line with a prior on the pooling-first CNN against what attackers reach."""
+    import torch.nn.functional as F
+
+    from rankaudit.verify.rank.fisher_prior import reference_mean
+
+    model = pooling_first_model()
+    images = load_images(None, PRIOR_SHAPE, samples, seed=0)[0].double()
+    mean, _ = reference_mean(PRIOR_SHAPE, None, 0)
+    labels = torch.arange(samples) % CLASSES
+    d = images[0].numel()
+    started = time.perf_counter()
+    measured = measure_samples(model, images, labels, clip=PRIOR_CLIP, loss="cross-entropy", mean=mean)
+    line = fisher_bound.read_samples(measured, dimension=d, noise_multiplier=PRIOR_NOISE, sample_rate=1.0, steps=1)
+    measured_seconds = time.perf_counter() - started
+    generator = torch.Generator().manual_seed(7)
+    rows = []
+
+    def blocks(image):
+        return F.interpolate(F.avg_pool2d(image[None], 2), scale_factor=2, mode="nearest")[0]
+
+    for number, (x, label, one) in enumerate(zip(images, labels, line["samples"])):
+        products = ClippedGradientProducts(model, int(label), clip=PRIOR_CLIP, loss="cross-entropy")
+        jacobian = products.jacobian(x)
+        pseudo_inverse = torch.linalg.pinv(jacobian, rtol=1e-10)
+        fill = mean.reshape(-1) - pseudo_inverse @ (jacobian @ mean.reshape(-1))
+        errors = []
+        for _ in range(draws):
+            noise = PRIOR_NOISE * torch.randn(jacobian.shape[0], generator=generator, dtype=torch.float64)
+            guess = pseudo_inverse @ (jacobian @ x.reshape(-1) + noise) + fill
+            errors.append(float((guess - x.reshape(-1)).square().mean()))
+        limit = blocks(x) + mean - blocks(mean)
+        names = [name for name, _ in model.named_parameters()]
+        noised = products.gradient(x) + PRIOR_NOISE * torch.randn(
+            products.size, generator=generator, dtype=torch.float64
+        )
+        target, offset = {}, 0
+        for name in names:
+            size = products.params[name].numel()
+            target[name] = noised[offset : offset + size].reshape(products.params[name].shape)
+            offset += size
+        outcome = invert_gradients(
+            model, target, PRIOR_SHAPE, int(label), steps=steps, restarts=1, device="cpu", seed=number
+        )
+        rows.append(
+            {
+                "rank": one["rank"],
+                "hidden": one["hidden"],
+                "psnr_ceiling": one["psnr_ceiling"],
+                "prior_psnr_ceiling": one["prior_psnr_ceiling"],
+                "noise_free_limit_psnr": _psnr(_mse(limit, x)),
+                "block_mean_image_psnr": _psnr(_mse(blocks(x), x)),
+                "linear_attack_psnr": _psnr(statistics.fmean(errors)),
+                "inverting_psnr": _psnr(_mse(outcome.x_hat.reshape(x.shape), x)),
+            }
+        )
+    return {
+        "model": "avg-pool 2, conv 3->16 3x3, ReLU, conv 16->16 3x3 stride 2, ReLU, linear 256->10, seeded",
+        "input": "3x16x16 crops of scikit-learn's sample photographs",
+        "noise_multiplier": PRIOR_NOISE,
+        "clip": PRIOR_CLIP,
+        "median_psnr_ceiling": line["median_psnr_ceiling"],
+        "median_prior_psnr_ceiling": line["median_prior_psnr_ceiling"],
+        "measured_seconds": round(measured_seconds, 1),
+        "rows": rows,
+        "pass": all(row["linear_attack_psnr"] <= row["prior_psnr_ceiling"] + 0.1 for row in rows),
+    }
+
+
 def picture(designs: dict, guo: dict | None) -> str:
     """An SVG: PSNR ceiling (dB) against σ on a log axis, one line per design, the 20 dB target dashed."""
     width, height, left, right, top, bottom = 700, 380, 60, 210, 20, 45
@@ -268,6 +367,7 @@ def main() -> int:
     parser.add_argument("--svg", type=Path)
     parser.add_argument("--skip-designs", action="store_true", help="only part 1 (the attacks)")
     parser.add_argument("--skip-attacks", action="store_true", help="only part 2 (the designs and the picture)")
+    parser.add_argument("--skip-prior", action="store_true", help="leave out part 3 (what a prior fills in)")
     args = parser.parse_args()
     guo = None
     if not args.skip_attacks:
@@ -291,7 +391,30 @@ def main() -> int:
     if not args.skip_designs:
         print("Part 2: the floor per design", flush=True)
         designs = designs_by_noise()
-    report = {"guo_shape": guo, "designs": designs, "device": "cpu", "threads": torch.get_num_threads()}
+    prior = None
+    if not args.skip_prior:
+        print("Part 3: what a prior fills in (average pool first, 3x16x16)", flush=True)
+        prior = with_prior(max(args.samples, 2), args.steps)
+        for row in prior["rows"]:
+            print(
+                f"  rank {row['rank']}: ceiling {row['psnr_ceiling']:.1f} dB unbiased, {row['prior_psnr_ceiling']:.1f} "
+                f"dB with the mean (noise-free limit {row['noise_free_limit_psnr']:.1f} dB, block means alone "
+                f"{row['block_mean_image_psnr']:.1f} dB); linear attack {row['linear_attack_psnr']:.1f} dB, "
+                f"inverting gradients {row['inverting_psnr']:.1f} dB",
+                flush=True,
+            )
+        print(
+            f"  median ceiling {prior['median_psnr_ceiling']:.2f} dB unbiased, {prior['median_prior_psnr_ceiling']:.2f}"
+            f" dB with the mean ({prior['measured_seconds']} s to measure)"
+        )
+        print(f"Part 3: {'PASS' if prior['pass'] else 'FAIL'}")
+    report = {
+        "guo_shape": guo,
+        "designs": designs,
+        "with_prior": prior,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+    }
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     if args.svg and designs:

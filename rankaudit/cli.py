@@ -400,7 +400,7 @@ def suggest_command(
         target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
         at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
         # The review runs the model's code on real inputs: in a worker, like the verifiers.
-        fisher = worker.run(review, report, at, target, data, top, limited=False)
+        fisher = worker.run(review, report, at, target, data, top, whole_round.bn_mode, limited=False)
         report = dataclasses.replace(report, fisher=fisher)
     if output_format == "html":
         from rankaudit.audit import audit

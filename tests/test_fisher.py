@@ -159,8 +159,10 @@ def test_suggest_names_each_edits_least_sigma_beside_the_bounds_and_ranks_by_it(
     assert fisher["psnr_target"] == 15.0  # from [tool.rankaudit]
     measured = [edit for edit in fisher["edits"] if edit["least_noise"] is not None]
     assert {edit["edit"] for edit in measured} >= {"remove-bias"}
-    assert [edit["least_noise"] for edit in measured] == sorted(edit["least_noise"] for edit in measured)
-    assert fisher["as_is"]["least_noise"] > 0
+    # Ranked by the least σ against the attacker who fills what the update cannot see with the mean.
+    ranked = [edit["least_noise_with_prior"] for edit in measured]
+    assert ranked == sorted(ranked) and all(value is not None for value in ranked)
+    assert fisher["as_is"]["least_noise"] > 0 and fisher["as_is"]["least_noise_with_prior"] > 0
     code, out, err = run_cli(
         "suggest", model, "--dp-noise", "1", "--dp-clip", "1e-4", "--max-reconstruction", "0.05", "--psnr-target", "25"
     )
@@ -179,6 +181,8 @@ def test_compare_shows_each_designs_floor_at_the_same_sigma(run_cli, tmp_path):
     assert [line["noise_multiplier"] for line in lines] == [2.0, 2.0]
     assert report["a"]["dp"]["reconstruction_bound"] == report["b"]["dp"]["reconstruction_bound"]
     assert lines[0]["median_dfil"] != lines[1]["median_dfil"]  # the design moves the Fisher line, not B(κ)
+    for line in lines:
+        assert line["least_noise_with_prior"] > 0 and all(one["rank_exact"] for one in line["samples"])
     code, out, err = run_cli("compare", first, second, "--dp-noise", "2", "--dp-clip", "1e-4")
     assert "Fisher floor at σ 2" in out and "for both designs (the architecture does not enter it)" in out
 

@@ -98,34 +98,49 @@ def _fisher_lines(report: SuggestReport) -> list[str]:
         else "give --max-reconstruction for the reconstruction bound's σ (any attacker)"
     )
     lines = [
-        f"Fisher floor (unbiased attackers, {fisher.weights}; clip {fisher.clip:g}, q {fisher.sample_rate:.4g}, "
-        f"T {fisher.steps:,}): the least σ keeping every measured sample's PSNR ceiling at or below "
-        f"{fisher.psnr_target:g} dB; {beside}.",
+        f"Fisher floor (clip {fisher.clip:g}, q {fisher.sample_rate:.4g}, T {fisher.steps:,}, {fisher.weights}): "
+        f"the least σ keeping every measured sample's PSNR ceiling at or below {fisher.psnr_target:g} dB, for "
+        f"attackers who fill what the update cannot see with the mean sample (the designs are ranked by it) and for "
+        f"unbiased attackers; {beside}.",
     ]
-    rows = [("design", "target", "detail", "least σ", "PSNR at σ 1")]
+    rows = [("design", "target", "detail", "least σ, prior", "least σ, unbiased", "PSNR at σ 1, prior", "unbiased")]
+
+    def sigma(value):
+        return f"{value:.3g}" if value is not None else "not measured"
+
+    def psnr(value, measured):
+        return "-" if not measured else "unbounded" if value is None else f"{value:.1f} dB"
+
     for one in [fisher.as_is, *fisher.edits]:
+        measured = one.least_noise is not None
         rows.append(
             (
                 one.edit,
                 one.target or "-",
                 one.detail or "-",
-                f"{one.least_noise:.3g}" if one.least_noise is not None else "not measured",
-                "-" if one.median_psnr_ceiling is None else f"{one.median_psnr_ceiling:.1f} dB",
+                sigma(one.least_noise_with_prior) if measured else "not measured",
+                sigma(one.least_noise),
+                psnr(one.median_prior_psnr_ceiling, measured and one.least_noise_with_prior is not None),
+                psnr(one.median_psnr_ceiling, measured).replace("unbounded", "none"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         lines.append(
-            "  "
-            + "  ".join(cell.rjust(widths[i]) if i in (3, 4) else cell.ljust(widths[i]) for i, cell in enumerate(row))
+            "  " + "  ".join(cell.rjust(widths[i]) if i >= 3 else cell.ljust(widths[i]) for i, cell in enumerate(row))
         )
     reasons = sorted({f"{one.edit}: {one.reason}" for one in fisher.edits if one.reason})
     lines += [f"  not measured, {reason}" for reason in reasons]
     lines += [
-        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s. σ varies as the "
-        f"square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of each other are within two "
-        "standard errors.",
+        f"  {fisher.samples} samples ({fisher.inputs}); {fisher.estimator}; {fisher.seconds:.1f} s."
+        + (
+            ""
+            if fisher.estimator.startswith("exact")
+            else f" σ varies as the square root of the estimate: two designs' σ within {_noise_band(fisher):.0%} of "
+            "each other are within two standard errors."
+        ),
         f"  Covers {fisher.covers}.",
+        *[f"  note: {note}" for note in fisher.notes],
         "",
     ]
     return lines
@@ -439,8 +454,8 @@ def _compare_fisher_lines(first: Result, second: Result) -> list[str]:
     if not all(lines_of) or first.dp is None:
         return []
 
-    def ceiling(value):
-        return "-inf dB" if value is None else f"{value:.1f} dB"
+    def ceiling(value, none="none"):
+        return none if value is None else f"{value:.1f} dB"
 
     dp = first.dp
     lines = [
@@ -456,16 +471,45 @@ def _compare_fisher_lines(first: Result, second: Result) -> list[str]:
     ]
     for mark, line in zip("AB", lines_of):
         worst = line["worst"]
+        prior = line.get("worst_prior")
+        if prior is not None:
+            lines.append(
+                f"  {mark}  with the mean filling what the update cannot see: PSNR at most "
+                f"{ceiling(line['median_prior_psnr_ceiling'], 'unbounded')} (median), "
+                f"{ceiling(prior['prior_psnr_ceiling'], 'unbounded')} (worst); σ "
+                f"{line['least_noise_with_prior']:.3g} keeps {line['psnr_target']:g} dB"
+            )
         lines.append(
-            f"  {mark}  PSNR at most {ceiling(line['median_psnr_ceiling'])} (median), {ceiling(worst['psnr_ceiling'])}"
-            f" (worst); MSE at least {_floor_text(line['median_mse_floor'])} per value; σ "
-            f"{line['least_noise']:.3g} keeps {line['psnr_target']:g} dB"
+            f"  {mark}  unbiased: PSNR at most {ceiling(line['median_psnr_ceiling'])} (median), "
+            f"{ceiling(worst['psnr_ceiling'])} (worst); MSE at least {_floor_text(line['median_mse_floor'])} per "
+            f"value; σ {line['least_noise']:.3g} keeps {line['psnr_target']:g} dB"
         )
+    for mark, line in zip("AB", lines_of):
+        stopped = sum(1 for one in line["samples"] if one.get("rank_exact") is False)
+        if stopped:
+            lines.append(
+                f"  {mark}: the rank check of {stopped} of {len(line['samples'])} samples stopped before the exact "
+                "rank; its ceiling with the mean then reads the rank from below and nothing as hidden, higher than "
+                "the exact one"
+            )
+    safer = _safer_design(lines_of)
+    if safer:
+        lines.append(f"  {safer}")
     lines.append(
         f"  {len(lines_of[0]['samples'])} samples each ({lines_of[0]['inputs']}); {lines_of[0]['estimator']}; "
         f"{sum(line['seconds'] for line in lines_of):.1f} s"
     )
     return lines
+
+
+def _safer_design(lines_of: list[dict]) -> str:
+    """Which design needs less noise against the attacker with a prior (the figure designs are ranked by)."""
+    needed = [line.get("least_noise_with_prior") for line in lines_of]
+    stopped = any(one.get("rank_exact") is False for line in lines_of for one in line["samples"])
+    if None in needed or needed[0] == needed[1] or stopped:
+        return ""
+    mark = "A" if needed[0] < needed[1] else "B"
+    return f"{mark} needs less noise for the same ceiling (σ {min(needed):.3g} against {max(needed):.3g})"
 
 
 def _floor_text(value) -> str:

@@ -192,8 +192,8 @@ def dp_lines(result: Result) -> list[str]:
 def _two_lines(dp, fisher: dict) -> list[str]:
     """ReRo (any attacker, the gate's line) beside the Fisher floor (unbiased attackers, at the weights measured)."""
 
-    def ceiling(value):
-        return "-inf dB" if value is None else f"{value:.1f} dB"
+    def ceiling(value, none="none"):
+        return none if value is None else f"{value:.1f} dB"
 
     rows = [
         ("line", "covers", "figure"),
@@ -209,6 +209,16 @@ def _two_lines(dp, fisher: dict) -> list[str]:
             f" (worst); σ {fisher['least_noise']:.3g} keeps {fisher['psnr_target']:g} dB",
         ),
     ]
+    if fisher.get("worst_prior") is not None:
+        rows.append(
+            (
+                "Fisher floor with a prior",
+                f"attackers who fill what the update cannot see with the mean, {fisher['weights']}",
+                f"PSNR at most {ceiling(fisher['median_prior_psnr_ceiling'], 'unbounded')} (median), "
+                f"{ceiling(fisher['worst_prior']['prior_psnr_ceiling'], 'unbounded')} (worst); σ "
+                f"{fisher['least_noise_with_prior']:.3g} keeps {fisher['psnr_target']:g} dB",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     return [f"    {row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}" for row in rows]
 

@@ -169,7 +169,8 @@ def _dp_attack_lines(attack: dict | None) -> list[str]:
 
 
 def _fisher_lines(fisher: dict | None) -> list[str]:
-    """--verify fisher: each sample's MSE floor and PSNR ceiling for unbiased reconstructions, and the least σ."""
+    """--verify fisher: each sample's MSE floor and PSNR ceiling for unbiased reconstructions and for the attacker
+    who fills what the update cannot see with the reference mean, and the least σ for each."""
     if not fisher:
         return []
     worst = fisher["worst"]
@@ -181,16 +182,31 @@ def _fisher_lines(fisher: dict | None) -> list[str]:
         f"sample {worst['index']}: {_floor(worst['mse_floor'])}), its PSNR at most "
         f"{_ceiling(fisher['median_psnr_ceiling'])} (worst {_ceiling(worst['psnr_ceiling'])}); the least σ keeping "
         f"every sample's PSNR ceiling at or below {fisher['psnr_target']:g} dB: {fisher['least_noise']:.3g}.",
+    ]
+    prior = fisher.get("worst_prior")
+    if prior is not None:
+        lines.append(
+            f"  With the reference mean filling what the update cannot see: MSE at least "
+            f"{_floor(fisher['median_prior_mse_floor'])} (median; worst sample {prior['index']}: "
+            f"{_floor(prior['prior_mse_floor'])}), PSNR at most {_prior_ceiling(fisher['median_prior_psnr_ceiling'])} "
+            f"(worst {_prior_ceiling(prior['prior_psnr_ceiling'])}); the least σ keeping {fisher['psnr_target']:g} dB: "
+            f"{fisher['least_noise_with_prior']:.3g}."
+        )
+    lines += [
         f"  covers: {fisher['covers']}",
         f"  {fisher['estimator']}; {fisher['weights']}",
-        "  sample  label        dFIL  MSE floor  PSNR ceiling  rel. SE",
+        "  sample  label        dFIL  MSE floor  PSNR ceiling  rel. SE" + ("   rank  with prior" if prior else ""),
     ]
     for number, sample in enumerate(fisher["samples"]):
-        lines.append(
+        row = (
             f"  {number:>6}  {sample['label']:>5}  {sample['dfil']:>10.3g}  {_floor(sample['mse_floor']):>9}  "
             f"{_ceiling(sample['psnr_ceiling']):>12}  "
             + ("  exact" if sample.get("exact") else f"{sample['relative_se']:>7.1%}")
         )
+        if prior is not None:
+            rank = f"{sample['rank']}" + ("" if sample["rank_exact"] else "+")
+            row += f"  {rank:>5}  {_prior_ceiling(sample['prior_psnr_ceiling']):>10}"
+        lines.append(row)
     return lines + [f"  {note}" for note in fisher["notes"]]
 
 
@@ -199,7 +215,13 @@ def _floor(value: float | None) -> str:
 
 
 def _ceiling(value: float | None) -> str:
-    return "-inf dB" if value is None else f"{value:.1f} dB"
+    # None: no unbiased reconstruction exists (the update carries no information about the sample)
+    return "none" if value is None else f"{value:.1f} dB"
+
+
+def _prior_ceiling(value: float | None) -> str:
+    # None: the error can be zero (a sample equal to the reference mean, about which the update says nothing)
+    return "unbounded" if value is None else f"{value:.1f} dB"
 
 
 def _dager_lines(dager: dict | None) -> list[str]:

@@ -380,7 +380,8 @@ def attack_options(command):
             metavar="SECONDS",
             help="--verify rank's matrix-free check: stop each sample after this many seconds and report what was "
             "measured (the rank from below, the sample's hidden share from above) instead of the exact answer. "
-            "Default: run until exact, or until its basis would outgrow the device's memory.",
+            "Default: run until exact, or until its basis would outgrow the device's memory. --verify fisher: the "
+            "same limit on each sample's rank check for its line with a prior.",
         ),
     ]
     return _stacked(command, options)

@@ -75,16 +75,33 @@ class ClippedGradientProducts:
 
     def gradient(self, x: torch.Tensor) -> torch.Tensor:
         """clip_C(g(x)) / C, flattened (|θ|): g · min(1/C, 1/‖g‖); a zero gradient stays zero."""
-        from torch.func import grad
-
-        grads = grad(self._sample_loss)(self.params, x)
-        flat = torch.cat([(g * self.masks[n] if n in self.masks else g).reshape(-1) for n, g in grads.items()])
+        flat = self._unclipped(x)
         norm = flat.norm()
         # min(1/C, 1/‖g‖) with a zero norm mapped to 1/C (the product is zero there anyway, and its derivative
         # finite): torch.where keeps both branches differentiable.
         safe = torch.where(norm > 0, norm, torch.ones_like(norm))
         scale = torch.minimum(1.0 / safe, torch.full_like(safe, 1.0 / self.clip))
         return flat * scale
+
+    def scaled_jvp(self, x: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+        """s·J_g v for each row v, with J_g the unclipped gradient's Jacobian and s the clipping's factor held fixed
+        at x: the size J's terms have before the clipping's own derivative cancels them (where J is zero by
+        cancellation, J v is rounding error against this)."""
+        from torch.func import jvp, vmap
+
+        x = x.to(self.device, self.dtype)
+        with torch.no_grad():
+            norm = float(self._unclipped(x).norm())
+        scale = min(1.0 / self.clip, 1.0 / norm) if norm > 0 else 1.0 / self.clip
+        tangents = directions.to(self.device, self.dtype).reshape(len(directions), *x.shape)
+        return scale * vmap(lambda v: jvp(self._unclipped, (x,), (v,))[1])(tangents)
+
+    def _unclipped(self, x: torch.Tensor) -> torch.Tensor:
+        """g(x), flattened, the entries not sent dropped."""
+        from torch.func import grad
+
+        grads = grad(self._sample_loss)(self.params, x)
+        return torch.cat([(g * self.masks[n] if n in self.masks else g).reshape(-1) for n, g in grads.items()])
 
     def clipped(self, x: torch.Tensor) -> bool:
         """Whether clipping is active at x (‖g‖ > C): J is then the Jacobian of the rescaled gradient."""

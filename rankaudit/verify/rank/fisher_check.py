@@ -38,6 +38,7 @@ def run(context: VerifyContext) -> dict:
             "model takes several or token ids",
             "verify a model with a single float input",
         )
+    round_ = result.round
     with ProgressBar(context.samples, "Fisher information", enabled=context.show_progress) as bar:
         return line_for(
             context.spec,
@@ -51,6 +52,9 @@ def run(context: VerifyContext) -> dict:
             shared_layers=context.shared_layers,
             withheld_layers=context.withheld_layers,
             progress=bar,
+            bn_mode=round_.bn_mode if round_ is not None else "train",
+            batch_size=round_.batch_size if round_ is not None else result.batch_size,
+            rank_seconds=context.rank_budget,
         )
 
 
