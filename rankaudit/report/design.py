@@ -415,7 +415,8 @@ def compare_table(first: Result, second: Result) -> str:
         for m in changed:
             marks = ("*" if m["a_critical"] else " ") + ("*" if m["b_critical"] else " ")
             lines.append(f"  {m['name'].ljust(width)}  {m['a']:>9}  {m['b']:>9}  {m['delta']:>+9}  {marks}")
-        lines.append("  (* critical in A, B)")
+        if any(m["a_critical"] or m["b_critical"] for m in changed):  # the legend only explains a star shown
+            lines.append("  (* critical in A, B)")
     else:
         lines.append("  No layer that both models share changed its RA_i.")
     only = sorted({r.name for r in first.layers} ^ {r.name for r in second.layers})

@@ -147,7 +147,8 @@ def _results_for(result: Result) -> list[dict]:
                 "message": {
                     "text": f"{result.model}: {result.summary}" + (f" The policy passes, {carried}." if carried else "")
                 },
-                "locations": [_location(result, None)],
+                # At the critical layer's line where the trace knows it: where a reviewer would start.
+                "locations": [_location(result, row.source if row else None)],
                 "properties": {
                     "rank_bound": bound.rank_bound,
                     "unknowns": bound.unknowns,
