@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.bound.energy import NO_REFERENCE
 from rankaudit.design.suggest import SuggestReport
 from rankaudit.report.json import to_dict
 from rankaudit.result import Result
@@ -233,6 +234,14 @@ def _certificates(report: SuggestReport) -> list[str]:
     lines.extend(_token_budget(report))
     if report.spectrum:
         exposed = percent(report.exposed_below) if report.exposed_below is not None else "5 %"
+        sample = report.sample
+        if report.spectrum == NO_REFERENCE and sample is not None and sample.rank_bound >= sample.unknowns:
+            # Nothing of a sample is hidden: no --data could certify a part of it, so the reader is not sent there.
+            lines.append(
+                "Levels: every direction of a sample reaches the server, so no data, --data included, can show any "
+                "of it hidden: only client DP noise bounds what a server reconstructs."
+            )
+            return lines
         lines.append(
             f"Levels are read on energy, as `rankaudit check` reads them (reference: {report.spectrum}): exposed "
             f"below {exposed} of the detail of {_samples(report)} hidden."

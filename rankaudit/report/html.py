@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from rankaudit import __version__
 from rankaudit.findings.meaning import energy_sentence
+from rankaudit.findings.next_step import next_step
 from rankaudit.report import bound_bar, records, svg
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
@@ -649,6 +650,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "whole": _whole(result),
         "certificate": _certificate_picture(result),
         "energy": energy_sentence(result),
+        "next_step": next_step(result),
         "carried": _carried(result),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,

@@ -29,7 +29,7 @@ def to_dict(result: Result) -> dict:
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,
-        "policy": asdict(result.policy) if result.policy else None,
+        "policy": {**asdict(result.policy), "next_step": _next_step(result)} if result.policy else None,
         "layers": [
             {
                 "name": row.name,
@@ -129,3 +129,11 @@ def render(results: list[Result]) -> str:
     """One object for one model, a list for several."""
     payload = to_dict(results[0]) if len(results) == 1 else [to_dict(r) for r in results]
     return _json.dumps(payload, indent=2) + "\n"
+
+
+def _next_step(result: Result) -> dict | None:
+    """The command to run next when the policy fails, and why (None when it passes)."""
+    from rankaudit.findings.next_step import next_step
+
+    step = next_step(result)
+    return asdict(step) if step is not None else None
