@@ -92,9 +92,9 @@ def _only_noise_helps(result: Result) -> bool:
     sample = bound.sample if bound is not None else None
     if sample is None:
         return False
-    if bound.protected_rank == 0 and sample.rank_bound > 0:
-        return True
-    return certifies_nothing(bound) and sample.rank_bound >= sample.unknowns
+    if certifies_nothing(bound):  # no reference: its protected rank says nothing
+        return sample.rank_bound >= sample.unknowns
+    return bound.protected_rank == 0 and sample.rank_bound > 0
 
 
 TRAIN_WITH_IT = (
@@ -133,7 +133,8 @@ def next_step(result: Result) -> NextStep | None:
         return NextStep(
             command,
             f"client DP noise is the way ({where}): it names the least noise multiplier that keeps any "
-            f"reconstruction within {percent(ceiling)}; {TRAIN_WITH_IT}",
+            f"reconstruction within {percent(ceiling)}; {TRAIN_WITH_IT}; then compare designs under that noise "
+            "(--verify fisher, compare --dp-noise)",
         )
     if verdict_fails and bound is not None and certifies_nothing(bound):
         return NextStep(
