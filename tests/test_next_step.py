@@ -121,3 +121,23 @@ def test_the_html_report_leads_with_the_next_step(run_cli, tmp_path):
     step = re.search(r'<p class="next-step"><b>Next step:</b> <code>([^<]*)</code>', verdict_card)
     assert code == 1 and step and step.group(1) == f"rankaudit suggest {model} --max-reconstruction 0.05"
     assert verdict_card.index("next-step") < verdict_card.index('class="meaning"')
+
+
+def test_suggest_turns_a_target_epsilon_into_the_noise_that_meets_it(run_cli, tmp_path):
+    pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
+    from rankaudit.settings.accountant import PLDAccountant, SubsampledGaussian
+
+    model = tmp_path / "tabular.py"
+    model.write_text(textwrap.dedent(TABULAR))
+    code, out, _ = run_cli(
+        "suggest", model, "--local-samples", "32", "-b", "8", "--target-epsilon", "2", "--format", "json"
+    )
+    noise = json.loads(out)["dp_noise"]
+    assert code == 0 and noise["target"] is None and noise["target_epsilon"] == 2
+    sigma, q, steps = noise["epsilon_noise"], noise["sample_rate"], noise["steps"]
+    assert (q, steps) == (0.25, 4)
+    # The accountant's ε at δ: within the target at σ, above it a step of the search's tolerance below.
+    epsilon = lambda s: PLDAccountant().profile(SubsampledGaussian(s, q, steps)).epsilon(1e-5)  # noqa: E731
+    assert epsilon(sigma) <= 2 < epsilon(sigma * 0.99)
+    code, _, err = run_cli("suggest", model, "--target-epsilon", "nan")
+    assert code == 2 and "--target-epsilon must be a number above 0" in err and err.count("\n") == 1
