@@ -21,6 +21,7 @@ from rankaudit import __version__
 from rankaudit.findings.meaning import energy_sentence
 from rankaudit.findings.next_step import next_step
 from rankaudit.report import bound_bar, records, svg
+from rankaudit.report.fisher_chart import fisher_chart
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
 
@@ -445,6 +446,7 @@ def _dp(result: Result) -> dict | None:
         "attack": attack,
         "bound_covers": BOUND_COVERS,
         "fisher": fisher if isinstance(fisher, dict) else None,
+        "fisher_chart": Markup(fisher_chart(fisher)) if isinstance(fisher, dict) else "",
         "curve": Markup(svg.dp_curve(result.dp, attack)),
     }
 
