@@ -26,8 +26,9 @@ def _round_flags(round_: Round) -> list[str]:
     """The flags that give `round_` again, each only where it differs from the default round."""
     default = Round(batch_size=round_.batch_size)
     flags = ["-b", str(round_.batch_size)] if round_.batch_size != 1 else []
+    if round_.local_samples is not None and round_.local_samples != round_.batch_size:  # N = B is the default
+        flags += ["--local-samples", str(round_.local_samples)]
     for field, flag in (
-        ("local_samples", "--local-samples"),
         ("local_epochs", "--local-epochs"),
         ("lr", "--lr"),
         ("optimizer", "--optimizer"),
