@@ -102,6 +102,15 @@ TRAIN_WITH_IT = (
     "train with it on the client (Opacus's make_private takes it as noise_multiplier) and set `noise` in "
     "[tool.rankaudit.dp] so the gate passes"
 )
+# Client-level DP has no Opacus call: the client clips its whole update and adds the noise itself.
+TRAIN_WITH_IT_CLIENT = (
+    "add it on the client to the clipped update before it is sent, and set `noise` in [tool.rankaudit.dp] so the "
+    "gate passes"
+)
+
+
+def _train_with_it(result: Result) -> str:
+    return TRAIN_WITH_IT_CLIENT if result.dp is not None and result.dp.level == "client" else TRAIN_WITH_IT
 
 
 def next_step(result: Result) -> NextStep | None:
@@ -115,14 +124,14 @@ def next_step(result: Result) -> NextStep | None:
         return NextStep(
             command,
             "it names the least noise multiplier the client must add (noise the server adds bounds what the released "
-            f"model reveals, not what the server sees); {TRAIN_WITH_IT}",
+            f"model reveals, not what the server sees); {_train_with_it(result)}",
         )
     if dp is not None and dp.within_limit is False:
         command, ceiling = _noise_command(result)
         return NextStep(
             command,
             f"it names the least noise multiplier that keeps any reconstruction within {percent(ceiling)} at this "
-            f"round, more than the noise given; {TRAIN_WITH_IT}",
+            f"round, more than the noise given; {_train_with_it(result)}",
         )
     if verdict_fails and _only_noise_helps(result):
         command, ceiling = _noise_command(result)
@@ -134,7 +143,7 @@ def next_step(result: Result) -> NextStep | None:
         return NextStep(
             command,
             f"client DP noise is the way ({where}): it names the least noise multiplier that keeps any "
-            f"reconstruction within {percent(ceiling)}; {TRAIN_WITH_IT}; then compare designs under that noise "
+            f"reconstruction within {percent(ceiling)}; {_train_with_it(result)}; then compare designs under that noise "
             "(--verify fisher, compare --dp-noise)",
         )
     if verdict_fails and bound is not None and certifies_nothing(bound):
