@@ -320,7 +320,7 @@ class DPBound:
 class DPNoiseSuggestion:
     """`suggest` with DP options: the least noise multiplier whose B(κ) meets --max-reconstruction at q and T."""
 
-    target: float  # the ceiling on B(κ)
+    target: float | None  # the ceiling on B(κ); None: only a target ε was asked for
     prior: float
     sample_rate: float
     steps: int
@@ -336,6 +336,13 @@ class DPNoiseSuggestion:
     sample_rate_source: str = ""  # where q came from (the round, or a flag): as DPBound's
     steps_source: str = ""
     notes: list[str] = field(default_factory=list)
+    clip: float = 1.0  # the clip norm C the noise multiplies (Opacus's max_grad_norm)
+    # --target-epsilon: the least σ whose ε at δ is at most it (None: none up to the search's ceiling), the B(κ)
+    # that σ gives, and whether the search's floor already meets it
+    target_epsilon: float | None = None
+    epsilon_noise: float | None = None
+    epsilon_noise_bound: float | None = None
+    epsilon_at_floor: bool = False
 
 
 @dataclass

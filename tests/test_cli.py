@@ -339,24 +339,37 @@ def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(
 
 
 @pytest.mark.parametrize(
-    "args, verdict, reason",
+    "args, verdict, reason, next_step",
     [
-        (["strided_stem.py"], "exposed", "exit 1 (--fail-on partial): verdict is exposed"),
-        (["gpt2_tiny.py"], "exposed", "exit 1 (--fail-on partial): verdict is exposed, +2 more reasons"),
+        (
+            ["strided_stem.py"],
+            "exposed",
+            "exit 1 (--fail-on partial): verdict is exposed",
+            "rankaudit suggest examples/strided_stem.py --max-reconstruction 0.05",
+        ),
+        (
+            ["gpt2_tiny.py"],
+            "exposed",
+            "exit 1 (--fail-on partial): verdict is exposed, +2 more reasons",
+            "rankaudit suggest examples/gpt2_tiny.py",
+        ),
         (
             ["fig2_a.py", "--dp-noise", "0.5", "--max-reconstruction", "0.1"],
             "exposed",
             "DP: reconstruction <= 0.372 at prior 0.01; exit 1 (--fail-on partial): verdict is exposed, +1 more reason",
+            "rankaudit suggest examples/fig2_a.py --max-reconstruction 0.1",
         ),
-        (["fig2_a.py", "--fail-on", "never"], "exposed", "exit 0: pass"),
+        (["fig2_a.py", "--fail-on", "never"], "exposed", "exit 0: pass", None),
     ],
 )
-def test_quiet_prints_one_short_line_per_model(run_cli, monkeypatch, args, verdict, reason):
-    """--quiet: the verdict, the share certified hidden and the exit code's reason, under 200 characters; the
-    sentences behind them are the full output's."""
+def test_quiet_prints_one_short_line_per_model(run_cli, monkeypatch, args, verdict, reason, next_step):
+    """--quiet: the verdict, the share certified hidden and the exit code's reason, under 200 characters, then the
+    command to run next with the user's file in it; the sentences behind them are the full output's."""
     monkeypatch.chdir(REPO)
     code, out, _ = run_cli(f"examples/{args[0]}", *args[1:], "--quiet")
     line = out.rstrip("\n")
-    assert "\n" not in line and len(line) < 200, line
-    assert line.startswith(f"examples/{args[0]}: {verdict}") and line.endswith(reason)
+    head, _, command = line.partition("; next: ")
+    assert "\n" not in line and len(head) < 200, line
+    assert head.startswith(f"examples/{args[0]}: {verdict}") and head.endswith(reason)
+    assert command == (next_step or "")
     assert code == (0 if "exit 0" in reason else 1)

@@ -80,7 +80,7 @@ def test_narrowing_a_two_conv_net_matches_the_narrowed_model(tmp_path):
     report = suggest(str(EXAMPLES / "fig2_d.py"))
     conv1 = by(report, "narrow", "conv1")
     # |x| 3072 / (27 weights per channel + 900 positions) = 3.3 -> 3 channels: 3072 - 81 - 2700 = 291 > 0.
-    assert conv1.detail == "out_features 4 -> 3"
+    assert conv1.detail == "out_channels 4 -> 3"
     narrowed = audit(write_model(tmp_path, "n1.py", c1=3, c2=4, bias=False))
     assert (conv1.ra_i, conv1.critical_layer) == (narrowed.ra_i, narrowed.critical_layer) == (291, "conv1")
     assert conv1.delta_params == narrowed.parameters - (108 + 144 + 3136) == -27 - 36
@@ -141,11 +141,36 @@ def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):
     assert code == 2 and "does not exist" in err
 
 
+TWO_CONVS = """
+import torch.nn as nn
+INPUT_SHAPE = (3, 16, 16)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 2, 3, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(2, {width}, 3, padding=1, bias=False)
+        self.fc = nn.Linear({width} * 256, 10)
+    def forward(self, x):
+        return self.fc(self.conv2(self.conv1(x).relu()).relu().flatten(1))
+"""
+
+
+def test_compare_explains_the_star_only_where_a_row_has_one(run_cli, tmp_path):
+    # Widening conv2 changes its RA_i and fc's, while conv1 stays critical in both: no changed row is starred.
+    for width in (4, 6):
+        (tmp_path / f"w{width}.py").write_text(TWO_CONVS.format(width=width))
+    code, out, _ = run_cli("compare", tmp_path / "w4.py", tmp_path / "w6.py", "--fail-on", "never")
+    assert code == 0 and "  conv2 " in out and "RA-i 202 -> 202" in out
+    assert "*" not in out and "critical in A, B" not in out
+    _, out, _ = run_cli("compare", EXAMPLES / "fig2_a.py", EXAMPLES / "fig2_b.py", "--fail-on", "never")
+    assert "*" in out and "(* critical in A, B)" in out
+
+
 def test_narrowing_fig2_a_gives_fig2_b():
     """Figure 2(a) with one conv channel fewer is Figure 2(b): the suggestion must count it exactly so."""
     edit = by(suggest(str(EXAMPLES / "fig2_a.py")), "narrow", "conv1")
     fig2_b = audit(str(EXAMPLES / "fig2_b.py"))
-    assert edit.detail == "out_features 4 -> 3"
+    assert edit.detail == "out_channels 4 -> 3"
     assert (
         (edit.ra_i, edit.critical_layer, edit.verdict)
         == (fig2_b.ra_i, fig2_b.critical_layer, fig2_b.verdict)

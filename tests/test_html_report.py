@@ -420,3 +420,95 @@ def test_what_a_server_can_see_is_drawn_at_least_128_pixels_wide():
     assert figure.count('height="128"') == 2
     css = (files("rankaudit.templates") / "report.css").read_text(encoding="utf-8")
     assert re.search(r"\.visible-pair img \{[^}]*height: 128px;[^}]*image-rendering: pixelated", css)
+
+
+TABULAR_NET = """
+import torch.nn as nn
+
+INPUT_SHAPE = (12,)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x).relu())
+"""
+
+
+def _svg(page: str, css_class: str) -> ET.Element:
+    block = next(block for block in SVG_BLOCK.findall(page) if f'class="{css_class}"' in block)
+    return ET.fromstring(block)
+
+
+def _texts(element: ET.Element) -> list[str]:
+    return ["".join(node.itertext()) for node in element.iter("{http://www.w3.org/2000/svg}text")] or [
+        "".join(node.itertext()) for node in element.iter("text")
+    ]
+
+
+def test_in_round_mode_the_bars_say_each_sample_first_and_label_the_round(run_cli, tmp_path):
+    model = tmp_path / "tabular.py"
+    model.write_text(TABULAR_NET)
+    code, page, _ = run_cli(model, "--local-samples", "64", "-b", "16", "--format", "html")
+    assert code == 1
+    texts = _texts(_svg(page, "bound"))
+    # The card says each sample: deficit 0 of 20; the bar beside it says the same first, and the round's count
+    # (a deficit of the 64 samples at once) comes last under its own name.
+    assert "deficit 0" in page[page.index('aria-label="verdict"') :][:2000]
+    each = texts.index("Directions of each sample (its rank bound)")
+    whole = texts.index("The round as a whole: all its samples at once, no guarantee for any one")
+    assert each < whole
+    assert texts[each + 1 : each + 3] == ["rank ≤ 12 (100 %)", "certified deficit 0 of 12"]
+    assert texts[whole + 1 : whole + 3] == ["rank ≤ 259 (33.7 %)", "certified deficit 509 of 768"]
+    # FedSGD at batch size 1 keeps the single count of input directions.
+    _, page, _ = run_cli(model, "--format", "html")
+    texts = _texts(_svg(page, "bound"))
+    assert "Input directions (the rank bound)" in texts and not any("as a whole" in text for text in texts)
+
+
+def test_the_fisher_floor_is_drawn_against_sigma_where_it_was_measured(run_cli, tmp_path):
+    pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
+    model = tmp_path / "tabular.py"
+    model.write_text(TABULAR_NET)
+    page_file, json_file = tmp_path / "r.html", tmp_path / "r.json"
+    code, out, _ = run_cli(
+        model,
+        "--dp-noise",
+        "0.5",
+        "--verify",
+        "fisher",
+        "--fail-on",
+        "never",
+        "--html",
+        page_file,
+        "--format",
+        "json",
+        "-o",
+        json_file,
+    )
+    assert code == 0
+    import json
+
+    line = json.loads(json_file.read_text())["verification"]["fisher"]
+    chart = _svg(page_file.read_text(), "fisher")
+    lines = [node for node in chart.iter() if node.tag.endswith("line")]
+    titled = {"".join(node.itertext()).strip(): node for node in lines if "".join(node.itertext()).strip()}
+    least = next(node for title, node in titled.items() if title.startswith("σ ") and "every measured sample" in title)
+    target = titled[f"--psnr-target {line['psnr_target']:g} dB"]
+    assert f"σ {line['least_noise']:.3g}:" in "".join(least.itertext())
+    # Where the least σ stands, the highest sample line meets the target line: the picture reads as the figure does.
+    at = float(least.get("x1"))
+    heights = []
+    for node in lines:
+        if "a sample:" in "".join(node.itertext()):
+            x1, y1, x2, y2 = (float(node.get(key)) for key in ("x1", "y1", "x2", "y2"))
+            heights.append(y1 + (y2 - y1) * (at - x1) / (x2 - x1))
+    assert len(heights) == len(line["samples"])
+    assert min(heights) == pytest.approx(float(target.get("y1")), abs=1.5)
+    # And it is absent where the Fisher line was not computed.
+    _, page, _ = run_cli(model, "--dp-noise", "0.5", "--fail-on", "never", "--format", "html")
+    assert 'class="fisher"' not in page

@@ -72,6 +72,12 @@ def test_exposed_model_result_points_at_the_critical_layer_line(run_cli):
     line = location["region"]["startLine"]
     source = (EXAMPLES / "resnet18_w16.py").read_text().splitlines()[line - 1]
     assert "self.conv1(x)" in source  # layer2.0.conv1 is called from BasicBlock.forward
+    # The verdict's result (no certified deficit) points at the same line, not at the file's first line, and its
+    # message ends with the command to run next.
+    (verdict,) = [r for r in run["results"] if r["ruleId"] == "RA004"]
+    assert verdict["locations"][0]["physicalLocation"] == location
+    step = f"Next step: `rankaudit suggest {EXAMPLES / 'resnet18_w16.py'} --max-reconstruction 0.05`"
+    assert step in verdict["message"]["text"]
     rules = {rule["id"]: rule for rule in run["tool"]["driver"]["rules"]}
     assert float(rules["RA001"]["properties"]["security-severity"]) >= 7.0
     assert {"RA001", "RA002", "RA003", "RA102"} <= rules.keys()

@@ -124,7 +124,8 @@ def noise_search(
     itself is ignored: it is what is searched."""
     if not options:
         return None
-    if "max-reconstruction" not in options:
+    target_epsilon = options.get("target-epsilon")
+    if "max-reconstruction" not in options and target_epsilon is None:
         raise UsageError(
             "suggest with DP options searches the least noise meeting a ceiling, but none is given",
             "add --max-reconstruction P (e.g. 0.05)",
@@ -136,16 +137,44 @@ def noise_search(
         DPSettings(noise_multiplier=1.0, sample_rate=value["sample-rate"], steps=value["steps"], level=value["level"]),
         given or {},
     )
-    found = least_noise(
-        value["max-reconstruction"],
-        value["prior"],
-        settings.sample_rate,
-        settings.steps,
-        value["delta"],
-        value["level"],
-    )
+    if "max-reconstruction" in options:
+        found = least_noise(
+            value["max-reconstruction"],
+            value["prior"],
+            settings.sample_rate,
+            settings.steps,
+            value["delta"],
+            value["level"],
+        )
+    else:  # only a target ε: no ceiling on B(κ) to search for
+        found = DPNoiseSuggestion(
+            None,
+            value["prior"],
+            settings.sample_rate,
+            settings.steps,
+            value["delta"],
+            value["level"],
+            PLDAccountant().name,
+            None,
+            None,
+            None,
+            False,
+            "",
+        )
+    if target_epsilon is not None:
+        sigma, at_floor = noise_for_epsilon(target_epsilon, settings.sample_rate, settings.steps, value["delta"])
+        found = dataclasses.replace(
+            found,
+            target_epsilon=target_epsilon,
+            epsilon_noise=sigma,
+            epsilon_noise_bound=bound_at(sigma, settings.sample_rate, settings.steps, value["prior"])
+            if sigma is not None
+            else None,
+            epsilon_at_floor=at_floor,
+        )
     return dataclasses.replace(
         found,
+        clip=value["clip"],
         sample_rate_source=settings.sample_rate_source,
         steps_source=settings.steps_source,
         notes=list(settings.notes),
@@ -256,15 +285,22 @@ def least_noise(
             round(time.perf_counter() - start, 3),
         )
 
+    return answer(*_least_meeting(meets))
+
+
+def _least_meeting(meets) -> tuple[float | None, bool]:
+    """The least σ in [NOISE_FLOOR, NOISE_CEILING] for which `meets` holds, where it holds on an interval [σ*, ∞):
+    bisection on log σ, the upper end of the final bracket rounded up to 0.001 (so it meets it); with whether the
+    floor itself meets it (less noise may too). (None, False): no σ up to the ceiling does."""
     low, high = NOISE_FLOOR, 1.0
     if meets(high):
         if meets(low):
-            return answer(low, at_floor=True)
+            return low, True
     else:
         while not meets(high * 2):
             high *= 2
             if high * 2 > NOISE_CEILING:
-                return answer(None)
+                return None, False
         low, high = high, high * 2
     while high / low > 1 + NOISE_RELATIVE_TOLERANCE:
         middle = math.sqrt(low * high)
@@ -272,4 +308,17 @@ def least_noise(
             high = middle
         else:
             low = middle
-    return answer(math.ceil(high * 1000) / 1000)
+    return math.ceil(high * 1000) / 1000, False
+
+
+def noise_for_epsilon(
+    target_epsilon: float, sample_rate: float, steps: int, delta: float, accountant: Accountant | None = None
+) -> tuple[float | None, bool]:
+    """The least noise multiplier whose ε at δ is at most `target_epsilon` at this q and T (the accountant's ε falls
+    as σ grows), as least_noise searches it; with whether the search's floor already meets it."""
+    accountant = accountant or PLDAccountant()
+
+    def meets(sigma: float) -> bool:
+        return accountant.profile(SubsampledGaussian(sigma, sample_rate, steps)).epsilon(delta) <= target_epsilon
+
+    return _least_meeting(meets)

@@ -147,12 +147,17 @@ def narrow_edits(traced: TracedModel, base: Result, skipped: list[str]) -> list[
         if isinstance(narrowed, str):
             skipped.append(f"narrow {record.name}: {narrowed}")
             continue
-        edits.append((record.name, f"out_features {channels} -> {width}", *narrowed))
+        edits.append((record.name, f"{_width_name(record.op)} {channels} -> {width}", *narrowed))
     return edits
 
 
+def _width_name(op: str) -> str:
+    """What the user's constructor calls the width a narrow edit cuts: a convolution's channels, else its features."""
+    return "out_channels" if "conv" in op.lower() else "out_features"
+
+
 def narrowed_width(detail: str) -> int:
-    """The width a narrow edit's detail ("out_features 16 -> 5") cuts the layer to."""
+    """The width a narrow edit's detail ("out_channels 16 -> 5") cuts the layer to."""
     return int(detail.rsplit("->", 1)[1])
 
 

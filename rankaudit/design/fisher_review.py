@@ -14,6 +14,7 @@ from rankaudit.design.edits import changed_stride, narrow_readers, narrowed_widt
 from rankaudit.errors import RankauditError, UsageError
 from rankaudit.model.load import load_model
 from rankaudit.settings.round import DPSettings, Round, dp_for_round
+from rankaudit.verify.progress import ProgressBar
 
 # The design review reads the Fisher line on few samples and a looser estimate than --verify fisher: it ranks
 # designs by a figure that moves by orders of magnitude between them (--verify fisher measures one closely).
@@ -190,42 +191,48 @@ def review(
     check_settings(dp, "suggest's Fisher line")
     started = time.perf_counter()
     client = {"bn_mode": bn_mode, "batch_size": report.batch_size}
-    base = design_line(report.model, report.input_shape, dp, psnr_target, data, **client)
-
-    def floor(edit, target, detail, line) -> EditFloor:
-        return EditFloor(
-            edit,
-            target,
-            detail,
-            line["least_noise"],
-            line["median_psnr_ceiling"],
-            least_noise_with_prior=line.get("least_noise_with_prior"),
-            median_prior_psnr_ceiling=line.get("median_prior_psnr_ceiling"),
-        )
-
-    loaded = load_model(report.model, report.input_shape, device="meta")
-    traced = trace_and_count(
-        loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
-    )
-    measured, unmeasured = [], []
     limit = DESIGN_EDITS if top is None else top
-    for number, suggestion in enumerate(report.suggestions):
-        if number >= limit:
-            reason = f"beyond the first {limit} edits measured (--top N measures the N shown)"
-            unmeasured.append(EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=reason))
-            continue
-        change = _edit_of(suggestion.edit, suggestion.target, suggestion.detail, traced)
-        if isinstance(change, str):
-            unmeasured.append(EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=change))
-            continue
-        try:
-            line = design_line(report.model, report.input_shape, dp, psnr_target, data, edit=change, **client)
-        except RankauditError as exc:
-            unmeasured.append(
-                EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=exc.problem)
+    # Each design is a real model measured sample by sample (a minute or more on a large one): stderr shows life.
+    with ProgressBar(1 + min(limit, len(report.suggestions)), "Fisher floor, per design") as bar:
+        base = design_line(report.model, report.input_shape, dp, psnr_target, data, **client)
+        bar.update()
+
+        def floor(edit, target, detail, line) -> EditFloor:
+            return EditFloor(
+                edit,
+                target,
+                detail,
+                line["least_noise"],
+                line["median_psnr_ceiling"],
+                least_noise_with_prior=line.get("least_noise_with_prior"),
+                median_prior_psnr_ceiling=line.get("median_prior_psnr_ceiling"),
             )
-            continue
-        measured.append(floor(suggestion.edit, suggestion.target, suggestion.detail, line))
+
+        loaded = load_model(report.model, report.input_shape, device="meta")
+        traced = trace_and_count(
+            loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
+        )
+        measured, unmeasured = [], []
+        for number, suggestion in enumerate(report.suggestions):
+            if number >= limit:
+                reason = f"beyond the first {limit} edits measured (--top N measures the N shown)"
+                unmeasured.append(EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=reason))
+                continue
+            change = _edit_of(suggestion.edit, suggestion.target, suggestion.detail, traced)
+            if isinstance(change, str):
+                unmeasured.append(EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=change))
+                bar.update()
+                continue
+            try:
+                line = design_line(report.model, report.input_shape, dp, psnr_target, data, edit=change, **client)
+            except RankauditError as exc:
+                unmeasured.append(
+                    EditFloor(suggestion.edit, suggestion.target, suggestion.detail, None, reason=exc.problem)
+                )
+                continue
+            finally:
+                bar.update()
+            measured.append(floor(suggestion.edit, suggestion.target, suggestion.detail, line))
     measured.sort(key=ranking)
     return FisherReview(
         psnr_target=psnr_target,
@@ -265,16 +272,19 @@ def compare_lines(results, specs, dp: DPSettings, psnr_target: float, data: str 
                 "drop --dp-noise to compare these designs' structure only",
             )
         round_ = result.round
-        line = design_line(
-            spec,
-            result.input_shape,
-            dp,
-            psnr_target,
-            data,
-            bn_mode=round_.bn_mode if round_ is not None else "train",
-            batch_size=round_.batch_size if round_ is not None else result.batch_size,
-            what="compare's Fisher line",
-        )
+        # A real model measured sample by sample: stderr shows life.
+        with ProgressBar(1, f"Fisher floor of {spec}") as bar:
+            line = design_line(
+                spec,
+                result.input_shape,
+                dp,
+                psnr_target,
+                data,
+                bn_mode=round_.bn_mode if round_ is not None else "train",
+                batch_size=round_.batch_size if round_ is not None else result.batch_size,
+                what="compare's Fisher line",
+            )
+            bar.update()
         result.verification["fisher"] = line
         lines.append(summary(line))
     return lines

@@ -105,6 +105,16 @@ def energy_sentence(result: Result) -> str:
         return ""
     protected_share = 1 - bound.max_recoverable
     note = f" {bound.reference_note[:1].upper()}{bound.reference_note[1:]}." if bound.reference_note else ""
+    if certifies_nothing(bound) and sample.rank_bound >= sample.unknowns:
+        # Every direction reaches the server: a reference distribution has no hidden part to read, so --data would
+        # change nothing.
+        return (
+            f"For any weights, nothing is certified hidden: every direction of a sample reaches the server (rank "
+            f"{sample.rank_bound:,} of {sample.unknowns:,}), so no data, --data included, can show any of it hidden; "
+            f"only client DP noise bounds what a server reconstructs (--dp-noise, `rankaudit suggest` with "
+            f"--max-reconstruction); protected asks that {samples_like_yours(bound)} keep at least "
+            f"{percent(protected_share)} of their detail hidden (--max-recoverable).{note}"
+        )
     if certifies_nothing(bound):
         return (
             f"For any weights, nothing is certified hidden: this input is not an image, and without --data there is "
@@ -148,20 +158,9 @@ def energy_sentence(result: Result) -> str:
                 " No architecture change reaches protected on this input: a single visible direction already shows "
                 "more than that share of the detail of some samples like yours."
             )
-            if result.dp is None or result.dp.noise_by != "client":
-                text += " " + NOISE_IS_THE_WAY
         else:
             text += f" Protected needs a per-sample rank bound of at most {bound.protected_rank:,}."
     return text + note
-
-
-# What to do where no architecture can protect a sample (photographs: a server that picks the weights sees their main
-# directions), and no client noise was given: the gate fails every such model until the client adds DP noise.
-NOISE_IS_THE_WAY = (
-    "What to do: client DP noise bounds every reconstruction; `rankaudit suggest` with the DP options names the "
-    "least noise that meets --max-reconstruction, and with it in [tool.rankaudit.dp] the gate passes; compare "
-    "designs under that noise with the design line (--verify fisher, compare --dp-noise)."
-)
 
 
 def ra_sentence(result: Result) -> str:

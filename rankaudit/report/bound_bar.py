@@ -3,7 +3,7 @@ the count of input directions (inline SVG)."""
 
 from __future__ import annotations
 
-from rankaudit.findings.meaning import energy_percent, samples_like_yours, visible_percent
+from rankaudit.findings.meaning import energy_percent, per_sample_view, samples_like_yours, visible_percent
 from rankaudit.report.svg import GRID, INK, WARN, _f, _svg_open, fmt_int, x
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
@@ -51,13 +51,21 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
         return ""
     sample = bound.sample
     hidden = sample.certified_hidden_energy if sample is not None else None
+    # Beyond one sample at FedSGD batch 1 the verdict reads each sample's bound: its directions are drawn, and the
+    # batch's or round's count, a statement about all samples at once, is a bar of its own, labelled so.
+    each = sample is not None and per_sample_view(result)
     width, row = 560, 64
-    rows = 2 if hidden is not None else 1
+    rows = (2 if hidden is not None else 1) + (1 if each else 0)
     out = [
         _svg_open(
             width,
             row * rows,
-            f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns"
+            (
+                f"each sample: rank bound {sample.rank_bound} of {sample.unknowns}; the {_whole(result)} as a whole: "
+                if each
+                else ""
+            )
+            + f"rank bound {bound.rank_bound} of {bound.unknowns} unknowns"
             + (
                 f"; {energy_percent(hidden)} of the detail of {samples_like_yours(bound)} certified hidden"
                 if hidden is not None
@@ -83,11 +91,31 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             (f"visible: {visible_percent(hidden)}", f"certified hidden: {energy_percent(hidden)}"),
         )
         top += row
+    if each:
+        _share_bar(
+            out,
+            top,
+            width,
+            "Directions of each sample (its rank bound)",
+            sample.rank_bound / sample.unknowns,
+            (
+                f"up to {sample.rank_bound:,} of a sample's directions the update may determine",
+                f"{sample.unknowns - sample.rank_bound:,} of its directions no update sees",
+            ),
+            (
+                f"rank ≤ {fmt_int(sample.rank_bound)} ({percent(sample.recoverable_fraction)})",
+                f"certified deficit {fmt_int(sample.unknowns - sample.rank_bound)} of {fmt_int(sample.unknowns)}",
+            ),
+            pale=hidden is not None,
+        )
+        top += row
     _share_bar(
         out,
         top,
         width,
-        "Input directions (the rank bound)",
+        f"The {_whole(result)} as a whole: all its samples at once, no guarantee for any one"
+        if each
+        else "Input directions (the rank bound)",
         bound.rank_bound / bound.unknowns,
         (
             f"up to {bound.rank_bound:,} input directions the gradient may determine",
@@ -97,7 +125,12 @@ def bound_bar(result: Result, prefix: str = "b") -> str:
             f"rank ≤ {fmt_int(bound.rank_bound)} ({percent(bound.recoverable_fraction)})",
             f"certified deficit {fmt_int(bound.certified_deficit)} of {fmt_int(bound.unknowns)}",
         ),
-        pale=hidden is not None,
+        pale=hidden is not None or each,
     )
     out.append("</svg>")
     return "".join(out)
+
+
+def _whole(result: Result) -> str:
+    """What the count over all samples is of: the round (local training), else the batch."""
+    return "round" if result.round is not None and not result.round.fedsgd else "batch"

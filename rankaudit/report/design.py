@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.bound.energy import NO_REFERENCE
 from rankaudit.design.suggest import SuggestReport
 from rankaudit.report.json import dumps as strict_json
 from rankaudit.report.json import to_dict
@@ -62,26 +63,72 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
 
 
 def _noise_lines(report: SuggestReport) -> list[str]:
-    """suggest with DP options: the least noise multiplier meeting --max-reconstruction, and its ε."""
+    """suggest with DP options: the least noise multiplier meeting --max-reconstruction, and its ε; with
+    --target-epsilon, the least one meeting that ε; each with the Opacus line that trains with it."""
     noise = report.noise
     if noise is None:
         return []
-    setting = (
-        f"q {noise.sample_rate:.4g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction {noise.target:g}"
-    )
     sources = [f"  q: {noise.sample_rate_source}; T: {noise.steps_source}"] if noise.sample_rate_source else []
     sources += [f"  note: {note}" for note in noise.notes]
-    if noise.noise_multiplier is None:
+    lines = []
+    if noise.target is not None:
+        setting = (
+            f"q {noise.sample_rate:.4g}, T {noise.steps:,}, prior {noise.prior:g}, --max-reconstruction "
+            f"{noise.target:g}"
+        )
+        if noise.noise_multiplier is None:
+            lines.append(
+                f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search})."
+            )
+        else:
+            epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
+            floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
+            lines += [
+                f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}"
+                f"{floor}, B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
+                *_opacus_lines(noise, noise.noise_multiplier),
+            ]
+    if noise.target_epsilon is not None:
+        lines += _epsilon_lines(noise)
+    return lines + sources
+
+
+def _epsilon_lines(noise) -> list[str]:
+    """--target-epsilon: the least σ whose ε at δ meets it, what it bounds, and Opacus's own call for that ε."""
+    setting = f"q {noise.sample_rate:.4g}, T {noise.steps:,}, δ {noise.delta:g}"
+    if noise.epsilon_noise is None:
         return [
-            f"DP noise ({setting}): no noise multiplier up to the search's ceiling meets it ({noise.search}).",
-            *sources,
+            f"Target ε {noise.target_epsilon:g} ({setting}): no noise multiplier up to the search's ceiling meets it."
         ]
-    epsilon = "no finite ε" if noise.epsilon is None else f"ε {noise.epsilon:.3g}"
-    floor = " (the search's floor: less noise may meet it too)" if noise.at_floor else ""
+    floor = " (the search's floor: less noise may meet it too)" if noise.epsilon_at_floor else ""
+    lines = [
+        f"Target ε {noise.target_epsilon:g} ({setting}): the least noise multiplier meeting it is σ = "
+        f"{noise.epsilon_noise:g}{floor} ({noise.accountant}); it bounds any reconstruction to B(κ) "
+        f"{noise.epsilon_noise_bound:.3g} at prior {noise.prior:g}.",
+        *_opacus_lines(noise, noise.epsilon_noise),
+    ]
+    if noise.level == "sample":
+        epochs = max(1, round(noise.steps * noise.sample_rate))
+        lines.append(
+            "  or let Opacus find it: model, optimizer, train_loader = PrivacyEngine().make_private_with_epsilon("
+            f"module=model, optimizer=optimizer, data_loader=train_loader, target_epsilon={noise.target_epsilon:g}, "
+            f"target_delta={noise.delta:g}, epochs={epochs}, max_grad_norm={float(noise.clip)!r})  "
+            f"# epochs = T·q: every local epoch of every server round, one accountant across them"
+        )
+    return lines
+
+
+def _opacus_lines(noise, sigma: float) -> list[str]:
+    """The line a client training with Opacus pastes (DP-SGD: the unit is a sample, Poisson sampling at q = B/N,
+    as rankaudit's accountant reads it); client-level DP has no Opacus call."""
+    if noise.level != "sample":
+        return [
+            f"  client level: clip each client's update to {noise.clip:g} and add Gaussian noise of std σ·C on the "
+            "client before it is sent (Opacus adds noise per sample, not per update)"
+        ]
     return [
-        f"DP noise ({setting}): the least noise multiplier meeting it is σ = {noise.noise_multiplier:g}{floor}, "
-        f"B(κ) {noise.bound:.3g}, {epsilon} at δ {noise.delta:g} ({noise.search}; {noise.accountant}).",
-        *sources,
+        "  Opacus: model, optimizer, train_loader = PrivacyEngine().make_private(module=model, optimizer=optimizer, "
+        f"data_loader=train_loader, noise_multiplier={sigma:g}, max_grad_norm={float(noise.clip)!r})"
     ]
 
 
@@ -248,6 +295,14 @@ def _certificates(report: SuggestReport) -> list[str]:
     lines.extend(_token_budget(report))
     if report.spectrum:
         exposed = percent(report.exposed_below) if report.exposed_below is not None else "5 %"
+        sample = report.sample
+        if report.spectrum == NO_REFERENCE and sample is not None and sample.rank_bound >= sample.unknowns:
+            # Nothing of a sample is hidden: no --data could certify a part of it, so the reader is not sent there.
+            lines.append(
+                "Levels: every direction of a sample reaches the server, so no data, --data included, can show any "
+                "of it hidden: only client DP noise bounds what a server reconstructs."
+            )
+            return lines
         lines.append(
             f"Levels are read on energy, as `rankaudit check` reads them (reference: {report.spectrum}): exposed "
             f"below {exposed} of the detail of {_samples(report)} hidden."
@@ -430,7 +485,8 @@ def compare_table(first: Result, second: Result) -> str:
         for m in changed:
             marks = ("*" if m["a_critical"] else " ") + ("*" if m["b_critical"] else " ")
             lines.append(f"  {m['name'].ljust(width)}  {m['a']:>9}  {m['b']:>9}  {m['delta']:>+9}  {marks}")
-        lines.append("  (* critical in A, B)")
+        if any(m["a_critical"] or m["b_critical"] for m in changed):  # the legend only explains a star shown
+            lines.append("  (* critical in A, B)")
     else:
         lines.append("  No layer that both models share changed its RA_i.")
     only = sorted({r.name for r in first.layers} ^ {r.name for r in second.layers})

@@ -56,6 +56,7 @@ def quiet_line(result) -> str:
     verdict reads), DP's bound where DP options were given, and the exit code with its reason. The full output
     has the sentences behind each."""
     from rankaudit.findings.meaning import energy_percent, per_sample_view
+    from rankaudit.findings.next_step import next_step
     from rankaudit.findings.policy import short_reason
     from rankaudit.settings.levels import percent
 
@@ -82,4 +83,7 @@ def quiet_line(result) -> str:
         heads = list(dict.fromkeys(short_reason(reason) for reason in policy.reasons))
         more = f", +{len(heads) - 1} more reason{'s' if len(heads) > 2 else ''}" if len(heads) > 1 else ""
         parts.append(f"; exit 1 (--fail-on {policy.fail_on}): {heads[0]}{more}")
+        step = next_step(result)
+        if step is not None:
+            parts.append(f"; next: {step.command}")
     return "".join(parts)

@@ -19,7 +19,9 @@ from markupsafe import Markup
 
 from rankaudit import __version__
 from rankaudit.findings.meaning import energy_sentence
+from rankaudit.findings.next_step import next_step
 from rankaudit.report import bound_bar, records, svg
+from rankaudit.report.fisher_chart import fisher_chart
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
 
@@ -444,6 +446,7 @@ def _dp(result: Result) -> dict | None:
         "attack": attack,
         "bound_covers": BOUND_COVERS,
         "fisher": fisher if isinstance(fisher, dict) else None,
+        "fisher_chart": Markup(fisher_chart(fisher)) if isinstance(fisher, dict) else "",
         "curve": Markup(svg.dp_curve(result.dp, attack)),
     }
 
@@ -649,6 +652,7 @@ def _model(result: Result, index: int, base_dir: Path | None, suggestions=None) 
         "whole": _whole(result),
         "certificate": _certificate_picture(result),
         "energy": energy_sentence(result),
+        "next_step": next_step(result),
         "carried": _carried(result),
         "shape": "×".join(str(d) for d in result.input_shape),
         "critical": critical,

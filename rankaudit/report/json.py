@@ -30,7 +30,7 @@ def to_dict(result: Result) -> dict:
         "meaning": result.meaning,
         "summary": result.summary,
         "parameters": result.parameters,
-        "policy": asdict(result.policy) if result.policy else None,
+        "policy": {**asdict(result.policy), "next_step": _next_step(result)} if result.policy else None,
         "layers": [
             {
                 "name": row.name,
@@ -158,3 +158,11 @@ def _text(value: str) -> str:
 def dumps(payload) -> str:
     """Strict JSON text of a report: indented, non-finite numbers as null."""
     return _json.dumps(finite(payload), indent=2, allow_nan=False) + "\n"
+
+
+def _next_step(result: Result) -> dict | None:
+    """The command to run next when the policy fails, and why (None when it passes)."""
+    from rankaudit.findings.next_step import next_step
+
+    step = next_step(result)
+    return asdict(step) if step is not None else None

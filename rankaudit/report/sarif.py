@@ -136,18 +136,23 @@ def _results_for(result: Result) -> list[dict]:
     if bound is not None and _VERDICT_RULE.get(result.verdict):
         verdict_rule = _VERDICT_RULE[result.verdict]
         from rankaudit.findings.meaning import carried_by_sentence
+        from rankaudit.findings.next_step import next_step
 
         carried = (
             carried_by_sentence(result) if result.policy is not None and result.policy.carried_by == "noise" else ""
         )
+        step = next_step(result)
         found.append(
             {
                 "ruleId": verdict_rule,
                 "level": RULES[verdict_rule][2],
                 "message": {
-                    "text": f"{result.model}: {result.summary}" + (f" The policy passes, {carried}." if carried else "")
+                    "text": f"{result.model}: {result.summary}"
+                    + (f" The policy passes, {carried}." if carried else "")
+                    + (f" Next step: `{step.command}`: {step.why}." if step else "")
                 },
-                "locations": [_location(result, None)],
+                # At the critical layer's line where the trace knows it: where a reviewer would start.
+                "locations": [_location(result, row.source if row else None)],
                 "properties": {
                     "rank_bound": bound.rank_bound,
                     "unknowns": bound.unknowns,

@@ -10,6 +10,7 @@ from rankaudit.report.table_findings import (
     conclusion_lines,
     dp_lines,
     label_lines,
+    next_step_lines,
     policy_lines,
     readout_lines,
     round_lines,
@@ -202,6 +203,7 @@ def render_one(result: Result, color: bool = False, verbose: bool = False) -> st
         f"batch {result.batch_size}  traced with {result.tracer}  {result.parameters:,} parameters"
         + _round_header(result),
         *_deployment_lines(result),
+        *next_step_lines(result),
         "",
     ]
     visible = _visible_rows(result, verbose)

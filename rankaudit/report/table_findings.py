@@ -10,6 +10,7 @@ from rankaudit.findings.meaning import (
     ra_sentence,
     whole_sentence,
 )
+from rankaudit.findings.next_step import next_step
 from rankaudit.result import Result
 from rankaudit.settings.levels import percent
 
@@ -275,5 +276,20 @@ def policy_lines(result: Result) -> list[str]:
             + (f": {carried}" if carried else "")
         )
     else:
-        lines.append("Policy: FAIL: " + "; ".join(result.policy.reasons))
+        step = next_step(result)
+        lines.append(
+            "Policy: FAIL: " + "; ".join(result.policy.reasons) + (f". Next step: `{step.command}`" if step else "")
+        )
     return lines
+
+
+def next_step_lines(result: Result) -> list[str]:
+    """Under the header, where a failing run is read first: the command to run next, and why (the policy line at
+    the end repeats the command)."""
+    step = next_step(result)
+    if step is None:
+        return []
+    return [
+        f"Next step ({result.verdict}, the policy fails): {step.command}",
+        f"  {step.why[:1].upper()}{step.why[1:]}.",
+    ]

@@ -421,6 +421,13 @@ def suggest_options(command):
             "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP
         ),
         click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits."),
+        click.option(
+            "--target-epsilon",
+            type=float,
+            metavar="EPS",
+            help="Also the least noise multiplier whose ε at --dp-delta is at most EPS at the round's q and T, with "
+            "the Opacus line that trains to it (make_private_with_epsilon).",
+        ),
         _level_options,
         click.option(
             "--data",

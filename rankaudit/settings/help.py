@@ -47,6 +47,7 @@ OPTION_GROUP = {
     "--dp-level": DP,
     "--prior": DP,
     "--noise-by": DP,
+    "--target-epsilon": DP,
     "--dp-candidates": DP,
     "--psnr-target": DP,
     "--verify": VERIFY,

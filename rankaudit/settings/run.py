@@ -68,7 +68,19 @@ def dp_values(options: dict, configured: dict | None) -> dict:
     for key, parameter in _DP_FLAGS.items():
         if options.get(parameter) is not None:
             merged[key] = check_option(key, options[parameter])
+    if options.get("target_epsilon") is not None:  # suggest's: a second aim of its noise search, beside B(κ)
+        merged["target-epsilon"] = _checked_epsilon(options["target_epsilon"])
     return merged
+
+
+def _checked_epsilon(value: float) -> float:
+    import math
+
+    from rankaudit.errors import UsageError
+
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"--target-epsilon must be a number above 0, got {value!r}", "pass e.g. --target-epsilon 3")
+    return value
 
 
 def dp_sources(options: dict, configured: dict | None) -> dict[str, str]:
