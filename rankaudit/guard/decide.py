@@ -120,6 +120,15 @@ class Guard:
             self.generator.seed()  # non-deterministic: from the operating system's entropy
         else:
             self.generator.manual_seed(self.settings.seed)
+        self.watching = None
+
+    def watch(self, net: nn.Module):
+        """``with guard.watch(net): train(net)``: the per-sample tables the next ``decide`` needs, recorded during
+        the client's own training steps (rankaudit.guard.watch), so that it does not compute them again."""
+        from rankaudit.guard.watch import Watch
+
+        self.watching = Watch(net)
+        return self.watching
 
     def decide(
         self,
@@ -154,8 +163,17 @@ class Guard:
         shared = [name for name in trainable if name in sent]
         inputs = LayerInputs(self.model, received, shared)
         labels = None if labels is None else torch.as_tensor(labels)
+        watched = self.watching.tables(torch.as_tensor(samples)) if self.watching is not None else None
+        self.watching = None
         readouts, checked, skipped, notes = find_readouts(
-            inputs, received, sent, samples, settings.min_psnr, labels=labels, check_features=settings.check_features
+            inputs,
+            received,
+            sent,
+            samples,
+            settings.min_psnr,
+            labels=labels,
+            check_features=settings.check_features,
+            watched=watched,
         )
         energy = None
         if settings.energy_budget > 0 and labels is not None:
@@ -195,7 +213,7 @@ class Guard:
                     "update's: blocked"
                 )
         elif leaking or acted_on:
-            action, to_send, changed, altered = self._alter(inputs, received, sent, samples, labels, readouts)
+            action, to_send, changed, altered = self._alter(inputs, received, sent, samples, labels, readouts, watched)
             notes += altered
         decision = GuardDecision(
             action=action,
@@ -221,7 +239,7 @@ class Guard:
         dropped = [r for r in readouts if not r.leaks] if self.settings.feature_action == "drop" else []
         return leaking, dropped
 
-    def _alter(self, inputs, received, sent, samples, labels, readouts):
+    def _alter(self, inputs, received, sent, samples, labels, readouts, watched):
         """Drop or noise the offending rows, read what is left with the same test, and block what still reads a
         sample (or, under feature-action drop, a sample's features)."""
         settings, changed, current = self.settings, set(), sent
@@ -242,6 +260,7 @@ class Guard:
                 settings.min_psnr,
                 labels=labels,
                 check_features=settings.check_features,
+                watched=watched,
             )
             leaking, dropped = self._offending(found)
             if not leaking and not dropped:

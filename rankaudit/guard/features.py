@@ -6,8 +6,8 @@ J = ∂h/∂x at x_s; the component of x_s − μ outside it (μ the batch's mea
 it with μ makes an error of exactly that size. The PSNR of μ + P_row(J)(x_s − μ) against x_s is the figure: at or
 above the guard's threshold the features are as good as the sample.
 
-J is formed row by row (one batched vector-Jacobian product per chunk of features), only for the samples whose
-features some readout read; when it would not fit in memory the sample counts as read and the note says so.
+J is formed by backward passes over a batch of copies of the sample, only for the samples whose features some
+readout read; when it would not fit in memory the sample counts as read and the note says so.
 """
 
 from __future__ import annotations
@@ -20,23 +20,41 @@ from torch import nn
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
-# Rows of J per batched backward pass.
-ROWS_PER_PASS = 64
+# Rows of J per backward pass: the sample is repeated this many times in one batch, copy k giving row k.
+ROWS_PER_PASS = 128
 # The most entries of J held at once (float32): 1 GB.
 MAX_JACOBIAN_VALUES = 1 << 28
-# A singular value of J counts in its rank above this share of the largest (float32 rows are exact to about
-# 1e-7): erring towards a larger row space, which errs towards a higher figure.
-RANK_SHARE = 1e-6
+# An eigenvalue of J·Jᵀ counts in J's rank above this share of the largest (float32 rows are exact to about 1e-7,
+# so their squares to 1e-14): erring towards a larger row space, which errs towards a higher figure.
+RANK_SHARE = 1e-12
 
 
 def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's (batch, d) input vectors for a batch ``x``."""
     seen = []
     hook = module.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
     try:
-        net(x[None])
+        net(x)
     finally:
         hook.remove()
-    return sample_vectors(module, seen[0])[0]
+    return sample_vectors(module, seen[0])
+
+
+def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """∂(the layer's input vector)/∂x at one sample x, (d, x.numel()): one backward per ROWS_PER_PASS rows, over a
+    batch of copies of x (eval mode: the copies do not see each other)."""
+    with torch.no_grad():
+        width = _features(net, module, x[None]).shape[1]
+    rows = []
+    with torch.enable_grad():
+        for start in range(0, width, ROWS_PER_PASS):
+            count = min(ROWS_PER_PASS, width - start)
+            copies = x.detach().expand(count, *x.shape).clone().requires_grad_(True)
+            h = _features(net, module, copies)
+            picked = h[torch.arange(count), start + torch.arange(count)].sum()
+            (grads,) = torch.autograd.grad(picked, copies, allow_unused=True)
+            rows.append(torch.zeros(count, x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
+    return torch.cat(rows)
 
 
 def determined_psnr(
@@ -48,37 +66,38 @@ def determined_psnr(
     x_all = samples.detach().to(dtype)
     mean = x_all.to(torch.float64).mean(0).flatten()
     found, notes = {}, []
+    with torch.no_grad():
+        width = _features(net, module, x_all[:1]).shape[1]
     for index in indices:
-        x = x_all[index].clone().requires_grad_(True)
-        with torch.enable_grad():
-            h = _features(net, module, x)
-            if h.numel() * x.numel() > MAX_JACOBIAN_VALUES:
-                found[index] = IDENTICAL_PSNR
-                notes.append(
-                    f"sample {index}: the Jacobian of {h.numel()} features in {x.numel()} inputs does not fit in "
-                    "memory; its features count as the sample"
-                )
-                continue
-            rows = []
-            eye = torch.eye(h.numel(), dtype=h.dtype)
-            for start in range(0, h.numel(), ROWS_PER_PASS):
-                chunk = eye[start : start + ROWS_PER_PASS]
-                (grads,) = torch.autograd.grad(h, x, chunk, retain_graph=True, is_grads_batched=True, allow_unused=True)
-                rows.append(torch.zeros(len(chunk), x.numel(), dtype=dtype) if grads is None else grads.flatten(1))
-        jacobian = torch.cat(rows).to(torch.float64)
-        deviation = x.detach().to(torch.float64).flatten() - mean
-        found[index] = _psnr_of_determined(jacobian, deviation, x.detach().to(torch.float64).flatten())
+        if width * x_all[0].numel() > MAX_JACOBIAN_VALUES:
+            found[index] = IDENTICAL_PSNR
+            notes.append(
+                f"sample {index}: the Jacobian of {width} features in {x_all[0].numel()} inputs does not fit in "
+                "memory; its features count as the sample"
+            )
+            continue
+        rows = jacobian(net, module, x_all[index]).to(torch.float64)
+        x = x_all[index].to(torch.float64).flatten()
+        found[index] = _psnr_of_determined(rows, x - mean, x)
     return found, notes
 
 
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
-    """PSNR of μ + P_row(J)(x − μ) against x: the error is the part of the deviation outside J's row space."""
+    """PSNR of μ + P_row(J)(x − μ) against x: the error is the part of the deviation outside J's row space,
+    |P v|² = (Jv)ᵀ (J Jᵀ)⁺ (Jv)."""
     if not bool(torch.isfinite(jacobian).all()):
         return IDENTICAL_PSNR  # a Jacobian that cannot be read: assume the features determine the sample
-    _, singular, right = torch.linalg.svd(jacobian, full_matrices=False)
-    kept = right[singular > RANK_SHARE * singular.max()] if len(singular) and singular.max() > 0 else right[:0]
-    seen = kept @ deviation
-    unknown = max(float(deviation @ deviation - seen @ seen), 0.0)
+    # A few hundred rows gain nothing from LAPACK's threads, and lose seconds to them on shared cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        values, vectors = torch.linalg.eigh(jacobian @ jacobian.T)
+    finally:
+        torch.set_num_threads(threads)
+    kept = values > RANK_SHARE * values.max() if len(values) and values.max() > 0 else values > math.inf
+    projected = vectors[:, kept].T @ (jacobian @ deviation)
+    seen = float((projected**2 / values[kept]).sum())
+    unknown = max(float(deviation @ deviation) - seen, 0.0)
     spread = float(x.max() - x.min()) or 1.0
     mse = unknown / x.numel()
     return IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(spread**2 / mse))

@@ -88,18 +88,25 @@ class LayerInputs:
         self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
 
     def vectors(
-        self, samples: torch.Tensor, labels: torch.Tensor | None = None
+        self, samples: torch.Tensor, labels: torch.Tensor | None = None, watched: tuple | None = None
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, bool], dict[str, str]]:
         """({layer: (N, d) vectors}, {layer: (N, units) signals}, {layer: reads the input itself},
-        {layer: why it is not checked}). The samples go through in chunks of CHUNK (eval mode: a chunk's outputs
-        do not depend on the others)."""
+        {layer: why it is not checked}). ``watched``: the tables recorded during the client's training
+        (rankaudit.guard.watch), used as they are; else the samples go through in chunks of CHUNK (eval mode: a
+        chunk's outputs do not depend on the others)."""
         x = samples.detach().to(self.dtype)
+        flat = x.reshape(len(x), -1).to(torch.float64)
+        if watched is not None:
+            found, signals = watched
+            reads_input = {
+                name: found[name].shape == flat.shape and bool(torch.equal(found[name], flat)) for name in found
+            }
+            return found, signals, reads_input, {}
         parts = [
             self._chunk(x[start : start + CHUNK], None if labels is None else labels[start : start + CHUNK])
             for start in range(0, len(x), CHUNK)
         ]
         found, signals, reads_input, why_not = {}, {}, {}, {}
-        flat = x.reshape(len(x), -1)
         for name, _ in self.layers:
             calls, pieces = parts[0][name][0], [part[name][1] for part in parts]
             if calls != 1:
@@ -111,7 +118,7 @@ class LayerInputs:
             vectors = torch.cat(pieces)
             found[name] = vectors.to(torch.float64)
             signals[name] = torch.cat([part[name][2] for part in parts]).to(torch.float64)
-            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors, flat))
+            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
         return found, signals, reads_input, why_not
 
     def _chunk(self, x: torch.Tensor, labels: torch.Tensor | None) -> dict:
@@ -223,12 +230,13 @@ def find_readouts(
     *,
     labels: torch.Tensor | None = None,
     check_features: bool = True,
+    watched: tuple | None = None,
 ) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
     """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
     a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
     from rankaudit.guard.features import determined_psnr
 
-    vectors, signals, reads_input, why_not = inputs.vectors(samples, labels)
+    vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
     readouts, checked, skipped, notes = [], [], [], []
     modules = dict(inputs.layers)
     for name, _ in inputs.layers:
