@@ -556,3 +556,17 @@ def test_naming_the_filter_without_nvflare_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(guard_nvflare, "_BUILT", {})
     with pytest.raises(ImportError, match="pip install nvflare"):
         guard_nvflare.RankauditGuardFilter  # noqa: B018
+
+
+def test_the_retired_tolerance_flag_says_what_replaced_it(run_cli, client):
+    code, _, err = run_cli(
+        "guard",
+        client / "nets.py:MLP",
+        "--weights",
+        client / "mlp.pt",
+        "--data",
+        client / "mlp_x.npy",
+        "--tolerance",
+        "1e-3",
+    )
+    assert code == 2 and "--tolerance was replaced by --min-psnr" in err and len(err.strip().splitlines()) == 1

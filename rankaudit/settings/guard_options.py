@@ -105,9 +105,14 @@ def from_run_config(run_config: dict, base: GuardSettings | None = None) -> Guar
 
 def settings_from_flags(options: dict, log: str | None, base: GuardSettings | None) -> GuardSettings:
     """The guard command's own flags over ``base`` ([tool.rankaudit.guard]); the flags are taken out of ``options``."""
+    if options.pop("tolerance", None) is not None:
+        raise UsageError(
+            "--tolerance was replaced by --min-psnr",
+            f"give --min-psnr DB instead (default {DEFAULT_MIN_PSNR:g}; a readout at or above it reads a sample)",
+        )
     given = {
         key: options.pop(key)
-        for key in ("action", "tolerance", "min_psnr", "feature_action", "noise_scale", "energy_budget", "min_hidden")
+        for key in ("action", "min_psnr", "feature_action", "noise_scale", "energy_budget", "min_hidden")
         if options.get(key) is not None
     }
     if log is not None:
