@@ -41,20 +41,32 @@ def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tenso
 
 
 def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """∂(the layer's input vector)/∂x at one sample x, (d, x.numel()): one backward per ROWS_PER_PASS rows, over a
-    batch of copies of x (eval mode: the copies do not see each other)."""
+    """The rows of ∂(the layer's input vector)/∂x at one sample x that can be non-zero, (rows, x.numel()): one
+    backward per ROWS_PER_PASS rows, over a batch of copies of x (eval mode: the copies do not see each other).
+    Features that are exactly zero (a ReLU off) are left out when one backward of a random mix of them gives an
+    exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
     with torch.no_grad():
-        width = _features(net, module, x[None]).shape[1]
-    rows = []
+        values = _features(net, module, x[None])[0]
+    wanted = torch.arange(len(values))
+    silent = torch.nonzero(values == 0).flatten()
     with torch.enable_grad():
-        for start in range(0, width, ROWS_PER_PASS):
-            count = min(ROWS_PER_PASS, width - start)
-            copies = x.detach().expand(count, *x.shape).clone().requires_grad_(True)
+        if len(silent):
+            copy = x.detach()[None].clone().requires_grad_(True)
+            mix = torch.randn(len(silent), generator=torch.Generator().manual_seed(0), dtype=values.dtype)
+            (grads,) = torch.autograd.grad(
+                (_features(net, module, copy)[0, silent] * mix).sum(), copy, allow_unused=True
+            )
+            if grads is None or not bool(grads.any()):
+                wanted = torch.nonzero(values != 0).flatten()
+        rows = []
+        for start in range(0, len(wanted), ROWS_PER_PASS):
+            chosen = wanted[start : start + ROWS_PER_PASS]
+            copies = x.detach().expand(len(chosen), *x.shape).clone().requires_grad_(True)
             h = _features(net, module, copies)
-            picked = h[torch.arange(count), start + torch.arange(count)].sum()
+            picked = h[torch.arange(len(chosen)), chosen].sum()
             (grads,) = torch.autograd.grad(picked, copies, allow_unused=True)
-            rows.append(torch.zeros(count, x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
-    return torch.cat(rows)
+            rows.append(torch.zeros(len(chosen), x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
+    return torch.cat(rows) if rows else torch.zeros(0, x.numel(), dtype=x.dtype)
 
 
 def determined_psnr(

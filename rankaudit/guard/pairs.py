@@ -27,8 +27,8 @@ import torch
 PARALLEL = 1e-4
 # A unit whose bias update is at most this share of its layer's largest is silent: its ratio divides by rounding.
 SILENT_BIAS = 1e-12
-# (units x units x samples) values compared at a time in the pair search: bounds its memory (128 MB in float64).
-PAIR_BLOCK = 1 << 24
+# (units x units x samples) values compared at a time in the pair search: bounds its memory (16 MB in float32).
+PAIR_BLOCK = 1 << 22
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -81,9 +81,14 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     if units < 2 or count < 2:
         return []
     signals = signals.to(torch.float64)
+    scale = signals.abs().amax(dim=0).clamp_min(1e-300)
+    energy = (signals * signals).sum(0)
+    keep = torch.nonzero(energy > 0).flatten()
+    # The search itself in float32, each unit's signal scaled to its largest entry (the test is blind to scale):
+    # its error, about 1e-7 of each sum, is far under PARALLEL.
+    signals = (signals / scale).to(torch.float32)
     gram = signals.T @ signals
     energy = gram.diagonal()
-    keep = torch.nonzero(energy > 0).flatten()
     found = []
     step = max(1, PAIR_BLOCK // max(1, units * count))
     for start in range(0, len(keep), step):
@@ -99,10 +104,10 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
         hit &= rows[:, None, None] < keep[None, :, None]
         for a, b, s in torch.nonzero(hit).tolist():
             i, j = int(rows[a]), int(keep[b])
-            scale = float(cross[a, b, s] / left_j[b, s])
-            isolated = signals[s, i] - scale * signals[s, j]
+            ratio = float(cross[a, b, s] / left_j[b, s])
+            isolated = signals[s, i] - ratio * signals[s, j]
             if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
-                found.append((i, j, s, scale))
+                found.append((i, j, s, ratio * float(scale[i] / scale[j])))
     return found
 
 
