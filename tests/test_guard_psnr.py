@@ -238,3 +238,30 @@ def test_flowers_quickstart_cnn_at_initialisation_on_photographs_is_sent(seed):
         state(model), sent_after_sgd(model, x, y, lr=0.01), x, y
     )
     assert strict.action == ("block" if decision.feature_samples else "send")
+
+
+def test_watching_the_clients_training_gives_the_same_decision():
+    """The records of the client's own steps stand in for the guard's pass, over two steps."""
+    x = photo_crops(12, 8, seed=31)
+    y = torch.randint(10, (12,), generator=torch.Generator().manual_seed(3))
+    model, order, scales = scaled_imprint(x, units=20, seed=3)
+    guard = Guard(model)
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    with guard.watch(net):
+        for start in (0, 6):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(x[start : start + 6]), y[start : start + 6]).backward()
+            optimizer.step()
+    tables = guard.watching.tables(x)
+    assert tables is not None and set(tables[0]) == {"fc1", "fc2"}
+    watched, _ = guard.decide(state(model), state(net), x, y)
+    alone, _ = Guard(model).decide(state(model), state(net), x, y)
+    assert watched.action == alone.action == "block"
+    assert watched.exact_samples == alone.exact_samples
+    readouts = []
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readouts.append(read_pair(state(model), state(net), "fc1", low, high, float(scales[high] / scales[low])))
+    server = read_by_server(readouts, x)
+    assert len(server) >= 3 and set(server) <= set(watched.exact_samples)

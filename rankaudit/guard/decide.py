@@ -165,6 +165,7 @@ class Guard:
         labels = None if labels is None else torch.as_tensor(labels)
         watched = self.watching.tables(torch.as_tensor(samples)) if self.watching is not None else None
         self.watching = None
+        at_sent = LayerInputs(self.model, {**received, **sent}, shared) if watched is None else None
         readouts, checked, skipped, notes = find_readouts(
             inputs,
             received,
@@ -174,6 +175,7 @@ class Guard:
             labels=labels,
             check_features=settings.check_features,
             watched=watched,
+            at_sent=at_sent,
         )
         energy = None
         if settings.energy_budget > 0 and labels is not None:
@@ -213,7 +215,9 @@ class Guard:
                     "update's: blocked"
                 )
         elif leaking or acted_on:
-            action, to_send, changed, altered = self._alter(inputs, received, sent, samples, labels, readouts, watched)
+            action, to_send, changed, altered = self._alter(
+                inputs, received, sent, samples, labels, readouts, watched, at_sent
+            )
             notes += altered
         decision = GuardDecision(
             action=action,
@@ -239,7 +243,7 @@ class Guard:
         dropped = [r for r in readouts if not r.leaks] if self.settings.feature_action == "drop" else []
         return leaking, dropped
 
-    def _alter(self, inputs, received, sent, samples, labels, readouts, watched):
+    def _alter(self, inputs, received, sent, samples, labels, readouts, watched, at_sent):
         """Drop or noise the offending rows, read what is left with the same test, and block what still reads a
         sample (or, under feature-action drop, a sample's features)."""
         settings, changed, current = self.settings, set(), sent
@@ -261,6 +265,7 @@ class Guard:
                 labels=labels,
                 check_features=settings.check_features,
                 watched=watched,
+                at_sent=at_sent,
             )
             leaking, dropped = self._offending(found)
             if not leaking and not dropped:

@@ -97,11 +97,11 @@ class LayerInputs:
         x = samples.detach().to(self.dtype)
         flat = x.reshape(len(x), -1).to(torch.float64)
         if watched is not None:
-            found, signals = watched
+            found, signals, why_not = watched
             reads_input = {
                 name: found[name].shape == flat.shape and bool(torch.equal(found[name], flat)) for name in found
             }
-            return found, signals, reads_input, {}
+            return found, signals, reads_input, dict(why_not)
         parts = [
             self._chunk(x[start : start + CHUNK], None if labels is None else labels[start : start + CHUNK])
             for start in range(0, len(x), CHUNK)
@@ -183,12 +183,12 @@ def layer_readouts(
     weight_update: torch.Tensor,
     bias_update: torch.Tensor,
     vectors: torch.Tensor,
-    signals: torch.Tensor,
+    signals: torch.Tensor | list[torch.Tensor],
     reads_input: bool,
     min_psnr: float,
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
-    pair of units whose signals isolate one sample; in float64."""
+    pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     table = vectors.to(torch.float64)
@@ -215,7 +215,9 @@ def layer_readouts(
     for unit, sample, score in ratio_readouts(rows, bias, table, peak):
         if score >= min_psnr and not blank[sample]:
             found.append(readout([unit], "ratio", sample, score))
-    for i, j, sample, scale, score in pair_readouts(rows, bias, table, peak, candidate_pairs(signals)):
+    tables = signals if isinstance(signals, list) else [signals]
+    candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
+    for i, j, sample, scale, score in pair_readouts(rows, bias, table, peak, candidates):
         if score >= min_psnr and not blank[sample]:
             found.append(readout([i, j], "pair", sample, score, scale))
     return found
@@ -231,12 +233,16 @@ def find_readouts(
     labels: torch.Tensor | None = None,
     check_features: bool = True,
     watched: tuple | None = None,
+    at_sent: LayerInputs | None = None,
 ) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
     """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
     a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
     from rankaudit.guard.features import determined_psnr
 
     vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
+    # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs:
+    # a sample whose step ran in between is isolated by the signals near its step.
+    later = at_sent.vectors(samples, labels)[1] if at_sent is not None and watched is None else {}
     readouts, checked, skipped, notes = [], [], [], []
     modules = dict(inputs.layers)
     for name, _ in inputs.layers:
@@ -254,7 +260,13 @@ def find_readouts(
         bias_update = sent[bias].detach().cpu().to(torch.float64) - received[bias].detach().cpu().to(torch.float64)
         checked.append(name)
         found = layer_readouts(
-            name, weight_update, bias_update, vectors[name], signals[name], reads_input[name], min_psnr
+            name,
+            weight_update,
+            bias_update,
+            vectors[name],
+            [signals[name]] + ([later[name]] if name in later else []),
+            reads_input[name],
+            min_psnr,
         )
         if found and not reads_input[name]:
             figures, said = determined_psnr(inputs.net, modules[name], samples, sorted({r.sample for r in found}))

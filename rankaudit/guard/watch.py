@@ -47,9 +47,10 @@ class Watch:
             return
         step = self.steps[-1]
         step["calls"][name] = step["calls"].get(name, 0) + 1
-        vectors = sample_vectors(module, args[0]) if args[0].dim() >= 2 else None
-        one_vector = vectors is not None and (isinstance(module, nn.Linear) or out.shape[2:].numel() == 1)
-        if not one_vector:
+        # A convolution over several positions is not checkable: known from its output's shape, before unfolding.
+        one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
+        vectors = sample_vectors(module, args[0]) if one_vector else None
+        if vectors is None:
             return
         step["vectors"][name] = vectors.detach().clone()
         if out.requires_grad:
@@ -59,30 +60,43 @@ class Watch:
 
             out.register_hook(keep)
 
-    def tables(self, samples: torch.Tensor) -> tuple[dict, dict] | None:
-        """({layer: (N, d) vectors}, {layer: (N, units) signals}) for ``samples`` (each sample's vectors from the
-        first step it ran in, its signals summed over the steps), or None when the records do not cover every
-        sample and every layer once per forward pass."""
+    def tables(self, samples: torch.Tensor) -> tuple[dict, dict, dict] | None:
+        """({layer: (N, d) vectors}, {layer: (N, units) signals}, {layer: why it is not checked}) for ``samples``
+        (each sample's vectors from the first step it ran in, its signals summed over the steps), or None when the
+        records do not cover every sample."""
         trained = [step for step in self.steps if step["signals"]]
         if not trained:
             return None
         index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples.detach().cpu().contiguous())}
         vectors: dict[str, torch.Tensor] = {}
         signals: dict[str, torch.Tensor] = {}
+        why_not: dict[str, str] = {}
         seen = torch.zeros(len(samples), dtype=torch.bool)
         for step in trained:
             rows = [index.get(row.numpy().tobytes()) for row in step["x"].cpu().to(samples.dtype).contiguous()]
             if any(row is None for row in rows):
                 return None  # a step on samples the guard was not given
             rows = torch.tensor(rows)
+            first = ~seen[rows]
             for name, _ in self.layers:
-                if step["calls"].get(name) != 1 or name not in step["signals"] or name not in step["vectors"]:
-                    return None
+                calls = step["calls"].get(name, 0)
+                if calls > 1:
+                    why_not[name] = f"called {calls} times per forward pass: its update sums the calls"
+                elif name not in step["vectors"]:
+                    why_not[name] = "reads several vectors per sample (positions), not one"
+                elif name not in step["signals"]:
+                    return None  # a step without its backward: the records do not say what the step sent
+                if name in why_not:
+                    continue
                 if name not in vectors:
                     vectors[name] = torch.zeros(len(samples), step["vectors"][name].shape[1], dtype=torch.float64)
                     signals[name] = torch.zeros(len(samples), step["signals"][name].shape[1], dtype=torch.float64)
-                first = ~seen[rows]
                 vectors[name][rows[first]] = step["vectors"][name][first].to(torch.float64)
                 signals[name].index_add_(0, rows, step["signals"][name].to(torch.float64))
             seen[rows] = True
-        return (vectors, signals) if bool(seen.all()) else None
+        if not bool(seen.all()):
+            return None
+        for name in why_not:
+            vectors.pop(name, None)
+            signals.pop(name, None)
+        return vectors, signals, why_not
