@@ -570,3 +570,16 @@ def test_the_retired_tolerance_flag_says_what_replaced_it(run_cli, client):
         "1e-3",
     )
     assert code == 2 and "--tolerance was replaced by --min-psnr" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_energy_budget_is_a_hard_limit_on_time_and_memory():
+    import time
+
+    from rankaudit.guard.energy import within
+
+    started = time.perf_counter()
+    status, why = within(lambda: time.sleep(30), 0.5)
+    assert status == "over" and "ran past the 0.5 s budget" in why and time.perf_counter() - started < 10
+    status, why = within(lambda: bytearray(1 << 50), 30)  # a petabyte: past any machine's free memory
+    assert status == "over" and "not measured" in why
+    assert within(lambda: 6 * 7, 30) == ("done", 42)
