@@ -240,9 +240,10 @@ def find_readouts(
     from rankaudit.guard.features import determined_psnr
 
     vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
-    # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs:
-    # a sample whose step ran in between is isolated by the signals near its step.
-    later = at_sent.vectors(samples, labels)[1] if at_sent is not None and watched is None else {}
+    # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs
+    # (a sample whose step ran in between is isolated by the signals near its step), and a hidden layer's readouts
+    # are matched with the features at both (they move from step to step).
+    later_vectors, later = at_sent.vectors(samples, labels)[:2] if at_sent is not None and watched is None else ({}, {})
     readouts, checked, skipped, notes = [], [], [], []
     modules = dict(inputs.layers)
     for name, _ in inputs.layers:
@@ -259,15 +260,17 @@ def find_readouts(
         )
         bias_update = sent[bias].detach().cpu().to(torch.float64) - received[bias].detach().cpu().to(torch.float64)
         checked.append(name)
-        found = layer_readouts(
-            name,
-            weight_update,
-            bias_update,
-            vectors[name],
-            [signals[name]] + ([later[name]] if name in later else []),
-            reads_input[name],
-            min_psnr,
-        )
+        proposing = [signals[name]] + ([later[name]] if name in later else [])
+        found = layer_readouts(name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr)
+        if not reads_input[name] and name in later_vectors:
+            best = {(tuple(r.units), r.kind, r.sample): r for r in found}
+            for entry in layer_readouts(
+                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr
+            ):
+                key = (tuple(entry.units), entry.kind, entry.sample)
+                if key not in best or entry.psnr > best[key].psnr:
+                    best[key] = entry
+            found = list(best.values())
         if found and not reads_input[name]:
             figures, said = determined_psnr(inputs.net, modules[name], samples, sorted({r.sample for r in found}))
             notes += [f"{name}: {line}" for line in said]
