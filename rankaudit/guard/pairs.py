@@ -92,18 +92,17 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     found = []
     step = max(1, PAIR_BLOCK // max(1, units * count))
     for start in range(0, len(keep), step):
-        rows = keep[start : start + step]
+        rows, cols = keep[start : start + step], keep[start:]  # each pair once: i before j
         # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
-        cross = gram[rows][:, keep, None] - signals.T[rows][:, None, :] * signals.T[keep][None, :, :]
+        cross = gram[rows][:, cols, None] - signals.T[rows][:, None, :] * signals.T[cols][None, :, :]
         left_i = energy[rows][:, None] - signals.T[rows] ** 2
-        left_j = energy[keep][:, None] - signals.T[keep] ** 2
-        both = left_i[:, None, :] * left_j[None, :, :]
-        sine = 1 - cross**2 / both.clamp_min(1e-300)
+        left_j = energy[cols][:, None] - signals.T[cols] ** 2
+        sine = 1 - cross**2 / (left_i[:, None, :] * left_j[None, :, :]).clamp_min(1e-30)
         # A unit with nothing left without s is a ratio readout, formed already.
         hit = (sine <= PARALLEL) & (left_i[:, None, :] > 0) & (left_j[None, :, :] > 0)
-        hit &= rows[:, None, None] < keep[None, :, None]
+        hit &= rows[:, None, None] < cols[None, :, None]
         for a, b, s in torch.nonzero(hit).tolist():
-            i, j = int(rows[a]), int(keep[b])
+            i, j = int(rows[a]), int(cols[b])
             ratio = float(cross[a, b, s] / left_j[b, s])
             isolated = signals[s, i] - ratio * signals[s, j]
             if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
