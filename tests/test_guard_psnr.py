@@ -184,20 +184,21 @@ def scaled_imprint(x: torch.Tensor, units: int, seed: int):
     return model, order, scales
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_scaled_and_shuffled_imprint_is_read_and_every_read_sample_named(seed):
-    x = photo_crops(12, 8, seed=10 + seed)
-    y = torch.randint(10, (12,), generator=torch.Generator().manual_seed(seed))
-    model, order, scales = scaled_imprint(x, units=20, seed=seed)
+@pytest.mark.parametrize("seed, batch", [(0, None), (1, None), (2, 16), (3, 16)])
+def test_a_scaled_and_shuffled_imprint_is_read_and_every_read_sample_named(seed, batch):
+    """One step on 64 samples, or four steps of 16 (the thresholds move between steps; the server reads fewer)."""
+    x = photo_crops(64, 8, seed=50 + seed)
+    y = torch.randint(10, (64,), generator=torch.Generator().manual_seed(seed))
+    model, order, scales = scaled_imprint(x, units=100, seed=seed)
     received = state(model)
-    sent = sent_after_sgd(model, x, y)
+    sent = sent_after_sgd(model, x, y, batch=batch)
     # The server's readout: neighbouring thresholds, each unit's update (which carries 1 / its scale) brought back.
     readouts = []
     for k in range(len(order) - 1):
         low, high = int(order[k]), int(order[k + 1])
         readouts.append(read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low])))
     server = read_by_server(readouts, x)
-    assert len(server) >= 8
+    assert len(server) >= (50 if batch is None else 5)
     decision, _ = Guard(model).decide(received, sent, x, y)
     assert decision.action == "block"
     assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)

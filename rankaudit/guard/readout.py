@@ -223,6 +223,18 @@ def layer_readouts(
     return found
 
 
+def _round_coefficients(weight_update: torch.Tensor, vectors: torch.Tensor) -> list[torch.Tensor]:
+    """[(N, units)]: how much of each sample's vector each unit's row update holds over the whole round, solved from
+    the update itself (u_W[i] = Σ_n c_(n,i) v_n under SGD, momentum or not), when the samples' vectors are
+    independent (no more samples than inputs); [] otherwise. Every step's signals summed, as the server's readout
+    sees them."""
+    rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
+    if len(vectors) > vectors.shape[1] or not len(vectors):
+        return []
+    solution = torch.linalg.lstsq(vectors.T, rows.T).solution  # (N, units)
+    return [solution] if bool(torch.isfinite(solution).all()) else []
+
+
 def find_readouts(
     inputs: LayerInputs,
     received: dict[str, torch.Tensor],
@@ -261,6 +273,8 @@ def find_readouts(
         bias_update = sent[bias].detach().cpu().to(torch.float64) - received[bias].detach().cpu().to(torch.float64)
         checked.append(name)
         proposing = [signals[name]] + ([later[name]] if name in later else [])
+        if watched is None and reads_input[name]:
+            proposing += _round_coefficients(weight_update, vectors[name])
         found = layer_readouts(name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr)
         if not reads_input[name] and name in later_vectors:
             best = {(tuple(r.units), r.kind, r.sample): r for r in found}
