@@ -420,14 +420,19 @@ class BiasReadout:
 
 @dataclass
 class GuardReadout:
-    """One exact readout the client-side guard found in the update it was about to send."""
+    """One readout the client-side guard found in the update it was about to send, at or above its PSNR threshold."""
 
     layer: str
-    units: list[int]  # the unit (weight-row update over bias update) or the two neighbouring units (their difference)
-    kind: str  # "ratio" (Qian et al.) | "neighbours" (the imprint readout of Fowl et al.)
+    units: list[int]  # the unit (weight-row update over bias update) or the two units (i, j) combined
+    kind: str  # "ratio" (Qian et al.) | "pair": (row_i − scale·row_j) / (b_i − scale·b_j), an imprint's readout
     sample: int  # index into the client's batch
     relative_error: float  # ‖readout − sample's vector‖ / ‖sample's vector‖
     reads_input: bool  # the layer reads the model's input: the readout is the sample itself, else its features
+    psnr: float = 0.0  # dB, the readout against the vector the layer reads from the sample (peak: its range)
+    sample_psnr: float | None = None  # dB, what the readout shows of the sample itself: psnr for the input; for
+    # features, the PSNR of the part of the sample they determine at these weights
+    leaks: bool = True  # sample_psnr is at or above the threshold: the sample itself is read
+    scale: float | None = None  # a pair's scale
 
 
 @dataclass
@@ -436,7 +441,7 @@ class GuardDecision:
     offending rows dropped or noised."""
 
     action: str  # send | block | drop | noise
-    exact_samples: list[int]  # indices into the batch that the update, as computed, reads out exactly
+    exact_samples: list[int]  # indices into the batch that the update, as computed, shows at min_psnr or above
     reasons: list[str]  # why it did not send as is (empty when it sends)
     readouts: list[GuardReadout]
     layers_checked: list[str]  # the layers with a bias whose readouts were compared
@@ -444,11 +449,14 @@ class GuardDecision:
     architecture: str | None  # None when the received weights match the audited model, else what differs
     seconds: float
     samples: int  # the batch's size
-    tolerance: float
+    min_psnr: float  # a readout at or above this PSNR (dB) against a sample reads it
     energy: dict | None = None  # the measured visible-energy check: worst sample, its hidden share, threshold
     changed: list[str] = field(default_factory=list)  # parameters the drop or noise action altered
     round: int | None = None  # the server round, where the framework names it
     notes: list[str] = field(default_factory=list)
+    feature_samples: list[int] = field(default_factory=list)  # samples whose features are read, the sample not
+    psnr: dict[int, float] = field(default_factory=dict)  # each read sample: its best readout's PSNR, dB (the
+    # sample's own for exact_samples; for feature_samples, what their features determine of them)
 
 
 @dataclass

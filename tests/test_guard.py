@@ -134,8 +134,11 @@ def test_an_mlp_whose_first_layer_fires_for_one_sample_blocks_naming_it():
     decision, sent = Guard(model).decide(state(model), trained(model, x, y), x, y)
     assert decision.action == "block" and sent is None
     assert decision.exact_samples == [2]
-    assert "fc1: unit 0's weight-row update over its bias update is sample 2" in decision.reasons[0]
-    assert all(readout.reads_input for readout in decision.readouts)
+    first = [r for r in decision.readouts if r.layer == "fc1"]
+    assert [(r.units, r.kind, r.sample) for r in first] == [([0], "ratio", 2)]
+    assert first[0].reads_input and 50 < first[0].psnr == decision.psnr[2] or decision.psnr[2] > first[0].psnr
+    # The unit's row is sample 2's own deviation from the batch's mean: fc2 reads its features, which determine it.
+    assert all(readout.leaks == (readout.sample == 2) for readout in decision.readouts)
 
 
 def test_the_samples_go_through_in_chunks_with_the_same_decision(monkeypatch):
@@ -152,16 +155,16 @@ def test_the_samples_go_through_in_chunks_with_the_same_decision(monkeypatch):
     ]
 
 
-def test_an_imprint_module_blocks_through_the_neighbouring_differences():
+def test_an_imprint_module_blocks_through_pairs_of_units():
     torch.manual_seed(0)
     x, y = batch(8)
     model = imprint(MLP(width=16), x)
     decision, _ = Guard(model).decide(state(model), trained(model, x, y), x, y)
     assert decision.action == "block"
     kinds = {readout.kind for readout in decision.readouts}
-    assert "neighbours" in kinds
+    assert "pair" in kinds
     assert len(decision.exact_samples) >= 6  # each sample alone between two thresholds
-    assert all(readout.relative_error <= decision.tolerance for readout in decision.readouts)
+    assert all(readout.psnr >= decision.min_psnr for readout in decision.readouts)
 
 
 def test_a_changed_architecture_blocks_before_anything_else():
@@ -211,7 +214,8 @@ def test_every_decision_is_one_json_line(tmp_path):
     guard.decide(state(model), state(model), x, y, round_number=4)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["round"] for line in lines] == [3, 4]
-    assert lines[0]["action"] == "block" and lines[0]["exact_samples"] == [2] and lines[0]["layers"] == ["fc1"]
+    assert lines[0]["action"] == "block" and lines[0]["exact_samples"] == [2] and "fc1" in lines[0]["layers"]
+    assert lines[0]["psnr"]["2"] > 50
     assert lines[1]["action"] == "send"  # no update, nothing read
     assert all(isinstance(line["seconds"], float) for line in lines)
 
@@ -228,7 +232,9 @@ def test_the_visible_energy_check_blocks_a_sample_the_gradient_shows():
     tight = GuardSettings(energy_budget=1e-9)
     decision, _ = Guard(model, tight).decide(state(model), trained(model, x, y), x, y)
     assert not decision.energy["measured"] and "budget" in decision.energy["note"]
-    assert decision.action == "send"
+    # Two samples: any two first-layer units combine into a readout of either sample, energy check or not.
+    assert decision.action == "block" and decision.exact_samples == [0, 1]
+    assert not any("hides only" in reason for reason in decision.reasons)
     decision, _ = Guard(model, settings).decide(state(model), trained(model, x, y), x)
     assert decision.energy is None and "needs the samples' labels" in decision.notes[0]
 
@@ -238,19 +244,23 @@ def test_settings_are_checked_and_the_run_config_only_tightens():
         guard_settings({"action": "warn"})
     with pytest.raises(UsageError, match="unknown key"):
         guard_settings({"tolerence": 1e-3})
-    with pytest.raises(UsageError, match="tolerance"):
-        guard_settings({"tolerance": 0})
-    base = guard_settings({"action": "noise", "noise_scale": 2})
-    chosen = from_run_config({"rankaudit-guard-action": "drop", "lr": 0.1}, base=base)
-    assert chosen.action == "drop" and chosen.noise_scale == 2.0
+    with pytest.raises(UsageError, match="tolerance was replaced by min-psnr"):
+        guard_settings({"tolerance": 1e-3})
+    with pytest.raises(UsageError, match="min-psnr"):
+        guard_settings({"min_psnr": 0})
+    with pytest.raises(UsageError, match="feature-action"):
+        guard_settings({"feature_action": "noise"})
+    base = guard_settings({"action": "drop", "noise_scale": 2})
+    chosen = from_run_config({"rankaudit-guard-action": "noise", "lr": 0.1}, base=base)
+    assert chosen.action == "noise" and chosen.noise_scale == 2.0
 
 
 def test_the_pyproject_table(tmp_path):
     from rankaudit.settings.pyproject import load_settings
 
-    (tmp_path / "pyproject.toml").write_text('[tool.rankaudit.guard]\naction = "drop"\ntolerance = 1e-4\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.rankaudit.guard]\naction = "drop"\nmin-psnr = 25\n')
     settings = load_settings(tmp_path / "net.py")
-    assert settings.guard == GuardSettings(action="drop", tolerance=1e-4)
+    assert settings.guard == GuardSettings(action="drop", min_psnr=25.0)
     (tmp_path / "pyproject.toml").write_text('[tool.rankaudit.guard]\nactoin = "drop"\n')
     with pytest.raises(UsageError, match="unknown key actoin"):
         load_settings(tmp_path / "net.py")
@@ -315,7 +325,9 @@ def test_the_command_sends_honest_cnn_weights(run_cli, client):
     )
     report = json.loads(out)
     assert code == 0 and report["guard"]["action"] == "send"
-    assert report["guard"]["exact_samples"] == [] and report["guard"]["reasons"] == []
+    assert report["guard"]["exact_samples"] == [] and report["guard"]["min_psnr"] == 30.0
+    # Pooled features may be read; what they determine of each photograph is far under the threshold.
+    assert all(report["guard"]["psnr"][str(s)] < 30 for s in report["guard"]["feature_samples"])
     assert report["round"]["batch_size"] == 8 and report["round"]["steps"] == 2
     assert report["seconds"] > 0
 
@@ -333,7 +345,7 @@ def test_the_command_blocks_and_names_the_sample(run_cli, client):
     )
     assert code == 1
     assert out.splitlines()[0].endswith("block: nothing is sent this round")
-    assert "read exactly: sample 2" in out
+    assert "read: sample 2 (" in out
     assert len(out.splitlines()) <= 6
 
 
@@ -410,3 +422,30 @@ def test_naming_the_filter_without_nvflare_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(guard_nvflare, "_BUILT", {})
     with pytest.raises(ImportError, match="pip install nvflare"):
         guard_nvflare.RankauditGuardFilter  # noqa: B018
+
+
+def test_the_retired_tolerance_flag_says_what_replaced_it(run_cli, client):
+    code, _, err = run_cli(
+        "guard",
+        client / "nets.py:MLP",
+        "--weights",
+        client / "mlp.pt",
+        "--data",
+        client / "mlp_x.npy",
+        "--tolerance",
+        "1e-3",
+    )
+    assert code == 2 and "--tolerance was replaced by --min-psnr" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_energy_budget_is_a_hard_limit_on_time_and_memory():
+    import time
+
+    from rankaudit.guard.energy import within
+
+    started = time.perf_counter()
+    status, why = within(lambda: time.sleep(30), 0.5)
+    assert status == "over" and "ran past the 0.5 s budget" in why and time.perf_counter() - started < 10
+    status, why = within(lambda: bytearray(1 << 50), 30)  # a petabyte: past any machine's free memory
+    assert status == "over" and "not measured" in why
+    assert within(lambda: 6 * 7, 30) == ("done", 42)

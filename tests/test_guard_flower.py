@@ -171,32 +171,34 @@ def test_honest_server_every_round_is_sent(caplog):
 
 
 def test_imprinting_server_receives_nothing_it_can_read():
+    # The imprint reads the 16 globally pooled features, which show little of a 3x12x12 image: sent by default,
+    # blocked by a deployment that acts on feature readouts.
     strategy = Imprinting()
-    _run(strategy, rounds=1)
+    _run(strategy, rounds=1, feature_action="block")
     assert len(strategy.received) == 2
     for reply in strategy.received:
         assert reply.has_error() and not reply.has_content()
         assert reply.error.code == BLOCKED_CODE
-        assert "imprint readout" in reply.error.reason
+        assert "the features of samples" in reply.error.reason
 
 
 def test_drop_sends_the_update_without_the_rows_that_read_samples():
     strategy = Imprinting()
-    _run(strategy, rounds=1, action="drop")
+    _run(strategy, rounds=1, feature_action="drop")
     for reply in strategy.received:
         assert not reply.has_error()
         sent = reply.content["arrays"].to_torch_state_dict()
         # Features move between local steps: the layer that read them is not sent, whole (the crafted weights come
         # back as they went out); the rest of the update is.
         assert torch.equal(sent["hidden.weight"], torch.full((32, 16), 1 / 16))
-        assert not torch.equal(sent["out.bias"], strategy.crafted["out.bias"])
+        assert not torch.equal(sent["features.0.bias"], strategy.crafted["features.0.bias"])
 
 
 def test_the_run_config_overrides_the_mod_arguments():
-    app = client_app(action="drop")
+    app = client_app(feature_action="drop")
     grid = InProcessGrid(app, nodes=2)
     for context in grid.contexts.values():
-        context.run_config["rankaudit-guard-action"] = "block"
+        context.run_config["rankaudit-guard-feature-action"] = "block"
     strategy = Imprinting()
     torch.manual_seed(0)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)

@@ -30,24 +30,45 @@ REASONS_SPELLED = 4
 
 
 def _words(readout: GuardReadout) -> str:
-    what = "" if readout.reads_input else " (its features)"
     if readout.kind == "ratio":
         how = f"unit {readout.units[0]}'s weight-row update over its bias update"
     else:
-        how = f"the difference of neighbouring units {readout.units[0]} and {readout.units[1]} (an imprint readout)"
-    return f"{readout.layer}: {how} is sample {readout.sample}{what}, relative error {readout.relative_error:.1e}"
+        i, j = readout.units
+        how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"
+    if readout.reads_input:
+        return f"{readout.layer}: {how} is sample {readout.sample} at {readout.psnr:.1f} dB"
+    return (
+        f"{readout.layer}: {how} is sample {readout.sample}'s features at {readout.psnr:.1f} dB, which show the "
+        f"sample at {readout.sample_psnr:.1f} dB"
+    )
+
+
+def best_by_sample(readouts: list[GuardReadout]) -> dict[int, GuardReadout]:
+    """Each sample's readout that shows the sample itself best."""
+    best: dict[int, GuardReadout] = {}
+    for readout in readouts:
+        if readout.sample not in best or readout.sample_psnr > best[readout.sample].sample_psnr:
+            best[readout.sample] = readout
+    return {sample: best[sample] for sample in sorted(best)}
 
 
 def _reasons(readouts: list[GuardReadout]) -> list[str]:
-    best: dict[int, GuardReadout] = {}
-    for readout in readouts:
-        if readout.sample not in best or readout.relative_error < best[readout.sample].relative_error:
-            best[readout.sample] = readout
-    ordered = [best[sample] for sample in sorted(best)]
+    ordered = list(best_by_sample(readouts).values())
     reasons = [_words(readout) for readout in ordered[:REASONS_SPELLED]]
     if len(ordered) > REASONS_SPELLED:
-        reasons.append(f"and {len(ordered) - REASONS_SPELLED} more samples read exactly")
+        reasons.append(f"and {len(ordered) - REASONS_SPELLED} more samples read")
     return reasons
+
+
+def _feature_note(readouts: list[GuardReadout], min_psnr: float, feature_action: str) -> str:
+    best = best_by_sample(readouts)
+    samples = ", ".join(map(str, list(best)[:REASONS_SPELLED])) + (" ..." if len(best) > REASONS_SPELLED else "")
+    layers = ", ".join(sorted({readout.layer for readout in readouts}))
+    shown = max(readout.sample_psnr for readout in readouts)
+    return (
+        f"{layers}: the features of sample{'s' if len(best) > 1 else ''} {samples} are read, but they show each "
+        f"sample at {shown:.1f} dB at most, under {min_psnr:g} dB (feature-action {feature_action})"
+    )
 
 
 def _altered(
@@ -103,6 +124,15 @@ class Guard:
             self.generator.seed()  # non-deterministic: from the operating system's entropy
         else:
             self.generator.manual_seed(self.settings.seed)
+        self.watching = None
+
+    def watch(self, net: nn.Module):
+        """``with guard.watch(net): train(net)``: the per-sample tables the next ``decide`` needs, recorded during
+        the client's own training steps (rankaudit.guard.watch), so that it does not compute them again."""
+        from rankaudit.guard.watch import Watch
+
+        self.watching = Watch(net)
+        return self.watching
 
     def decide(
         self,
@@ -118,7 +148,7 @@ class Guard:
         settings = self.settings
         received = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, received).items()}
         sent = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, sent).items()}
-        base = dict(samples=int(len(samples)), tolerance=settings.tolerance, round=round_number)
+        base = dict(samples=int(len(samples)), min_psnr=settings.min_psnr, round=round_number)
         difference = architecture_difference(self.model, received)
         if difference is not None:
             decision = GuardDecision(
@@ -136,8 +166,20 @@ class Guard:
         trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
         shared = [name for name in trainable if name in sent]
         inputs = LayerInputs(self.model, received, shared)
-        readouts, checked, skipped = find_readouts(
-            inputs, received, sent, samples, settings.tolerance, check_features=settings.check_features
+        labels = None if labels is None else torch.as_tensor(labels)
+        watched = self.watching.tables(torch.as_tensor(samples)) if self.watching is not None else None
+        self.watching = None
+        at_sent = LayerInputs(self.model, {**received, **sent}, shared) if watched is None else None
+        readouts, checked, skipped, notes = find_readouts(
+            inputs,
+            received,
+            sent,
+            samples,
+            settings.min_psnr,
+            labels=labels,
+            check_features=settings.check_features,
+            watched=watched,
+            at_sent=at_sent,
         )
         energy = None
         if settings.energy_budget > 0 and labels is not None:
@@ -151,27 +193,36 @@ class Guard:
                 min_hidden=settings.min_hidden,
                 budget=settings.energy_budget,
             )
-        exact = sorted({readout.sample for readout in readouts})
-        reasons = _reasons(readouts)
+        leaking = [readout for readout in readouts if readout.leaks]
+        features = [readout for readout in readouts if not readout.leaks]
+        exact = sorted({readout.sample for readout in leaking})
+        feature_samples = sorted({readout.sample for readout in features} - set(exact))
+        reasons = _reasons(leaking)
+        if features:
+            line = _feature_note(features, settings.min_psnr, settings.feature_action)
+            (notes if settings.feature_action == "send" else reasons).append(line)
         low_energy = bool(energy and energy.get("measured") and energy["below"])
         if low_energy:
             reasons.append(
                 f"at these weights sample {energy['worst_sample']} hides only {energy['hidden']:.1%} of its energy "
                 f"(under {settings.min_hidden:.0%}); {len(energy['below'])} of {len(samples)} samples are under it"
             )
-        action, to_send, changed, notes = "send", sent, set(), []
         if settings.energy_budget > 0 and labels is None:
             notes.append("the visible-energy check needs the samples' labels, and none were given: not measured")
-        if readouts or low_energy:
+        action, to_send, changed = "send", sent, set()
+        acted_on = features if settings.feature_action != "send" else []
+        if low_energy or (leaking and settings.action == "block") or (acted_on and settings.feature_action == "block"):
             action, to_send = "block", None
-            if settings.action != "block" and low_energy:
+            if low_energy and settings.action != "block":
                 notes.append(
                     f"{settings.action} alters rows that read samples; low visible energy is the whole "
                     "update's: blocked"
                 )
-            elif settings.action != "block":
-                action, to_send, changed, altered = self._alter(inputs, received, sent, samples, readouts)
-                notes += altered
+        elif leaking or acted_on:
+            action, to_send, changed, altered = self._alter(
+                inputs, received, sent, samples, labels, readouts, watched, at_sent
+            )
+            notes += altered
         decision = GuardDecision(
             action=action,
             exact_samples=exact,
@@ -184,28 +235,52 @@ class Guard:
             energy=energy,
             changed=sorted(changed),
             notes=notes,
+            feature_samples=feature_samples,
+            psnr={sample: readout.sample_psnr for sample, readout in best_by_sample(readouts).items()},
             **base,
         )
         return self._logged(decision), to_send
 
-    def _alter(self, inputs, received, sent, samples, readouts):
-        """Drop or noise the offending rows, check again, and block what still reads a sample."""
-        settings, changed, current, found = self.settings, set(), sent, readouts
+    def _offending(self, readouts: list[GuardReadout]) -> tuple[list[GuardReadout], list[GuardReadout]]:
+        """(readouts the action alters, feature readouts dropped by feature-action drop)."""
+        leaking = [readout for readout in readouts if readout.leaks]
+        dropped = [r for r in readouts if not r.leaks] if self.settings.feature_action == "drop" else []
+        return leaking, dropped
+
+    def _alter(self, inputs, received, sent, samples, labels, readouts, watched, at_sent):
+        """Drop or noise the offending rows, read what is left with the same test, and block what still reads a
+        sample (or, under feature-action drop, a sample's features)."""
+        settings, changed, current = self.settings, set(), sent
+        leaking, dropped = self._offending(readouts)
+        action = settings.action if leaking else "drop"
         for _ in range(ALTER_PASSES):
-            current, touched = _altered(received, current, found, settings.action, settings.noise_scale, self.generator)
-            changed |= touched
-            found, _, _ = find_readouts(
-                inputs, received, current, samples, settings.tolerance, check_features=settings.check_features
+            current, touched = _altered(
+                received, current, leaking, settings.action, settings.noise_scale, self.generator
             )
-            if not found:
-                return settings.action, current, changed, []
+            changed |= touched
+            current, touched = _altered(received, current, dropped, "drop", settings.noise_scale, self.generator)
+            changed |= touched
+            found, _, _, _ = find_readouts(
+                inputs,
+                received,
+                current,
+                samples,
+                settings.min_psnr,
+                labels=labels,
+                check_features=settings.check_features,
+                watched=watched,
+                at_sent=at_sent,
+            )
+            leaking, dropped = self._offending(found)
+            if not leaking and not dropped:
+                return action, current, changed, []
         return (
             "block",
             None,
             changed,
             [
-                f"after {ALTER_PASSES} passes of {settings.action}, {len({r.sample for r in found})} samples were "
-                "still read exactly: blocked"
+                f"after {ALTER_PASSES} passes of {action}, {len({r.sample for r in leaking + dropped})} samples were "
+                f"still read at {settings.min_psnr:g} dB or above: blocked"
             ],
         )
 
@@ -220,12 +295,14 @@ class Guard:
 
 
 def log_record(decision: GuardDecision) -> dict:
-    """The one JSON line a decision logs: action, samples read exactly, the layers they were read in, seconds."""
+    """The one JSON line a decision logs: action, samples read and at what PSNR, the layers they were read in,
+    seconds."""
     return {
         "round": decision.round,
         "action": decision.action,
         "exact_samples": decision.exact_samples,
-        "layers": sorted({readout.layer for readout in decision.readouts}),
+        "psnr": {str(sample): decision.psnr[sample] for sample in decision.exact_samples},
+        "layers": sorted({readout.layer for readout in decision.readouts if readout.leaks}),
         "samples": decision.samples,
         "seconds": round(decision.seconds, 4),
         "reasons": decision.reasons + decision.notes,

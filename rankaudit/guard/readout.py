@@ -1,15 +1,11 @@
-"""The guard's exact checks on one update: the received weights against the audited model, then every bias unit's
-readouts compared with the client's own samples (docs/method.md, "The client-side guard").
+"""The guard's checks on one update: the received weights against the audited model, then the readouts a server can
+form from each layer with a bias, judged by their PSNR against the client's own samples (docs/method.md, "The
+client-side guard").
 
-For a Linear (or a convolution with one output position) whose weight and bias updates are both sent, unit k's
-weight-row update over its bias update is one sample's input to the layer when only that sample passed a gradient
-through the unit (Qian et al.; rankaudit.verify.attacks.bias measures the same readout on a simulated round). A
-server that crafts the layer as an imprint module (Fowl et al., "Robbing the Fed": every row the same direction,
-the biases thresholds on it) makes unit k fire for every sample above its threshold; sorted by bias, the difference
-of two neighbouring units' row updates over the difference of their bias updates is then the one sample that falls
-between the two thresholds. Both are read off the update the client is about to send and compared with what the
-layer reads from each of the client's samples at the received weights: a match within the tolerance is a sample
-the server reads exactly.
+The model runs here (one forward and one backward pass at the received weights, in chunks): what each readout layer
+reads from each sample, and each sample's signal at each unit. rankaudit.guard.pairs forms the readouts from the
+update as sent and scores them; rankaudit.guard.features says what a hidden layer's features determine of the
+sample.
 """
 
 from __future__ import annotations
@@ -19,8 +15,9 @@ import copy
 import torch
 from torch import nn
 
+from rankaudit.guard.pairs import candidate_pairs, pair_readouts, peaks, ratio_readouts
 from rankaudit.result import GuardReadout
-from rankaudit.verify.attacks.bias import SILENT_BIAS, nearest_rows, readout_layers, sample_vectors
+from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
 
 # How many differing names an architecture reason lists before it counts the rest.
 NAMED = 3
@@ -74,9 +71,10 @@ def named_like_model(model: nn.Module, arrays: dict[str, torch.Tensor]) -> dict[
 
 
 class LayerInputs:
-    """What each readout layer reads from each of the client's samples at the received weights: one forward pass
-    in the model's own precision (a readout matches to 1e-3, far above float32's rounding), the model as the client
-    trains it (eval mode: dropout off), and one backward pass from the first readout layer on."""
+    """What each readout layer reads from each of the client's samples at the received weights, and each sample's
+    signal at each of its units: one forward pass in the model's own precision, the model as the client trains it
+    (eval mode: dropout off), and one backward pass of the samples' summed loss (with labels; else of a fixed random
+    projection of the output, which has the same zeros behind a gate) from the first readout layer on."""
 
     def __init__(self, model: nn.Module, received: dict[str, torch.Tensor], shared: list[str]):
         self.net = copy.deepcopy(model).eval()
@@ -84,23 +82,31 @@ class LayerInputs:
             state = self.net.state_dict()
             state.update({name: value.to(state[name].dtype) for name, value in received.items() if name in state})
             self.net.load_state_dict(state)
-        # No graph through the weights: the backward only asks which units pass a gradient.
+        # No graph through the weights: the backward only asks for each unit's per-sample signal.
         self.net.requires_grad_(False)
         self.layers = readout_layers(self.net, shared)
         self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
 
-    def vectors(self, samples: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, bool], dict[str, str]]:
-        """({layer: (N, d) vectors}, {layer: reads the input itself}, {layer: why it is not checked}).
-
-        A layer is checked where an exact readout can exist: one of its units passes no gradient for some sample
-        (a ReLU-like gate after it), or the batch is one sample. Without a gate every sample reaches every unit
-        (the logits under a softmax, say) and a readout only approximates a sample, however close; finding which
-        units pass a gradient needs no labels (any projection of the output has the same zeros behind a gate).
-        The samples go through in chunks of CHUNK (eval mode: a chunk's outputs do not depend on the others)."""
+    def vectors(
+        self, samples: torch.Tensor, labels: torch.Tensor | None = None, watched: tuple | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, bool], dict[str, str]]:
+        """({layer: (N, d) vectors}, {layer: (N, units) signals}, {layer: reads the input itself},
+        {layer: why it is not checked}). ``watched``: the tables recorded during the client's training
+        (rankaudit.guard.watch), used as they are; else the samples go through in chunks of CHUNK (eval mode: a
+        chunk's outputs do not depend on the others)."""
         x = samples.detach().to(self.dtype)
-        parts = [self._chunk(x[start : start + CHUNK]) for start in range(0, len(x), CHUNK)]
-        found, reads_input, why_not = {}, {}, {}
-        flat = x.reshape(len(x), -1)
+        flat = x.reshape(len(x), -1).to(torch.float64)
+        if watched is not None:
+            found, signals, why_not = watched
+            reads_input = {
+                name: found[name].shape == flat.shape and bool(torch.equal(found[name], flat)) for name in found
+            }
+            return found, signals, reads_input, dict(why_not)
+        parts = [
+            self._chunk(x[start : start + CHUNK], None if labels is None else labels[start : start + CHUNK])
+            for start in range(0, len(x), CHUNK)
+        ]
+        found, signals, reads_input, why_not = {}, {}, {}, {}
         for name, _ in self.layers:
             calls, pieces = parts[0][name][0], [part[name][1] for part in parts]
             if calls != 1:
@@ -109,18 +115,14 @@ class LayerInputs:
             if any(piece is None for piece in pieces):
                 why_not[name] = "reads several vectors per sample (positions), not one"
                 continue
-            gated = any(part[name][2] for part in parts)
-            if len(x) > 1 and not gated:
-                why_not[name] = "every sample passes a gradient through every unit (no gate after it): no exact readout"
-                continue
             vectors = torch.cat(pieces)
             found[name] = vectors.to(torch.float64)
-            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors, flat))
-        return found, reads_input, why_not
+            signals[name] = torch.cat([part[name][2] for part in parts]).to(torch.float64)
+            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
+        return found, signals, reads_input, why_not
 
-    def _chunk(self, x: torch.Tensor) -> dict[str, tuple[int, torch.Tensor | None, bool]]:
-        """{layer: (calls per forward pass, its (n, d) vectors or None, whether some unit passes no gradient for
-        some sample)} for one chunk of samples: one forward pass, and one backward from the first checkable layer."""
+    def _chunk(self, x: torch.Tensor, labels: torch.Tensor | None) -> dict:
+        """{layer: (calls per forward pass, its (n, d) vectors or None, its (n, units) signals)} for one chunk."""
         from rankaudit.verify.client import logits_of
 
         seen: dict[str, list[tuple[torch.Tensor, torch.Tensor | None]]] = {name: [] for name, _ in self.layers}
@@ -139,9 +141,8 @@ class LayerInputs:
             with torch.enable_grad():
                 output = logits_of(self.net(x))
                 outputs = [out for name, _ in self.layers for _, out in seen[name] if out is not None]
-                direction = torch.randn(output.shape, generator=torch.Generator().manual_seed(0), dtype=output.dtype)
                 grads = (
-                    torch.autograd.grad((output * direction).sum(), outputs, allow_unused=True)
+                    torch.autograd.grad(_summed_loss(output, labels), outputs, allow_unused=True)
                     if output.requires_grad and outputs
                     else [None] * len(outputs)
                 )
@@ -154,61 +155,84 @@ class LayerInputs:
             checkable = sum(out is not None for _, out in calls)
             gradients, at = grads[at : at + checkable], at + checkable
             if len(calls) != 1 or calls[0][1] is None:
-                result[name] = (len(calls), None, False)
+                result[name] = (len(calls), None, None)
                 continue
             vectors = sample_vectors(module, calls[0][0])
-            gated = gradients[0] is None or bool((gradients[0] == 0).any())
-            result[name] = (1, None if vectors is None else vectors.detach(), gated)
+            out = calls[0][1]
+            signal = torch.zeros(out.shape, dtype=out.dtype) if gradients[0] is None else gradients[0]
+            result[name] = (1, None if vectors is None else vectors.detach(), signal.detach().reshape(len(x), -1))
         return result
 
 
-def _matches(candidates: torch.Tensor, table: torch.Tensor) -> tuple[list[int], list[float]]:
-    """For each candidate row, the nearest sample vector and the relative error to it: searched in float32 (an
-    exact readout sits orders of magnitude nearer its sample than any other), the error recomputed in float64."""
-    best, _ = nearest_rows(candidates.to(torch.float32), table.to(torch.float32))
-    chosen = table[best]
-    errors = (candidates - chosen).norm(dim=1) / chosen.norm(dim=1).clamp_min(1e-300)
-    return best.tolist(), errors.tolist()
-
-
-def _live(bias_update: torch.Tensor) -> torch.Tensor:
-    scale = float(bias_update.abs().max()) if len(bias_update) else 0.0
-    return bias_update.abs() > SILENT_BIAS * scale if scale > 0 else torch.zeros_like(bias_update, dtype=torch.bool)
+def _summed_loss(output: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+    """The samples' summed loss (each sample's output gradient is then its own), or, without usable labels, a fixed
+    random projection of the output."""
+    flat = output.reshape(len(output), -1)
+    if labels is not None and len(labels) == len(flat) and labels.dim() == 1:
+        if flat.shape[1] == 1:
+            signs = torch.where(labels.to(flat.dtype) > 0, 1.0, -1.0).to(flat.dtype)
+            return nn.functional.softplus(-signs * flat[:, 0]).sum()
+        if not labels.is_floating_point() and bool(((labels >= 0) & (labels < flat.shape[1])).all()):
+            return nn.functional.cross_entropy(flat, labels.long(), reduction="sum")
+    direction = torch.randn(output.shape, generator=torch.Generator().manual_seed(0), dtype=output.dtype)
+    return (output * direction).sum()
 
 
 def layer_readouts(
     name: str,
     weight_update: torch.Tensor,
     bias_update: torch.Tensor,
-    received_bias: torch.Tensor,
     vectors: torch.Tensor,
+    signals: torch.Tensor | list[torch.Tensor],
     reads_input: bool,
-    tolerance: float,
+    min_psnr: float,
 ) -> list[GuardReadout]:
-    """Every exact readout of one layer: each unit's ratio, then each pair of neighbours (units sorted by their
-    received bias) whose difference isolates one sample; in float64."""
+    """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
+    pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     table = vectors.to(torch.float64)
+    peak = peaks(table)
+    # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
+    blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
     found = []
-    live = torch.nonzero(_live(bias)).flatten()
-    if len(live):
-        best, errors = _matches(rows[live] / bias[live, None], table)
-        for unit, sample, error in zip(live.tolist(), best, errors):
-            if error <= tolerance:
-                found.append(GuardReadout(name, [unit], "ratio", sample, error, reads_input))
-    order = torch.argsort(received_bias.detach().to(torch.float64).cpu(), stable=True).to(rows.device)
-    if len(order) > 1:
-        low, high = order[:-1], order[1:]
-        row_steps, bias_steps = rows[high] - rows[low], bias[high] - bias[low]
-        kept = torch.nonzero(_live(bias_steps)).flatten()
-        if len(kept):
-            best, errors = _matches(row_steps[kept] / bias_steps[kept, None], table)
-            for pair, sample, error in zip(kept.tolist(), best, errors):
-                if error <= tolerance:
-                    units = sorted((int(low[pair]), int(high[pair])))
-                    found.append(GuardReadout(name, units, "neighbours", sample, error, reads_input))
+
+    def readout(units, kind, sample, score, scale=None):
+        error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
+        return GuardReadout(
+            name,
+            units,
+            kind,
+            sample,
+            10 ** (-error / 20),  # ‖readout − vector‖ / ‖vector‖, from the PSNR
+            reads_input,
+            psnr=round(score, 2),
+            sample_psnr=round(score, 2) if reads_input else None,
+            leaks=reads_input,
+            scale=scale,
+        )
+
+    for unit, sample, score in ratio_readouts(rows, bias, table, peak):
+        if score >= min_psnr and not blank[sample]:
+            found.append(readout([unit], "ratio", sample, score))
+    tables = signals if isinstance(signals, list) else [signals]
+    candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
+    for i, j, sample, scale, score in pair_readouts(rows, bias, table, peak, candidates):
+        if score >= min_psnr and not blank[sample]:
+            found.append(readout([i, j], "pair", sample, score, scale))
     return found
+
+
+def _round_coefficients(weight_update: torch.Tensor, vectors: torch.Tensor) -> list[torch.Tensor]:
+    """[(N, units)]: how much of each sample's vector each unit's row update holds over the whole round, solved from
+    the update itself (u_W[i] = Σ_n c_(n,i) v_n under SGD, momentum or not), when the samples' vectors are
+    independent (no more samples than inputs); [] otherwise. Every step's signals summed, as the server's readout
+    sees them."""
+    rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
+    if len(vectors) > vectors.shape[1] or not len(vectors):
+        return []
+    solution = torch.linalg.lstsq(vectors.T, rows.T).solution  # (N, units)
+    return [solution] if bool(torch.isfinite(solution).all()) else []
 
 
 def find_readouts(
@@ -216,13 +240,24 @@ def find_readouts(
     received: dict[str, torch.Tensor],
     sent: dict[str, torch.Tensor],
     samples: torch.Tensor,
-    tolerance: float,
+    min_psnr: float,
     *,
+    labels: torch.Tensor | None = None,
     check_features: bool = True,
-) -> tuple[list[GuardReadout], list[str], list[str]]:
-    """(readouts, layers checked, layers skipped with why) for the update ``sent − received``."""
-    vectors, reads_input, why_not = inputs.vectors(samples)
-    readouts, checked, skipped = [], [], []
+    watched: tuple | None = None,
+    at_sent: LayerInputs | None = None,
+) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
+    """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
+    a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
+    from rankaudit.guard.features import determined_psnr
+
+    vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
+    # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs
+    # (a sample whose step ran in between is isolated by the signals near its step), and a hidden layer's readouts
+    # are matched with the features at both (they move from step to step).
+    later_vectors, later = at_sent.vectors(samples, labels)[:2] if at_sent is not None and watched is None else ({}, {})
+    readouts, checked, skipped, notes = [], [], [], []
+    modules = dict(inputs.layers)
     for name, _ in inputs.layers:
         prefix = f"{name}." if name else ""
         if name in why_not:
@@ -237,7 +272,24 @@ def find_readouts(
         )
         bias_update = sent[bias].detach().cpu().to(torch.float64) - received[bias].detach().cpu().to(torch.float64)
         checked.append(name)
-        readouts += layer_readouts(
-            name, weight_update, bias_update, received[bias], vectors[name].cpu(), reads_input[name], tolerance
-        )
-    return readouts, checked, skipped
+        proposing = [signals[name]] + ([later[name]] if name in later else [])
+        if watched is None and reads_input[name]:
+            proposing += _round_coefficients(weight_update, vectors[name])
+        found = layer_readouts(name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr)
+        if not reads_input[name] and name in later_vectors:
+            best = {(tuple(r.units), r.kind, r.sample): r for r in found}
+            for entry in layer_readouts(
+                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr
+            ):
+                key = (tuple(entry.units), entry.kind, entry.sample)
+                if key not in best or entry.psnr > best[key].psnr:
+                    best[key] = entry
+            found = list(best.values())
+        if found and not reads_input[name]:
+            figures, said = determined_psnr(inputs.net, modules[name], samples, sorted({r.sample for r in found}))
+            notes += [f"{name}: {line}" for line in said]
+            for entry in found:
+                entry.sample_psnr = round(figures[entry.sample], 2)
+                entry.leaks = figures[entry.sample] >= min_psnr
+        readouts += found
+    return readouts, checked, skipped, notes

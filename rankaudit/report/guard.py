@@ -23,7 +23,9 @@ def decision_dict(decision: GuardDecision) -> dict:
         "energy": decision.energy,
         "changed": decision.changed,
         "samples": decision.samples,
-        "tolerance": decision.tolerance,
+        "min_psnr": decision.min_psnr,
+        "psnr": {str(sample): value for sample, value in decision.psnr.items()},
+        "feature_samples": decision.feature_samples,
         "seconds": round(decision.seconds, 4),
     }
 
@@ -47,7 +49,7 @@ def render_json(run: GuardRun) -> str:
 
 
 _HEADLINES = {
-    "send": "send: no sample of the batch is read exactly from this update",
+    "send": "send: no sample of the batch can be read from this update",
     "block": "block: nothing is sent this round",
     "drop": "drop: the update is sent without the rows that read samples",
     "noise": "noise: the update is sent with noise on the rows that read samples",
@@ -60,14 +62,19 @@ def render_table(run: GuardRun) -> str:
     lines = [f"rankaudit guard {run.model} at {run.weights}, {decision.samples} samples: {_HEADLINES[decision.action]}"]
     if decision.exact_samples:
         lines.append(
-            f"  read exactly: sample{'s' if len(decision.exact_samples) > 1 else ''} "
-            + ", ".join(map(str, decision.exact_samples))
+            f"  read: sample{'s' if len(decision.exact_samples) > 1 else ''} "
+            + ", ".join(f"{sample} ({decision.psnr[sample]:.1f} dB)" for sample in decision.exact_samples)
+        )
+    if decision.feature_samples:
+        lines.append(
+            "  features read, the sample not: "
+            + ", ".join(f"{sample} ({decision.psnr[sample]:.1f} dB)" for sample in decision.feature_samples)
         )
     lines += [f"  - {reason}" for reason in decision.reasons + decision.notes]
     checked = ", ".join(decision.layers_checked) if decision.layers_checked else "none"
     not_checkable = ", ".join(entry.split(":", 1)[0] for entry in decision.skipped)
     lines.append(
-        f"  checked: {checked} (tolerance {decision.tolerance:g})"
+        f"  checked: {checked} (a readout at {decision.min_psnr:g} dB or more reads a sample)"
         + (f"; not checkable: {not_checkable} (--format json says why)" if not_checkable else "")
     )
     energy = decision.energy

@@ -486,7 +486,7 @@ def compare_options(command):
 
 def guard_options(command):
     """--weights ... --debug, on `guard`: the received weights, the client's batch, what the guard does, the output."""
-    from rankaudit.settings.guard_options import ACTIONS, DEFAULT_TOLERANCE
+    from rankaudit.settings.guard_options import ACTIONS, DEFAULT_MIN_PSNR, FEATURE_ACTIONS
 
     options = [
         click.option(
@@ -517,12 +517,20 @@ def guard_options(command):
             "the rows that read one; noise adds Gaussian noise to those rows.",
         ),
         click.option(
-            "--tolerance",
+            "--min-psnr",
             type=float,
             default=None,
-            metavar="F",
-            help=f"A readout within this relative error of a sample reads it (default {DEFAULT_TOLERANCE:g}).",
+            metavar="DB",
+            help=f"A readout at or above this PSNR against a sample reads it (default {DEFAULT_MIN_PSNR:g} dB).",
         ),
+        click.option(
+            "--feature-action",
+            type=click.Choice(FEATURE_ACTIONS),
+            default=None,
+            help="A readout of features that show less of the sample than --min-psnr: send it (default; logged), "
+            "drop its rows, or block.",
+        ),
+        click.option("--tolerance", type=float, default=None, hidden=True),  # replaced by --min-psnr: says so
         click.option(
             "--noise-scale",
             type=float,

@@ -1,5 +1,5 @@
-"""The client-side guard's settings: what it does with an update that reads a sample out, and how closely a readout
-must match a sample to count; from keyword arguments, a Flower run config or [tool.rankaudit.guard]."""
+"""The client-side guard's settings: what it does with an update that reads a sample out, and how well a readout
+must show a sample to count; from keyword arguments, a Flower run config or [tool.rankaudit.guard]."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass, fields
 from rankaudit.errors import UsageError
 
 ACTIONS = ("block", "drop", "noise")
-# The readouts' match: ‖ratio − sample‖ / ‖sample‖ at or under this reads the sample. Float32 training rounds the
-# update of a weight to about 1e-7 of the weight, which puts a true readout's error near 1e-5 to 1e-4 at ordinary
-# learning rates; a unit that mixes two samples lands orders of magnitude above (docs/guard.md, "Tolerance").
-DEFAULT_TOLERANCE = 1e-3
+# What a readout of a hidden layer's features whose sample stays hidden gets (it is logged either way).
+FEATURE_ACTIONS = ("send", "drop", "block")
+# A readout reads a sample when its PSNR against it (peak: the sample's own range) is at least this, in dB: a
+# photograph at 30 dB is the photograph (docs/guard.md, "The criterion").
+DEFAULT_MIN_PSNR = 30.0
 # Run-config keys carry this prefix, in the hyphenated style of Flower run configs ("rankaudit-guard-action").
 RUN_CONFIG_PREFIX = "rankaudit-guard-"
 
@@ -26,7 +27,7 @@ class GuardSettings:
 
     action: str = "block"  # block: nothing is sent this round; drop: the offending rows' update is not sent;
     # noise: Gaussian noise of noise-scale times each offending row's own update norm is added to it
-    tolerance: float = DEFAULT_TOLERANCE
+    min_psnr: float = DEFAULT_MIN_PSNR
     noise_scale: float = 1.0
     check_features: bool = True  # readouts of a deeper layer's input (features) count, not only the raw input
     energy_budget: float = 0.0  # seconds for the measured visible-energy check; 0 skips it
@@ -34,6 +35,8 @@ class GuardSettings:
     log: str | None = None  # a file the one-line JSON record of each round is appended to (None: the logger only)
     seed: int | None = None  # the noise action's generator; None: fresh from the operating system's entropy, so
     # that no two clients or runs draw the same noise (a server that knew it could subtract it)
+    feature_action: str = "send"  # a readout of features that determine too little of the sample: send (logged),
+    # drop its rows, or block
 
     def replaced(self, values: dict) -> GuardSettings:
         return guard_settings(values, base=self)
@@ -62,14 +65,22 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
     chosen = {}
     for raw_key, value in values.items():
         key = str(raw_key).replace("_", "-")
+        if key == "tolerance":
+            raise UsageError(
+                f"{where}: tolerance was replaced by min-psnr",
+                f"give min-psnr in dB instead (default {DEFAULT_MIN_PSNR:g}; a readout at or above it reads a sample)",
+            )
         if key not in GUARD_KEYS:
             raise UsageError(f"{where}: unknown key {raw_key}", "use " + ", ".join(GUARD_KEYS))
         name = GUARD_KEYS[key]
         if name == "action":
             if value not in ACTIONS:
                 raise UsageError(f"{where}: action is {value!r}", "use one of " + ", ".join(ACTIONS))
-        elif name == "tolerance":
-            value = _number(where, key, value, 0.0, 1.0, open_low=True)
+        elif name == "min_psnr":
+            value = _number(where, key, value, 0.0, 300.0, open_low=True)
+        elif name == "feature_action":
+            if value not in FEATURE_ACTIONS:
+                raise UsageError(f"{where}: feature-action is {value!r}", "use one of " + ", ".join(FEATURE_ACTIONS))
         elif name in ("noise_scale", "energy_budget"):
             value = _number(where, key, value, 0.0)
         elif name == "min_hidden":
@@ -155,9 +166,14 @@ def from_run_config(
 
 def settings_from_flags(options: dict, log: str | None, base: GuardSettings | None) -> GuardSettings:
     """The guard command's own flags over ``base`` ([tool.rankaudit.guard]); the flags are taken out of ``options``."""
+    if options.pop("tolerance", None) is not None:
+        raise UsageError(
+            "--tolerance was replaced by --min-psnr",
+            f"give --min-psnr DB instead (default {DEFAULT_MIN_PSNR:g}; a readout at or above it reads a sample)",
+        )
     given = {
         key: options.pop(key)
-        for key in ("action", "tolerance", "noise_scale", "energy_budget", "min_hidden")
+        for key in ("action", "min_psnr", "feature_action", "noise_scale", "energy_budget", "min_hidden")
         if options.get(key) is not None
     }
     if log is not None:

@@ -1,0 +1,148 @@
+"""The readouts a server can form from one layer's update, each judged by its PSNR against the samples' vectors
+(docs/method.md, "The client-side guard").
+
+Plain tensors in, plain numbers out: nothing here runs the model. For a layer whose weight and bias updates are both
+sent, unit i's update is ΔW_i = Σ_n c_(n,i) v_n and Δb_i = Σ_n c_(n,i), with v_n what the layer reads from sample n
+and c_(n,i) proportional to that sample's signal δ_(n,i) (the loss gradient at the unit's pre-activation, for the
+step it ran). So:
+
+- unit i's ratio ΔW_i / Δb_i is v_s when only sample s has a signal at i (Qian et al.; a ReLU that fires for one
+  sample, or a softmax whose logit gaps saturate it, as in class fishing);
+- (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) is v_s when the signals of units i and j agree up to the scale c on every sample
+  but s (the imprint readout of Fowl et al., whatever the units' order, scale or sign).
+
+The signals only choose which pairs to form; each readout is formed from the update as sent, and judged by the PSNR
+of the readout against the sample's vector, with the vector's own dynamic range as the peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Signals that agree up to scale on all samples but one: the squared sine between the two units' signals, with that
+# sample left out, at most this. A filter only (each pair it passes is formed and judged by its PSNR), so it errs
+# wide: float32 signals of an imprint agree to about 1e-7.
+PARALLEL = 1e-4
+# A unit whose bias update is at most this share of its layer's largest is silent: its ratio divides by rounding.
+SILENT_BIAS = 1e-12
+# (units x units x samples) values compared at a time in the pair search: bounds its memory (16 MB in float32).
+PAIR_BLOCK = 1 << 22
+# A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
+IDENTICAL_PSNR = 300.0
+
+
+def peaks(vectors: torch.Tensor) -> torch.Tensor:
+    """Each vector's dynamic range (max − min), the peak of its PSNR; 1 where the vector is constant."""
+    spread = vectors.amax(dim=1) - vectors.amin(dim=1)
+    return torch.where(spread > 0, spread, torch.ones_like(spread))
+
+
+def psnr_of(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -> torch.Tensor:
+    """PSNR, in dB, of each readout row against the vector row beside it: 10·log10(peak² / mean squared error)."""
+    mse = ((readouts - vectors) ** 2).mean(dim=1)
+    ratio = peak**2 / mse.clamp_min(1e-300)
+    return (10 * torch.log10(ratio)).clamp(max=IDENTICAL_PSNR).nan_to_num(nan=-math.inf)
+
+
+def best_matches(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -> tuple[list[int], list[float]]:
+    """For each readout row, the sample it reads best and that PSNR: searched by expanded squares, recomputed
+    directly (the expanded form cancels near an exact readout; the direct difference does not)."""
+    if not len(readouts):
+        return [], []
+    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * readouts @ vectors.T
+    best = (squares.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
+    scores = psnr_of(readouts, vectors[best], peak[best])
+    return best.tolist(), scores.tolist()
+
+
+def live_units(bias_update: torch.Tensor) -> torch.Tensor:
+    """The units whose bias update is not rounding: a ratio over them reads something."""
+    scale = float(bias_update.abs().max()) if len(bias_update) else 0.0
+    if scale == 0 or not math.isfinite(scale):
+        return torch.zeros(len(bias_update), dtype=torch.bool)
+    return bias_update.abs() > SILENT_BIAS * scale
+
+
+def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor):
+    """[(unit, sample, psnr)] for every live unit's ratio, each against the sample it reads best."""
+    live = torch.nonzero(live_units(bias)).flatten()
+    if not len(live):
+        return []
+    best, scores = best_matches(rows[live] / bias[live, None], vectors, peak)
+    return list(zip(live.tolist(), best, scores))
+
+
+def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
+    """[(i, j, s, c)]: units i < j whose signals (columns of the (samples, units) ``signals``) agree up to the
+    scale c on every sample but s, and differ at s. Blind to the units' order, scale and sign."""
+    count, units = signals.shape
+    if units < 2 or count < 2:
+        return []
+    signals = signals.to(torch.float64)
+    scale = signals.abs().amax(dim=0).clamp_min(1e-300)
+    energy = (signals * signals).sum(0)
+    keep = torch.nonzero(energy > 0).flatten()
+    # The search itself in float32, each unit's signal scaled to its largest entry (the test is blind to scale):
+    # its error, about 1e-7 of each sum, is far under PARALLEL.
+    signals = (signals / scale).to(torch.float32)
+    gram = signals.T @ signals
+    energy = gram.diagonal()
+    found = []
+    step = max(1, PAIR_BLOCK // max(1, units * count))
+    for start in range(0, len(keep), step):
+        rows, cols = keep[start : start + step], keep[start:]  # each pair once: i before j
+        # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
+        cross = gram[rows][:, cols, None] - signals.T[rows][:, None, :] * signals.T[cols][None, :, :]
+        left_i = energy[rows][:, None] - signals.T[rows] ** 2
+        left_j = energy[cols][:, None] - signals.T[cols] ** 2
+        sine = 1 - cross**2 / (left_i[:, None, :] * left_j[None, :, :]).clamp_min(1e-30)
+        # A unit with nothing left without s is a ratio readout, formed already.
+        hit = (sine <= PARALLEL) & (left_i[:, None, :] > 0) & (left_j[None, :, :] > 0)
+        hit &= rows[:, None, None] < cols[None, :, None]
+        for a, b, s in torch.nonzero(hit).tolist():
+            i, j = int(rows[a]), int(cols[b])
+            ratio = float(cross[a, b, s] / left_j[b, s])
+            isolated = signals[s, i] - ratio * signals[s, j]
+            if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
+                found.append((i, j, s, ratio * float(scale[i] / scale[j])))
+    return found
+
+
+def pair_readouts(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, candidates: list
+) -> list[tuple[int, int, int, float, float]]:
+    """[(i, j, s, c, psnr)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s, at the
+    better of two scales: the signals' c, and the c that brings the readout nearest to s (a server that chose the
+    weights knows its own scales; the nearest is the most it can read)."""
+    if not candidates:
+        return []
+    i = torch.tensor([c[0] for c in candidates])
+    j = torch.tensor([c[1] for c in candidates])
+    s = torch.tensor([c[2] for c in candidates])
+    from_signals = torch.tensor([c[3] for c in candidates], dtype=torch.float64)
+    target = vectors[s]
+    # Readout (z1·ΔW_i + z2·ΔW_j) / (z1·Δb_i + z2·Δb_j): its squared error to v_s is z'Mz / (z'm)², M the Gram of
+    # p = ΔW_i − v_s·Δb_i and q = ΔW_j − v_s·Δb_j, m = (Δb_i, Δb_j); least at z = M⁻¹m.
+    p = rows[i] - target * bias[i, None]
+    q = rows[j] - target * bias[j, None]
+    gram = torch.stack(
+        [torch.stack([(p * p).sum(1), (p * q).sum(1)], 1), torch.stack([(p * q).sum(1), (q * q).sum(1)], 1)], 1
+    )
+    m = torch.stack([bias[i], bias[j]], 1)
+    z = torch.linalg.lstsq(gram, m[:, :, None]).solution[:, :, 0]
+    nearest = -z[:, 1] / torch.where(z[:, 0] != 0, z[:, 0], torch.full_like(z[:, 0], 1e-300))
+    results = []
+    best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)
+    for scale in (from_signals, nearest):
+        denominator = bias[i] - scale * bias[j]
+        usable = denominator.abs() > SILENT_BIAS * bias.abs().max()
+        readout = (rows[i] - scale[:, None] * rows[j]) / torch.where(usable, denominator, 1.0)[:, None]
+        score = torch.where(usable, psnr_of(readout, target, peak[s]), -math.inf)
+        better = score > best_score
+        best_score = torch.where(better, score, best_score)
+        best_scale = torch.where(better, scale, best_scale)
+    for k, (a, b, sample, _) in enumerate(candidates):
+        results.append((a, b, sample, float(best_scale[k]), float(best_score[k])))
+    return results

@@ -1,0 +1,102 @@
+"""What the guard needs, recorded during the client's own training instead of computed again after it.
+
+``with guard.watch(net): train(net)`` hooks the readout layers of the model the client trains: at each training
+step it keeps what each layer read from each sample and the gradient at the layer's output (each sample's signal
+at each unit, for the step it ran). ``Guard.decide`` then reads its tables from these records when they cover
+every sample it is given, and makes its own forward and backward pass otherwise. Forward passes without a
+backward (evaluation) leave no signal and are not used.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
+
+
+class Watch:
+    """Hooks on ``net`` while the block runs; ``tables(samples)`` afterwards."""
+
+    def __init__(self, net: nn.Module, shared: list[str] | None = None):
+        self.net = net
+        names = shared if shared is not None else [name for name, p in net.named_parameters() if p.requires_grad]
+        self.layers = readout_layers(net, names)
+        self.steps: list[dict] = []
+        self.hooks: list = []
+
+    def __enter__(self) -> Watch:
+        self.hooks.append(self.net.register_forward_pre_hook(self._started))
+        for name, module in self.layers:
+            self.hooks.append(
+                module.register_forward_hook(lambda mod, args, out, name=name: self._seen(name, mod, args, out))
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def _started(self, module, args) -> None:
+        if args and isinstance(args[0], torch.Tensor):
+            self.steps.append({"x": args[0].detach().clone(), "vectors": {}, "signals": {}, "calls": {}})
+
+    def _seen(self, name, module, args, out) -> None:
+        if not self.steps or not torch.is_grad_enabled():
+            return
+        step = self.steps[-1]
+        step["calls"][name] = step["calls"].get(name, 0) + 1
+        # A convolution over several positions is not checkable: known from its output's shape, before unfolding.
+        one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
+        vectors = sample_vectors(module, args[0]) if one_vector else None
+        if vectors is None:
+            return
+        step["vectors"][name] = vectors.detach().clone()
+        if out.requires_grad:
+
+            def keep(grad, name=name, step=step):
+                step["signals"][name] = grad.detach().reshape(len(grad), -1).clone()
+
+            out.register_hook(keep)
+
+    def tables(self, samples: torch.Tensor) -> tuple[dict, dict, dict] | None:
+        """({layer: (N, d) vectors}, {layer: (N, units) signals}, {layer: why it is not checked}) for ``samples``
+        (each sample's vectors from the first step it ran in, its signals summed over the steps), or None when the
+        records do not cover every sample."""
+        trained = [step for step in self.steps if step["signals"]]
+        if not trained:
+            return None
+        index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples.detach().cpu().contiguous())}
+        vectors: dict[str, torch.Tensor] = {}
+        signals: dict[str, torch.Tensor] = {}
+        why_not: dict[str, str] = {}
+        seen = torch.zeros(len(samples), dtype=torch.bool)
+        for step in trained:
+            rows = [index.get(row.numpy().tobytes()) for row in step["x"].cpu().to(samples.dtype).contiguous()]
+            if any(row is None for row in rows):
+                return None  # a step on samples the guard was not given
+            rows = torch.tensor(rows)
+            first = ~seen[rows]
+            for name, _ in self.layers:
+                calls = step["calls"].get(name, 0)
+                if calls > 1:
+                    why_not[name] = f"called {calls} times per forward pass: its update sums the calls"
+                elif name not in step["vectors"]:
+                    why_not[name] = "reads several vectors per sample (positions), not one"
+                elif name not in step["signals"]:
+                    return None  # a step without its backward: the records do not say what the step sent
+                if name in why_not:
+                    continue
+                if name not in vectors:
+                    vectors[name] = torch.zeros(len(samples), step["vectors"][name].shape[1], dtype=torch.float64)
+                    signals[name] = torch.zeros(len(samples), step["signals"][name].shape[1], dtype=torch.float64)
+                vectors[name][rows[first]] = step["vectors"][name][first].to(torch.float64)
+                signals[name].index_add_(0, rows, step["signals"][name].to(torch.float64))
+            seen[rows] = True
+        if not bool(seen.all()):
+            return None
+        for name in why_not:
+            vectors.pop(name, None)
+            signals.pop(name, None)
+        return vectors, signals, why_not

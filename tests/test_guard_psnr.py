@@ -1,0 +1,314 @@
+"""The guard's criterion judged by the server's own readouts on real photographs (scikit-learn's sample images,
+cropped): each construction's readout is formed here, from the update as sent and the server's knowledge of its
+own weights, and every sample it shows at 30 dB or more must be named by the guard and the update blocked; honest
+weights of Flower's quickstart CNN are never blocked."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from rankaudit.guard.decide import Guard
+from rankaudit.settings.guard_options import GuardSettings
+
+datasets = pytest.importorskip("sklearn.datasets")
+THRESHOLD = 30.0
+
+
+def photo_crops(count: int, side: int, seed: int) -> torch.Tensor:
+    """``count`` random side x side crops of the two sample photographs, in [-1, 1] (Flower's normalisation)."""
+    images = [torch.as_tensor(image).permute(2, 0, 1).float() / 255 for image in datasets.load_sample_images().images]
+    generator = torch.Generator().manual_seed(seed)
+    crops = []
+    for _ in range(count):
+        image = images[int(torch.randint(len(images), (1,), generator=generator))]
+        top = int(torch.randint(image.shape[1] - side, (1,), generator=generator))
+        left = int(torch.randint(image.shape[2] - side, (1,), generator=generator))
+        crops.append(image[:, top : top + side, left : left + side])
+    return torch.stack(crops) * 2 - 1
+
+
+def psnr(readout: torch.Tensor, sample: torch.Tensor) -> float:
+    """The server's figure: PSNR of a readout against the sample, peak the sample's range."""
+    readout, sample = readout.double().flatten(), sample.double().flatten()
+    mse = float(((readout - sample) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
+
+
+def sent_after_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = 0.01, batch: int | None = None):
+    """The float32 state dict a client sends after its local SGD steps."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    batch = batch or len(x)
+    for start in range(0, len(x), batch):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x[start : start + batch]), y[start : start + batch]).backward()
+        optimizer.step()
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def state(model: nn.Module) -> dict:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def read_pair(received, sent, layer, i, j, scale=0.0):
+    """(ΔW_i − scale·ΔW_j) / (Δb_i − scale·Δb_j), from the float32 tensors as sent (scale 0: unit i's ratio)."""
+    dw = sent[f"{layer}.weight"] - received[f"{layer}.weight"]
+    db = sent[f"{layer}.bias"] - received[f"{layer}.bias"]
+    return (dw[i] - scale * dw[j]) / (db[i] - scale * db[j])
+
+
+def read_by_server(readouts: list[torch.Tensor], x: torch.Tensor) -> dict[int, float]:
+    """{sample: best PSNR} over the server's readouts, for the samples shown at the threshold or above."""
+    shown = {}
+    for readout in readouts:
+        if not bool(torch.isfinite(readout).all()):
+            continue
+        scores = [psnr(readout, sample) for sample in x]
+        best = max(range(len(x)), key=lambda n: scores[n])
+        if scores[best] >= THRESHOLD:
+            shown[best] = max(shown.get(best, -math.inf), scores[best])
+    return shown
+
+
+class MLP(nn.Module):
+    def __init__(self, inputs: int, width: int = 32, classes: int = 10):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, width)
+        self.fc2 = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class QuickstartCNN(nn.Module):
+    """Flower's PyTorch quickstart model: conv 6 - pool - conv 16 - pool - fc 120 - fc 84 - fc 10, on 3x32x32."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = x.flatten(1)
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def one_sample_unit(x: torch.Tensor, sample: int, bias_gap: float) -> MLP:
+    """fc1's unit 0 fires for ``sample`` alone: its row the direction that separates the sample's deviation from
+    the batch's mean from the others', scaled so that the sample's pre-activation is bias_gap / 2 and the next
+    sample's −bias_gap / 2; the other units fire for nobody."""
+    torch.manual_seed(1)
+    flat = x.flatten(1)
+    model = MLP(flat.shape[1])
+    direction = torch.linalg.pinv(flat - flat.mean(0))[:, sample]
+    scores = flat @ direction
+    runner_up = scores[torch.arange(len(x)) != sample].max()
+    row = direction * bias_gap / float(scores[sample] - runner_up)  # the two scores bias_gap apart
+    with torch.no_grad():
+        model.fc1.weight.zero_()
+        model.fc1.weight[0] = row
+        model.fc1.bias.fill_(-1.0)
+        model.fc1.bias[0] = -float(row @ flat[sample]) + bias_gap / 2
+    return model
+
+
+@pytest.mark.parametrize("bias_gap", [14.0, 2.6])
+def test_a_unit_that_fires_for_one_sample_is_read_and_blocked(bias_gap):
+    """Units like the two MLP cases a relative-error test sent: the server reads the sample at over 40 dB."""
+    x = photo_crops(8, 8, seed=3)
+    y = torch.arange(8) % 10
+    model = one_sample_unit(x, sample=3, bias_gap=bias_gap)
+    received = state(model)
+    sent = sent_after_sgd(model, x, y)
+    server = read_by_server([read_pair(received, sent, "fc1", 0, 0)], x)
+    assert list(server) == [3] and server[3] > 40
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert 3 in decision.exact_samples and decision.psnr[3] >= server[3] - 1.0
+
+
+def test_class_fishing_on_a_softmax_regression_is_read_and_blocked():
+    """Wen et al.'s class fishing: the target class's logit pushed 1000 below the others, so its softmax output is
+    zero for every sample but the one of that class, whose row update is then that sample."""
+    x = photo_crops(8, 8, seed=4)
+    y = torch.tensor([0, 1, 2, 3, 7, 1, 2, 0])  # sample 4 alone in class 7
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(x[0].numel(), 10))
+    with torch.no_grad():
+        model[1].weight.mul_(0.01)
+        model[1].weight[7] = 0
+        model[1].bias.fill_(0.0)
+        model[1].bias[7] = -1000.0
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.1)  # float32 spacing at 1000 is 6e-5: the bias update must clear it
+    server = read_by_server([read_pair(received, sent, "1", 7, 7)], x)
+    assert list(server) == [4]
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and 4 in decision.exact_samples
+    assert any(r.units == [7] and r.kind == "ratio" and r.sample == 4 for r in decision.readouts)
+    # Sample 3 is alone in its class too, and the near-uniform other logits let rows 3 and 9 cancel the rest.
+    row_3_minus_9 = read_pair(received, sent, "1", 3, 9, 1.0)
+    assert set(read_by_server([row_3_minus_9], x)) <= set(decision.exact_samples)
+
+
+def scaled_imprint(x: torch.Tensor, units: int, seed: int):
+    """Fowl et al.'s binning imprint in fc1 with each unit scaled down by a factor up to 1e5 (its output column up
+    by the same: the same function; scaled up, a float32 row would lose its update to rounding) and the units
+    shuffled: (model, the units in threshold order, their scales)."""
+    generator = torch.Generator().manual_seed(seed)
+    flat = x.flatten(1)
+    model = MLP(flat.shape[1], width=units)
+    brightness = flat.mean(1).sort().values
+    thresholds = torch.cat([brightness[:1] - 1.0, (brightness[1:] + brightness[:-1]) / 2])
+    thresholds = torch.cat([thresholds, thresholds[-1] + 1.0 + torch.arange(units - len(thresholds))])
+    scales = 10 ** (-5 * torch.rand(units, generator=generator))
+    order = torch.randperm(units, generator=generator)  # unit order[k] holds threshold k
+    with torch.no_grad():
+        column = torch.randn(10, generator=generator)
+        for k in range(units):
+            unit = int(order[k])
+            model.fc1.weight[unit] = scales[unit] / flat.shape[1]
+            model.fc1.bias[unit] = -scales[unit] * thresholds[k]
+            model.fc2.weight[:, unit] = column / scales[unit]
+    return model, order, scales
+
+
+@pytest.mark.parametrize("seed, batch", [(0, None), (1, None), (2, 16), (3, 16)])
+def test_a_scaled_and_shuffled_imprint_is_read_and_every_read_sample_named(seed, batch):
+    """One step on 64 samples, or four steps of 16 (the thresholds move between steps; the server reads fewer)."""
+    x = photo_crops(64, 8, seed=50 + seed)
+    y = torch.randint(10, (64,), generator=torch.Generator().manual_seed(seed))
+    model, order, scales = scaled_imprint(x, units=100, seed=seed)
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, batch=batch)
+    # The server's readout: neighbouring thresholds, each unit's update (which carries 1 / its scale) brought back.
+    readouts = []
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readouts.append(read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low])))
+    server = read_by_server(readouts, x)
+    assert len(server) >= (50 if batch is None else 5)
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
+
+
+@pytest.mark.parametrize("action", ["drop", "noise"])
+def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
+    x = photo_crops(12, 8, seed=21)
+    y = torch.randint(10, (12,), generator=torch.Generator().manual_seed(2))
+    model, order, scales = scaled_imprint(x, units=20, seed=2)
+    received = state(model)
+    decision, sent = Guard(model, GuardSettings(action=action, seed=0)).decide(
+        received, sent_after_sgd(model, x, y), x, y
+    )
+    assert decision.action in (action, "block")
+    if sent is None:
+        return
+    readouts = [read_pair(received, sent, "fc1", unit, unit) for unit in range(len(order))]
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readouts.append(read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low])))
+    assert read_by_server(readouts, x) == {}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_flowers_quickstart_cnn_at_initialisation_on_photographs_is_sent(seed):
+    """Seeded initial weights, a batch of 32 photo crops, one local step: fc1's units that fire for one sample read
+    that sample's 400 conv features, which determine far less of the photograph than 30 dB."""
+    torch.manual_seed(seed)
+    model = QuickstartCNN()
+    x = photo_crops(32, 32, seed=seed)
+    y = torch.randint(10, (32,), generator=torch.Generator().manual_seed(seed))
+    decision, to_send = Guard(model).decide(state(model), sent_after_sgd(model, x, y, lr=0.01), x, y)
+    assert decision.action == "send" and to_send is not None, decision.reasons
+    assert decision.exact_samples == []
+    assert all(decision.psnr[sample] < THRESHOLD for sample in decision.feature_samples)
+    strict, _ = Guard(model, GuardSettings(feature_action="block")).decide(
+        state(model), sent_after_sgd(model, x, y, lr=0.01), x, y
+    )
+    assert strict.action == ("block" if decision.feature_samples else "send")
+
+
+def test_watching_the_clients_training_gives_the_same_decision():
+    """The records of the client's own steps stand in for the guard's pass, over two steps."""
+    x = photo_crops(12, 8, seed=31)
+    y = torch.randint(10, (12,), generator=torch.Generator().manual_seed(3))
+    model, order, scales = scaled_imprint(x, units=20, seed=3)
+    guard = Guard(model)
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    with guard.watch(net):
+        for start in (0, 6):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(x[start : start + 6]), y[start : start + 6]).backward()
+            optimizer.step()
+    tables = guard.watching.tables(x)
+    assert tables is not None and set(tables[0]) == {"fc1", "fc2"}
+    watched, _ = guard.decide(state(model), state(net), x, y)
+    alone, _ = Guard(model).decide(state(model), state(net), x, y)
+    assert watched.action == alone.action == "block"
+    assert watched.exact_samples == alone.exact_samples
+    readouts = []
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readouts.append(read_pair(state(model), state(net), "fc1", low, high, float(scales[high] / scales[low])))
+    server = read_by_server(readouts, x)
+    assert len(server) >= 3 and set(server) <= set(watched.exact_samples)
+
+
+class ResidualBlock(nn.Module):
+    """A small ResNet-style net: a stem, one residual block of two convolutions, global pooling, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.a = nn.Conv2d(16, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = torch.relu(x + self.b(torch.relu(self.a(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make, side", [(QuickstartCNN, 32), (lambda: MLP(3 * 8 * 8, 64), 8), (ResidualBlock, 16)], ids=["cnn", "mlp", "res"]
+)
+def test_honest_fedavg_rounds_on_photographs_are_sent(make, side):
+    """Three rounds of FedAvg, two clients of 64 photo crops each, batches of 32, SGD with momentum, the guard
+    watching each client's training: every update is sent (a block would have to be a sample read at 30 dB)."""
+    torch.manual_seed(0)
+    model = make()
+    for round_number in range(3):
+        states = []
+        for client in range(2):
+            seed = 100 * round_number + client
+            x = photo_crops(64, side, seed=seed)
+            y = torch.randint(10, (64,), generator=torch.Generator().manual_seed(seed))
+            net = copy.deepcopy(model)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+            guard = Guard(model)
+            with guard.watch(net):
+                for start in range(0, 64, 32):
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(net(x[start : start + 32]), y[start : start + 32]).backward()
+                    optimizer.step()
+            decision, _ = guard.decide(state(model), state(net), x, y, round_number=round_number)
+            assert decision.action == "send", decision.reasons
+            assert all(decision.psnr[sample] < THRESHOLD for sample in decision.feature_samples)
+            states.append(state(net))
+        model.load_state_dict({name: sum(s[name] for s in states) / len(states) for name in states[0]})
