@@ -250,9 +250,9 @@ def test_settings_are_checked_and_the_run_config_only_tightens():
         guard_settings({"min_psnr": 0})
     with pytest.raises(UsageError, match="feature-action"):
         guard_settings({"feature_action": "noise"})
-    base = guard_settings({"action": "drop", "noise_scale": 2})
-    chosen = from_run_config({"rankaudit-guard-action": "noise", "lr": 0.1}, base=base)
-    assert chosen.action == "noise" and chosen.noise_scale == 2.0
+    base = guard_settings({"action": "noise", "noise_scale": 2})
+    chosen = from_run_config({"rankaudit-guard-action": "drop", "lr": 0.1}, base=base)
+    assert chosen.action == "drop" and chosen.noise_scale == 2.0
 
 
 def test_the_pyproject_table(tmp_path):

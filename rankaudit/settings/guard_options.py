@@ -107,11 +107,10 @@ def guard_settings(values: dict, *, base: GuardSettings | None = None, where: st
 # Which way each setting makes the guard stricter, for the settings a run config may only tighten: "higher" or
 # "lower" (a number), "true" (a switch), or the values from weakest to strictest. A field this table does not name
 # (a later setting, or `log` and `seed`, which aim the guard's output or make its noise predictable) is never taken
-# from a run config. Names the settings do not have (yet) are skipped.
+# from a run config.
 STRICTER = {
     "action": ("noise", "drop", "block"),  # noise sends the offending rows noised, drop sends none of them
     "feature_action": ("send", "drop", "block"),
-    "tolerance": "higher",  # a looser match counts more readouts as reads
     "min_psnr": "lower",  # a readout at or above it leaks: a lower threshold counts more
     "check_features": "true",
     "noise_scale": "higher",
