@@ -293,3 +293,21 @@ def test_a_factory_choice_its_callers_leave_unread_is_refused_not_taken(tmp_path
     message = str(raised.value)
     assert "DifferentialPrivacyServerSideFixedClipping at metric_app/strategy_factory.py" in message
     assert "privacy == 'global-dp'" in message and "\n" not in message
+
+
+def test_server_rounds_the_app_does_not_state_readably_stop_with_the_key_to_state(tmp_path):
+    app = tmp_path / "port"
+    shutil.copytree(APPS / "centralized_port", app)
+    server = app / "server.py"
+    server.write_text(
+        "import os\n" + server.read_text().replace("num_rounds=3", 'num_rounds=int(os.environ["ROUNDS"])')
+    )
+    # Several rounds add equations to each sample's bound: one round assumed would understate it.
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app, APP_GIVEN)
+    assert "server-rounds is not read from the app" in str(raised.value)
+    assert "set server-rounds = R in [tool.rankaudit.round] (or --server-rounds R)" in raised.value.fix
+    given = Overrides(round={"local_samples": 32, "server_rounds": 7}, input_shape_given=True)
+    deployment = read_deployment(app, given)
+    assert setting_rows(deployment)["server-rounds"] == ("7", "--server-rounds")
+    assert (deployment.round.server_rounds, deployment.round.server_rounds_known) == (7, True)

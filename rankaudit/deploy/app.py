@@ -15,15 +15,13 @@ from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.syntax import syntax_of
 from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.errors import UsageError
-from rankaudit.result import DeploymentRead
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
 from rankaudit.settings.round import ROUND_KEYS
-from rankaudit.settings.run import dp_values
 
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one
 # client, no momentum, one available client are what the app says by stating nothing).
-_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
+_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd"}
 _FLOWER_MIN_CLIENTS = 2  # FedAvg's min_fit_clients / min_train_nodes default
 
 
@@ -85,7 +83,12 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     sources = _Sources()
     sources.notes.extend(yaml_notes)
     files = _code_files(directory, app)
-    model, imported, instantiated = _model(directory, app, settings, job, files, config)
+    try:
+        model, imported, instantiated = _model(directory, app, settings, job, files, config)
+    except UsageError:
+        _pytorch_only(directory, files)
+        raise
+    _pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
@@ -104,7 +107,6 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         sources.notes.extend(job.notes)
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
-    _dp_needs_rounds(mechanisms, settings, overrides, values)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
     _clients_read(mechanisms, read, values, sources)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
@@ -207,6 +209,18 @@ def _model(
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
 
 
+def _pytorch_only(directory: Path, files: list[Path]) -> None:
+    """An app whose model is built with another framework is told what rankaudit reads, not to install it."""
+    other = model_code.other_framework(files)
+    if other is not None:
+        framework, path = other
+        raise UsageError(
+            f"{_relative(directory, str(path.resolve()))} builds the app's model with {framework} (it imports "
+            f"{framework.lower()} and not torch); rankaudit reads PyTorch models (torch.nn.Module) only",
+            'audit the PyTorch version of the model, if the app has one: model = "pkg/task.py:Net" in [tool.rankaudit]',
+        )
+
+
 def _config_target(config, callables: list[str]):
     """The model a YAML config names with Hydra's `_target_: pkg.models.CNN` (what `instantiate(cfg.model)`
     builds), with the node's other keys as its arguments; None unless exactly one class or factory of the app
@@ -243,7 +257,7 @@ def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
     like), and every class or function it imports: what its training code may instantiate."""
     if app is not None and app.module_file(app.clientapp) is not None:
         client = app.module_file(app.clientapp)
-        imports = [(client, None), *model_code.imported_modules(client, directory)]
+        imports = [(client, None), *model_code.imported_modules(client, app.code_root or directory)]
     else:
         imports = [(path, None) for path in _python_files(directory)]
     candidates: dict[str, None] = {}
@@ -316,19 +330,18 @@ def _code_files(directory: Path, app) -> list[Path]:
     """The app's packages (those of the client and server components), else every Python file of the job."""
     if app is not None:
         packages = {ref.split(":")[0].split(".")[0] for ref in (app.clientapp, app.serverapp) if ref}
+        root = app.code_root or directory  # a src layout's packages sit under src/
         files = [
             path
             for package in sorted(packages)
-            for path in sorted((directory / package).rglob("*.py"))
-            if (directory / package).is_dir()
+            for path in sorted((root / package).rglob("*.py"))
+            if (root / package).is_dir()
         ]
-        files += [
-            directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()
-        ]
+        files += [root / f"{package}.py" for package in sorted(packages) if (root / f"{package}.py").is_file()]
         # Modules of the app the packages import from elsewhere in it (a sibling package of privacy wrappers).
         for path in list(files):
             try:
-                imported = model_code.imported_modules(path, directory)
+                imported = model_code.imported_modules(path, root)
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
             files += [module for module, _ in imported if module not in files]
@@ -458,8 +471,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             continue
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
             # Not read is not "not in the app": the app may set it where rankaudit cannot read it. These ones the
-            # bound does not depend on (the verifiers' training does); server rounds not known: one round is judged
-            # and the report says what each further round adds.
+            # bound does not depend on (the verifiers' training does).
             sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
@@ -470,8 +482,9 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         many = len(unread) > 1
         raise UsageError(
             f"{' and '.join(unread)} {'are' if many else 'is'} not read from the app, and the bound depends on "
-            f"{'them' if many else 'it'}: no value is safe to assume (more local steps expose more; a larger batch "
-            "couples more samples through its statistics)",
+            f"{'them' if many else 'it'}: no value is safe to assume (more local steps and more server rounds "
+            "expose more, and DP composes over the rounds; a larger batch couples more samples through its "
+            "statistics)",
             "set "
             + " and ".join(f"{setting} = {_LETTER[setting]}" for setting in unread)
             + f" in {ROUND_TABLE} (or "
@@ -481,25 +494,11 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
     return values
 
 
-# Round settings the rank bound depends on: never a default in their place (local-samples: _require).
-_VERDICT_SETTINGS = ("batch-size", "local-epochs")
-_LETTER = {"batch-size": "B", "local-epochs": "E"}
-
-
-def _dp_needs_rounds(mechanisms, settings, overrides: Overrides, values: dict[str, object]) -> None:
-    """DP composes over the server rounds: a guarantee for one round, where the app runs more, is not a bound."""
-    if "server_rounds" in values:
-        return
-    dp_kinds = ("flower-central", "local-dp", "opacus", "opacus-epsilon")
-    mechanism = next((m for m in mechanisms if m.kind in dp_kinds), None)
-    given = {**(settings.dp or {}), **overrides.dp}
-    if mechanism is None and "noise" not in given:
-        return
-    by = f"{mechanism.name} at {mechanism.source}" if mechanism is not None else "the DP settings given"
-    raise UsageError(
-        f"the server rounds are not read from the app, and the DP bound of {by} composes over them",
-        f"set server-rounds = R in {ROUND_TABLE} (or --server-rounds R)",
-    )
+# Round settings the bound depends on: never a default in their place (local-samples: _require). The server
+# rounds too: each round adds its equations to a sample's bound, and DP composes over them; one round assumed where
+# the app runs several would understate both.
+_VERDICT_SETTINGS = ("batch-size", "local-epochs", "server-rounds")
+_LETTER = {"batch-size": "B", "local-epochs": "E", "server-rounds": "R"}
 
 
 def _fits(setting: str, value) -> bool:
@@ -626,56 +625,3 @@ def _declares_input_shape(model: str) -> bool:
         )
         for node in tree.body
     )
-
-
-def deployment_for(
-    spec: str,
-    flags: dict,
-    options: dict,
-    run_config: str | None,
-    model_args: tuple[str, ...],
-    *,
-    batch_size: int | None,
-    input_shape_given: bool,
-):
-    """`rankaudit DIR`: the app's round, DP and model (read_deployment), the command's round `flags` (and
-    `batch_size` where given on the command line) over them; None for a model file."""
-    if not Path(spec).is_dir():
-        if run_config:
-            raise UsageError(
-                "--run-config overrides a Flower app's run config",
-                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
-            )
-        return None
-    if batch_size is not None:
-        flags = {**flags, "batch_size": batch_size}
-    return read_deployment(
-        Path(spec),
-        Overrides(
-            round=flags,
-            dp=dp_values(options, None),
-            run_config=run_config,
-            model_args=model_args,
-            input_shape_given=input_shape_given,
-        ),
-    )
-
-
-def deployment_read(deployment):
-    """What the report says about the deployment that was read (its paths relative to the working directory)."""
-    return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)
-
-
-def deployment_for_design(spec: str, round_flags: dict, options: dict, *, batch_size, input_shape_given: bool):
-    """An app folder's deployment, read as `check` reads it (None for a model file); an app whose model is built
-    with arguments is refused in one line, as suggest and compare build the model without them."""
-    deployment = deployment_for(
-        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
-    )
-    if deployment is not None and deployment.model_args:
-        shown = ", ".join(f"{key}={value!r}" for key, value in deployment.model_args.items())
-        raise UsageError(
-            f"{spec}: the app builds its model with arguments ({shown}), which this command does not pass",
-            f"give a model file whose model takes none, e.g. a zero-argument factory: {deployment.model.rsplit(':', 1)[0]}:NAME",
-        )
-    return deployment

@@ -203,3 +203,28 @@ def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None
                 if module is not None:
                     found.append((module, None))
     return found
+
+
+# Frameworks whose models rankaudit does not read (it traces torch.nn.Module), by the top-level module imported.
+_OTHER_FRAMEWORKS = {"tensorflow": "TensorFlow", "keras": "Keras", "jax": "JAX", "flax": "Flax"}
+
+
+def other_framework(paths: list[Path]) -> tuple[str, Path] | None:
+    """(framework, file) where the files import TensorFlow, Keras, JAX or Flax and none imports torch: an app
+    whose model is not a PyTorch model. None otherwise (a torch app that also imports one is read as torch)."""
+    found = None
+    for path in paths:
+        try:
+            nodes = syntax_of(path).import_nodes
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in nodes:
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                top = name.split(".")[0]
+                if top == "torch":
+                    return None
+                if top in _OTHER_FRAMEWORKS and found is None:
+                    found = (_OTHER_FRAMEWORKS[top], path)
+    return found

@@ -1,0 +1,55 @@
+"""`rankaudit APP_DIR` finds what an app names where its packaging puts it: a src layout's packages, one model
+however many identical copies of its file the app carries, and a TensorFlow app told what rankaudit reads."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import APPS, line_of, no_default_source, setting_rows
+
+from rankaudit.deploy.app import read_deployment
+from rankaudit.errors import UsageError
+
+pytestmark = pytest.mark.usefixtures("no_flower_configuration")
+
+
+def test_a_src_layout_app_is_read_from_the_package_hatch_packs(run_cli, monkeypatch):
+    app = APPS / "src_layout"
+    task, client = app / "src" / "flpa" / "task.py", app / "src" / "flpa" / "client_app.py"
+    deployment = read_deployment(app)
+    rows = setting_rows(deployment)
+    # [tool.hatch.build.targets.wheel] packages = ["src/flpa"]: flpa.client_app is src/flpa/client_app.py.
+    assert rows["model"] == (
+        "src/flpa/task.py:Net",
+        f"Net(...) at src/flpa/client_app.py:{line_of(client, 'model = Net()')}, the model the app trains",
+    )
+    assert rows["momentum"] == ("0.9", f"src/flpa/task.py:{line_of(task, 'SGD(')}")
+    assert rows["local-epochs"] == ("2", "[tool.flwr.app.config] local-epochs")
+    assert rows["server-rounds"] == ("4", "[tool.flwr.app.config] num-server-rounds")
+    no_default_source(rows)
+    monkeypatch.chdir(APPS)
+    code, out, err = run_cli("src_layout", "--quiet")  # the model imports flpa.layers, its own package
+    assert code in (0, 1) and not err.strip(), err
+
+
+def test_a_module_in_neither_the_app_nor_its_source_folder_names_both(tmp_path):
+    app = tmp_path / "flpa"
+    shutil.copytree(APPS / "src_layout", app)
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('clientapp = "flpa.client_app:app"', 'clientapp = "flpa.client:app"')
+    )
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app)
+    assert "clientapp names the module flpa.client, which is not in the app" in str(raised.value)
+    assert "flpa/client.py does not exist there or under src/" in str(raised.value)
+
+
+def test_a_tensorflow_app_is_told_rankaudit_reads_pytorch_models(run_cli, monkeypatch):
+    monkeypatch.chdir(APPS)
+    code, out, err = run_cli("tensorflow", "--input-shape", "3,32,32", "--local-samples", "64")
+    assert code == 2 and not out
+    assert "tfexample/task.py builds the app's model with Keras" in err
+    assert "rankaudit reads PyTorch models (torch.nn.Module) only" in err
+    assert "install" not in err and len(err.strip().splitlines()) == 1
