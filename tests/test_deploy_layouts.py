@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import APPS, line_of, no_default_source, setting_rows
+from conftest import APP_GIVEN, APPS, line_of, no_default_source, setting_rows
 
 from rankaudit.deploy.app import read_deployment
 from rankaudit.errors import UsageError
@@ -53,3 +53,34 @@ def test_a_tensorflow_app_is_told_rankaudit_reads_pytorch_models(run_cli, monkey
     assert "tfexample/task.py builds the app's model with Keras" in err
     assert "rankaudit reads PyTorch models (torch.nn.Module) only" in err
     assert "install" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_identical_copies_of_a_model_file_are_one_model(tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(APPS / "nvflare_json", job)
+    # An NVFlare job ships the same custom code to each site: byte-identical files, one model.
+    (job / "app_site-2" / "custom").mkdir(parents=True)
+    shutil.copy(job / "app" / "custom" / "net.py", job / "app_site-2" / "custom" / "net.py")
+    rows = setting_rows(read_deployment(job, APP_GIVEN))
+    assert rows["model"][0] == "app/custom/net.py:Net"
+    # A copy that differs is another candidate, named with the first.
+    copy = job / "app_site-2" / "custom" / "net.py"
+    copy.write_text(copy.read_text().replace("class Net", "# changed at site 2\nclass Net"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(job, APP_GIVEN)
+    assert "several model candidates (app/custom/net.py:Net, app_site-2/custom/net.py:Net)" in str(raised.value)
+
+
+def test_a_job_that_imports_its_model_from_src_gets_that_one(tmp_path):
+    job = tmp_path / "recipe"
+    shutil.copytree(APPS / "nvflare_recipe", job)
+    (job / "src").mkdir()
+    model = job / "src" / "model.py"
+    model.write_text((job / "model.py").read_text().replace("nn.Linear(64, 2)", "nn.Linear(64, 3)"))
+    script = job / "job.py"
+    script.write_text(script.read_text().replace("from model import CNN", "from src.model import CNN"))
+    rows = setting_rows(read_deployment(job, APP_GIVEN))
+    assert rows["model"] == (
+        "src/model.py:CNN",
+        f"CNN(...) at job.py:{line_of(script, 'model=CNN')}, the model the app trains",
+    )

@@ -311,3 +311,21 @@ def test_server_rounds_the_app_does_not_state_readably_stop_with_the_key_to_stat
     deployment = read_deployment(app, given)
     assert setting_rows(deployment)["server-rounds"] == ("7", "--server-rounds")
     assert (deployment.round.server_rounds, deployment.round.server_rounds_known) == (7, True)
+
+
+def test_depthfl_clients_per_round_from_min_fit_clients_computed_in_code_and_the_strategys_fraction():
+    app = APPS / "depthfl"
+    config = app / "depthfl" / "conf" / "config.yaml"
+    deployment = read_deployment(app, Overrides(round={"local_samples": 500}, input_shape_given=True))
+    rows = setting_rows(deployment)
+    # min_fit_clients=int(cfg.num_clients * cfg.fraction) = int(100 * 0.1) in main.py, and the strategy node's
+    # fraction_fit 0.00001 (DepthFL's own FedDyn, a FedAvg): max(⌊1e-5 · 100⌋, 10) = 10, not all 100 nodes.
+    value, source = rows["clients per round"]
+    assert value == "10"
+    assert f"depthfl/conf/config.yaml:{line_of(config, 'fraction_fit')} strategy.fraction_fit" in source
+    assert f"depthfl/conf/config.yaml:{line_of(config, 'fraction: 0.1')} fraction" in source
+    assert rows["nodes"] == ("100", f"depthfl/conf/config.yaml:{line_of(config, 'num_clients: 100')} num_clients")
+    assert rows["local-epochs"] == ("5", f"depthfl/conf/config.yaml:{line_of(config, 'num_epochs')} num_epochs")
+    assert rows["batch-size"] == ("50", f"depthfl/conf/config.yaml:{line_of(config, 'batch_size')} batch_size")
+    assert rows["server-rounds"] == ("1000", f"depthfl/conf/config.yaml:{line_of(config, 'num_rounds')} num_rounds")
+    assert deployment.model_args == {"n_blocks": 4, "num_classes": 100}

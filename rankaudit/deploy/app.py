@@ -173,6 +173,9 @@ def _model(
             if spec.rsplit(":", 1)[1] == cls
             and (not module or Path(spec.rsplit(":", 1)[0]).stem == module.split(".")[-1])
         ]
+        if len(matches) > 1 and module:  # `src.net.Net`: the file at src/net.py, not another net.py
+            dotted = module.split(".")
+            matches = [spec for spec in matches if _module_parts(directory, spec)[-len(dotted) :] == dotted]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
     targeted = _config_target(config, callables)
@@ -246,6 +249,12 @@ def _config_target(config, callables: list[str]):
     return _shown(spec), [spec], made
 
 
+def _module_parts(directory: Path, spec: str) -> list[str]:
+    """A model file's dotted module path from the app's folder: job/src/net.py:Net -> ["src", "net"]."""
+    path = Path(spec.rsplit(":", 1)[0]).resolve()
+    return list(path.relative_to(directory).with_suffix("").parts) if path.is_relative_to(directory) else [path.stem]
+
+
 def _shown(spec: str) -> str:
     """The model spec with its path relative to the working directory, as the user would type it."""
     path, _, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
@@ -263,8 +272,13 @@ def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
     candidates: dict[str, None] = {}
     factories: dict[str, None] = {}  # only when no class is a candidate: get_model(...) and the like
     callables: dict[str, None] = {}
+    seen: set[bytes] = set()
     for path, names in imports:
         try:
+            text = path.read_bytes()
+            if names is None and text in seen:  # a byte-identical copy (an NVFlare job's per-site custom/): one model
+                continue
+            seen.add(text)
             tree = syntax_of(path).tree
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
@@ -411,13 +425,16 @@ _STRATEGY_KEYS = {
 
 
 def _config_strategy(config) -> list[Found]:
-    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`: its client
-    sampling (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
+    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`, or the app's own
+    strategy class (DepthFL's `depthfl.strategy.FedDyn`) given FedAvg's sampling keys: its client sampling
+    (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
     found = []
     for key, (target, _) in config.items():
-        if key.rsplit(".", 1)[-1] != "_target_" or not str(target).startswith("flwr.server.strategy."):
-            continue
         node = key[: -len("_target_")]
+        if key.rsplit(".", 1)[-1] != "_target_" or not (
+            str(target).startswith("flwr.server.strategy.") or any(node + name in config for name in _STRATEGY_KEYS)
+        ):
+            continue
         for name, setting in _STRATEGY_KEYS.items():
             if node + name in config:
                 value, source = config[node + name]

@@ -329,7 +329,7 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
         )
         if isinstance(model, ast.Call):
             arguments = {k.arg: reader.value(k.value) for k in model.keywords if k.arg}
-            job.model = (call_name(model), arguments, reader.where(model))
+            job.model = (_imported_as(reader, call_name(model)), arguments, reader.where(model))
         elif isinstance(model, ast.Dict):
             table = {k.value: v for k, v in zip(model.keys, model.values) if isinstance(k, ast.Constant)}
             class_path = reader.value(table.get("class_path"))
@@ -360,3 +360,13 @@ def _encrypted(reader, call, name: str, job: NVFlareJob) -> None:
         "reading one client's update, the key holders see the sum; the round is judged for one client's update "
         "(the worst case); set clients = C in [tool.rankaudit.round] to judge the sum of C updates"
     )
+
+
+def _imported_as(reader, name: str) -> str:
+    """A class the job names bare, qualified by the module it imports it from (`from src.net import Net` ->
+    src.net.Net), so that the model file is the one the job imports, not another of the same name."""
+    source = reader.imports.get(name) if "." not in name else None
+    if source is None:
+        return name
+    dotted, level, original = source
+    return ".".join([*dotted, original]) if dotted and not level else name
