@@ -329,3 +329,84 @@ def test_depthfl_clients_per_round_from_min_fit_clients_computed_in_code_and_the
     assert rows["batch-size"] == ("50", f"depthfl/conf/config.yaml:{line_of(config, 'batch_size')} batch_size")
     assert rows["server-rounds"] == ("1000", f"depthfl/conf/config.yaml:{line_of(config, 'num_rounds')} num_rounds")
     assert deployment.model_args == {"n_blocks": 4, "num_classes": 100}
+
+
+def test_percentile_privacy_is_a_client_side_result_filter_that_adds_no_noise(tmp_path):
+    job = tmp_path / "fedavg"
+    shutil.copytree(APPS / "nvflare_fedavg_job", job)
+    script = job / "fedavg_script_runner.py"
+    script.write_text(
+        script.read_text()
+        .replace(
+            "from nvflare.job_config.script_runner import ScriptRunner\n",
+            "from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy\n"
+            "from nvflare.job_config.script_runner import ScriptRunner\n"
+            "from nvflare.job_config.defs import FilterType\n",
+        )
+        .replace(
+            '        job.to(runner, f"site-{site + 1}")\n',
+            '        job.to(runner, f"site-{site + 1}")\n'
+            '        job.to(PercentilePrivacy(percentile=10, gamma=0.01), f"site-{site + 1}", tasks=["train"], '
+            "filter_type=FilterType.TASK_RESULT)\n",
+        )
+    )
+    deployment = read_deployment(job, APP_GIVEN)
+    line = line_of(script, "PercentilePrivacy(percentile")
+    notes = [note for note in deployment.notes if "PercentilePrivacy" in note]
+    assert notes == [
+        f"PercentilePrivacy at fedavg_script_runner.py:{line}: a result filter on the client that sends only the "
+        "weight changes above its percentile, clipped to gamma; it adds no noise, so nothing is counted as DP, and "
+        "the entries it sends still carry the samples (the bound judges the full update, an upper bound on what the "
+        "filtered one shows)"
+    ]
+    assert deployment.round.dp is None and not any("server" in note for note in notes)
+    # The same filter in a client config's task_result_filters.
+    configured = tmp_path / "json"
+    shutil.copytree(APPS / "nvflare_json", configured)
+    client = configured / "app" / "config" / "config_fed_client.json"
+    config = json.loads(client.read_text())
+    config["task_result_filters"] = [
+        {
+            "tasks": ["train"],
+            "filters": [
+                {
+                    "path": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy",
+                    "args": {"percentile": 10, "gamma": 0.01},
+                }
+            ],
+        }
+    ]
+    client.write_text(json.dumps(config, indent=2))
+    deployment = read_deployment(configured, APP_GIVEN)
+    assert [note for note in deployment.notes if "PercentilePrivacy" in note] == [
+        notes[0].replace(f"fedavg_script_runner.py:{line}", "app/config/config_fed_client.json")
+    ]
+    assert deployment.round.dp is None
+
+
+def test_hello_lightning_train_args_joined_with_plus_and_the_trainers_max_epochs(tmp_path):
+    job = APPS / "nvflare_lightning"
+    script, client = job / "job.py", job / "client.py"
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
+    # train_args = f"--batch_size {batch_size} ..." + (" --synthetic_data" if args.synthetic_data else ""): the
+    # job's 24 reaches the client, not the client's own argparse default 4.
+    assert rows["batch-size"] == (
+        "24",
+        f"job.py:{line_of(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 24)",
+    )
+    assert rows["local-epochs"] == ("1", f"client.py:{line_of(client, 'Trainer(max_epochs=1')}")
+    assert rows["momentum"] == ("0.9", f"model.py:{line_of(job / 'model.py', 'SGD(')}")
+    assert rows["server-rounds"][0] == "2" and deployment.round.batch_size == 24
+    no_default_source(rows)
+    # A branch whose condition is known only when the job runs: an option it passes is not read from either side.
+    changed = tmp_path / "lightning"
+    shutil.copytree(job, changed)
+    text = (changed / "job.py").read_text()
+    (changed / "job.py").write_text(
+        "import os\n"
+        + text.replace('" --synthetic_data" if args.synthetic_data', '" --batch_size 8" if os.environ.get("FAST")')
+    )
+    with pytest.raises(UsageError) as raised:
+        read_deployment(changed, APP_GIVEN)
+    assert "batch-size" in str(raised.value)

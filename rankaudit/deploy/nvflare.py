@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankaudit.deploy.found import Found
+from rankaudit.deploy.privacy import NVFLARE_RESULT_FILTERS, result_filter_note
 
 _CLIENT_CONFIGS = ("config_fed_client.json", "config_fed_client.conf")
 _SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
@@ -207,6 +208,10 @@ def read_job(directory: Path) -> NVFlareJob:
         relative = path.relative_to(directory).as_posix()
         for cls, arguments in component_arguments(_raw_config(path) or {}, relative).items():
             job.components.setdefault(cls, {}).update(arguments)
+        for component in _filters(config or {}):  # task_result_filters: a privacy filter the client applies
+            named = (component.get("path") or component.get("name") or "").rsplit(".", 1)[-1]
+            if named in NVFLARE_RESULT_FILTERS:
+                job.notes.append(result_filter_note(named, relative))
         for component in _filters(config or {}):
             arguments = component.get("args") or {}
             script = arguments.get("task_script_path") or arguments.get("script")

@@ -10,6 +10,7 @@ from pathlib import Path
 from rankaudit.deploy import reach
 from rankaudit.deploy.code_reader import FLOWER_ADAPTIVE, FLOWER_FIXED, POSITIONAL, ModuleReader, is_number
 from rankaudit.deploy.found import Found, Mechanism, call_name
+from rankaudit.deploy.privacy import NVFLARE_RESULT_FILTERS
 
 _EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
 
@@ -107,7 +108,8 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
 
 def _epochs(reader: ModuleReader) -> list[Found]:
     """Local epochs: `for _ in range(E)` around a loop over the data in a train function, or a literal
-    `epochs=E` / `local_epochs=E` passed to a call."""
+    `epochs=E` / `local_epochs=E` passed to a call, or Lightning's `Trainer(max_epochs=E)` (its max_steps or
+    limit_train_batches can only stop it sooner: E epochs is the most it trains)."""
     found = []
     for node in reader.loops:
         if (
@@ -130,12 +132,13 @@ def _epochs(reader: ModuleReader) -> list[Found]:
     for call in reader.calls():
         if call_name(call) in ("make_private_with_epsilon",):
             continue  # its `epochs` is the accountant's horizon, read with the mechanism
-        if not any(keyword.arg in ("epochs", "local_epochs", "num_epochs") for keyword in call.keywords):
+        names = ("epochs", "local_epochs", "num_epochs", *(("max_epochs",) if call_name(call) == "Trainer" else ()))
+        if not any(keyword.arg in names for keyword in call.keywords):
             continue
         if reader.branch(call) is False:
             continue
         for keyword in call.keywords:
-            if keyword.arg in ("epochs", "local_epochs", "num_epochs"):
+            if keyword.arg in names:
                 count = reader.value(keyword.value)
                 if count is not None and isinstance(count.value, int) and not isinstance(count.value, bool):
                     found.append(Found("local-epochs", count.value, count.source, count.line))
@@ -287,6 +290,8 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
             mechanisms.append(Mechanism(kind, name, arguments, where))
         elif name == "SecAggPlusWorkflow" or name == "SecAggWorkflow":
             mechanisms.append(Mechanism("secagg", name, {}, where))
+        elif name in NVFLARE_RESULT_FILTERS:  # job.to(PercentilePrivacy(...), site, filter_type=TASK_RESULT)
+            mechanisms.append(Mechanism("result-filter", name, {}, where))
         elif _privacy_wrapper(name) and name not in _KNOWN_NAMES:
             if _holds_mechanism(reader, name):
                 continue  # the app's own client class (DPCifarClient) around a mechanism read on its own
