@@ -84,3 +84,22 @@ def test_a_job_that_imports_its_model_from_src_gets_that_one(tmp_path):
         "src/model.py:CNN",
         f"CNN(...) at job.py:{line_of(script, 'model=CNN')}, the model the app trains",
     )
+
+
+def test_an_apps_own_info_log_lines_stay_out_of_rankaudits_stderr():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    # flpa's task.py calls logging.basicConfig(level=INFO) and logs while it is imported and while Net is built.
+    finished = subprocess.run(
+        [sys.executable, "-m", "rankaudit", str(APPS / "src_layout"), "-q"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert finished.returncode in (0, 1), finished.stderr
+    assert "flpa:" not in finished.stderr and "INFO" not in finished.stderr, finished.stderr
+    assert finished.stdout.strip()  # the verdict line

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import re
 import sys
 from pathlib import Path
@@ -33,6 +35,18 @@ def package_root(path: Path) -> tuple[Path, str | None]:
         parts.insert(0, folder.name)
         folder = folder.parent
     return folder, (".".join(parts) if len(parts) > 1 else None)
+
+
+@contextlib.contextmanager
+def quiet_app_logs():
+    """The app's own INFO and DEBUG log lines (an app module's `logging.basicConfig(level=logging.INFO)` and the
+    lines it logs while it is imported and built) stay out of rankaudit's stderr; its warnings and errors show."""
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.INFO))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
