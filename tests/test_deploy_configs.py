@@ -89,6 +89,8 @@ def test_nvflare_recipe_with_homomorphic_encryption_is_a_job_and_its_encryption_
     assert rows["clients per round"][0] == "3"
     he = next(note for note in deployment.notes if "homomorphic" in note)
     assert he.startswith(f"FedAvgRecipeWithHE at job.py:{line_of(script, 'recipe = ')} encrypts every layer")
+    # One account of what the server sees: not also "without secure aggregation the server sees each update".
+    assert not any("without secure aggregation" in note for note in deployment.notes), deployment.notes
     assert deployment.round.clients == 1  # the sum is judged only when the user says how many are summed
     assert not [row for row in rows.values() if "not read" in row[1]], rows
 

@@ -103,3 +103,36 @@ def test_an_apps_own_info_log_lines_stay_out_of_rankaudits_stderr():
     assert finished.returncode in (0, 1), finished.stderr
     assert "flpa:" not in finished.stderr and "INFO" not in finished.stderr, finished.stderr
     assert finished.stdout.strip()  # the verdict line
+
+
+def test_a_decoder_training_calls_outside_forward_is_named(tmp_path):
+    app = tmp_path / "autoencoder"
+    shutil.copytree(APPS / "quickstart", app, ignore=shutil.ignore_patterns("__pycache__"))
+    task = app / "quickstart_app" / "task.py"
+    task.write_text(
+        task.read_text()
+        .replace(
+            "        self.head = Head(4 * 6 * 6, 10)\n",
+            "        self.head = Head(4 * 6 * 6, 10)\n        self.decoder = nn.Linear(4 * 6 * 6, 64)\n",
+        )
+        .replace(
+            "    def forward(self, x):\n",
+            "    def reconstruct(self, x):\n"
+            "        return self.decoder(torch.relu(self.conv1(x)).flatten(1)).view(-1, 1, 8, 8)\n\n"
+            "    def forward(self, x):\n",
+        )
+        .replace(
+            "criterion(net(images), labels).backward()",
+            "(criterion(net(images), labels) + ((net.reconstruct(images) - images) ** 2).mean()).backward()",
+        )
+    )
+    notes = [note for note in read_deployment(app).notes if "forward()" in note]
+    assert notes == [
+        f"Net.decoder (quickstart_app/task.py:{line_of(task, 'self.decoder =')}) is not used by forward() but by "
+        "Net.reconstruct(), which the app's code calls: rankaudit traces forward() alone, so the gradients decoder "
+        "adds to the update are not counted and the bound covers only what forward() uses; make forward() compute "
+        "what training computes to count them"
+    ]
+    # A layer the app never calls outside forward() is no gradient: no note.
+    task.write_text(task.read_text().replace(" + ((net.reconstruct(images) - images) ** 2).mean()", ""))
+    assert not [note for note in read_deployment(app).notes if "forward()" in note]

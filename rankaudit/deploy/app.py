@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -89,6 +90,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         _pytorch_only(directory, files)
         raise
     _pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
+    sources.notes.extend(_outside_forward(directory, model, files))
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
@@ -108,7 +110,7 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
-    _clients_read(mechanisms, read, values, sources)
+    _clients_read(mechanisms, read, values, sources, encrypted=job is not None and job.encrypted)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
     sampled = _sampled_clients(read, [])
     with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
@@ -222,6 +224,30 @@ def _pytorch_only(directory: Path, files: list[Path]) -> None:
             f"{framework.lower()} and not torch); rankaudit reads PyTorch models (torch.nn.Module) only",
             'audit the PyTorch version of the model, if the app has one: model = "pkg/task.py:Net" in [tool.rankaudit]',
         )
+
+
+def _outside_forward(directory: Path, model: str, files: list[Path]) -> list[str]:
+    """A submodule of the model class that forward() never reaches but the app's code calls (a decoder, an
+    auxiliary head): its gradients are in the update, not in the trace; said, never silently left out."""
+    if model.count(":") != 1:
+        return []
+    path, name = Path(model.split(":")[0]), model.split(":")[1]
+    texts = []
+    for file in files:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            texts.append(file.read_text(encoding="utf-8"))
+    notes = []
+    for attribute, line, user in model_code.outside_forward(path, name):
+        word = user or attribute
+        if any(f".{word}(" in text for text in texts):
+            by = f" but by {name}.{user}()" if user else ""
+            notes.append(
+                f"{name}.{attribute} ({_relative(directory, str(path.resolve()))}:{line}) is not used by forward(){by}, "
+                f"which the app's code calls: rankaudit traces forward() alone, so the gradients {attribute} adds to "
+                "the update are not counted and the bound covers only what forward() uses; make forward() compute "
+                "what training computes to count them"
+            )
+    return notes
 
 
 def _config_target(config, callables: list[str]):
@@ -567,9 +593,10 @@ def _sampled_clients(read: dict[str, Found], mechanisms) -> Found | None:
     return Found("clients", sampled, "max(⌊fraction · nodes⌋, min clients) from " + ", ".join(parts))
 
 
-def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
+def _clients_read(mechanisms, read, values, sources: _Sources, *, encrypted: bool = False) -> None:
     """Without secure aggregation the server sees each client's update alone, so the round is one client's:
-    the nodes and the clients sampled per round are still shown as read."""
+    the nodes and the clients sampled per round are still shown as read. With encrypted updates (homomorphic
+    encryption) the encryption's own note says how the round is judged: one note, not two that disagree."""
     if "clients" in values:
         return
     nodes, sampled = read.get("available-clients"), _sampled_clients(read, mechanisms)
@@ -577,6 +604,7 @@ def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
         sources.add("nodes", nodes.value, nodes.source)
     if sampled is not None:
         sources.add("clients per round", sampled.value, sampled.source)
+    if sampled is not None and not encrypted:
         sources.notes.append(
             f"{sampled.value} clients train each round; without secure aggregation the server sees each "
             "client's update alone, so the round is judged for one client"

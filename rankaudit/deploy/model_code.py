@@ -228,3 +228,52 @@ def other_framework(paths: list[Path]) -> tuple[str, Path] | None:
                 if top in _OTHER_FRAMEWORKS and found is None:
                     found = (_OTHER_FRAMEWORKS[top], path)
     return found
+
+
+def outside_forward(path: Path, name: str) -> list[tuple[str, int, str]]:
+    """Submodules the model class sets in __init__ (`self.decoder = nn.Sequential(...)`) that forward() never
+    reaches, directly or through the methods it calls: (attribute, line, the method that uses it, or "").
+    rankaudit traces forward() alone, so a decoder or an auxiliary head that training calls on its own adds
+    gradients the trace does not see."""
+    try:
+        tree = syntax_of(path).tree
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    cls = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
+    if cls is None:
+        return []
+    methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+    if "forward" not in methods or "__init__" not in methods:
+        return []
+
+    def self_attributes(node: ast.AST) -> set[str]:
+        return {
+            inner.attr
+            for inner in ast.walk(node)
+            if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "self"
+        }
+
+    reached, pending = set(), ["forward"]
+    while pending:
+        method = pending.pop()
+        if method in reached:
+            continue
+        reached.add(method)
+        pending += [attribute for attribute in self_attributes(methods[method]) if attribute in methods]
+    used = set().union(*(self_attributes(methods[method]) for method in reached))
+    found = []
+    for statement in ast.walk(methods["__init__"]):
+        if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)):
+            continue
+        for target in statement.targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+                and target.attr not in used
+                and call_name(statement.value)[:1].isupper()  # a layer or a module, not a helper's value
+            ):
+                others = [m for m in methods if m not in reached and m != "__init__"]
+                user = next((m for m in others if target.attr in self_attributes(methods[m])), "")
+                found.append((target.attr, statement.lineno, user))
+    return found

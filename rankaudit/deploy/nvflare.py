@@ -73,6 +73,7 @@ class NVFlareJob:
     components: dict[str, dict[str, Found]] = field(default_factory=dict)  # class -> its `args` in a client config
     model: tuple[str, dict[str, Found], str] | None = None  # (class or dotted class path, arguments, source)
     notes: list[str] = field(default_factory=list)
+    encrypted: bool = False  # the updates are encrypted (FedAvgRecipeWithHE): its note says how the round is judged
 
 
 def job_scripts(directory: Path) -> list[Path]:
@@ -360,6 +361,7 @@ def _encrypted(reader, call, name: str, job: NVFlareJob) -> None:
         which = f"the layers `{ast.unparse(given)}` names (not read; the others are sent in clear)"
     else:
         which = f"the layers {layers.value!r} ({layers.source}); the others are sent in clear"
+    job.encrypted = True
     job.notes.append(
         f"{name} at {reader.where(call)} encrypts {which} with homomorphic encryption: the server aggregates without "
         "reading one client's update, the key holders see the sum; the round is judged for one client's update "
