@@ -3,12 +3,13 @@ however many identical copies of its file the app carries, and a TensorFlow app 
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 from conftest import APP_GIVEN, APPS, line_of, no_default_source, setting_rows
 
-from rankaudit.deploy.app import read_deployment
+from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("no_flower_configuration")
@@ -136,3 +137,50 @@ def test_a_decoder_training_calls_outside_forward_is_named(tmp_path):
     # A layer the app never calls outside forward() is no gradient: no note.
     task.write_text(task.read_text().replace(" + ((net.reconstruct(images) - images) ** 2).mean()", ""))
     assert not [note for note in read_deployment(app).notes if "forward()" in note]
+
+
+def test_fedrep_model_named_by_model_name_and_its_head_kept_on_the_client(run_cli, monkeypatch):
+    app = APPS / "fedrep"
+    client, models = app / "fedrep" / "client_app.py", app / "fedrep" / "models.py"
+    given = Overrides(round={"local_samples": 500}, input_shape_given=True)
+    deployment = read_deployment(app, given)
+    rows = setting_rows(deployment)
+    # model-name = "cnncifar10" in the run config, mapped to CNNCifar10 through the model manager in code.
+    assert rows["model"] == (
+        "fedrep/implemented_models/cnn_cifar10.py:CNNCifar10",
+        "CNNCifar10(...) at [tool.flwr.app.config] model-name = 'cnncifar10', the model the app trains",
+    )
+    assert rows["local-epochs"] == (
+        "6",
+        "[tool.flwr.app.config] num-local-epochs and [tool.flwr.app.config] num-rep-epochs",
+    )  # range(local_epochs + rep_epochs)
+    assert rows["momentum"] == ("0.5", f"fedrep/models.py:{line_of(models, 'momentum=0.5')}")
+    # algorithm = "fedrep" picks FedRepClient (Algorithm.FEDREP.value), whose get_parameters sends the body alone.
+    sent = line_of(client, "model.body.state_dict()")
+    assert deployment.withheld_layers == ["head"]
+    assert rows["withheld-layers"] == (
+        "head",
+        f"fedrep/client_app.py:{sent} (FedRepClient.get_parameters sends body alone)",
+    )
+    assert (
+        f"FedRepClient.get_parameters at fedrep/client_app.py:{sent} sends the model's body alone: head stays on the "
+        "client (personal layers, as in FedPer and FedRep) and is left out of what is judged as sent"
+    ) in deployment.notes
+    # The verdict follows what is sent: the same figures as the model file with its head withheld.
+    monkeypatch.chdir(APPS)
+    code, out, err = run_cli("fedrep", "--input-shape", "3,32,32", "--local-samples", "500", "--format", "json")
+    read = json.loads(out)
+    model = "fedrep/fedrep/implemented_models/cnn_cifar10.py:CNNCifar10"
+    round_flags = ("-b", "50", "--local-epochs", "6", "--server-rounds", "100", "--lr", "0.01", "--momentum", "0.5")
+    flags = ("--input-shape", "3,32,32", "--local-samples", "500", *round_flags, "--format", "json")
+    code, out, err = run_cli(model, *flags, "--withheld-layers", "head.0")
+    withheld = json.loads(out)
+    code, out, err = run_cli(model, *flags)
+    sent_whole = json.loads(out)
+    assert read["identifiability"]["rank_bound"] == withheld["identifiability"]["rank_bound"] == 51146 - (32 * 10 + 10)
+    assert sent_whole["identifiability"]["rank_bound"] == 51146
+    # FedAvg's client sends everything: nothing withheld.
+    fedavg = read_deployment(
+        app, Overrides(round={"local_samples": 500}, run_config='algorithm="fedavg"', input_shape_given=True)
+    )
+    assert fedavg.withheld_layers is None and not any("sends the model's body" in note for note in fedavg.notes)

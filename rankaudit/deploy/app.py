@@ -180,7 +180,7 @@ def _model(
             matches = [spec for spec in matches if _module_parts(directory, spec)[-len(dotted) :] == dotted]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
-    targeted = _config_target(config, callables)
+    targeted = _config_target(config, callables) or _config_model_name(directory, config, files)
     if targeted is not None:
         return targeted
     client = app.module_file(app.clientapp) if app is not None else None
@@ -248,6 +248,39 @@ def _outside_forward(directory: Path, model: str, files: list[Path]) -> list[str
                 "what training computes to count them"
             )
     return notes
+
+
+# Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).
+_MODEL_NAME_KEYS = ("model-name", "model_name", "model-type", "model_type", "model")
+
+
+def _config_model_name(directory: Path, config, files: list[Path]):
+    """The model a config key names (`model-name = "cnncifar10"`, picked through a model manager in code): the
+    one nn.Module class of the app's code whose name is that value, letter case and `-`/`_` aside; None unless
+    exactly one class (identical copies aside) is named so."""
+
+    def plain(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    for key, (value, source) in config.items():
+        if key.rsplit(".", 1)[-1] not in _MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
+            continue
+        named, seen = [], set()
+        for path in files:
+            try:
+                text = path.read_bytes()
+                classes = model_code.module_classes(syntax_of(path).tree)
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            if text in seen:
+                continue
+            seen.add(text)
+            named += [f"{path}:{name}" for name in classes if plain(name) == plain(value)]
+        if len(named) == 1:
+            name = named[0].rsplit(":", 1)[1]
+            made = model_code.Instantiation(name, {}, f"{source} {key} = {value!r}")
+            return _shown(named[0]), [named[0]], made
+    return None
 
 
 def _config_target(config, callables: list[str]):
@@ -424,8 +457,12 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
         for name in names:
             # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
             nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]
+            # The training split's value of a per-split table (HeteroFL's `batch_size: {train: 10, test: 50}`).
+            split = [key for key in config if key.split(".")[-2:] == [name, "train"] and _fits(setting, config[key][0])]
             if name not in config and len(nested) == 1:
                 name = nested[0]
+            elif name not in config and not nested and len(split) == 1:
+                name = split[0]
             if name in config:
                 value, source = config[name]
                 read[setting] = Found(

@@ -48,7 +48,7 @@ def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
             + f" (set noise, clip and noise-by in {DP_TABLE} to count it)"
         )
     notes += [result_filter_note(m.name, m.source) for m in mechanisms if m.kind == "result-filter"]
-    not_dp = ("secagg", "exclude-vars", "unaccounted", "local-layers", "result-filter")
+    not_dp = ("secagg", "exclude-vars", "unaccounted", "local-layers", "sent-part", "result-filter")
     dp_mechanisms = [m for m in mechanisms if m.kind not in not_dp]
     if len({m.kind for m in dp_mechanisms}) > 1:
         notes.append(

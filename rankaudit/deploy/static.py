@@ -340,6 +340,21 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
             if not isinstance(comprehension, (ast.ListComp, ast.GeneratorExp)):
                 continue
             loop = comprehension.generators[0]
+            part = _SENT_PART.search(ast.unparse(loop.iter))
+            if part is not None and not loop.ifs and owner is not None:
+                # FedPer/FedRep: `model.body.state_dict()` alone is sent; the rest of the model stays local.
+                runs = _runs(reader, owner.name, senders)
+                if runs is not False:
+                    found.append(
+                        Mechanism(
+                            "sent-part",
+                            f"{owner.name}.get_parameters",
+                            {"part": Found("sent", part.group(1), reader.where(comprehension))},
+                            reader.where(comprehension),
+                            None if runs else _undecided(senders),
+                        )
+                    )
+                continue
             if "state_dict" not in ast.unparse(loop.iter) or not isinstance(loop.target, ast.Tuple):
                 continue
             key = loop.target.elts[0]
@@ -360,7 +375,7 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
                 continue
             condition = None
             if runs is None:
-                condition = "the client class is " + " or ".join(sorted(senders)) + ", chosen when the app runs"
+                condition = _undecided(senders)
             found.append(
                 Mechanism(
                     "local-layers",
@@ -371,6 +386,14 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
                 )
             )
     return found
+
+
+# A get_parameters that sends one submodule's state dict: `self.model_manager.model.body.state_dict().values()`.
+_SENT_PART = re.compile(r"\.(\w+)\.state_dict\(\)(\.(values|items)\(\))?$")
+
+
+def _undecided(senders: dict) -> str:
+    return "the client class is " + " or ".join(sorted(senders)) + ", chosen when the app runs"
 
 
 def _runs(reader: ModuleReader, name: str, senders: dict) -> bool | None:
@@ -384,6 +407,18 @@ def _runs(reader: ModuleReader, name: str, senders: dict) -> bool | None:
     if targets & set(senders):
         return name in targets
     built = {call_name(call) for peer in reader.peers for call in peer.calls()} & set(senders)
+    # `client_class = FedRepClient` under `if algorithm == ...`: the class the branch the config takes picks.
+    assigned = [
+        (node.value.id, peer.branch(node))
+        for peer in reader.peers
+        for node in ast.walk(peer.tree)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in senders
+    ]
+    taken = {assigned_name for assigned_name, runs in assigned if runs is True}
+    if taken:
+        return name in taken
+    if any(isinstance(runs, str) for _, runs in assigned):  # a condition rankaudit does not read decides
+        return None if any(n == name and isinstance(runs, str) for n, runs in assigned) else False
     if built:
         return name in built
     return True if len(senders) == 1 else None
