@@ -184,3 +184,31 @@ def test_fedrep_model_named_by_model_name_and_its_head_kept_on_the_client(run_cl
         app, Overrides(round={"local_samples": 500}, run_config='algorithm="fedavg"', input_shape_given=True)
     )
     assert fedavg.withheld_layers is None and not any("sends the model's body" in note for note in fedavg.notes)
+
+
+def test_fedper_model_arguments_from_base_yaml_its_own_package_and_its_head_kept(run_cli, monkeypatch):
+    app = APPS / "fedper"
+    base, client = app / "fedper" / "conf" / "base.yaml", app / "fedper" / "client.py"
+    deployment = read_deployment(app, Overrides(round={"local_samples": 512}, input_shape_given=True))
+    rows = setting_rows(deployment)
+    # num_head_layers 2 at base.yaml, not MobileNet's constructor default 1.
+    assert deployment.model_args == {"num_head_layers": 2, "num_classes": 10}
+    assert rows["model-arg num_head_layers"] == (
+        "2",
+        f"fedper/conf/base.yaml:{line_of(base, 'num_head_layers')} model.num_head_layers",
+    )
+    sent = line_of(client, "model.body.state_dict()")
+    assert rows["withheld-layers"] == (
+        "head",
+        f"fedper/client.py:{sent} (FedPerClient.get_parameters sends body alone)",
+    )
+    assert not any("sends the model's model" in note for note in deployment.notes)  # BaseClient sends the whole
+    # fedper/ has no __init__.py: mobile_model.py's `from fedper.models import ...` imports the app's own package.
+    monkeypatch.chdir(APPS)
+    code, out, err = run_cli("fedper", "--input-shape", "3,16,16", "--local-samples", "512", "--format", "json")
+    assert code in (0, 1), err
+    payload = json.loads(out)
+    # MobileNet(num_head_layers=2): the head holds the last depthwise block and the classifier.
+    head = [layer["name"] for layer in payload["layers"] if layer["name"].startswith("head.")]
+    assert head == ["head.0.0", "head.0.2", "head.1", "head.3"], head  # the pooling is a row of its own
+    assert "not installed" not in err

@@ -341,6 +341,8 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
                 continue
             loop = comprehension.generators[0]
             part = _SENT_PART.search(ast.unparse(loop.iter))
+            if part is not None and part.group(1) in _WHOLE_MODEL:
+                part = None  # `self.model.state_dict()`: the whole model is sent
             if part is not None and not loop.ifs and owner is not None:
                 # FedPer/FedRep: `model.body.state_dict()` alone is sent; the rest of the model stays local.
                 runs = _runs(reader, owner.name, senders)
@@ -390,6 +392,10 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
 
 # A get_parameters that sends one submodule's state dict: `self.model_manager.model.body.state_dict().values()`.
 _SENT_PART = re.compile(r"\.(\w+)\.state_dict\(\)(\.(values|items)\(\))?$")
+
+
+# Names a client gives the model itself (`self.model_manager.model.state_dict()` sends all of it).
+_WHOLE_MODEL = frozenset({"model", "_model", "net", "network", "module", "base_model"})
 
 
 def _undecided(senders: dict) -> str:

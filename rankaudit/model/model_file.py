@@ -34,7 +34,33 @@ def package_root(path: Path) -> tuple[Path, str | None]:
     while (folder / "__init__.py").is_file() and folder.parent != folder:
         parts.insert(0, folder.name)
         folder = folder.parent
-    return folder, (".".join(parts) if len(parts) > 1 else None)
+    if len(parts) == 1:  # no __init__.py: a namespace package the file imports by its own name is the app's
+        return _namespace_root(path.resolve())
+    return folder, ".".join(parts)
+
+
+def _namespace_root(path: Path) -> tuple[Path, str | None]:
+    """A file in folders without __init__.py that imports its own package by name (FedPer's
+    fedper/implemented_models/mobile_model.py: `from fedper.models import ...`, run as `python -m fedper.main`): the
+    folder above that package goes on sys.path, the file runs as fedper.implemented_models.mobile_model."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return path.parent, None
+    imported = {
+        name.split(".")[0]
+        for node in ast.walk(tree)
+        for name in ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        + ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+    }
+    for ancestor in path.parents:
+        if ancestor.name in imported and ancestor.parent != ancestor:
+            dotted = path.relative_to(ancestor.parent).with_suffix("").parts
+            if all(part.isidentifier() for part in dotted):
+                return ancestor.parent, ".".join(dotted)
+    return path.parent, None
 
 
 @contextlib.contextmanager
