@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankaudit.deploy import flower, model_code, nvflare, static, yamlconf
+from rankaudit.deploy import flower, model_checks, model_code, nvflare, static, yamlconf
 from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
@@ -87,10 +86,10 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     try:
         model, imported, instantiated = _model(directory, app, settings, job, files, config)
     except UsageError:
-        _pytorch_only(directory, files)
+        model_checks.pytorch_only(directory, files)
         raise
-    _pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
-    sources.notes.extend(_outside_forward(directory, model, files))
+    model_checks.pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
+    sources.notes.extend(model_checks.outside_forward_notes(directory, model, files))
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
@@ -212,42 +211,6 @@ def _model(
         )
     shown = ", ".join(_relative(directory, spec) for spec in candidates)
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
-
-
-def _pytorch_only(directory: Path, files: list[Path]) -> None:
-    """An app whose model is built with another framework is told what rankaudit reads, not to install it."""
-    other = model_code.other_framework(files)
-    if other is not None:
-        framework, path = other
-        raise UsageError(
-            f"{_relative(directory, str(path.resolve()))} builds the app's model with {framework} (it imports "
-            f"{framework.lower()} and not torch); rankaudit reads PyTorch models (torch.nn.Module) only",
-            'audit the PyTorch version of the model, if the app has one: model = "pkg/task.py:Net" in [tool.rankaudit]',
-        )
-
-
-def _outside_forward(directory: Path, model: str, files: list[Path]) -> list[str]:
-    """A submodule of the model class that forward() never reaches but the app's code calls (a decoder, an
-    auxiliary head): its gradients are in the update, not in the trace; said, never silently left out."""
-    if model.count(":") != 1:
-        return []
-    path, name = Path(model.split(":")[0]), model.split(":")[1]
-    texts = []
-    for file in files:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            texts.append(file.read_text(encoding="utf-8"))
-    notes = []
-    for attribute, line, user in model_code.outside_forward(path, name):
-        word = user or attribute
-        if any(f".{word}(" in text for text in texts):
-            by = f" but by {name}.{user}()" if user else ""
-            notes.append(
-                f"{name}.{attribute} ({_relative(directory, str(path.resolve()))}:{line}) is not used by forward(){by}, "
-                f"which the app's code calls: rankaudit traces forward() alone, so the gradients {attribute} adds to "
-                "the update are not counted and the bound covers only what forward() uses; make forward() compute "
-                "what training computes to count them"
-            )
-    return notes
 
 
 # Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).

@@ -56,7 +56,7 @@ def _namespace_root(path: Path) -> tuple[Path, str | None]:
         + ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
     }
     for ancestor in path.parents:
-        if ancestor.name in imported and ancestor.parent != ancestor:
+        if ancestor.name in imported and ancestor.parent != ancestor and not _installed(ancestor.name, ancestor):
             dotted = path.relative_to(ancestor.parent).with_suffix("").parts
             if all(part.isidentifier() for part in dotted):
                 return ancestor.parent, ".".join(dotted)
@@ -73,6 +73,23 @@ def quiet_app_logs():
         yield
     finally:
         logging.disable(previous)
+
+
+def _installed(name: str, folder: Path) -> bool:
+    """Whether `name` is a module the environment already has (torch, a library) somewhere other than `folder`:
+    a folder of that name is never taken for the app's own package, whose import would then shadow it."""
+    if name in sys.stdlib_module_names:
+        return True
+    module = sys.modules.get(name)
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    if spec is None:
+        return module is not None
+    places = [spec.origin] if spec.origin and spec.origin not in ("namespace", "built-in", "frozen") else []
+    places += list(spec.submodule_search_locations or [])
+    return not places or any(not Path(place).resolve().is_relative_to(folder) for place in places)
 
 
 def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):
