@@ -410,3 +410,31 @@ def test_hello_lightning_train_args_joined_with_plus_and_the_trainers_max_epochs
     with pytest.raises(UsageError) as raised:
         read_deployment(changed, APP_GIVEN)
     assert "batch-size" in str(raised.value)
+
+
+def test_a_match_on_a_parameter_passed_through_an_aliased_import_takes_the_apps_case(tmp_path):
+    app = tmp_path / "quickstart"
+    shutil.copytree(APPS / "quickstart", app, ignore=shutil.ignore_patterns("__pycache__"))
+    task, client = app / "quickstart_app" / "task.py", app / "quickstart_app" / "client_app.py"
+    task.write_text(
+        task.read_text()
+        .replace(
+            "def train(net, trainloader, epochs, lr, device):",
+            'def train(net, trainloader, epochs, lr, device, name="sgd"):',
+        )
+        .replace(
+            "    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)\n",
+            "    match name:\n"
+            '        case "adam":\n'
+            "            optimizer = torch.optim.Adam(net.parameters(), lr=lr)\n"
+            "        case _:\n"
+            "            optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)\n",
+        )
+    )
+    # client_app.py imports `train as train_fn`; task.py's own `net.train()` is the module's method, no call of it.
+    client.write_text(client.read_text().replace('"cpu")', '"cpu", name=context.run_config["optimizer"])'))
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("batch-size = 32\n", 'batch-size = 32\noptimizer = "adam"\n'))
+    rows = setting_rows(read_deployment(app))
+    assert rows["optimizer"] == ("adam", f"Adam at quickstart_app/task.py:{line_of(task, 'optim.Adam(')}")
+    assert "momentum" not in rows  # Adam's, not the SGD case's 0.9

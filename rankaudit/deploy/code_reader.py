@@ -584,7 +584,12 @@ class ModuleReader:
         called = owner.name if method and function.name == "__init__" else function.name
         found = []
         for reader in self.peers:
-            for call in reader.calls_named(called):
+            # `from task import train as train_fn`: train_fn(...) calls it too.
+            aliases = {local for local, (_, _, original) in reader.imports.items() if original == called}
+            calls = [call for alias in sorted({called} | aliases) for call in reader.calls_named(alias)]
+            for call in calls:
+                if not method and _called_on_an_object(reader, call):
+                    continue  # `net.train()` is the module's method, not the app's function train()
                 if reader.branch(call) is False or reader.decorates(call):
                     continue
                 if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
@@ -673,3 +678,14 @@ def _parameter_default(function, name: str) -> ast.AST | None:
         {arg.arg: default for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is not None}
     )
     return defaults.get(name)
+
+
+def _called_on_an_object(reader, call: ast.Call) -> bool:
+    """`net.train()`: a call through a local object, not through a module the file imports (`task.train(...)`,
+    `from pkg import task` or `import task`)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    if not isinstance(func.value, ast.Name):
+        return True
+    return func.value.id not in reader.module_aliases and func.value.id not in reader.imports
