@@ -33,7 +33,9 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     ]
     names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
     # State-dict keys (`fc1.weight`, `fc1.bias`: NVFlare's ExcludeVars, say) name their layer.
-    named = list(dict.fromkeys(layer_of(name, names) for name in (shared_layers or withheld_layers or [])))
+    named = list(
+        dict.fromkeys(layer for name in (shared_layers or withheld_layers or []) for layer in layers_under(name, names))
+    )
     unknown = [name for name in named if name not in names]
     if unknown:
         raise UsageError(
@@ -55,12 +57,22 @@ def layer_of(name: str, layers: list[str]) -> str:
     return head if head in layers and tail in ("weight", "bias") else name
 
 
+def layers_under(name: str, layers: list[str]) -> list[str]:
+    """The layers a name stands for: the layer itself, a state-dict key's layer, or every layer inside a submodule
+    (`head` -> `head.0`: FedRep's head, kept on the client whole)."""
+    single = layer_of(name, layers)
+    if single in layers:
+        return [single]
+    return [layer for layer in layers if layer.startswith(name + ".")] or [name]
+
+
 def layer_names(names: list[str] | None, traced) -> list[str] | None:
-    """Layer names with state-dict keys mapped to their layers, for whoever else reads --shared/--withheld-layers."""
+    """Layer names with state-dict keys and submodules mapped to their layers, for whoever else reads
+    --shared/--withheld-layers."""
     if not names:
         return names
     layers = [traced.record(n).name for n in traced.order]
-    return list(dict.fromkeys(layer_of(name, layers) for name in names))
+    return list(dict.fromkeys(layer for name in names for layer in layers_under(name, layers)))
 
 
 def load_and_trace(spec: str, input_shape, *, input_dtype=None, model_args: dict | None = None):

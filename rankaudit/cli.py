@@ -159,7 +159,7 @@ def check(
     """
     # torch loads with rankaudit.audit: only once the arguments, files and settings of a model have been checked, so
     # that a mistyped path or a bad setting is answered in a second.
-    from rankaudit.deploy.app import deployment_for, deployment_read
+    from rankaudit.deploy.commands import deployment_for, deployment_read
     from rankaudit.model import standins
     from rankaudit.settings.model_spec import check_path
     from rankaudit.settings.run import CONFIGURABLE, model_settings
@@ -326,25 +326,21 @@ def suggest_command(
     from rankaudit.bound.dp import noise_search
     from rankaudit.settings.model_spec import split_model_spec
     from rankaudit.settings.pyproject import load_settings
-    from rankaudit.settings.run import build_run_round, dp_sources, dp_values
+    from rankaudit.settings.run import build_run_round, dp_sources
 
     if dp_candidates is not None:
         raise UsageError(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
     commandline_batch = ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
-    from rankaudit.deploy.app import deployment_for_design
+    from rankaudit.deploy.commands import refuse_model_arguments, search_options, suggest_reading
     from rankaudit.settings.model_spec import check_path
 
     check_path(model, "model or app")  # a path the system cannot open, or Python cannot name, before any use of it
-    deployment = deployment_for_design(
-        model,
-        flags.round_flags(ctx),
-        options,
-        batch_size=batch_size if commandline_batch else None,
-        input_shape_given=input_shape is not None,
+    reading = suggest_reading(
+        model, flags.round_flags(ctx), options, batch_size if commandline_batch else None, input_shape
     )
-    model = deployment.model if deployment is not None else model
+    deployment, model = reading.deployment, reading.model
     report_files.check_outputs(output, inputs=report_files.command_inputs([model], data=data))
     settings = load_settings(split_model_spec(model)[0])
     supervise.set_config_timeout(settings.timeout)
@@ -376,7 +372,8 @@ def suggest_command(
         batch_size = batch_size if commandline_batch else whole_round.batch_size
     else:
         whole_round = build_run_round(flags.round_flags(ctx), batch_size, settings.round)
-    noise = noise_search(dp_values(options, settings.dp), whole_round, dp_sources(options, settings.dp))
+    searched, searched_given = search_options(options, settings.dp, whole_round.dp if deployment is not None else None)
+    noise = noise_search(searched, whole_round, searched_given)
     given = any(options.get(name) is not None for name in ROUND_FLAGS) or settings.round or deployment is not None
     round_ = whole_round if given else None
     # The review and the HTML report's audit judge the same model on the same settings.
@@ -388,16 +385,19 @@ def suggest_command(
         data=data,
         exposed_below=exposed_below,
         certificate_quantile=certificate_quantile,
+        model_args=reading.model_args,
     )
     from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
     from rankaudit.report import design
 
-    report = dataclasses.replace(worker.run(suggest, model, **judged_on, limited=False), noise=noise)
-    fisher_options = dp_values(options, settings.dp)
+    report = worker.run(suggest, model, **judged_on, limited=False)
+    report = dataclasses.replace(report, noise=noise, check_command=reading.check_command)
+    fisher_options = searched
     if fisher_options or "psnr_target" in commandline or settings.psnr_target is not None:
         from rankaudit.design.fisher_review import review, review_settings
 
         target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
+        refuse_model_arguments(model, reading.model_args, "suggest's Fisher review")
         at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
         # The review runs the model's code on real inputs: in a worker, like the verifiers.
         fisher = worker.run(review, report, at, target, data, top, whole_round.bn_mode, limited=False)
@@ -469,7 +469,7 @@ def compare_command(
         "exposed_below": exposed_below,
         "certificate_quantile": certificate_quantile,
     }
-    from rankaudit.settings.run import build_run_round, dp_values
+    from rankaudit.settings.run import dp_values
 
     if dp_candidates is not None:
         raise UsageError(
@@ -484,15 +484,20 @@ def compare_command(
     # Both designs (an app folder read as `check` reads it) and both settings are checked before torch loads (with
     # rankaudit.audit).
     designs = []
-    from rankaudit.deploy.app import deployment_for_design
+    from rankaudit.deploy.commands import (
+        deployment_for_design,
+        design_round,
+        fisher_at_one_sigma,
+        refuse_model_arguments,
+    )
     from rankaudit.settings.model_spec import check_path
 
     for spec in (first, second):
         check_path(spec, "model or app")
         deployment = deployment_for_design(
             spec,
-            {},
-            {},
+            flags.round_flags(ctx),
+            options,
             batch_size=batch_size if _batch_given(ctx) else None,
             input_shape_given=input_shape is not None,
         )
@@ -513,14 +518,13 @@ def compare_command(
         }
         if deployment is not None and not _batch_given(ctx):
             chosen["batch_size"] = deployment.round.batch_size
-        # With DP flags, each design's round carries them over its [tool.rankaudit.dp] (q and T from its
-        # [tool.rankaudit.round]); without, compare stays structural, as it was (an app's own round aside).
-        dp_given = dp_values(options, settings.dp) if dp_values(options, None) else None
-        round_ = build_run_round({}, chosen["batch_size"], settings.round, options, settings.dp) if dp_given else None
+        # An app's round as `check` reads it; a model file's from the round and DP flags over its [tool.rankaudit.*]
+        # where any is given; without, compare stays structural, as it was.
+        round_ = design_round(deployment, flags.round_flags(ctx), chosen["batch_size"], settings, options)
         rounds.append(round_)
         targets.append(settings.in_force("psnr_target", psnr_target, psnr_given))
-        if round_ is None and deployment is not None:
-            round_ = deployment.round
+        arguments = deployment.model_args if deployment is not None else settings.model_args
+        withheld = settings.withheld_layers or (deployment.withheld_layers if deployment is not None else None)
         results.append(
             audit(
                 spec,
@@ -528,23 +532,15 @@ def compare_command(
                 round_=round_,
                 data=data,
                 shared_layers=settings.shared_layers,
-                withheld_layers=settings.withheld_layers,
-                model_args=dict(settings.model_args) if settings.model_args else None,
+                withheld_layers=None if settings.shared_layers else withheld,
+                model_args=dict(arguments) if arguments else None,
             )
         )
-    if any(round_ is not None for round_ in rounds):
+    if fisher_at_one_sigma(rounds, bool(dp_values(options, None))):
         from rankaudit.design.fisher_review import compare_lines
 
-        if (
-            not all(round_ is not None and round_.dp is not None for round_ in rounds)
-            or len({round_.dp.noise_multiplier for round_ in rounds}) > 1
-        ):
-            raise UsageError(
-                "compare reads both designs' Fisher floor at the same σ, and their configurations give different "
-                "noise multipliers (or only one gives any)",
-                "give --dp-noise σ on the command line",
-            )
-        for result, spec, round_, target in zip(results, (first, second), rounds, targets):
+        for result, (spec, deployment, _), round_, target in zip(results, designs, rounds, targets):
+            refuse_model_arguments(spec, deployment.model_args if deployment else None, "compare's Fisher line")
             compare_lines([result], [spec], round_.dp, target, data)
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)

@@ -269,21 +269,27 @@ def test_several_candidates_and_missing_settings_are_one_line_errors(run_cli, tm
 
 def test_nvflare_exclude_vars_withholds_layers_by_state_dict_keys(run_cli):
     job = APPS / "nvflare_job"
-    deployment = read_deployment(job, Overrides(round={"local_samples": 8, "batch_size": 8, "local_epochs": 1}))
+    # The job has no server config: its rounds are stated, as its batch and epochs are.
+    given = {"local_samples": 8, "batch_size": 8, "local_epochs": 1, "server_rounds": 1}
+    deployment = read_deployment(job, Overrides(round=given))
     assert deployment.withheld_layers == ["fc1.weight", "fc1.bias"]
     assert _rows(deployment)["withheld-layers"] == (
         "fc1.weight,fc1.bias",
         "app/config/config_fed_client.json (ExcludeVars)",
     )
-    code, out, err = run_cli(job, "--local-samples", "8", "-b", "8", "--local-epochs", "1", "--format", "json")
+    code, out, err = run_cli(
+        job, "--local-samples", "8", "-b", "8", "--local-epochs", "1", "--server-rounds", "1", "--format", "json"
+    )
     read = json.loads(out)
     model = job / "app" / "custom" / "simple_network.py"
-    code, out, err = run_cli(model, "-b", "8", "--withheld-layers", "fc1", "--format", "json")
+    code, out, err = run_cli(model, "-b", "8", "--server-rounds", "1", "--withheld-layers", "fc1", "--format", "json")
     by_layer = json.loads(out)
-    code, out, err = run_cli(model, "-b", "8", "--withheld-layers", "fc1.weight,fc1.bias", "--format", "json")
+    code, out, err = run_cli(
+        model, "-b", "8", "--server-rounds", "1", "--withheld-layers", "fc1.weight,fc1.bias", "--format", "json"
+    )
     by_key = json.loads(out)
     assert read["identifiability"] == by_layer["identifiability"] == by_key["identifiability"]
-    code, out, err = run_cli(model, "-b", "8", "--format", "json")
+    code, out, err = run_cli(model, "-b", "8", "--server-rounds", "1", "--format", "json")
     assert json.loads(out)["identifiability"] != by_layer["identifiability"]
 
 

@@ -89,6 +89,8 @@ def test_nvflare_recipe_with_homomorphic_encryption_is_a_job_and_its_encryption_
     assert rows["clients per round"][0] == "3"
     he = next(note for note in deployment.notes if "homomorphic" in note)
     assert he.startswith(f"FedAvgRecipeWithHE at job.py:{line_of(script, 'recipe = ')} encrypts every layer")
+    # One account of what the server sees: not also "without secure aggregation the server sees each update".
+    assert not any("without secure aggregation" in note for note in deployment.notes), deployment.notes
     assert deployment.round.clients == 1  # the sum is judged only when the user says how many are summed
     assert not [row for row in rows.values() if "not read" in row[1]], rows
 
@@ -230,3 +232,37 @@ def test_hydra_packages_nested_defaults_overrides_and_optional_groups(tmp_path):
     assert read.entries["num_rounds"] == (3, "conf/run.yaml:6")  # _self_ after the experiment: the run's own wins
     assert read.entries["optim.lr"] == (0.001, "conf/optim/adam.yaml:2")  # the override chose adam
     assert read.entries["optim.betas"] == ([0.9, 0.99], "conf/optim/adam.yaml:3")
+
+
+def test_a_yaml_config_in_a_subfolder_named_by_the_config_path_default_is_read(tmp_path):
+    app = tmp_path / "fl4health"
+    shutil.copytree(APPS / "fl4health_dp", app)
+    (app / "configs").mkdir()
+    (app / "config.yaml").rename(app / "configs" / "dp.yaml")
+    server = app / "server.py"
+    # FL4Health's examples write the default from the repository's root.
+    server.write_text(
+        server.read_text().replace('default="config.yaml"', 'default="examples/dp_fed_examples/configs/dp.yaml"')
+    )
+    config = app / "configs" / "dp.yaml"
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
+    assert rows["batch-size"][1].startswith(f"configs/dp.yaml:{line_of(config, 'batch_size')}")
+    assert rows["dp noise"][1].startswith(f"configs/dp.yaml:{line_of(config, 'noise_multiplier')}")
+    assert rows["server-rounds"][1].startswith(f"configs/dp.yaml:{line_of(config, 'n_server_rounds')}")
+
+
+def test_a_per_split_batch_size_table_gives_the_training_batch(tmp_path):
+    app = tmp_path / "heterofl"
+    shutil.copytree(APPS / "hydra_app", app)
+    config = app / "conf" / "config.yaml"
+    # HeteroFL's base.yaml: `dataset: {batch_size: {train: 10, test: 50}}`.
+    config.write_text(
+        config.read_text().replace("batch_size: 32\n", "dataset:\n  batch_size:\n    train: 10\n    test: 50\n")
+    )
+    deployment = read_deployment(app, APP_GIVEN)
+    assert setting_rows(deployment)["batch-size"] == (
+        "10",
+        f"conf/config.yaml:{line_of(config, 'train: 10')} dataset.batch_size.train",
+    )
+    assert deployment.round.batch_size == 10

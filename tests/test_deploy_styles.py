@@ -269,12 +269,13 @@ def test_a_flower_app_without_its_app_table_is_read_from_its_code(tmp_path):
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     pyproject.write_text(text[: text.index("[tool.flwr.app]")] + text[text.index("[tool.rankaudit]") :])
-    # The run config is gone with the table: the batch and the epochs the bound depends on are nowhere to read.
+    # The run config is gone with the table: the batch, the epochs and the rounds the bound depends on are nowhere
+    # to read.
     with pytest.raises(UsageError) as raised:
         read_deployment(app)
-    assert str(raised.value).startswith("batch-size and local-epochs are not read from the app")
-    assert "--batch-size B, --local-epochs E" in str(raised.value)
-    deployment = read_deployment(app, Overrides(round={"batch_size": 32, "local_epochs": 1}))
+    assert str(raised.value).startswith("batch-size and local-epochs and server-rounds are not read from the app")
+    assert "--batch-size B, --local-epochs E, --server-rounds R" in str(raised.value)
+    deployment = read_deployment(app, Overrides(round={"batch_size": 32, "local_epochs": 1, "server_rounds": 3}))
     rows = setting_rows(deployment)
     assert deployment.kind == "flower" and rows["model"][0] == "quickstart_app/task.py:Net"  # not its Head layer
     task = app / "quickstart_app" / "task.py"

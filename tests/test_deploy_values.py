@@ -293,3 +293,148 @@ def test_a_factory_choice_its_callers_leave_unread_is_refused_not_taken(tmp_path
     message = str(raised.value)
     assert "DifferentialPrivacyServerSideFixedClipping at metric_app/strategy_factory.py" in message
     assert "privacy == 'global-dp'" in message and "\n" not in message
+
+
+def test_server_rounds_the_app_does_not_state_readably_stop_with_the_key_to_state(tmp_path):
+    app = tmp_path / "port"
+    shutil.copytree(APPS / "centralized_port", app)
+    server = app / "server.py"
+    server.write_text(
+        "import os\n" + server.read_text().replace("num_rounds=3", 'num_rounds=int(os.environ["ROUNDS"])')
+    )
+    # Several rounds add equations to each sample's bound: one round assumed would understate it.
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app, APP_GIVEN)
+    assert "server-rounds is not read from the app" in str(raised.value)
+    assert "set server-rounds = R in [tool.rankaudit.round] (or --server-rounds R)" in raised.value.fix
+    given = Overrides(round={"local_samples": 32, "server_rounds": 7}, input_shape_given=True)
+    deployment = read_deployment(app, given)
+    assert setting_rows(deployment)["server-rounds"] == ("7", "--server-rounds")
+    assert (deployment.round.server_rounds, deployment.round.server_rounds_known) == (7, True)
+
+
+def test_depthfl_clients_per_round_from_min_fit_clients_computed_in_code_and_the_strategys_fraction():
+    app = APPS / "depthfl"
+    config = app / "depthfl" / "conf" / "config.yaml"
+    deployment = read_deployment(app, Overrides(round={"local_samples": 500}, input_shape_given=True))
+    rows = setting_rows(deployment)
+    # min_fit_clients=int(cfg.num_clients * cfg.fraction) = int(100 * 0.1) in main.py, and the strategy node's
+    # fraction_fit 0.00001 (DepthFL's own FedDyn, a FedAvg): max(⌊1e-5 · 100⌋, 10) = 10, not all 100 nodes.
+    value, source = rows["clients per round"]
+    assert value == "10"
+    assert f"depthfl/conf/config.yaml:{line_of(config, 'fraction_fit')} strategy.fraction_fit" in source
+    assert f"depthfl/conf/config.yaml:{line_of(config, 'fraction: 0.1')} fraction" in source
+    assert rows["nodes"] == ("100", f"depthfl/conf/config.yaml:{line_of(config, 'num_clients: 100')} num_clients")
+    assert rows["local-epochs"] == ("5", f"depthfl/conf/config.yaml:{line_of(config, 'num_epochs')} num_epochs")
+    assert rows["batch-size"] == ("50", f"depthfl/conf/config.yaml:{line_of(config, 'batch_size')} batch_size")
+    assert rows["server-rounds"] == ("1000", f"depthfl/conf/config.yaml:{line_of(config, 'num_rounds')} num_rounds")
+    assert deployment.model_args == {"n_blocks": 4, "num_classes": 100}
+
+
+def test_percentile_privacy_is_a_client_side_result_filter_that_adds_no_noise(tmp_path):
+    job = tmp_path / "fedavg"
+    shutil.copytree(APPS / "nvflare_fedavg_job", job)
+    script = job / "fedavg_script_runner.py"
+    script.write_text(
+        script.read_text()
+        .replace(
+            "from nvflare.job_config.script_runner import ScriptRunner\n",
+            "from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy\n"
+            "from nvflare.job_config.script_runner import ScriptRunner\n"
+            "from nvflare.job_config.defs import FilterType\n",
+        )
+        .replace(
+            '        job.to(runner, f"site-{site + 1}")\n',
+            '        job.to(runner, f"site-{site + 1}")\n'
+            '        job.to(PercentilePrivacy(percentile=10, gamma=0.01), f"site-{site + 1}", tasks=["train"], '
+            "filter_type=FilterType.TASK_RESULT)\n",
+        )
+    )
+    deployment = read_deployment(job, APP_GIVEN)
+    line = line_of(script, "PercentilePrivacy(percentile")
+    notes = [note for note in deployment.notes if "PercentilePrivacy" in note]
+    assert notes == [
+        f"PercentilePrivacy at fedavg_script_runner.py:{line}: a result filter on the client that sends only the "
+        "weight changes above its percentile, clipped to gamma; it adds no noise, so nothing is counted as DP, and "
+        "the entries it sends still carry the samples (the bound judges the full update, an upper bound on what the "
+        "filtered one shows)"
+    ]
+    assert deployment.round.dp is None and not any("server" in note for note in notes)
+    # The same filter in a client config's task_result_filters.
+    configured = tmp_path / "json"
+    shutil.copytree(APPS / "nvflare_json", configured)
+    client = configured / "app" / "config" / "config_fed_client.json"
+    config = json.loads(client.read_text())
+    config["task_result_filters"] = [
+        {
+            "tasks": ["train"],
+            "filters": [
+                {
+                    "path": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy",
+                    "args": {"percentile": 10, "gamma": 0.01},
+                }
+            ],
+        }
+    ]
+    client.write_text(json.dumps(config, indent=2))
+    deployment = read_deployment(configured, APP_GIVEN)
+    assert [note for note in deployment.notes if "PercentilePrivacy" in note] == [
+        notes[0].replace(f"fedavg_script_runner.py:{line}", "app/config/config_fed_client.json")
+    ]
+    assert deployment.round.dp is None
+
+
+def test_hello_lightning_train_args_joined_with_plus_and_the_trainers_max_epochs(tmp_path):
+    job = APPS / "nvflare_lightning"
+    script, client = job / "job.py", job / "client.py"
+    deployment = read_deployment(job, APP_GIVEN)
+    rows = setting_rows(deployment)
+    # train_args = f"--batch_size {batch_size} ..." + (" --synthetic_data" if args.synthetic_data else ""): the
+    # job's 24 reaches the client, not the client's own argparse default 4.
+    assert rows["batch-size"] == (
+        "24",
+        f"job.py:{line_of(script, '--batch_size')} (--batch_size's argparse default) (train_args --batch_size 24)",
+    )
+    assert rows["local-epochs"] == ("1", f"client.py:{line_of(client, 'Trainer(max_epochs=1')}")
+    assert rows["momentum"] == ("0.9", f"model.py:{line_of(job / 'model.py', 'SGD(')}")
+    assert rows["server-rounds"][0] == "2" and deployment.round.batch_size == 24
+    no_default_source(rows)
+    # A branch whose condition is known only when the job runs: an option it passes is not read from either side.
+    changed = tmp_path / "lightning"
+    shutil.copytree(job, changed)
+    text = (changed / "job.py").read_text()
+    (changed / "job.py").write_text(
+        "import os\n"
+        + text.replace('" --synthetic_data" if args.synthetic_data', '" --batch_size 8" if os.environ.get("FAST")')
+    )
+    with pytest.raises(UsageError) as raised:
+        read_deployment(changed, APP_GIVEN)
+    assert "batch-size" in str(raised.value)
+
+
+def test_a_match_on_a_parameter_passed_through_an_aliased_import_takes_the_apps_case(tmp_path):
+    app = tmp_path / "quickstart"
+    shutil.copytree(APPS / "quickstart", app, ignore=shutil.ignore_patterns("__pycache__"))
+    task, client = app / "quickstart_app" / "task.py", app / "quickstart_app" / "client_app.py"
+    task.write_text(
+        task.read_text()
+        .replace(
+            "def train(net, trainloader, epochs, lr, device):",
+            'def train(net, trainloader, epochs, lr, device, name="sgd"):',
+        )
+        .replace(
+            "    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)\n",
+            "    match name:\n"
+            '        case "adam":\n'
+            "            optimizer = torch.optim.Adam(net.parameters(), lr=lr)\n"
+            "        case _:\n"
+            "            optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)\n",
+        )
+    )
+    # client_app.py imports `train as train_fn`; task.py's own `net.train()` is the module's method, no call of it.
+    client.write_text(client.read_text().replace('"cpu")', '"cpu", name=context.run_config["optimizer"])'))
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("batch-size = 32\n", 'batch-size = 32\noptimizer = "adam"\n'))
+    rows = setting_rows(read_deployment(app))
+    assert rows["optimizer"] == ("adam", f"Adam at quickstart_app/task.py:{line_of(task, 'optim.Adam(')}")
+    assert "momentum" not in rows  # Adam's, not the SGD case's 0.9

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankaudit.deploy import flower, model_code, nvflare, static, yamlconf
+from rankaudit.deploy import flower, model_checks, model_code, nvflare, static, yamlconf
 from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
@@ -15,16 +15,14 @@ from rankaudit.deploy.privacy import noise_for_epsilon as noise_for_epsilon
 from rankaudit.deploy.syntax import syntax_of
 from rankaudit.deploy.withheld import withheld_layers
 from rankaudit.errors import UsageError
-from rankaudit.result import DeploymentRead
 from rankaudit.settings.files import read_source
 from rankaudit.settings.pyproject import CONVENTIONAL_KEYS, parse_value
 from rankaudit.settings.round import ROUND_KEYS
-from rankaudit.settings.run import dp_values
 
 _INTEGERS = ("local-samples", "batch-size", "local-epochs", "clients", "server-rounds", "available-clients")
 # Round settings whose default is shown with its source when the app states none (the others stay silent: one
 # client, no momentum, one available client are what the app says by stating nothing).
-_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd", "server-rounds": 1}
+_SHOWN_DEFAULTS = {"batch-size": 1, "local-epochs": 1, "lr": 0.1, "optimizer": "sgd"}
 _FLOWER_MIN_CLIENTS = 2  # FedAvg's min_fit_clients / min_train_nodes default
 
 
@@ -86,7 +84,13 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     sources = _Sources()
     sources.notes.extend(yaml_notes)
     files = _code_files(directory, app)
-    model, imported, instantiated = _model(directory, app, settings, job, files, config)
+    try:
+        model, imported, instantiated = _model(directory, app, settings, job, files, config)
+    except UsageError:
+        model_checks.pytorch_only(directory, files)
+        raise
+    model_checks.pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
+    sources.notes.extend(model_checks.outside_forward_notes(directory, model, files))
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
@@ -105,9 +109,8 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
         sources.notes.extend(job.notes)
     read = _read_round(config, found, settings.flower or {}, app)
     values = _merge_round(read, settings, overrides, sources)
-    _dp_needs_rounds(mechanisms, settings, overrides, values)
     _secure_aggregation(mechanisms, read, values, sources, settings, overrides)
-    _clients_read(mechanisms, read, values, sources)
+    _clients_read(mechanisms, read, values, sources, encrypted=job is not None and job.encrypted)
     round_ = build_round(values, None)  # validated: a UsageError names the setting
     sampled = _sampled_clients(read, [])
     with_sampled = {**read, "sampled-clients": sampled} if sampled is not None else read
@@ -172,9 +175,12 @@ def _model(
             if spec.rsplit(":", 1)[1] == cls
             and (not module or Path(spec.rsplit(":", 1)[0]).stem == module.split(".")[-1])
         ]
+        if len(matches) > 1 and module:  # `src.net.Net`: the file at src/net.py, not another net.py
+            dotted = module.split(".")
+            matches = [spec for spec in matches if _module_parts(directory, spec)[-len(dotted) :] == dotted]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
-    targeted = _config_target(config, callables)
+    targeted = _config_target(config, callables) or _config_model_name(directory, config, files)
     if targeted is not None:
         return targeted
     client = app.module_file(app.clientapp) if app is not None else None
@@ -208,6 +214,39 @@ def _model(
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
 
 
+# Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).
+_MODEL_NAME_KEYS = ("model-name", "model_name", "model-type", "model_type", "model")
+
+
+def _config_model_name(directory: Path, config, files: list[Path]):
+    """The model a config key names (`model-name = "cnncifar10"`, picked through a model manager in code): the
+    one nn.Module class of the app's code whose name is that value, letter case and `-`/`_` aside; None unless
+    exactly one class (identical copies aside) is named so."""
+
+    def plain(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    for key, (value, source) in config.items():
+        if key.rsplit(".", 1)[-1] not in _MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
+            continue
+        named, seen = [], set()
+        for path in files:
+            try:
+                text = read_source(path)
+                classes = model_code.module_classes(syntax_of(path).tree)
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            if text in seen:
+                continue
+            seen.add(text)
+            named += [f"{path}:{name}" for name in classes if plain(name) == plain(value)]
+        if len(named) == 1:
+            name = named[0].rsplit(":", 1)[1]
+            made = model_code.Instantiation(name, {}, f"{source} {key} = {value!r}")
+            return _shown(named[0]), [named[0]], made
+    return None
+
+
 def _config_target(config, callables: list[str]):
     """The model a YAML config names with Hydra's `_target_: pkg.models.CNN` (what `instantiate(cfg.model)`
     builds), with the node's other keys as its arguments; None unless exactly one class or factory of the app
@@ -233,6 +272,12 @@ def _config_target(config, callables: list[str]):
     return _shown(spec), [spec], made
 
 
+def _module_parts(directory: Path, spec: str) -> list[str]:
+    """A model file's dotted module path from the app's folder: job/src/net.py:Net -> ["src", "net"]."""
+    path = Path(spec.rsplit(":", 1)[0]).resolve()
+    return list(path.relative_to(directory).with_suffix("").parts) if path.is_relative_to(directory) else [path.stem]
+
+
 def _shown(spec: str) -> str:
     """The model spec with its path relative to the working directory, as the user would type it."""
     path, _, name = spec.rpartition(":") if spec.count(":") else (spec, "", "")
@@ -244,14 +289,19 @@ def _candidates(directory: Path, app) -> tuple[list[str], list[str]]:
     like), and every class or function it imports: what its training code may instantiate."""
     if app is not None and app.module_file(app.clientapp) is not None:
         client = app.module_file(app.clientapp)
-        imports = [(client, None), *model_code.imported_modules(client, directory)]
+        imports = [(client, None), *model_code.imported_modules(client, app.code_root or directory)]
     else:
         imports = [(path, None) for path in _python_files(directory)]
     candidates: dict[str, None] = {}
     factories: dict[str, None] = {}  # only when no class is a candidate: get_model(...) and the like
     callables: dict[str, None] = {}
+    seen: set[str] = set()
     for path, names in imports:
         try:
+            text = read_source(path)
+            if names is None and text in seen:  # a byte-identical copy (an NVFlare job's per-site custom/): one model
+                continue
+            seen.add(text)
             tree = syntax_of(path).tree
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
@@ -317,19 +367,18 @@ def _code_files(directory: Path, app) -> list[Path]:
     """The app's packages (those of the client and server components), else every Python file of the job."""
     if app is not None:
         packages = {ref.split(":")[0].split(".")[0] for ref in (app.clientapp, app.serverapp) if ref}
+        root = app.code_root or directory  # a src layout's packages sit under src/
         files = [
             path
             for package in sorted(packages)
-            for path in sorted((directory / package).rglob("*.py"))
-            if (directory / package).is_dir()
+            for path in sorted((root / package).rglob("*.py"))
+            if (root / package).is_dir()
         ]
-        files += [
-            directory / f"{package}.py" for package in sorted(packages) if (directory / f"{package}.py").is_file()
-        ]
+        files += [root / f"{package}.py" for package in sorted(packages) if (root / f"{package}.py").is_file()]
         # Modules of the app the packages import from elsewhere in it (a sibling package of privacy wrappers).
         for path in list(files):
             try:
-                imported = model_code.imported_modules(path, directory)
+                imported = model_code.imported_modules(path, root)
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
             files += [module for module, _ in imported if module not in files]
@@ -372,8 +421,12 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
         for name in names:
             # A nested table's key ([tool.flwr.app.config.algorithm] local-epochs -> algorithm.local-epochs).
             nested = [key for key in config if key.rsplit(".", 1)[-1] == name and _fits(setting, config[key][0])]
+            # The training split's value of a per-split table (HeteroFL's `batch_size: {train: 10, test: 50}`).
+            split = [key for key in config if key.split(".")[-2:] == [name, "train"] and _fits(setting, config[key][0])]
             if name not in config and len(nested) == 1:
                 name = nested[0]
+            elif name not in config and not nested and len(split) == 1:
+                name = split[0]
             if name in config:
                 value, source = config[name]
                 read[setting] = Found(
@@ -399,13 +452,16 @@ _STRATEGY_KEYS = {
 
 
 def _config_strategy(config) -> list[Found]:
-    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`: its client
-    sampling (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
+    """A Flower strategy a config builds with Hydra's `_target_: flwr.server.strategy.FedAvg`, or the app's own
+    strategy class (DepthFL's `depthfl.strategy.FedDyn`) given FedAvg's sampling keys: its client sampling
+    (fraction_fit, min_fit_clients), as the code's own FedAvg(...) call would give it."""
     found = []
     for key, (target, _) in config.items():
-        if key.rsplit(".", 1)[-1] != "_target_" or not str(target).startswith("flwr.server.strategy."):
-            continue
         node = key[: -len("_target_")]
+        if key.rsplit(".", 1)[-1] != "_target_" or not (
+            str(target).startswith("flwr.server.strategy.") or any(node + name in config for name in _STRATEGY_KEYS)
+        ):
+            continue
         for name, setting in _STRATEGY_KEYS.items():
             if node + name in config:
                 value, source = config[node + name]
@@ -459,8 +515,7 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
             continue
         elif setting in _SHOWN_DEFAULTS:  # every setting the round uses has a source, a default too
             # Not read is not "not in the app": the app may set it where rankaudit cannot read it. These ones the
-            # bound does not depend on (the verifiers' training does); server rounds not known: one round is judged
-            # and the report says what each further round adds.
+            # bound does not depend on (the verifiers' training does).
             sources.add(setting, _SHOWN_DEFAULTS[setting], f"not read from the app; set {setting} in {ROUND_TABLE}")
             continue
         else:
@@ -471,8 +526,9 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
         many = len(unread) > 1
         raise UsageError(
             f"{' and '.join(unread)} {'are' if many else 'is'} not read from the app, and the bound depends on "
-            f"{'them' if many else 'it'}: no value is safe to assume (more local steps expose more; a larger batch "
-            "couples more samples through its statistics)",
+            f"{'them' if many else 'it'}: no value is safe to assume (more local steps and more server rounds "
+            "expose more, and DP composes over the rounds; a larger batch couples more samples through its "
+            "statistics)",
             "set "
             + " and ".join(f"{setting} = {_LETTER[setting]}" for setting in unread)
             + f" in {ROUND_TABLE} (or "
@@ -482,25 +538,11 @@ def _merge_round(read: dict[str, Found], settings, overrides: Overrides, sources
     return values
 
 
-# Round settings the rank bound depends on: never a default in their place (local-samples: _require).
-_VERDICT_SETTINGS = ("batch-size", "local-epochs")
-_LETTER = {"batch-size": "B", "local-epochs": "E"}
-
-
-def _dp_needs_rounds(mechanisms, settings, overrides: Overrides, values: dict[str, object]) -> None:
-    """DP composes over the server rounds: a guarantee for one round, where the app runs more, is not a bound."""
-    if "server_rounds" in values:
-        return
-    dp_kinds = ("flower-central", "local-dp", "opacus", "opacus-epsilon")
-    mechanism = next((m for m in mechanisms if m.kind in dp_kinds), None)
-    given = {**(settings.dp or {}), **overrides.dp}
-    if mechanism is None and "noise" not in given:
-        return
-    by = f"{mechanism.name} at {mechanism.source}" if mechanism is not None else "the DP settings given"
-    raise UsageError(
-        f"the server rounds are not read from the app, and the DP bound of {by} composes over them",
-        f"set server-rounds = R in {ROUND_TABLE} (or --server-rounds R)",
-    )
+# Round settings the bound depends on: never a default in their place (local-samples: _require). The server
+# rounds too: each round adds its equations to a sample's bound, and DP composes over them; one round assumed where
+# the app runs several would understate both.
+_VERDICT_SETTINGS = ("batch-size", "local-epochs", "server-rounds")
+_LETTER = {"batch-size": "B", "local-epochs": "E", "server-rounds": "R"}
 
 
 def _fits(setting: str, value) -> bool:
@@ -552,9 +594,10 @@ def _sampled_clients(read: dict[str, Found], mechanisms) -> Found | None:
     return Found("clients", sampled, "max(⌊fraction · nodes⌋, min clients) from " + ", ".join(parts))
 
 
-def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
+def _clients_read(mechanisms, read, values, sources: _Sources, *, encrypted: bool = False) -> None:
     """Without secure aggregation the server sees each client's update alone, so the round is one client's:
-    the nodes and the clients sampled per round are still shown as read."""
+    the nodes and the clients sampled per round are still shown as read. With encrypted updates (homomorphic
+    encryption) the encryption's own note says how the round is judged: one note, not two that disagree."""
     if "clients" in values:
         return
     nodes, sampled = read.get("available-clients"), _sampled_clients(read, mechanisms)
@@ -562,6 +605,7 @@ def _clients_read(mechanisms, read, values, sources: _Sources) -> None:
         sources.add("nodes", nodes.value, nodes.source)
     if sampled is not None:
         sources.add("clients per round", sampled.value, sampled.source)
+    if sampled is not None and not encrypted:
         sources.notes.append(
             f"{sampled.value} clients train each round; without secure aggregation the server sees each "
             "client's update alone, so the round is judged for one client"
@@ -627,56 +671,3 @@ def _declares_input_shape(model: str) -> bool:
         )
         for node in tree.body
     )
-
-
-def deployment_for(
-    spec: str,
-    flags: dict,
-    options: dict,
-    run_config: str | None,
-    model_args: tuple[str, ...],
-    *,
-    batch_size: int | None,
-    input_shape_given: bool,
-):
-    """`rankaudit DIR`: the app's round, DP and model (read_deployment), the command's round `flags` (and
-    `batch_size` where given on the command line) over them; None for a model file."""
-    if not Path(spec).is_dir():
-        if run_config:
-            raise UsageError(
-                "--run-config overrides a Flower app's run config",
-                "give the app's directory, e.g. `rankaudit . --run-config ...`, or drop --run-config",
-            )
-        return None
-    if batch_size is not None:
-        flags = {**flags, "batch_size": batch_size}
-    return read_deployment(
-        Path(spec),
-        Overrides(
-            round=flags,
-            dp=dp_values(options, None),
-            run_config=run_config,
-            model_args=model_args,
-            input_shape_given=input_shape_given,
-        ),
-    )
-
-
-def deployment_read(deployment):
-    """What the report says about the deployment that was read (its paths relative to the working directory)."""
-    return DeploymentRead(deployment.kind, os.path.relpath(deployment.root), deployment.settings, deployment.notes)
-
-
-def deployment_for_design(spec: str, round_flags: dict, options: dict, *, batch_size, input_shape_given: bool):
-    """An app folder's deployment, read as `check` reads it (None for a model file); an app whose model is built
-    with arguments is refused in one line, as suggest and compare build the model without them."""
-    deployment = deployment_for(
-        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
-    )
-    if deployment is not None and deployment.model_args:
-        shown = ", ".join(f"{key}={value!r}" for key, value in deployment.model_args.items())
-        raise UsageError(
-            f"{spec}: the app builds its model with arguments ({shown}), which this command does not pass",
-            f"give a model file whose model takes none, e.g. a zero-argument factory: {deployment.model.rsplit(':', 1)[0]}:NAME",
-        )
-    return deployment

@@ -145,6 +145,9 @@ class ModuleReader:
             if inner is not None and isinstance(inner.value, str):
                 return Found("", getattr(inner.value, node.func.attr)(), inner.source, inner.line)
             return None
+        if isinstance(node, ast.Call) and call_name(node) == "str" and len(node.args) == 1 and not node.keywords:
+            inner = self.value(node.args[0], depth + 1)  # str(run_config["algorithm"]): a string stays itself
+            return inner if inner is not None and isinstance(inner.value, str) else None
         if isinstance(node, ast.Call) and call_name(node) in ("int", "float", "bool") and len(node.args) == 1:
             inner = self.value(node.args[0], depth + 1)
             if inner is not None and not isinstance(inner.value, (list, str)):
@@ -331,6 +334,10 @@ class ModuleReader:
             if values and all(values) and len({repr(v.value) for v in values}) == 1:
                 return values[0]
             return None
+        if node.attr == "value" and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):
+            member = self._enum_member(node.value.value.id, node.value.attr, node.lineno)
+            if member is not None:  # `Algorithm.FEDREP.value`: the member's literal in the app's Enum class
+                return member
         if isinstance(node.value, ast.Name) and node.attr in self.options:
             option = self.options[node.attr]
             return option if option.value is not None else None  # passed, but its value is known only at run time
@@ -342,6 +349,24 @@ class ModuleReader:
                 value, source = self.config[dotted]
                 return Found("", value, f"{source} {dotted}", node.lineno)
         return self._instance_field(node, depth)
+
+    def _enum_member(self, cls: str, member: str, line: int) -> Found | None:
+        """The literal member `member` of the app's class `cls` (an Enum: `FEDREP = "fedrep"`), where exactly one
+        class of that name in the app's code assigns it."""
+        values = [
+            (statement.value.value, f"{reader.relative}:{statement.lineno}")
+            for reader in [self, *(peer for peer in self.peers if peer is not self)]
+            for owner in ast.walk(reader.tree)
+            if isinstance(owner, ast.ClassDef) and owner.name == cls
+            for statement in owner.body
+            if isinstance(statement, ast.Assign)
+            and isinstance(statement.value, ast.Constant)
+            and any(isinstance(target, ast.Name) and target.id == member for target in statement.targets)
+        ]
+        if len(values) != 1:
+            return None
+        value, where = values[0]
+        return Found("", value, f"{where} ({cls}.{member})", line)
 
     def _instance_field(self, node: ast.Attribute, depth: int) -> Found | None:
         """`prefs.optimizer` where `prefs = Preferences(...)` builds a class of the app: the keyword passed, else the
@@ -559,7 +584,12 @@ class ModuleReader:
         called = owner.name if method and function.name == "__init__" else function.name
         found = []
         for reader in self.peers:
-            for call in reader.calls_named(called):
+            # `from task import train as train_fn`: train_fn(...) calls it too.
+            aliases = {local for local, (_, _, original) in reader.imports.items() if original == called}
+            calls = [call for alias in sorted({called} | aliases) for call in reader.calls_named(alias)]
+            for call in calls:
+                if not method and _called_on_an_object(reader, call):
+                    continue  # `net.train()` is the module's method, not the app's function train()
                 if reader.branch(call) is False or reader.decorates(call):
                     continue
                 if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
@@ -648,3 +678,14 @@ def _parameter_default(function, name: str) -> ast.AST | None:
         {arg.arg: default for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is not None}
     )
     return defaults.get(name)
+
+
+def _called_on_an_object(reader, call: ast.Call) -> bool:
+    """`net.train()`: a call through a local object, not through a module the file imports (`task.train(...)`,
+    `from pkg import task` or `import task`)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    if not isinstance(func.value, ast.Name):
+        return True
+    return func.value.id not in reader.module_aliases and func.value.id not in reader.imports

@@ -33,16 +33,45 @@ class FlowerApp:
     serverapp: str | None = None
     config: dict[str, tuple[object, str]] = field(default_factory=dict)
     num_supernodes: tuple[int, str] | None = None  # (nodes, source) of the default (or only) federation
+    # The folder the components' modules are imported from: the app's own, or its source folder (a src layout).
+    code_root: Path | None = None
 
     def module_file(self, reference: str | None) -> Path | None:
-        """`pkg.client_app:app` -> root/pkg/client_app.py (or the package's __init__.py), when it exists."""
+        """`pkg.client_app:app` -> code_root/pkg/client_app.py (or the package's __init__.py), when it exists."""
         if not reference:
             return None
-        parts = reference.split(":", 1)[0].split(".")
-        for candidate in (self.root.joinpath(*parts).with_suffix(".py"), self.root.joinpath(*parts, "__init__.py")):
-            if candidate.is_file():
-                return candidate
-        return None
+        return _module_file(self.code_root or self.root, reference.split(":", 1)[0])
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    parts = module.split(".")
+    for candidate in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def source_roots(directory: Path, project: dict) -> list[Path]:
+    """Where an installed app's packages come from, as its build backend packs them: the app's folder, hatch's
+    `packages = ["src/pkg"]` (the package's parent), setuptools' `package-dir = {"" = "src"}`, and the src layout's
+    `src/` by convention. Only folders inside the app."""
+    tool = project.get("tool", {}) if isinstance(project, dict) else {}
+    hatch = tool.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {}) if isinstance(tool, dict) else {}
+    named = [
+        str(Path(package).parent)
+        for package in (hatch.get("packages") or [] if isinstance(hatch, dict) else [])
+        if isinstance(package, str)
+    ]
+    setuptools = tool.get("setuptools", {}) if isinstance(tool, dict) else {}
+    package_dir = setuptools.get("package-dir", {}) if isinstance(setuptools, dict) else {}
+    if isinstance(package_dir, dict) and isinstance(package_dir.get(""), str):
+        named.append(package_dir[""])
+    roots = [directory]
+    for folder in [*named, "src"]:
+        candidate = (directory / folder).resolve()
+        if candidate.is_dir() and candidate.is_relative_to(directory.resolve()) and candidate not in roots:
+            roots.append(candidate)
+    return roots
 
 
 def is_flower_app(directory: Path) -> bool:
@@ -137,14 +166,16 @@ def parse_run_config(text: str | None) -> dict[str, object]:
 def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
     """The app in `directory`: components, run config (with --run-config fused over it, as Flower fuses), nodes."""
     pyproject = directory / "pyproject.toml"
-    flwr = read_toml(pyproject).get("tool", {}).get("flwr", {})
+    project = read_toml(pyproject)
+    flwr = project.get("tool", {}).get("flwr", {})
     app_table = flwr.get("app", {})
-    components = _components(pyproject, app_table)
+    components, code_root = _components(pyproject, app_table, source_roots(directory.resolve(), project))
     app = FlowerApp(
         root=directory.resolve(),
         pyproject=pyproject,
         clientapp=components.get("clientapp"),
         serverapp=components.get("serverapp"),
+        code_root=code_root,
     )
     app.config = {key: (value, APP_CONFIG) for key, value in flatten(app_table.get("config", {})).items()}
     for key, value in parse_run_config(run_config).items():
@@ -163,9 +194,10 @@ def read_app(directory: Path, run_config: str | None = None) -> FlowerApp:
 _REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-def _components(pyproject: Path, app_table) -> dict[str, str]:
+def _components(pyproject: Path, app_table, roots: list[Path]) -> tuple[dict[str, str], Path]:
     """[tool.flwr.app.components]: a table whose serverapp and clientapp are references `flwr run` can load, the
-    client's module inside the app (it builds the model). Else one line naming what is wrong."""
+    client's module inside the app (it builds the model), and the source root it is found under. Else one line
+    naming what is wrong."""
     components = app_table.get("components") if isinstance(app_table, dict) else None
     if not isinstance(components, dict) or not components.get("clientapp"):
         raise UsageError(
@@ -180,15 +212,15 @@ def _components(pyproject: Path, app_table) -> dict[str, str]:
                 f'write it as Flower loads it, e.g. {role} = "PKG.{role[:-3]}_app:app"',
             )
     module = components["clientapp"].split(":", 1)[0]
-    root = pyproject.parent
-    parts = module.split(".")
-    if not any(p.is_file() for p in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py"))):
+    found = next((root for root in roots if _module_file(root, module) is not None), None)
+    if found is None:
+        places = " or ".join(f"{root.relative_to(roots[0]).as_posix()}/" for root in roots[1:])
         raise UsageError(
             f"{pyproject}: [tool.flwr.app.components] clientapp names the module {module}, which is not in the app "
-            f"({'/'.join(parts)}.py does not exist)",
-            "name the module that defines the ClientApp, relative to the app's folder",
+            f"({module.replace('.', '/')}.py does not exist{' there or under ' + places if places else ''})",
+            "name the module that defines the ClientApp as it is imported once the app is installed",
         )
-    return components
+    return components, found
 
 
 def _num_supernodes(federations: dict) -> tuple[int, str] | None:

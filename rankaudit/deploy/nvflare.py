@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankaudit.deploy.found import Found
+from rankaudit.deploy.privacy import NVFLARE_RESULT_FILTERS, result_filter_note
 from rankaudit.errors import UsageError
 from rankaudit.settings import files
 
@@ -74,6 +75,7 @@ class NVFlareJob:
     components: dict[str, dict[str, Found]] = field(default_factory=dict)  # class -> its `args` in a client config
     model: tuple[str, dict[str, Found], str] | None = None  # (class or dotted class path, arguments, source)
     notes: list[str] = field(default_factory=list)
+    encrypted: bool = False  # the updates are encrypted (FedAvgRecipeWithHE): its note says how the round is judged
 
 
 def job_scripts(directory: Path) -> list[Path]:
@@ -255,6 +257,10 @@ def read_job(directory: Path) -> NVFlareJob:
         relative = path.relative_to(directory).as_posix()
         for cls, arguments in component_arguments(_raw_config(path) or {}, relative).items():
             job.components.setdefault(cls, {}).update(arguments)
+        for component in _filters(config or {}):  # task_result_filters: a privacy filter the client applies
+            named = (component.get("path") or component.get("name") or "").rsplit(".", 1)[-1]
+            if named in NVFLARE_RESULT_FILTERS:
+                job.notes.append(result_filter_note(named, relative))
         for component in _filters(config or {}):
             arguments = component.get("args") or {}
             script = arguments.get("task_script_path") or arguments.get("script")
@@ -377,7 +383,7 @@ def _read_job_script(directory: Path, path: Path, job: NVFlareJob) -> None:
         )
         if isinstance(model, ast.Call):
             arguments = {k.arg: reader.value(k.value) for k in model.keywords if k.arg}
-            job.model = (call_name(model), arguments, reader.where(model))
+            job.model = (_imported_as(reader, call_name(model)), arguments, reader.where(model))
         elif isinstance(model, ast.Dict):
             table = {k.value: v for k, v in zip(model.keys, model.values) if isinstance(k, ast.Constant)}
             class_path = reader.value(table.get("class_path"))
@@ -403,8 +409,19 @@ def _encrypted(reader, call, name: str, job: NVFlareJob) -> None:
         which = f"the layers `{ast.unparse(given)}` names (not read; the others are sent in clear)"
     else:
         which = f"the layers {layers.value!r} ({layers.source}); the others are sent in clear"
+    job.encrypted = True
     job.notes.append(
         f"{name} at {reader.where(call)} encrypts {which} with homomorphic encryption: the server aggregates without "
         "reading one client's update, the key holders see the sum; the round is judged for one client's update "
         "(the worst case); set clients = C in [tool.rankaudit.round] to judge the sum of C updates"
     )
+
+
+def _imported_as(reader, name: str) -> str:
+    """A class the job names bare, qualified by the module it imports it from (`from src.net import Net` ->
+    src.net.Net), so that the model file is the one the job imports, not another of the same name."""
+    source = reader.imports.get(name) if "." not in name else None
+    if source is None:
+        return name
+    dotted, level, original = source
+    return ".".join([*dotted, original]) if dotted and not level else name

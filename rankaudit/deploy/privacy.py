@@ -10,6 +10,22 @@ ROUND_TABLE = "[tool.rankaudit.round]"
 DP_TABLE = "[tool.rankaudit.dp]"
 
 
+# NVFlare's privacy filters on a client's task result, by class: what each does to the update before it is sent.
+# None of them is a DP mechanism rankaudit accounts for; none runs on the server.
+NVFLARE_RESULT_FILTERS = {
+    "PercentilePrivacy": "sends only the weight changes above its percentile, clipped to gamma; it adds no noise, so "
+    "nothing is counted as DP, and the entries it sends still carry the samples (the bound judges the full update, "
+    "an upper bound on what the filtered one shows)",
+    "SVTPrivacy": "sends a noisy selection of the weight changes (the sparse vector technique, noise added on the "
+    "client); that noise is not counted (set noise, clip and noise-by in " + DP_TABLE + " to count it)",
+}
+
+
+def result_filter_note(name: str, where: str) -> str:
+    """The one line a report gives an NVFlare privacy filter on the client's result."""
+    return f"{name} at {where}: a result filter on the client that {NVFLARE_RESULT_FILTERS[name]}"
+
+
 # ---- privacy ---------------------------------------------------------------------------------------------------
 
 
@@ -31,7 +47,9 @@ def privacy_settings(mechanisms, read, round_, settings, overrides, sources):
             )
             + f" (set noise, clip and noise-by in {DP_TABLE} to count it)"
         )
-    dp_mechanisms = [m for m in mechanisms if m.kind not in ("secagg", "exclude-vars", "unaccounted", "local-layers")]
+    notes += [result_filter_note(m.name, m.source) for m in mechanisms if m.kind == "result-filter"]
+    not_dp = ("secagg", "exclude-vars", "unaccounted", "local-layers", "sent-part", "result-filter")
+    dp_mechanisms = [m for m in mechanisms if m.kind not in not_dp]
     if len({m.kind for m in dp_mechanisms}) > 1:
         notes.append(
             "several DP mechanisms in the code ("

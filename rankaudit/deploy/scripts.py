@@ -60,33 +60,62 @@ def _typed(text: str) -> object:
 
 
 def tokens(reader, node: ast.AST | None) -> list[tuple[str, str]] | None:
-    """The words of a script-arguments expression with where each was read: a string literal, an f-string, or a
-    name assigned one; None where it is not static. A part of an f-string known only at run time (a data path the
-    job computes) is the word RUN_TIME, so the words around it are still read."""
+    """The words of a script-arguments expression with where each was read: a string literal, an f-string, a
+    name assigned one, or pieces joined with `+` (hello-lightning's `f"--batch_size {b} ..." + ("..." if c else
+    "")`); None where it is not static. A part of an f-string known only at run time (a data path the job
+    computes) is the word RUN_TIME, so the words around it are still read."""
     if node is None:
         return None
     node = reader.expression(node)
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [(word, reader.where(node)) for word in shlex.split(node.value)]
+    parts = _parts(reader, node)
+    if parts is None:
+        return None
+    words: list[tuple[str, str]] = []
+    glued = False  # a part that continues the previous word ("--lr={lr}")
+    for text, source, value in parts:
+        pieces = text.split() or ([""] if value else [])
+        if glued and words and pieces and not text[:1].isspace():
+            word, _ = words.pop()
+            pieces = [word + pieces[0], *pieces[1:]]
+        words += [(piece, source) for piece in pieces]
+        glued = bool(text) and not text[-1:].isspace()
+    return words
+
+
+def _parts(reader, node: ast.AST) -> list[tuple[str, str, bool]] | None:
+    """The text pieces of a string expression, each (text, where it was read, whether it is a value put in)."""
+    node = reader.expression(node)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [(node.value, reader.where(node), False)]
     if isinstance(node, ast.JoinedStr):
-        words: list[tuple[str, str]] = []
-        glued = False  # a part that continues the previous word ("--lr={lr}")
+        parts = []
         for part in node.values:
             if isinstance(part, ast.FormattedValue):
                 value = reader.value(part.value)
-                text, source = (RUN_TIME, reader.where(part)) if value is None else (str(value.value), value.source)
-                pieces = text.split() or [""]
+                parts.append(
+                    (RUN_TIME, reader.where(part), True) if value is None else (str(value.value), value.source, True)
+                )
             elif isinstance(part, ast.Constant):
-                text, source = str(part.value), reader.where(part)
-                pieces = text.split()
+                parts.append((str(part.value), reader.where(part), False))
             else:
                 return None
-            if glued and words and pieces and not text[:1].isspace():
-                word, _ = words.pop()
-                pieces = [word + pieces[0], *pieces[1:]]
-            words += [(piece, source) for piece in pieces]
-            glued = bool(text) and not text[-1:].isspace()
-        return words
+        return parts
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _parts(reader, node.left), _parts(reader, node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, ast.IfExp):
+        test = reader.value(node.test)
+        if test is not None and isinstance(test.value, (bool, int, float, str)) and test.value is not None:
+            return _parts(reader, node.body if test.value else node.orelse)
+        branches = [_parts(reader, node.body), _parts(reader, node.orelse)]
+        if None in branches:
+            return None
+        # Either branch may run: each option either one names is known only at run time, never one branch's.
+        named = [word.split("=")[0] for branch in branches for text, _, _ in branch for word in text.split()]
+        options = [word for word in dict.fromkeys(named) if word.startswith("-")]
+        return [(" " + " ".join(f"{option} {RUN_TIME}" for option in options) + " ", reader.where(node), False)]
     return None
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from rankaudit.deploy import reach
 from rankaudit.deploy.code_reader import FLOWER_ADAPTIVE, FLOWER_FIXED, POSITIONAL, ModuleReader, is_number
 from rankaudit.deploy.found import Found, Mechanism, call_name
+from rankaudit.deploy.privacy import NVFLARE_RESULT_FILTERS
 
 _EVALUATION_WORDS = ("test", "val", "eval", "central")  # server-side evaluation data, not a client's
 
@@ -107,7 +108,8 @@ def _optimizers(reader: ModuleReader) -> list[Found]:
 
 def _epochs(reader: ModuleReader) -> list[Found]:
     """Local epochs: `for _ in range(E)` around a loop over the data in a train function, or a literal
-    `epochs=E` / `local_epochs=E` passed to a call."""
+    `epochs=E` / `local_epochs=E` passed to a call, or Lightning's `Trainer(max_epochs=E)` (its max_steps or
+    limit_train_batches can only stop it sooner: E epochs is the most it trains)."""
     found = []
     for node in reader.loops:
         if (
@@ -130,12 +132,13 @@ def _epochs(reader: ModuleReader) -> list[Found]:
     for call in reader.calls():
         if call_name(call) in ("make_private_with_epsilon",):
             continue  # its `epochs` is the accountant's horizon, read with the mechanism
-        if not any(keyword.arg in ("epochs", "local_epochs", "num_epochs") for keyword in call.keywords):
+        names = ("epochs", "local_epochs", "num_epochs", *(("max_epochs",) if call_name(call) == "Trainer" else ()))
+        if not any(keyword.arg in names for keyword in call.keywords):
             continue
         if reader.branch(call) is False:
             continue
         for keyword in call.keywords:
-            if keyword.arg in ("epochs", "local_epochs", "num_epochs"):
+            if keyword.arg in names:
                 count = reader.value(keyword.value)
                 if count is not None and isinstance(count.value, int) and not isinstance(count.value, bool):
                     found.append(Found("local-epochs", count.value, count.source, count.line))
@@ -287,6 +290,8 @@ def _mechanisms(reader: ModuleReader) -> list[Mechanism]:
             mechanisms.append(Mechanism(kind, name, arguments, where))
         elif name == "SecAggPlusWorkflow" or name == "SecAggWorkflow":
             mechanisms.append(Mechanism("secagg", name, {}, where))
+        elif name in NVFLARE_RESULT_FILTERS:  # job.to(PercentilePrivacy(...), site, filter_type=TASK_RESULT)
+            mechanisms.append(Mechanism("result-filter", name, {}, where))
         elif _privacy_wrapper(name) and name not in _KNOWN_NAMES:
             if _holds_mechanism(reader, name):
                 continue  # the app's own client class (DPCifarClient) around a mechanism read on its own
@@ -335,6 +340,23 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
             if not isinstance(comprehension, (ast.ListComp, ast.GeneratorExp)):
                 continue
             loop = comprehension.generators[0]
+            part = _SENT_PART.search(ast.unparse(loop.iter))
+            if part is not None and part.group(1) in _WHOLE_MODEL:
+                part = None  # `self.model.state_dict()`: the whole model is sent
+            if part is not None and not loop.ifs and owner is not None:
+                # FedPer/FedRep: `model.body.state_dict()` alone is sent; the rest of the model stays local.
+                runs = _runs(reader, owner.name, senders)
+                if runs is not False:
+                    found.append(
+                        Mechanism(
+                            "sent-part",
+                            f"{owner.name}.get_parameters",
+                            {"part": Found("sent", part.group(1), reader.where(comprehension))},
+                            reader.where(comprehension),
+                            None if runs else _undecided(senders),
+                        )
+                    )
+                continue
             if "state_dict" not in ast.unparse(loop.iter) or not isinstance(loop.target, ast.Tuple):
                 continue
             key = loop.target.elts[0]
@@ -355,7 +377,7 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
                 continue
             condition = None
             if runs is None:
-                condition = "the client class is " + " or ".join(sorted(senders)) + ", chosen when the app runs"
+                condition = _undecided(senders)
             found.append(
                 Mechanism(
                     "local-layers",
@@ -366,6 +388,18 @@ def _local_layers(reader: ModuleReader) -> list[Mechanism]:
                 )
             )
     return found
+
+
+# A get_parameters that sends one submodule's state dict: `self.model_manager.model.body.state_dict().values()`.
+_SENT_PART = re.compile(r"\.(\w+)\.state_dict\(\)(\.(values|items)\(\))?$")
+
+
+# Names a client gives the model itself (`self.model_manager.model.state_dict()` sends all of it).
+_WHOLE_MODEL = frozenset({"model", "_model", "net", "network", "module", "base_model"})
+
+
+def _undecided(senders: dict) -> str:
+    return "the client class is " + " or ".join(sorted(senders)) + ", chosen when the app runs"
 
 
 def _runs(reader: ModuleReader, name: str, senders: dict) -> bool | None:
@@ -379,6 +413,18 @@ def _runs(reader: ModuleReader, name: str, senders: dict) -> bool | None:
     if targets & set(senders):
         return name in targets
     built = {call_name(call) for peer in reader.peers for call in peer.calls()} & set(senders)
+    # `client_class = FedRepClient` under `if algorithm == ...`: the class the branch the config takes picks.
+    assigned = [
+        (node.value.id, peer.branch(node))
+        for peer in reader.peers
+        for node in ast.walk(peer.tree)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in senders
+    ]
+    taken = {assigned_name for assigned_name, runs in assigned if runs is True}
+    if taken:
+        return name in taken
+    if any(isinstance(runs, str) for _, runs in assigned):  # a condition rankaudit does not read decides
+        return None if any(n == name and isinstance(runs, str) for n, runs in assigned) else False
     if built:
         return name in built
     return True if len(senders) == 1 else None

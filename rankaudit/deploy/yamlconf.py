@@ -56,9 +56,10 @@ def app_yaml(directory: Path) -> YamlConfig:
                 "[tool.rankaudit.round]"
             )
     else:
-        for name in _CONFIG_NAMES:
-            if (directory / name).is_file():
-                chosen = ((directory / name).parent, Path(name).name)
+        named = _option_default_config(directory)
+        for path in ([named] if named is not None else []) + [directory / name for name in _CONFIG_NAMES]:
+            if path.is_file():
+                chosen = (path.parent, path.name)
                 break
     if chosen is None:
         return config
@@ -77,6 +78,36 @@ def app_yaml(directory: Path) -> YamlConfig:
         if value is not None
     }
     return config
+
+
+def _option_default_config(directory: Path) -> Path | None:
+    """The YAML config a script loads through a command-line option's default (FL4Health's
+    `parser.add_argument("--config_path", default="examples/fedprox/config.yaml")`, `load_config(args.config_path)`):
+    the file the default names under the app folder, or, for a path written from the repository's root, its
+    longest tail that exists under the app; None when no such option names one that exists."""
+    from rankaudit.deploy.syntax import syntax_of
+
+    root = directory.resolve()
+    for path in sorted(directory.rglob("*.py")):
+        if _SKIPPED & set(path.relative_to(directory).parts):
+            continue
+        try:
+            calls = syntax_of(path).calls_by_name.get("add_argument", [])
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for call in calls:
+            flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+            default = next((k.value for k in call.keywords if k.arg == "default"), None)
+            if not any("config" in flag for flag in flags) or not isinstance(default, ast.Constant):
+                continue
+            if not isinstance(default.value, str) or not default.value.endswith((".yaml", ".yml")):
+                continue
+            parts = Path(default.value).parts
+            for start in range(len(parts)):
+                candidate = directory.joinpath(*parts[start:])
+                if candidate.is_file() and candidate.resolve().is_relative_to(root):
+                    return candidate
+    return None
 
 
 # ---- which config: @hydra.main(config_path=..., config_name=...) -------------------------------------------------

@@ -19,7 +19,7 @@ from rankaudit.model.load import load_model
 from rankaudit.result import DPNoiseSuggestion, SampleBound
 from rankaudit.settings.levels import DEFAULT_CERTIFICATE_QUANTILE, DEFAULT_MAX_RECOVERABLE
 from rankaudit.settings.levels import ceiling as level_ceiling
-from rankaudit.settings.round import Round
+from rankaudit.settings.round import DPSettings, Round
 
 if TYPE_CHECKING:
     from rankaudit.design.fisher_review import FisherReview
@@ -89,6 +89,8 @@ class SuggestReport:
     spectrum: str = ""  # the reference distribution the levels are read on (method.md: energy); "" for token inputs
     exposed_below: float | None = None  # the hidden share under which a sample is exposed
     certificate_quantile: float = DEFAULT_CERTIFICATE_QUANTILE  # the share of samples the certificate speaks for
+    round_dp: DPSettings | None = None  # the round's own DP (an app's DP-SGD or DP-FedAvg), kept as it is read
+    check_command: str = ""  # the `check` line that judges the same model on the same round ("": check MODEL)
 
 
 def suggest(
@@ -101,6 +103,7 @@ def suggest(
     data: str | None = None,
     exposed_below: float | None = None,
     certificate_quantile: float | None = None,
+    model_args: dict | None = None,
 ) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
     fraction R_s/|x| it reaches (method.md: each sample; the verdict level follows it, method.md: verdicts), then by the RA-i; with a round,
@@ -109,10 +112,10 @@ def suggest(
 
     Every level is read on energy, as `check` reads it (method.md: energy): the reference is `data` (--data), else the
     shipped photograph spectrum for C×H×W inputs, else none (nothing certified); `exposed_below` and
-    `certificate_quantile` as check's flags."""
+    `certificate_quantile` as check's flags; `model_args` the arguments the model is built with (an app's)."""
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
-    loaded = load_model(spec, input_shape, device="meta")
+    loaded = load_model(spec, input_shape, device="meta", model_args=model_args)
     traced = trace_and_count(
         loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
     )
@@ -217,5 +220,6 @@ def suggest(
         spectrum=reference.name if reference is not None else "",
         exposed_below=energy.exposed_below,
         certificate_quantile=energy.quantile,
+        round_dp=round_.dp if round_ is not None else None,
         **span,
     )

@@ -25,7 +25,7 @@ from rankaudit.model.meta_device import (
     everything_to_meta,
     failing_op,
 )
-from rankaudit.model.model_file import ConstructionFailed, execute_file, package_root
+from rankaudit.model.model_file import ConstructionFailed, execute_file, package_root, quiet_app_logs
 from rankaudit.settings.model_spec import split_model_spec
 
 
@@ -325,7 +325,8 @@ def load_model(
     path, name = split_model_spec(spec)
     if path.suffix != ".py":
         raise UsageError(f"'{path}' is not a .py file", "give the Python file that defines the model")
-    namespace, attr, model, build = _construct(path, name, device, model_args)
+    with quiet_app_logs():
+        namespace, attr, model, build = _construct(path, name, device, model_args)
     if isinstance(model, torch.jit.ScriptModule):
         model = CompiledModel(model)
     if device == "meta":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import re
 import sys
 from pathlib import Path
@@ -32,7 +34,62 @@ def package_root(path: Path) -> tuple[Path, str | None]:
     while (folder / "__init__.py").is_file() and folder.parent != folder:
         parts.insert(0, folder.name)
         folder = folder.parent
-    return folder, (".".join(parts) if len(parts) > 1 else None)
+    if len(parts) == 1:  # no __init__.py: a namespace package the file imports by its own name is the app's
+        return _namespace_root(path.resolve())
+    return folder, ".".join(parts)
+
+
+def _namespace_root(path: Path) -> tuple[Path, str | None]:
+    """A file in folders without __init__.py that imports its own package by name (FedPer's
+    fedper/implemented_models/mobile_model.py: `from fedper.models import ...`, run as `python -m fedper.main`): the
+    folder above that package goes on sys.path, the file runs as fedper.implemented_models.mobile_model."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return path.parent, None
+    imported = {
+        name.split(".")[0]
+        for node in ast.walk(tree)
+        for name in ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        + ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+    }
+    for ancestor in path.parents:
+        if ancestor.name in imported and ancestor.parent != ancestor and not _installed(ancestor.name, ancestor):
+            dotted = path.relative_to(ancestor.parent).with_suffix("").parts
+            if all(part.isidentifier() for part in dotted):
+                return ancestor.parent, ".".join(dotted)
+    return path.parent, None
+
+
+@contextlib.contextmanager
+def quiet_app_logs():
+    """The app's own INFO and DEBUG log lines (an app module's `logging.basicConfig(level=logging.INFO)` and the
+    lines it logs while it is imported and built) stay out of rankaudit's stderr; its warnings and errors show."""
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.INFO))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _installed(name: str, folder: Path) -> bool:
+    """Whether `name` is a module the environment already has (torch, a library) somewhere other than `folder`:
+    a folder of that name is never taken for the app's own package, whose import would then shadow it."""
+    if name in sys.stdlib_module_names:
+        return True
+    module = sys.modules.get(name)
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    if spec is None:
+        return module is not None
+    places = [spec.origin] if spec.origin and spec.origin not in ("namespace", "built-in", "frozen") else []
+    places += list(spec.submodule_search_locations or [])
+    return not places or any(not Path(place).resolve().is_relative_to(folder) for place in places)
 
 
 def execute_file(path: Path, device: str, build: str = BUILD_DEVICE):

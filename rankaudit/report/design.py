@@ -59,6 +59,8 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
         "spectrum": report.spectrum,
         "exposed_below": report.exposed_below,
         "certificate_quantile": report.certificate_quantile,
+        "round_dp": _round_dp_dict(report.round_dp),
+        "check_command": report.check_command or f"rankaudit check {report.model}",
     }
 
 
@@ -319,7 +321,21 @@ def _readout_text(report: SuggestReport) -> list[str]:
             "fires for it alone); withholding or removing that bias stops the exact readout (remove-bias "
             "rows above), the per-sample bound says what still stays hidden."
         )
-    if report.noise_is_the_way:
+    if report.noise_is_the_way and _client_noise(report):
+        dp = report.round_dp
+        lines.append(
+            "No structural edit protects a sample: no single edit, no set of withheld gradients"
+            + (" and no round setting" if report.round_review is not None else "")
+            + f" makes each sample protected. The round's own DP noise, added on the client (σ {dp.noise_multiplier:g}, "
+            f"clip {dp.clip:g}, each {dp.level}), is what bounds what the server reconstructs of a sample: "
+            f"`{report.check_command or 'rankaudit check ' + report.model}` gives its ε and reconstruction bound"
+            + (
+                "; with --max-reconstruction, the least noise multiplier meeting it is below."
+                if report.noise is not None
+                else "; add --max-reconstruction P for the least noise multiplier meeting a ceiling."
+            )
+        )
+    elif report.noise_is_the_way:
         noise = report.noise
         least = (
             f"; with the DP options given, the least noise multiplier is σ = {noise.noise_multiplier:g} (below)"
@@ -335,6 +351,18 @@ def _readout_text(report: SuggestReport) -> list[str]:
             f"way{least}."
         )
     return lines
+
+
+def _round_dp_dict(dp) -> dict | None:
+    """The round's own DP as suggest kept it: the mechanism, not the accounting `check` does."""
+    if dp is None:
+        return None
+    return {"noise_multiplier": dp.noise_multiplier, "clip": dp.clip, "level": dp.level, "noise_by": dp.noise_by}
+
+
+def _client_noise(report: SuggestReport) -> bool:
+    """The round already carries noise the client adds (DP-SGD, local DP): the noise to keep, not to propose."""
+    return report.round_dp is not None and report.round_dp.noise_by == "client"
 
 
 def _token_budget(report: SuggestReport) -> list[str]:
@@ -415,7 +443,7 @@ def suggest_table(report: SuggestReport, top: int | None = None) -> str:
         + ".",
         report.note,
         f"Exit code 0 whatever the verdict ({report.verdict} here): suggest proposes, it gates nothing; "
-        f"`rankaudit check {report.model}` gives the policy's exit code.",
+        f"`{report.check_command or 'rankaudit check ' + report.model}` gives the policy's exit code.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -450,7 +450,8 @@ def suggest_options(command):
 
 
 def compare_options(command):
-    """--batch-size ... --debug, on `compare`: the batch, the policy on B, the levels, the data and the output."""
+    """--batch-size ... --debug, on `compare`: the batch, the policy on B, the levels, the data, the output, and
+    the round (as `check` takes it, for model files and over what an app folder states)."""
     options = [
         click.option(
             "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP
@@ -480,6 +481,7 @@ def compare_options(command):
         ),
         click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help=_OUTPUT_HELP),
         click.option("--debug", is_flag=True, help=_DEBUG_HELP),
+        *_ROUND_OPTIONS,
     ]
     return _stacked(command, options)
 

@@ -1,0 +1,1 @@
+"""fedrep: a Flower baseline, trimmed for rankaudit's tests."""

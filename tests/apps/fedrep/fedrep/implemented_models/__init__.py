@@ -1,0 +1,1 @@
+"""fedrep: the models it implements."""

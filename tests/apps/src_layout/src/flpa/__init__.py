@@ -1,0 +1,1 @@
+"""flpa: a federated app in the src layout."""

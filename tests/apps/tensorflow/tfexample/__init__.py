@@ -1,0 +1,1 @@
+"""tfexample: a Flower / TensorFlow app."""
