@@ -95,7 +95,10 @@ def test_few_samples_are_shrunk_toward_the_shipped_spectrum(tmp_path):
     path = tmp_path / "few.npy"
     np.save(path, _crops(8, 48).reshape(48, 3, 8, 8))
     reference = data_reference(str(path), (3, 8, 8))
-    assert "fewer than the 192 unknowns: shrunk toward the shipped photograph spectrum (weight 0.75)" in reference.name
+    assert (
+        "fewer samples than the 192 unknowns: shrunk toward the shipped photograph spectrum, weight 0.75"
+        in reference.name
+    )
     # Without shrinkage 47 directions would hold everything; shrunk, the tail keeps energy.
     assert hidden_share(reference.eigenvalues, 48) > 0.001
 
@@ -306,12 +309,20 @@ def test_bad_data_is_one_line_and_exit_2(run_cli, tmp_path):
         assert code == 2 and len(err.strip().splitlines()) == 1 and "--data" in err and "Traceback" not in err
 
 
-def test_too_few_samples_for_a_large_input_fall_back_to_the_shipped_spectrum_and_say_so(tmp_path):
+def test_too_few_samples_certify_nothing_and_say_how_many_are_needed(tmp_path):
+    """Ten samples: the expected share falls back to the shipped spectrum (too few for 12,288 unknowns), and no order
+    statistic of ten bounds the 10 % quantile at 95 % (0.9¹⁰ = 35 % > 5 %): nothing is certified, and the report
+    names the 29 samples a figure needs."""
     few = tmp_path / "few.npy"
     np.save(few, np.random.default_rng(0).random((10, 3, 64, 64)))
     reference = data_reference(str(few), (3, 64, 64))
-    assert reference.name.startswith(PHOTO_SPECTRUM) and "10 samples are too few for 12,288 unknowns" in reference.name
+    assert "too few for a spectrum of 12,288 unknowns" in reference.name
     assert np.array_equal(reference.eigenvalues, photo_eigenvalues(3, 64, 64))
+    model = tmp_path / "pool.py"
+    model.write_text(POOLING.format(size=64, window=8, pooled=3 * 8 * 8))
+    bound = audit(str(model), data=str(few)).identifiability
+    assert bound.sample.certified_hidden_energy == 0 and bound.sample.level == "exposed"
+    assert bound.certificate_samples == 10 and "nothing is certified (give at least 29)" in bound.spectrum
 
 
 # ---- the certificate, per sample -------------------------------------------------------------------------------
