@@ -11,7 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rankaudit.bound.quantile import SAMPLE_CONFIDENCE, SampleShares, certificate_words, order_statistic
+from rankaudit.bound.quantile import (
+    PHOTO_REFERENCE,
+    SAMPLE_CONFIDENCE,
+    PhotoShares,
+    SampleShares,
+    certificate_words,
+    order_statistic,
+    photo_shares_for,
+)
 from rankaudit.settings.levels import (
     DEFAULT_CERTIFICATE_QUANTILE,
     DEFAULT_EXPOSED_BELOW,
@@ -47,6 +55,8 @@ class Reference:
     # The user's samples themselves (--data): the per-sample certificate is an order statistic of their hidden shares
     samples: SampleShares | None = None
     mean: np.ndarray | None = None  # the reference's mean sample (flat): what each sample's detail is measured from
+    # Images without --data: the shipped table of photograph crops' hidden shares, which the certificate reads
+    photo_shares: PhotoShares | None = None
 
 
 @lru_cache(maxsize=1)
@@ -204,8 +214,24 @@ def reference_for(shape: tuple[int, ...] | None, unknowns: int, data: str | None
     if data is not None and shape is not None:
         return data_reference(data, shape)
     if shape is not None and len(shape) == 3 and min(shape) >= 1:
-        return Reference(photo_eigenvalues(*shape), PHOTO_SPECTRUM)
+        return photo_reference(tuple(int(s) for s in shape))
     return no_reference(unknowns)
+
+
+def photo_reference(shape: tuple[int, int, int]) -> Reference:
+    """An image without --data: the certificate reads the shipped photographs' per-sample table, the expected share
+    the shipped spectrum; where no table fits the shape (other channel counts, or under the smallest fitted size),
+    no reference is trustworthy and nothing is certified."""
+    eigenvalues = photo_eigenvalues(*shape)
+    table = photo_shares_for(shape)
+    if table is None:
+        return Reference(
+            eigenvalues,
+            f"no photographs' reference fits a {'x'.join(str(s) for s in shape)} input (fitted for 1 or 3 channels "
+            "from 8x8 px): nothing is certified; give --data (a few hundred samples like yours) for a figure",
+            certifies=False,
+        )
+    return Reference(eigenvalues, f"{PHOTO_REFERENCE} (expected share: the {PHOTO_SPECTRUM})", photo_shares=table)
 
 
 def reference_mean(shape: tuple[int, ...] | None, data: str | None = None) -> np.ndarray | None:
@@ -465,6 +491,8 @@ class EnergyScale:
             return 0.0
         if self.reference.samples is not None and copies == 1:
             return self.reference.samples.certificate(rank_bound, self.quantile)[0]
+        if self.reference.photo_shares is not None and copies == 1:
+            return self.reference.photo_shares.certificate(rank_bound, self.quantile)[0]
         return certified_share(self.reference.eigenvalues, rank_bound, copies, self.quantile)
 
     def level(self, rank_bound: int, copies: int = 1) -> str:
@@ -492,7 +520,7 @@ class EnergyScale:
             return self.max_recoverable * self.unknowns
         if not self.reference.certifies:
             return 0.0
-        if self.reference.samples is not None:
+        if self.reference.samples is not None or self.reference.photo_shares is not None:
             return float(_largest_rank_reaching(self.hidden, 1 - self.max_recoverable, self.unknowns))
         return float(largest_protected_rank(self.reference.eigenvalues, 1 - self.max_recoverable, self.quantile))
 
@@ -526,6 +554,11 @@ def certify(bound, inputs, data: str | None = None, exposed_below: float | None 
         sample.visible_psnr_ceiling = _psnr(reference.peak, sample.unknowns, energy)
         bound.spectrum = f"{reference.name}; {certificate_words(reference.samples, scale.quantile)}"
         bound.certificate_samples = reference.samples.count
+        bound.certificate_confidence = SAMPLE_CONFIDENCE
+    if reference.certifies and reference.photo_shares is not None:
+        per_pixel = reference.photo_shares.certificate(sample.rank_bound, scale.quantile)[1]
+        sample.visible_psnr_ceiling = _psnr(reference.peak, 1, per_pixel)
+        bound.spectrum = f"{reference.name}; {reference.photo_shares.words(scale.quantile)}"
         bound.certificate_confidence = SAMPLE_CONFIDENCE
     bound.reference_note = reference.note
     bound.certificate_quantile = scale.quantile

@@ -3,8 +3,11 @@ visible subspace the method can name (docs/method.md, "The certificate, read fro
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -68,11 +71,12 @@ class SampleShares:
     candidates: list[str]  # what each candidate subspace is, in the report's words
 
     @classmethod
-    def of(cls, samples: np.ndarray) -> SampleShares:
-        """Candidates: the top principal directions of the deviations (the subspace that shows most energy) and of
-        the deviations scaled to unit length (the one that shows the largest share, summed over the samples)."""
+    def of(cls, samples: np.ndarray, mean: np.ndarray | None = None) -> SampleShares:
+        """Candidates: the top principal directions of the deviations from `mean` (default: the samples' own; the
+        subspace that shows most energy) and of the deviations scaled to unit length (the one that shows the
+        largest share, summed over the samples)."""
         flat = samples.reshape(samples.shape[0], -1).astype(np.float64)
-        deviations = flat - flat.mean(0)
+        deviations = flat - (flat.mean(0) if mean is None else np.asarray(mean, dtype=np.float64).reshape(1, -1))
         energies = np.einsum("ij,ij->i", deviations, deviations)
         norms = np.sqrt(energies)
         scaled = deviations / np.where(norms > 0, norms, 1.0)[:, None]
@@ -142,4 +146,78 @@ def certificate_words(shares: SampleShares, quantile: float, confidence: float =
         f"h is the {ordinal(k)} smallest of their {shares.count:,} hidden shares under the worst of "
         f"{len(shares.candidates)} subspaces ({' and '.join(shares.candidates)}): a {100 * confidence:.3g} % lower "
         f"confidence bound on the {100 * below:.3g} % quantile"
+    )
+
+
+# ---- without --data: the photographs' per-sample reference shipped with the package ---------------------------------
+
+PHOTO_SHARES_FILE = Path(__file__).with_name("data") / "photo_shares.json"
+PHOTO_REFERENCE = "photographs' per-sample reference shipped with rankaudit"
+
+
+@lru_cache(maxsize=1)
+def _photo_tables() -> dict:
+    return json.loads(PHOTO_SHARES_FILE.read_text())
+
+
+@dataclass
+class PhotoShares:
+    """The shipped table of photograph crops' hidden shares at one fitted size (benchmarks/make_photo_shares.py): at
+    each rank of `ranks`, the share (and the hidden energy per pixel) that at least `quantile` of crops keep outside
+    any subspace of that dimension, measured on the worst candidate subspace with a margin for other photographs."""
+
+    channels: int
+    size: int
+    ranks: list[int]
+    shares: list[float]
+    energies: list[float]  # per pixel
+    quantile: float
+
+    def certificate(self, rank: int, quantile: float) -> tuple[float, float]:
+        """(h, hidden energy per pixel) at `rank`: read at the smallest tabulated rank at or above it (a larger
+        subspace shows more, so that reading is lower); (0, 0) beyond the table, and for a quantile above the one
+        the table was fitted at (it says nothing of more samples)."""
+        rank = max(int(rank), 0)
+        if quantile > self.quantile + 1e-9:
+            return 0.0, 0.0
+        if rank == 0:
+            return 1.0, self.energies[0]  # the energy at one direction: under the whole of it, so conservative
+        for position, tabulated in enumerate(self.ranks):
+            if tabulated >= rank:
+                return self.shares[position], self.energies[position]
+        return 0.0, 0.0
+
+    def words(self, quantile: float) -> str:
+        if quantile > self.quantile + 1e-9:
+            return (
+                f"it speaks for {100 * self.quantile:.3g} % of photographs, not {100 * quantile:.3g} %: nothing is "
+                "certified; give --data (a few hundred samples like yours) for a figure"
+            )
+        return (
+            f"read off crops of photographs at {self.size}x{self.size} px at the same rank (a larger picture keeps "
+            f"more detail outside as many directions), fitted at the {100 * self.quantile:.3g} % quantile with a "
+            "margin for photographs unlike them; --data gives a figure for samples like yours"
+        )
+
+
+def photo_shares_for(shape: tuple[int, ...]) -> PhotoShares | None:
+    """The table for a C×H×W input: its channel count (1 or 3), the largest fitted size that fits inside H×W; None
+    where there is none (other channel counts, or inputs under the smallest size): no reference is trustworthy."""
+    if len(shape) != 3:
+        return None
+    channels, height, width = (int(s) for s in shape)
+    model = _photo_tables()
+    fitting = [
+        table for table in model["tables"] if table["channels"] == channels and table["size"] <= min(height, width)
+    ]
+    if not fitting:
+        return None
+    table = max(fitting, key=lambda t: t["size"])
+    return PhotoShares(
+        channels,
+        table["size"],
+        list(table["ranks"]),
+        list(table["hidden_share"]),
+        list(table["hidden_energy_per_pixel"]),
+        float(model["quantile"]),
     )
