@@ -118,10 +118,10 @@ def data_reference(source: str, shape: tuple[int, ...]) -> Reference:
     image = len(shape) == 3
     if count < 2:
         fallback = reference_for(shape, unknowns)
+        shipped = "the shipped photographs' reference" if image else "no reference"
         fallback.note = (
             f"--data {Path(source).name} holds {count} sample: it is what the verifiers attack, and the certificate "
-            f"uses {'the shipped photograph spectrum' if image else 'no reference'} (give a few hundred samples for "
-            "one of your own)"
+            f"uses {shipped} (give a few hundred samples for one of your own)"
         )
         return fallback
     reference = _data_spectrum(samples, shape, Path(source).name)
@@ -231,7 +231,7 @@ def photo_reference(shape: tuple[int, int, int]) -> Reference:
             "from 8x8 px): nothing is certified; give --data (a few hundred samples like yours) for a figure",
             certifies=False,
         )
-    return Reference(eigenvalues, f"{PHOTO_REFERENCE} (expected share: the {PHOTO_SPECTRUM})", photo_shares=table)
+    return Reference(eigenvalues, PHOTO_REFERENCE, photo_shares=table)
 
 
 def reference_mean(shape: tuple[int, ...] | None, data: str | None = None) -> np.ndarray | None:

@@ -196,7 +196,8 @@ class PhotoShares:
         return (
             f"read off crops of photographs at {self.size}x{self.size} px at the same rank (a larger picture keeps "
             f"more detail outside as many directions), fitted at the {100 * self.quantile:.3g} % quantile with a "
-            "margin for photographs unlike them; --data gives a figure for samples like yours"
+            "margin for photographs unlike them; the expected share from the natural-photograph spectrum shipped "
+            "beside it; --data gives a figure for samples like yours"
         )
 
 
