@@ -290,10 +290,7 @@ def test_table_marks_the_critical_row_and_explains_the_verdict(run_cli):
         "∇fc): exposed."
     )
     assert "At least 16 input directions leave every shared gradient unchanged" in closing[0]
-    assert (
-        "90 % of batches like yours keep nothing of the samples' detail hidden, for any weights"
-        in (closing[0])
-    )
+    assert "90 % of batches like yours keep nothing of the samples' detail hidden, for any weights" in (closing[0])
     assert closing[1].startswith(
         "For any weights, including a server that picks them: nothing of a sample's detail (its difference from the "
         "average sample) is certified hidden, and its visible part can be the sample itself"
@@ -342,7 +339,10 @@ def test_a_large_certified_deficit_is_not_protected_when_it_hides_little_energy(
     assert code == 1 and payload["verdict"] == "exposed" and not payload["policy"]["passed"]
     assert (payload["identifiability"]["rank_bound"], payload["identifiability"]["unknowns"]) == (452, 3072)
     code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--exposed-below", "0.00005")
-    assert code == 1 and "verdict is partial: 90 % of samples like yours keep less than 0.01 % of their detail hidden" in out
+    assert (
+        code == 1
+        and "verdict is partial: 90 % of samples like yours keep less than 0.01 % of their detail hidden" in out
+    )
     code, out, _ = run_cli(EXAMPLES / "strided_stem.py", "--exposed-below", "0.00005", "--max-recoverable", "0.99995")
     assert code == 0 and "protected asks at least 0.005 %" in out
 

@@ -271,7 +271,8 @@ def test_the_html_report_shows_a_reference_photograph_beside_what_the_bound_lets
     figure = re.search(r'<figure class="visible-pair certificate".*?</figure>', page, re.S).group(0)
     assert (
         f"its top 452 principal components of the reference spectrum, the subspace that hides least of a photograph "
-        f"at every quantile): {psnr:.1f} dB PSNR. 90 % of photographs keep" in figure
+        f"at every quantile): {psnr:.1f} dB PSNR. 90 % of photographs keep"
+        in figure
         and "of their detail hidden from any weights, their visible part under 50.6 dB." in figure
     )
     pngs = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", figure)

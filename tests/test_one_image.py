@@ -22,7 +22,9 @@ class BiasMLP(nn.Module):
         return self.fc2(self.act(self.fc1(x.flatten(1))))
 """
 
-FALLBACK = "holds 1 sample: it is what the verifiers attack, and the certificate uses the shipped photographs' reference"
+FALLBACK = (
+    "holds 1 sample: it is what the verifiers attack, and the certificate uses the shipped photographs' reference"
+)
 
 
 @pytest.fixture
