@@ -52,9 +52,10 @@ def hidden(eigenvalues: np.ndarray, rank: int) -> float:
 
 
 def main() -> None:
-    measured, colours = {}, {}
+    measured, colours, means = {}, {}, {}
     for size, crops in SIZES.items():
         x = load_images(None, (3, size, size), crops, seed=SEED)[0].double().numpy()
+        means[size] = x.mean((0, 2, 3))  # the photographs' mean colour: the reference's mean sample at every pixel
         x = x - x.mean(0)
         measured[size] = np.linalg.svd(x.reshape(crops, -1), compute_uv=False) ** 2 / crops
         colours[size] = np.einsum("nchw,ndhw->cd", x, x) / (crops * size * size)
@@ -94,6 +95,7 @@ def main() -> None:
         "r0": r0,
         "beta": beta,
         "colour_covariance": np.round(colour, 8).tolist(),
+        "mean_colour": np.round(np.mean([means[size] for size in SIZES], axis=0), 6).tolist(),
         "margin": MARGIN,
         "fit": {"crops": {str(k): v for k, v in SIZES.items()}, "seed": SEED, "loosest_ratio": round(loosest, 3)},
         "checks": checks,

@@ -120,6 +120,10 @@ class Identifiability:
     certificate_quantile: float = 0.9  # the share of samples the per-sample certificate speaks for
     exposed_below: float = 0.05  # method.md: energy: `exposed` when the certified hidden share is below this
     protected_rank: int | None = None  # the largest R_s at which the certificate reaches `protected` (energy)
+    # Where the per-sample certificate is read off the user's samples (--data): how many, and the confidence of the
+    # order statistic as a lower bound on the quantile; None where it comes from a model of the distribution.
+    certificate_samples: int | None = None
+    certificate_confidence: float | None = None
 
     @property
     def hidden_estimate(self) -> float:

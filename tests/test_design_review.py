@@ -118,7 +118,10 @@ def test_suggest_cli_json_and_top(run_cli):
     assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
     assert "No batch size protects any one sample: a sample's bound" in out
     assert "smallest protected (90 % of samples like yours keeping at least 50 % of their detail hidden): 888914" in out
-    assert "Levels are read on energy, as `rankaudit check` reads them (reference: natural-photograph" in out
+    assert (
+        "Levels are read on energy, as `rankaudit check` reads them (reference: photographs' per-sample reference"
+        in out
+    )
 
 
 def test_compare_shows_the_difference_and_exits_by_the_second(run_cli):

@@ -22,7 +22,9 @@ class BiasMLP(nn.Module):
         return self.fc2(self.act(self.fc1(x.flatten(1))))
 """
 
-FALLBACK = "holds 1 sample: it is what the verifiers attack, and the certificate uses the shipped photograph spectrum"
+FALLBACK = (
+    "holds 1 sample: it is what the verifiers attack, and the certificate uses the shipped photographs' reference"
+)
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ def test_one_image_is_attacked_and_the_reference_falls_back_to_the_shipped_one(v
     assert code == 0, err
     payload = json.loads(out)
     bound = payload["identifiability"]
-    assert FALLBACK in bound["reference_note"] and bound["spectrum"].startswith("natural-photograph spectrum")
+    assert FALLBACK in bound["reference_note"] and bound["spectrum"].startswith("photographs' per-sample reference")
     assert bound["sample"]["certified_hidden_energy"] is not None
     record = payload["verification"][verifier]
     if verifier == "rank":

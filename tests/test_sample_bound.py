@@ -388,10 +388,10 @@ def test_suggest_says_when_only_noise_protects_a_sample(run_cli):
     # 0.9 % of a typical photograph's energy: on energy only noise protects a sample of fig2_d.
     assert payload["noise_is_the_way"] is True and payload["certifying_withheld"] is None
     code, out, _ = run_cli("suggest", str(EXAMPLES / "strided_stem.py"))
-    # 452 of 3,072 directions per sample (14.7 %: protected on directions) show all but 0.2 % of the detail of one
+    # 452 of 3,072 directions per sample (14.7 %: protected on directions) show all but under 0.01 % of the detail of one
     # photograph in ten: exposed, as `check` says, and noise is the way.
     assert (
-        "452 of 3,072 (14.7 % recoverable, 90 % of samples like yours keep 0.2 % of their detail hidden), exposed"
+        "452 of 3,072 (14.7 % recoverable, 90 % of samples like yours keep 0.01 % of their detail hidden), exposed"
         in out
     )
     assert "No structural edit protects a sample" in out

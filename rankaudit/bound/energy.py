@@ -11,6 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
+from rankaudit.bound.quantile import (
+    PHOTO_REFERENCE,
+    SAMPLE_CONFIDENCE,
+    PhotoShares,
+    SampleShares,
+    certificate_words,
+    order_statistic,
+    photo_shares_for,
+)
 from rankaudit.settings.levels import (
     DEFAULT_CERTIFICATE_QUANTILE,
     DEFAULT_EXPOSED_BELOW,
@@ -43,6 +52,11 @@ class Reference:
     peak: float = 1.0  # the input's range: the PSNR's peak
     certifies: bool = True  # False: no distribution is known (a non-image input without --data), nothing certified
     note: str | None = None  # one line for the report where --data could not serve as the reference
+    # The user's samples themselves (--data): the per-sample certificate is an order statistic of their hidden shares
+    samples: SampleShares | None = None
+    mean: np.ndarray | None = None  # the reference's mean sample (flat): what each sample's detail is measured from
+    # Images without --data: the shipped table of photograph crops' hidden shares, which the certificate reads
+    photo_shares: PhotoShares | None = None
 
 
 @lru_cache(maxsize=1)
@@ -104,28 +118,40 @@ def data_reference(source: str, shape: tuple[int, ...]) -> Reference:
     image = len(shape) == 3
     if count < 2:
         fallback = reference_for(shape, unknowns)
+        shipped = "the shipped photographs' reference" if image else "no reference"
         fallback.note = (
             f"--data {Path(source).name} holds {count} sample: it is what the verifiers attack, and the certificate "
-            f"uses {'the shipped photograph spectrum' if image else 'no reference'} (give a few hundred samples for "
-            "one of your own)"
+            f"uses {shipped} (give a few hundred samples for one of your own)"
         )
         return fallback
+    reference = _data_spectrum(samples, shape, Path(source).name)
+    # The certificate itself is read off the samples (docs/method.md, "The certificate, read from samples"); the
+    # spectrum above gives the expected share beside it.
+    reference.samples = SampleShares.of(samples)
+    reference.mean = samples.reshape(count, -1).mean(0)
+    return reference
+
+
+def _data_spectrum(samples: np.ndarray, shape: tuple[int, ...], name: str) -> Reference:
+    """The samples' covariance eigenvalues: as they are when they are enough (or the input is not an image), else
+    shrunk toward the shipped photograph spectrum."""
+    count, unknowns, image = samples.shape[0], int(np.prod(shape)), len(shape) == 3
     centred = samples.reshape(count, -1) - samples.reshape(count, -1).mean(0)
     if count >= unknowns or not image:
         # Only the eigenvalues are needed: the singular values of the centred samples, not an n×n covariance.
         eigenvalues = np.linalg.svd(centred, compute_uv=False) ** 2 / (count - 1)
         eigenvalues = np.concatenate([eigenvalues, np.zeros(unknowns - eigenvalues.size)])
-        name = f"--data: {count:,} samples from {Path(source).name}"
+        name = f"--data: {count:,} samples from {name}"
         if count < unknowns:
             name += f", fewer than the {unknowns:,} unknowns: the directions they do not span count as visible"
         return Reference(np.sort(eigenvalues)[::-1], name)
     fallback = photo_eigenvalues(*shape)
     if unknowns > LARGEST_EIGENDECOMPOSITION:
-        # Shrinking would need an n×n eigendecomposition: the reference it would shrink toward is used, and said.
+        # Shrinking would need an n×n eigendecomposition: the expected share uses the shipped spectrum, and says so.
         return Reference(
             fallback,
-            f"{PHOTO_SPECTRUM}; --data's {count:,} samples are too few for {unknowns:,} unknowns (give at least that "
-            "many to use them)",
+            f"--data: {count:,} samples from {name} (the expected share from the {PHOTO_SPECTRUM}: they are too "
+            f"few for a spectrum of {unknowns:,} unknowns)",
         )
     weight = (unknowns - count) / unknowns
     total = float((centred**2).sum() / (count - 1))
@@ -135,8 +161,8 @@ def data_reference(source: str, shape: tuple[int, ...]) -> Reference:
     eigenvalues = np.clip(np.linalg.eigvalsh(covariance), 0.0, None)[::-1]
     return Reference(
         eigenvalues,
-        f"--data: {count:,} samples from {Path(source).name}, fewer than the {unknowns:,} unknowns: shrunk "
-        f"toward the shipped photograph spectrum (weight {weight:.2f})",
+        f"--data: {count:,} samples from {name} (the expected share from their spectrum, fewer samples than the "
+        f"{unknowns:,} unknowns: shrunk toward the shipped photograph spectrum, weight {weight:.2f})",
     )
 
 
@@ -188,8 +214,41 @@ def reference_for(shape: tuple[int, ...] | None, unknowns: int, data: str | None
     if data is not None and shape is not None:
         return data_reference(data, shape)
     if shape is not None and len(shape) == 3 and min(shape) >= 1:
-        return Reference(photo_eigenvalues(*shape), PHOTO_SPECTRUM)
+        return photo_reference(tuple(int(s) for s in shape))
     return no_reference(unknowns)
+
+
+def photo_reference(shape: tuple[int, int, int]) -> Reference:
+    """An image without --data: the certificate reads the shipped photographs' per-sample table, the expected share
+    the shipped spectrum; where no table fits the shape (other channel counts, or under the smallest fitted size),
+    no reference is trustworthy and nothing is certified."""
+    eigenvalues = photo_eigenvalues(*shape)
+    table = photo_shares_for(shape)
+    if table is None:
+        return Reference(
+            eigenvalues,
+            f"no photographs' reference fits a {'x'.join(str(s) for s in shape)} input (fitted for 1 or 3 channels "
+            "from 8x8 px): nothing is certified; give --data (a few hundred samples like yours) for a figure",
+            certifies=False,
+        )
+    return Reference(eigenvalues, PHOTO_REFERENCE, photo_shares=table)
+
+
+def reference_mean(shape: tuple[int, ...] | None, data: str | None = None) -> np.ndarray | None:
+    """The reference's mean sample (flat): what the certificate measures each sample's detail from, and so what
+    `--verify rank` measures it from. --data: its samples' mean; an image without --data: the photographs' mean
+    colour at every pixel (the shipped model is the same at every position); None for other inputs without --data
+    (no reference: nothing is certified)."""
+    if shape is None:
+        return None
+    if data is not None:
+        return _read_samples(data, shape).reshape(-1, int(np.prod(shape))).mean(0)
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        return None
+    colour = np.asarray(_photo_model()["mean_colour"], dtype=np.float64)
+    if shape[0] == 1:
+        colour = np.array([float(np.dot([0.299, 0.587, 0.114], colour))])
+    return np.repeat(colour, int(shape[1]) * int(shape[2]))
 
 
 def no_reference(unknowns: int) -> Reference:
@@ -238,23 +297,9 @@ _per_sample_cache: dict = {}
 
 
 def _order_statistic(draws: int, below: float) -> int:
-    """The largest k whose k-th smallest of `draws` independent draws lies at or below the true `below`-quantile
-    with probability QUANTILE_CONFIDENCE: P(Binomial(draws, below) < k) <= 1 − QUANTILE_CONFIDENCE. 0: none does."""
-    log_below, log_above = math.log(below), math.log1p(-below)
-    cumulative, k = 0.0, 0
-    while k < draws:
-        term = math.exp(
-            math.lgamma(draws + 1)
-            - math.lgamma(k + 1)
-            - math.lgamma(draws - k + 1)
-            + k * log_below
-            + (draws - k) * log_above
-        )
-        if cumulative + term > 1 - QUANTILE_CONFIDENCE:
-            return k
-        cumulative += term
-        k += 1
-    return draws
+    """The order statistic of the Monte Carlo draws that sits at or below the true quantile with probability
+    QUANTILE_CONFIDENCE (quantile.order_statistic)."""
+    return order_statistic(draws, below, QUANTILE_CONFIDENCE)
 
 
 def _grouped(values: np.ndarray, counts: np.ndarray, keep: str) -> tuple[np.ndarray, np.ndarray]:
@@ -350,9 +395,14 @@ def certified_psnr_ceiling(
     """10·log10(peak² · n / e): the PSNR that the visible part of at least `quantile` of the samples stays under (e:
     per_sample_certificate's hidden energy); None when nothing is certified hidden."""
     answer = per_sample_certificate(eigenvalues, rank, 1, quantile)
-    if answer is None or answer[1] <= 0:
+    return None if answer is None else _psnr(peak, eigenvalues.size, answer[1])
+
+
+def _psnr(peak: float, unknowns: int, hidden_energy: float) -> float | None:
+    """10·log10(peak² · n / e); None when nothing is certified hidden (e = 0) or the figure is not finite."""
+    if not hidden_energy > 0:
         return None
-    value = 10 * math.log10(peak**2 * eigenvalues.size / answer[1])
+    value = 10 * math.log10(peak**2 * unknowns / hidden_energy)
     return value if math.isfinite(value) else None
 
 
@@ -360,13 +410,21 @@ def largest_protected_rank(
     eigenvalues: np.ndarray, protected_share: float, quantile: float = DEFAULT_CERTIFICATE_QUANTILE
 ) -> int:
     """The largest R at which the per-sample certificate still reaches `protected_share`: what `protected` asks of
-    R_s. The certified share never grows with R (a larger subspace shows more), so a bisection finds it."""
-    if (certified_share(eigenvalues, 1, 1, quantile) or 0.0) < protected_share - 1e-12:
+    R_s."""
+    return _largest_rank_reaching(
+        lambda rank: certified_share(eigenvalues, rank, 1, quantile), protected_share, int(eigenvalues.size)
+    )
+
+
+def _largest_rank_reaching(share_at, protected_share: float, unknowns: int) -> int:
+    """The largest R in [0, unknowns] whose certified share `share_at(R)` reaches `protected_share`. The certified
+    share never grows with R (a larger subspace shows more), so a bisection finds it."""
+    if (share_at(1) or 0.0) < protected_share - 1e-12:
         return 0  # one direction already shows too much (photographs): no bisection over 10⁵ ranks
-    low, high = 1, int(eigenvalues.size)
+    low, high = 1, int(unknowns)
     while high - low > 1:
         middle = (low + high) // 2
-        if (certified_share(eigenvalues, middle, 1, quantile) or 0.0) >= protected_share - 1e-12:
+        if (share_at(middle) or 0.0) >= protected_share - 1e-12:
             low = middle
         else:
             high = middle
@@ -431,6 +489,10 @@ class EnergyScale:
         """The certified per-sample hidden share of a rank bound over `copies` independent samples."""
         if not self.reference.certifies:
             return 0.0
+        if self.reference.samples is not None and copies == 1:
+            return self.reference.samples.certificate(rank_bound, self.quantile)[0]
+        if self.reference.photo_shares is not None and copies == 1:
+            return self.reference.photo_shares.certificate(rank_bound, self.quantile)[0]
         return certified_share(self.reference.eigenvalues, rank_bound, copies, self.quantile)
 
     def level(self, rank_bound: int, copies: int = 1) -> str:
@@ -458,6 +520,8 @@ class EnergyScale:
             return self.max_recoverable * self.unknowns
         if not self.reference.certifies:
             return 0.0
+        if self.reference.samples is not None or self.reference.photo_shares is not None:
+            return float(_largest_rank_reaching(self.hidden, 1 - self.max_recoverable, self.unknowns))
         return float(largest_protected_rank(self.reference.eigenvalues, 1 - self.max_recoverable, self.quantile))
 
 
@@ -479,12 +543,23 @@ def certify(bound, inputs, data: str | None = None, exposed_below: float | None 
     copies = max(bound.unknowns // sample.unknowns, 1) if sample.unknowns else 1
     sample.certified_hidden_energy = scale.hidden(sample.rank_bound)
     bound.certified_hidden_energy = scale.hidden(bound.rank_bound, copies)
+    bound.spectrum = reference.name
     if reference.certifies:
         sample.expected_hidden_energy = hidden_share(eigenvalues, sample.rank_bound)
         sample.visible_psnr_ceiling = certified_psnr_ceiling(
             eigenvalues, sample.rank_bound, reference.peak, scale.quantile
         )
-    bound.spectrum = reference.name
+    if reference.certifies and reference.samples is not None:
+        energy = reference.samples.certificate(sample.rank_bound, scale.quantile)[1]
+        sample.visible_psnr_ceiling = _psnr(reference.peak, sample.unknowns, energy)
+        bound.spectrum = f"{reference.name}; {certificate_words(reference.samples, scale.quantile)}"
+        bound.certificate_samples = reference.samples.count
+        bound.certificate_confidence = SAMPLE_CONFIDENCE
+    if reference.certifies and reference.photo_shares is not None:
+        per_pixel = reference.photo_shares.certificate(sample.rank_bound, scale.quantile)[1]
+        sample.visible_psnr_ceiling = _psnr(reference.peak, 1, per_pixel)
+        bound.spectrum = f"{reference.name}; {reference.photo_shares.words(scale.quantile)}"
+        bound.certificate_confidence = SAMPLE_CONFIDENCE
     bound.reference_note = reference.note
     bound.certificate_quantile = scale.quantile
     sample.level = scale.level(sample.rank_bound)

@@ -86,8 +86,15 @@ def _at_least(share: float) -> str:
 
 
 def samples_like_yours(bound: Identifiability) -> str:
-    """ "90 % of samples like yours": the share of samples the per-sample certificate speaks for."""
-    return f"{percent(bound.certificate_quantile)} of samples like yours"
+    """ "90 % of samples like yours": the share of samples the per-sample certificate speaks for, and, where it is
+    read off the user's samples, how many and with what confidence."""
+    read = ""
+    if bound.certificate_samples is not None and bound.certificate_confidence is not None:
+        read = (
+            f" (read from your {bound.certificate_samples:,} samples, "
+            f"{percent(bound.certificate_confidence)} confidence)"
+        )
+    return f"{percent(bound.certificate_quantile)} of samples like yours{read}"
 
 
 def certifies_nothing(bound: Identifiability) -> bool:

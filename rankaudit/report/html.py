@@ -552,10 +552,12 @@ def _png(picture) -> bytes:
 def _certificate_picture(result: Result) -> dict | None:
     """method.md: energy: a shipped photograph crop beside its projection onto the top R_s components of the shipped
     spectrum, captioned with the PSNR: what a server that picks the weights could see of it. No weights needed."""
-    from rankaudit.bound.energy import PHOTO_SPECTRUM, reference_picture
+    from rankaudit.bound.energy import reference_picture
+    from rankaudit.bound.quantile import PHOTO_REFERENCE
 
     bound = result.identifiability
-    if bound is None or bound.sample is None or bound.spectrum != PHOTO_SPECTRUM or len(result.inputs) != 1:
+    shipped = bound is not None and (bound.spectrum or "").startswith(PHOTO_REFERENCE)
+    if bound is None or bound.sample is None or not shipped or len(result.inputs) != 1:
         return None
     picture = reference_picture(tuple(result.inputs[0].shape), bound.sample.rank_bound)
     if picture is None:

@@ -105,6 +105,7 @@ def verify_rank(
     loss = loss_name_for(logits)
     labels = draw_labels(len(images), loss, logits, seed)
     batches = [slice(i, i + 1) for i in range(len(images))] if batch == 1 else [slice(0, batch)]
+    centre, centre_note = _reference_centre(result, data)
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
     shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
@@ -120,14 +121,20 @@ def verify_rank(
             common = dict(device=device, seed=seed + number, loss=loss, bn_mode=bn_mode, progress=overall.part(number))
             if matrix_free:
                 reading = measure_matrix_free(
-                    model, images[part], labels[part], shared, budget_seconds=budget, **common
+                    model, images[part], labels[part], shared, budget_seconds=budget, centre=centre, **common
                 )
-                readings.append((reading, hidden_at_most(reading, images[part])))
+                readings.append((reading, hidden_at_most(reading, images[part], centre)))
                 if not reading.exact:  # bounds only: read below, with the others
                     overall.finish(overall.last_total)
                     continue
                 measured = as_rank_measurement(
-                    reading, images[part], shared=shared, shared_size=shared_size, loss=loss, device=str(device)
+                    reading,
+                    images[part],
+                    shared=shared,
+                    shared_size=shared_size,
+                    loss=loss,
+                    device=str(device),
+                    centre=centre,
                 )
             else:
                 measured = rank.measure(
@@ -138,6 +145,7 @@ def verify_rank(
                     directions=rank.MAX_DIRECTIONS if artifacts else 0,
                     hidden=True,
                     precision=precision,
+                    centre=centre,
                     **common,
                 )
             overall.finish(overall.last_total)
@@ -147,6 +155,7 @@ def verify_rank(
         f"inputs: {source}",
         f"loss: {loss}, labels drawn with seed {seed}",
         f"shared gradient: {len(shared)} parameter tensors, {shared_size:,} values",
+        centre_note,
     ]
     if any(not reading.exact for reading, _ in readings):
         notes.append(
@@ -190,7 +199,7 @@ def verify_rank(
             "device's memory (or --rank-precision float32 skipped them); lower --input-shape to measure it"
         )
     saved = save_directions(artifacts, headline) if artifacts else []
-    seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts)
+    seen = _what_the_gradient_shows(result, images, batches, measurements, artifacts, centre)
     verification = {
         "unknowns": headline.unknowns,
         "rank": headline.rank,
@@ -333,8 +342,24 @@ def read_worst_sample(
         verification["internal_error"] = "; ".join(e for e in (verification.get("internal_error"), sample_error) if e)
 
 
+def _reference_centre(result: Result, data: str | None):
+    """(the reference's mean sample, its note): each sample's hidden share is measured on its deviation from it, the
+    quantity the certificate speaks of (bound.energy.reference_mean); each sample's own mean where there is none."""
+    from rankaudit.bound.energy import ReferenceDataError, reference_mean
+
+    shape = tuple(result.input_shape) if result.input_shape else None
+    try:
+        centre = reference_mean(shape, data)
+    except ReferenceDataError:
+        centre = None  # the analysis already named --data's problem
+    if centre is None:
+        return None, "hidden shares: each sample's deviation from its own mean (no reference mean sample)"
+    what = "--data's mean sample" if data is not None else "the photographs' mean colour"
+    return centre, f"hidden shares: each sample's deviation from {what}, as the certificate measures it"
+
+
 def _what_the_gradient_shows(
-    result: Result, images, batches: list[slice], measurements: list, artifacts: str | None
+    result: Result, images, batches: list[slice], measurements: list, artifacts: str | None, centre=None
 ) -> dict:
     """method.md: verdicts, measured: each input's hidden energy and visible part (rankaudit.verify.rank.hidden), the medians
     over all inputs, PNGs of the originals and visible parts for the HTML report (result.images), and with
@@ -359,7 +384,7 @@ def _what_the_gradient_shows(
             continue
         visible = hidden.visible_parts(batch, measurement.invisible)
         inputs = []
-        for offset, share in enumerate(hidden.shares(batch, measurement.invisible)):
+        for offset, share in enumerate(hidden.shares(batch, measurement.invisible, centre)):
             index = part.start + offset
             entry = {
                 "index": index,
@@ -453,6 +478,7 @@ def verify_round_rank(
     model, weights = build_real_model(spec, result.input_shape, seed)
     shared = rank.shared_parameter_names(model, shared_layers, withheld_layers)
     inputs, source = round_inputs(result, data, seed, "rank")
+    centre, centre_note = _reference_centre(result, data)
     labels, loss = round_labels(model, inputs, seed)
     check_local_training(model, round_, loss, inputs, labels, "--verify rank for the round")
     with ProgressBar(1, "round rank sketch", enabled=show_progress) as bar:
@@ -468,6 +494,7 @@ def verify_round_rank(
             directions=rank.MAX_DIRECTIONS if artifacts else 0,
             hidden=True,
             progress=lambda done, rows: bar(done, rows),
+            centre=centre,
         )
     if not all(math.isfinite(v) for v in (measured.sigma_max, measured.tolerance)):
         raise UsageError(
@@ -501,6 +528,7 @@ def verify_round_rank(
         f"vector-Jacobian product through the {round_.steps} unrolled local steps, in chunks of "
         f"{measured.chunk_rows} rows; rank by {measured.spectrum}",
         _mode_note(round_.bn_mode),
+        centre_note,
     ]
     if rounds > 1:
         notes.append(
@@ -517,7 +545,7 @@ def verify_round_rank(
     saved = save_directions(artifacts, _first_client_view(measured)) if artifacts else []
     # the verdicts over the round section's inputs: every client's samples in one projection, each sample's share reported.
     flat = inputs.reshape(-1, *inputs.shape[2:])
-    seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts)
+    seen = _what_the_gradient_shows(result, flat, [slice(0, len(flat))], [measured], artifacts, centre)
     if measured.invisible is None:
         notes.append("hidden energy not measured: the SVD's vectors it needs did not fit the device's memory")
     verification = {

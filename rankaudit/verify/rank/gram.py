@@ -79,6 +79,7 @@ def measure_matrix_free(
     bn_mode: str = "eval",
     dtype: torch.dtype = torch.float64,
     memory_bytes: int | None = None,
+    centre=None,
 ) -> KrylovReading:
     """rank(∂g/∂x) from below and the hidden share of ``images``' deviation from above, for one batch (usually
     one sample), without the dense sketch. Stops when exact, past ``budget_seconds``, once the hidden share is
@@ -98,7 +99,7 @@ def measure_matrix_free(
     products = GramProducts(net, x, labels, loss, names)
     return krylov_rank(
         products,
-        centred(x).reshape(-1),
+        centred(x, centre).reshape(-1),
         seed=seed,
         block=block,
         budget_seconds=None if budget_seconds is None else budget_seconds - (time.perf_counter() - started),
@@ -109,14 +110,22 @@ def measure_matrix_free(
     )
 
 
-def invisible_part(reading: KrylovReading, images: torch.Tensor) -> torch.Tensor:
-    """The part of ``images``' deviation from their mean that an exact reading's visible subspace misses (flat)."""
-    x = centred(images.detach().to(reading.visible.dtype)).reshape(-1).to(reading.visible.device)
+def invisible_part(reading: KrylovReading, images: torch.Tensor, centre=None) -> torch.Tensor:
+    """The part of ``images``' deviation from ``centre`` (hidden.centred) that an exact reading's visible subspace
+    misses (flat)."""
+    x = centred(images.detach().to(reading.visible.dtype), centre).reshape(-1).to(reading.visible.device)
     return x - reading.visible.T @ (reading.visible @ x)
 
 
 def as_rank_measurement(
-    reading: KrylovReading, images: torch.Tensor, *, shared: list[str], shared_size: int, loss: str, device: str
+    reading: KrylovReading,
+    images: torch.Tensor,
+    *,
+    shared: list[str],
+    shared_size: int,
+    loss: str,
+    device: str,
+    centre=None,
 ) -> RankMeasurement:
     """An exact Krylov reading as the dense check's record, so every reading of the rank (the verdict, the static
     bound, each sample's hidden energy) reads both alike. Refuses an inexact one: a lower bound is not a rank."""
@@ -146,7 +155,7 @@ def as_rank_measurement(
         gap = kept / float(values[rank]) if values[rank] > 0 else math.inf
     else:
         gap = kept / reading.tolerance if reading.tolerance > 0 else math.inf
-    invisible = invisible_part(reading, images)
+    invisible = invisible_part(reading, images, centre)
     return RankMeasurement(
         unknowns=unknowns,
         rank=rank,

@@ -1,6 +1,7 @@
 """method.md: verdicts, measured: how much of each input the gradient cannot see, and the visible part an attacker gets.
 
-With c the batch with each sample's mean removed and P the orthogonal projection onto the measured invisible
+With c the batch's deviation from the reference's mean sample (the certificate's quantity; each sample's own mean
+where no reference mean is given) and P the orthogonal projection onto the measured invisible
 subspace (right singular vectors of the dropped singular values of the sketch, over all B·|x| unknowns), sample
 i's hidden energy is h_i = ‖(P c)_i‖² / ‖c_i‖², and its visible part x_i − (P c)_i is what any attacker recovers
 from the gradient to first order without an image prior. The visible part is scored against x_i by PSNR and by
@@ -28,19 +29,23 @@ class InputShare:
     visible_ssim: float | None  # None for inputs that are not images (C x H x W)
 
 
-def centred(batch: torch.Tensor) -> torch.Tensor:
-    """The batch with each sample's own mean (over all its values) removed."""
+def centred(batch: torch.Tensor, centre=None) -> torch.Tensor:
+    """Each sample's deviation from `centre` (the reference's mean sample, flat |x| values: what the certificate
+    measures a sample's detail from); without one, from the sample's own mean over all its values."""
     flat = batch.reshape(batch.shape[0], -1)
-    return (flat - flat.mean(dim=1, keepdim=True)).reshape(batch.shape)
+    if centre is None:
+        return (flat - flat.mean(dim=1, keepdim=True)).reshape(batch.shape)
+    centre = torch.as_tensor(np.asarray(centre), dtype=flat.dtype, device=flat.device).reshape(1, -1)
+    return (flat - centre).reshape(batch.shape)
 
 
-def invisible_component(batch: torch.Tensor, right_vectors: torch.Tensor, rank: int) -> np.ndarray:
+def invisible_component(batch: torch.Tensor, right_vectors: torch.Tensor, rank: int, centre=None) -> np.ndarray:
     """P c for the whole batch, shaped like it: `right_vectors` are the sketch's n right singular vectors (rows,
     by descending singular value), of which the first `rank` span what the gradient sees.
 
     Projects with whichever basis is smaller: the dropped rows directly, or c minus its part in the kept rows."""
     n = batch.numel()
-    c = centred(batch).reshape(-1).to(device=right_vectors.device, dtype=right_vectors.dtype)
+    c = centred(batch, centre).reshape(-1).to(device=right_vectors.device, dtype=right_vectors.dtype)
     if rank >= n:
         return np.zeros(tuple(batch.shape))
     if n - rank <= rank:
@@ -52,12 +57,14 @@ def invisible_component(batch: torch.Tensor, right_vectors: torch.Tensor, rank: 
     return part.reshape(batch.shape).cpu().numpy()
 
 
-def measured_invisible(batch: torch.Tensor, right_vectors: torch.Tensor | None, rank: int) -> np.ndarray | None:
+def measured_invisible(
+    batch: torch.Tensor, right_vectors: torch.Tensor | None, rank: int, centre=None
+) -> np.ndarray | None:
     """P c from a rank measurement: zeros at full rank (nothing hidden, no vectors needed), None when a deficit
     came without the SVD's vectors (they did not fit the device, or an unchecked float32 sketch): unmeasured."""
     if rank >= batch.numel():
         return np.zeros(tuple(batch.shape))
-    return None if right_vectors is None else invisible_component(batch, right_vectors, rank)
+    return None if right_vectors is None else invisible_component(batch, right_vectors, rank, centre)
 
 
 def visible_parts(batch: np.ndarray, invisible: np.ndarray) -> np.ndarray:
@@ -65,9 +72,10 @@ def visible_parts(batch: np.ndarray, invisible: np.ndarray) -> np.ndarray:
     return batch - invisible
 
 
-def shares(batch: np.ndarray, invisible: np.ndarray) -> list[InputShare]:
-    """Per input of the batch: hidden energy, and the visible part's PSNR and SSIM against the input."""
-    centred_batch = centred(torch.as_tensor(batch, dtype=torch.float64)).numpy()
+def shares(batch: np.ndarray, invisible: np.ndarray, centre=None) -> list[InputShare]:
+    """Per input of the batch: hidden energy (of its deviation from `centre`, as centred), and the visible part's
+    PSNR and SSIM against the input."""
+    centred_batch = centred(torch.as_tensor(batch, dtype=torch.float64), centre).numpy()
     visible = visible_parts(batch, invisible)
     found = []
     for original, centre, hidden, seen in zip(batch, centred_batch, invisible, visible):

@@ -111,6 +111,7 @@ def measure(
     hidden: bool = False,
     precision: str = "float64",
     bn_mode: str = "eval",
+    centre=None,
 ) -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
@@ -122,7 +123,7 @@ def measure(
     double backward. ``directions``: also return up to that many right singular vectors of dropped singular
     values (a full SVD instead of singular values only). ``chunk_rows``: rows per batched pass (default: sized
     to the device's free memory). ``progress(done, total)`` runs after each chunk of rows. ``hidden``: also
-    return P c, the batch's mean-removed input projected onto the whole invisible subspace (method.md: verdicts; a full SVD
+    return P c, the batch's deviation from ``centre`` (the reference's mean sample; default each sample's own mean) projected onto the whole invisible subspace (method.md: verdicts; a full SVD
     with vectors unless the rank is full), for :mod:`rankaudit.verify.rank.hidden`. ``precision``:
     "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
     least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see
@@ -205,7 +206,7 @@ def measure(
     if hidden:
         from rankaudit.verify.rank import hidden as hidden_part
 
-        invisible = hidden_part.measured_invisible(x, spectrum.right_vectors, rank)
+        invisible = hidden_part.measured_invisible(x, spectrum.right_vectors, rank, centre)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return RankMeasurement(

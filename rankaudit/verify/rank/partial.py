@@ -22,15 +22,15 @@ STOPPED = {
 }
 
 
-def hidden_at_most(reading: KrylovReading, image: torch.Tensor) -> float | None:
+def hidden_at_most(reading: KrylovReading, image: torch.Tensor, centre=None) -> float | None:
     """The sample's hidden share from above: measured on the visible subspace when the reading is exact, else the
     Krylov bound; None for a sample equal to its own mean."""
     if not reading.exact or reading.visible is None:
         return reading.hidden_share_at_most
-    energy = float(centred(image.detach().double()).square().sum())
+    energy = float(centred(image.detach().double(), centre).square().sum())
     if energy == 0:
         return None
-    return float(invisible_part(reading, image).square().sum()) / energy
+    return float(invisible_part(reading, image, centre).square().sum()) / energy
 
 
 def partial_verification(

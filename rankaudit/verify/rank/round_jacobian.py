@@ -76,6 +76,7 @@ def measure_round(
     chunk_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     hidden: bool = False,
+    centre=None,
 ) -> RankMeasurement:
     """rank(∂u/∂X) for the round's update at ``inputs`` (C x N x ...) with ``labels`` (C x N), in float64.
 
@@ -149,7 +150,8 @@ def measure_round(
     if hidden:
         from rankaudit.verify.rank import hidden as hidden_part
 
-        invisible = hidden_part.measured_invisible(x.reshape(-1, *x.shape[2:]), spectrum.right_vectors, spectrum.rank)
+        flat = x.reshape(-1, *x.shape[2:])
+        invisible = hidden_part.measured_invisible(flat, spectrum.right_vectors, spectrum.rank, centre)
     return RankMeasurement(
         unknowns=unknowns,
         rank=spectrum.rank,
