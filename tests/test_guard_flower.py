@@ -466,3 +466,21 @@ def test_a_log_that_is_a_pipe_is_refused_when_the_mod_is_built(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(UsageError, match="named pipe"):
         rankaudit_guard(SmallCNN, lambda context: DATA[0], log=str(tmp_path / "pipe"))
+
+
+def test_the_mod_watches_the_training_it_checks(monkeypatch):
+    """The decision reads its tables from the handler's own training steps (the model of the audited class that
+    starts from the received weights), and decides as it does from its own pass."""
+    from rankaudit.guard.watch import Watch
+
+    covered = []
+    tables = Watch.tables
+    monkeypatch.setattr(Watch, "tables", lambda self, samples: covered.append(tables(self, samples)) or covered[-1])
+    strategy = Recording()
+    _run(strategy)
+    assert len(covered) == 4 and all(found is not None for found in covered)
+    assert all(not reply.has_error() for reply in strategy.received)
+    guarded = Imprinting()
+    _run(guarded, rounds=1, feature_action="block")
+    assert len(covered) == 6 and all(found is not None for found in covered)
+    assert all(reply.has_error() and reply.error.code == BLOCKED_CODE for reply in guarded.received)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from rankaudit.errors import RankauditError
@@ -63,6 +65,45 @@ def _server_round(msg) -> int | None:
     return None
 
 
+@contextmanager
+def watching(guard: Guard, kind: type, received: dict[str, torch.Tensor]):
+    """While the train handler runs: the first model of the audited class that runs forward holding exactly the
+    received weights (the one the handler trains) is watched (Guard.watch), so that the decision reads each
+    sample's vectors and signals from the training steps instead of running the samples again. A handler that
+    trains on other samples than ``samples`` returns leaves records that do not cover them, and the decision then
+    makes its own pass."""
+    guard.watching = None
+
+    def first_forward(module, args):
+        if guard.watching is not None or type(module) is not kind or not _holds(module, received):
+            return
+        watch = guard.watch(module)
+        watch.__enter__()
+        watch._started(module, args)  # this forward's own step: its hooks were set after the call began
+        handles.append(watch)
+
+    handles: list = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(first_forward)
+    try:
+        yield
+    finally:
+        hook.remove()
+        for watch in handles:
+            watch.__exit__(None, None, None)
+
+
+def _holds(module: nn.Module, received: dict[str, torch.Tensor]) -> bool:
+    """Whether ``module``'s state is exactly the received weights (names, shapes and values)."""
+    state = module.state_dict()
+    if set(state) != set(received):
+        return False
+    return all(
+        tuple(value.shape) == tuple(received[name].shape)
+        and torch.equal(value.detach().cpu().to(received[name].dtype), received[name])
+        for name, value in state.items()
+    )
+
+
 def rankaudit_guard(
     model: nn.Module | Callable[[], nn.Module],
     samples: Callable,
@@ -102,14 +143,21 @@ def rankaudit_guard(
             return call_next(msg, context)
         _, received_record = _array_record(msg.content)
         received = received_record.to_torch_state_dict()
-        reply = call_next(msg, context)
+        ignored: list[str] = []
+        try:
+            guard = guard_for(from_run_config(dict(context.run_config), base=base, ignored=ignored))
+        except RankauditError as exc:
+            log(ERROR, "rankaudit guard: %s", exc)
+            return Message(
+                Error(code=BLOCKED_CODE, reason=f"rankaudit guard could not check this update: {exc}"), reply_to=msg
+            )
+        with watching(guard, type(built["model"]), received):
+            reply = call_next(msg, context)
         if reply.has_error():
             return reply
         key, sent_record = _array_record(reply.content)
         sent = sent_record.to_torch_state_dict()
-        ignored: list[str] = []
         try:
-            guard = guard_for(from_run_config(dict(context.run_config), base=base, ignored=ignored))
             x, y, notes = client_samples(samples(context))
         except RankauditError as exc:  # the guard cannot check this update: it is not sent, and the line says why
             log(ERROR, "rankaudit guard: %s", exc)

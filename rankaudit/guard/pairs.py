@@ -91,15 +91,22 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     energy = gram.diagonal()
     found = []
     step = max(1, PAIR_BLOCK // max(1, units * count))
+    # Each unit's energy with sample s left out, (units, samples).
+    left = energy[:, None] - signals.T**2
     for start in range(0, len(keep), step):
         rows, cols = keep[start : start + step], keep[start:]  # each pair once: i before j
         # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
-        cross = gram[rows][:, cols, None] - signals.T[rows][:, None, :] * signals.T[cols][None, :, :]
-        left_i = energy[rows][:, None] - signals.T[rows] ** 2
-        left_j = energy[cols][:, None] - signals.T[cols] ** 2
-        sine = 1 - cross**2 / (left_i[:, None, :] * left_j[None, :, :]).clamp_min(1e-30)
+        cross = signals.T[rows][:, None, :] * signals.T[cols][None, :, :]
+        torch.sub(gram[rows][:, cols, None], cross, out=cross)
+        left_i, left_j = left[rows], left[cols]
+        # sine² ≤ PARALLEL, i.e. cross² ≥ (1 − PARALLEL)·left_i·left_j, computed in place (the block is the
+        # search's whole memory and most of its time).
+        bound = left_i[:, None, :] * left_j[None, :, :]
+        bound.clamp_min_(1e-30).mul_(1 - PARALLEL)
+        hit = torch.ge(cross.square(), bound)
+        del bound
         # A unit with nothing left without s is a ratio readout, formed already.
-        hit = (sine <= PARALLEL) & (left_i[:, None, :] > 0) & (left_j[None, :, :] > 0)
+        hit &= (left_i > 0)[:, None, :] & (left_j > 0)[None, :, :]
         hit &= rows[:, None, None] < cols[None, :, None]
         for a, b, s in torch.nonzero(hit).tolist():
             i, j = int(rows[a]), int(cols[b])

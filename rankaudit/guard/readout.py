@@ -86,6 +86,9 @@ class LayerInputs:
         self.net.requires_grad_(False)
         self.layers = readout_layers(self.net, shared)
         self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
+        # {(layer, sample): what the layer's features determine of the sample, in dB}: a figure of the received
+        # weights and the sample alone, so each re-read of an altered update (drop, noise) reuses it.
+        self.determined: dict[tuple[str, int], float] = {}
 
     def vectors(
         self, samples: torch.Tensor, labels: torch.Tensor | None = None, watched: tuple | None = None
@@ -286,10 +289,13 @@ def find_readouts(
                     best[key] = entry
             found = list(best.values())
         if found and not reads_input[name]:
-            figures, said = determined_psnr(inputs.net, modules[name], samples, sorted({r.sample for r in found}))
+            new = sorted({r.sample for r in found} - {sample for layer, sample in inputs.determined if layer == name})
+            figures, said = determined_psnr(inputs.net, modules[name], samples, new) if new else ({}, [])
             notes += [f"{name}: {line}" for line in said]
+            inputs.determined.update({(name, sample): figure for sample, figure in figures.items()})
             for entry in found:
-                entry.sample_psnr = round(figures[entry.sample], 2)
-                entry.leaks = figures[entry.sample] >= min_psnr
+                figure = inputs.determined[(name, entry.sample)]
+                entry.sample_psnr = round(figure, 2)
+                entry.leaks = figure >= min_psnr
         readouts += found
     return readouts, checked, skipped, notes
