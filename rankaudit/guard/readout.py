@@ -121,6 +121,12 @@ class LayerInputs:
             reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
         return found, signals, reads_input, why_not
 
+    def determined(self, name: str, samples: torch.Tensor, indices: list[int]) -> tuple[dict[int, float], list[str]]:
+        """What layer ``name``'s features determine of each of the samples ``indices`` (rankaudit.guard.features)."""
+        from rankaudit.guard.features import determined_psnr
+
+        return determined_psnr(self.net, dict(self.layers)[name], samples, indices)
+
     def _chunk(self, x: torch.Tensor, labels: torch.Tensor | None) -> dict:
         """{layer: (calls per forward pass, its (n, d) vectors or None, its (n, units) signals)} for one chunk."""
         from rankaudit.verify.client import logits_of
@@ -249,15 +255,12 @@ def find_readouts(
 ) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
     """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
     a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
-    from rankaudit.guard.features import determined_psnr
-
     vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
     # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs
     # (a sample whose step ran in between is isolated by the signals near its step), and a hidden layer's readouts
     # are matched with the features at both (they move from step to step).
     later_vectors, later = at_sent.vectors(samples, labels)[:2] if at_sent is not None and watched is None else ({}, {})
     readouts, checked, skipped, notes = [], [], [], []
-    modules = dict(inputs.layers)
     for name, _ in inputs.layers:
         prefix = f"{name}." if name else ""
         if name in why_not:
@@ -286,7 +289,7 @@ def find_readouts(
                     best[key] = entry
             found = list(best.values())
         if found and not reads_input[name]:
-            figures, said = determined_psnr(inputs.net, modules[name], samples, sorted({r.sample for r in found}))
+            figures, said = inputs.determined(name, samples, sorted({r.sample for r in found}))
             notes += [f"{name}: {line}" for line in said]
             for entry in found:
                 entry.sample_psnr = round(figures[entry.sample], 2)
