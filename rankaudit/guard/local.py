@@ -48,6 +48,7 @@ class LocalRound:
     measured: Measurements | None  # None: the received weights are not the audited model's
     loss: str
     training_seconds: float
+    measure_seconds: float = 0.0  # the guard's measurements, in the worker
 
 
 def train_and_measure(
@@ -92,9 +93,10 @@ def train_and_measure(
     if not all(bool(torch.isfinite(value).all()) for value in final.values()):
         raise UsageError("the local training diverged at these weights", "lower --lr or --local-epochs")
     sent = {**received, **{name: value.to(received[name].dtype) for name, value in final.items()}}
+    measuring = time.perf_counter()
     measured, _ = measure(model, received, sent, x, labels_for_loss, settings, judge_now=True)
     plain = {name: packed(value) for name, value in sent.items()}
-    return LocalRound(architecture, plain, measured, loss, training_seconds)
+    return LocalRound(architecture, plain, measured, loss, training_seconds, time.perf_counter() - measuring)
 
 
 def _batch(data: str, labels: str | None, round_: Round) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +142,7 @@ def decide_round(
     decision, _ = Guard(None, settings).decide_measured(
         local.architecture, local.measured, received, sent, x, y, started=started
     )
+    decision.seconds += local.measure_seconds  # the guard's time: its measurements in the worker, and the decision
     return GuardRun(
         model=spec,
         weights=weights,
