@@ -44,3 +44,15 @@ def test_a_forward_that_forges_its_measurements_cannot_hide_the_input_readouts(i
     report = json.loads(done.stdout)["guard"]
     assert report["action"] == "block" and len(report["exact_samples"]) >= 2
     assert all(readout["reads_input"] for readout in report["readouts"] if readout["leaks"])
+
+
+def test_the_json_report_is_strict_whatever_the_figures():
+    from rankaudit.report.guard import render_json
+    from rankaudit.result import GuardDecision, GuardRun
+    from rankaudit.settings.round import Round
+
+    decision = GuardDecision("send", [], [], [], [], [], None, float("nan"), 8, float("inf"), energy={"hidden": -1e999})
+    run = GuardRun("net.py", "w.pt", "b.npz", Round(), "cross-entropy", decision, float("inf"), 0.0)
+    text = render_json(run)
+    report = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the report"))
+    assert report["guard"]["min_psnr"] is None and report["guard"]["energy"]["hidden"] is None

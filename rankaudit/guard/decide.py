@@ -3,7 +3,9 @@ noised; one JSON line per decision (docs/guard.md).
 
 The frameworks' adapters (rankaudit.guard.flower, rankaudit.guard.nvflare) and the command (rankaudit.guard.local)
 call Guard.decide with the weights the client received, the weights it is about to send, and the samples it trained
-on; everything the guard decides is decided here.
+on. It runs its two halves (rankaudit.guard.measure): the model's measurements, then decide_measured, which the
+command also calls on its own, in a process where the model's code never ran; everything the guard decides is decided
+there.
 """
 
 from __future__ import annotations
