@@ -584,8 +584,7 @@ def guard_command(ctx, model, weights, data, labels, batch_size, log, output_for
         if round_flags.get("local_samples") is None and not (settings.round or {}).get("local_samples"):
             round_flags["local_samples"] = count
     round_ = build_run_round(round_flags, batch, settings.round)
-    # The local steps run the model's code: in a worker, so the decision is made where that code never ran.
-    run = worker.run(run_guard, model, weights, data, labels, round_, guard, limited=False, phase="the local training")
+    run = run_guard(model, weights, data, labels, round_, guard)
     text = guard_report.render_json(run) if output_format == "json" else guard_report.render_table(run)
     emit.write(text, output)
     sent_as_computed = run.decision.action == "send"

@@ -90,10 +90,13 @@ def checked_samples(x: np.ndarray, where: str) -> torch.Tensor:
         )
     if x.ndim < 2 or x.shape[0] == 0 or not np.issubdtype(x.dtype, np.number):
         raise UsageError(f"{where}: samples of shape {x.shape} ({x.dtype})", "give numeric samples, batch first")
-    samples = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)
-    if not bool(torch.isfinite(samples).all()):
+    # In NumPy, not torch: `rankaudit guard` reads the batch before it forks the model's worker, and a torch operation
+    # large enough to start its thread pool there leaves the forked worker waiting on threads it does not have.
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = np.ascontiguousarray(x, dtype=np.float32)
+    if not bool(np.isfinite(array).all()):
         raise UsageError(f"{where}: the samples hold NaN or infinite values (in float32)", "give finite samples")
-    return samples
+    return torch.from_numpy(array.copy() if array is x or not array.flags.writeable else array)
 
 
 def checked_labels(y: np.ndarray, count: int) -> torch.Tensor:

@@ -3,7 +3,9 @@ noised; one JSON line per decision (docs/guard.md).
 
 The frameworks' adapters (rankaudit.guard.flower, rankaudit.guard.nvflare) and the command (rankaudit.guard.local)
 call Guard.decide with the weights the client received, the weights it is about to send, and the samples it trained
-on; everything the guard decides is decided here.
+on. It runs its two halves (rankaudit.guard.measure): the model's measurements, then decide_measured, which the
+command also calls on its own, in a process where the model's code never ran; everything the guard decides is decided
+there.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import time
 import torch
 from torch import nn
 
-from rankaudit.guard.readout import LayerInputs, architecture_difference, find_readouts, named_like_model
+from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
+from rankaudit.guard.readout import architecture_difference, named_like_model
 from rankaudit.result import GuardDecision, GuardReadout
 from rankaudit.settings.guard_options import GuardSettings
 
@@ -145,11 +148,56 @@ class Guard:
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """(the decision, the weights to send: ``sent`` itself, an altered copy, or None when blocked)."""
         started = time.perf_counter()
-        settings = self.settings
         received = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, received).items()}
         sent = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, sent).items()}
+        samples = torch.as_tensor(samples)
+        labels = None if labels is None else torch.as_tensor(labels)
+        architecture = Architecture.of(self.model)
+        measured, judge = None, None
+        if architecture_difference(architecture, received) is None:
+            watched = self.watching.tables(samples) if self.watching is not None else None
+            measured, inputs = measure(self.model, received, sent, samples, labels, self.settings, watched=watched)
+            judge = live_judge(inputs)
+        self.watching = None
+        return self.decide_measured(
+            architecture,
+            measured,
+            received,
+            sent,
+            samples,
+            labels,
+            round_number=round_number,
+            started=started,
+            judge=judge,
+        )
+
+    def decide_measured(
+        self,
+        architecture: Architecture,
+        measured: Measurements | None,
+        received: dict[str, torch.Tensor],
+        sent: dict[str, torch.Tensor],
+        samples: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        *,
+        round_number: int | None = None,
+        started: float | None = None,
+        judge=None,
+    ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
+        """The decision half: from the audited architecture, the model's measurements (None when the architecture
+        differs: nothing was measured), the weights and the samples; no model code runs here. ``judge``: what a
+        hidden layer's features determine, measured on demand where the model is at hand."""
+        started = time.perf_counter() if started is None else started
+        settings = self.settings
         base = dict(samples=int(len(samples)), min_psnr=settings.min_psnr, round=round_number)
-        difference = architecture_difference(self.model, received)
+        difference = architecture_difference(architecture, received)
+        if difference is None and measured is None:
+            difference = "no measurements were made at them"
+        if difference is None:
+            extra = sorted(set(sent) - set(received))
+            changed_shape = [name for name in received if name in sent and sent[name].shape != received[name].shape]
+            if extra or changed_shape:
+                difference = f"the update changes {', '.join((extra + changed_shape)[:3])}"
         if difference is not None:
             decision = GuardDecision(
                 action="block",
@@ -163,36 +211,11 @@ class Guard:
                 **base,
             )
             return self._logged(decision), None
-        trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
-        shared = [name for name in trainable if name in sent]
-        inputs = LayerInputs(self.model, received, shared)
-        labels = None if labels is None else torch.as_tensor(labels)
-        watched = self.watching.tables(torch.as_tensor(samples)) if self.watching is not None else None
-        self.watching = None
-        at_sent = LayerInputs(self.model, {**received, **sent}, shared) if watched is None else None
-        readouts, checked, skipped, notes = find_readouts(
-            inputs,
-            received,
-            sent,
-            samples,
-            settings.min_psnr,
-            labels=labels,
-            check_features=settings.check_features,
-            watched=watched,
-            at_sent=at_sent,
+        inputs = MeasuredInputs(measured, received, samples, judge=judge)
+        readouts, checked, skipped, notes = inputs.find(
+            received, sent, labels, settings.min_psnr, check_features=settings.check_features
         )
-        energy = None
-        if settings.energy_budget > 0 and labels is not None:
-            from rankaudit.guard.energy import visible_energy
-
-            energy = visible_energy(
-                inputs.net,
-                samples,
-                labels,
-                shared,
-                min_hidden=settings.min_hidden,
-                budget=settings.energy_budget,
-            )
+        energy = measured.energy
         leaking = [readout for readout in readouts if readout.leaks]
         features = [readout for readout in readouts if not readout.leaks]
         exact = sorted({readout.sample for readout in leaking})
@@ -219,9 +242,7 @@ class Guard:
                     "update's: blocked"
                 )
         elif leaking or acted_on:
-            action, to_send, changed, altered = self._alter(
-                inputs, received, sent, samples, labels, readouts, watched, at_sent
-            )
+            action, to_send, changed, altered = self._alter(inputs, received, sent, labels, readouts)
             notes += altered
         decision = GuardDecision(
             action=action,
@@ -247,7 +268,7 @@ class Guard:
         dropped = [r for r in readouts if not r.leaks] if self.settings.feature_action == "drop" else []
         return leaking, dropped
 
-    def _alter(self, inputs, received, sent, samples, labels, readouts, watched, at_sent):
+    def _alter(self, inputs, received, sent, labels, readouts):
         """Drop or noise the offending rows, read what is left with the same test, and block what still reads a
         sample (or, under feature-action drop, a sample's features)."""
         settings, changed, current = self.settings, set(), sent
@@ -260,16 +281,8 @@ class Guard:
             changed |= touched
             current, touched = _altered(received, current, dropped, "drop", settings.noise_scale, self.generator)
             changed |= touched
-            found, _, _, _ = find_readouts(
-                inputs,
-                received,
-                current,
-                samples,
-                settings.min_psnr,
-                labels=labels,
-                check_features=settings.check_features,
-                watched=watched,
-                at_sent=at_sent,
+            found, _, _, _ = inputs.find(
+                received, current, labels, settings.min_psnr, check_features=settings.check_features
             )
             leaking, dropped = self._offending(found)
             if not leaking and not dropped:

@@ -88,7 +88,7 @@ class LayerInputs:
         self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
         # {(layer, sample): what the layer's features determine of the sample, in dB}: a figure of the received
         # weights and the sample alone, so each re-read of an altered update (drop, noise) reuses it.
-        self.determined: dict[tuple[str, int], float] = {}
+        self._figures: dict[tuple[str, int], float] = {}
 
     def vectors(
         self, samples: torch.Tensor, labels: torch.Tensor | None = None, watched: tuple | None = None
@@ -123,6 +123,18 @@ class LayerInputs:
             signals[name] = torch.cat([part[name][2] for part in parts]).to(torch.float64)
             reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
         return found, signals, reads_input, why_not
+
+    def determined(self, name: str, samples: torch.Tensor, indices: list[int]) -> tuple[dict[int, float], list[str]]:
+        """What layer ``name``'s features determine of each of the samples ``indices`` (rankaudit.guard.features),
+        each (layer, sample) measured once per decision."""
+        from rankaudit.guard.features import determined_psnr
+
+        new = [index for index in indices if (name, index) not in self._figures]
+        said: list[str] = []
+        if new:
+            figures, said = determined_psnr(self.net, dict(self.layers)[name], samples, new)
+            self._figures.update({(name, index): figure for index, figure in figures.items()})
+        return {index: self._figures[(name, index)] for index in indices}, said
 
     def _chunk(self, x: torch.Tensor, labels: torch.Tensor | None) -> dict:
         """{layer: (calls per forward pass, its (n, d) vectors or None, its (n, units) signals)} for one chunk."""
@@ -252,15 +264,12 @@ def find_readouts(
 ) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
     """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
     a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
-    from rankaudit.guard.features import determined_psnr
-
     vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
     # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs
     # (a sample whose step ran in between is isolated by the signals near its step), and a hidden layer's readouts
     # are matched with the features at both (they move from step to step).
     later_vectors, later = at_sent.vectors(samples, labels)[:2] if at_sent is not None and watched is None else ({}, {})
     readouts, checked, skipped, notes = [], [], [], []
-    modules = dict(inputs.layers)
     for name, _ in inputs.layers:
         prefix = f"{name}." if name else ""
         if name in why_not:
@@ -289,13 +298,10 @@ def find_readouts(
                     best[key] = entry
             found = list(best.values())
         if found and not reads_input[name]:
-            new = sorted({r.sample for r in found} - {sample for layer, sample in inputs.determined if layer == name})
-            figures, said = determined_psnr(inputs.net, modules[name], samples, new) if new else ({}, [])
+            figures, said = inputs.determined(name, samples, sorted({r.sample for r in found}))
             notes += [f"{name}: {line}" for line in said]
-            inputs.determined.update({(name, sample): figure for sample, figure in figures.items()})
             for entry in found:
-                figure = inputs.determined[(name, entry.sample)]
-                entry.sample_psnr = round(figure, 2)
-                entry.leaks = figure >= min_psnr
+                entry.sample_psnr = round(figures[entry.sample], 2)
+                entry.leaks = figures[entry.sample] >= min_psnr
         readouts += found
     return readouts, checked, skipped, notes

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 from rankaudit import __version__
+from rankaudit.report.json import dumps as strict_dumps
 from rankaudit.result import GuardDecision, GuardRun
 from rankaudit.settings.round import round_dict
 
@@ -45,7 +45,8 @@ def guard_dict(run: GuardRun) -> dict:
 
 
 def render_json(run: GuardRun) -> str:
-    return json.dumps(guard_dict(run), indent=2) + "\n"
+    """Strict JSON, as every report's: a figure that is not finite is null, never NaN or Infinity."""
+    return strict_dumps(guard_dict(run))
 
 
 _HEADLINES = {
