@@ -437,6 +437,9 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
                 break
     for item in found:
         read.setdefault(item.key, item)
+    if "momentum" in read and read.get("optimizer", Found("", "sgd", "")).value != "sgd":
+        # A run-config momentum key feeds the SGD branch; the Adam the app picks takes none.
+        del read["momentum"]
     if "available-clients" not in read and app is not None and app.num_supernodes is not None:
         nodes, source = app.num_supernodes
         read["available-clients"] = Found("available-clients", nodes, source)
