@@ -182,6 +182,38 @@ def test_hydra_yaml_app():
     assert read_yaml(config)["train.lr"] == (0.05, line_of(config, "lr:"))
 
 
+def test_hydra_model_name_mapped_to_a_class_in_code_picks_that_class_with_its_arguments(run_cli, tmp_path):
+    app = APPS / "hydra_model_name"
+    main = app / "main.py"
+    config = app / "conf" / "base.yaml"
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
+    # model_name: cnn -> get_model(cfg) -> `elif cfg.model_name == "cnn": return CNN(num_classes=cfg.num_classes)`.
+    assert rows["model"] == (
+        "models.py:CNN",
+        f"CNN(...) at main.py:{line_of(main, 'CNN(num_classes')}, the model the app trains",
+    )
+    assert rows["model-arg num_classes"] == ("4", f"conf/base.yaml:{line_of(config, 'num_classes')} num_classes")
+    assert deployment.model_args == {"num_classes": 4}
+    no_default_source(rows)
+    code, out, _ = run_cli(str(app), "--input-shape", "3,8,8", "--local-samples", "24", "--format", "json")
+    assert code in (0, 1) and json.loads(out)["model_name"] == "CNN"
+    copy = tmp_path / "named"
+    shutil.copytree(app, copy)
+    copied = copy / "conf" / "base.yaml"
+    copied.write_text(copied.read_text().replace("model_name: cnn", "model_name: mlp"))
+    mlp = read_deployment(copy, APP_GIVEN)
+    assert setting_rows(mlp)["model"][0] == "models.py:MLP" and mlp.model_args == {"num_classes": 4}
+    # A name the config does not state readably: one line naming both classes and the condition, never a guess.
+    copied.write_text(copied.read_text().replace("model_name: mlp", "model_name: ${oc.env:MODEL}"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(copy, APP_GIVEN)
+    message = str(raised.value)
+    assert "the model is chosen when the app runs" in message and "\n" not in message
+    assert f"CNN at main.py:{line_of(main, 'CNN(num_classes')}, by `cfg.model_name == 'cnn'`" in message
+    assert f"MLP at main.py:{line_of(main, 'MLP(num_classes')}" in message
+
+
 def test_missing_data_imports_get_stand_ins_and_are_named(run_cli, monkeypatch):
     monkeypatch.chdir(APPS / "datasets_imports")
     code, out, err = run_cli(".", "--format", "json")

@@ -67,6 +67,8 @@ def instantiated(
         reader.peers, reader.module_of = readers, modules.module
     if not whole:
         reach.mark_live(readers, entries, modules)
+    inside: dict[str, list[Instantiation]] = {}
+    undecided: dict[str, list[str]] = {}
     for reader in readers:
         defined = set(reader.definitions_by_name()) | set(reader.methods)
         for call in reader.calls():
@@ -75,14 +77,36 @@ def instantiated(
                 continue
             function = reader.function_of(call)
             if function is not None and function.name in wanted and function.name in defined:
-                continue  # inside a factory of the same file: the factory is what the app calls
+                # Inside a factory of the same file: the factory is what the app calls, unless it is given what
+                # cannot be passed here (the config object); then the model it builds is the one taken.
+                taken = reader.branch(call)
+                if taken is True:
+                    inside.setdefault(function.name, []).append(_made(reader, call, name))
+                else:
+                    undecided.setdefault(function.name, []).append(f"{name} at {reader.where(call)}, by {taken}")
+                continue
             owner = reader._enclosing(call, ast.ClassDef)
             if owner is not None and owner.name in wanted:
                 continue  # a layer a model class builds inside itself
-            arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
-            positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
-            found[name] = Instantiation(name, arguments, reader.where(call), positional)
+            found[name] = _made(reader, call, name)
+    for name, made in list(found.items()):
+        unread = None in made.positional or None in made.arguments.values()
+        if unread and len(inside.get(name, [])) == 1:
+            found[name] = inside[name][0]
+        elif unread and not inside.get(name) and len(undecided.get(name, [])) > 1:
+            raise UsageError(
+                f"the model is chosen when the app runs: {made.name}() at {made.source} builds "
+                + " or ".join(undecided[name]),
+                "state the key that condition reads in the app's configuration, or the model "
+                '(model = "FILE.py:NAME") in [tool.rankaudit]',
+            )
     return list(found.values())
+
+
+def _made(reader: ModuleReader, call: ast.Call, name: str) -> Instantiation:
+    arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
+    positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
+    return Instantiation(name, arguments, reader.where(call), positional)
 
 
 def attribute_layers(model: str, words: list[str]) -> list[tuple[str, str]]:
