@@ -72,7 +72,7 @@ def instantiated(
     for reader in readers:
         defined = set(reader.definitions_by_name()) | set(reader.methods)
         for call in reader.calls():
-            name = call_name(call)
+            name = call_name(call) or _looked_up(reader, call, wanted)
             if name not in wanted or name in found or reader.branch(call) is False:
                 continue
             function = reader.function_of(call)
@@ -101,6 +101,43 @@ def instantiated(
                 '(model = "FILE.py:NAME") in [tool.rankaudit]',
             )
     return list(found.values())
+
+
+def _looked_up(reader: ModuleReader, call: ast.Call, wanted: set[str]) -> str:
+    """The class a registry lookup calls, `{"cnn": CNN, "mlp": MLP}[cfg.model_name](...)` (or a module-level
+    dict of that shape): the entry the key read names; "" where the call is no such lookup. A key that is not read
+    stops in one line naming the entries, never the first of them."""
+    if not isinstance(call.func, ast.Subscript):
+        return ""
+    table = call.func.value
+    if isinstance(table, ast.Name):
+        table = next(
+            (
+                statement.value
+                for statement in reader.tree.body
+                if isinstance(statement, ast.Assign)
+                and any(isinstance(target, ast.Name) and target.id == table.id for target in statement.targets)
+            ),
+            None,
+        )
+    if not isinstance(table, ast.Dict):
+        return ""
+    entries = {
+        key.value: call_name(value)
+        for key, value in zip(table.keys, table.values)
+        if isinstance(key, ast.Constant) and isinstance(value, (ast.Name, ast.Attribute))
+    }
+    if not any(name in wanted for name in entries.values()):
+        return ""
+    key = reader.value(call.func.slice)
+    if key is None and reader.branch(call) is not False:
+        shown = " or ".join(f"{name} ({key!r})" for key, name in entries.items())
+        raise UsageError(
+            f"the model is chosen when the app runs: {shown}, looked up by `{ast.unparse(call.func.slice)}` at "
+            f"{reader.where(call)}",
+            'state that key in the app\'s configuration, or the model (model = "FILE.py:NAME") in [tool.rankaudit]',
+        )
+    return entries.get(key.value, "") if key is not None else ""
 
 
 def _made(reader: ModuleReader, call: ast.Call, name: str) -> Instantiation:
