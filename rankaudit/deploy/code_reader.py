@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from rankaudit.deploy.found import Found, call_name
-from rankaudit.deploy.syntax import syntax_of
+from rankaudit.deploy.syntax import passed_as, syntax_of
 
 # Flower's central-DP wrappers: clipping on the client (ClientSide) or the server (ServerSide), Gaussian noise added
 # by the server to the aggregate in both. Positional parameters after `strategy`, as Flower declares them.
@@ -241,7 +241,7 @@ class ModuleReader:
     def _case_taken(self, case: ast.match_case) -> bool | str:
         """Whether `match` takes this case: its subject read and matched against each case in order."""
         match = self._parents[case]
-        undecided = f"`match {ast.unparse(match.subject)}` at {self.where(match)}{self._passed_as(match.subject)}"
+        undecided = f"`match {ast.unparse(match.subject)}` at {self.where(match)}{passed_as(self, match.subject)}"
         subject = self.value(match.subject)
         if subject is None:
             return undecided
@@ -255,18 +255,6 @@ class ModuleReader:
             if matched:
                 return each is case
         return False
-
-    def _passed_as(self, subject: ast.AST) -> str:
-        """Where a subject that is a parameter gets its value: the expression its callers pass, so that the line
-        that stops names the key to state (`run_config["optimizer"]`), not the parameter's name."""
-        function = self.function_of(subject)
-        if not isinstance(subject, ast.Name) or function is None:
-            return ""
-        if subject.id not in [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]:
-            return ""
-        given = self.caller_arguments(function, subject.id) or []
-        passed = [f"`{ast.unparse(expression)}` at {reader.where(expression)}" for reader, expression in given]
-        return f", passed {' or '.join(passed)}" if passed else ""
 
     def _pattern(self, pattern: ast.pattern, subject) -> bool | None:
         if isinstance(pattern, ast.MatchValue):
