@@ -182,6 +182,57 @@ def test_hydra_yaml_app():
     assert read_yaml(config)["train.lr"] == (0.05, line_of(config, "lr:"))
 
 
+def test_hydra_model_name_mapped_to_a_class_in_code_picks_that_class_with_its_arguments(run_cli, tmp_path):
+    app = APPS / "hydra_model_name"
+    main = app / "main.py"
+    config = app / "conf" / "base.yaml"
+    deployment = read_deployment(app, APP_GIVEN)
+    rows = setting_rows(deployment)
+    # model_name: cnn -> get_model(cfg) -> `elif cfg.model_name == "cnn": return CNN(num_classes=cfg.num_classes)`.
+    assert rows["model"] == (
+        "models.py:CNN",
+        f"CNN(...) at main.py:{line_of(main, 'CNN(num_classes')}, the model the app trains",
+    )
+    assert rows["model-arg num_classes"] == ("4", f"conf/base.yaml:{line_of(config, 'num_classes')} num_classes")
+    assert deployment.model_args == {"num_classes": 4}
+    no_default_source(rows)
+    code, out, _ = run_cli(str(app), "--input-shape", "3,8,8", "--local-samples", "24", "--format", "json")
+    assert code in (0, 1) and json.loads(out)["model_name"] == "CNN"
+    copy = tmp_path / "named"
+    shutil.copytree(app, copy)
+    copied = copy / "conf" / "base.yaml"
+    copied.write_text(copied.read_text().replace("model_name: cnn", "model_name: mlp"))
+    mlp = read_deployment(copy, APP_GIVEN)
+    assert setting_rows(mlp)["model"][0] == "models.py:MLP" and mlp.model_args == {"num_classes": 4}
+    # A name the config does not state readably: one line naming both classes and the condition, never a guess.
+    copied.write_text(copied.read_text().replace("model_name: mlp", "model_name: ${oc.env:MODEL}"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(copy, APP_GIVEN)
+    message = str(raised.value)
+    assert "the model is chosen when the app runs" in message and "\n" not in message
+    assert f"CNN at main.py:{line_of(main, 'CNN(num_classes')}, by `cfg.model_name == 'cnn'`" in message
+    assert f"MLP at main.py:{line_of(main, 'MLP(num_classes')}" in message
+    # A registry dict looked up by the name: the entry the config names, with the call's arguments.
+    code = main.read_text()
+    factory = code[code.index("def get_model(cfg):") : code.index("class FlowerClient")]
+    registry = code.replace(factory, 'MODELS = {"mlp": MLP, "cnn": CNN}\n\n\n').replace(
+        "get_model(cfg)", "MODELS[cfg.model_name](num_classes=cfg.num_classes)"
+    )
+    (copy / "main.py").write_text(registry)
+    copied.write_text(config.read_text())
+    looked_up = read_deployment(copy, APP_GIVEN)
+    built = line_of(copy / "main.py", "MODELS[cfg.model_name](")
+    assert setting_rows(looked_up)["model"] == (
+        "models.py:CNN",
+        f"CNN(...) at main.py:{built}, the model the app trains",
+    )
+    assert looked_up.model_args == {"num_classes": 4}
+    copied.write_text(config.read_text().replace("model_name: cnn", "model_name: ${oc.env:MODEL}"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(copy, APP_GIVEN)
+    assert f"MLP ('mlp') or CNN ('cnn'), looked up by `cfg.model_name` at main.py:{built}" in str(raised.value)
+
+
 def test_missing_data_imports_get_stand_ins_and_are_named(run_cli, monkeypatch):
     monkeypatch.chdir(APPS / "datasets_imports")
     code, out, err = run_cli(".", "--format", "json")

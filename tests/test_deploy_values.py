@@ -140,6 +140,39 @@ def test_a_match_on_a_preferences_default_picks_the_case_the_app_takes(tmp_path)
     assert "`match OPTIMIZER_FROM_ENV` at match_app/task.py" in message and "\n" not in message
 
 
+def test_a_match_on_a_run_config_key_passed_as_a_parameter_takes_the_configured_case(tmp_path):
+    app = APPS / "match_run_config"
+    task = app / "optim_app" / "task.py"
+    client = app / "optim_app" / "client_app.py"
+    deployment = read_deployment(app)
+    rows = setting_rows(deployment)
+    # optimizer = "sgd" -> get_optimizer(net, run_config["optimizer"], ...) -> `match name: case "sgd"`.
+    assert rows["optimizer"] == ("sgd", f"SGD(momentum=0.8) at optim_app/task.py:{line_of(task, 'optim.SGD(')}")
+    assert rows["momentum"] == ("0.8", "[tool.flwr.app.config] momentum")
+    assert rows["lr"] == ("0.02", "[tool.flwr.app.config] learning-rate")
+    assert (deployment.round.optimizer, deployment.round.momentum, deployment.round.lr) == ("sgd", 0.8, 0.02)
+    no_default_source(rows)
+    copy = tmp_path / "optim"
+    shutil.copytree(app, copy)
+    pyproject = copy / "pyproject.toml"
+    # "adam" takes the Adam case: the run config's momentum feeds only the SGD case, so none is read.
+    pyproject.write_text(pyproject.read_text().replace('optimizer = "sgd"', 'optimizer = "adam"'))
+    adam = read_deployment(copy)
+    assert setting_rows(adam)["optimizer"] == ("adam", f"Adam at optim_app/task.py:{line_of(task, 'optim.Adam(')}")
+    assert "momentum" not in setting_rows(adam) and adam.round.momentum == 0.0
+    # No optimizer key: the choice is the app's at run time; one line names the key the client passes.
+    pyproject.write_text(pyproject.read_text().replace('optimizer = "adam"\n', ""))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(copy)
+    message = str(raised.value)
+    passed = line_of(client, 'self.run_config["optimizer"]')
+    assert (
+        f"`match name` at optim_app/task.py:{line_of(task, 'match name')}, passed `self.run_config['optimizer']` "
+        f"at optim_app/client_app.py:{passed}"
+    ) in message
+    assert "\n" not in message
+
+
 def test_a_run_config_strategy_followed_through_the_constructor_into_train():
     app = APPS / "strategy_choice"
     task = app / "strategy_app" / "task.py"

@@ -180,16 +180,18 @@ def _model(
             matches = [spec for spec in matches if _module_parts(directory, spec)[-len(dotted) :] == dotted]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], model_code.Instantiation(cls, arguments, source)
-    targeted = _config_target(config, callables) or _config_model_name(directory, config, files)
+    targeted = _config_target(config, callables)
     if targeted is not None:
         return targeted
     client = app.module_file(app.clientapp) if app is not None else None
     trained_in = [client] if client is not None else list(job.scripts) if job is not None and job.scripts else files
+    # Read against the app's whole config (a Hydra one too): `if cfg.model_name == "cnn": CNN(...)` takes the
+    # branch the config picks, with the arguments that call passes.
     chosen = model_code.instantiated(
         trained_in,
         [spec.rsplit(":", 1)[1] for spec in callables],
         directory,
-        app.config if app else None,
+        config,
         whole=job is not None or client is not None,
     )
     if len(chosen) == 1:
@@ -197,7 +199,11 @@ def _model(
         matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
         if len(matches) == 1:
             return _shown(matches[0]), [matches[0]], made.with_names(Path(matches[0].rsplit(":", 1)[0]))
-    elif len(chosen) > 1:
+    # The code does not say which one is built: a config key that names a class (through a model manager).
+    named = _config_model_name(directory, config, files)
+    if named is not None:
+        return named
+    if len(chosen) > 1:
         shown = ", ".join(f"{made.name}() at {made.source}" for made in chosen)
         raise UsageError(
             f"the app builds several models ({shown})",
@@ -437,6 +443,9 @@ def _read_round(config, found: list[Found], mapping: dict[str, str], app) -> dic
                 break
     for item in found:
         read.setdefault(item.key, item)
+    if "momentum" in read and read.get("optimizer", Found("", "sgd", "")).value != "sgd":
+        # A run-config momentum key feeds the SGD branch; the Adam the app picks takes none.
+        del read["momentum"]
     if "available-clients" not in read and app is not None and app.num_supernodes is not None:
         nodes, source = app.num_supernodes
         read["available-clients"] = Found("available-clients", nodes, source)

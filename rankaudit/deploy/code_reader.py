@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from rankaudit.deploy.found import Found, call_name
-from rankaudit.deploy.syntax import syntax_of
+from rankaudit.deploy.syntax import passed_as, syntax_of
 
 # Flower's central-DP wrappers: clipping on the client (ClientSide) or the server (ServerSide), Gaussian noise added
 # by the server to the aggregate in both. Positional parameters after `strategy`, as Flower declares them.
@@ -241,7 +241,7 @@ class ModuleReader:
     def _case_taken(self, case: ast.match_case) -> bool | str:
         """Whether `match` takes this case: its subject read and matched against each case in order."""
         match = self._parents[case]
-        undecided = f"`match {ast.unparse(match.subject)}` at {self.where(match)}"
+        undecided = f"`match {ast.unparse(match.subject)}` at {self.where(match)}{passed_as(self, match.subject)}"
         subject = self.value(match.subject)
         if subject is None:
             return undecided

@@ -67,22 +67,83 @@ def instantiated(
         reader.peers, reader.module_of = readers, modules.module
     if not whole:
         reach.mark_live(readers, entries, modules)
+    inside: dict[str, list[Instantiation]] = {}
+    undecided: dict[str, list[str]] = {}
     for reader in readers:
         defined = set(reader.definitions_by_name()) | set(reader.methods)
         for call in reader.calls():
-            name = call_name(call)
+            name = call_name(call) or _looked_up(reader, call, wanted)
             if name not in wanted or name in found or reader.branch(call) is False:
                 continue
             function = reader.function_of(call)
             if function is not None and function.name in wanted and function.name in defined:
-                continue  # inside a factory of the same file: the factory is what the app calls
+                # Inside a factory of the same file: the factory is what the app calls, unless it is given what
+                # cannot be passed here (the config object); then the model it builds is the one taken.
+                taken = reader.branch(call)
+                if taken is True:
+                    inside.setdefault(function.name, []).append(_made(reader, call, name))
+                else:
+                    undecided.setdefault(function.name, []).append(f"{name} at {reader.where(call)}, by {taken}")
+                continue
             owner = reader._enclosing(call, ast.ClassDef)
             if owner is not None and owner.name in wanted:
                 continue  # a layer a model class builds inside itself
-            arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
-            positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
-            found[name] = Instantiation(name, arguments, reader.where(call), positional)
+            found[name] = _made(reader, call, name)
+    for name, made in list(found.items()):
+        unread = None in made.positional or None in made.arguments.values()
+        if unread and len(inside.get(name, [])) == 1:
+            found[name] = inside[name][0]
+        elif unread and not inside.get(name) and len(undecided.get(name, [])) > 1:
+            raise UsageError(
+                f"the model is chosen when the app runs: {made.name}() at {made.source} builds "
+                + " or ".join(undecided[name]),
+                "state the key that condition reads in the app's configuration, or the model "
+                '(model = "FILE.py:NAME") in [tool.rankaudit]',
+            )
     return list(found.values())
+
+
+def _looked_up(reader: ModuleReader, call: ast.Call, wanted: set[str]) -> str:
+    """The class a registry lookup calls, `{"cnn": CNN, "mlp": MLP}[cfg.model_name](...)` (or a module-level
+    dict of that shape): the entry the key read names; "" where the call is no such lookup. A key that is not read
+    stops in one line naming the entries, never the first of them."""
+    if not isinstance(call.func, ast.Subscript):
+        return ""
+    table = call.func.value
+    if isinstance(table, ast.Name):
+        table = next(
+            (
+                statement.value
+                for statement in reader.tree.body
+                if isinstance(statement, ast.Assign)
+                and any(isinstance(target, ast.Name) and target.id == table.id for target in statement.targets)
+            ),
+            None,
+        )
+    if not isinstance(table, ast.Dict):
+        return ""
+    entries = {
+        key.value: call_name(value)
+        for key, value in zip(table.keys, table.values)
+        if isinstance(key, ast.Constant) and isinstance(value, (ast.Name, ast.Attribute))
+    }
+    if not any(name in wanted for name in entries.values()):
+        return ""
+    key = reader.value(call.func.slice)
+    if key is None and reader.branch(call) is not False:
+        shown = " or ".join(f"{name} ({key!r})" for key, name in entries.items())
+        raise UsageError(
+            f"the model is chosen when the app runs: {shown}, looked up by `{ast.unparse(call.func.slice)}` at "
+            f"{reader.where(call)}",
+            'state that key in the app\'s configuration, or the model (model = "FILE.py:NAME") in [tool.rankaudit]',
+        )
+    return entries.get(key.value, "") if key is not None else ""
+
+
+def _made(reader: ModuleReader, call: ast.Call, name: str) -> Instantiation:
+    arguments = {keyword.arg: reader.value(keyword.value) for keyword in call.keywords if keyword.arg}
+    positional = tuple(reader.value(arg) for arg in call.args if not isinstance(arg, ast.Starred))
+    return Instantiation(name, arguments, reader.where(call), positional)
 
 
 def attribute_layers(model: str, words: list[str]) -> list[tuple[str, str]]:

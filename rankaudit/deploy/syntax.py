@@ -115,3 +115,15 @@ class Syntax:
                 self.attributes.setdefault((id(owner), target.attr), []).append(node)
             elif isinstance(target, ast.Tuple) and isinstance(node, ast.Assign) and len(node.targets) == 1:
                 self.unpacking.setdefault(scope, []).append(node)
+
+
+def passed_as(reader, subject: ast.AST) -> str:
+    """Where a subject that is a parameter gets its value (a ModuleReader's view): the expression its callers
+    pass, so that a one-line stop names the key to state (`run_config["optimizer"]`), not the parameter."""
+    function = reader.function_of(subject)
+    parameters = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]] if function else []
+    if not isinstance(subject, ast.Name) or subject.id not in parameters:
+        return ""
+    given = reader.caller_arguments(function, subject.id) or []
+    passed = [f"`{ast.unparse(expression)}` at {at.where(expression)}" for at, expression in given]
+    return f", passed {' or '.join(passed)}" if passed else ""
