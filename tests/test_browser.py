@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -189,7 +190,10 @@ def test_the_visible_parts_stand_beside_the_verdict(browser):
         " && i.getBoundingClientRect().width >= 128)"
     )
     caption = page.inner_text(".visible-parts .visible-pair figcaption")
-    assert "hidden 2 %" in caption and " dB" in caption and "SSIM 0.99" in caption
+    # The share is each sample's detail (its difference from the reference's mean) that the gradient does not see.
+    shown = re.search(r"hidden ([0-9.]+) %, ([0-9.]+) dB, SSIM ([0-9.]+)", caption)
+    assert shown is not None, caption
+    assert float(shown.group(1)) < 5 and float(shown.group(2)) > 20 and float(shown.group(3)) > 0.9
     assert "the gradient shows the image" in page.inner_text(".what-it-shows")
     shot = page.locator(".summary .visible-parts").screenshot()
     colours, spread = _not_blank(shot)

@@ -47,7 +47,7 @@ def _model(tmp_path, name, width):
 def test_suggest_counts_each_design_it_measures(run_cli, tmp_path, bars):
     pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
     code, out, _ = run_cli("suggest", _model(tmp_path, "net.py", 16), "--psnr-target", "20")
-    assert code == 0 and "Fisher floor (unbiased attackers" in out
+    assert code == 0 and "Fisher floor (clip" in out
     (bar,) = bars
     # The model as it is and its two remove-bias edits: three designs, each counted once it is measured.
     assert bar.label == "Fisher floor, per design" and bar.total == bar.done == 3
