@@ -498,11 +498,31 @@ def test_an_interval_above_the_bound_is_an_internal_error_on_stderr(run_cli, mon
     assert "internal error: the attack's success rate 1.000" in err and "lies above the certified bound" in err
 
 
-def test_suggest_names_the_least_noise(run_cli):
-    """The CLI's search at q = 0.01, T = 100 (cheaper than the issue's T = 1000, which the direct test covers)."""
+SMALL_CNN = """from torch import nn
+
+INPUT_SHAPE = (3, 8, 8)
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).relu().flatten(1))
+"""
+
+
+def test_suggest_names_the_least_noise(run_cli, tmp_path):
+    """The CLI's search at q = 0.01, T = 100 (cheaper than the T = 1000 the direct test covers). With DP options the
+    Fisher review measures each design sample by sample: a small CNN keeps that quick (the noise does not depend on
+    the model)."""
+    small = tmp_path / "small_cnn.py"
+    small.write_text(SMALL_CNN)
     code, out, _ = run_cli(
         "suggest",
-        EXAMPLES / "fig2_a.py",
+        small,
         "--dp-sample-rate",
         "0.01",
         "--dp-steps",
@@ -517,7 +537,7 @@ def test_suggest_names_the_least_noise(run_cli):
     assert 0.25 < noise["noise_multiplier"] < 0.78  # fewer steps need less noise than T = 1000's 0.78
     _, table, _ = run_cli(
         "suggest",
-        EXAMPLES / "fig2_a.py",
+        small,
         "--dp-noise",
         "1",
         "--max-reconstruction",
@@ -531,7 +551,7 @@ def test_suggest_names_the_least_noise(run_cli):
         "DP noise (q 1, T 1, prior 0.1, --max-reconstruction 0.5): the least noise multiplier meeting it is σ ="
         in table
     )
-    code, _, err = run_cli("suggest", EXAMPLES / "fig2_a.py", "--dp-sample-rate", "0.01")
+    code, _, err = run_cli("suggest", small, "--dp-sample-rate", "0.01")
     assert code == 2 and "add --max-reconstruction" in err
 
 
