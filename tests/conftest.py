@@ -128,3 +128,21 @@ def run_cli(capsys):
         return exit_info.value.code, captured.out, captured.err
 
     return run
+
+
+# A small tabular MLP (12 features, one hidden ReLU layer): full rank, so only DP noise protects its samples.
+TABULAR_NET = """
+import torch.nn as nn
+
+INPUT_SHAPE = (12,)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x).relu())
+"""

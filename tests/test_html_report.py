@@ -11,7 +11,7 @@ from importlib.resources import files
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLES, analyse_module
+from conftest import EXAMPLES, TABULAR_NET, analyse_module
 from markupsafe import escape
 from torch import nn
 
@@ -421,23 +421,6 @@ def test_what_a_server_can_see_is_drawn_at_least_128_pixels_wide():
     assert figure.count('height="128"') == 2
     css = (files("rankaudit.templates") / "report.css").read_text(encoding="utf-8")
     assert re.search(r"\.visible-pair img \{[^}]*height: 128px;[^}]*image-rendering: pixelated", css)
-
-
-TABULAR_NET = """
-import torch.nn as nn
-
-INPUT_SHAPE = (12,)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 16)
-        self.fc2 = nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.fc2(self.fc1(x).relu())
-"""
 
 
 def _svg(page: str, css_class: str) -> ET.Element:

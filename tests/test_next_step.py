@@ -7,22 +7,7 @@ import shlex
 import textwrap
 
 import pytest
-
-TABULAR = """
-import torch.nn as nn
-
-INPUT_SHAPE = (12,)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 16)
-        self.fc2 = nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.fc2(self.fc1(x).relu())
-"""
+from conftest import TABULAR_NET
 
 
 def _quiet_next(out: str) -> str:
@@ -34,7 +19,7 @@ def _quiet_next(out: str) -> str:
 def test_the_blocking_line_gives_the_suggest_command_with_the_round_and_the_noise_it_finds_passes(run_cli, tmp_path):
     pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
     model = tmp_path / "tabular.py"
-    model.write_text(textwrap.dedent(TABULAR))
+    model.write_text(TABULAR_NET)
     round_flags = ("--local-samples", "32", "--batch-size", "8")
     code, out, _ = run_cli(model, *round_flags, "-q")
     command = _quiet_next(out)
@@ -59,7 +44,7 @@ def test_the_blocking_line_gives_the_suggest_command_with_the_round_and_the_nois
 
 def test_a_full_rank_tabular_model_is_sent_to_dp_not_to_data(run_cli, tmp_path):
     model = tmp_path / "tabular.py"
-    model.write_text(textwrap.dedent(TABULAR))
+    model.write_text(TABULAR_NET)
     code, out, _ = run_cli(model, "--format", "json")
     payload = json.loads(out)
     assert code == 1 and payload["verdict"] == "exposed"
@@ -115,7 +100,7 @@ def test_a_deficit_without_data_is_sent_to_data_and_a_passing_run_has_no_next_st
 
 def test_the_html_report_leads_with_the_next_step(run_cli, tmp_path):
     model = tmp_path / "tabular.py"
-    model.write_text(textwrap.dedent(TABULAR))
+    model.write_text(TABULAR_NET)
     code, out, _ = run_cli(model, "--format", "html")
     verdict_card = out[out.index('aria-label="verdict"') :]
     step = re.search(r'<p class="next-step"><b>Next step:</b> <code>([^<]*)</code>', verdict_card)
@@ -128,7 +113,7 @@ def test_suggest_turns_a_target_epsilon_into_the_noise_that_meets_it(run_cli, tm
     from rankaudit.settings.accountant import PLDAccountant, SubsampledGaussian
 
     model = tmp_path / "tabular.py"
-    model.write_text(textwrap.dedent(TABULAR))
+    model.write_text(TABULAR_NET)
     code, out, _ = run_cli(
         "suggest", model, "--local-samples", "32", "-b", "8", "--target-epsilon", "2", "--format", "json"
     )

@@ -2,25 +2,9 @@
 multiplier rankaudit found for a target ε."""
 
 import re
-import textwrap
 
 import pytest
-
-TABULAR = """
-import torch.nn as nn
-
-INPUT_SHAPE = (12,)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 16)
-        self.fc2 = nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.fc2(self.fc1(x).relu())
-"""
+from conftest import TABULAR_NET
 
 
 @pytest.mark.slow  # Opacus's import and its own noise search: about half a minute on two busy cores
@@ -31,7 +15,7 @@ def test_the_opacus_lines_run_and_opacus_agrees_on_the_noise_for_a_target_epsilo
     from opacus.accountants.utils import get_noise_multiplier
 
     model_file = tmp_path / "tabular.py"
-    model_file.write_text(textwrap.dedent(TABULAR))
+    model_file.write_text(TABULAR_NET)
     # 64 local samples in batches of 16 (q = 1/4), two local epochs: T = 8 steps.
     code, out, _ = run_cli(
         "suggest",
