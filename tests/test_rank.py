@@ -448,6 +448,7 @@ def test_model_outputs_with_logits_attributes_and_tuples():
     assert rank.measure(Wrapped(False).double(), images, labels).rank == 16
 
 
+@pytest.mark.slow  # fig2_e's exact rank through the command (20 s)
 def test_fig2_e_hides_little_of_the_first_default_crop():
     """The verdicts on the product's first photograph crop (seed 0): 1.0-2.0 % of its energy hidden."""
     from conftest import rank_check
