@@ -167,6 +167,7 @@ def test_report_renders_offline_in_chromium(browser, example, extra, tmp_path, c
         context.close()
 
 
+@pytest.mark.slow  # two reports with their verifiers rendered in the browser (24 s)
 def test_the_visible_parts_stand_beside_the_verdict(browser):
     """--verify rank on Figure 2(e): the verdict card shows the photograph beside its visible part (method.md: verdicts),
     embedded in the file, loaded, and labelled with the measured share."""

@@ -43,7 +43,7 @@ def _principal_hidden(samples: np.ndarray, rank: int) -> float:
     [
         (8, 600, (3, 12, 48, 96)),
         (16, 600, (12, 48, 96, 150)),
-        (32, 500, (12, 48, 96)),
+        pytest.param(32, 500, (12, 48, 96), marks=pytest.mark.slow),  # 10 s
         pytest.param(64, 300, (12, 48, 72), marks=pytest.mark.slow),  # 300 crops at 64 px: the slow cases' run
     ],
 )

@@ -158,6 +158,7 @@ def test_compare_and_suggest_keep_their_json_on_stdout():
     assert "suggestions" in json.loads(done.stdout)
 
 
+@pytest.mark.slow  # every image verifier end to end (10 s)
 def test_every_image_verifier_keeps_the_json_on_stdout():
     done = rankaudit(
         HOSTILE / "noisy_image.py",
@@ -187,6 +188,7 @@ def test_every_image_verifier_keeps_the_json_on_stdout():
     assert "noise in forward" in done.stderr
 
 
+@pytest.mark.slow  # DAGER end to end on GPT-2 (11 s)
 def test_dager_keeps_the_json_on_stdout():
     pytest.importorskip("transformers", reason="needs transformers, not installed (pip install -e '.[test]')")
     done = rankaudit(HOSTILE / "noisy_gpt2.py", "-b", "2", "--verify", "dager", "--format", "json", timeout=600)
@@ -496,6 +498,7 @@ def test_a_model_that_rewrites_the_policy_keeps_its_own_verdict():
     assert json.loads(done.stdout)["verdict"] == "exposed" and done.stderr == ""
 
 
+@pytest.mark.slow  # waits out a 12 s limit
 def test_a_model_cannot_lift_its_own_time_limit():
     started = time.monotonic()
     done = rankaudit(HOSTILE / "forges_an_unlimited_phase.py", "--timeout", "1", timeout=60)
@@ -504,6 +507,7 @@ def test_a_model_cannot_lift_its_own_time_limit():
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow  # waits out a 5 s limit after a full trace (13 s)
 def test_a_forward_that_loops_only_on_real_tensors_is_stopped_under_verify_rank():
     started = time.monotonic()
     done = rankaudit(HOSTILE / "v_loops_off_meta.py", "--verify", "rank", "--timeout", "5", "--format", "json")

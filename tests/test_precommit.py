@@ -159,6 +159,7 @@ def documented_dp_fix() -> str:
     return next(b for b in re.findall(r"^```toml\n(.*?)^```", page, re.S | re.M) if "[tool.rankaudit.dp]" in b)
 
 
+@pytest.mark.slow  # pre-commit builds the hook's environment and runs three commits (18 s)
 def test_the_documented_hook_blocks_an_exposed_model_and_the_documented_fix_passes_it(tmp_path):
     """The hook docs/ci.md gives (repo: local, the committer's own environment): a protected model commits, an
     exposed one is blocked, and what-now's fix, client DP in pyproject.toml, lets it through (the DP bound's

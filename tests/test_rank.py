@@ -82,7 +82,10 @@ def _exact_jacobian(model, images, labels, names):
 # ---- the reference nets (method.md: counting, numerical check), uniform random inputs, seed 0 --------------------------------------------
 
 
-@pytest.mark.parametrize("example", ["fig2_a", "fig2_d", "cnn6"])
+# fig2_a stays in the quick run; the larger nets' full 3072-column sketches (10-40 s each) run with the slow cases.
+@pytest.mark.parametrize(
+    "example", ["fig2_a", pytest.param("fig2_d", marks=pytest.mark.slow), pytest.param("cnn6", marks=pytest.mark.slow)]
+)
 def test_full_rank_reference_nets(example):
     # Measured: rank 3072 for all three (one gradient determines the input); at full rank the gap is σ_min over
     # the tolerance: fig2-a 3.3e7, fig2-d 7.5e5, CNN6 1.7e7.
@@ -91,9 +94,15 @@ def test_full_rank_reference_nets(example):
     assert measured.reliable and measured.gap > 1e4
 
 
-# fig2_c is fig2_b's deficit in another layout (the same 405); its forty-second sketch runs with the slow cases.
+# fig2_c is fig2_b's deficit in another layout (the same 405); its forty-second sketch runs with the slow cases, as does
+# fig2_e's (25 s).
 @pytest.mark.parametrize(
-    "example, at_least", [("fig2_b", 405), pytest.param("fig2_c", 405, marks=pytest.mark.slow), ("fig2_e", 16)]
+    "example, at_least",
+    [
+        ("fig2_b", 405),
+        pytest.param("fig2_c", 405, marks=pytest.mark.slow),
+        pytest.param("fig2_e", 16, marks=pytest.mark.slow),
+    ],
 )
 def test_figure2_deficits(example, at_least):
     # The counts give 405 (b, c) and 16 (e); R-GAP's out_channels² relations (method.md: numerical check) add more. Measured here:
@@ -103,7 +112,11 @@ def test_figure2_deficits(example, at_least):
     assert measured.reliable and measured.gap > 1e6
 
 
-@pytest.mark.parametrize("example", MODERN_EXAMPLES)
+# Two of the sweep in the quick run (a token mixer and an attention net); the rest, 6-18 s each, with the slow cases.
+@pytest.mark.parametrize(
+    "example",
+    [e if e in ("mixer_tiny", "vit_tiny") else pytest.param(e, marks=pytest.mark.slow) for e in MODERN_EXAMPLES],
+)
 def test_modern_examples_are_fully_determined_by_one_gradient(example):
     # Measured at 3x16x16 (768 unknowns): every one full rank, gaps (σ_min over the tolerance) 5.6e7 (ConvNeXt)
     # to 1.4e9 (SE).

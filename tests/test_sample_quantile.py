@@ -123,7 +123,8 @@ def _top_rows(fit: np.ndarray, count: int) -> np.ndarray:
     return np.linalg.svd(flat - flat.mean(0), full_matrices=False)[2][:count]
 
 
-@pytest.mark.parametrize("front", ["avg-pool 4", "top-12 principal components"])
+# The principal-components front (20 s) runs with the slow cases.
+@pytest.mark.parametrize("front", ["avg-pool 4", pytest.param("top-12 principal components", marks=pytest.mark.slow)])
 def test_with_data_at_most_10_percent_of_held_out_photograph_crops_hide_less_than_h(front, tmp_path):
     """3x8x8 crops of scikit-learn's photographs cut by a rule of this test's own: 700 for --data, 600 held out. The
     Gaussian-model quantile had 15 % (pooling) and 21-24 % (the data's own top-12 directions, the subspace the
