@@ -223,6 +223,7 @@ def check(
                 input_dtype=input_dtype,
                 model_args=chosen.model_args,
             )
+            result.reading_flags = model_options.reading_flags(ctx)  # the next step's command gives them again
             if deployment is not None:
                 result.deployment = deployment_read(deployment)
             if verify:
@@ -324,7 +325,8 @@ def suggest_command(
     Flower app, an NVFlare job): the model and the round are read from the app, as `check` reads them.
     """
     from rankaudit.bound.dp import noise_search
-    from rankaudit.settings.model_spec import split_model_spec
+    from rankaudit.deploy.commands import search_options, suggest_reading
+    from rankaudit.settings.model_spec import check_path, split_model_spec
     from rankaudit.settings.pyproject import load_settings
     from rankaudit.settings.run import build_run_round, dp_sources
 
@@ -333,8 +335,6 @@ def suggest_command(
             "--dp-candidates sets the candidates of --verify dp, which suggest does not run", "drop --dp-candidates"
         )
     commandline_batch = ctx.get_parameter_source("batch_size") is click.core.ParameterSource.COMMANDLINE
-    from rankaudit.deploy.commands import refuse_model_arguments, search_options, suggest_reading
-    from rankaudit.settings.model_spec import check_path
 
     check_path(model, "model or app")  # a path the system cannot open, or Python cannot name, before any use of it
     reading = suggest_reading(
@@ -397,10 +397,10 @@ def suggest_command(
         from rankaudit.design.fisher_review import review, review_settings
 
         target = settings.in_force("psnr_target", psnr_target, "psnr_target" in commandline)
-        refuse_model_arguments(model, reading.model_args, "suggest's Fisher review")
         at = review_settings(fisher_options, whole_round, dp_sources(options, settings.dp))
         # The review runs the model's code on real inputs: in a worker, like the verifiers.
-        fisher = worker.run(review, report, at, target, data, top, whole_round.bn_mode, limited=False)
+        bn_mode = whole_round.bn_mode
+        fisher = worker.run(review, report, at, target, data, top, bn_mode, reading.model_args, limited=False)
         report = dataclasses.replace(report, fisher=fisher)
     if output_format == "html":
         from rankaudit.audit import audit

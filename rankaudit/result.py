@@ -514,6 +514,10 @@ class Result:
     deployment: DeploymentRead | None = None  # `rankaudit DIR`: what was read from the app, and from where
     # The keyword arguments the model was built with (--model-arg, model-args): the verifiers build it with them too.
     model_args: dict = field(default_factory=dict)
+    # The options given on the command line that decide how the model was read (--input-shape, --model-arg, --data,
+    # the limits, an app's round flags ...), as (flag, value) pairs, value None for a switch: the next step's
+    # command gives them again, so that it runs as pasted.
+    reading_flags: list[tuple[str, str | None]] = field(default_factory=list)
 
     @property
     def critical_row(self) -> LayerRow | None:

@@ -101,6 +101,3 @@ def test_compare_and_suggest_build_a_hydra_apps_model_with_its_arguments(run_cli
     code, out, err = run_cli("suggest", "hydra_defaults", *given, "--format", "json")
     assert code == 0, err
     assert json.loads(out)["check_command"] == "rankaudit check hydra_defaults --input-shape 1,8,8 --local-samples 64"
-    code, out, err = run_cli("suggest", "hydra_defaults", *given, "--psnr-target", "20")
-    assert code == 2 and "without its arguments (hidden=24, num_classes=5)" in err
-    assert len(err.strip().splitlines()) == 1

@@ -119,6 +119,22 @@ def test_a_log_that_is_a_pipe_or_in_a_missing_folder_is_refused(run_cli, client)
     one_line(err, "does not exist", "create the folder")
 
 
+@pytest.mark.parametrize("option", ["--weights", "--data", "--labels"])
+@pytest.mark.parametrize("kind", ["a FIFO", "a folder"])
+def test_an_input_that_is_a_pipe_or_a_folder_is_said_for_what_it_is(run_cli, client, option, kind):
+    named = client / "folder"
+    if kind == "a FIFO":
+        os.mkfifo(client / "pipe")
+        named = client / "pipe"
+    else:
+        named.mkdir()
+    given = {"--weights": client / "w.pt", "--data": client / "x.npy", "--labels": client / "y.npy", option: named}
+    started = time.monotonic()
+    code, out, err = run_cli("guard", client / "net.py:MLP", *(word for pair in given.items() for word in pair))
+    assert code == 2 and out == "" and time.monotonic() - started < 30
+    one_line(err, f"{option} {named} is {kind}, not a regular file", "; fix: save the")
+
+
 def test_a_log_the_pyproject_names_is_checked_too(run_cli, client):
     (client / "pyproject.toml").write_text(f'[tool.rankaudit.guard]\nlog = "{client / "w.pt"}"\n')
     code, _, err = guard(run_cli, client)

@@ -256,6 +256,18 @@ def test_a_recursion_without_end_stops_at_the_memory_limit():
     assert time.monotonic() - started < 50
 
 
+def test_a_recursion_without_end_is_one_error_with_the_memory_limit_alone_and_under_debug():
+    model = HOSTILE / "recurse_on_the_heap.py"
+    plain = rankaudit(model, "--memory-limit", "0.25", module=True, timeout=120)
+    assert plain.returncode == 3 and plain.stdout == ""
+    error_line(plain.stderr, "ran out of memory during the build of Net()", "a recursion", "0.25 GiB")
+    # --debug: the traceback, ending in that error, and the same exit code; no second error line saying that the
+    # model ended the process.
+    debug = rankaudit(model, "--memory-limit", "0.25", "--debug", module=True, timeout=120)
+    assert debug.returncode == 3 and "Traceback" in debug.stderr and "rankaudit: error:" not in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1].startswith("rankaudit.errors.OutOfMemory: ")
+
+
 @pytest.mark.parametrize("how", ["private", "claims-another-module"])
 def test_a_hidden_model_is_not_skipped_as_a_helper(run_cli, tmp_path, how):
     model = tmp_path / "hidden.py"

@@ -4,6 +4,7 @@ the FedAvg attack's flat start and true median."""
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -75,6 +76,19 @@ def test_weights_errors_are_one_line_with_their_exit_codes(run_cli, small_mlp, t
     assert code == 2 and "missing.pt: no such file" in err and err.count("\n") == 1
     code, _, err = run_cli(small_mlp, "--weights", tmp_path / "missing.pt")
     assert code == 2 and "--weights sets the weights the verifiers run at" in err
+    # A pipe (whose read would block) or a folder is said for what it is, not "no such file".
+    os.mkfifo(tmp_path / "pipe.pt")
+    for named, kind in ((tmp_path / "pipe.pt", "a FIFO"), (tmp_path, "a folder")):
+        code, _, err = run_cli(small_mlp, "--verify", "rank", "--weights", named)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--weights {named} is {kind}, not a regular file; fix: save the weights to a file" in err
+    # The same for --data: a FIFO named like a .npy, of images and of other inputs.
+    tabular = tmp_path / "tabular.py"
+    tabular.write_text(MLP.replace("INPUT_SHAPE = (1, 4, 4)", "INPUT_SHAPE = (16,)"), encoding="utf-8")
+    os.mkfifo(tmp_path / "pipe.npy")
+    for model in (small_mlp, tabular):
+        code, _, err = run_cli(model, "--data", tmp_path / "pipe.npy")
+        assert code == 2 and err.count("\n") == 1 and f"{tmp_path / 'pipe.npy'} is a FIFO, not a regular file" in err
     state = _dead_state()
     renamed = {("layer" + name[2:]): tensor for name, tensor in state.items()}
     torch.save(renamed, tmp_path / "renamed.pt")

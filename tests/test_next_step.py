@@ -65,7 +65,10 @@ def test_a_full_rank_tabular_model_is_sent_to_dp_not_to_data(run_cli, tmp_path):
     code, out, _ = run_cli(model, "--data", tmp_path / "wine.npy", "--format", "json")
     payload = json.loads(out)
     assert code == 1 and payload["verdict"] == "exposed"
-    assert payload["policy"]["next_step"]["command"] == step["command"]
+    # The same step, on the samples the run was read with.
+    assert payload["policy"]["next_step"]["command"] == step["command"].replace(
+        " --max", f" --data {tmp_path / 'wine.npy'} --max"
+    )
 
 
 SIGNAL = """
@@ -126,3 +129,53 @@ def test_suggest_turns_a_target_epsilon_into_the_noise_that_meets_it(run_cli, tm
     assert epsilon(sigma) <= 2 < epsilon(sigma * 0.99)
     code, _, err = run_cli("suggest", model, "--target-epsilon", "nan")
     assert code == 2 and "--target-epsilon must be a number above 0" in err and err.count("\n") == 1
+
+
+# An image model without INPUT_SHAPE whose class needs an argument: the run needs --input-shape and --model-arg.
+SHAPELESS = """
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 4, stride=4, bias=False)
+        self.fc = nn.Linear(width * 4, 2, bias=False)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).relu().flatten(1))
+"""
+
+
+def test_the_next_step_carries_the_input_shape_and_model_arguments_the_run_needed(run_cli, tmp_path):
+    pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
+    model = tmp_path / "shapeless.py"
+    model.write_text(SHAPELESS)
+    reading = ("--input-shape", "3,8,8", "--model-arg", "width=2", "--timeout", "120")
+    code, out, _ = run_cli(model, *reading, "--format", "json")
+    command = json.loads(out)["policy"]["next_step"]["command"]
+    assert code == 1 and command == f"rankaudit suggest {model} {' '.join(reading)} --max-reconstruction 0.05"
+    # Pasted as printed it runs (without --input-shape it stops at "no input shape", exit 2), and the check line it
+    # names judges the same model again.
+    code, out, err = run_cli(*shlex.split(command)[1:], "--format", "json")
+    assert code == 0, err
+    # Its Fisher review built the real model with the argument too (the class has no default for it).
+    assert json.loads(out)["fisher"]["as_is"]["least_noise"] > 0
+    check = json.loads(out)["check_command"]
+    assert check == f"rankaudit check {model} --input-shape 3,8,8 --model-arg width=2"
+    code, out, err = run_cli(*shlex.split(check)[1:], "-q")
+    assert code == 1 and out.startswith(f"{model}: exposed"), err
+
+
+def test_an_apps_next_step_keeps_the_round_flags_given_and_says_what_suggest_does_not_take(run_cli, tmp_path):
+    code, out, _ = run_cli("tests/apps/quickstart", "--local-epochs", "3", "-q")
+    assert (
+        code == 1
+        and _quiet_next(out) == "rankaudit suggest tests/apps/quickstart --local-epochs 3 --max-reconstruction 0.05"
+    )
+    model = tmp_path / "tabular.py"
+    model.write_text(TABULAR_NET)
+    code, out, _ = run_cli(model, "--withheld-layers", "fc2", "--format", "json")
+    step = json.loads(out)["policy"]["next_step"]
+    assert code == 1 and "withheld" not in step["command"]
+    assert step["why"].endswith("(suggest reads the model without --withheld-layers, which only check takes)")

@@ -20,6 +20,7 @@ from rankaudit.bound.quantile import (
     order_statistic,
     photo_shares_for,
 )
+from rankaudit.settings.files import not_a_file
 from rankaudit.settings.levels import (
     DEFAULT_CERTIFICATE_QUANTILE,
     DEFAULT_EXPOSED_BELOW,
@@ -190,6 +191,9 @@ def _read_samples(source: str, shape: tuple[int, ...]) -> np.ndarray:
             return load_images(source, tuple(shape), max(held_images(source) or 1, 1))[0].double().numpy()
         except DataError as exc:
             raise ReferenceDataError(f"--data: {exc}") from exc
+    kind = not_a_file(path)  # a FIFO would block the read
+    if kind is not None:
+        raise ReferenceDataError(f"--data {source} is {kind}, not a regular file: save the samples with numpy.save")
     if path.suffix.lower() != ".npy" or not path.exists():
         raise ReferenceDataError(
             f"--data {source}: an input of shape {tuple(shape)} reads its samples from a .npy file of N x "

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rankaudit.settings.files import not_a_file
+
 __all__ = ["DataError", "held_images", "load_images"]
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
@@ -38,6 +40,11 @@ def load_images(source: str | None, shape: tuple[int, int, int], n: int, seed: i
     path = Path(source)
     if path.is_dir():
         return _from_directory(path, c, h, w, n)
+    kind = not_a_file(path)  # a FIFO would block the read
+    if kind is not None:
+        raise DataError(
+            f"{source} is {kind}, not a regular file: save the images to a .npy file or a folder of PNG/JPEG files"
+        )
     if path.suffix.lower() == ".npy":
         return _from_npy(path, c, h, w, n)
     if not path.exists():

@@ -11,7 +11,7 @@ from pathlib import Path
 from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
-from rankaudit.settings.run import ROUND_FLAGS, build_run_round, dp_sources, dp_values
+from rankaudit.settings.run import ROUND_FLAGS, build_run_round, dp_sources, dp_values, factory_arguments
 
 # What suggest's DP options ask for rather than describe: the ceiling the least noise must meet, and its prior.
 _SEARCH_ONLY = ("max_reconstruction", "prior")
@@ -60,13 +60,15 @@ def deployment_for_design(
 ):
     """An app folder's deployment, read as `check` reads it with the same round and DP flags (None for a model
     file). `searching` (suggest): the DP options ask for the least noise rather than state a mechanism, so the app
-    is read with them only where they give a noise multiplier; without one the app's own DP stands."""
+    is read with them only where they give a noise multiplier; without one the app's own DP stands. `options` also
+    carries --run-config and --model-arg where the command takes them."""
+    run_config, model_args = options.get("run_config"), tuple(options.get("model_args") or ())
     if searching and options.get("dp_noise") is None:
         options = {}
     elif searching:
         options = {key: value for key, value in options.items() if key not in _SEARCH_ONLY}
     return deployment_for(
-        spec, round_flags, options, None, (), batch_size=batch_size, input_shape_given=input_shape_given
+        spec, round_flags, options, run_config, model_args, batch_size=batch_size, input_shape_given=input_shape_given
     )
 
 
@@ -114,14 +116,17 @@ def fisher_at_one_sigma(rounds: list, dp_flags_given: bool) -> bool:
     return False
 
 
-def check_line(given: str, deployment, round_flags: dict, input_shape) -> str:
-    """The `check` command that judges what suggest judged: an app folder as given (so its round and DP are read
-    again) with the round flags and input shape given on the command line; a model file as it is."""
-    if deployment is None:
-        return f"rankaudit check {shlex.quote(given)}"
+def check_line(given: str, round_flags: dict, input_shape, options: dict) -> str:
+    """The `check` command that judges what suggest judged: the model file or app folder as given (an app's round
+    and DP are read again) with the round flags, input shape, run config and model arguments given on the command
+    line."""
     words = ["rankaudit", "check", shlex.quote(given)]
     if input_shape is not None:
         words += ["--input-shape", ",".join(str(size) for size in input_shape)]
+    if options.get("run_config"):
+        words += ["--run-config", shlex.quote(options["run_config"])]
+    for argument in options.get("model_args") or ():
+        words += ["--model-arg", shlex.quote(argument)]
     for name in (*ROUND_FLAGS, "batch_size"):
         value = round_flags.get(name)
         if value is not None:
@@ -154,11 +159,17 @@ class DesignReading:
 
 
 def suggest_reading(spec: str, round_flags: dict, options: dict, batch_size, input_shape) -> DesignReading:
-    """suggest's model and round: an app folder read as `check` reads it, its DP kept unless a noise is given."""
+    """suggest's model and round: an app folder read as `check` reads it, its DP kept unless a noise is given; a
+    model file built with --model-arg, else its [[tool.rankaudit.models]] model-args, as `check` builds it."""
     deployment = deployment_for_design(
         spec, round_flags, options, batch_size=batch_size, input_shape_given=input_shape is not None, searching=True
     )
-    command = check_line(spec, deployment, {**round_flags, "batch_size": batch_size}, input_shape)
+    command = check_line(spec, {**round_flags, "batch_size": batch_size}, input_shape, options)
     if deployment is None:
-        return DesignReading(None, spec, None, command)
+        from rankaudit.settings.model_spec import split_model_spec
+        from rankaudit.settings.pyproject import load_settings
+
+        arguments = factory_arguments(None, tuple(options.get("model_args") or ()))
+        configured = load_settings(split_model_spec(spec)[0]).model_args
+        return DesignReading(None, spec, arguments or (dict(configured) if configured else None), command)
     return DesignReading(deployment, deployment.model, deployment.model_args or None, command)

@@ -181,11 +181,25 @@ def _edit_of(edit: str, target: str, detail: str, traced) -> Callable[[nn.Module
 
 
 def review(
-    report, dp: DPSettings, psnr_target: float, data: str | None, top: int | None = None, bn_mode: str = "train"
+    report,
+    dp: DPSettings,
+    psnr_target: float,
+    data: str | None,
+    top: int | None = None,
+    bn_mode: str = "train",
+    model_args: dict | None = None,
 ) -> FisherReview:
     """The least σ of the model as it is and of each suggested edit that can be made on the real model, for the
     first `top` edits (default DESIGN_EDITS) of the structural ranking, ranked by the least σ against the attacker
-    with a prior (then the unbiased one); `bn_mode` and the report's batch size are the client's."""
+    with a prior (then the unbiased one); `bn_mode` and the report's batch size are the client's; every design is
+    built with `model_args` (--model-arg, an app's or the config's), as the structural ranking built it."""
+    from rankaudit.verify.model import model_arguments
+
+    with model_arguments(model_args):
+        return _review(report, dp, psnr_target, data, top, bn_mode, model_args)
+
+
+def _review(report, dp, psnr_target, data, top, bn_mode, model_args) -> FisherReview:
     from rankaudit.verify.rank.fisher_check import check_settings
 
     check_settings(dp, "suggest's Fisher line")
@@ -208,7 +222,7 @@ def review(
                 median_prior_psnr_ceiling=line.get("median_prior_psnr_ceiling"),
             )
 
-        loaded = load_model(report.model, report.input_shape, device="meta")
+        loaded = load_model(report.model, report.input_shape, device="meta", model_args=model_args)
         traced = trace_and_count(
             loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
         )

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from rankaudit.findings.meaning import certifies_nothing
 from rankaudit.result import Result
-from rankaudit.settings.levels import DEFAULT_MAX_RECOVERABLE, FAILING_VERDICTS, percent
+from rankaudit.settings.levels import FAILING_VERDICTS, percent
 from rankaudit.settings.round import Round
+from rankaudit.settings.run import ROUND_FLAGS
 
 # The ceiling on any reconstruction's success the commands propose when the user gave none: the example every page
 # uses (--max-reconstruction 0.05 at the default prior 0.01).
@@ -67,12 +68,39 @@ def _dp_flags(result: Result) -> list[str]:
     return flags
 
 
-def _target(result: Result) -> list[str]:
-    """What the command runs on: the app folder for `rankaudit DIR` (it reads the round itself), else the model
-    file as the user named it with the round's flags."""
+# Options of `check` that `suggest` does not take: its command reads the model without them, and says so.
+_NOT_IN_SUGGEST = ("--input-dtype", "--shared-layers", "--withheld-layers")
+# The round's flags as given on the command line: an app's folder reads the rest of its round itself.
+_ROUND_WORDS = ("--batch-size", *(f"--{name.replace('_', '-')}" for name in ROUND_FLAGS))
+
+
+def _given(result: Result, *, suggest: bool) -> list[str]:
+    """The options the user's run was read with (its input shape, model arguments, data, limits ...), for a command
+    on the same model; for a model file the round comes from the round judged, config values included."""
+    words = []
+    for flag, value in result.reading_flags:
+        if (suggest and flag in _NOT_IN_SUGGEST) or (flag in _ROUND_WORDS and result.deployment is None):
+            continue
+        words += [flag] if value is None else [flag, value]
+    return words
+
+
+def _not_carried(result: Result) -> str:
+    """The options of the run suggest does not take, said after the step's reason."""
+    left_out = sorted({flag for flag, _ in result.reading_flags if flag in _NOT_IN_SUGGEST})
+    if not left_out:
+        return ""
+    return f" (suggest reads the model without {', '.join(left_out)}, which only check takes)"
+
+
+def _target(result: Result, *, suggest: bool = True) -> list[str]:
+    """What the command runs on: the app folder for `rankaudit DIR` (it reads the round itself, beside the round
+    flags given), else the model file as the user named it with the round's flags; then the options the run was
+    read with."""
     if result.deployment is not None:
-        return [result.deployment.root]
-    return [result.model, *_round_flags(result.round or Round(batch_size=result.batch_size))]
+        return [result.deployment.root, *_given(result, suggest=suggest)]
+    round_ = _round_flags(result.round or Round(batch_size=result.batch_size))
+    return [result.model, *round_, *_given(result, suggest=suggest)]
 
 
 def _command(*words: str) -> str:
@@ -124,14 +152,14 @@ def next_step(result: Result) -> NextStep | None:
         return NextStep(
             command,
             "it names the least noise multiplier the client must add (noise the server adds bounds what the released "
-            f"model reveals, not what the server sees); {_train_with_it(result)}",
+            f"model reveals, not what the server sees); {_train_with_it(result)}" + _not_carried(result),
         )
     if dp is not None and dp.within_limit is False:
         command, ceiling = _noise_command(result)
         return NextStep(
             command,
             f"it names the least noise multiplier that keeps any reconstruction within {percent(ceiling)} at this "
-            f"round, more than the noise given; {_train_with_it(result)}",
+            f"round, more than the noise given; {_train_with_it(result)}" + _not_carried(result),
         )
     if verdict_fails and _only_noise_helps(result):
         command, ceiling = _noise_command(result)
@@ -144,26 +172,19 @@ def next_step(result: Result) -> NextStep | None:
             command,
             f"client DP noise is the way ({where}): it names the least noise multiplier that keeps any "
             f"reconstruction within {percent(ceiling)}; {_train_with_it(result)}; then compare designs under that noise "
-            "(--verify fisher, compare --dp-noise)",
+            "(--verify fisher, compare --dp-noise)" + _not_carried(result),
         )
     if verdict_fails and bound is not None and certifies_nothing(bound):
         return NextStep(
-            _command("rankaudit", *_target(result), "--data", "SAMPLES.npy"),
+            _command("rankaudit", *_target(result, suggest=False), "--data", "SAMPLES.npy"),
             "with a few hundred samples like yours (SAMPLES.npy, one sample per row) the hidden directions are read "
             f"on your data; or add client DP noise: `rankaudit suggest ... --max-reconstruction {PROPOSED_CEILING:g}` "
             "names the least noise multiplier",
         )
-    ceiling = (
-        []
-        if bound is None or bound.max_recoverable == DEFAULT_MAX_RECOVERABLE
-        else [
-            "--max-recoverable",
-            f"{bound.max_recoverable:g}",
-        ]
-    )
-    command = _command("rankaudit", "suggest", *_target(result), *ceiling)
+    command = _command("rankaudit", "suggest", *_target(result))
     return NextStep(
         command,
         "it lists the single design changes that raise what each sample keeps hidden, best first; with "
-        f"--max-reconstruction {PROPOSED_CEILING:g} also the least client DP noise that bounds every reconstruction",
+        f"--max-reconstruction {PROPOSED_CEILING:g} also the least client DP noise that bounds every reconstruction"
+        + _not_carried(result),
     )

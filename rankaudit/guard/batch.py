@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.files import input_file
 
 # The keys a dict batch keeps its samples and labels under: Flower Datasets' image sets use "img"/"image" and
 # "label"; Hugging Face's vision processors "pixel_values"; the rest are common spellings.
@@ -29,10 +29,12 @@ _LARGEST_LABEL = np.iinfo(np.int64).max
 
 def _read_npy(path: str, option: str):
     """np.load of a regular file, without pickles; every failure one line naming the file."""
-    if not Path(path).exists():
-        raise UsageError(f"{option} {path}: no such file", "give the client's batch as a .npz (x, y) or a .npy")
-    if not Path(path).is_file():
-        raise UsageError(f"{option} {path}: not a regular file", "give a .npz or .npy file saved by NumPy")
+    fix = (
+        "save the labels to a file with np.save and name it"
+        if option == "--labels"
+        else "save the client's batch to a file, a .npz (x, y) or a .npy, and name it"
+    )
+    input_file(path, option, fix)
     try:
         return np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - a truncated, corrupt or pickled file: said, not raised through

@@ -1,5 +1,6 @@
 """The command-line options that reach the model's process: its time and memory limits (--timeout, --memory-limit),
-its import stand-ins (--stand-in, --no-stand-ins) and its input dtype."""
+its import stand-ins (--stand-in, --no-stand-ins) and its input dtype; and which options a model's reading took, for
+the commands printed for the same model."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import click
 from rankaudit.model import supervise
 from rankaudit.settings.limits import DEFAULT_TIMEOUT, MAX_GIB, MAX_SECONDS
 
+# Where the limit and stand-in options keep their command-line values: they are not passed to the command, and a
+# command printed for the same model (the next step) gives them again.
+_GIVEN = "rankaudit.given"
+
+
+def _remember(ctx, param, value) -> None:
+    if ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
+        ctx.meta.setdefault(_GIVEN, {})[param.name] = value
+
 
 def parse_dtype(ctx, param, value):
+    _remember(ctx, param, value)  # as written: a printed command gives it again
     if value is None:
         return None
     from rankaudit.model.input_shape import parse_input_dtype
@@ -18,6 +29,7 @@ def parse_dtype(ctx, param, value):
 
 
 def _set_timeout(ctx, param, value):
+    _remember(ctx, param, value)
     if value is not None:
         try:
             supervise.check_seconds(value, "--timeout")
@@ -29,6 +41,7 @@ def _set_timeout(ctx, param, value):
 
 
 def _set_memory_limit(ctx, param, value):
+    _remember(ctx, param, value)
     if value is not None and not 0 <= value <= MAX_GIB:
         raise click.BadParameter(f"must be a number of GiB up to {MAX_GIB:,.0f}, e.g. 8 (0: no limit)")
     supervise.set_flag_memory_limit(value)
@@ -70,7 +83,7 @@ def stand_in_options(command):
         multiple=True,
         metavar="MODULE",
         expose_value=False,
-        callback=lambda ctx, param, value: import_standins.set_flags(added=value),
+        callback=lambda ctx, param, value: _remember(ctx, param, value) or import_standins.set_flags(added=value),
         help="Import the model file with a stand-in for MODULE when it is not installed (repeatable; data, "
         "logging and FL packages have one already).",
     )(command)
@@ -78,6 +91,62 @@ def stand_in_options(command):
         "--no-stand-ins",
         is_flag=True,
         expose_value=False,
-        callback=lambda ctx, param, value: import_standins.set_flags(added=None, forbidden=value),
+        callback=lambda ctx, param, value: (
+            _remember(ctx, param, value) or import_standins.set_flags(added=None, forbidden=value)
+        ),
         help="Fail on any import the model file makes of a module that is not installed.",
     )(command)
+
+
+# The options a model's reading takes (beside the round and DP, which the result carries), in the order printed.
+_READING = (
+    ("input_shape", "--input-shape"),
+    ("input_dtype", "--input-dtype"),
+    ("model_args", "--model-arg"),
+    ("run_config", "--run-config"),
+    ("shared_layers", "--shared-layers"),
+    ("withheld_layers", "--withheld-layers"),
+    ("data", "--data"),
+    ("max_recoverable", "--max-recoverable"),
+    ("exposed_below", "--exposed-below"),
+    ("certificate_quantile", "--certificate-quantile"),
+    ("psnr_target", "--psnr-target"),
+    ("stand_in", "--stand-in"),
+    ("no_stand_ins", "--no-stand-ins"),
+    ("timeout", "--timeout"),
+    ("memory_limit", "--memory-limit"),
+    ("batch_size", "--batch-size"),
+    ("local_samples", "--local-samples"),
+    ("local_epochs", "--local-epochs"),
+    ("lr", "--lr"),
+    ("optimizer", "--optimizer"),
+    ("momentum", "--momentum"),
+    ("clients", "--clients"),
+    ("server_rounds", "--server-rounds"),
+    ("available_clients", "--available-clients"),
+    ("bn_mode", "--bn-mode"),
+)
+
+
+def _words(flag: str, value) -> list[tuple[str, str | None]]:
+    if value is True:
+        return [(flag, None)]  # a switch
+    if flag in ("--input-shape", "--shared-layers", "--withheld-layers"):
+        return [(flag, ",".join(str(part) for part in value))]
+    if isinstance(value, (tuple, list)):  # repeatable: --model-arg K=V --model-arg K2=V2
+        return [(flag, str(item)) for item in value]
+    return [(flag, f"{value:g}" if isinstance(value, float) else str(value))]
+
+
+def reading_flags(ctx: click.Context) -> list[tuple[str, str | None]]:
+    """The options given on the command line that decide how the model was read and judged, as (flag, value)
+    pairs (value None for a switch): a command printed for the same model carries them, so that it runs as pasted."""
+    remembered = ctx.meta.get(_GIVEN, {})
+    given = []
+    for name, flag in _READING:
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = remembered[name] if name in remembered else ctx.params.get(name)
+        if value is not None and value is not False and value != ():
+            given += _words(flag, value)
+    return given

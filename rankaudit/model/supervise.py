@@ -430,11 +430,14 @@ def _run_child(write_end: int, report_end: int, main, argv: list[str], parent: i
         code = INTERRUPTED
     except BrokenPipeError:
         code = 1
-    except BaseException:
+    except BaseException as exc:  # --debug lets it through: its traceback, then the exit code it would have had
         import traceback
 
+        from rankaudit.errors import RankauditError
+
         traceback.print_exc()
-        code = 1
+        # Exit 1 would read as a policy failure, and the parent would add that the model ended the process.
+        code = exc.exit_code if isinstance(exc, RankauditError) else 3
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

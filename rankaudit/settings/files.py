@@ -1,6 +1,6 @@
 """An app's files opened and parsed safely: regular files only, a size cap, a nesting and alias cap, parsers under
 the model worker's memory and time limits, includes kept inside the app's folder; each refusal one line naming the
-file (exit 2).
+file (exit 2); and the check that a file a command reads (--weights, --data ...) is a regular file.
 
 rankaudit reads a deployment's configuration in its own process, from folders it did not write: a config may be a
 link to /dev/zero, a FIFO that never yields, a 370-byte YAML alias bomb, a HOCON substitution that doubles itself,
@@ -107,6 +107,26 @@ def _kind(mode: int) -> str:
         if test(mode):
             return word
     return "not a plain file"
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """What `path` is when it exists and is no regular file ("a FIFO", "a folder", ...), through links; None for a
+    regular file or one that is not there. Asked before a read that would block on a FIFO or fail on a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def input_file(path: str | Path, option: str, fix: str) -> None:
+    """A file a command reads (--weights, --labels ...): one line, exit 2, saying what it is when it is not a
+    regular file, or that it is not there."""
+    kind = not_a_file(path)
+    if kind is not None:
+        raise UsageError(f"{option} {shown_path(path)} is {kind}, not a regular file", fix)
+    if not os.path.exists(path):
+        raise UsageError(f"{option} {shown_path(path)}: no such file", fix)
 
 
 def inside(root: Path, path: Path) -> bool:

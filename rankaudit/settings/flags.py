@@ -387,6 +387,22 @@ def attack_options(command):
     return _stacked(command, options)
 
 
+# How the model is built, on `check` and `suggest` (a next step's suggest command gives them again).
+_RUN_CONFIG_OPTION = click.option(
+    "--run-config",
+    metavar='"K=V K2=V2"',
+    help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.",
+)
+_MODEL_ARG_OPTION = click.option(
+    "--model-arg",
+    "model_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
+    "run-config key (num_classes=num-classes).",
+)
+
+
 def check_run_options(command):
     """--skip-non-models ... --model-arg, on `check`: the files it skips, its tracebacks, an app's run config and the
     model's arguments."""
@@ -397,19 +413,8 @@ def check_run_options(command):
             help="Skip files that define no nn.Module (helper modules in a pre-commit run) instead of failing.",
         ),
         click.option("--debug", is_flag=True, help=_DEBUG_HELP),
-        click.option(
-            "--run-config",
-            metavar='"K=V K2=V2"',
-            help="APP_DIR: override the Flower app's run config, as `flwr run --run-config` does.",
-        ),
-        click.option(
-            "--model-arg",
-            "model_args",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="A keyword argument of the model class or factory (repeatable); in an app, VALUE may name a "
-            "run-config key (num_classes=num-classes).",
-        ),
+        _RUN_CONFIG_OPTION,
+        _MODEL_ARG_OPTION,
     ]
     return _stacked(command, options)
 
@@ -421,6 +426,8 @@ def suggest_options(command):
             "--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True, help=_BATCH_SIZE_HELP
         ),
         click.option("--top", type=click.IntRange(min=1), default=None, help="Show the N best edits."),
+        _RUN_CONFIG_OPTION,
+        _MODEL_ARG_OPTION,
         click.option(
             "--target-epsilon",
             type=float,

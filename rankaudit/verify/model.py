@@ -11,6 +11,8 @@ from torch import nn
 
 from rankaudit.errors import ModelLoadError, UsageError
 from rankaudit.model.load import CompiledModel, load_model
+from rankaudit.settings.files import input_file
+from rankaudit.verify.registry import WEIGHTS_FIX
 
 # Keys a training checkpoint commonly keeps its state dict under (PyTorch Lightning, timm, torchvision's
 # references, Flower and NVFlare examples), tried in this order when the file is not a state dict itself.
@@ -143,10 +145,7 @@ def read_state_dict(weights_file: str) -> dict[str, torch.Tensor]:
     Loaded with weights_only=True: a checkpoint is data, and no code in it runs. A missing file is a usage error
     (exit 2); a file that holds no state dict is one the verifiers cannot run at (exit 3)."""
     path = Path(weights_file)
-    if not path.is_file():
-        raise UsageError(
-            f"--weights {weights_file}: no such file", "name a state dict or checkpoint saved by torch.save"
-        )
+    input_file(path, "--weights", WEIGHTS_FIX)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and weights-only refusals all mean "not a plain tensor file"

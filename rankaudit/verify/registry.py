@@ -13,11 +13,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankaudit.errors import UsageError
+from rankaudit.settings.files import input_file
 from rankaudit.settings.levels import DEFAULT_PSNR_TARGET
+
+# The fix for --weights naming no file, a folder or a pipe (torch.load reads a file it may seek in).
+WEIGHTS_FIX = "save the weights to a file with torch.save (a state dict, or a checkpoint holding one) and name it"
 
 if TYPE_CHECKING:
     from rankaudit.result import Result
@@ -152,8 +155,8 @@ def check_request(
             "--weights sets the weights the verifiers run at; the analysis holds for every weight value",
             "add --verify rank (or another verifier), or drop --weights",
         )
-    if weights is not None and not Path(weights).is_file():
-        raise UsageError(f"--weights {weights}: no such file", "name a state dict or checkpoint saved by torch.save")
+    if weights is not None:
+        input_file(weights, "--weights", WEIGHTS_FIX)
     if defense_specs and not [verifier for verifier in chosen if not runs_apart(verifier)]:
         raise UsageError(
             "--defense needs an attack to defend against",
