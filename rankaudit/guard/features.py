@@ -6,8 +6,8 @@ J = ∂h/∂x at x_s; the component of x_s − μ outside it (μ the batch's mea
 it with μ makes an error of exactly that size. The PSNR of μ + P_row(J)(x_s − μ) against x_s is the figure: at or
 above the guard's threshold the features are as good as the sample.
 
-J is formed by backward passes over a batch of copies of the sample, only for the samples whose features some
-readout read; when it would not fit in memory the sample counts as read and the note says so.
+J is formed, only for the samples whose features some readout read, from one forward pass to the layer and its
+vector-Jacobian products batched; when it would not fit in memory the sample counts as read and the note says so.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch import nn
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
-# Rows of J per backward pass: the sample is repeated this many times in one batch, copy k giving row k.
-ROWS_PER_PASS = 128
+# Rows of J per batched backward pass: 64 was the fastest of 32 to 256 on a CPU for Flower's quickstart CNN.
+ROWS_PER_PASS = 64
 # The most entries of J held at once (float32): 1 GB.
 MAX_JACOBIAN_VALUES = 1 << 28
 # An eigenvalue of J·Jᵀ counts in J's rank above this share of the largest (float32 rows are exact to about 1e-7,
@@ -29,42 +29,89 @@ MAX_JACOBIAN_VALUES = 1 << 28
 RANK_SHARE = 1e-12
 
 
-def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's (batch, d) input vectors for a batch ``x``."""
+class _Reached(Exception):
+    """Raised by the hook at the layer: what comes after it does not change its input, so it does not run."""
+
+
+def _layer_input(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's input for a batch ``x``, the forward pass stopped there."""
     seen = []
-    hook = module.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
+
+    def reached(mod, args):
+        seen.append(args[0])
+        raise _Reached
+
+    hook = module.register_forward_pre_hook(reached)
     try:
         net(x)
+    except _Reached:
+        pass
     finally:
         hook.remove()
-    return sample_vectors(module, seen[0])
+    if not seen:
+        raise RuntimeError("the layer did not run in the model's forward pass")
+    return seen[0]
+
+
+def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's (batch, d) input vectors for a batch ``x``."""
+    return sample_vectors(module, _layer_input(net, module, x))
+
+
+def _one_hots(chosen: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    picks = torch.zeros(len(chosen), width, dtype=dtype)
+    picks[torch.arange(len(chosen)), chosen] = 1
+    return picks
 
 
 def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The rows of ∂(the layer's input vector)/∂x at one sample x that can be non-zero, (rows, x.numel()): one
-    backward per ROWS_PER_PASS rows, over a batch of copies of x (eval mode: the copies do not see each other).
+    forward pass to the layer, then its vector-Jacobian products batched, ROWS_PER_PASS rows at a time.
     Features that are exactly zero (a ReLU off) are left out when one backward of a random mix of them gives an
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
-    with torch.no_grad():
-        values = _features(net, module, x[None])[0]
-    wanted = torch.arange(len(values))
-    silent = torch.nonzero(values == 0).flatten()
+    sample = x.detach()
+    try:
+        with torch.enable_grad():
+            values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
+        wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
+        if not len(wanted):
+            return torch.zeros(0, x.numel(), dtype=x.dtype)
+        rows = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)(_one_hots(wanted, len(values), values.dtype))[0]
+        return rows.reshape(len(wanted), -1)
+    except (RuntimeError, NotImplementedError):
+        # An operation vmap cannot batch (a custom autograd function, a data-dependent branch): the same rows,
+        # each batch of them from one backward over as many copies of the sample (eval mode: copies do not mix).
+        return _jacobian_by_copies(net, module, sample)
+
+
+def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
+    """The features whose rows can be non-zero: all, or only the non-zero ones when a random mix of the zero ones
+    has an exactly zero gradient."""
+    silent = values == 0
+    if bool(silent.any()):
+        mix = torch.randn(values.shape, generator=torch.Generator().manual_seed(0), dtype=values.dtype) * silent
+        grads = gradient_of(mix)
+        if grads is None or not bool(grads.any()):
+            return torch.nonzero(~silent).flatten()
+    return torch.arange(len(values))
+
+
+def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
-        if len(silent):
-            copy = x.detach()[None].clone().requires_grad_(True)
-            mix = torch.randn(len(silent), generator=torch.Generator().manual_seed(0), dtype=values.dtype)
-            (grads,) = torch.autograd.grad(
-                (_features(net, module, copy)[0, silent] * mix).sum(), copy, allow_unused=True
-            )
-            if grads is None or not bool(grads.any()):
-                wanted = torch.nonzero(values != 0).flatten()
+        copy = x[None].clone().requires_grad_(True)
+        values = _features(net, module, copy)[0]
+
+        def gradient_of(mix):
+            (grads,) = torch.autograd.grad((values * mix).sum(), copy, allow_unused=True, retain_graph=True)
+            return grads
+
+        wanted = _wanted_rows(values.detach(), gradient_of)
         rows = []
         for start in range(0, len(wanted), ROWS_PER_PASS):
             chosen = wanted[start : start + ROWS_PER_PASS]
-            copies = x.detach().expand(len(chosen), *x.shape).clone().requires_grad_(True)
+            copies = x.expand(len(chosen), *x.shape).clone().requires_grad_(True)
             h = _features(net, module, copies)
-            picked = h[torch.arange(len(chosen)), chosen].sum()
-            (grads,) = torch.autograd.grad(picked, copies, allow_unused=True)
+            (grads,) = torch.autograd.grad(h[torch.arange(len(chosen)), chosen].sum(), copies, allow_unused=True)
             rows.append(torch.zeros(len(chosen), x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
     return torch.cat(rows) if rows else torch.zeros(0, x.numel(), dtype=x.dtype)
 
@@ -97,13 +144,15 @@ def determined_psnr(
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
     """PSNR of μ + P_row(J)(x − μ) against x: the error is the part of the deviation outside J's row space,
     |P v|² = (Jv)ᵀ (J Jᵀ)⁺ (Jv)."""
-    if not bool(torch.isfinite(jacobian).all()):
+    gram = jacobian @ jacobian.T
+    # A row with an infinity or a NaN has one on the diagonal (the squares of float32 values cannot overflow).
+    if not bool(torch.isfinite(gram.diagonal()).all()):
         return IDENTICAL_PSNR  # a Jacobian that cannot be read: assume the features determine the sample
     # A few hundred rows gain nothing from LAPACK's threads, and lose seconds to them on shared cores.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        values, vectors = torch.linalg.eigh(jacobian @ jacobian.T)
+        values, vectors = torch.linalg.eigh(gram)
     finally:
         torch.set_num_threads(threads)
     kept = values > RANK_SHARE * values.max() if len(values) and values.max() > 0 else values > math.inf
