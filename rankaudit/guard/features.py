@@ -117,17 +117,23 @@ def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> t
 
 
 def determined_psnr(
-    net: nn.Module, module: nn.Module, samples: torch.Tensor, indices: list[int]
+    net: nn.Module, module: nn.Module, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
 ) -> tuple[dict[int, float], list[str]]:
     """({sample: PSNR of what the layer's features determine of it}, notes); ``net`` holds the received weights,
-    ``module`` is the layer whose input the features are."""
+    ``module`` is the layer whose input the features are. With ``min_psnr``, a sample whose upper bound
+    (rankaudit.guard.features.first_linear_bounds) is under it gets the bound, and no Jacobian."""
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
     x_all = samples.detach().to(dtype)
     mean = x_all.to(torch.float64).mean(0).flatten()
     found, notes = {}, []
+    if min_psnr is not None and indices:
+        bounds = first_linear_bounds(net, module, x_all, mean, indices)
+        found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
     with torch.no_grad():
         width = _features(net, module, x_all[:1]).shape[1]
     for index in indices:
+        if index in found:
+            continue
         if width * x_all[0].numel() > MAX_JACOBIAN_VALUES:
             found[index] = IDENTICAL_PSNR
             notes.append(
@@ -141,13 +147,76 @@ def determined_psnr(
     return found, notes
 
 
+def _reads_through(net: nn.Module, module: nn.Module, linear: nn.Linear, x: torch.Tensor) -> bool:
+    """Whether, at each sample of the batch ``x``, ``linear`` reads the sample itself (its input's Jacobian in the
+    sample is the identity) and every path from the sample to ``module``'s input goes through it. Two backward
+    passes of random mixes: the gradient around the layer is exactly zero, and the one into its input is the mix
+    itself (a random mix passes both only when the Jacobians are zero and the identity)."""
+    inputs = []
+
+    def cut(mod, args, out):
+        inputs.append(args[0])
+        return nn.functional.linear(args[0].detach(), mod.weight, mod.bias)
+
+    generator = torch.Generator().manual_seed(0)
+    hook = linear.register_forward_hook(cut)
+    try:
+        with torch.enable_grad():
+            sample = x.detach().clone().requires_grad_(True)
+            features = _features(net, module, sample)
+    finally:
+        hook.remove()
+    if len(inputs) != 1 or features is None or not inputs[0].requires_grad:
+        return False
+    with torch.enable_grad():
+        if features.requires_grad:
+            mix = torch.randn(features.shape, generator=generator, dtype=features.dtype)
+            (around,) = torch.autograd.grad((features * mix).sum(), sample, allow_unused=True, retain_graph=True)
+            if around is not None and bool(around.any()):
+                return False
+        mix = torch.randn(inputs[0].shape, generator=generator, dtype=inputs[0].dtype)
+        (into,) = torch.autograd.grad((inputs[0] * mix).sum(), sample, allow_unused=True)
+    return into is not None and bool(torch.equal(into.reshape(mix.shape), mix))
+
+
+def first_linear_bounds(
+    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
+) -> dict[int, float]:
+    """{sample: an upper bound on the PSNR of what the layer's features determine of it}, without its Jacobian,
+    when a Linear with fewer outputs than inputs reads the sample itself and every path from the sample to the
+    features goes through it: then J = (∂h/∂u)·W, so J's row space lies in W's, the same for every sample, and
+    the part of x − μ in W's row space bounds the part in J's. {} when no such layer is found."""
+    size = x_all[0].numel()
+    chosen = x_all[indices]
+    for linear in net.modules():
+        if not isinstance(linear, nn.Linear) or linear is module or linear.in_features != size:
+            continue
+        if linear.out_features >= linear.in_features or not _reads_through(net, module, linear, chosen):
+            continue
+        weight = linear.weight.detach().to(torch.float64).reshape(linear.out_features, -1)
+        space = _row_space(weight)
+        if space is None:
+            return {}
+        xs = chosen.to(torch.float64).reshape(len(indices), -1)
+        return dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
+    return {}
+
+
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
     """PSNR of μ + P_row(J)(x − μ) against x: the error is the part of the deviation outside J's row space,
     |P v|² = (Jv)ᵀ (J Jᵀ)⁺ (Jv)."""
-    gram = jacobian @ jacobian.T
+    space = _row_space(jacobian)
+    if space is None:
+        return IDENTICAL_PSNR  # a Jacobian that cannot be read: assume the features determine the sample
+    return _psnr_outside(jacobian, *space, deviation[None], x[None])[0]
+
+
+def _row_space(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(eigenvectors, eigenvalues) of rows·rowsᵀ that count in the rows' rank; None when a row is not finite."""
+    gram = rows @ rows.T
     # A row with an infinity or a NaN has one on the diagonal (the squares of float32 values cannot overflow).
     if not bool(torch.isfinite(gram.diagonal()).all()):
-        return IDENTICAL_PSNR  # a Jacobian that cannot be read: assume the features determine the sample
+        return None
     # A few hundred rows gain nothing from LAPACK's threads, and lose seconds to them on shared cores.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -156,9 +225,19 @@ def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torc
     finally:
         torch.set_num_threads(threads)
     kept = values > RANK_SHARE * values.max() if len(values) and values.max() > 0 else values > math.inf
-    projected = vectors[:, kept].T @ (jacobian @ deviation)
-    seen = float((projected**2 / values[kept]).sum())
-    unknown = max(float(deviation @ deviation) - seen, 0.0)
-    spread = float(x.max() - x.min()) or 1.0
-    mse = unknown / x.numel()
-    return IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(spread**2 / mse))
+    return vectors[:, kept], values[kept]
+
+
+def _psnr_outside(
+    rows: torch.Tensor, vectors: torch.Tensor, values: torch.Tensor, deviations: torch.Tensor, xs: torch.Tensor
+) -> list[float]:
+    """For each (deviation, sample) row pair: the PSNR of the mean plus the deviation's part in the rows' row
+    space, against the sample."""
+    seen = ((vectors.T @ (rows @ deviations.T)) ** 2 / values[:, None]).sum(0)
+    figures = []
+    for deviation, x, part in zip(deviations, xs, seen.tolist()):
+        unknown = max(float(deviation @ deviation) - part, 0.0)
+        spread = float(x.max() - x.min()) or 1.0
+        mse = unknown / x.numel()
+        figures.append(IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(spread**2 / mse)))
+    return figures
