@@ -121,13 +121,13 @@ def determined_psnr(
 ) -> tuple[dict[int, float], list[str]]:
     """({sample: PSNR of what the layer's features determine of it}, notes); ``net`` holds the received weights,
     ``module`` is the layer whose input the features are. With ``min_psnr``, a sample whose upper bound
-    (rankaudit.guard.features.first_linear_bounds) is under it gets the bound, and no Jacobian."""
+    (first_layer_bounds) is under it gets the bound, and no Jacobian."""
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
     x_all = samples.detach().to(dtype)
     mean = x_all.to(torch.float64).mean(0).flatten()
     found, notes = {}, []
     if min_psnr is not None and indices:
-        bounds = first_linear_bounds(net, module, x_all, mean, indices)
+        bounds = first_layer_bounds(net, module, x_all, mean, indices)
         found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
     with torch.no_grad():
         width = _features(net, module, x_all[:1]).shape[1]
@@ -147,59 +147,144 @@ def determined_psnr(
     return found, notes
 
 
-def _reads_through(net: nn.Module, module: nn.Module, linear: nn.Linear, x: torch.Tensor) -> bool:
-    """Whether, at each sample of the batch ``x``, ``linear`` reads the sample itself (its input's Jacobian in the
-    sample is the identity) and every path from the sample to ``module``'s input goes through it. Two backward
-    passes of random mixes: the gradient around the layer is exactly zero, and the one into its input is the mix
-    itself (a random mix passes both only when the Jacobians are zero and the identity)."""
-    inputs = []
+def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """Which of ``first``'s outputs reach ``module``'s input, per sample of the batch ``x`` (bool, the outputs'
+    shape), when ``first`` reads the sample itself (its input's Jacobian in the sample is the identity) and every
+    path from the sample to ``module``'s input goes through it; None otherwise. Random mixes of the features,
+    backward: the gradient around ``first`` must be exactly zero, the one at its outputs is non-zero exactly where
+    an output reaches a feature (ReLU and max-pool zeros are exact; a random mix of non-zero entries is not zero),
+    and the gradient of a random mix of its input, taken in the sample, must be that mix."""
+    inputs, outputs = [], []
 
     def cut(mod, args, out):
         inputs.append(args[0])
-        return nn.functional.linear(args[0].detach(), mod.weight, mod.bias)
+        outputs.append(mod.forward(args[0].detach()).detach().requires_grad_(True))
+        return outputs[-1]
 
     generator = torch.Generator().manual_seed(0)
-    hook = linear.register_forward_hook(cut)
+    hook = first.register_forward_hook(cut)
     try:
         with torch.enable_grad():
             sample = x.detach().clone().requires_grad_(True)
             features = _features(net, module, sample)
     finally:
         hook.remove()
-    if len(inputs) != 1 or features is None or not inputs[0].requires_grad:
-        return False
+    if len(inputs) != 1 or features is None or not inputs[0].requires_grad or inputs[0].numel() != sample.numel():
+        return None
+    reached = torch.zeros(outputs[0].shape, dtype=torch.bool)
     with torch.enable_grad():
-        if features.requires_grad:
+        for _ in range(2 if features.requires_grad else 0):
             mix = torch.randn(features.shape, generator=generator, dtype=features.dtype)
-            (around,) = torch.autograd.grad((features * mix).sum(), sample, allow_unused=True, retain_graph=True)
+            around, through = torch.autograd.grad(
+                (features * mix).sum(), [sample, outputs[0]], allow_unused=True, retain_graph=True
+            )
             if around is not None and bool(around.any()):
-                return False
+                return None
+            if through is not None:
+                reached |= through != 0
         mix = torch.randn(inputs[0].shape, generator=generator, dtype=inputs[0].dtype)
         (into,) = torch.autograd.grad((inputs[0] * mix).sum(), sample, allow_unused=True)
-    return into is not None and bool(torch.equal(into.reshape(mix.shape), mix))
+    return reached if into is not None and bool(torch.equal(into.reshape(mix.shape), mix)) else None
 
 
-def first_linear_bounds(
+def first_layer_bounds(
     net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
 ) -> dict[int, float]:
     """{sample: an upper bound on the PSNR of what the layer's features determine of it}, without its Jacobian,
-    when a Linear with fewer outputs than inputs reads the sample itself and every path from the sample to the
-    features goes through it: then J = (∂h/∂u)·W, so J's row space lies in W's, the same for every sample, and
-    the part of x − μ in W's row space bounds the part in J's. {} when no such layer is found."""
+    when a first layer reads the sample itself and every path from the sample to the features goes through it:
+    then J = (∂h/∂z)·A (z the first layer's output, A its weights as a linear map), so J's row space lies in the
+    span of A's rows whose outputs reach the features, and the part of x − μ in that span bounds the part in
+    J's. A Linear with fewer outputs than inputs: W's row space, one for every sample. A convolution without
+    padding: the filter placements that reach the features, per sample. {} when no such layer is found; a
+    sample whose bound cannot be formed is left out."""
     size = x_all[0].numel()
     chosen = x_all[indices]
-    for linear in net.modules():
-        if not isinstance(linear, nn.Linear) or linear is module or linear.in_features != size:
+    xs = chosen.to(torch.float64).reshape(len(indices), -1)
+    for first in net.modules():
+        if first is module:
             continue
-        if linear.out_features >= linear.in_features or not _reads_through(net, module, linear, chosen):
-            continue
-        weight = linear.weight.detach().to(torch.float64).reshape(linear.out_features, -1)
-        space = _row_space(weight)
-        if space is None:
-            return {}
-        xs = chosen.to(torch.float64).reshape(len(indices), -1)
-        return dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
+        if isinstance(first, nn.Linear) and first.in_features == size and first.out_features < size:
+            if _reached_outputs(net, module, first, chosen) is None:
+                continue
+            weight = first.weight.detach().to(torch.float64)
+            space = _row_space(weight)
+            return {} if space is None else dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
+        if _plain_convolution(first, x_all[0].shape):
+            reached = _reached_outputs(net, module, first, chosen)
+            if reached is None:
+                continue
+            bounds = _placement_bounds(first, reached, xs - mean, xs, x_all[0].shape)
+            return {index: bound for index, bound in zip(indices, bounds) if bound is not None}
     return {}
+
+
+# The shift under the placements' unit-diagonal Gram matrix G: a Cholesky factor of G − SHIFT·I exists only when
+# every eigenvalue of G is above SHIFT, and then bᵀ(G − SHIFT·I)⁻¹b is at least bᵀG⁻¹b, the projection it bounds
+# (float64 rounding, about 1e-13 of G, is far under the shift). The quickstart CNN's placements have eigenvalues
+# of 0.06 to 1.7 on photographs; a shift of 1e-3 loosens the bound by a few percent of the projection at most.
+SHIFT = 1e-3
+
+
+def _plain_convolution(layer: nn.Module, shape: torch.Size) -> bool:
+    """A 2-D convolution over the whole sample without padding, dilation or groups: each output is the dot product
+    of a filter with one patch, so placements' overlaps are the filters' correlations."""
+    return (
+        isinstance(layer, nn.Conv2d)
+        and len(shape) == 3
+        and layer.in_channels == shape[0]
+        and layer.groups == 1
+        and tuple(layer.dilation) == (1, 1)
+        and (layer.padding == "valid" or tuple(layer.padding) == (0, 0))
+    )
+
+
+def _placement_bounds(
+    conv: nn.Conv2d, reached: torch.Tensor, deviations: torch.Tensor, xs: torch.Tensor, shape: torch.Size
+) -> list[float | None]:
+    """For each sample: an upper bound on the PSNR of the mean plus the deviation's part in the span of the
+    filter placements that reach the features (None when their Gram matrix is not safely positive definite, or
+    they are as many as the sample's values)."""
+    weight = conv.weight.detach().to(torch.float64)
+    channels, (k1, k2), (s1, s2) = len(weight), weight.shape[2:], conv.stride
+    norms = weight.flatten(1).norm(dim=1)
+    # The placements' correlations, each placement scaled to unit norm, laid out over every offset two output
+    # positions can have (zero where the filters do not overlap): entry [c, d, h1 + Δ1, h2 + Δ2] is placement
+    # (c, o) · placement (d, o + Δ / stride), so that one gather with an index that sums a term of each
+    # placement fills a sample's Gram matrix.
+    h1, h2 = max((reached.shape[2] - 1) * s1, k1 - 1), max((reached.shape[3] - 1) * s2, k2 - 1)
+    table = torch.zeros(channels, channels, 2 * h1 + 1, 2 * h2 + 1, dtype=torch.float64)
+    scale = torch.where(norms > 0, norms, 1.0)
+    correlation = (
+        nn.functional.conv2d(weight, weight, padding=(k1 - 1, k2 - 1))
+        / (scale[:, None] * scale[None, :])[:, :, None, None]
+    )
+    table[:, :, h1 - k1 + 1 : h1 + k1, h2 - k2 + 1 : h2 + k2] = correlation
+    size1, size2 = table.shape[2:]
+    table = table.flatten()
+    responses = nn.functional.conv2d(deviations.reshape(len(deviations), *shape), weight, stride=conv.stride)
+    bounds: list[float | None] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for deviation, x, at, response in zip(deviations, xs, reached, responses):
+            channel, row, column = torch.nonzero(at & (norms > 0)[:, None, None], as_tuple=True)
+            if len(channel) >= deviation.numel():
+                bounds.append(None)
+                continue
+            first = channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2
+            second = channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2
+            gram = table[first[:, None] + second[None, :]]
+            gram.diagonal().sub_(SHIFT)
+            factor, info = torch.linalg.cholesky_ex(gram)
+            if int(info) != 0:
+                bounds.append(None)
+                continue
+            b = (response[channel, row, column] / norms[channel])[:, None]
+            seen = float((b * torch.cholesky_solve(b, factor)).sum()) if len(channel) else 0.0
+            bounds.append(_psnr_with_seen(deviation, x, seen))
+    finally:
+        torch.set_num_threads(threads)
+    return bounds
 
 
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
@@ -234,10 +319,12 @@ def _psnr_outside(
     """For each (deviation, sample) row pair: the PSNR of the mean plus the deviation's part in the rows' row
     space, against the sample."""
     seen = ((vectors.T @ (rows @ deviations.T)) ** 2 / values[:, None]).sum(0)
-    figures = []
-    for deviation, x, part in zip(deviations, xs, seen.tolist()):
-        unknown = max(float(deviation @ deviation) - part, 0.0)
-        spread = float(x.max() - x.min()) or 1.0
-        mse = unknown / x.numel()
-        figures.append(IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(spread**2 / mse)))
-    return figures
+    return [_psnr_with_seen(deviation, x, part) for deviation, x, part in zip(deviations, xs, seen.tolist())]
+
+
+def _psnr_with_seen(deviation: torch.Tensor, x: torch.Tensor, seen: float) -> float:
+    """PSNR against x of the mean plus a part of the deviation whose squared norm is ``seen``."""
+    unknown = max(float(deviation @ deviation) - seen, 0.0)
+    spread = float(x.max() - x.min()) or 1.0
+    mse = unknown / x.numel()
+    return IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(spread**2 / mse))
