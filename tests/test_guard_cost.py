@@ -150,3 +150,27 @@ def test_a_features_jacobian_is_autograds_own_jacobian(custom):
         assert len(nonzero) <= len(rows) <= len(full)
         kept = [row for row in rows if bool(row.any())]
         assert torch.allclose(torch.stack(kept), nonzero, rtol=1e-5, atol=1e-7)
+
+
+def test_the_watched_tables_are_the_same_in_the_trainings_order_or_any_other():
+    """Steps that run through the samples in order are matched by position, any other order by each sample's
+    bytes: the same tables, row for row."""
+    from rankaudit.guard.watch import Watch
+
+    generator = torch.Generator().manual_seed(4)
+    model = MLP()
+    x, y = torch.rand(24, 3, 4, 4, generator=generator), torch.randint(10, (24,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model) as watch:
+        for start in (0, 8, 16, 0, 8):  # an epoch and part of the next
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[start : start + 8]), y[start : start + 8]).backward()
+            optimizer.step()
+    in_order = watch.tables(x)
+    order = torch.randperm(24, generator=generator)
+    shuffled = watch.tables(x[order])
+    assert in_order is not None and shuffled is not None
+    for ours, theirs in zip(in_order[:2], shuffled[:2]):
+        assert set(ours) == set(theirs) == {"fc1", "fc2"}
+        assert all(torch.equal(ours[name][order], theirs[name]) for name in ours)
+    assert watch.tables(x[:20]) is None  # steps on samples the guard was not given
