@@ -129,11 +129,13 @@ def determined_psnr(
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)
         found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
-    with torch.no_grad():
-        width = _features(net, module, x_all[:1]).shape[1]
+    width = None
     for index in indices:
         if index in found:
             continue
+        if width is None:
+            with torch.no_grad():
+                width = _features(net, module, x_all[:1]).shape[1]
         if width * x_all[0].numel() > MAX_JACOBIAN_VALUES:
             found[index] = IDENTICAL_PSNR
             notes.append(
