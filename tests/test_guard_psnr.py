@@ -366,6 +366,11 @@ class StridedCNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(torch.relu(self.conv(x)).flatten(1))))
 
 
+class ReshapedFirst(StridedCNN):
+    def forward(self, x):
+        return super().forward(x.reshape(len(x), 3, 12, 12))
+
+
 def test_the_first_convolutions_bound_is_the_projection_on_its_reached_placements():
     """A strided first convolution: the bound is the PSNR of the mean plus the deviation's projection on the filter
     placements whose outputs reach the features, formed here densely from the placements themselves; a padded
@@ -401,6 +406,10 @@ def test_the_first_convolutions_bound_is_the_projection_on_its_reached_placement
         assert dense <= bounds[n] <= dense + 0.05, (n, dense, bounds[n])
     padded = StridedCNN(padding=1).eval().requires_grad_(False)
     assert first_layer_bounds(padded, padded.fc2, x, mean, list(range(10))) == {}
+    # The same values in another layout (a 3x6x24 sample read as 3x12x12): the placements would be others'.
+    reshaped = ReshapedFirst().eval().requires_grad_(False)
+    wide = x.reshape(10, 3, 6, 24)
+    assert first_layer_bounds(reshaped, reshaped.fc2, wide, wide.double().mean(0).flatten(), list(range(10))) == {}
 
 
 @pytest.mark.parametrize("seed", [2, 3])

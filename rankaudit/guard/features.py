@@ -264,6 +264,8 @@ def _placement_bounds(
     size1, size2 = table.shape[2:]
     table = table.flatten()
     responses = nn.functional.conv2d(deviations.reshape(len(deviations), *shape), weight, stride=conv.stride)
+    if responses.shape != reached.shape:
+        return [None] * len(deviations)  # the layer reads the sample's values laid out in another shape
     bounds: list[float | None] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
