@@ -366,6 +366,11 @@ class StridedCNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(torch.relu(self.conv(x)).flatten(1))))
 
 
+class InPlaceFirst(StridedCNN):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(nn.functional.relu(self.conv(x), inplace=True).flatten(1))))
+
+
 class ReshapedFirst(StridedCNN):
     def forward(self, x):
         return super().forward(x.reshape(len(x), 3, 12, 12))
@@ -404,6 +409,9 @@ def test_the_first_convolutions_bound_is_the_projection_on_its_reached_placement
         spread = float(x[n].max() - x[n].min())
         dense = 10 * math.log10(spread**2 / (unknown / deviation.numel()))
         assert dense <= bounds[n] <= dense + 0.05, (n, dense, bounds[n])
+    in_place = InPlaceFirst().eval().requires_grad_(False)
+    in_place.load_state_dict(model.state_dict())  # a ReLU that changes the first layer's output in place
+    assert first_layer_bounds(in_place, in_place.fc2, x, mean, list(range(10))) == bounds
     padded = StridedCNN(padding=1).eval().requires_grad_(False)
     assert first_layer_bounds(padded, padded.fc2, x, mean, list(range(10))) == {}
     # The same values in another layout (a 3x6x24 sample read as 3x12x12): the placements would be others'.

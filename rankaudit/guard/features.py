@@ -161,7 +161,7 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
     def cut(mod, args, out):
         inputs.append(args[0])
         outputs.append(mod.forward(args[0].detach()).detach().requires_grad_(True))
-        return outputs[-1]
+        return outputs[-1].clone()  # not the leaf itself: the model may change its output in place (ReLU(inplace))
 
     generator = torch.Generator().manual_seed(0)
     hook = first.register_forward_hook(cut)
@@ -169,6 +169,8 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
         with torch.enable_grad():
             sample = x.detach().clone().requires_grad_(True)
             features = _features(net, module, sample)
+    except (RuntimeError, TypeError, ValueError):
+        return None  # a model the cut does not run through: no bound, the Jacobian decides
     finally:
         hook.remove()
     if len(inputs) != 1 or features is None or not inputs[0].requires_grad or inputs[0].numel() != sample.numel():
