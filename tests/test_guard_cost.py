@@ -7,12 +7,15 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 from torch import nn
 
 from rankaudit.guard import features
+from rankaudit.guard.measure import MeasuredInputs, live_judge, measure
 from rankaudit.guard.pairs import PARALLEL, candidate_pairs
 from rankaudit.guard.readout import LayerInputs, find_readouts
+from rankaudit.settings.guard_options import GuardSettings
 
 
 def pairs_by_definition(signals: torch.Tensor) -> set[tuple[int, int, int]]:
@@ -93,3 +96,81 @@ def test_a_re_read_of_an_update_forms_each_samples_jacobian_once(monkeypatch):
     first, again = ({(r.layer, tuple(r.units), r.sample): r.sample_psnr for r in found} for found in reads)
     assert first == again and any(layer == "fc2" and sample == 2 for layer, _, sample in first)
     assert len(formed) == len(set(formed)) == len({(layer, sample) for layer, _, sample in first if layer == "fc2"})
+    # The same through the guard's own path (what Guard.decide and its drop/noise re-reads call).
+    formed.clear()
+    measured, layer_inputs = measure(model, received, sent, x, y, GuardSettings())
+    view = MeasuredInputs(measured, received, x, judge=live_judge(layer_inputs))
+    reads = [view.find(received, sent, y, 30.0, check_features=True)[0] for _ in range(2)]
+    first, again = ({(r.layer, tuple(r.units), r.sample): r.sample_psnr for r in found} for found in reads)
+    assert first == again and formed and len(formed) == len(set(formed))
+
+
+class _Cube(torch.autograd.Function):
+    """x³ with its own backward, in the old style that vmap cannot batch."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * grad
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, custom: bool = False):
+        super().__init__()
+        self.custom = custom
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(4 * 3 * 3, 12)
+        self.fc2 = nn.Linear(12, 10)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = _Cube.apply(x) if self.custom else torch.relu(x)
+        h = torch.relu(self.fc1(self.pool(x).flatten(1)))
+        return self.fc2(h)
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["batched", "copies"])
+def test_a_features_jacobian_is_autograds_own_jacobian(custom):
+    """The rows the guard forms (batched vector-Jacobian products, or, for an operation vmap cannot batch, one
+    backward over copies of the sample) are torch.autograd.functional.jacobian's, the zero rows left out."""
+    torch.manual_seed(1)
+    net = SmallCNN(custom).eval().requires_grad_(False)
+    x = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(2))
+    for module in (net.fc1, net.fc2):
+        rows = features.jacobian(net, module, x)
+        full = torch.autograd.functional.jacobian(lambda one, at=module: features._features(net, at, one[None])[0], x)
+        full = full.reshape(len(full), -1)
+        nonzero = full[full.abs().sum(1) > 0]
+        assert len(nonzero) <= len(rows) <= len(full)
+        kept = [row for row in rows if bool(row.any())]
+        assert torch.allclose(torch.stack(kept), nonzero, rtol=1e-5, atol=1e-7)
+
+
+def test_the_watched_tables_are_the_same_in_the_trainings_order_or_any_other():
+    """Steps that run through the samples in order are matched by position, any other order by each sample's
+    bytes: the same tables, row for row."""
+    from rankaudit.guard.watch import Watch
+
+    generator = torch.Generator().manual_seed(4)
+    model = MLP()
+    x, y = torch.rand(24, 3, 4, 4, generator=generator), torch.randint(10, (24,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model) as watch:
+        for start in (0, 8, 16, 0, 8):  # an epoch and part of the next
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[start : start + 8]), y[start : start + 8]).backward()
+            optimizer.step()
+    in_order = watch.tables(x)
+    order = torch.randperm(24, generator=generator)
+    shuffled = watch.tables(x[order])
+    assert in_order is not None and shuffled is not None
+    for ours, theirs in zip(in_order[:2], shuffled[:2]):
+        assert set(ours) == set(theirs) == {"fc1", "fc2"}
+        assert all(torch.equal(ours[name][order], theirs[name]) for name in ours)
+    assert watch.tables(x[:20]) is None  # steps on samples the guard was not given

@@ -484,3 +484,58 @@ def test_the_mod_watches_the_training_it_checks(monkeypatch):
     _run(guarded, rounds=1, feature_action="block")
     assert len(covered) == 6 and all(found is not None for found in covered)
     assert all(reply.has_error() and reply.error.code == BLOCKED_CODE for reply in guarded.received)
+
+
+def _stop_processes_of(home: Path) -> None:
+    """End the processes `flwr run` left behind for this FLWR_HOME (its local SuperLink runs detached), found by
+    their environment; none elsewhere."""
+    import os
+    import signal
+
+    marker = f"FLWR_HOME={home}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+
+
+@pytest.mark.slow
+def test_flwr_run_simulates_the_example_app_on_ray(tmp_path):
+    """`flwr run . --stream` in the example's folder, Flower's own local SuperLink and Ray simulation (two
+    SuperNodes, two rounds), the environment's torch and rankaudit (no runtime environment built per run): one
+    guard line per client-round, every update sent, and FedAvg aggregates both clients in each round."""
+    import os
+    import shutil
+    import subprocess
+
+    pytest.importorskip("sklearn", reason="the example's data are scikit-learn's sample photos")
+    pytest.importorskip("ray", reason="Flower's simulation runs on Ray: pip install 'flwr[simulation]==1.41.*'")
+    bin_dir = str(Path(sys.executable).parent)
+    flwr_cli = shutil.which("flwr", path=bin_dir)
+    if flwr_cli is None or shutil.which("flower-superlink", path=bin_dir) is None:
+        pytest.skip("flwr's commands are not installed beside this Python")
+    app = tmp_path / "app"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "flwr-home"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    try:
+        done = subprocess.run(
+            [flwr_cli, "run", ".", "--stream"], cwd=app, env=env, capture_output=True, text=True, timeout=540
+        )
+    finally:
+        _stop_processes_of(home)
+    log = done.stdout + done.stderr
+    decisions = [json.loads(line.split("rankaudit guard: ", 1)[1]) for line in log.splitlines() if "guard: {" in line]
+    assert done.returncode == 0, log[-3000:]
+    assert sorted(d["round"] for d in decisions) == [1, 1, 2, 2], log[-3000:]
+    assert all(d["action"] == "send" and d["samples"] == 64 for d in decisions)
+    assert log.count("aggregate_train: Received 2 results and 0 failures") == 2

@@ -312,3 +312,127 @@ def test_honest_fedavg_rounds_on_photographs_are_sent(make, side):
             assert all(decision.psnr[sample] < THRESHOLD for sample in decision.feature_samples)
             states.append(state(net))
         model.load_state_dict({name: sum(s[name] for s in states) / len(states) for name in states[0]})
+
+
+class AroundTheFirstLayer(nn.Module):
+    """An MLP whose hidden layer also reads eight of the sample's values straight from the input."""
+
+    def __init__(self, inputs: int):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, 24)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        return self.fc2(torch.cat([torch.relu(self.fc1(flat)), flat[:, :8]], 1))
+
+
+class FlippedFirst(MLP):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.flatten(1).flip(1))))
+
+
+@pytest.mark.parametrize("seed, width", [(5, 48), (6, 96)])
+def test_the_first_linear_layers_bound_is_at_least_the_exact_figure(seed, width):
+    """A first Linear with fewer outputs than inputs bounds what the next layer's features determine, for every
+    sample, without their Jacobians: never under the exact figure (the bound errs only towards a block), and on
+    photographs under 30 dB. A path around the layer, or an input it reads rearranged, leaves no bound."""
+    from rankaudit.guard.features import determined_psnr, first_layer_bounds
+
+    torch.manual_seed(seed)
+    x = photo_crops(24, 8, seed=seed + 40)
+    mean = x.double().mean(0).flatten()
+    samples = list(range(0, 24, 3))
+    model = MLP(3 * 8 * 8, width).eval().requires_grad_(False)
+    bounds = first_layer_bounds(model, model.fc2, x, mean, samples)
+    exact, _ = determined_psnr(model, model.fc2, x, samples)
+    assert set(bounds) == set(samples)
+    assert all(bounds[n] >= exact[n] - 1e-6 for n in samples), (bounds, exact)
+    assert max(bounds.values()) < THRESHOLD
+    assert determined_psnr(model, model.fc2, x, samples, THRESHOLD)[0] == bounds
+    for other in (AroundTheFirstLayer(3 * 8 * 8), FlippedFirst(3 * 8 * 8, width)):
+        other = other.eval().requires_grad_(False)
+        assert first_layer_bounds(other, other.fc2, x, mean, samples) == {}
+
+
+class StridedCNN(nn.Module):
+    def __init__(self, padding: int = 0):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=padding)
+        self.fc1 = nn.Linear(4 * (5 + padding) ** 2, 16)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(torch.relu(self.conv(x)).flatten(1))))
+
+
+class InPlaceFirst(StridedCNN):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(nn.functional.relu(self.conv(x), inplace=True).flatten(1))))
+
+
+class ReshapedFirst(StridedCNN):
+    def forward(self, x):
+        return super().forward(x.reshape(len(x), 3, 12, 12))
+
+
+def test_the_first_convolutions_bound_is_the_projection_on_its_reached_placements():
+    """A strided first convolution: the bound is the PSNR of the mean plus the deviation's projection on the filter
+    placements whose outputs reach the features, formed here densely from the placements themselves; a padded
+    convolution leaves no bound (its border placements are cut)."""
+    from rankaudit.guard.features import _features, first_layer_bounds
+
+    torch.manual_seed(8)
+    model = StridedCNN().eval().requires_grad_(False)
+    x = photo_crops(10, 12, seed=48)
+    mean = x.double().mean(0).flatten()
+    bounds = first_layer_bounds(model, model.fc2, x, mean, list(range(10)))
+    assert set(bounds) == set(range(10))
+    for n in range(0, 10, 2):
+        sample = x[n : n + 1].clone().requires_grad_(True)
+        outputs: list[torch.Tensor] = []
+        hook = model.conv.register_forward_hook(lambda mod, args, out, into=outputs: into.append(out))
+        features = _features(model, model.fc2, sample)
+        hook.remove()
+        reached = torch.zeros(outputs[0].shape, dtype=torch.bool)
+        for mix in torch.randn((3, *features.shape), generator=torch.Generator().manual_seed(n)):
+            (grad,) = torch.autograd.grad((features * mix).sum(), outputs[0], retain_graph=True)
+            reached |= grad != 0
+        where = torch.nonzero(reached.flatten()).flatten()
+        picks = torch.zeros(len(where), reached.numel())
+        picks[torch.arange(len(where)), where] = 1
+        placements = nn.functional.conv_transpose2d(picks.reshape(-1, *reached.shape[1:]), model.conv.weight, stride=2)
+        placements = nn.functional.pad(placements, (0, 12 - placements.shape[-1], 0, 12 - placements.shape[-2]))
+        deviation = x[n].double().flatten() - mean
+        basis = torch.linalg.svd(placements.reshape(len(where), -1).double(), full_matrices=False)[2]
+        unknown = float(deviation @ deviation - ((basis @ deviation) ** 2).sum())
+        spread = float(x[n].max() - x[n].min())
+        dense = 10 * math.log10(spread**2 / (unknown / deviation.numel()))
+        assert dense <= bounds[n] <= dense + 0.05, (n, dense, bounds[n])
+    in_place = InPlaceFirst().eval().requires_grad_(False)
+    in_place.load_state_dict(model.state_dict())  # a ReLU that changes the first layer's output in place
+    assert first_layer_bounds(in_place, in_place.fc2, x, mean, list(range(10))) == bounds
+    padded = StridedCNN(padding=1).eval().requires_grad_(False)
+    assert first_layer_bounds(padded, padded.fc2, x, mean, list(range(10))) == {}
+    # The same values in another layout (a 3x6x24 sample read as 3x12x12): the placements would be others'.
+    reshaped = ReshapedFirst().eval().requires_grad_(False)
+    wide = x.reshape(10, 3, 6, 24)
+    assert first_layer_bounds(reshaped, reshaped.fc2, wide, wide.double().mean(0).flatten(), list(range(10))) == {}
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_the_quickstart_cnns_bound_is_at_least_the_exact_figure_and_under_the_threshold(seed):
+    """Flower's quickstart CNN at seeded initial weights, photo crops: the first convolution's bound on what fc1's
+    and fc2's features determine is never under the exact figure, and under 30 dB, so no Jacobian is formed."""
+    from rankaudit.guard.features import determined_psnr, first_layer_bounds
+
+    torch.manual_seed(seed)
+    model = QuickstartCNN().eval().requires_grad_(False)
+    x = photo_crops(40, 32, seed=seed + 60)
+    mean = x.double().mean(0).flatten()
+    samples = [0, 7, 19, 33]
+    for layer in (model.fc1, model.fc2):
+        bounds = first_layer_bounds(model, layer, x, mean, samples)
+        exact, _ = determined_psnr(model, layer, x, samples)
+        assert set(bounds) == set(samples)
+        assert all(exact[n] - 1e-6 <= bounds[n] < THRESHOLD for n in samples), (bounds, exact)

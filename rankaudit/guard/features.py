@@ -6,8 +6,8 @@ J = ∂h/∂x at x_s; the component of x_s − μ outside it (μ the batch's mea
 it with μ makes an error of exactly that size. The PSNR of μ + P_row(J)(x_s − μ) against x_s is the figure: at or
 above the guard's threshold the features are as good as the sample.
 
-J is formed by backward passes over a batch of copies of the sample, only for the samples whose features some
-readout read; when it would not fit in memory the sample counts as read and the note says so.
+J is formed, only for the samples whose features some readout read, from one forward pass to the layer and its
+vector-Jacobian products batched; when it would not fit in memory the sample counts as read and the note says so.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch import nn
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
-# Rows of J per backward pass: the sample is repeated this many times in one batch, copy k giving row k.
-ROWS_PER_PASS = 128
+# Rows of J per batched backward pass: 64 was the fastest of 32 to 256 on a CPU for Flower's quickstart CNN.
+ROWS_PER_PASS = 64
 # The most entries of J held at once (float32): 1 GB.
 MAX_JACOBIAN_VALUES = 1 << 28
 # An eigenvalue of J·Jᵀ counts in J's rank above this share of the largest (float32 rows are exact to about 1e-7,
@@ -29,58 +29,113 @@ MAX_JACOBIAN_VALUES = 1 << 28
 RANK_SHARE = 1e-12
 
 
-def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's (batch, d) input vectors for a batch ``x``."""
+class _Reached(Exception):
+    """Raised by the hook at the layer: what comes after it does not change its input, so it does not run."""
+
+
+def _layer_input(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's input for a batch ``x``, the forward pass stopped there."""
     seen = []
-    hook = module.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
+
+    def reached(mod, args):
+        seen.append(args[0])
+        raise _Reached
+
+    hook = module.register_forward_pre_hook(reached)
     try:
         net(x)
+    except _Reached:
+        pass
     finally:
         hook.remove()
-    return sample_vectors(module, seen[0])
+    if not seen:
+        raise RuntimeError("the layer did not run in the model's forward pass")
+    return seen[0]
+
+
+def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's (batch, d) input vectors for a batch ``x``."""
+    return sample_vectors(module, _layer_input(net, module, x))
+
+
+def _one_hots(chosen: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    picks = torch.zeros(len(chosen), width, dtype=dtype)
+    picks[torch.arange(len(chosen)), chosen] = 1
+    return picks
 
 
 def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The rows of ∂(the layer's input vector)/∂x at one sample x that can be non-zero, (rows, x.numel()): one
-    backward per ROWS_PER_PASS rows, over a batch of copies of x (eval mode: the copies do not see each other).
+    forward pass to the layer, then its vector-Jacobian products batched, ROWS_PER_PASS rows at a time.
     Features that are exactly zero (a ReLU off) are left out when one backward of a random mix of them gives an
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
-    with torch.no_grad():
-        values = _features(net, module, x[None])[0]
-    wanted = torch.arange(len(values))
-    silent = torch.nonzero(values == 0).flatten()
+    sample = x.detach()
+    try:
+        with torch.enable_grad():
+            values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
+        wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
+        if not len(wanted):
+            return torch.zeros(0, x.numel(), dtype=x.dtype)
+        rows = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)(_one_hots(wanted, len(values), values.dtype))[0]
+        return rows.reshape(len(wanted), -1)
+    except (RuntimeError, NotImplementedError):
+        # An operation vmap cannot batch (a custom autograd function, a data-dependent branch): the same rows,
+        # each batch of them from one backward over as many copies of the sample (eval mode: copies do not mix).
+        return _jacobian_by_copies(net, module, sample)
+
+
+def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
+    """The features whose rows can be non-zero: all, or only the non-zero ones when a random mix of the zero ones
+    has an exactly zero gradient."""
+    silent = values == 0
+    if bool(silent.any()):
+        mix = torch.randn(values.shape, generator=torch.Generator().manual_seed(0), dtype=values.dtype) * silent
+        grads = gradient_of(mix)
+        if grads is None or not bool(grads.any()):
+            return torch.nonzero(~silent).flatten()
+    return torch.arange(len(values))
+
+
+def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
-        if len(silent):
-            copy = x.detach()[None].clone().requires_grad_(True)
-            mix = torch.randn(len(silent), generator=torch.Generator().manual_seed(0), dtype=values.dtype)
-            (grads,) = torch.autograd.grad(
-                (_features(net, module, copy)[0, silent] * mix).sum(), copy, allow_unused=True
-            )
-            if grads is None or not bool(grads.any()):
-                wanted = torch.nonzero(values != 0).flatten()
+        copy = x[None].clone().requires_grad_(True)
+        values = _features(net, module, copy)[0]
+
+        def gradient_of(mix):
+            (grads,) = torch.autograd.grad((values * mix).sum(), copy, allow_unused=True, retain_graph=True)
+            return grads
+
+        wanted = _wanted_rows(values.detach(), gradient_of)
         rows = []
         for start in range(0, len(wanted), ROWS_PER_PASS):
             chosen = wanted[start : start + ROWS_PER_PASS]
-            copies = x.detach().expand(len(chosen), *x.shape).clone().requires_grad_(True)
+            copies = x.expand(len(chosen), *x.shape).clone().requires_grad_(True)
             h = _features(net, module, copies)
-            picked = h[torch.arange(len(chosen)), chosen].sum()
-            (grads,) = torch.autograd.grad(picked, copies, allow_unused=True)
+            (grads,) = torch.autograd.grad(h[torch.arange(len(chosen)), chosen].sum(), copies, allow_unused=True)
             rows.append(torch.zeros(len(chosen), x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
     return torch.cat(rows) if rows else torch.zeros(0, x.numel(), dtype=x.dtype)
 
 
 def determined_psnr(
-    net: nn.Module, module: nn.Module, samples: torch.Tensor, indices: list[int]
+    net: nn.Module, module: nn.Module, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
 ) -> tuple[dict[int, float], list[str]]:
     """({sample: PSNR of what the layer's features determine of it}, notes); ``net`` holds the received weights,
-    ``module`` is the layer whose input the features are."""
+    ``module`` is the layer whose input the features are. With ``min_psnr``, a sample whose upper bound
+    (first_layer_bounds) is under it gets the bound, and no Jacobian."""
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
     x_all = samples.detach().to(dtype)
     mean = x_all.to(torch.float64).mean(0).flatten()
     found, notes = {}, []
-    with torch.no_grad():
-        width = _features(net, module, x_all[:1]).shape[1]
+    if min_psnr is not None and indices:
+        bounds = first_layer_bounds(net, module, x_all, mean, indices)
+        found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
+    width = None
     for index in indices:
+        if index in found:
+            continue
+        if width is None:
+            with torch.no_grad():
+                width = _features(net, module, x_all[:1]).shape[1]
         if width * x_all[0].numel() > MAX_JACOBIAN_VALUES:
             found[index] = IDENTICAL_PSNR
             notes.append(
@@ -94,21 +149,188 @@ def determined_psnr(
     return found, notes
 
 
+def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """Which of ``first``'s outputs reach ``module``'s input, per sample of the batch ``x`` (bool, the outputs'
+    shape), when ``first`` reads the sample itself (its input's Jacobian in the sample is the identity) and every
+    path from the sample to ``module``'s input goes through it; None otherwise. Random mixes of the features,
+    backward: the gradient around ``first`` must be exactly zero, the one at its outputs is non-zero exactly where
+    an output reaches a feature (ReLU and max-pool zeros are exact; a random mix of non-zero entries is not zero),
+    and the gradient of a random mix of its input, taken in the sample, must be that mix."""
+    inputs, outputs = [], []
+
+    def cut(mod, args, out):
+        inputs.append(args[0])
+        outputs.append(mod.forward(args[0].detach()).detach().requires_grad_(True))
+        return outputs[-1].clone()  # not the leaf itself: the model may change its output in place (ReLU(inplace))
+
+    generator = torch.Generator().manual_seed(0)
+    hook = first.register_forward_hook(cut)
+    try:
+        with torch.enable_grad():
+            sample = x.detach().clone().requires_grad_(True)
+            features = _features(net, module, sample)
+    except (RuntimeError, TypeError, ValueError):
+        return None  # a model the cut does not run through: no bound, the Jacobian decides
+    finally:
+        hook.remove()
+    if len(inputs) != 1 or features is None or not inputs[0].requires_grad or inputs[0].numel() != sample.numel():
+        return None
+    reached = torch.zeros(outputs[0].shape, dtype=torch.bool)
+    with torch.enable_grad():
+        for _ in range(2 if features.requires_grad else 0):
+            mix = torch.randn(features.shape, generator=generator, dtype=features.dtype)
+            around, through = torch.autograd.grad(
+                (features * mix).sum(), [sample, outputs[0]], allow_unused=True, retain_graph=True
+            )
+            if around is not None and bool(around.any()):
+                return None
+            if through is not None:
+                reached |= through != 0
+        mix = torch.randn(inputs[0].shape, generator=generator, dtype=inputs[0].dtype)
+        (into,) = torch.autograd.grad((inputs[0] * mix).sum(), sample, allow_unused=True)
+    return reached if into is not None and bool(torch.equal(into.reshape(mix.shape), mix)) else None
+
+
+def first_layer_bounds(
+    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
+) -> dict[int, float]:
+    """{sample: an upper bound on the PSNR of what the layer's features determine of it}, without its Jacobian,
+    when a first layer reads the sample itself and every path from the sample to the features goes through it:
+    then J = (∂h/∂z)·A (z the first layer's output, A its weights as a linear map), so J's row space lies in the
+    span of A's rows whose outputs reach the features, and the part of x − μ in that span bounds the part in
+    J's. A Linear with fewer outputs than inputs: W's row space, one for every sample. A convolution without
+    padding: the filter placements that reach the features, per sample. {} when no such layer is found; a
+    sample whose bound cannot be formed is left out."""
+    size = x_all[0].numel()
+    chosen = x_all[indices]
+    xs = chosen.to(torch.float64).reshape(len(indices), -1)
+    for first in net.modules():
+        if first is module:
+            continue
+        if isinstance(first, nn.Linear) and first.in_features == size and first.out_features < size:
+            if _reached_outputs(net, module, first, chosen) is None:
+                continue
+            weight = first.weight.detach().to(torch.float64)
+            space = _row_space(weight)
+            return {} if space is None else dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
+        if _plain_convolution(first, x_all[0].shape):
+            reached = _reached_outputs(net, module, first, chosen)
+            if reached is None:
+                continue
+            bounds = _placement_bounds(first, reached, xs - mean, xs, x_all[0].shape)
+            return {index: bound for index, bound in zip(indices, bounds) if bound is not None}
+    return {}
+
+
+# The shift under the placements' unit-diagonal Gram matrix G: a Cholesky factor of G − SHIFT·I exists only when
+# every eigenvalue of G is above SHIFT, and then bᵀ(G − SHIFT·I)⁻¹b is at least bᵀG⁻¹b, the projection it bounds
+# (float64 rounding, about 1e-13 of G, is far under the shift). The quickstart CNN's placements have eigenvalues
+# of 0.06 to 1.7 on photographs; a shift of 1e-3 loosens the bound by a few percent of the projection at most.
+SHIFT = 1e-3
+
+
+def _plain_convolution(layer: nn.Module, shape: torch.Size) -> bool:
+    """A 2-D convolution over the whole sample without padding, dilation or groups: each output is the dot product
+    of a filter with one patch, so placements' overlaps are the filters' correlations."""
+    return (
+        isinstance(layer, nn.Conv2d)
+        and len(shape) == 3
+        and layer.in_channels == shape[0]
+        and layer.groups == 1
+        and tuple(layer.dilation) == (1, 1)
+        and (layer.padding == "valid" or tuple(layer.padding) == (0, 0))
+    )
+
+
+def _placement_bounds(
+    conv: nn.Conv2d, reached: torch.Tensor, deviations: torch.Tensor, xs: torch.Tensor, shape: torch.Size
+) -> list[float | None]:
+    """For each sample: an upper bound on the PSNR of the mean plus the deviation's part in the span of the
+    filter placements that reach the features (None when their Gram matrix is not safely positive definite, or
+    they are as many as the sample's values)."""
+    weight = conv.weight.detach().to(torch.float64)
+    channels, (k1, k2), (s1, s2) = len(weight), weight.shape[2:], conv.stride
+    norms = weight.flatten(1).norm(dim=1)
+    # The placements' correlations, each placement scaled to unit norm, laid out over every offset two output
+    # positions can have (zero where the filters do not overlap): entry [c, d, h1 + Δ1, h2 + Δ2] is placement
+    # (c, o) · placement (d, o + Δ / stride), so that one gather with an index that sums a term of each
+    # placement fills a sample's Gram matrix.
+    h1, h2 = max((reached.shape[2] - 1) * s1, k1 - 1), max((reached.shape[3] - 1) * s2, k2 - 1)
+    table = torch.zeros(channels, channels, 2 * h1 + 1, 2 * h2 + 1, dtype=torch.float64)
+    scale = torch.where(norms > 0, norms, 1.0)
+    correlation = (
+        nn.functional.conv2d(weight, weight, padding=(k1 - 1, k2 - 1))
+        / (scale[:, None] * scale[None, :])[:, :, None, None]
+    )
+    table[:, :, h1 - k1 + 1 : h1 + k1, h2 - k2 + 1 : h2 + k2] = correlation
+    size1, size2 = table.shape[2:]
+    table = table.flatten()
+    responses = nn.functional.conv2d(deviations.reshape(len(deviations), *shape), weight, stride=conv.stride)
+    if responses.shape != reached.shape:
+        return [None] * len(deviations)  # the layer reads the sample's values laid out in another shape
+    bounds: list[float | None] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for deviation, x, at, response in zip(deviations, xs, reached, responses):
+            channel, row, column = torch.nonzero(at & (norms > 0)[:, None, None], as_tuple=True)
+            if len(channel) >= deviation.numel():
+                bounds.append(None)
+                continue
+            # int32 indices (the table has far fewer than 2³¹ entries) gather twice as fast as int64.
+            first = (channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2).int()
+            second = (channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2).int()
+            gram = table.index_select(0, (first[:, None] + second[None, :]).flatten()).view(len(channel), -1)
+            gram.diagonal().sub_(SHIFT)
+            factor, info = torch.linalg.cholesky_ex(gram)
+            if int(info) != 0:
+                bounds.append(None)
+                continue
+            b = (response[channel, row, column] / norms[channel])[:, None]
+            seen = float((torch.linalg.solve_triangular(factor, b, upper=False) ** 2).sum()) if len(channel) else 0.0
+            bounds.append(_psnr_with_seen(deviation, x, seen))
+    finally:
+        torch.set_num_threads(threads)
+    return bounds
+
+
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
     """PSNR of μ + P_row(J)(x − μ) against x: the error is the part of the deviation outside J's row space,
     |P v|² = (Jv)ᵀ (J Jᵀ)⁺ (Jv)."""
-    if not bool(torch.isfinite(jacobian).all()):
+    space = _row_space(jacobian)
+    if space is None:
         return IDENTICAL_PSNR  # a Jacobian that cannot be read: assume the features determine the sample
+    return _psnr_outside(jacobian, *space, deviation[None], x[None])[0]
+
+
+def _row_space(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(eigenvectors, eigenvalues) of rows·rowsᵀ that count in the rows' rank; None when a row is not finite."""
+    gram = rows @ rows.T
+    # A row with an infinity or a NaN has one on the diagonal (the squares of float32 values cannot overflow).
+    if not bool(torch.isfinite(gram.diagonal()).all()):
+        return None
     # A few hundred rows gain nothing from LAPACK's threads, and lose seconds to them on shared cores.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        values, vectors = torch.linalg.eigh(jacobian @ jacobian.T)
+        values, vectors = torch.linalg.eigh(gram)
     finally:
         torch.set_num_threads(threads)
     kept = values > RANK_SHARE * values.max() if len(values) and values.max() > 0 else values > math.inf
-    projected = vectors[:, kept].T @ (jacobian @ deviation)
-    seen = float((projected**2 / values[kept]).sum())
+    return vectors[:, kept], values[kept]
+
+
+def _psnr_outside(
+    rows: torch.Tensor, vectors: torch.Tensor, values: torch.Tensor, deviations: torch.Tensor, xs: torch.Tensor
+) -> list[float]:
+    """For each (deviation, sample) row pair: the PSNR of the mean plus the deviation's part in the rows' row
+    space, against the sample."""
+    seen = ((vectors.T @ (rows @ deviations.T)) ** 2 / values[:, None]).sum(0)
+    return [_psnr_with_seen(deviation, x, part) for deviation, x, part in zip(deviations, xs, seen.tolist())]
+
+
+def _psnr_with_seen(deviation: torch.Tensor, x: torch.Tensor, seen: float) -> float:
+    """PSNR against x of the mean plus a part of the deviation whose squared norm is ``seen``."""
     unknown = max(float(deviation @ deviation) - seen, 0.0)
     spread = float(x.max() - x.min()) or 1.0
     mse = unknown / x.numel()

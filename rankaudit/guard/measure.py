@@ -128,7 +128,9 @@ def live_judge(inputs: LayerInputs):
     from rankaudit.guard.features import determined_psnr
 
     modules = dict(inputs.layers)
-    return lambda name, samples, indices: determined_psnr(inputs.net, modules[name], samples, indices)
+    return lambda name, samples, indices, min_psnr=None: determined_psnr(
+        inputs.net, modules[name], samples, indices, min_psnr
+    )
 
 
 class _View:
@@ -196,14 +198,22 @@ class MeasuredInputs:
                 _View(extra, own, {name: unit_table(later_signals, name) for name in extra}, {}, {}, None),
             )
 
-    def determined(self, name: str, samples: torch.Tensor, indices: list[int]) -> tuple[dict[int, float], list]:
+    def determined(
+        self, name: str, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
+    ) -> tuple[dict[int, float], list]:
         """What layer ``name``'s features determine of each sample: measured now (in the model's process), else
-        from the measurements; a sample they do not cover counts as read."""
+        from the measurements; a sample they do not cover counts as read. Each (layer, sample) is measured once
+        per decision: the figure depends on the received weights and the sample alone, so a re-read of an altered
+        update (drop, noise) reuses it."""
         if self.judge is not None:
-            figures, notes = self.judge(name, samples, indices)
-            self.measured.figures.setdefault(name, {}).update(figures)
-            self.measured.figure_notes.setdefault(name, []).extend(notes)
-            return figures, notes
+            known = self.measured.figures.setdefault(name, {})
+            new = [index for index in indices if index not in known]
+            notes = []
+            if new:
+                figures, notes = self.judge(name, samples, new, min_psnr)
+                known.update(figures)
+                self.measured.figure_notes.setdefault(name, []).extend(notes)
+            return {index: known[index] for index in indices}, notes
         known = self.measured.figures.get(name, {})
         missing = [index for index in indices if index not in known]
         notes = list(self.measured.figure_notes.get(name, []))

@@ -124,7 +124,9 @@ class LayerInputs:
             reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
         return found, signals, reads_input, why_not
 
-    def determined(self, name: str, samples: torch.Tensor, indices: list[int]) -> tuple[dict[int, float], list[str]]:
+    def determined(
+        self, name: str, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
+    ) -> tuple[dict[int, float], list[str]]:
         """What layer ``name``'s features determine of each of the samples ``indices`` (rankaudit.guard.features),
         each (layer, sample) measured once per decision."""
         from rankaudit.guard.features import determined_psnr
@@ -132,7 +134,7 @@ class LayerInputs:
         new = [index for index in indices if (name, index) not in self._figures]
         said: list[str] = []
         if new:
-            figures, said = determined_psnr(self.net, dict(self.layers)[name], samples, new)
+            figures, said = determined_psnr(self.net, dict(self.layers)[name], samples, new, min_psnr)
             self._figures.update({(name, index): figure for index, figure in figures.items()})
         return {index: self._figures[(name, index)] for index in indices}, said
 
@@ -298,7 +300,7 @@ def find_readouts(
                     best[key] = entry
             found = list(best.values())
         if found and not reads_input[name]:
-            figures, said = inputs.determined(name, samples, sorted({r.sample for r in found}))
+            figures, said = inputs.determined(name, samples, sorted({r.sample for r in found}), min_psnr)
             notes += [f"{name}: {line}" for line in said]
             for entry in found:
                 entry.sample_psnr = round(figures[entry.sample], 2)

@@ -67,16 +67,25 @@ class Watch:
         trained = [step for step in self.steps if step["signals"]]
         if not trained:
             return None
-        index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples.detach().cpu().contiguous())}
+        samples = samples.detach().cpu().contiguous()
+        index: dict[bytes, int] = {}
         vectors: dict[str, torch.Tensor] = {}
         signals: dict[str, torch.Tensor] = {}
         why_not: dict[str, str] = {}
         seen = torch.zeros(len(samples), dtype=torch.bool)
+        at = 0  # where the next step's batch starts when the steps run through the samples in order
         for step in trained:
-            rows = [index.get(row.numpy().tobytes()) for row in step["x"].cpu().to(samples.dtype).contiguous()]
-            if any(row is None for row in rows):
-                return None  # a step on samples the guard was not given
-            rows = torch.tensor(rows)
+            batch = step["x"].cpu().to(samples.dtype).contiguous()
+            if at + len(batch) <= len(samples) and torch.equal(batch, samples[at : at + len(batch)]):
+                rows = torch.arange(at, at + len(batch))
+            else:  # shuffled, or other samples: each row found by its bytes
+                if not index:
+                    index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples)}
+                found = [index.get(row.numpy().tobytes()) for row in batch]
+                if any(row is None for row in found):
+                    return None  # a step on samples the guard was not given
+                rows = torch.tensor(found)
+            at = (int(rows[-1]) + 1) % len(samples) if len(rows) else at
             first = ~seen[rows]
             for name, _ in self.layers:
                 calls = step["calls"].get(name, 0)
