@@ -2,9 +2,10 @@
 strategy, Flower's ClientApp with the rankaudit_guard mod watching the client's own training, the in-process grid of
 tests/test_guard_flower.py handing each message over as the simulation does. Four clients, each with its own photo
 crops (scikit-learn's sample photographs), five rounds, for three models: Flower's quickstart CNN, an MLP and a
-ResNet-style block. Every decision's log line is parsed: an update is sent, or the line names the readouts that
-read a sample, and each one is formed here from the update the client trained and must show its sample at 30 dB or
-more. FedAvg must receive updates, and the global model move, every round."""
+ResNet-style block (and the MLP once more on 16 crops per client, where honest updates do show photographs). Every
+decision's log line is parsed: an update is sent, or the line names the readouts that read a sample, and each one is
+formed here from the update the client trained and must show its sample at 30 dB or more. FedAvg must receive
+updates, and the global model move, every round."""
 
 from __future__ import annotations
 
@@ -28,8 +29,16 @@ from test_guard_psnr import MLP, THRESHOLD, QuickstartCNN, ResidualBlock, photo_
 
 from rankaudit.guard.flower import BLOCKED_CODE, rankaudit_guard  # noqa: E402
 
-ROUNDS, CLIENTS, CROPS, BATCH, LR = 5, 4, 64, 32, 0.01
-MODELS = {"cnn": (QuickstartCNN, 32), "mlp": (lambda: MLP(3 * 8 * 8, 64), 8), "res": (ResidualBlock, 16)}
+ROUNDS, CLIENTS, LR = 5, 4, 0.01
+# (model, crop side, crops per client, batch): the quickstart's 64 crops in batches of 32; and the MLP again on 16
+# crops in batches of 8, where honest fc1 units do isolate single photographs (about half its updates block), so
+# that the blocks' own readouts are formed and confirmed here.
+MODELS = {
+    "cnn": (QuickstartCNN, 32, 64, 32),
+    "mlp": (lambda: MLP(3 * 8 * 8, 64), 8, 64, 32),
+    "res": (ResidualBlock, 16, 64, 32),
+    "mlp-16-crops": (lambda: MLP(3 * 8 * 8, 64), 8, 16, 8),
+}
 
 # The readouts a block's reasons spell out (rankaudit.guard.decide): one unit's ratio, or two units combined.
 RATIO = re.compile(
@@ -42,9 +51,9 @@ PAIR = re.compile(
 FEATURES_SHOWN = re.compile(r"they show each sample at (?P<db>[\d.]+) dB at most")
 
 
-def partition(client: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+def partition(client: int, side: int, crops: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``client``'s own crops in [-1, 1], labelled by brightness decile (a task the models can learn)."""
-    x = photo_crops(CROPS, side, seed=1000 + client)
+    x = photo_crops(crops, side, seed=1000 + client)
     y = ((x.mean(dim=(1, 2, 3)) + 1) * 5).long().clamp(0, 9)
     return x, y
 
@@ -65,10 +74,10 @@ class Rounds(FedAvg):
         return arrays, metrics
 
 
-def apps(make, side: int, strategy: Rounds, initial: dict[str, torch.Tensor], updates: dict):
+def apps(make, side: int, crops: int, batch: int, strategy: Rounds, initial: dict[str, torch.Tensor], updates: dict):
     """(ServerApp, ClientApp): the quickstart's shape for model ``make``; the train handler keeps what each client
     received and trained ({(client, round): (received, trained)}), which the test reads blocked updates from."""
-    data = {client: partition(client, side) for client in range(CLIENTS)}
+    data = {client: partition(client, side, crops) for client in range(CLIENTS)}
     client_app = ClientApp(mods=[rankaudit_guard(make, lambda context: data[context.node_config["partition-id"]])])
 
     @client_app.train()
@@ -78,9 +87,9 @@ def apps(make, side: int, strategy: Rounds, initial: dict[str, torch.Tensor], up
         model.load_state_dict(received)
         x, y = data[context.node_config["partition-id"]]
         optimizer = torch.optim.SGD(model.parameters(), lr=msg.content["config"]["lr"], momentum=0.9)
-        for start in range(0, len(x), BATCH):
+        for start in range(0, len(x), batch):
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x[start : start + BATCH]), y[start : start + BATCH]).backward()
+            nn.functional.cross_entropy(model(x[start : start + batch]), y[start : start + batch]).backward()
             optimizer.step()
         trained = {name: value.detach().clone() for name, value in model.state_dict().items()}
         updates[(context.node_config["partition-id"], msg.content["config"]["server-round"])] = (received, trained)
@@ -163,7 +172,8 @@ def confirmed(line: dict, received: dict, trained: dict, x: torch.Tensor) -> dic
                 keep(sample, read_pair(*pair, scale))
     for sample in line["exact_samples"]:
         if sample not in shown:
-            for layer in line["layers"]:
+            # Only a layer that reads the input can show the sample itself: a hidden layer's readout stays unconfirmed.
+            for layer in [layer for layer in line["layers"] if trained[f"{layer}.weight"][0].numel() == x[0].numel()]:
                 shown[sample] = max(shown.get(sample, -math.inf), best_pair(received, trained, layer, x[sample]))
     return shown
 
@@ -171,11 +181,11 @@ def confirmed(line: dict, received: dict, trained: dict, x: torch.Tensor) -> dic
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_honest_fedavg_in_flower_blocks_only_what_the_server_reads(name, caplog):
-    make, side = MODELS[name]
+    make, side, crops, batch = MODELS[name]
     torch.manual_seed(0)
     initial = make().state_dict()
     strategy, updates = Rounds(), {}
-    server_app, client_app, data = apps(make, side, strategy, initial, updates)
+    server_app, client_app, data = apps(make, side, crops, batch, strategy, initial, updates)
     grid = InProcessGrid(client_app, nodes=CLIENTS)
     trained_order = []
     handler = grid.app
@@ -195,7 +205,7 @@ def test_honest_fedavg_in_flower_blocks_only_what_the_server_reads(name, caplog)
     assert len(decisions) == len(trained_order) == ROUNDS * CLIENTS
     blocked, feature_db = [], []
     for (client, round_number), line in zip(trained_order, decisions):
-        assert line["round"] == round_number and line["samples"] == CROPS
+        assert line["round"] == round_number and line["samples"] == crops
         feature_db += [float(m["db"]) for reason in line["reasons"] if (m := FEATURES_SHOWN.search(reason))]
         if line["action"] == "send":
             assert line["exact_samples"] == [], line
@@ -210,6 +220,8 @@ def test_honest_fedavg_in_flower_blocks_only_what_the_server_reads(name, caplog)
         )
         blocked.append((round_number, client, line["exact_samples"], min(shown[s] for s in line["exact_samples"])))
     assert all(db < THRESHOLD for db in feature_db)
+    if name == "mlp-16-crops":
+        assert blocked  # the case is here for its blocks, each confirmed above
 
     # Every round FedAvg received the sent updates (a block arrives as a failure) and the global model moved.
     before = initial
