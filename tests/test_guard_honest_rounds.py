@@ -75,8 +75,9 @@ class Rounds(FedAvg):
 
 
 def apps(make, side: int, crops: int, batch: int, strategy: Rounds, initial: dict[str, torch.Tensor], updates: dict):
-    """(ServerApp, ClientApp): the quickstart's shape for model ``make``; the train handler keeps what each client
-    received and trained ({(client, round): (received, trained)}), which the test reads blocked updates from."""
+    """(ServerApp, ClientApp, each client's (x, y)): the quickstart's shape for model ``make``; the train handler
+    keeps what each client received and trained ({(client, round): (received, trained)}), which the test reads
+    blocked updates from."""
     data = {client: partition(client, side, crops) for client in range(CLIENTS)}
     client_app = ClientApp(mods=[rankaudit_guard(make, lambda context: data[context.node_config["partition-id"]])])
 
