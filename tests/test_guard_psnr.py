@@ -284,7 +284,6 @@ class ResidualBlock(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-
 class AroundTheFirstLayer(nn.Module):
     """An MLP whose hidden layer also reads eight of the sample's values straight from the input."""
 
