@@ -406,3 +406,22 @@ def test_the_quickstart_cnns_bound_is_at_least_the_exact_figure_and_under_the_th
         exact, _ = determined_psnr(model, layer, x, samples)
         assert set(bounds) == set(samples)
         assert all(exact[n] - 1e-6 <= bounds[n] < THRESHOLD for n in samples), (bounds, exact)
+
+
+def test_an_ill_conditioned_first_layer_gives_no_bound():
+    """A first Linear with a direction of tiny singular value that the next layer amplifies (weights a server may
+    choose): that direction is in J's row space, so the first layer's bound must not drop it; it gives no bound and
+    the exact figure decides."""
+    from rankaudit.guard.features import determined_psnr, first_layer_bounds
+
+    torch.manual_seed(3)
+    x = photo_crops(12, 8, seed=71)
+    mean = x.double().mean(0).flatten()
+    model = MLP(3 * 8 * 8, 48).eval().requires_grad_(False)
+    u, _, v = torch.linalg.svd(model.fc1.weight.double(), full_matrices=False)
+    singular = torch.ones(48, dtype=torch.float64)
+    singular[0] = 1e-9
+    model.fc1.weight.copy_((u * singular) @ v)
+    assert first_layer_bounds(model, model.fc2, x, mean, [0, 1]) == {}
+    exact, _ = determined_psnr(model, model.fc2, x, [0, 1], THRESHOLD)
+    assert exact == determined_psnr(model, model.fc2, x, [0, 1])[0]

@@ -212,7 +212,11 @@ def first_layer_bounds(
                 continue
             weight = first.weight.detach().to(torch.float64)
             space = _row_space(weight)
-            return {} if space is None else dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
+            # Every direction of W's row space must count: one the rank cut-off dropped could be amplified by the
+            # layers after it (a server chooses them), and the bound would then be under the exact figure.
+            if space is None or len(space[1]) < min(weight.shape) or space[1].min() < WELL_CONDITIONED * space[1].max():
+                return {}
+            return dict(zip(indices, _psnr_outside(weight, *space, xs - mean, xs)))
         if _plain_convolution(first, x_all[0].shape):
             reached = _reached_outputs(net, module, first, chosen)
             if reached is None:
@@ -221,6 +225,10 @@ def first_layer_bounds(
             return {index: bound for index, bound in zip(indices, bounds) if bound is not None}
     return {}
 
+
+# The first Linear layer's bound is used only when W·Wᵀ's eigenvalues all lie within this share of the largest: its
+# eigenvectors are then exact to float64's rounding, and no direction of W's row space is lost to the rank cut-off.
+WELL_CONDITIONED = 1e-8
 
 # The shift under the placements' unit-diagonal Gram matrix G: a Cholesky factor of G − SHIFT·I exists only when
 # every eigenvalue of G is above SHIFT, and then bᵀ(G − SHIFT·I)⁻¹b is at least bᵀG⁻¹b, the projection it bounds
