@@ -205,7 +205,7 @@ def check(
             supervise.set_config_timeout(chosen.timeout)
             supervise.set_config_memory_limit(chosen.memory_limit)
             standins.set_configured(chosen.stand_ins)
-            from rankaudit.audit import as_layers, audit
+            from rankaudit.audit import audit
 
             result = audit(
                 spec,
@@ -242,8 +242,8 @@ def check(
                     dp=chosen.round.dp,
                     dp_candidates=dp_candidates,
                     defense_specs=tuple(defenses),
-                    shared_layers=as_layers(chosen.shared_layers, result),
-                    withheld_layers=as_layers(chosen.withheld_layers, result),
+                    shared_layers=chosen.shared_layers,
+                    withheld_layers=chosen.withheld_layers,
                     rank_precision=rank_precision,
                     rank_method=rank_method,
                     rank_budget=options.get("rank_budget"),

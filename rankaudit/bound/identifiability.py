@@ -58,14 +58,30 @@ def shared_predicate(
     shared_layers: list[str] | None, withheld_layers: list[str] | None
 ) -> Callable[[GradientSource], bool]:
     """Which gradients are sent: all by default; with --shared-layers only those layers'; with
-    --withheld-layers everything else, directly used parameters (class token, norms) included."""
+    --withheld-layers everything else, directly used parameters (class token, norms) included.
+
+    A name is a layer, a module above parameters (`bn1`, `head`) or one parameter (`fc1.bias`): it covers every
+    parameter under it. One gradient vertex is withheld only when every parameter it sums is covered, and sent
+    under --shared-layers when any is: a layer whose weight stays local but whose bias is sent still shows its
+    gradient, so the bound never counts less than the server reads."""
     if shared_layers:
         names = set(shared_layers)
-        return lambda source: source.owner in names or source.name in names
+        return lambda source: source.name in names or any(covers(p, names) for p in _parameters_of(source))
     if withheld_layers:
         names = set(withheld_layers)
-        return lambda source: source.owner not in names and source.name not in names
+        return lambda source: source.name not in names and not all(
+            covers(p, names) for p in _parameters_of(source)
+        )
     return lambda source: True
+
+
+def _parameters_of(source: GradientSource) -> tuple[str, ...]:
+    return source.parameters or (source.name,)
+
+
+def covers(parameter: str, names: set[str] | list[str]) -> bool:
+    """Whether a name stands for this parameter: the parameter itself or a module it sits under."""
+    return parameter in names or any(parameter.startswith(name + ".") for name in names)
 
 
 class FlowNetwork:
