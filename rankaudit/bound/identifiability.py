@@ -69,9 +69,7 @@ def shared_predicate(
         return lambda source: source.name in names or any(covers(p, names) for p in _parameters_of(source))
     if withheld_layers:
         names = set(withheld_layers)
-        return lambda source: source.name not in names and not all(
-            covers(p, names) for p in _parameters_of(source)
-        )
+        return lambda source: source.name not in names and not all(covers(p, names) for p in _parameters_of(source))
     return lambda source: True
 
 
