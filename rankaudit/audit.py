@@ -39,9 +39,14 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     if not given:
         return None
     parameters = model_parameters(traced)
-    # A module without parameters (an affine-free norm, an activation) is a name of the model too: it sends nothing.
+    # A module without parameters (an affine-free norm, an activation) is a name of the model too, and so is a
+    # buffer's state-dict key (`bn1.running_mean`, listed by an ExcludeVars): neither is counted as sent.
     modules = [traced.record(n).name.split("#")[0] for n in traced.order]
-    unknown = [name for name in given if not any(covers(known, [name]) for known in parameters + modules)]
+    unknown = [
+        name
+        for name in given
+        if not any(covers(known, [name]) for known in parameters + modules) and name.rpartition(".")[0] not in modules
+    ]
     if unknown:
         norms = [traced.record(n).name for n in traced.order if traced.record(n).family == "norm"]
         shown = list(layers) + [norm for norm in norms if norm not in layers]

@@ -83,7 +83,9 @@ def shared_parameter_names(
     def owned_by(parameter: str, layer: str) -> bool:
         return parameter == layer or parameter.startswith(layer + ".")
 
-    unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable)]
+    # A module or buffer that holds no trainable parameter (an affine-free norm, `bn1.running_mean`) sends nothing.
+    known = [name for name, _ in model.named_modules() if name] + [name for name, _ in model.named_buffers()]
+    unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable) and layer not in known]
     if unmatched:
         raise UsageError(
             f"no trainable parameter belongs to {', '.join(unmatched)} in the model with real weights",
