@@ -194,6 +194,9 @@ def _model(
         config,
         whole=job is not None or client is not None,
     )
+    if all(None in made.positional or None in made.arguments.values() for made in chosen):
+        # Nothing built with what it is given read (a factory handed the config): the key naming the model decides.
+        model_code.refuse_unmatched_model_name(directory, config, files, [s.rsplit(":", 1)[1] for s in callables])
     if len(chosen) == 1:
         made = chosen[0]
         matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
@@ -220,20 +223,13 @@ def _model(
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
 
 
-# Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).
-_MODEL_NAME_KEYS = ("model-name", "model_name", "model-type", "model_type", "model")
-
-
 def _config_model_name(directory: Path, config, files: list[Path]):
     """The model a config key names (`model-name = "cnncifar10"`, picked through a model manager in code): the
     one nn.Module class of the app's code whose name is that value, letter case and `-`/`_` aside; None unless
     exactly one class (identical copies aside) is named so."""
 
-    def plain(text: str) -> str:
-        return text.lower().replace("-", "").replace("_", "")
-
     for key, (value, source) in config.items():
-        if key.rsplit(".", 1)[-1] not in _MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
+        if key.rsplit(".", 1)[-1] not in model_code.MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
             continue
         named, seen = [], set()
         for path in files:
@@ -245,7 +241,9 @@ def _config_model_name(directory: Path, config, files: list[Path]):
             if text in seen:
                 continue
             seen.add(text)
-            named += [f"{path}:{name}" for name in classes if plain(name) == plain(value)]
+            named += [
+                f"{path}:{name}" for name in classes if model_code.plain_name(name) == model_code.plain_name(value)
+            ]
         if len(named) == 1:
             name = named[0].rsplit(":", 1)[1]
             made = model_code.Instantiation(name, {}, f"{source} {key} = {value!r}")
