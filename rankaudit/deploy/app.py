@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankaudit.deploy import flower, model_checks, model_code, nvflare, static, yamlconf
+from rankaudit.deploy import flower, model_checks, model_code, nvflare, per_client, static, yamlconf
 from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
@@ -92,6 +92,9 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     model_checks.pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
     sources.notes.extend(model_checks.outside_forward_notes(directory, model, files))
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
+    stated = {*(settings.model_args or {}), *(text.partition("=")[0].strip() for text in overrides.model_args)}
+    instantiated, per_client_notes = per_client.deepest(directory, files, config, instantiated, stated)
+    sources.notes.extend(per_client_notes)
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
     found, mechanisms = static.read_code(
