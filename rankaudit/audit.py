@@ -40,7 +40,8 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
         return None
     parameters = model_parameters(traced)
     # A module without parameters (an affine-free norm, an activation) is a name of the model too, and so is a
-    # buffer's state-dict key (`bn1.running_mean`, listed by an ExcludeVars): neither is counted as sent.
+    # buffer's state-dict key (`bn1.running_mean`, listed by an ExcludeVars): a running statistic named so is kept
+    # back (the bound counts those a BatchNorm in training mode sends), a module sends no gradient of its own.
     modules = [traced.record(n).name.split("#")[0] for n in traced.order]
     unknown = [
         name

@@ -64,8 +64,9 @@ def test_a_withheld_norm_lowers_the_bound_and_the_measured_rank_stays_under_it(n
     sent, norm_kept = bound(["conv1"]), bound(["conv1", "bn1"])
     # Withholding only lowers the bound; a norm's scale alone leaves its shift sent, between the two.
     assert norm_kept < sent and norm_kept <= bound(["conv1", "bn1.weight"]) <= sent
-    # Running statistics are no gradient: naming one withholds nothing, and stays judged as it was.
-    assert bound(["conv1", "bn1.running_mean"]) == sent
+    # A running statistic the client sends moves with the batch's mean of the norm's input (4 channels): kept back
+    # by name, those 4 values leave the bound.
+    assert bound(["conv1", "bn1.running_mean"]) == sent - 4
     measured_sent = _measured(norm_first, ["conv1"])
     assert measured_sent <= sent
     # The CLI's exact check takes the same withheld set: the norm's parameters are not among those it measures.
@@ -113,7 +114,7 @@ def test_fedbn_app_judges_its_local_norms_as_withheld(run_cli, monkeypatch):
     sent = json.loads(out)
     code, out, err = run_cli(model, *flags, "--withheld-layers", "bn1,bn2")
     by_hand = json.loads(out)
-    norms = 2 * (4 + 16)  # bn1's and bn2's scale and shift
+    norms = 4 * (4 + 16)  # bn1's and bn2's scale and shift, running mean and running variance
     assert (
         read["identifiability"]["round"]["update_values"] == sent["identifiability"]["round"]["update_values"] - norms
     )
