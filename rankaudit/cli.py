@@ -489,9 +489,9 @@ def compare_command(
         design_round,
         fisher_at_one_sigma,
         refuse_model_arguments,
-        sent_layers,
     )
     from rankaudit.settings.model_spec import check_path
+    from rankaudit.settings.run import sent_layers
 
     for spec in (first, second):
         check_path(spec, "model or app")

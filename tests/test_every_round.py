@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit.bound.identifiability import batch_statistics, sample_identifiability
+from rankaudit.bound.identifiability import sample_identifiability
+from rankaudit.bound.statistics import batch_statistics
 from rankaudit.count.calls import trace_and_count
 from rankaudit.settings.round import Round, build_round
 
