@@ -1,5 +1,5 @@
-"""--verify dp attacks what the client sends: with layers withheld, the candidates' clipped gradients hold only the
-sent parameters' entries, as the server reads them."""
+"""The attacks read what the client sends: with layers withheld, --verify dp's candidates' clipped gradients hold
+only the sent parameters' entries, and the FedAvg inversion of a round fits the sent part of the update."""
 
 from __future__ import annotations
 
@@ -69,3 +69,16 @@ def test_verify_dp_attacks_only_the_layers_sent(run_cli, small_cnn):
     whole = json.loads(out)["verification"]["dp"]
     assert whole["shared_parameters"] is None
     assert any(note.startswith(f"gradient size {FC_VALUES + 4 * 3 * 9 + 4:,};") for note in whole["notes"])
+
+
+def test_the_round_inversion_fits_the_update_the_client_sends(run_cli, small_cnn, monkeypatch):
+    from rankaudit.verify.attacks import fedavg
+
+    fitted = []
+    real = fedavg.invert_round
+    monkeypatch.setattr(fedavg, "invert_round", lambda *a, **k: fitted.append(k["shared"]) or real(*a, **k))
+    given = ("--verify", "rgap", "--steps", "3", "--local-samples", "2", "--format", "json", "--fail-on", "never")
+    code, out, err = run_cli(small_cnn, *given, "--withheld-layers", "conv")
+    attack = json.loads(out)["verification"]["rgap"]
+    assert fitted == [["fc.weight", "fc.bias"]], err
+    assert "the update fitted is the part the client sends: 2 parameter tensors" in attack["notes"]
