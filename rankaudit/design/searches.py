@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from rankaudit.bound.energy import EnergyScale
 from rankaudit.bound.identifiability import (
+    FlowNetwork,
     covers,
-    gradient_sources,
     identifiability,
     sample_identifiability,
     sample_unknowns,
@@ -71,7 +71,7 @@ def smallest_protected_batch(
     largest = energy.whole_protected_rank()
     if largest <= 0:
         return None
-    capacity = _sent_capacity(traced, sent or {}) + sum(e.vocab_size * e.dim for e in traced.token_embeddings)
+    capacity = _sent_capacity(traced, sent or {})
     # The batch's certified share approaches the mean share from below as samples add up: at twice the batch where
     # the mean share is protected, the certificate is too (checked, not assumed).
     low, high = start, max(start + 1, int(2 * capacity / largest) + 1)
@@ -81,9 +81,10 @@ def smallest_protected_batch(
 
 
 def _sent_capacity(traced: TracedModel, sent: dict) -> int:
-    """The entries of every gradient sent: past B·|x| of it, the batch's deficit is certain."""
+    """The values the server reads (every gradient sent, token tables and running statistics included, each tied
+    parameter once): past B·|x| of them, the batch's deficit is certain."""
     is_sent = shared_predicate(sent.get("shared_layers"), sent.get("withheld_layers"))
-    return sum(source.numel for n in traced.order for source in gradient_sources(traced.record(n)) if is_sent(source))
+    return FlowNetwork(traced, 1, is_sent).gradient_values()
 
 
 def first_true(holds: Callable[[int], bool], low: int, high: int) -> int:
