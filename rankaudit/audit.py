@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from rankaudit.bound.energy import ReferenceDataError
-from rankaudit.bound.identifiability import round_identifiability
+from rankaudit.bound.identifiability import GradientSource, covers, round_identifiability, shared_predicate
 from rankaudit.count.analysis import analyze
 from rankaudit.count.calls import trace_and_count
 from rankaudit.count.op_counting import Role
@@ -21,58 +21,54 @@ from rankaudit.settings.round import Round, validate_round
 
 
 def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
-    """Which layers' gradients the client sends; None: all of them."""
+    """Which layers with weights (and token embeddings) send a gradient; None: all of them. A name may be a layer,
+    a normalisation, any module above parameters or one parameter (a state-dict key such as `fc1.weight`); a layer
+    counts as withheld only when every parameter it reads is (shared_predicate)."""
     if shared_layers and withheld_layers:
         raise UsageError(
             "both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones"
         )
-    names = [
-        traced.record(n).name
+    given = shared_layers or withheld_layers
+    layers = {
+        traced.record(n).name: [name for name, _ in traced.record(n).direct_params]
         for n in traced.order
         if traced.record(n).counting.role is Role.LAYER and traced.record(n).counting.weights
+    }
+    # The token embedding's table is a gradient too.
+    layers.update({embedding.name: [embedding.weight] for embedding in traced.token_embeddings})
+    if not given:
+        return None
+    parameters = model_parameters(traced)
+    # A module without parameters (an affine-free norm, an activation) is a name of the model too, and so is a
+    # buffer's state-dict key (`bn1.running_mean`, listed by an ExcludeVars): a running statistic named so is kept
+    # back (the bound counts those a BatchNorm in training mode sends), a module sends no gradient of its own.
+    modules = [traced.record(n).name.split("#")[0] for n in traced.order]
+    unknown = [
+        name
+        for name in given
+        if not any(covers(known, [name]) for known in parameters + modules) and name.rpartition(".")[0] not in modules
     ]
-    names += [embedding.name for embedding in traced.token_embeddings]  # the token embedding's table is shared too
-    # State-dict keys (`fc1.weight`, `fc1.bias`: NVFlare's ExcludeVars, say) name their layer.
-    named = list(
-        dict.fromkeys(layer for name in (shared_layers or withheld_layers or []) for layer in layers_under(name, names))
-    )
-    unknown = [name for name in named if name not in names]
     if unknown:
+        norms = [traced.record(n).name for n in traced.order if traced.record(n).family == "norm"]
+        shown = list(layers) + [norm for norm in norms if norm not in layers]
         raise UsageError(
-            f"no parametric layer named {', '.join(unknown)} (layers: {', '.join(names)})",
-            "use the layer names shown in the table, e.g. " + ",".join(names[:2]),
+            f"no layer, module or parameter named {', '.join(unknown)} (layers: {', '.join(shown)})",
+            "use the layer names shown in the table or the model's parameter names, e.g. "
+            + ",".join((shown or parameters)[:2]),
         )
-    if shared_layers:
-        return set(named)
-    if withheld_layers:
-        return set(names) - set(named)
-    return None
+    is_sent = shared_predicate(shared_layers, withheld_layers)
+    return {
+        layer
+        for layer, names in layers.items()
+        if is_sent(GradientSource(layer.split("#")[0], 0, layer, True, tuple(names)))
+    }
 
 
-def layer_of(name: str, layers: list[str]) -> str:
-    """A layer name as given, or the layer a state-dict key belongs to (`fc1.weight` -> `fc1`)."""
-    if name in layers:
-        return name
-    head, _, tail = name.rpartition(".")
-    return head if head in layers and tail in ("weight", "bias") else name
-
-
-def layers_under(name: str, layers: list[str]) -> list[str]:
-    """The layers a name stands for: the layer itself, a state-dict key's layer, or every layer inside a submodule
-    (`head` -> `head.0`: FedRep's head, kept on the client whole)."""
-    single = layer_of(name, layers)
-    if single in layers:
-        return [single]
-    return [layer for layer in layers if layer.startswith(name + ".")] or [name]
-
-
-def layer_names(names: list[str] | None, traced) -> list[str] | None:
-    """Layer names with state-dict keys and submodules mapped to their layers, for whoever else reads
-    --shared/--withheld-layers."""
-    if not names:
-        return names
-    layers = [traced.record(n).name for n in traced.order]
-    return list(dict.fromkeys(layer for name in names for layer in layers_under(name, layers)))
+def model_parameters(traced) -> list[str]:
+    """The qualified names of the parameters the traced calls read (trainable or frozen), and the token tables."""
+    found = [name for n in traced.order for name, _ in traced.record(n).direct_params]
+    found += [embedding.weight for embedding in traced.token_embeddings]
+    return list(dict.fromkeys(found))
 
 
 def load_and_trace(spec: str, input_shape, *, input_dtype=None, model_args: dict | None = None):
@@ -141,7 +137,6 @@ def audit(
             "give a number between 0 and 1, e.g. --max-recoverable 0.5",
         )
     shared = _shared_set(traced, shared_layers, withheld_layers)
-    shared_layers, withheld_layers = layer_names(shared_layers, traced), layer_names(withheld_layers, traced)
     result.round = round_ if round_ is not None else Round(batch_size=batch_size)
     result.identifiability = round_identifiability(
         traced,
@@ -169,9 +164,3 @@ def audit(
         policy.apply_dp(result, result.round.dp)
     result.seconds = time.perf_counter() - started
     return result
-
-
-def as_layers(names: list[str] | None, result) -> list[str] | None:
-    """State-dict keys (`fc1.weight`) as the layer names the verifiers match (`fc1`)."""
-    layers = [row.name for row in result.layers]
-    return [layer_of(name, layers) for name in names] if names else names

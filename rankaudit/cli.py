@@ -205,7 +205,7 @@ def check(
             supervise.set_config_timeout(chosen.timeout)
             supervise.set_config_memory_limit(chosen.memory_limit)
             standins.set_configured(chosen.stand_ins)
-            from rankaudit.audit import as_layers, audit
+            from rankaudit.audit import audit
 
             result = audit(
                 spec,
@@ -243,8 +243,8 @@ def check(
                     dp=chosen.round.dp,
                     dp_candidates=dp_candidates,
                     defense_specs=tuple(defenses),
-                    shared_layers=as_layers(chosen.shared_layers, result),
-                    withheld_layers=as_layers(chosen.withheld_layers, result),
+                    shared_layers=chosen.shared_layers,
+                    withheld_layers=chosen.withheld_layers,
                     rank_precision=rank_precision,
                     rank_method=rank_method,
                     rank_budget=options.get("rank_budget"),
@@ -385,7 +385,7 @@ def suggest_command(
         data=data,
         exposed_below=exposed_below,
         certificate_quantile=certificate_quantile,
-        model_args=reading.model_args,
+        **reading.built_and_sent(settings),
     )
     from rankaudit.design.suggest import suggest  # torch loads here, once the arguments and settings are checked
     from rankaudit.report import design
@@ -491,6 +491,7 @@ def compare_command(
         refuse_model_arguments,
     )
     from rankaudit.settings.model_spec import check_path
+    from rankaudit.settings.run import sent_layers
 
     for spec in (first, second):
         check_path(spec, "model or app")
@@ -506,7 +507,7 @@ def compare_command(
     from rankaudit.audit import audit
     from rankaudit.report import design
 
-    results, rounds, targets = [], [], []
+    results, rounds, targets, sent = [], [], [], []
     for spec, deployment, settings in designs:
         supervise.set_config_timeout(settings.timeout)
         supervise.set_config_memory_limit(settings.memory_limit)
@@ -524,24 +525,23 @@ def compare_command(
         rounds.append(round_)
         targets.append(settings.in_force("psnr_target", psnr_target, psnr_given))
         arguments = deployment.model_args if deployment is not None else settings.model_args
-        withheld = settings.withheld_layers or (deployment.withheld_layers if deployment is not None else None)
+        sent.append(sent_layers(settings.shared_layers, settings.withheld_layers, deployment))  # as `check` reads it
         results.append(
             audit(
                 spec,
                 **chosen,
                 round_=round_,
                 data=data,
-                shared_layers=settings.shared_layers,
-                withheld_layers=None if settings.shared_layers else withheld,
+                **sent[-1],
                 model_args=dict(arguments) if arguments else None,
             )
         )
     if fisher_at_one_sigma(rounds, bool(dp_values(options, None))):
         from rankaudit.design.fisher_review import compare_lines
 
-        for result, (spec, deployment, _), round_, target in zip(results, designs, rounds, targets):
+        for result, (spec, deployment, _), round_, target, layers in zip(results, designs, rounds, targets, sent):
             refuse_model_arguments(spec, deployment.model_args if deployment else None, "compare's Fisher line")
-            compare_lines([result], [spec], round_.dp, target, data)
+            compare_lines([result], [spec], round_.dp, target, data, layers)
     text = (
         design.render_json(design.compare_dict(*results)) if output_format == "json" else design.compare_table(*results)
     )

@@ -165,6 +165,9 @@ class SampleBound:
     batch_statistics: list[str] = field(default_factory=list)
     covers: str = ""  # what this bound covers, in sentences: the server rounds, the BatchNorm mode (report text)
     expected_hidden_energy: float | None = None  # the mean hidden share (see certified_hidden_energy above)
+    # The running statistics (state-dict keys) counted as sent: a BatchNorm in training mode moves them by each
+    # batch's mean and variance of its input, and a client sending its state_dict sends them.
+    running_statistics: list[str] = field(default_factory=list)
 
 
 @dataclass

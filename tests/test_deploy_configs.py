@@ -121,13 +121,15 @@ def test_fedbn_local_batchnorm_is_named_and_a_local_weighted_layer_withheld(tmp_
     deployment = read_deployment(app, APP_GIVEN)
     rows = setting_rows(deployment)
     filtered = line_of(client, "not in key")
-    # BatchNorm's scale and shift are parameters its op uses directly, not a layer withheld-layers can take out:
-    # named, and judged as sent.
-    assert deployment.withheld_layers is None
+    # BatchNorm's scale and shift stay on the client: withheld, with the line that leaves them out.
+    assert deployment.withheld_layers == ["bn1", "bn2"]
+    assert rows["withheld-layers"] == (
+        "bn1,bn2",
+        f"fedbn_app/client.py:{filtered} (LocalNormClient.get_parameters sends no key holding 'bn')",
+    )
     assert (
         f"LocalNormClient.get_parameters at fedbn_app/client.py:{filtered} keeps the normalisation layers bn1, bn2 "
-        "on the client (FedBN); their scale and shift are judged as sent, the stronger case for the attacker "
-        "(withheld-layers takes layers with weights only)"
+        "on the client (FedBN): their scale and shift are left out of what is judged as sent"
     ) in deployment.notes
     assert rows["lr"] == ("0.03", "fedbn_app/conf/client/localnorm.yaml:4 client.lr")
     assert rows["batch-size"] == ("20", f"fedbn_app/conf/base.yaml:{line_of(base, 'batch_size')} dataset.batch_size")

@@ -233,6 +233,48 @@ def test_hydra_model_name_mapped_to_a_class_in_code_picks_that_class_with_its_ar
     assert f"MLP ('mlp') or CNN ('cnn'), looked up by `cfg.model_name` at main.py:{built}" in str(raised.value)
 
 
+def test_a_model_name_no_branch_or_entry_takes_stops_naming_the_ones_that_do(run_cli, tmp_path):
+    app = tmp_path / "unmatched"
+    shutil.copytree(APPS / "hydra_model_name", app)
+    main, config = app / "main.py", app / "conf" / "base.yaml"
+    config.write_text(config.read_text().replace("model_name: cnn", "model_name: resnet18"))
+    code, out, err = run_cli(str(app), "--input-shape", "3,8,8", "--local-samples", "24")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    mlp, cnn = line_of(main, '== "mlp"'), line_of(main, '== "cnn"')
+    assert (
+        f"model_name = 'resnet18' at conf/base.yaml:{line_of(config, 'model_name')} names no model the app builds: "
+        f"its code takes 'mlp' (main.py:{mlp}), 'cnn' (main.py:{cnn})"
+    ) in err
+    assert "could not build" not in err and "set model_name to one of them" in err
+    # A registry dict looked up by the key: its entries are the names that match, at the lookup's line.
+    code_text = main.read_text()
+    factory = code_text[code_text.index("def get_model(cfg):") : code_text.index("class FlowerClient")]
+    main.write_text(
+        code_text.replace(factory, 'MODELS = {"mlp": MLP, "cnn": CNN}\n\n\n').replace(
+            "get_model(cfg)", "MODELS[cfg.model_name](num_classes=cfg.num_classes)"
+        )
+    )
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app, APP_GIVEN)
+    looked_up = line_of(main, "MODELS[cfg.model_name](")
+    assert f"its code takes 'mlp' (main.py:{looked_up}), 'cnn' (main.py:{looked_up})" in str(raised.value)
+    # A `match` on the key with a default case builds that default: no stop, the default's class is the model.
+    main.write_text(
+        code_text.replace(
+            factory,
+            "def get_model(cfg):\n"
+            "    match cfg.model_name:\n"
+            '        case "mlp":\n'
+            "            return MLP(num_classes=cfg.num_classes)\n"
+            "        case _:\n"
+            "            return CNN(num_classes=cfg.num_classes)\n\n\n",
+        )
+    )
+    assert setting_rows(read_deployment(app, APP_GIVEN))["model"][0] == "models.py:CNN"
+    config.write_text(config.read_text().replace("model_name: resnet18", "model_name: mlp"))
+    assert setting_rows(read_deployment(app, APP_GIVEN))["model"][0] == "models.py:MLP"
+
+
 def test_missing_data_imports_get_stand_ins_and_are_named(run_cli, monkeypatch):
     monkeypatch.chdir(APPS / "datasets_imports")
     code, out, err = run_cli(".", "--format", "json")

@@ -364,6 +364,40 @@ def test_depthfl_clients_per_round_from_min_fit_clients_computed_in_code_and_the
     assert deployment.model_args == {"n_blocks": 4, "num_classes": 100}
 
 
+def test_depthfl_per_client_depth_is_read_as_the_deepest_client(tmp_path):
+    app = tmp_path / "depthfl"
+    shutil.copytree(APPS / "depthfl", app)
+    main, config = app / "depthfl" / "main.py", app / "depthfl" / "conf" / "config.yaml"
+    # The config's node says 2 blocks, but every client's copy is set in code: a quarter at each of 1 to 4.
+    config.write_text(config.read_text().replace("n_blocks: 4", "n_blocks: 2"))
+    given = Overrides(round={"local_samples": 500}, input_shape_given=True)
+    deployment = read_deployment(app, given)
+    line = line_of(main, "model.n_blocks =")
+    assert deployment.model_args == {"n_blocks": 4, "num_classes": 100}
+    assert setting_rows(deployment)["model-arg n_blocks"] == (
+        "4",
+        f"depthfl/main.py:{line} (the largest of `i // (cfg.num_clients // 4) + 1` over the clients)",
+    )
+    assert (
+        f"n_blocks is set per client at depthfl/main.py:{line} (1 to 4 over 100 clients): the model with n_blocks = 4 "
+        "is analysed, the deepest a client trains: the worst case where a shallower client's model is a part of it "
+        "(DepthFL's blocks and exits)"
+    ) in deployment.notes
+    # Half the clients at each of two depths: the deepest is 2, whatever the config's node says.
+    main.write_text(main.read_text().replace("i // (cfg.num_clients // 4) + 1", "i // (cfg.num_clients // 2) + 1"))
+    config.write_text(config.read_text().replace("n_blocks: 2", "n_blocks: 4"))
+    assert read_deployment(app, given).model_args["n_blocks"] == 2
+    # A depth the code computes in a way rankaudit does not read: one line naming the argument to state.
+    main.write_text(main.read_text().replace("i // (cfg.num_clients // 2) + 1", "depth_of(i)"))
+    with pytest.raises(UsageError) as raised:
+        read_deployment(app, given)
+    message = str(raised.value)
+    assert message.startswith(f"n_blocks of the model is set per client at depthfl/main.py:{line} (`depth_of(i)`)")
+    assert "--model-arg n_blocks=N" in message and "\n" not in message
+    stated = Overrides(round={"local_samples": 500}, input_shape_given=True, model_args=("n_blocks=3",))
+    assert read_deployment(app, stated).model_args["n_blocks"] == 3
+
+
 def test_percentile_privacy_is_a_client_side_result_filter_that_adds_no_noise(tmp_path):
     job = tmp_path / "fedavg"
     shutil.copytree(APPS / "nvflare_fedavg_job", job)

@@ -38,19 +38,19 @@ def test_ranking_is_by_the_recoverable_fraction_then_the_ra_i_reached(resnet_rep
     # two batch sizes (the first with any certified deficit, the first protected) are reported beside the rows.
     assert not [s for s in resnet_report.suggestions if s.edit == "batch-size"]
     smallest = {"partial": resnet_report.certifying_batch, "protected": resnet_report.protecting_batch}
-    assert smallest["partial"] == 229
+    assert smallest["partial"] == 230
 
     # The first certified deficit is counted on directions; the first protected batch is read on energy, as `check`
     # reads the batch line: at least half of the B samples' energy hidden (each sample stays exposed).
     result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["partial"])
     assert result.identifiability.certified_deficit > 0 and result.verdict == "exposed"
-    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=228).identifiability.certified_deficit == 0
+    assert audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=229).identifiability.certified_deficit == 0
     result = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"])
     before = audit(str(EXAMPLES / "resnet18_w16.py"), batch_size=smallest["protected"] - 1).identifiability
     assert (result.identifiability.verdict, before.verdict, result.verdict) == ("protected", "partial", "exposed")
-    # 888,914 samples, all 701,466 parameters reachable (0.79 per sample): the certified share of 90 % of such
-    # batches crosses 1/2 there (the mean share did at 886,960).
-    assert smallest["protected"] == 888_914 and result.identifiability.rank_bound == 701_466
+    # 891,953 samples, all 701,466 parameters and the BatchNorms' 2,400 running statistics reachable (0.79 per
+    # sample): the certified share of 90 % of such batches crosses 1/2 there.
+    assert smallest["protected"] == 891_953 and result.identifiability.rank_bound == 701_466 + 2_400
     assert result.identifiability.certified_hidden_energy >= 0.5 > before.certified_hidden_energy
 
 
@@ -117,7 +117,7 @@ def test_suggest_cli_json_and_top(run_cli):
     # Batch sizes are no edit rows (method.md: each sample: they protect no sample); they stand in the whole-batch line.
     assert "Accuracy is not measured" in out and out.count("batch-size") == 0 and out.count("cut-skip") == 2
     assert "No batch size protects any one sample: a sample's bound" in out
-    assert "smallest protected (90 % of samples like yours keeping at least 50 % of their detail hidden): 888914" in out
+    assert "smallest protected (90 % of samples like yours keeping at least 50 % of their detail hidden): 891953" in out
     assert (
         "Levels are read on energy, as `rankaudit check` reads them (reference: photographs' per-sample reference"
         in out
@@ -214,10 +214,11 @@ def test_certifying_batch_size_and_withheld_layers():
 
 
 def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
-    # Every one of ResNet-18-w16's 701,466 parameters is reachable: the bound certifies once B·3072 exceeds them.
-    assert resnet_report.certifying_batch == 701_466 // 3072 + 1 == 229
+    # Every one of ResNet-18-w16's 701,466 parameters and 2,400 running statistics (the BatchNorms' means and
+    # variances, sent with a state_dict) is reachable: the bound certifies once B·3072 exceeds them.
+    assert resnet_report.certifying_batch == (701_466 + 2_400) // 3072 + 1 == 230
     # No set of layers reaches protected, nor even partial on energy: the norms' 2,400 directly used parameters
-    # are sent whatever is withheld, and 2,400 of 3,072 directions show all but 0.001 % of a typical photograph.
+    # and their 2,400 running statistics are sent whatever is withheld: all 3,072 directions.
     assert resnet_report.certifying_withheld is None and resnet_report.deficit_withheld is None
     from rankaudit.count.calls import trace_and_count
     from rankaudit.count.op_counting import Role
@@ -227,7 +228,7 @@ def test_resnet_certifying_batch_is_where_the_parameters_run_out(resnet_report):
     layers = sorted({r.name.split("#")[0] for r in records if r.counting.role is Role.LAYER and r.counting.weights})
     assert len(layers) == 21
     every = audit(str(EXAMPLES / "resnet18_w16.py"), withheld_layers=layers).identifiability.sample
-    assert every.rank_bound == 2400 and every.certified_hidden_energy < 0.05 and every.level == "exposed"
+    assert every.rank_bound == 3072 and every.certified_hidden_energy < 0.05 and every.level == "exposed"
     assert "no set of layers that still shares some gradient makes each sample protected" in design.suggest_table(
         resnet_report
     )

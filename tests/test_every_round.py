@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankaudit.bound.identifiability import batch_statistics, sample_identifiability
+from rankaudit.bound.identifiability import sample_identifiability
+from rankaudit.bound.statistics import batch_statistics
 from rankaudit.count.calls import trace_and_count
 from rankaudit.settings.round import Round, build_round
 
@@ -144,8 +145,11 @@ def test_batch_statistics_in_training_mode_bound_the_measured_rank():
     model_graph = traced(batch_norm=True, classes=classes)
     torch.manual_seed(3)
     batch, labels = torch.rand(16, 3, 8, 8, dtype=torch.float64), torch.randint(0, classes, (16,))
-    train = sample_identifiability(model_graph, build_round({"batch_size": 16}))
+    # A client that sends its parameters alone (no state_dict): the norm's running statistics stay local.
+    train = sample_identifiability(model_graph, build_round({"batch_size": 16}), withheld_layers=["norm"])
     assert train.batch_statistics == ["norm"]
+    # Sent, the running mean moves by the batch's mean: with the rest of the batch known, all 192 values of x_i.
+    assert sample_identifiability(model_graph, build_round({"batch_size": 16})).rank_bound == 192
     rank_train = one_step_rank(real(True, classes), batch, labels)
     assert rank_train == measured_rank
     assert train.rank_bound == bound_value >= rank_train
@@ -200,7 +204,7 @@ def test_a_batch_norm_of_another_library_couples_the_samples():
     """Its statistics are one per value (2 x 192 here, not 2 x 3 channels): the bound counts every value."""
     with torch.device("meta"):
         model_graph = trace_and_count(HandNormNet(), (3, 8, 8))
-    bound = sample_identifiability(model_graph, Round(batch_size=16))
+    bound = sample_identifiability(model_graph, Round(batch_size=16), withheld_layers=["norm"])  # statistics kept
     assert bound.batch_statistics == ["norm"]
     torch.manual_seed(3)
     batch, labels = torch.rand(16, 3, 8, 8, dtype=torch.float64), torch.randint(0, 100, (16,))
@@ -252,7 +256,8 @@ def test_rank_check_in_training_mode_reads_the_batch_statistics():
     model = real(True, 10)
     train = jacobian.measure(model, batch, labels, bn_mode="train")
     evaluated = jacobian.measure(model, batch, labels, bn_mode="eval")
-    assert max(train.sample_ranks) == 94 <= sample_identifiability(traced(True), Round(batch_size=16)).rank_bound == 99
+    kept = sample_identifiability(traced(True), Round(batch_size=16), withheld_layers=["norm"])  # statistics kept
+    assert max(train.sample_ranks) == 94 <= kept.rank_bound == 99
     assert max(evaluated.sample_ranks) == 51
     assert model.norm.track_running_stats and model.training  # the caller's model is left as it was
 

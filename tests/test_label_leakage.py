@@ -77,7 +77,7 @@ def test_withholding_the_last_layers_leaves_the_risk_to_the_bridge(run_cli):
 
 def test_shared_layers_flag_names_must_exist(run_cli):
     code, _, err = run_cli(EXAMPLES / "mlp6.py", "--shared-layers", "fc1,fc9")
-    assert code == 2 and "no parametric layer named fc9" in err and "fc1, fc2" in err
+    assert code == 2 and "no layer, module or parameter named fc9" in err and "fc1, fc2" in err
     code, _, err = run_cli(EXAMPLES / "mlp6.py", "--shared-layers", "fc1", "--withheld-layers", "fc2")
     assert code == 2 and "both --shared-layers and --withheld-layers" in err
 

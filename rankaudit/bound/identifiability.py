@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rankaudit.bound.statistics import batch_statistics, running_statistics
 from rankaudit.count import ops
 from rankaudit.count.op_counting import Role
 from rankaudit.result import Identifiability, RoundBound, SampleBound, StepBound
@@ -30,6 +31,7 @@ class GradientSource:
     # The qualified names of the parameters it is the gradient of: one vertex per distinct set, so a parameter
     # read by several calls (tied weights, a module called twice) is one gradient. Empty: the name is the key.
     parameters: tuple[str, ...] = ()
+    statistic: bool = False  # a running statistic sent with the update (bn1.running_mean), not a gradient
 
     @property
     def vertex(self) -> str:
@@ -58,22 +60,43 @@ def shared_predicate(
     shared_layers: list[str] | None, withheld_layers: list[str] | None
 ) -> Callable[[GradientSource], bool]:
     """Which gradients are sent: all by default; with --shared-layers only those layers'; with
-    --withheld-layers everything else, directly used parameters (class token, norms) included."""
+    --withheld-layers everything else, directly used parameters (class token, norms) included.
+
+    A name is a layer, a module above parameters (`bn1`, `head`) or one parameter (`fc1.bias`): it covers every
+    parameter under it. One gradient vertex is withheld only when every parameter it sums is covered, and sent
+    under --shared-layers when any is: a layer whose weight stays local but whose bias is sent still shows its
+    gradient, so the bound never counts less than the server reads."""
     if shared_layers:
         names = set(shared_layers)
-        return lambda source: source.owner in names or source.name in names
+        return lambda source: source.name in names or any(covers(p, names) for p in _parameters_of(source))
     if withheld_layers:
         names = set(withheld_layers)
-        return lambda source: source.owner not in names and source.name not in names
+        return lambda source: source.name not in names and not all(covers(p, names) for p in _parameters_of(source))
     return lambda source: True
+
+
+def _parameters_of(source: GradientSource) -> tuple[str, ...]:
+    return source.parameters or (source.name,)
+
+
+def covers(parameter: str, names: set[str] | list[str]) -> bool:
+    """Whether a name stands for this parameter: the parameter itself or a module it sits under."""
+    return parameter in names or any(parameter.startswith(name + ".") for name in names)
 
 
 class FlowNetwork:
     """The flow network (method.md: the bound) of one traced model at batch size B; vertex capacities by splitting (v_in -> v_out)."""
 
-    def __init__(self, traced: TracedModel, batch_size: int, is_shared: Callable[[GradientSource], bool]):
+    def __init__(
+        self,
+        traced: TracedModel,
+        batch_size: int,
+        is_shared: Callable[[GradientSource], bool],
+        bn_mode: str = "train",
+    ):
         self.traced = traced
         self.batch_size = batch_size
+        self.bn_mode = bn_mode  # in training mode a BatchNorm's running statistics move with each batch
         self.edges: dict[tuple[str, str], int | None] = {}  # (tail, head) -> capacity; None: unbounded
         self.labels: dict[tuple[str, str], str] = {}  # split edge -> what the report calls it
         self.owners: dict[tuple[str, str], str] = {}  # split edge -> the traced node it belongs to
@@ -137,6 +160,17 @@ class FlowNetwork:
                         self._edge(f"t:{operand}", vertex)
         for output_id in traced.output_ids:
             self._edge(f"t:{output_id}", f"d:{output_id}")  # the loss: δ(logits) depends on the logits
+        self.running_statistics: list[str] = []  # the buffer keys sent beside the gradients
+        for node_id, key, channels in running_statistics(traced, self.bn_mode):
+            # A running statistic the client sends (a state_dict, not only parameters()) is C values of the batch's
+            # mean or variance of the norm's input: read by the server as a gradient is, whatever the batch size.
+            statistic = GradientSource(key, channels, traced.record(node_id).name, False, (key,), statistic=True)
+            if not is_shared(statistic):
+                continue
+            vertex = self._gradient(statistic, node_id)
+            self.running_statistics += [key] if key not in self.running_statistics else []
+            for operand in dict.fromkeys(traced.record(node_id).inputs):
+                self._edge(f"t:{operand}", vertex)
 
     def add_rest_of_batch(self, is_shared: Callable[[GradientSource], bool], rest: int, statistics: list[str]):
         """method.md: the round: the other `rest` = B-1 samples of sample i's batch, coupled to it by batch statistics.
@@ -151,7 +185,7 @@ class FlowNetwork:
         other op works on each sample alone, so these are the only paths between the copies: a cut of this
         network bounds rank(∂g/∂x_i) with the rest of the batch fixed.
         """
-        others = FlowNetwork(self.traced, rest, is_shared)
+        others = FlowNetwork(self.traced, rest, is_shared, self.bn_mode)
 
         def renamed(vertex: str) -> str:
             return vertex if vertex in (SOURCE, SINK) or vertex.startswith("g:") else "r|" + vertex
@@ -193,7 +227,7 @@ class FlowNetwork:
         vertex = source.vertex
         if vertex not in self.gradients:
             self.gradients.add(vertex)
-            self._split(vertex, source.numel, f"∇{source.name}", node_id)
+            self._split(vertex, source.numel, source.name if source.statistic else f"∇{source.name}", node_id)
             self.edges[(vertex + ":out", SINK)] = None
         return vertex
 
@@ -334,13 +368,15 @@ def identifiability(
     shared_layers: list[str] | None = None,
     withheld_layers: list[str] | None = None,
     max_recoverable: float | None = None,
+    bn_mode: str = "train",
 ) -> Identifiability:
     """rank(∂g/∂x) <= max flow; the verdict is the level (method.md: verdicts) at the recoverable-fraction ceiling
     `max_recoverable` (default 0.5): `protected` only when at most that share of the input's directions can be
-    seen, `partial` with a smaller certified deficit, `exposed` without one."""
+    seen, `partial` with a smaller certified deficit, `exposed` without one. In training mode (`bn_mode`, the
+    worst case by default) the running statistics a BatchNorm sends are read as well."""
     ceiling = level_ceiling(max_recoverable)
     unknowns = batch_size * sample_unknowns(traced)
-    network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers))
+    network = FlowNetwork(traced, batch_size, shared_predicate(shared_layers, withheld_layers), bn_mode)
     rank_bound, bottleneck, cut_nodes = network.min_cut()
     rank_bound = min(rank_bound, unknowns)
     deficit = unknowns - rank_bound
@@ -402,6 +438,7 @@ def round_identifiability(
                     shared_layers=shared_layers,
                     withheld_layers=withheld_layers,
                     max_recoverable=max_recoverable,
+                    bn_mode=round_.bn_mode,
                 )
         else:
             batch = identifiability(
@@ -410,13 +447,14 @@ def round_identifiability(
                 shared_layers=shared_layers,
                 withheld_layers=withheld_layers,
                 max_recoverable=max_recoverable,
+                bn_mode=round_.bn_mode,
             )
         return replace(batch, sample=sample)
     per_sample = sample_unknowns(traced)
     unknowns = round_.clients * round_.samples * per_sample
     shared = shared_predicate(shared_layers, withheld_layers)
     if "update_values" not in cache:
-        cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
+        cache["update_values"] = FlowNetwork(traced, 1, shared, round_.bn_mode).gradient_values()
     update_values = cache["update_values"]
     kinds = _step_kinds(round_, partial=bool(shared_layers or withheld_layers))
     last = round_.samples % round_.batch_size or round_.batch_size
@@ -424,9 +462,15 @@ def round_identifiability(
     for (size, every), count in kinds.items():  # the bound's network once per distinct kind of step
         if (size, every) not in bounds:
             bounds[(size, every)] = (
-                identifiability(traced, size)
+                identifiability(traced, size, bn_mode=round_.bn_mode)
                 if every
-                else identifiability(traced, size, shared_layers=shared_layers, withheld_layers=withheld_layers)
+                else identifiability(
+                    traced,
+                    size,
+                    shared_layers=shared_layers,
+                    withheld_layers=withheld_layers,
+                    bn_mode=round_.bn_mode,
+                )
             )
         step = bounds[(size, every)]
         terms.append(StepBound(size, count, step.rank_bound, every, step.bottleneck))
@@ -454,43 +498,6 @@ def sample_unknowns(traced: TracedModel) -> int:
     return sum(traced.record(input_id).output_numel for input_id in traced.input_ids)
 
 
-# Normalisations whose statistics are each sample's own: InstanceNorm's mean and variance are over one sample's
-# channel, GroupNorm's over one sample's group (in eval mode an InstanceNorm with running statistics reads those,
-# which do not depend on the batch either). Their Jacobian depends on the input (the norm family says so), but
-# they carry no sample into another's gradient.
-_PER_SAMPLE_NORMS = ("instancenorm", "instance_norm", "groupnorm", "group_norm", "native_group_norm")
-# aten spellings that state they normalise with running statistics.
-_RUNNING_STATISTICS_OPS = ("_native_batch_norm_legit_no_training", "_batch_norm_no_update")
-# Function spellings of a batch normalisation: their `training` argument is not recorded, so they count as reading
-# the batch's statistics in eval mode too (the worst case).
-_FUNCTIONAL_BATCH_NORMS = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update")
-
-
-def batch_statistics(traced: TracedModel, bn_mode: str) -> list[str]:
-    """The records that normalise with the batch's mean and variance (method.md: the round): in training mode every
-    normalisation of the norm family that is not per sample (BatchNorm1d/2d/3d, SyncBatchNorm, their subclasses,
-    F.batch_norm); in eval mode the BatchNorms without running statistics and the functional calls."""
-    found = []
-    for node_id in traced.order:
-        record = traced.record(node_id)
-        op = record.op.lower()
-        # Another library's normalisation module is traced as one op (the layer_norm family, per sample); one named
-        # for batch normalisation is taken at its word, except a frozen one (fixed statistics by construction).
-        if record.family == "script_module":
-            # Compiled code whose inside is not known: it may normalise with the batch's statistics in any mode
-            # (torch.jit.trace fixes a BatchNorm's training flag as it was when traced). The worst case.
-            found.append(node_id)
-            continue
-        other_library = record.family == "layer_norm" and "batch" in op and not op.startswith("frozen")
-        if record.family != "norm" and not other_library:
-            continue
-        if op.startswith(_PER_SAMPLE_NORMS) or op in _RUNNING_STATISTICS_OPS:
-            continue
-        if bn_mode == "train" or node_id in traced.eval_batch_statistics or op in _FUNCTIONAL_BATCH_NORMS:
-            found.append(node_id)
-    return found
-
-
 def _sample_step(
     traced: TracedModel,
     cache: dict,
@@ -500,6 +507,7 @@ def _sample_step(
     shared_layers: list[str] | None,
     withheld_layers: list[str] | None,
     max_recoverable: float | None,
+    bn_mode: str = "train",
 ) -> int:
     """One local step's bound on rank(∂g_k/∂x_i): the bound's flow at batch size 1 where the samples of a batch do not
     meet (eval mode, no batch statistics, B = 1); else the flow over sample i and the other B-1 samples of its
@@ -509,7 +517,7 @@ def _sample_step(
         key = (1, every)
         if key not in cache:
             cache[key] = (
-                identifiability(traced, 1)
+                identifiability(traced, 1, bn_mode=bn_mode)
                 if every
                 else identifiability(
                     traced,
@@ -517,13 +525,14 @@ def _sample_step(
                     shared_layers=shared_layers,
                     withheld_layers=withheld_layers,
                     max_recoverable=max_recoverable,
+                    bn_mode=bn_mode,
                 )
             )
         return cache[key].rank_bound
     key = ("batch-statistics", batch_size, every)
     if key not in cache:
         shared = shared_predicate(None, None) if every else shared_predicate(shared_layers, withheld_layers)
-        network = FlowNetwork(traced, 1, shared)
+        network = FlowNetwork(traced, 1, shared, bn_mode)
         network.add_rest_of_batch(shared, batch_size - 1, statistics)
         cache[key] = network.min_cut()[0]
     return cache[key]
@@ -566,14 +575,16 @@ def sample_identifiability(
     per_sample = sample_unknowns(traced)
     rounds = round_.rounds_counted
     if "update_values" not in cache and (round_.steps > 1 or rounds > 1):
-        cache["update_values"] = FlowNetwork(traced, 1, shared).gradient_values()
+        cache["update_values"] = FlowNetwork(traced, 1, shared, round_.bn_mode).gradient_values()
     # One step: its flow already passes the |θ_s| gradient vertices, so R(1) <= |θ_s| and the cap never binds.
     update_values = cache.get("update_values")
     statistics = batch_statistics(traced, round_.bn_mode)
     batch = round_.batch_size
 
     def step(every: bool) -> int:
-        return _sample_step(traced, cache, batch, statistics, every, shared_layers, withheld_layers, max_recoverable)
+        return _sample_step(
+            traced, cache, batch, statistics, every, shared_layers, withheld_layers, max_recoverable, round_.bn_mode
+        )
 
     last_step = step(False)  # R_shared(1): the last step, only shared gradients leave
     earlier_step = step(True) if partial and round_.steps > 1 else last_step  # R_all(1)
@@ -604,6 +615,11 @@ def sample_identifiability(
         round_bound=round_bound,
         rounds_known=round_.server_rounds_known,
         batch_statistics=[traced.record(node_id).name for node_id in statistics] if batch > 1 else [],
+        running_statistics=[
+            key
+            for _, key, _ in running_statistics(traced, round_.bn_mode)
+            if shared(GradientSource(key, 0, key, False, (key,), statistic=True))
+        ],
     )
 
 

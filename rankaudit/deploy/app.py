@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankaudit.deploy import flower, model_checks, model_code, nvflare, static, yamlconf
+from rankaudit.deploy import flower, model_checks, model_code, nvflare, per_client, static, yamlconf
 from rankaudit.deploy.found import Found
 from rankaudit.deploy.privacy import DP_TABLE as DP_TABLE
 from rankaudit.deploy.privacy import ROUND_TABLE, privacy_settings
@@ -92,6 +92,9 @@ def read_deployment(path: Path, overrides: Overrides | None = None) -> Deploymen
     model_checks.pytorch_only(directory, [Path(model.rsplit(":", 1)[0] if model.count(":") else model)])
     sources.notes.extend(model_checks.outside_forward_notes(directory, model, files))
     sources.add("model", _relative(directory, model), _model_source(imported, kind, instantiated))
+    stated = {*(settings.model_args or {}), *(text.partition("=")[0].strip() for text in overrides.model_args)}
+    instantiated, per_client_notes = per_client.deepest(directory, files, config, instantiated, stated)
+    sources.notes.extend(per_client_notes)
     model_args = _model_args(settings, overrides, config, sources, instantiated)
     entries = [app.module_file(ref) for ref in (app.clientapp, app.serverapp)] if app is not None else None
     found, mechanisms = static.read_code(
@@ -194,6 +197,9 @@ def _model(
         config,
         whole=job is not None or client is not None,
     )
+    if all(None in made.positional or None in made.arguments.values() for made in chosen):
+        # Nothing built with what it is given read (a factory handed the config): the key naming the model decides.
+        model_code.refuse_unmatched_model_name(directory, config, files, [s.rsplit(":", 1)[1] for s in callables])
     if len(chosen) == 1:
         made = chosen[0]
         matches = [spec for spec in callables if spec.rsplit(":", 1)[1] == made.name]
@@ -220,20 +226,13 @@ def _model(
     raise UsageError(f"the app has several model candidates ({shown})", f'choose one: model = "..." in {where}')
 
 
-# Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).
-_MODEL_NAME_KEYS = ("model-name", "model_name", "model-type", "model_type", "model")
-
-
 def _config_model_name(directory: Path, config, files: list[Path]):
     """The model a config key names (`model-name = "cnncifar10"`, picked through a model manager in code): the
     one nn.Module class of the app's code whose name is that value, letter case and `-`/`_` aside; None unless
     exactly one class (identical copies aside) is named so."""
 
-    def plain(text: str) -> str:
-        return text.lower().replace("-", "").replace("_", "")
-
     for key, (value, source) in config.items():
-        if key.rsplit(".", 1)[-1] not in _MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
+        if key.rsplit(".", 1)[-1] not in model_code.MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
             continue
         named, seen = [], set()
         for path in files:
@@ -245,7 +244,9 @@ def _config_model_name(directory: Path, config, files: list[Path]):
             if text in seen:
                 continue
             seen.add(text)
-            named += [f"{path}:{name}" for name in classes if plain(name) == plain(value)]
+            named += [
+                f"{path}:{name}" for name in classes if model_code.plain_name(name) == model_code.plain_name(value)
+            ]
         if len(named) == 1:
             name = named[0].rsplit(":", 1)[1]
             made = model_code.Instantiation(name, {}, f"{source} {key} = {value!r}")

@@ -11,7 +11,14 @@ from pathlib import Path
 from rankaudit.deploy.app import Overrides, read_deployment
 from rankaudit.errors import UsageError
 from rankaudit.result import DeploymentRead
-from rankaudit.settings.run import ROUND_FLAGS, build_run_round, dp_sources, dp_values, factory_arguments
+from rankaudit.settings.run import (
+    ROUND_FLAGS,
+    build_run_round,
+    dp_sources,
+    dp_values,
+    factory_arguments,
+    sent_layers,
+)
 
 # What suggest's DP options ask for rather than describe: the ceiling the least noise must meet, and its prior.
 _SEARCH_ONLY = ("max_reconstruction", "prior")
@@ -156,6 +163,12 @@ class DesignReading:
     model: str
     model_args: dict | None
     check_command: str
+
+    def built_and_sent(self, settings) -> dict:
+        """The arguments the model is built with and the layers the server receives, as `check` reads them
+        ([tool.rankaudit]'s shared or withheld layers, else the app's withheld set), as suggest's keywords."""
+        sent = sent_layers(settings.shared_layers, settings.withheld_layers, self.deployment)
+        return {"model_args": self.model_args, **sent}
 
 
 def suggest_reading(spec: str, round_flags: dict, options: dict, batch_size, input_shape) -> DesignReading:

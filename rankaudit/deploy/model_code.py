@@ -266,3 +266,92 @@ def imported_modules(path: Path, root: Path) -> list[tuple[Path, set[str] | None
                 if module is not None:
                     found.append((module, None))
     return found
+
+
+# ---- a config key that names the model: `model_name: cnn`, `model-name = "cnncifar10"` --------------------------
+
+# Run-config and Hydra keys that name the model an app builds (FedRep's `model-name = "cnncifar10"`).
+MODEL_NAME_KEYS = ("model-name", "model_name", "model-type", "model_type", "model")
+
+
+def plain_name(text: str) -> str:
+    """A name as a model-name key compares it with a class: letter case and `-`/`_` aside."""
+    return text.lower().replace("-", "").replace("_", "")
+
+
+def refuse_unmatched_model_name(directory: Path, config, files: list[Path], models: list[str]) -> None:
+    """A config key naming the model (`model_name: resnet`) that no branch or registry entry of the app's code that
+    builds a model takes (`if cfg.model_name == "cnn": CNN(...)`, `{"cnn": CNN}[cfg.model_name]`): the app would
+    stop or build another model when it runs, so rankaudit stops in one line with the values the code takes.
+    Nothing happens where the code does not choose its model by that key."""
+    wanted = set(models)
+    for key, (value, source) in config.items():
+        last = key.rsplit(".", 1)[-1]
+        if last not in MODEL_NAME_KEYS or not isinstance(value, str) or not value.strip():
+            continue
+        choices: dict[str, str] = {}  # the value a branch or an entry takes -> where
+        for path in files:
+            try:
+                tree = syntax_of(path).tree
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError, UsageError):
+                continue
+            shown = path.relative_to(directory) if path.is_relative_to(directory) else path
+            for taken, line in _model_choices(tree, last, wanted):
+                choices.setdefault(taken, f"{shown}:{line}")
+        if not choices or value in choices:
+            continue
+        listed = ", ".join(f"{taken!r} ({where})" for taken, where in choices.items())
+        raise UsageError(
+            f"{key} = {value!r} at {source} names no model the app builds: its code takes {listed}",
+            f'set {key} to one of them, or name the model: model = "FILE.py:NAME" in [tool.rankaudit]',
+        )
+
+
+def _model_choices(tree: ast.Module, key: str, models: set[str]):
+    """(value, line) for each place the code builds a model by the value of `key`: an `if`/`elif` or a
+    conditional expression comparing it with a word (`==`, `in (...)`), a `match` case, a registry dict it looks
+    up."""
+
+    def reads_key(node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute):
+            return plain_name(node.attr) == plain_name(key)
+        if isinstance(node, ast.Name):
+            return plain_name(node.id) == plain_name(key)
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return isinstance(node.slice.value, str) and plain_name(node.slice.value) == plain_name(key)
+        return False
+
+    def words(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+
+    def builds_model(nodes) -> bool:
+        return any(isinstance(n, ast.Call) and call_name(n) in models for node in nodes for n in ast.walk(node))
+
+    tables = {
+        target.id: statement.value
+        for statement in tree.body
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Dict)
+        for target in statement.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp)):
+            builds = builds_model(node.body if isinstance(node, ast.If) else [node.body])
+            for test in (t for t in ast.walk(node.test) if isinstance(t, ast.Compare) and builds):
+                operands = [test.left, *test.comparators]
+                if all(isinstance(op, (ast.Eq, ast.In)) for op in test.ops) and any(map(reads_key, operands)):
+                    for operand in operands:
+                        yield from ((word, node.lineno) for word in words(operand))
+        elif isinstance(node, ast.Match) and reads_key(node.subject):
+            for case in node.cases:
+                patterns = case.pattern.patterns if isinstance(case.pattern, ast.MatchOr) else [case.pattern]
+                for pattern in patterns if builds_model(case.body) else []:
+                    if isinstance(pattern, ast.MatchValue):
+                        yield from ((word, pattern.lineno) for word in words(pattern.value))
+        elif isinstance(node, ast.Subscript) and reads_key(node.slice):
+            table = tables.get(node.value.id) if isinstance(node.value, ast.Name) else node.value
+            if isinstance(table, ast.Dict):
+                for entry, model in zip(table.keys, table.values):
+                    if entry is not None and call_name(model) in models:
+                        yield from ((word, node.lineno) for word in words(entry))

@@ -27,24 +27,22 @@ def withheld_layers(directory: Path, mechanisms, settings, sources, model: str) 
             )
             continue
         built = model_code.attribute_layers(model, words)
-        norms = [name for name, made_by in built if made_by in _NORMALISATIONS]
-        layers = [name for name, made_by in built if made_by not in _NORMALISATIONS]
-        if norms:
-            # withheld-layers names layers with weights; a normalisation's scale and shift are parameters an op
-            # uses directly (docs/method.md, "The identifiability bound"), which it cannot take out: they stay counted as sent.
-            sources.notes.append(
-                f"{mechanism.name} at {mechanism.source} keeps the normalisation layers {', '.join(norms)} on the "
-                "client (FedBN); their scale and shift are judged as sent, the stronger case for the attacker "
-                "(withheld-layers takes layers with weights only)"
-            )
         if not built:
             sources.notes.append(
                 f"{mechanism.name} at {mechanism.source} keeps the layers whose names hold {shown} on the client; "
                 "none is a layer of the model's own class rankaudit can name: every layer is judged as sent; name "
                 "them in withheld-layers of [tool.rankaudit]"
             )
-        if not layers:
             continue
+        layers = [name for name, _ in built]
+        norms = [name for name, made_by in built if made_by in _NORMALISATIONS]
+        if norms:
+            # A normalisation's scale and shift are gradients the server would read beside the layers' (FedBN keeps
+            # them, and the running statistics, local): left out of what is sent, as the app does.
+            sources.notes.append(
+                f"{mechanism.name} at {mechanism.source} keeps the normalisation layers {', '.join(norms)} on the "
+                "client (FedBN): their scale and shift are left out of what is judged as sent"
+            )
         local += [layer for layer in layers if layer not in local]
         sources.add(
             "withheld-layers", ",".join(layers), f"{mechanism.source} ({mechanism.name} sends no key holding {shown})"
@@ -87,7 +85,7 @@ def _kept_beside(mechanism, model: str, sources) -> list[str]:
             "sent; name the layers that stay on the client in withheld-layers of [tool.rankaudit]"
         )
         return []
-    kept = [name for name, made_by in built if name != part and made_by not in _NORMALISATIONS]
+    kept = [name for name, _ in built if name != part]
     if kept:
         sources.add("withheld-layers", ",".join(kept), f"{mechanism.source} ({mechanism.name} sends {part} alone)")
         sources.notes.append(

@@ -93,9 +93,11 @@ def design_line(
     bn_mode: str = "train",
     batch_size: int = 1,
     what: str = "suggest's Fisher line",
+    sent: dict | None = None,
 ) -> dict:
     """One design's Fisher line at `dp` on DESIGN_SAMPLES samples, its estimate to DESIGN_RELATIVE_SE, each
-    sample's rank check within DESIGN_RANK_SECONDS; a client normalising batches of several samples is refused."""
+    sample's rank check within DESIGN_RANK_SECONDS; a client normalising batches of several samples is refused.
+    `sent`: the shared or withheld layers (the gradient the server reads; default all of it)."""
     from rankaudit.verify.rank.fisher import line_for
 
     return line_for(
@@ -111,6 +113,7 @@ def design_line(
         batch_size=batch_size,
         rank_seconds=DESIGN_RANK_SECONDS,
         what=what,
+        **(sent or {}),
     )
 
 
@@ -204,7 +207,11 @@ def _review(report, dp, psnr_target, data, top, bn_mode, model_args) -> FisherRe
 
     check_settings(dp, "suggest's Fisher line")
     started = time.perf_counter()
-    client = {"bn_mode": bn_mode, "batch_size": report.batch_size}
+    client = {
+        "bn_mode": bn_mode,
+        "batch_size": report.batch_size,
+        "sent": {"shared_layers": report.shared_layers, "withheld_layers": report.withheld_layers},
+    }
     limit = DESIGN_EDITS if top is None else top
     # Each design is a real model measured sample by sample (a minute or more on a large one): stderr shows life.
     with ProgressBar(1 + min(limit, len(report.suggestions)), "Fisher floor, per design") as bar:
@@ -271,9 +278,12 @@ def ranking(one: EditFloor) -> tuple[float, float]:
     return (prior if prior is not None else one.least_noise, one.least_noise)
 
 
-def compare_lines(results, specs, dp: DPSettings, psnr_target: float, data: str | None) -> list[dict]:
+def compare_lines(
+    results, specs, dp: DPSettings, psnr_target: float, data: str | None, sent: dict | None = None
+) -> list[dict]:
     """Each design's Fisher line at the same σ, filed as its Result's verification['fisher'] (what the reports
-    read): the model as it is, at its seeded initialisation."""
+    read): the model as it is, at its seeded initialisation, on the gradient it sends (`sent`: the shared or
+    withheld layers, as `check` reads them)."""
     from rankaudit.verify.rank.fisher_check import check_settings
 
     check_settings(dp, "compare's Fisher line")
@@ -297,6 +307,7 @@ def compare_lines(results, specs, dp: DPSettings, psnr_target: float, data: str 
                 bn_mode=round_.bn_mode if round_ is not None else "train",
                 batch_size=round_.batch_size if round_ is not None else result.batch_size,
                 what="compare's Fisher line",
+                sent=sent,
             )
             bar.update()
         result.verification["fisher"] = line

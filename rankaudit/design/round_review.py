@@ -52,10 +52,15 @@ MAX_ROUND_SEARCH = 1_000_000
 
 
 def round_review(
-    traced: TracedModel, round_: Round, max_recoverable: float | None = None, energy: EnergyScale | None = None
+    traced: TracedModel,
+    round_: Round,
+    max_recoverable: float | None = None,
+    energy: EnergyScale | None = None,
+    sent: dict | None = None,
 ) -> RoundReview:
     """Per sample (method.md: each sample): the N, E and C at which each sample of the round is `protected`, one knob at a time,
-    each level read on energy (method.md: energy) by `energy` (default: the model's shipped reference).
+    each level read on energy (method.md: energy) by `energy` (default: the model's shipped reference), on what the
+    client sends (`sent`: the shared or withheld layers, as the bound's keywords; default all).
 
     R_s = min(|x|, |θ_s|, E·R(1)) holds whatever N, B and C are: more local samples or clients never protect a
     sample (they only raise the hidden share of the round as a whole, reported beside it), and the largest E is the
@@ -67,7 +72,7 @@ def round_review(
     cache: dict = {}
 
     def judged(changed: Round) -> Identifiability:
-        bound = round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache)
+        bound = round_identifiability(traced, changed, max_recoverable=ceiling, cache=cache, **(sent or {}))
         bound.sample.level = energy.level(bound.sample.rank_bound)
         return bound
 
@@ -95,7 +100,7 @@ def round_review(
     base = judged(round_)
     sample = base.sample
     per_sample = sample.unknowns
-    values = cache.get("update_values") or identifiability(traced, 1).rank_bound
+    values = cache.get("update_values") or identifiability(traced, 1, **(sent or {})).rank_bound
     settings = []
     for knob, setting, symbol, scale in (
         ("local-samples", "local_samples", "N", round_.clients),

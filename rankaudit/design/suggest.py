@@ -91,6 +91,9 @@ class SuggestReport:
     certificate_quantile: float = DEFAULT_CERTIFICATE_QUANTILE  # the share of samples the certificate speaks for
     round_dp: DPSettings | None = None  # the round's own DP (an app's DP-SGD or DP-FedAvg), kept as it is read
     check_command: str = ""  # the `check` line that judges the same model on the same round ("": check MODEL)
+    # What the client sends, as `check` reads it: the shared or withheld layers (an app's withheld set); None: all.
+    shared_layers: list[str] | None = None
+    withheld_layers: list[str] | None = None
 
 
 def suggest(
@@ -104,6 +107,8 @@ def suggest(
     exposed_below: float | None = None,
     certificate_quantile: float | None = None,
     model_args: dict | None = None,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
 ) -> SuggestReport:
     """Every single edit of EDITS that applies to the model, re-counted and ranked by the per-sample recoverable
     fraction R_s/|x| it reaches (method.md: each sample; the verdict level follows it, method.md: verdicts), then by the RA-i; with a round,
@@ -112,7 +117,9 @@ def suggest(
 
     Every level is read on energy, as `check` reads it (method.md: energy): the reference is `data` (--data), else the
     shipped photograph spectrum for C×H×W inputs, else none (nothing certified); `exposed_below` and
-    `certificate_quantile` as check's flags; `model_args` the arguments the model is built with (an app's)."""
+    `certificate_quantile` as check's flags; `model_args` the arguments the model is built with (an app's);
+    `shared_layers` or `withheld_layers` what the client sends (an app's withheld set): every bound judges it."""
+    sent = {"shared_layers": shared_layers, "withheld_layers": withheld_layers}
     ceiling = level_ceiling(max_recoverable)
     started = time.perf_counter()
     loaded = load_model(spec, input_shape, device="meta", model_args=model_args)
@@ -120,9 +127,9 @@ def suggest(
         loaded.module, loaded.input_shape, input_dtype=loaded.input_dtype, forward_kwargs=loaded.forward_kwargs
     )
     base = analyze(traced, batch_size)
-    base_bound = identifiability(traced, batch_size, max_recoverable=ceiling)
+    base_bound = identifiability(traced, batch_size, max_recoverable=ceiling, **sent)
     judged_round = round_ or Round(batch_size=batch_size)
-    base_sample = sample_identifiability(traced, judged_round, max_recoverable=ceiling)
+    base_sample = sample_identifiability(traced, judged_round, max_recoverable=ceiling, **sent)
     try:
         energy = EnergyScale.of(traced.inputs, base_sample.unknowns, data, ceiling, exposed_below, certificate_quantile)
         base_bound.sample = base_sample
@@ -137,7 +144,7 @@ def suggest(
 
     def add(edit, target, detail, edited, delta):
         result = analyze(edited, batch_size)
-        sample = sample_identifiability(edited, judged_round, max_recoverable=ceiling)
+        sample = sample_identifiability(edited, judged_round, max_recoverable=ceiling, **sent)
         sample.level = energy.level(sample.rank_bound)  # the input, hence the reference, is the unedited one's
         suggestions.append(
             Suggestion(
@@ -165,18 +172,20 @@ def suggest(
         if target.split("#")[0] in readouts:
             detail += "; stops the exact bias readout of a sample, though the weight rows still point along it"
         add("remove-bias", target, detail, edited, delta)
-    certifying_batch = smallest_certified_batch(traced, batch_size, base_bound)
-    protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling, energy)
+    certifying_batch = smallest_certified_batch(traced, batch_size, base_bound, sent)
+    protecting_batch = smallest_protected_batch(traced, batch_size, base_bound, ceiling, energy, sent)
     suggestions.sort(key=lambda s: (s.recoverable_fraction, s.ra_i is None, -(s.ra_i if s.ra_i is not None else 0)))
-    protecting = certifying_withheld(traced, batch_size, max_recoverable=ceiling, round_=round_, energy=energy)
+    protecting = certifying_withheld(
+        traced, batch_size, max_recoverable=ceiling, round_=round_, energy=energy, sent=sent
+    )
     deficit_only = (
         None
         if protecting is not None
         else certifying_withheld(
-            traced, batch_size, max_recoverable=ceiling, aim="partial", round_=round_, energy=energy
+            traced, batch_size, max_recoverable=ceiling, aim="partial", round_=round_, energy=energy, sent=sent
         )
     )
-    review = round_review(traced, round_, ceiling, energy) if round_ is not None else None
+    review = round_review(traced, round_, ceiling, energy, sent) if round_ is not None else None
     structural = (
         base_sample.level == "protected"
         or protecting is not None
@@ -221,5 +230,7 @@ def suggest(
         exposed_below=energy.exposed_below,
         certificate_quantile=energy.quantile,
         round_dp=round_.dp if round_ is not None else None,
+        shared_layers=shared_layers,
+        withheld_layers=withheld_layers,
         **span,
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rankaudit.bound.energy import certify
-from rankaudit.bound.identifiability import batch_statistics, identifiability, sample_identifiability
+from rankaudit.bound.identifiability import identifiability, sample_identifiability
+from rankaudit.bound.statistics import batch_statistics
 from rankaudit.findings.leakage import (
     bias_readouts,
     label_leakage,

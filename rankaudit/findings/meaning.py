@@ -302,6 +302,15 @@ def coverage_sentence(sample: SampleBound, round_: Round, batch_norms: list[str]
             )
         else:
             text += f". BatchNorm in training mode ({shown}): a batch of one sample couples nothing"
+    if sample.running_statistics:
+        norms = list(dict.fromkeys(key.rpartition(".")[0] for key in sample.running_statistics))
+        shown = ", ".join(norms[:3]) + (" ..." if len(norms) > 3 else "")
+        text += (
+            f". Running statistics counted as sent ({shown}): each training step moves them by the batch's mean "
+            "and variance of the norm's input, and a client that sends its state_dict sends them (assumed, unless "
+            "withheld-layers names them, e.g. "
+            f"{norms[0]}.running_mean,{norms[0]}.running_var, for a client that sends parameters() alone)"
+        )
     return text + "."
 
 

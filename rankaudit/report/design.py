@@ -61,6 +61,8 @@ def suggest_dict(report: SuggestReport, top: int | None = None) -> dict:
         "certificate_quantile": report.certificate_quantile,
         "round_dp": _round_dp_dict(report.round_dp),
         "check_command": report.check_command or f"rankaudit check {report.model}",
+        "shared_layers": report.shared_layers,
+        "withheld_layers": report.withheld_layers,
     }
 
 
@@ -288,8 +290,9 @@ def _certificates(report: SuggestReport) -> list[str]:
     elif not report.certifying_withheld:
         lines.append("Withholding gradients: none needed, each sample is already protected.")
     else:
+        beside = f" beside {', '.join(report.withheld_layers)}" if report.withheld_layers else ""
         lines.append(
-            f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted) "
+            f"Withholding gradients: keeping {', '.join(report.certifying_withheld)} local (or encrypted){beside} "
             f"makes each sample protected ({ceiling}; found greedily: a certificate, not proven the "
             "smallest set)."
         )

@@ -277,7 +277,8 @@ def check_options(command):
             "--withheld-layers",
             callback=lambda ctx, param, value: _names(value),
             metavar="A,B",
-            help="These layers' gradients are kept back (encrypted or local); the rest are sent.",
+            help="These layers' gradients are kept back (encrypted or local); the rest are sent. A name is a layer, "
+            "a normalisation (bn1), any module, or one parameter (fc1.bias).",
         ),
         click.option("--quiet", "-q", is_flag=True, help="Print only errors and the verdict line."),
         click.option("--verbose", "-v", is_flag=True, help="Also print tracer details and the residual blocks found."),

@@ -145,6 +145,15 @@ class ModelSettings:
     psnr_target: float = DEFAULT_PSNR_TARGET  # dB: what --verify fisher's least σ keeps
 
 
+def sent_layers(shared: list[str] | None, withheld: list[str] | None, deployment) -> dict:
+    """What the server receives, as every command judges it: the shared or withheld layers given (a flag, else
+    [tool.rankaudit]), else the app's withheld set (NVFlare's ExcludeVars, a FedBN, FedPer or FedRep client's local
+    layers), as keyword arguments of the bound."""
+    if deployment is not None and not withheld and not shared:
+        withheld = deployment.withheld_layers
+    return {"shared_layers": shared, "withheld_layers": withheld}
+
+
 def model_settings(
     spec: str,
     deployment,
@@ -171,9 +180,7 @@ def model_settings(
         if deployment is not None
         else build_run_round(round_flags, pick("batch_size"), settings.round, dp_options, settings.dp)
     )
-    withheld = pick("withheld_layers")
-    if deployment is not None and not withheld and not pick("shared_layers"):
-        withheld = deployment.withheld_layers  # NVFlare's ExcludeVars
+    sent = sent_layers(pick("shared_layers"), pick("withheld_layers"), deployment)
     arguments = factory_arguments(deployment, model_args)
     if arguments is None and deployment is None and settings.model_args:  # [[tool.rankaudit.models]] model-args
         arguments = dict(settings.model_args)
@@ -185,8 +192,7 @@ def model_settings(
         max_recoverable=pick("max_recoverable"),
         exposed_below=pick("exposed_below"),
         certificate_quantile=pick("certificate_quantile"),
-        shared_layers=pick("shared_layers"),
-        withheld_layers=withheld,
+        **sent,
         model_args=arguments,
         timeout=settings.timeout,
         memory_limit=settings.memory_limit,

@@ -48,10 +48,17 @@ def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE)
 
 
 def unit_gradients(
-    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float, device: str
+    model: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    loss: str,
+    clip: float,
+    device: str,
+    sent: list[str] | None = None,
 ) -> torch.Tensor:
     """Each unit's flattened gradient clipped to norm `clip` (g · min(1, c/‖g‖)), as DP-SGD clips it, returned in
-    units of c (clip_in_units).
+    units of c (clip_in_units): the whole trainable gradient is clipped (DP-SGD clips every parameter it trains),
+    then only the `sent` parameters' entries are kept (default all), the part of it the server reads.
 
     inputs: U x B x ...: a unit is B samples (B = 1: a sample, DP-SGD; B > 1: a client's batch, DP-FedAvg), its
     gradient the mean loss's. torch.func's grad under vmap computes all units at once, GRADIENT_CHUNK at a time.
@@ -85,7 +92,14 @@ def unit_gradients(
             "a per-sample gradient is not finite (NaN or infinite)",
             "check the model's forward pass on real inputs (a log of zero, a division by zero)",
         )
-    return clip_in_units(gradients, clip)
+    clipped = clip_in_units(gradients, clip)
+    if sent is None:
+        return clipped
+    kept = set(sent)
+    columns = torch.cat([torch.full((p.numel(),), name in kept, dtype=torch.bool) for name, p in params.items()]).to(
+        clipped.device
+    )
+    return clipped[:, columns]
 
 
 def clip_in_units(gradients: torch.Tensor, clip: float) -> torch.Tensor:
@@ -100,18 +114,25 @@ def clip_in_units(gradients: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def client_updates(
-    model: nn.Module, round_: Round, inputs: torch.Tensor, labels: torch.Tensor, loss: str, clip: float, device: str
+    model: nn.Module,
+    round_: Round,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    loss: str,
+    clip: float,
+    device: str,
+    sent: list[str] | None = None,
 ) -> torch.Tensor:
     """Each client's round update u = θ_K − θ₀, simulated by rankaudit.verify.client's local training (N samples,
-    batch B, E epochs, the round's optimizer, from the server's weights θ₀), flattened and clipped to norm `clip`
-    as DP-FedAvg clips a client's whole update, in units of `clip` (clip_in_units). inputs: U x N x ..., labels:
-    U x N."""
+    batch B, E epochs, the round's optimizer, from the server's weights θ₀), of the `sent` parameters (default every
+    trainable one; the others are trained and kept), flattened and clipped to norm `clip` as DP-FedAvg clips the
+    update a client sends, in units of `clip` (clip_in_units). inputs: U x N x ..., labels: U x N."""
     from torch.func import vmap
 
     from rankaudit.verify.client import LocalTraining
 
     net = model.to(device)
-    shared = [name for name, p in net.named_parameters() if p.requires_grad]
+    shared = [name for name, p in net.named_parameters() if p.requires_grad and (sent is None or name in sent)]
     if not shared:
         raise UsageError(
             "the model has no trainable parameters, so a client sends no update to clip and noise",
@@ -252,13 +273,17 @@ def verify_dp(
     seed: int = 0,
     device: str = "auto",
     data: str | None = None,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
 ) -> dict:
-    """Run the attack on the model's real clipped gradients; fill result.verification['dp'] beside B(1/M)."""
+    """Run the attack on the model's real clipped gradients, the part the server reads (`shared_layers` or
+    `withheld_layers`, as the bound takes them); fill result.verification['dp'] beside B(1/M)."""
     from rankaudit.bound import dp
     from rankaudit.settings import dp_options
     from rankaudit.verify.client import draw_labels, logits_of, loss_name_for
     from rankaudit.verify.inputs import real_inputs
     from rankaudit.verify.model import build_real_model, resolve_device
+    from rankaudit.verify.rank.jacobian import shared_parameter_names
 
     dp_options.validate(settings)
     if candidates < 2:
@@ -289,6 +314,14 @@ def verify_dp(
             "--local-samples; the bound B(κ) does not depend on N) or fewer --dp-candidates",
         )
     model, weights = build_real_model(spec, result.input_shape, seed)
+    partial = bool(shared_layers or withheld_layers)
+    sent = shared_parameter_names(model, shared_layers, withheld_layers) if partial else None
+    if partial and not sent:
+        raise UsageError(
+            "--verify dp attacks what the client sends, and the shared or withheld layers leave no trainable "
+            "parameter sent",
+            "name layers that are sent in --shared-layers, or fewer in --withheld-layers",
+        )
     inputs, source = real_inputs(result, data, units * per_unit, seed)
     with torch.no_grad():
         logits = logits_of(model(inputs[:1])).numel()
@@ -304,10 +337,17 @@ def verify_dp(
             loss,
             settings.clip,
             device,
+            sent,
         )
     else:
         gradients = unit_gradients(
-            model, inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit), loss, settings.clip, device
+            model,
+            inputs.reshape(units, per_unit, *shape),
+            labels.reshape(units, per_unit),
+            loss,
+            settings.clip,
+            device,
+            sent,
         )
     outcome = informed_attack(
         gradients[:candidates],
@@ -352,6 +392,8 @@ def verify_dp(
         unit = "sample"
         others = f"{count(known_units, 'other sample')} of its batch known to the attacker"
         rounds = "the same weights in each of the T steps"
+    clipped = "the whole trainable gradient clipped" if not client else "the update of these clipped"
+    sent_note = "" if sent is None else f"; only the {len(sent):,} parameters sent are attacked ({clipped})"
     verification = {
         "candidates": candidates,
         "trials": outcome.trials,
@@ -370,6 +412,7 @@ def verify_dp(
         "sample_rate": settings.sample_rate,
         "steps": settings.steps,
         "below_bound": high <= bound,
+        "shared_parameters": sent,  # None: every trainable parameter is sent
         "internal_error": internal_error,
         "notes": [
             f"weights: {weights}",
@@ -378,7 +421,7 @@ def verify_dp(
             f"unit: a {unit}; {others}",
             rounds,
             f"{'update' if client else 'gradient'} size {gradients.shape[1]:,}; clipped to {settings.clip:g} "
-            "(computed in units of it)",
+            "(computed in units of it)" + sent_note,
             separation_note(gradients[:candidates], 1.0),
             "noise drawn in full"
             if outcome.draw == "full"

@@ -24,6 +24,8 @@ def run(context: VerifyContext) -> dict:
         seed=context.seed,
         device=context.device,
         data=context.data,
+        shared_layers=context.shared_layers,
+        withheld_layers=context.withheld_layers,
     )
 
 

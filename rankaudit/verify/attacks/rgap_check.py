@@ -42,6 +42,8 @@ def run(context: VerifyContext) -> dict:
             restarts=context.restarts,
             artifacts=context.artifacts,
             show_progress=context.show_progress,
+            shared_layers=context.shared_layers,
+            withheld_layers=context.withheld_layers,
         )
     return verify_inputs(
         context.result, context.spec, AttackSettings.of(context), list(context.defenses), artifacts=context.artifacts
@@ -284,9 +286,12 @@ def verify_round_inputs(
     restarts: int = 2,
     artifacts: str | None = None,
     show_progress: bool = True,
+    shared_layers: list[str] | None = None,
+    withheld_layers: list[str] | None = None,
 ) -> dict:
-    """The FedAvg inversion attack on the round's update; fill result.verification['rgap'] (R-GAP's slot: the input
-    attack), with a per-client recovery."""
+    """The FedAvg inversion attack on the round's update, the part the server receives (`shared_layers` or
+    `withheld_layers`, as the bound takes them); fill result.verification['rgap'] (R-GAP's slot: the input attack),
+    with a per-client recovery."""
     from rankaudit.settings.round import round_dict
     from rankaudit.verify import baselines
     from rankaudit.verify.attacks import fedavg
@@ -294,6 +299,7 @@ def verify_round_inputs(
     from rankaudit.verify.client import round_labels
     from rankaudit.verify.inputs import round_inputs
     from rankaudit.verify.model import build_real_model, require_trainable, resolve_device
+    from rankaudit.verify.rank.jacobian import shared_parameter_names
 
     round_ = result.round
     if len(result.input_shape) != 3:
@@ -305,6 +311,7 @@ def verify_round_inputs(
     device = resolve_device(device)
     model, weights = build_real_model(spec, result.input_shape, seed)
     require_trainable(model, "--verify rgap for the round")
+    sent = shared_parameter_names(model, shared_layers, withheld_layers)
     images, source = round_inputs(result, data, seed, "rgap")
     labels, loss = round_labels(model, images, seed)
     with ProgressBar(
@@ -318,6 +325,7 @@ def verify_round_inputs(
             labels,
             round_,
             loss,
+            shared=sent,
             steps=steps,
             restarts=restarts,
             device=device,
@@ -347,6 +355,8 @@ def verify_round_inputs(
         f"inversion attack simulates the {round_.steps} local steps from θ₀ instead",
         *attack.notes,
     ]
+    if shared_layers or withheld_layers:
+        notes.append(f"the update fitted is the part the client sends: {len(sent)} parameter tensors")
     samples = [
         {
             "index": c * round_.samples + i,

@@ -108,6 +108,8 @@ def verify_rank(
     centre, centre_note = _reference_centre(result, data)
     # A batch of one has no batch to share statistics with (BatchNorm1d refuses to train on it): running ones then.
     bn_mode = result.round.bn_mode if result.round is not None and batch > 1 else "eval"
+    # In training mode the running statistics a client sends move with the batch: their rows join the sketch.
+    statistics = rank.sent_statistics(model, shared_layers, withheld_layers) if bn_mode == "train" else []
     shared_size = sum(p.numel() for name, p in model.named_parameters() if name in set(shared))
     measurements = []
     readings = []  # matrix-free: each sample's reading and its hidden share from above
@@ -146,6 +148,7 @@ def verify_rank(
                     hidden=True,
                     precision=precision,
                     centre=centre,
+                    statistics=statistics,
                     **common,
                 )
             overall.finish(overall.last_total)
@@ -157,6 +160,15 @@ def verify_rank(
         f"shared gradient: {len(shared)} parameter tensors, {shared_size:,} values",
         centre_note,
     ]
+    if statistics:
+        notes.append(
+            f"running statistics sent: {', '.join(statistics)}"
+            + (
+                " (not in the matrix-free reading: it measures the gradient alone; the bound counts them)"
+                if matrix_free
+                else " (their exact Jacobian's rows join the sketch)"
+            )
+        )
     if any(not reading.exact for reading, _ in readings):
         notes.append(
             "matrix-free: a Krylov basis of JᵀJ per sample, from products with J and Jᵀ; stopped before the "
@@ -530,6 +542,12 @@ def verify_round_rank(
         _mode_note(round_.bn_mode),
         centre_note,
     ]
+    sent_statistics = rank.sent_statistics(model, shared_layers, withheld_layers) if round_.bn_mode == "train" else []
+    if sent_statistics:
+        notes.append(
+            f"running statistics sent: {', '.join(sent_statistics)}; the round's sketch measures the update of the "
+            "parameters alone (the bound counts them)"
+        )
     if rounds > 1:
         notes.append(
             f"server rounds: {rounds} simulated"

@@ -83,7 +83,9 @@ def shared_parameter_names(
     def owned_by(parameter: str, layer: str) -> bool:
         return parameter == layer or parameter.startswith(layer + ".")
 
-    unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable)]
+    # A module or buffer that holds no trainable parameter (an affine-free norm, `bn1.running_mean`) sends nothing.
+    known = [name for name, _ in model.named_modules() if name] + [name for name, _ in model.named_buffers()]
+    unmatched = [layer for layer in named if not any(owned_by(p, layer) for p in trainable) and layer not in known]
     if unmatched:
         raise UsageError(
             f"no trainable parameter belongs to {', '.join(unmatched)} in the model with real weights",
@@ -94,6 +96,61 @@ def shared_parameter_names(
     if withheld_layers:
         return [p for p in trainable if not any(owned_by(p, layer) for layer in named)]
     return trainable
+
+
+def sent_statistics(
+    model: nn.Module, shared_layers: Iterable[str] | None = None, withheld_layers: Iterable[str] | None = None
+) -> list[str]:
+    """The running statistics a client in training mode sends with its update (a state_dict, not only
+    parameters()): every BatchNorm's running_mean and running_var keys, those --shared-layers covers or
+    --withheld-layers does not. Each moves by m·(the batch's mean or unbiased variance of the norm's input)."""
+    named = list(shared_layers or withheld_layers or [])
+
+    def covered(key: str) -> bool:
+        return any(key == name or key.startswith(name + ".") for name in named)
+
+    keys = [
+        f"{name}.{buffer}"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
+        for buffer in ("running_mean", "running_var")
+    ]
+    if shared_layers:
+        return [key for key in keys if covered(key)]
+    return [key for key in keys if not covered(key)]
+
+
+def statistics_jacobian(net: nn.Module, x: torch.Tensor, keys: list[str]) -> torch.Tensor:
+    """∂s/∂x for s the batch means and unbiased variances of the inputs of the BatchNorms whose running statistics
+    `keys` names, per channel: the running statistic (1-m)·old + m·s moves along exactly these rows (m ≠ 0, so the
+    rows span the same space). `net` in training mode; one row per channel and statistic."""
+    modules = dict(net.named_modules())
+    wanted = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in keys))
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [
+        modules[name].register_forward_pre_hook(lambda module, args, name=name: seen[name].append(args[0]))
+        for name in wanted
+    ]
+
+    def statistics(inputs: torch.Tensor) -> torch.Tensor:
+        seen.clear()
+        seen.update({name: [] for name in wanted})
+        net(inputs)
+        values = []
+        for key in keys:
+            name, buffer = key.rsplit(".", 1)
+            for read in seen[name]:  # a module called twice updates its statistics twice
+                dims = [0, *range(2, read.dim())]
+                values.append(read.mean(dim=dims) if buffer == "running_mean" else read.var(dim=dims, unbiased=True))
+        return torch.cat(values) if values else inputs.new_zeros(0)
+
+    try:
+        with _math_attention():
+            rows = torch.autograd.functional.jacobian(statistics, x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return rows.reshape(-1, x.numel())
 
 
 def measure(
@@ -112,6 +169,7 @@ def measure(
     precision: str = "float64",
     bn_mode: str = "eval",
     centre=None,
+    statistics: Iterable[str] = (),
 ) -> RankMeasurement:
     """rank(∂g/∂x) for the batch ``images`` (B x ...) with ``labels`` (B), all in float64 on ``device``.
 
@@ -127,7 +185,9 @@ def measure(
     with vectors unless the rank is full), for :mod:`rankaudit.verify.rank.hidden`. ``precision``:
     "float64" (the reference), "auto" (a float32 sketch first, kept only when it shows full rank with σ_min at
     least FLOAT32_MARGIN times above both float32's tolerance and its measured error, else float64; see
-    _float32_attempt) or "float32" (unchecked; for benchmarks).
+    _float32_attempt) or "float32" (unchecked; for benchmarks). ``statistics``: the running statistics the client
+    sends beside the gradient (sent_statistics); in training mode their exact Jacobian (statistics_jacobian) joins
+    the sketch's rows, so the rank is that of everything the server reads.
 
     Raises UsageError when the sketch does not fit the device's memory (check_size) and ModelLoadError (exit 3)
     when an op has no double backward.
@@ -158,6 +218,9 @@ def measure(
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(PRECISIONS)}")
     accepted, precision_note = None, "float64 asked for"
+    statistics = list(statistics) if bn_mode == "train" else []
+    if statistics and precision != "float64":
+        precision, precision_note = "float64", "float64: the running statistics' rows join the sketch"
     if names and precision != "float64":
         accepted, precision_note = _float32_attempt(
             net,
@@ -181,6 +244,8 @@ def measure(
                 method, used_chunk = _fill_sketch(
                     net, x, labels, loss, names, sketch, seed=seed, chunk_rows=chunk_rows, progress=progress
                 )
+        if statistics:
+            sketch = _with_statistics(sketch, statistics_jacobian(net, x, statistics).reshape(-1, unknowns))
         if not finite.all_finite(sketch):
             raise finite.sketch_error("--verify rank")
         if device.type == "cuda":
@@ -237,6 +302,15 @@ def measure(
         precision_note=precision_note,
         sample_ranks=per_sample,
     )
+
+
+def _with_statistics(sketch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The sketch R·J with the statistics' rows below it, each scaled to the sketch's largest row norm (scaling a
+    row changes no rank; it keeps the rows above the tolerance, which is relative to σ_max)."""
+    scale = float(sketch.norm(dim=1).max()) if sketch.numel() and float(sketch.abs().max()) > 0 else 1.0
+    norms = rows.norm(dim=1, keepdim=True)
+    scaled = torch.where(norms > 0, rows / norms.clamp_min(1e-300) * scale, rows)
+    return torch.cat([sketch, scaled.to(sketch)])
 
 
 def _float32_attempt(

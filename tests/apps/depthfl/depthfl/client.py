@@ -25,9 +25,9 @@ class FlowerClient(fl.client.NumPyClient):
         return self.get_parameters({}), len(self.trainloader), {}
 
 
-def gen_client_fn(num_epochs, trainloaders, learning_rate, learning_rate_decay, model):
+def gen_client_fn(num_epochs, trainloaders, learning_rate, learning_rate_decay, models):
     def client_fn(cid: str) -> FlowerClient:
-        net = instantiate(model).to(torch.device("cpu"))
+        net = instantiate(models[int(cid)]).to(torch.device("cpu"))
         return FlowerClient(net, trainloaders[int(cid)], num_epochs, learning_rate, learning_rate_decay)
 
     return client_fn
