@@ -95,7 +95,6 @@ def test_the_single_gradient_attack_reports_baselines_and_its_best_image(run_cli
     assert "the attack failed" not in attack["judgement"]
 
 
-@pytest.mark.slow  # the defended attack runs the optimisation fallback to its end (20 s)
 def test_defended_rows_carry_the_baselines(run_cli):
     _, out, _ = run_cli(
         EXAMPLES / "lenet_leaky.py", "--verify", "rgap", "--samples", 1, "--defense", "noise:0.1", "--format", "json"

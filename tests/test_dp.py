@@ -514,7 +514,6 @@ class Small(nn.Module):
 """
 
 
-@pytest.mark.slow  # the noise search and the Fisher review of every design, end to end (25 s)
 def test_suggest_names_the_least_noise(run_cli, tmp_path):
     """The CLI's search at q = 0.01, T = 100 (cheaper than the T = 1000 the direct test covers). With DP options the
     Fisher review measures each design sample by sample: a small CNN keeps that quick (the noise does not depend on

@@ -158,7 +158,6 @@ def test_compare_and_suggest_keep_their_json_on_stdout():
     assert "suggestions" in json.loads(done.stdout)
 
 
-@pytest.mark.slow  # every image verifier end to end (10 s)
 def test_every_image_verifier_keeps_the_json_on_stdout():
     done = rankaudit(
         HOSTILE / "noisy_image.py",

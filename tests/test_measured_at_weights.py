@@ -104,7 +104,6 @@ def test_weights_errors_are_one_line_with_their_exit_codes(run_cli, small_mlp, t
     assert code == 3 and "holds no state dict (a dict with keys epoch)" in err
 
 
-@pytest.mark.slow  # R-GAP stops at the ReLU and its optimisation fallback runs 2,000 steps (20-40 s)
 def test_the_attack_runs_at_the_weights_given(run_cli, small_mlp, tmp_path):
     """--weights reaches every verifier: R-GAP names the file it ran at."""
     torch.save(_dead_state(1), tmp_path / "w.pt")

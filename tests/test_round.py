@@ -320,7 +320,6 @@ def photographs(count: int) -> torch.Tensor:
     return images
 
 
-@pytest.mark.slow  # an attack run to its end (9 s)
 def test_fedavg_attack_recovers_a_two_step_round_in_one_batch(monkeypatch):
     """Measured: 2 photographs at 3x8x8, N = 2, B = 1 (two local steps), 150 steps x 4 restarts: PSNR 32.0 and
     30.5 dB at the round prior's 0.2 (38.0 and 42.5 dB at the earlier 0.02, which fell behind at 32 px)."""
@@ -523,7 +522,6 @@ def test_suggest_smallest_samples_is_one_batch_when_the_cap_already_protects():
     assert (review.verdict, review.rank_bound, review.unknowns) == ("exposed", 768, 768)
 
 
-@pytest.mark.slow  # two verifiers end to end through the command (13 s)
 def test_verify_rank_and_rgap_use_the_round(run_cli, tmp_path):
     import json
 
