@@ -29,6 +29,8 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
             "both --shared-layers and --withheld-layers given", "name either the shared or the withheld ones"
         )
     given = shared_layers or withheld_layers
+    if not given:
+        return None
     layers = {
         traced.record(n).name: [name for name, _ in traced.record(n).direct_params]
         for n in traced.order
@@ -36,8 +38,6 @@ def _shared_set(traced, shared_layers, withheld_layers) -> set[str] | None:
     }
     # The token embedding's table is a gradient too.
     layers.update({embedding.name: [embedding.weight] for embedding in traced.token_embeddings})
-    if not given:
-        return None
     parameters = model_parameters(traced)
     # A module without parameters (an affine-free norm, an activation) is a name of the model too, and so is a
     # buffer's state-dict key (`bn1.running_mean`, listed by an ExcludeVars): a running statistic named so is kept

@@ -146,3 +146,20 @@ class Net(nn.Module):
     def forward(self, x):
         return self.fc2(self.fc1(x).relu())
 """
+
+
+# A small CNN on 3x8x8 (a convolution and a linear head): quick to train, attack and search noise for.
+SMALL_CNN = """from torch import nn
+
+INPUT_SHAPE = (3, 8, 8)
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).relu().flatten(1))
+"""

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 pytest.importorskip("dp_accounting", reason="needs dp-accounting, not installed (pip install -e '.[dp]')")
-from conftest import EXAMPLES
+from conftest import EXAMPLES, SMALL_CNN
 from scipy.stats import norm
 
 from rankaudit.bound import dp
@@ -496,22 +496,6 @@ def test_an_interval_above_the_bound_is_an_internal_error_on_stderr(run_cli, mon
         EXAMPLES / "lenet.py", "--dp-noise", "2", "--verify", "dp", "--samples", "50", "-q", "--fail-on", "never"
     )
     assert "internal error: the attack's success rate 1.000" in err and "lies above the certified bound" in err
-
-
-SMALL_CNN = """from torch import nn
-
-INPUT_SHAPE = (3, 8, 8)
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 10)
-
-    def forward(self, x):
-        return self.fc(self.conv(x).relu().flatten(1))
-"""
 
 
 def test_suggest_names_the_least_noise(run_cli, tmp_path):

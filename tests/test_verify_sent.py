@@ -7,23 +7,10 @@ import json
 
 import pytest
 import torch
+from conftest import SMALL_CNN
 
 pytest.importorskip("scipy")
 
-SMALL_CNN = """from torch import nn
-
-INPUT_SHAPE = (3, 8, 8)
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 10)
-
-    def forward(self, x):
-        return self.fc(self.conv(x).relu().flatten(1))
-"""
 FC_VALUES = 4 * 8 * 8 * 10 + 10
 
 

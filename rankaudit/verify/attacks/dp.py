@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -328,27 +329,13 @@ def verify_dp(
     loss = loss_name_for(logits)
     labels = draw_labels(len(inputs), loss, logits, seed)
     shape = tuple(inputs.shape[1:])
-    if client:
-        gradients = client_updates(
-            model,
-            round_,
-            inputs.reshape(units, per_unit, *shape),
-            labels.reshape(units, per_unit),
-            loss,
-            settings.clip,
-            device,
-            sent,
-        )
-    else:
-        gradients = unit_gradients(
-            model,
-            inputs.reshape(units, per_unit, *shape),
-            labels.reshape(units, per_unit),
-            loss,
-            settings.clip,
-            device,
-            sent,
-        )
+    # A client's unit is its round's local training; a sample's, one gradient.
+    contributions = (
+        functools.partial(client_updates, model, round_) if client else functools.partial(unit_gradients, model)
+    )
+    gradients = contributions(
+        inputs.reshape(units, per_unit, *shape), labels.reshape(units, per_unit), loss, settings.clip, device, sent
+    )
     outcome = informed_attack(
         gradients[:candidates],
         gradients[candidates:],
