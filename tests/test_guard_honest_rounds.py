@@ -1,7 +1,7 @@
 """Honest FedAvg through Flower itself, judged by what the server can read: Flower's ServerApp running Flower's FedAvg
 strategy, Flower's ClientApp with the rankaudit_guard mod watching the client's own training, the in-process grid of
 tests/test_guard_flower.py handing each message over as the simulation does. Four clients, each with its own photo
-crops (scikit-learn's sample photographs), five rounds, for three models: Flower's quickstart CNN, an MLP and a
+crops (scikit-learn's sample photographs), ten rounds, for three models: Flower's quickstart CNN, an MLP and a
 ResNet-style block (and the MLP once more on 16 crops per client, where honest updates do show photographs). Every
 decision's log line is parsed: an update is sent, or the line names the readouts that read a sample, and each one is
 formed here from the update the client trained and must show its sample at 30 dB or more. FedAvg must receive
@@ -29,7 +29,7 @@ from test_guard_psnr import MLP, THRESHOLD, QuickstartCNN, ResidualBlock, photo_
 
 from rankaudit.guard.flower import BLOCKED_CODE, rankaudit_guard  # noqa: E402
 
-ROUNDS, CLIENTS, LR = 5, 4, 0.01
+ROUNDS, CLIENTS, LR = 10, 4, 0.01
 # (model, crop side, crops per client, batch): the quickstart's 64 crops in batches of 32; and the MLP again on 16
 # crops in batches of 8, where honest fc1 units do isolate single photographs (about half its updates block), so
 # that the blocks' own readouts are formed and confirmed here.
