@@ -51,6 +51,28 @@ def test_the_pair_search_finds_exactly_the_pairs_of_its_definition():
     assert {(2, 7, 5), (4, 9, 11)} <= found
 
 
+def test_the_pair_search_leaves_out_no_pair_of_its_definition_on_imprints_and_dominant_samples():
+    """The search first leaves out pairs that no sample can make parallel (from sums over the samples); on signals
+    built to sit near that line (an imprint's nested thresholds, units carried by one sample, near-parallel pairs,
+    tanh-like signals without zeros) it still finds every pair its definition gives."""
+    generator = torch.Generator().manual_seed(11)
+    count = 36
+    upstream = torch.randn(count, generator=generator, dtype=torch.float64)
+    brightness = torch.rand(count, generator=generator, dtype=torch.float64)
+    thresholds = torch.sort(brightness).values[[3, 4, 9, 10, 11, 20]]
+    imprint = upstream[:, None] * (brightness[:, None] >= thresholds[None, :]) * torch.tensor([1.0, -3.0, 1e4, 1, 2, 5])
+    carried = 1e-3 * torch.randn(count, 3, generator=generator, dtype=torch.float64)
+    carried[7, 0], carried[7, 1], carried[19, 2] = 40.0, -25.0, 8.0  # each unit's energy mostly one sample's
+    base = torch.randn(count, generator=generator, dtype=torch.float64)
+    near = torch.stack([base, 2.0 * base + 1e-6 * torch.randn(count, generator=generator, dtype=torch.float64)], 1)
+    near[30, 1] += 4.0
+    smooth = torch.tanh(torch.randn(count, 3, generator=generator, dtype=torch.float64))
+    signals = torch.cat([imprint, carried, near, smooth], 1)[:, torch.randperm(14, generator=generator)]
+    found = {(i, j, s) for i, j, s, _ in candidate_pairs(signals)}
+    expected = pairs_by_definition(signals)
+    assert found == expected and len(expected) >= 6
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()

@@ -124,7 +124,13 @@ def determined_psnr(
     (first_layer_bounds) is under it gets the bound, and no Jacobian."""
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
     x_all = samples.detach().to(dtype)
-    mean = x_all.to(torch.float64).mean(0).flatten()
+    # Summed in float64 a chunk at a time: a float64 copy of thousands of photographs at once costs more than the
+    # rest of the figure.
+    flat = x_all.flatten(1)
+    mean = torch.zeros(flat.shape[1], dtype=torch.float64)
+    for chunk in flat.split(256):
+        mean += chunk.to(torch.float64).sum(0)
+    mean /= max(len(flat), 1)
     found, notes = {}, []
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)

@@ -83,40 +83,64 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
         return []
     signals = signals.to(torch.float64)
     scale = signals.abs().amax(dim=0).clamp_min(1e-300)
-    energy = (signals * signals).sum(0)
-    keep = torch.nonzero(energy > 0).flatten()
+    exact = signals / scale
     # The search itself in float32, each unit's signal scaled to its largest entry (the test is blind to scale):
     # its error, about 1e-7 of each sum, is far under PARALLEL.
-    signals = (signals / scale).to(torch.float32)
+    signals = exact.to(torch.float32)
     gram = signals.T @ signals
     energy = gram.diagonal()
+    pairs = _possible_pairs(exact)
     found = []
-    step = max(1, PAIR_BLOCK // max(1, units * count))
     # Each unit's energy with sample s left out, (units, samples); infinite where nothing is left (such a unit is
     # a ratio readout, formed already), so that no bound it enters is met.
     left = energy[:, None] - signals.T**2
     left = torch.where(left > 0, left, math.inf)
-    for start in range(0, len(keep), step):
-        rows, cols = keep[start : start + step], keep[start:]  # each pair once: i before j
+    by_unit = signals.T.contiguous()
+    step = max(1, PAIR_BLOCK // count)
+    for start in range(0, len(pairs), step):
+        first, second = pairs[start : start + step, 0], pairs[start : start + step, 1]
         # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
-        cross = signals.T[rows][:, None, :] * signals.T[cols][None, :, :]
-        torch.sub(gram[rows][:, cols, None], cross, out=cross)
-        left_i, left_j = left[rows], left[cols]
+        cross = by_unit[first] * by_unit[second]
+        torch.sub(gram[first, second][:, None], cross, out=cross)
         # sine² ≤ PARALLEL, i.e. cross² ≥ (1 − PARALLEL)·left_i·left_j, computed in place (the block is the
         # search's whole memory and most of its time).
-        bound = left_i[:, None, :] * left_j[None, :, :]
+        bound = left[first] * left[second]
         bound.clamp_min_(1e-30).mul_(1 - PARALLEL)
         hit = torch.ge(cross.square_(), bound)
         del bound, cross
-        hit &= (rows[:, None] < cols[None, :])[:, :, None]
-        for a, b, s in torch.nonzero(hit).tolist():
-            i, j = int(rows[a]), int(cols[b])
+        for k, s in torch.nonzero(hit).tolist():
+            i, j = int(first[k]), int(second[k])
             cross = gram[i, j] - signals[s, i] * signals[s, j]  # the block's value, in the same float32 steps
-            ratio = float(cross / left_j[b, s])
+            ratio = float(cross / left[j, s])
             isolated = signals[s, i] - ratio * signals[s, j]
             if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
                 found.append((i, j, s, ratio * float(scale[i] / scale[j])))
     return found
+
+
+def _possible_pairs(signals: torch.Tensor) -> torch.Tensor:
+    """(pairs, 2): the units i < j for which some sample s can meet the pair test, from sums over the samples alone.
+    With a = δ_si, b = δ_sj, G = Σ δ_i·δ_j and E the units' energies, the test at s is f(s) ≥ 0 with
+        f(s) = (G − ab)² − (1 − p)(E_i − a²)(E_j − b²)
+             = G² − (1 − p)·E_i·E_j − 2G·ab + (1 − p)(E_i·b² + E_j·a²) + p·a²b²,
+    and with M the largest a² (b²) over the samples, f(s) ≤ G² − (1 − p)·E_i·E_j + 2|G|·√(M_i·M_j)
+    + (1 − p)(E_i·M_j + E_j·M_i) + p·M_i·M_j for every s. A pair whose bound is negative cannot pass at any sample;
+    p is ten times PARALLEL, so that the float32 search's rounding never meets a pair this leaves out. Units whose
+    signals are spread over many samples (most units of an honest model) leave almost every pair out."""
+    energy = (signals * signals).sum(0)
+    gram = signals.T @ signals
+    largest = (signals * signals).amax(dim=0)
+    p = 10 * PARALLEL
+    bound = (
+        gram**2
+        - (1 - p) * energy[:, None] * energy[None, :]
+        + 2 * gram.abs() * (largest[:, None] * largest[None, :]).sqrt()
+        + (1 - p) * (energy[:, None] * largest[None, :] + energy[None, :] * largest[:, None])
+        + p * largest[:, None] * largest[None, :]
+    )
+    live = energy > 0
+    possible = (bound >= 0) & live[:, None] & live[None, :]
+    return torch.nonzero(torch.triu(possible, diagonal=1))
 
 
 def pair_readouts(

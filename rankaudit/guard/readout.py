@@ -98,13 +98,15 @@ class LayerInputs:
         (rankaudit.guard.watch), used as they are; else the samples go through in chunks of CHUNK (eval mode: a
         chunk's outputs do not depend on the others)."""
         x = samples.detach().to(self.dtype)
-        flat = x.reshape(len(x), -1).to(torch.float64)
+        flat = x.reshape(len(x), -1)
+
+        def reads(vectors: torch.Tensor) -> bool:
+            # Compared only where the shapes agree: a float64 copy of every sample is costly for thousands of them.
+            return vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat.to(torch.float64)))
+
         if watched is not None:
             found, signals, why_not = watched
-            reads_input = {
-                name: found[name].shape == flat.shape and bool(torch.equal(found[name], flat)) for name in found
-            }
-            return found, signals, reads_input, dict(why_not)
+            return found, signals, {name: reads(found[name]) for name in found}, dict(why_not)
         parts = [
             self._chunk(x[start : start + CHUNK], None if labels is None else labels[start : start + CHUNK])
             for start in range(0, len(x), CHUNK)
@@ -121,7 +123,7 @@ class LayerInputs:
             vectors = torch.cat(pieces)
             found[name] = vectors.to(torch.float64)
             signals[name] = torch.cat([part[name][2] for part in parts]).to(torch.float64)
-            reads_input[name] = vectors.shape == flat.shape and bool(torch.equal(vectors.to(torch.float64), flat))
+            reads_input[name] = reads(vectors)
         return found, signals, reads_input, why_not
 
     def determined(
