@@ -196,3 +196,42 @@ def test_the_watched_tables_are_the_same_in_the_trainings_order_or_any_other():
         assert set(ours) == set(theirs) == {"fc1", "fc2"}
         assert all(torch.equal(ours[name][order], theirs[name]) for name in ours)
     assert watch.tables(x[:20]) is None  # steps on samples the guard was not given
+
+
+class TwoConvCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.conv2 = nn.Conv2d(6, 8, 3)
+        self.fc1 = nn.Linear(8 * 5 * 5, 12)
+        self.fc2 = nn.Linear(12, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def test_the_banded_factorisation_gives_the_whole_matrixs_bound(monkeypatch):
+    """The first convolution's bound, its Gram matrix factored a band-wide block at a time, is the one the whole
+    matrix gives (one block), on photo crops; with two identical filters the Gram matrix is singular, and neither
+    gives a bound."""
+    from sklearn.datasets import load_sample_images
+
+    torch.manual_seed(12)
+    image = torch.tensor(load_sample_images().images[1]).permute(2, 0, 1).float() / 255
+    x = torch.stack([image[:, 40 + 7 * n : 64 + 7 * n, 100 + 5 * n : 124 + 5 * n] for n in range(12)])
+    mean = x.double().mean(0).flatten()
+    model = TwoConvCNN().eval().requires_grad_(False)
+    samples = [0, 3, 5, 8, 11]
+    monkeypatch.setattr(features, "MIN_BLOCK", 1)
+    banded = features.first_layer_bounds(model, model.fc1, x, mean, samples)
+    monkeypatch.setattr(features, "MIN_BLOCK", 10**6)
+    whole = features.first_layer_bounds(model, model.fc1, x, mean, samples)
+    assert set(banded) == set(samples) and banded == pytest.approx(whole, rel=1e-9)
+    model.conv1.weight[1] = model.conv1.weight[0]
+    model.conv1.bias[1] = model.conv1.bias[0]
+    monkeypatch.setattr(features, "MIN_BLOCK", 1)
+    assert features.first_layer_bounds(model, model.fc1, x, mean, samples) == {}
+    monkeypatch.setattr(features, "MIN_BLOCK", 10**6)
+    assert features.first_layer_bounds(model, model.fc1, x, mean, samples) == {}

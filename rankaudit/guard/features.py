@@ -287,25 +287,63 @@ def _placement_bounds(
     torch.set_num_threads(1)
     try:
         for deviation, x, at, response in zip(deviations, xs, reached, responses):
-            channel, row, column = torch.nonzero(at & (norms > 0)[:, None, None], as_tuple=True)
+            # Ordered by position, row first: placements that overlap lie within a band of the order.
+            row, column, channel = torch.nonzero((at & (norms > 0)[:, None, None]).permute(1, 2, 0), as_tuple=True)
             if len(channel) >= deviation.numel():
                 bounds.append(None)
                 continue
             # int32 indices (the table has far fewer than 2³¹ entries) gather twice as fast as int64.
             first = (channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2).int()
             second = (channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2).int()
-            gram = table.index_select(0, (first[:, None] + second[None, :]).flatten()).view(len(channel), -1)
-            gram.diagonal().sub_(SHIFT)
-            factor, info = torch.linalg.cholesky_ex(gram)
-            if int(info) != 0:
-                bounds.append(None)
-                continue
-            b = (response[channel, row, column] / norms[channel])[:, None]
-            seen = float((torch.linalg.solve_triangular(factor, b, upper=False) ** 2).sum()) if len(channel) else 0.0
-            bounds.append(_psnr_with_seen(deviation, x, seen))
+            b = response[channel, row, column] / norms[channel]
+            seen = _seen_through_band(table, first, second, b, row, (k1 - 1) // s1)
+            bounds.append(None if seen is None else _psnr_with_seen(deviation, x, seen))
     finally:
         torch.set_num_threads(threads)
     return bounds
+
+
+# The smallest block of the banded factorisation: narrower blocks cost more in calls than they save in arithmetic.
+MIN_BLOCK = 64
+
+
+def _gram_block(table: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The placements' Gram matrix entries [i, j] = table[first[i] + second[j]], (len(first), len(second))."""
+    return table.index_select(0, (first[:, None] + second[None, :]).flatten()).view(len(first), len(second))
+
+
+def _seen_through_band(
+    table: torch.Tensor, first: torch.Tensor, second: torch.Tensor, b: torch.Tensor, row: torch.Tensor, reach: int
+) -> float | None:
+    """bᵀ(G − SHIFT·I)⁻¹b for the placements' Gram matrix G (entries as _gram_block gives them), or None when
+    G − SHIFT·I has no Cholesky factor. Placements whose rows (``row``, ascending) lie more than ``reach`` apart do
+    not overlap, so their entry is exactly zero and G is block tridiagonal in blocks at least as wide as that band:
+    its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with C = G_k,k-1 L_k-1⁻ᵀ), the same
+    factor as the whole matrix's, with the arithmetic of a band instead of a cube."""
+    count = len(first)
+    if not count:
+        return 0.0
+    last = torch.searchsorted(row, row + reach, right=True) - 1
+    width = max(int((last - torch.arange(count)).max()) + 1, MIN_BLOCK)
+    seen, previous = 0.0, None
+    for start in range(0, count, width):
+        stop = min(start + width, count)
+        block = _gram_block(table, first[start:stop], second[start:stop])
+        block.diagonal().sub_(SHIFT)
+        rhs = b[start:stop, None]
+        if previous is not None:
+            factor, solved, (before, after) = previous
+            coupling = _gram_block(table, first[start:stop], second[before:after])
+            c = torch.linalg.solve_triangular(factor, coupling.T, upper=False).T
+            block -= c @ c.T
+            rhs = rhs - c @ solved
+        factor, info = torch.linalg.cholesky_ex(block)
+        if int(info) != 0:
+            return None
+        solved = torch.linalg.solve_triangular(factor, rhs, upper=False)
+        seen += float((solved**2).sum())
+        previous = (factor, solved, (start, stop))
+    return seen
 
 
 def _psnr_of_determined(jacobian: torch.Tensor, deviation: torch.Tensor, x: torch.Tensor) -> float:
