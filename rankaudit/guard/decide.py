@@ -156,7 +156,9 @@ class Guard:
         measured, judge = None, None
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
-            measured, inputs = measure(self.model, received, sent, samples, labels, self.settings, watched=watched)
+            measured, inputs = measure(
+                self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
+            )
             judge = live_judge(inputs)
         self.watching = None
         return self.decide_measured(

@@ -51,7 +51,8 @@ class Architecture:
 
 @dataclass
 class Measurements:
-    """What the model measured for one update, as plain data (arrays as rankaudit.guard.measure.packed gives them)."""
+    """What the model measured for one update, as plain data (arrays as rankaudit.guard.measure.packed gives them,
+    or float64 tensors when the decision is made in the process that measured)."""
 
     layers: list[str]  # the readout layers, in the model's order
     vectors: dict[str, tuple]  # layer -> (N, d): what it reads from each sample at the received weights
@@ -65,7 +66,9 @@ class Measurements:
     energy: dict | None = None
 
 
-def _numpy(tables: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], bytes]]:
+def _numpy(tables: dict[str, torch.Tensor], as_bytes: bool = True) -> dict[str, tuple[tuple[int, ...], bytes]]:
+    if not as_bytes:  # the decision runs in this process: the float64 tables themselves, not a copy of their bytes
+        return {name: value.detach().cpu().to(torch.float64) for name, value in tables.items()}
     return {name: packed(value) for name, value in tables.items()}
 
 
@@ -75,8 +78,11 @@ def packed(value: torch.Tensor) -> tuple[tuple[int, ...], bytes]:
     return tuple(int(n) for n in array.shape), array.tobytes()
 
 
-def unpacked(value: tuple[tuple[int, ...], bytes]) -> torch.Tensor:
-    """The float64 tensor ``packed`` gave; one whose bytes do not fill its shape is refused."""
+def unpacked(value: tuple[tuple[int, ...], bytes] | torch.Tensor) -> torch.Tensor:
+    """The float64 tensor ``packed`` gave (or the table itself, from a measurement made in this process); one whose
+    bytes do not fill its shape is refused."""
+    if isinstance(value, torch.Tensor):
+        return value
     shape, data = value
     if len(data) != 8 * int(np.prod(shape, dtype=np.int64)):
         raise ValueError(f"an array of shape {shape} with {len(data)} bytes")
@@ -93,25 +99,28 @@ def measure(
     *,
     watched: tuple | None = None,
     judge_now: bool = False,
+    as_bytes: bool = True,
 ) -> tuple[Measurements, LayerInputs]:
     """The model's measurements for the update ``sent − received`` (both named like the model's state dict).
     ``judge_now``: also what each hidden layer's features determine of every sample some readout reads (the
-    deciding process cannot run the model to ask later)."""
+    deciding process cannot run the model to ask later). ``as_bytes``: tables as plain bytes, for another process;
+    False keeps them as tensors, for a decision made in this one."""
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     shared = [name for name in trainable if name in sent]
     inputs = LayerInputs(model, received, shared)
     found, signals, _, why_not = inputs.vectors(samples, labels, watched)
     measured = Measurements(
         layers=[name for name, _ in inputs.layers],
-        vectors=_numpy(found),
-        signals=_numpy(signals),
+        vectors=_numpy(found, as_bytes),
+        signals=_numpy(signals, as_bytes),
         why_not=dict(why_not),
         watched=watched is not None,
     )
     if watched is None:
         at_sent = LayerInputs(model, {**received, **sent}, shared)
         later_vectors, later_signals = at_sent.vectors(samples, labels)[:2]
-        measured.later_vectors, measured.later_signals = _numpy(later_vectors), _numpy(later_signals)
+        measured.later_vectors = _numpy(later_vectors, as_bytes)
+        measured.later_signals = _numpy(later_signals, as_bytes)
     if settings.energy_budget > 0 and labels is not None:
         from rankaudit.guard.energy import visible_energy
 
