@@ -84,8 +84,22 @@ def load_batch(data: str, labels: str | None) -> tuple[torch.Tensor, torch.Tenso
     return checked_samples(x, f"--data {data}"), checked_labels(y, len(x))
 
 
+def as_model_input(model: torch.nn.Module, samples: torch.Tensor, input_dtype=None) -> torch.Tensor:
+    """The samples as the model takes them: integer samples stay integers when the model reads token ids (its
+    declared input dtype is an integer one, or it has an embedding); anything else in the model's floating dtype."""
+    samples = samples.detach()
+    if not samples.is_floating_point() and not samples.is_complex():
+        if isinstance(input_dtype, torch.dtype) and not input_dtype.is_floating_point and not input_dtype.is_complex:
+            return samples.to(input_dtype)
+        if any(isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) for m in model.modules()):
+            return samples.to(torch.int64)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return samples.to(dtype)
+
+
 def checked_samples(x: np.ndarray, where: str) -> torch.Tensor:
-    """Real, finite samples, batch first, as float32 (what clients train in)."""
+    """Real, finite samples, batch first: integers (token ids, or pixels a model converts itself) as int64, anything
+    else as float32 (what clients train in); as_model_input gives them to the model."""
     if np.iscomplexobj(x):
         raise UsageError(
             f"{where}: the samples are complex ({x.dtype})", "give real-valued samples (the real part, or both)"
@@ -94,6 +108,8 @@ def checked_samples(x: np.ndarray, where: str) -> torch.Tensor:
         raise UsageError(f"{where}: samples of shape {x.shape} ({x.dtype})", "give numeric samples, batch first")
     # In NumPy, not torch: `rankaudit guard` reads the batch before it forks the model's worker, and a torch operation
     # large enough to start its thread pool there leaves the forked worker waiting on threads it does not have.
+    if np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
+        return torch.from_numpy(np.array(x, dtype=np.int64))
     with np.errstate(over="ignore", invalid="ignore"):
         array = np.ascontiguousarray(x, dtype=np.float32)
     if not bool(np.isfinite(array).all()):

@@ -18,8 +18,9 @@ import time
 import torch
 from torch import nn
 
+from rankaudit.errors import UsageError
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
-from rankaudit.guard.readout import architecture_difference, named_like_model
+from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts
 from rankaudit.result import GuardDecision, GuardReadout
 from rankaudit.settings.guard_options import GuardSettings
 
@@ -35,6 +36,8 @@ REASONS_SPELLED = 4
 def _words(readout: GuardReadout) -> str:
     if readout.kind == "ratio":
         how = f"unit {readout.units[0]}'s weight-row update over its bias update"
+    elif readout.kind == "row":
+        how = f"unit {readout.units[0]}'s weight-row update (no bias), at its best scale and offset,"
     else:
         i, j = readout.units
         how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"
@@ -81,23 +84,28 @@ def _altered(
     action: str,
     noise_scale: float,
     generator: torch.Generator,
+    whole_layers: bool = False,
 ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """``sent`` with each offending unit's weight row and bias entry set back to the received value (drop) or
     given Gaussian noise of ``noise_scale`` times that row's own update norm (noise); every unit of a layer whose
-    readout was a sample's features."""
+    readout was a sample's features, and with ``whole_layers`` every unit of any layer a readout was found in."""
     out = {name: value.detach().clone() for name, value in sent.items()}
     changed = set()
     rows = {(readout.layer, unit) for readout in readouts for unit in readout.units}
     # A deeper layer's features move with every local step, and the check compares with those at the received
-    # weights: a later step's readout of that layer can escape it, so such a layer goes as a whole.
+    # weights: a later step's readout of that layer can escape it, so such a layer goes as a whole. Without the
+    # steps' own records, which units a step's sample sits in is known only at the received and sent weights: a
+    # sample read in one pair of units can still be read in another pair of the same layer, so the layer goes.
     for readout in readouts:
-        if not readout.reads_input:
+        if whole_layers or not readout.reads_input:
             weight = f"{readout.layer}.weight" if readout.layer else "weight"
             rows |= {(readout.layer, unit) for unit in range(len(sent[weight]))}
     rows = sorted(rows)
     for layer, unit in rows:
         prefix = f"{layer}." if layer else ""
         for name in (f"{prefix}weight", f"{prefix}bias"):
+            if name not in sent:  # a layer without a bias
+                continue
             update = sent[name][unit].to(torch.float64) - received[name][unit].to(torch.float64)
             if action == "drop":
                 out[name][unit] = received[name][unit]
@@ -151,6 +159,8 @@ class Guard:
         received = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, received).items()}
         sent = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, sent).items()}
         samples = torch.as_tensor(samples)
+        if samples.dim() == 0 or not len(samples):
+            raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
         labels = None if labels is None else torch.as_tensor(labels)
         architecture = Architecture.of(self.model)
         measured, judge = None, None
@@ -214,9 +224,7 @@ class Guard:
             )
             return self._logged(decision), None
         inputs = MeasuredInputs(measured, received, samples, judge=judge)
-        readouts, checked, skipped, notes = inputs.find(
-            received, sent, labels, settings.min_psnr, check_features=settings.check_features
-        )
+        readouts, checked, skipped, notes = self._find(inputs, received, sent, samples, labels)
         energy = measured.energy
         leaking = [readout for readout in readouts if readout.leaks]
         features = [readout for readout in readouts if not readout.leaks]
@@ -244,7 +252,7 @@ class Guard:
                     "update's: blocked"
                 )
         elif leaking or acted_on:
-            action, to_send, changed, altered = self._alter(inputs, received, sent, labels, readouts)
+            action, to_send, changed, altered = self._alter(inputs, received, sent, samples, labels, readouts)
             notes += altered
         decision = GuardDecision(
             action=action,
@@ -264,28 +272,37 @@ class Guard:
         )
         return self._logged(decision), to_send
 
+    def _find(self, inputs, received, sent, samples, labels):
+        """(readouts, layers checked, layers skipped with why, notes): the measured layers' readouts, and those of
+        the weight matrices sent without a bias."""
+        settings = self.settings
+        readouts, checked, skipped, notes = inputs.find(
+            received, sent, labels, settings.min_psnr, check_features=settings.check_features
+        )
+        rows, rows_checked, unchecked = row_readouts(received, sent, samples, settings.min_psnr)
+        return rows + readouts, checked + rows_checked, skipped + ([unchecked] if unchecked else []), notes
+
     def _offending(self, readouts: list[GuardReadout]) -> tuple[list[GuardReadout], list[GuardReadout]]:
         """(readouts the action alters, feature readouts dropped by feature-action drop)."""
         leaking = [readout for readout in readouts if readout.leaks]
         dropped = [r for r in readouts if not r.leaks] if self.settings.feature_action == "drop" else []
         return leaking, dropped
 
-    def _alter(self, inputs, received, sent, labels, readouts):
+    def _alter(self, inputs, received, sent, samples, labels, readouts):
         """Drop or noise the offending rows, read what is left with the same test, and block what still reads a
         sample (or, under feature-action drop, a sample's features)."""
         settings, changed, current = self.settings, set(), sent
+        watched = bool(inputs.measured.watched)
         leaking, dropped = self._offending(readouts)
         action = settings.action if leaking else "drop"
         for _ in range(ALTER_PASSES):
             current, touched = _altered(
-                received, current, leaking, settings.action, settings.noise_scale, self.generator
+                received, current, leaking, settings.action, settings.noise_scale, self.generator, not watched
             )
             changed |= touched
             current, touched = _altered(received, current, dropped, "drop", settings.noise_scale, self.generator)
             changed |= touched
-            found, _, _, _ = inputs.find(
-                received, current, labels, settings.min_psnr, check_features=settings.check_features
-            )
+            found = self._find(inputs, received, current, samples, labels)[0]
             leaking, dropped = self._offending(found)
             if not leaking and not dropped:
                 return action, current, changed, []

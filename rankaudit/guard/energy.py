@@ -114,6 +114,14 @@ def visible_energy(
     from rankaudit.verify.rank.jacobian import measure
 
     started = time.perf_counter()
+    if not samples.is_floating_point():
+        return {
+            "threshold": min_hidden,
+            "budget_seconds": budget,
+            "measured": False,
+            "note": "not measured: the samples are integers (token ids), which have no energy to hide",
+            "seconds": 0.0,
+        }
     net = copy.deepcopy(net).to(torch.float64)
     for name, parameter in net.named_parameters():
         parameter.requires_grad_(name in shared)

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import nn
 
+from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
@@ -27,6 +28,57 @@ MAX_JACOBIAN_VALUES = 1 << 28
 # An eigenvalue of J·Jᵀ counts in J's rank above this share of the largest (float32 rows are exact to about 1e-7,
 # so their squares to 1e-14): erring towards a larger row space, which errs towards a higher figure.
 RANK_SHARE = 1e-12
+
+
+class _OnAtZero(torch.autograd.Function):
+    """max(x, 0) whose derivative at exactly 0 is 1, not 0. A ReLU whose input sits exactly at its kink (a pixel of
+    0 passed through a filter without a bias, as digits' backgrounds are) tells the server that input is not above
+    0, and a sample that never goes below 0 is then known there; counting that unit as on keeps what it tells in
+    the features' row space, so the figure errs towards a higher value, never a lower one."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.clamp_min(0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * (x >= 0).to(grad.dtype)
+
+
+class _KinksCountOn(torch.overrides.TorchFunctionMode):
+    """While the features' Jacobian is formed: every ReLU (torch.relu, F.relu, nn.ReLU, in place or not, and
+    clamp at a minimum of 0) as _OnAtZero."""
+
+    RELUS = (torch.relu, torch.nn.functional.relu, torch.Tensor.relu)
+    IN_PLACE = (torch.relu_, torch.nn.functional.relu_, torch.Tensor.relu_)
+    CLAMPS = (torch.clamp, torch.Tensor.clamp, torch.clamp_min, torch.Tensor.clamp_min)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.RELUS and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            if kwargs.get("inplace"):
+                return self._in_place(args[0])
+            return _OnAtZero.apply(args[0])
+        if func in self.IN_PLACE and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            return self._in_place(args[0])
+        if func in self.CLAMPS and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            low = args[1] if len(args) > 1 else kwargs.get("min")
+            high = args[2] if len(args) > 2 else kwargs.get("max")
+            if isinstance(low, (int, float)) and low == 0 and high is None:
+                return _OnAtZero.apply(args[0])
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _in_place(x):
+        x.copy_(_OnAtZero.apply(x.clone()))
+        return x
 
 
 class _Reached(Exception):
@@ -71,12 +123,12 @@ def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
     sample = x.detach()
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _KinksCountOn():
             values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
-        wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
-        if not len(wanted):
-            return torch.zeros(0, x.numel(), dtype=x.dtype)
-        rows = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)(_one_hots(wanted, len(values), values.dtype))[0]
+            wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
+            if not len(wanted):
+                return torch.zeros(0, x.numel(), dtype=x.dtype)
+            rows = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)(_one_hots(wanted, len(values), values.dtype))[0]
         return rows.reshape(len(wanted), -1)
     except (RuntimeError, NotImplementedError):
         # An operation vmap cannot batch (a custom autograd function, a data-dependent branch): the same rows,
@@ -97,7 +149,7 @@ def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
 
 
 def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    with torch.enable_grad():
+    with torch.enable_grad(), _KinksCountOn():
         copy = x[None].clone().requires_grad_(True)
         values = _features(net, module, copy)[0]
 
@@ -122,8 +174,12 @@ def determined_psnr(
     """({sample: PSNR of what the layer's features determine of it}, notes); ``net`` holds the received weights,
     ``module`` is the layer whose input the features are. With ``min_psnr``, a sample whose upper bound
     (first_layer_bounds) is under it gets the bound, and no Jacobian."""
-    dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
-    x_all = samples.detach().to(dtype)
+    x_all = as_model_input(net, samples)
+    if not x_all.is_floating_point():  # token ids: no Jacobian in them, and features that read them determine them
+        return dict.fromkeys(indices, IDENTICAL_PSNR), [
+            f"samples {indices[:8]}: the samples are token ids, and what their features determine of them is not "
+            "measured: the features count as the samples"
+        ] if indices else []
     # Summed in float64 a chunk at a time: a float64 copy of thousands of photographs at once costs more than the
     # rest of the figure.
     flat = x_all.flatten(1)
@@ -131,6 +187,12 @@ def determined_psnr(
     for chunk in flat.split(256):
         mean += chunk.to(torch.float64).sum(0)
     mean /= max(len(flat), 1)
+    if len(flat) == 1:
+        # One sample: its batch mean is the sample itself, a prior no server has. Its own average value per channel
+        # (a flat image of its colour) is as much as a server could guess without it, and more.
+        one = x_all[0].to(torch.float64)
+        rows = one.reshape(len(one), -1) if one.dim() > 1 else one.reshape(1, -1)
+        mean = rows.mean(1, keepdim=True).expand_as(rows).flatten().clone()
     found, notes = {}, []
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)
@@ -172,7 +234,7 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
     generator = torch.Generator().manual_seed(0)
     hook = first.register_forward_hook(cut)
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _KinksCountOn():
             sample = x.detach().clone().requires_grad_(True)
             features = _features(net, module, sample)
     except (RuntimeError, TypeError, ValueError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rankaudit.errors import UsageError
-from rankaudit.guard.batch import check_label_range, load_batch
+from rankaudit.guard.batch import as_model_input, check_label_range, load_batch
 from rankaudit.guard.measure import Architecture, Measurements, measure, packed, unpacked
 from rankaudit.guard.readout import architecture_difference
 from rankaudit.result import GuardRun
@@ -69,13 +69,15 @@ def train_and_measure(
 
     x, y = _batch(data, labels, round_)
     received = read_state_dict(weights)
-    model = load_model(spec, tuple(x.shape[1:]), device="cpu", model_args=model_args).module
+    loaded = load_model(spec, tuple(x.shape[1:]), device="cpu", model_args=model_args)
+    model = loaded.module
     architecture = Architecture.of(model)
     if architecture_difference(architecture, received) is not None:
         return LocalRound(architecture, None, None, "not trained", 0.0)  # blocked before any training
     with torch.no_grad():
         model.load_state_dict(received)
     net = client_mode(model.float(), round_.bn_mode)
+    x = as_model_input(net, x, loaded.input_dtype)
     with torch.no_grad():
         classes = logits_of(net(x[:1])).numel()
     loss = loss_name_for(classes)

@@ -164,7 +164,11 @@ def pair_readouts(
         [torch.stack([(p * p).sum(1), (p * q).sum(1)], 1), torch.stack([(p * q).sum(1), (q * q).sum(1)], 1)], 1
     )
     m = torch.stack([bias[i], bias[j]], 1)
-    z = torch.linalg.lstsq(gram, m[:, :, None]).solution[:, :, 0]
+    # Solved only where every value is finite (LAPACK's least squares fails on a NaN); elsewhere no nearest scale.
+    finite = torch.isfinite(gram).all(dim=(1, 2)) & torch.isfinite(m).all(dim=1)
+    z = torch.full_like(m, math.nan)
+    if bool(finite.any()):
+        z[finite] = torch.linalg.lstsq(gram[finite], m[finite][:, :, None]).solution[:, :, 0]
     nearest = -z[:, 1] / torch.where(z[:, 0] != 0, z[:, 0], torch.full_like(z[:, 0], 1e-300))
     results = []
     best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)

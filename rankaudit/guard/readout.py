@@ -11,10 +11,12 @@ sample.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
 
+from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import candidate_pairs, pair_readouts, peaks, ratio_readouts
 from rankaudit.result import GuardReadout
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
@@ -61,6 +63,85 @@ def architecture_difference(model: nn.Module, received: dict[str, torch.Tensor])
     return "; ".join(parts) if parts else None
 
 
+def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
+    """[(layer, its weight's name)] for each weight matrix sent without a bias beside it."""
+    found = []
+    for name, weight in sent.items():
+        if not (name == "weight" or name.endswith(".weight")) or weight.dim() < 2 or not weight.is_floating_point():
+            continue
+        layer = name[: -len("weight")].rstrip(".")
+        if (f"{layer}.bias" if layer else "bias") not in received and name in received:
+            found.append((layer, name))
+    return found
+
+
+def row_readouts(
+    received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor], samples: torch.Tensor, min_psnr: float
+) -> tuple[list[GuardReadout], list[str], str | None]:
+    """(readouts, layers checked, a skipped-layer line or None) for the weight matrices sent without a bias. With no
+    bias, no ratio fixes the scale of a unit's row update, which is one sample's vector when only that sample
+    reached the unit; a server that knows the data's range or mean fixes scale and offset itself. So a row the size
+    of a sample is compared with each sample at its best scale and offset (the most any such server reads), and
+    read at ``min_psnr`` or above leaks that sample; other such layers are not checked, and the line says so."""
+    readouts, checked, unchecked = [], [], []
+    size = samples[0].numel() if len(samples) else 0
+    for layer, name in _without_bias(received, sent):
+        weight = sent[name]
+        if not samples.is_floating_point() or weight[0].numel() != size:
+            unchecked.append(layer or "the model")
+            continue
+        checked.append(layer)
+        rows = weight.detach().reshape(len(weight), -1).to(torch.float64)
+        rows = rows - received[name].detach().reshape(len(weight), -1).to(torch.float64)
+        for unit, sample, score in _best_affine_matches(rows, samples.reshape(len(samples), -1).to(torch.float64)):
+            if score >= min_psnr:
+                readouts.append(
+                    GuardReadout(
+                        layer,
+                        [unit],
+                        "row",
+                        sample,
+                        10 ** (-score / 20),
+                        True,
+                        psnr=round(score, 2),
+                        sample_psnr=round(score, 2),
+                        leaks=True,
+                    )
+                )
+    if not unchecked:
+        return readouts, checked, None
+    line = (
+        f"{_listed(unchecked)}: no bias, so no ratio fixes the scale of a unit's row update, which can be one "
+        "sample's vector (a server that knows the data's range fixes it); not checked"
+    )
+    return readouts, checked, line
+
+
+def _best_affine_matches(rows: torch.Tensor, samples: torch.Tensor) -> list[tuple[int, int, float]]:
+    """[(unit, sample, PSNR)]: each finite, non-constant row's best match among the samples at the best scale and
+    offset (a·row + b), searched by correlation and recomputed directly; the peak is the sample's range."""
+    from rankaudit.guard.pairs import IDENTICAL_PSNR, peaks
+
+    centred_rows = rows - rows.mean(1, keepdim=True)
+    centred = samples - samples.mean(1, keepdim=True)
+    energy = (centred_rows * centred_rows).sum(1)
+    usable = torch.nonzero(torch.isfinite(energy) & (energy > 0)).flatten()
+    if not len(usable) or not len(samples):
+        return []
+    peak = peaks(samples)
+    cross = centred_rows[usable] @ centred.T
+    left = (centred * centred).sum(1)[None, :] - cross**2 / energy[usable, None]
+    best = (left.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
+    found = []
+    for unit, sample in zip(usable.tolist(), best.tolist()):
+        row, target = centred_rows[unit], centred[sample]
+        fitted = float(row @ target) / float(energy[unit]) * row
+        mse = float(((target - fitted) ** 2).mean())
+        score = IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(float(peak[sample]) ** 2 / mse))
+        found.append((unit, sample, score))
+    return found
+
+
 def named_like_model(model: nn.Module, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Arrays keyed "0", "1", ... (a list of arrays, as Flower's from_numpy_ndarrays keys them) renamed in the
     order of the model's state dict when their count matches; any other keys are returned as they are."""
@@ -85,7 +166,6 @@ class LayerInputs:
         # No graph through the weights: the backward only asks for each unit's per-sample signal.
         self.net.requires_grad_(False)
         self.layers = readout_layers(self.net, shared)
-        self.dtype = next((p.dtype for p in self.net.parameters() if p.is_floating_point()), torch.float32)
         # {(layer, sample): what the layer's features determine of the sample, in dB}: a figure of the received
         # weights and the sample alone, so each re-read of an altered update (drop, noise) reuses it.
         self._figures: dict[tuple[str, int], float] = {}
@@ -97,7 +177,7 @@ class LayerInputs:
         {layer: why it is not checked}). ``watched``: the tables recorded during the client's training
         (rankaudit.guard.watch), used as they are; else the samples go through in chunks of CHUNK (eval mode: a
         chunk's outputs do not depend on the others)."""
-        x = samples.detach().to(self.dtype)
+        x = as_model_input(self.net, samples)
         flat = x.reshape(len(x), -1)
 
         def reads(vectors: torch.Tensor) -> bool:
@@ -250,6 +330,8 @@ def _round_coefficients(weight_update: torch.Tensor, vectors: torch.Tensor) -> l
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     if len(vectors) > vectors.shape[1] or not len(vectors):
         return []
+    if not (bool(torch.isfinite(rows).all()) and bool(torch.isfinite(vectors).all())):
+        return []  # a least-squares solve over NaN or infinite values fails inside LAPACK
     solution = torch.linalg.lstsq(vectors.T, rows.T).solution  # (N, units)
     return [solution] if bool(torch.isfinite(solution).all()) else []
 

@@ -1,0 +1,309 @@
+"""The guard at its edges: a first layer without a bias, drop after several local steps that the guard did not
+watch, token ids, one sample, an empty batch and weights that are not numbers. Each leak is judged by a readout
+written here, from the float32 update the guard lets out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn import datasets
+from torch import nn
+
+from rankaudit.errors import UsageError
+from rankaudit.guard.batch import checked_samples
+from rankaudit.guard.decide import Guard
+from rankaudit.settings.guard_options import GuardSettings
+
+THRESHOLD = 30.0
+
+
+def psnr(readout: np.ndarray, sample: np.ndarray) -> float:
+    mse = float(np.mean((readout - sample) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
+
+
+def one_sgd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = 0.1) -> dict:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def trap_mlp(public: torch.Tensor, units: int, batch: int, seed: int) -> nn.Sequential:
+    """Boenisch et al.'s trap weights in a first layer without a bias: random rows, each shifted by a multiple of the
+    all-ones row until about one public sample in ``batch`` makes it fire."""
+    generator = torch.Generator().manual_seed(seed)
+    model = nn.Sequential(nn.Linear(public.shape[1], units, bias=False), nn.ReLU(), nn.Linear(units, 10))
+    totals = public.sum(1)
+    with torch.no_grad():
+        for unit in range(units):
+            row = torch.randn(public.shape[1], generator=generator)
+            scores = public @ row
+            shift = torch.quantile(scores / totals.clamp_min(1e-6), 1 - 1 / batch)
+            model[0].weight[unit] = row - shift
+    return model
+
+
+def read_rows_in_range(update: torch.Tensor, low: float, high: float) -> list[np.ndarray]:
+    """The server's readout of a layer without a bias: each row update stretched to the data's known range, with
+    the sign that puts most of it near the low end (digits are mostly background)."""
+    found = []
+    for row in update.double().numpy():
+        if not np.any(row) or row.max() == row.min():
+            continue
+        stretched = [(sign * row - (sign * row).min()) / np.ptp(row) * (high - low) + low for sign in (1, -1)]
+        found.append(min(stretched, key=lambda v: float(np.median(v))))
+    return found
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_trap_in_a_first_layer_without_a_bias_is_read_and_blocked(seed):
+    """Trap weights in a bias-free first layer on digits: the guard checks each row update at its best scale and
+    offset, names every digit the server's rescaled rows read at 30 dB or more, and blocks; dropped, the rows it
+    lets out read none."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[400 + 32 * seed : 432 + 32 * seed], dtype=torch.float32)
+    y = torch.tensor(digits.target[400 + 32 * seed : 432 + 32 * seed])
+    model = trap_mlp(torch.tensor(digits.data[1300:], dtype=torch.float32), units=96, batch=32, seed=seed)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    update = sent["0.weight"] - received["0.weight"]
+    read = {
+        n
+        for readout in read_rows_in_range(update, 0.0, 16.0)
+        for n, sample in enumerate(x.double().numpy())
+        if psnr(readout, sample) >= THRESHOLD
+    }
+    assert len(read) >= 5
+    fresh = trap_mlp(torch.zeros(1, 64), units=96, batch=32, seed=0)  # the architecture, other weights
+    decision, to_send = Guard(fresh).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert read <= set(decision.exact_samples), (read, decision.exact_samples)
+    assert "0" in decision.layers_checked
+    decision, to_send = Guard(fresh, GuardSettings(action="drop", seed=0)).decide(received, sent, x, y)
+    assert to_send is not None and decision.action == "drop"
+    left = to_send["0.weight"] - received["0.weight"]
+    assert not any(
+        psnr(readout, sample) >= THRESHOLD
+        for readout in read_rows_in_range(left, 0.0, 16.0)
+        for sample in x.double().numpy()
+    )
+
+
+def imprint_mlp(public: torch.Tensor, bins: int, seed: int):
+    """Fowl et al.'s binning imprint in fc1, each unit scaled by its own factor and the units shuffled, the next
+    layer scaled back: (model, each unit's scale, its threshold)."""
+    generator = torch.Generator().manual_seed(seed)
+    features = public.shape[1]
+    model = nn.Sequential(nn.Linear(features, bins), nn.ReLU(), nn.Linear(bins, 16), nn.ReLU(), nn.Linear(16, 3))
+    direction = torch.randn(features, generator=generator)
+    direction /= direction.norm()
+    thresholds = torch.quantile(public @ direction, torch.linspace(0, 1, bins + 2)[1:-1])
+    scales = torch.exp(torch.randn(bins, generator=generator))
+    order = torch.randperm(bins, generator=generator)
+    with torch.no_grad():
+        model[0].weight.copy_((scales[:, None] * direction[None, :])[order])
+        model[0].bias.copy_((-scales * thresholds)[order])
+        model[2].weight.copy_(torch.randn(16, 1, generator=generator) / scales[order][None, :])
+    return model, scales[order], thresholds[order]
+
+
+def test_drop_after_unwatched_local_steps_leaves_no_bin_the_server_reads():
+    """Several local steps with momentum, the guard not watching them: which units held a sample is known only at
+    the received and sent weights, so drop takes the whole layer a readout was found in; the server's own imprint
+    readout of what is sent (neighbouring thresholds, its own scales) reads no sample."""
+    wine = datasets.load_wine()
+    data = torch.tensor(wine.data, dtype=torch.float32)
+    public, private = data[::2], data[1::2][:36]
+    mean, spread = public.mean(0), public.std(0)
+    x = (private - mean) / spread
+    y = torch.tensor(wine.target[1::2][:36])
+    model, scales, thresholds = imprint_mlp((public - mean) / spread, bins=40, seed=5)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        for batch in torch.randperm(36, generator=generator).split(9):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+    def server_reads(weights):
+        rows = (weights["0.weight"] - received["0.weight"]).double()
+        bias = (weights["0.bias"] - received["0.bias"]).double()
+        ranked = torch.argsort(thresholds)
+        found = {}
+        for low, high in zip(ranked[:-1].tolist(), ranked[1:].tolist()):
+            denominator = float(scales[low] * bias[low] - scales[high] * bias[high])
+            if abs(denominator) <= 1e-12 * float(bias.abs().max()):
+                continue
+            readout = ((scales[low] * rows[low] - scales[high] * rows[high]) / denominator).numpy()
+            for n, sample in enumerate(x.double().numpy()):
+                if psnr(readout, sample) >= THRESHOLD:
+                    found[n] = max(found.get(n, 0.0), psnr(readout, sample))
+        return found
+
+    assert len(server_reads(sent)) >= 3
+    fresh = imprint_mlp(torch.randn(8, 13), bins=40, seed=0)[0]
+    for action in ("drop", "noise"):
+        decision, to_send = Guard(fresh, GuardSettings(action=action, seed=1)).decide(received, sent, x, y)
+        assert decision.exact_samples
+        assert to_send is None or not server_reads(to_send), (action, server_reads(to_send))
+
+
+class TokenModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(30, 4)
+        self.fc1 = nn.Linear(24, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.fc2(torch.relu(self.fc1(self.embed(ids).flatten(1))))
+
+
+def test_token_ids_reach_the_model_as_ids_and_read_features_count_as_the_tokens():
+    """A model that embeds token ids: the guard runs it on the ids (not on floats), and a unit that fires for one
+    sequence alone reads that sequence's embedded tokens, which determine it: blocked, and the note says why."""
+    ids = torch.randint(30, (12, 6), generator=torch.Generator().manual_seed(2))
+    y = torch.randint(3, (12,), generator=torch.Generator().manual_seed(3))
+    assert checked_samples(ids.numpy(), "test").dtype == torch.int64
+    torch.manual_seed(4)
+    model = TokenModel()
+    with torch.no_grad():
+        embedded = model.embed(ids).flatten(1)
+        direction = embedded[5] - embedded.mean(0)
+        scores = embedded @ direction
+        model.fc1.weight[0] = direction
+        model.fc1.bias[0] = -(scores[5] + scores[torch.arange(12) != 5].max()) / 2
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, ids, y)
+    decision, _ = Guard(TokenModel()).decide(received, sent, ids, y)
+    assert decision.action == "block" and 5 in decision.exact_samples
+    assert any("token ids" in note for note in decision.reasons + decision.notes)
+
+
+def test_an_empty_batch_and_weights_that_are_not_numbers_get_an_answer():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x, y = torch.randn(10, 8, generator=torch.Generator().manual_seed(0)), torch.arange(10) % 3
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(UsageError, match="no samples"):
+        Guard(model).decide(received, received, x[:0], y[:0])
+    poisoned = {name: value.clone() for name, value in received.items()}
+    poisoned["0.weight"][:] = math.nan
+    sent = one_sgd_step(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), x, y)
+    decision, _ = Guard(model).decide(poisoned, sent, x, y)
+    assert decision.action in ("send", "block")
+
+
+def test_one_sample_is_not_its_own_prior():
+    """One photograph, Flower's quickstart CNN at its seeded initialisation: fc1 reads its features, which show no
+    more of it than a flat image of its own colour does; sent (the batch mean of one sample would be the sample)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10),
+    )  # fmt: skip
+    image = torch.tensor(datasets.load_sample_images().images[0]).permute(2, 0, 1).float() / 255
+    x = (image[:, 200:232, 300:332][None] - 0.5) / 0.5
+    y = torch.tensor([3])
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y, lr=0.01)
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "send", decision.reasons
+    assert decision.feature_samples == [0] and decision.psnr[0] < THRESHOLD
+
+
+TOKEN_MODEL = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 4)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.fc(self.embed(ids).flatten(1))
+"""
+
+
+def test_the_command_runs_a_token_model_on_its_ids(run_cli, tmp_path):
+    """Integer samples stay integers for a model that embeds them: the command trains and decides on the ids
+    instead of failing in the model's embedding."""
+    import json
+
+    (tmp_path / "tokens.py").write_text(TOKEN_MODEL)
+    generator = torch.Generator().manual_seed(0)
+    weights = {
+        "embed.weight": torch.randn(20, 4, generator=generator),
+        "fc.weight": torch.randn(3, 16, generator=generator) / 4,
+        "fc.bias": torch.zeros(3),
+    }
+    torch.save(weights, tmp_path / "tokens.pt")
+    ids = np.random.default_rng(0).integers(0, 20, (8, 4))
+    np.savez(tmp_path / "tokens.npz", x=ids, y=np.arange(8) % 3)
+    code, out, err = run_cli(
+        "guard",
+        f"{tmp_path / 'tokens.py'}:Net",
+        "--weights",
+        tmp_path / "tokens.pt",
+        "--data",
+        tmp_path / "tokens.npz",
+        "--format",
+        "json",
+    )
+    assert code in (0, 1), err
+    assert json.loads(out)["guard"]["action"] in ("send", "block")
+
+
+class PassThrough(nn.Module):
+    """A first layer set to pass the sample, doubled, through a ReLU (no offset), then a readout layer."""
+
+    def __init__(self, conv: bool):
+        super().__init__()
+        self.conv = conv
+        self.first = nn.Conv2d(1, 1, 1) if conv else nn.Linear(64, 64)
+        self.fc1 = nn.Linear(64, 8)
+        self.fc2 = nn.Linear(8, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x.reshape(len(x), 1, 8, 8) if self.conv else x.flatten(1)))
+        return self.fc2(torch.relu(self.fc1(h.flatten(1))))
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["linear", "convolution"])
+def test_features_at_a_relus_kink_count_what_the_kink_tells(conv):
+    """Digits, mostly exact zeros, passed through a ReLU at its kink: a unit that fires for one digit reads its
+    features, which are the digit. At relu'(0) = 0 the zero pixels would look unknown; the guard counts them as
+    seen, names the digit and blocks; the server's ratio reads the digit at 30 dB or more."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[700:724], dtype=torch.float32)
+    y = torch.tensor(digits.target[700:724])
+    model = PassThrough(conv)
+    target = 13  # a 6: much of its background is stroke in the other digits
+    with torch.no_grad():
+        if conv:
+            model.first.weight.fill_(2.0)
+        else:
+            model.first.weight.copy_(2 * torch.eye(64))
+        model.first.bias.zero_()
+        # The least-norm row that gives the target's features 1 and every other digit's 0 (24 digits in 64 values).
+        model.fc1.weight[0] = torch.linalg.pinv(2 * x) @ (torch.arange(24) == target).float()
+        model.fc1.bias[0] = -0.5
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y, lr=0.05)
+    rows, bias = sent["fc1.weight"] - received["fc1.weight"], sent["fc1.bias"] - received["fc1.bias"]
+    readout = (rows[0].double() / bias[0].double()).numpy() / 2  # the server knows its own doubling
+    assert psnr(readout, x[target].double().numpy()) >= THRESHOLD
+    assert float((x[target] == 0).float().mean()) > 0.3
+    decision, to_send = Guard(PassThrough(conv)).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None and target in decision.exact_samples
+    assert any(r.layer == "fc1" and r.sample == target and r.sample_psnr >= THRESHOLD for r in decision.readouts)
