@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.guard.readout import LayerInputs, find_readouts
 from rankaudit.result import GuardReadout
@@ -125,7 +126,12 @@ def measure(
         from rankaudit.guard.energy import visible_energy
 
         measured.energy = visible_energy(
-            inputs.net, samples, labels, shared, min_hidden=settings.min_hidden, budget=settings.energy_budget
+            inputs.net,
+            as_model_input(inputs.net, samples),
+            labels,
+            shared,
+            min_hidden=settings.min_hidden,
+            budget=settings.energy_budget,
         )
     if judge_now and settings.check_features:
         view = MeasuredInputs(measured, received, samples, judge=live_judge(inputs))
