@@ -307,3 +307,24 @@ def test_features_at_a_relus_kink_count_what_the_kink_tells(conv):
     decision, to_send = Guard(PassThrough(conv)).decide(received, sent, x, y)
     assert decision.action == "block" and to_send is None and target in decision.exact_samples
     assert any(r.layer == "fc1" and r.sample == target and r.sample_psnr >= THRESHOLD for r in decision.readouts)
+
+
+def test_every_spelling_of_a_relu_counts_its_kink_as_on():
+    """torch.relu, F.relu (in place or not), nn.ReLU(inplace=True), clamp(min=0) and Tensor.relu_: the same values,
+    and a derivative of 1 at exactly 0 while the features' Jacobian is formed."""
+    from rankaudit.guard.features import _KinksCountOn
+
+    spellings = [
+        torch.relu,
+        nn.functional.relu,
+        lambda t: nn.functional.relu(t * 1, True),
+        lambda t: nn.ReLU(inplace=True)(t * 1),
+        lambda t: t.clamp(min=0),
+        lambda t: (t * 1).relu_(),
+    ]
+    for spelling in spellings:
+        x = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
+        with _KinksCountOn():
+            y = spelling(x)
+        (grad,) = torch.autograd.grad(y.sum(), x)
+        assert y.tolist() == [0.0, 0.0, 2.0] and grad.tolist() == [0.0, 1.0, 1.0]

@@ -62,8 +62,8 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.RELUS and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            if kwargs.get("inplace"):
+        if func in self.RELUS and len(args) in (1, 2) and isinstance(args[0], torch.Tensor):
+            if kwargs.get("inplace") or (len(args) == 2 and args[1] is True):
                 return self._in_place(args[0])
             return _OnAtZero.apply(args[0])
         if func in self.IN_PLACE and len(args) == 1 and isinstance(args[0], torch.Tensor):
