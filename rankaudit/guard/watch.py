@@ -16,6 +16,13 @@ from torch import nn
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
 
 
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal's answer, from numpy's comparison where numpy has the dtype (forty times faster on a CPU batch)."""
+    if a.dtype in (torch.bfloat16,) or a.dtype != b.dtype:
+        return bool(torch.equal(a, b))
+    return bool(np.array_equal(a.numpy(), b.numpy()))
+
+
 class Watch:
     """Hooks on ``net`` while the block runs; ``tables(samples)`` afterwards."""
 
@@ -81,8 +88,7 @@ class Watch:
         at = 0  # where the next step's batch starts when the steps run through the samples in order
         for step in trained:
             batch = step["x"].cpu().to(samples.dtype).contiguous()
-            # numpy's comparison: the same answer as torch.equal, forty times faster on a CPU batch.
-            if at + len(batch) <= len(samples) and np.array_equal(batch.numpy(), samples[at : at + len(batch)].numpy()):
+            if at + len(batch) <= len(samples) and _equal(batch, samples[at : at + len(batch)]):
                 rows = torch.arange(at, at + len(batch))
             else:  # shuffled, or other samples: each row found by its bytes
                 if not index:
