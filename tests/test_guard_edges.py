@@ -310,8 +310,9 @@ def test_features_at_a_relus_kink_count_what_the_kink_tells(conv):
 
 
 def test_every_spelling_of_a_relu_counts_its_kink_as_on():
-    """torch.relu, F.relu (in place or not), nn.ReLU(inplace=True), clamp(min=0) and Tensor.relu_: the same values,
-    and a derivative of 1 at exactly 0 while the features' Jacobian is formed."""
+    """torch.relu, F.relu (in place or not), nn.ReLU(inplace=True), clamp(min=0), Tensor.relu_, nn.Threshold(0, 0)
+    and torch.where(t > 0, t, 0): the same values, and a derivative of 1 at exactly 0 while the features' Jacobian is
+    formed."""
     from rankaudit.guard.features import _KinksCountOn
 
     spellings = [
@@ -321,6 +322,9 @@ def test_every_spelling_of_a_relu_counts_its_kink_as_on():
         lambda t: nn.ReLU(inplace=True)(t * 1),
         lambda t: t.clamp(min=0),
         lambda t: (t * 1).relu_(),
+        nn.Threshold(0.0, 0.0),
+        lambda t: torch.where(t > 0, t, 0.0),
+        lambda t: torch.where(t > 0, t, torch.zeros_like(t)),
     ]
     for spelling in spellings:
         x = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
@@ -328,3 +332,103 @@ def test_every_spelling_of_a_relu_counts_its_kink_as_on():
             y = spelling(x)
         (grad,) = torch.autograd.grad(y.sum(), x)
         assert y.tolist() == [0.0, 0.0, 2.0] and grad.tolist() == [0.0, 1.0, 1.0]
+
+
+class Spelled(nn.Module):
+    """One MLP, its ReLU and block spelled several ways that all compute the same function."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.fc1 = nn.Linear(64, 32)
+        self.relu = nn.ReLU(inplace=how == "in place")
+        self.fc2 = nn.Linear(32, 10)
+
+    def block(self, x):
+        return self.relu(self.fc1(x))
+
+    def forward(self, x):
+        if self.how == "checkpointed":
+            from torch.utils.checkpoint import checkpoint
+
+            return self.fc2(checkpoint(self.block, x, use_reentrant=False))
+        return self.fc2(self.block(x))
+
+
+def test_an_in_place_relu_or_a_checkpointed_block_gets_the_plain_models_decision():
+    """nn.ReLU(inplace=True) after a checked layer, and a block under torch.utils.checkpoint (which runs its
+    forward again during the backward): the same readouts as the plain model, without watching the training."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[900:916] / 16, dtype=torch.float32)
+    y = torch.tensor(digits.target[900:916])
+    decisions = {}
+    for how in ("plain", "in place", "checkpointed"):
+        torch.manual_seed(0)
+        model = Spelled(how)
+        received = {name: value.clone() for name, value in model.state_dict().items()}
+        sent = one_sgd_step(model, x, y)
+        torch.manual_seed(0)
+        decision, _ = Guard(Spelled(how)).decide(received, sent, x, y)
+        decisions[how] = (decision.action, decision.exact_samples, decision.psnr)
+    assert decisions["plain"][1], decisions
+    assert decisions["in place"] == decisions["checkpointed"] == decisions["plain"]
+
+
+class PixelsInside(nn.Module):
+    """Takes uint8 pixels and scales them itself, then a first layer without a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 48, bias=False)
+        self.fc2 = nn.Linear(48, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.float() / 16)))
+
+
+def test_integer_pixels_and_a_blank_image_are_judged_as_what_they_show():
+    """Digits as integers, scaled inside the model, trap weights in a bias-free first layer: the rows are compared
+    with the integer pixels at their best scale and offset, so each read digit is named and the update blocked; an
+    all-zero image in the batch is matched by no row (its offset alone is the fit) and named by none."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[1100:1132], dtype=torch.int64)
+    x[5] = 0
+    y = torch.tensor(digits.target[1100:1132])
+    model = PixelsInside()
+    trap = trap_mlp(torch.tensor(digits.data[1400:], dtype=torch.float32), units=48, batch=32, seed=9)
+    with torch.no_grad():
+        model.fc1.weight.copy_(trap[0].weight * 16)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    read = {
+        n
+        for readout in read_rows_in_range(sent["fc1.weight"] - received["fc1.weight"], 0.0, 16.0)
+        for n, sample in enumerate(x.double().numpy())
+        if n != 5 and psnr(readout, sample) >= THRESHOLD
+    }
+    decision, _ = Guard(PixelsInside()).decide(received, sent, x, y)
+    assert read and read <= set(decision.exact_samples) and decision.action == "block"
+    assert 5 not in decision.exact_samples
+
+
+def test_weights_no_readout_reads_are_listed_as_not_checked():
+    """A weight-normalised layer sends its parts (g and v), not a weight: they are named as not checked."""
+    model = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(8, 16)), nn.ReLU(), nn.Linear(16, 3))
+    x, y = torch.randn(12, 8, generator=torch.Generator().manual_seed(1)), torch.arange(12) % 3
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert any("parametrizations.weight.original1" in line and "not checked" in line for line in decision.skipped)
+
+
+def test_hugging_face_token_batches_give_their_input_ids():
+    from rankaudit.guard.batch import client_samples
+
+    ids = torch.randint(100, (10, 7), generator=torch.Generator().manual_seed(2))
+    batches = [
+        {"input_ids": ids[:5], "attention_mask": torch.ones(5, 7), "label": torch.arange(5)},
+        {"input_ids": ids[5:], "attention_mask": torch.ones(5, 7), "label": torch.arange(5)},
+    ]
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
+    samples, labels, _ = client_samples(loader)
+    assert samples.dtype == torch.int64 and torch.equal(samples, ids) and labels.tolist() == [0, 1, 2, 3, 4] * 2

@@ -299,7 +299,13 @@ def test_a_wrong_return_is_one_line_naming_what_is_expected(found, words):
     assert words in line and "\n" not in line
     assert any(
         words in line
-        for words in ("DataLoader", "img or image", "this round's samples", "real-valued", "one integer class label")
+        for words in (
+            "DataLoader",
+            "img, image or input_ids",
+            "this round's samples",
+            "real-valued",
+            "one integer class label",
+        )
     )
 
 

@@ -17,7 +17,7 @@ from rankaudit.settings.files import input_file
 
 # The keys a dict batch keeps its samples and labels under: Flower Datasets' image sets use "img"/"image" and
 # "label"; Hugging Face's vision processors "pixel_values"; the rest are common spellings.
-SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "input", "inputs", "features", "data")
+SAMPLE_KEYS = ("img", "image", "pixel_values", "input_ids", "x", "input", "inputs", "features", "data")
 LABEL_KEYS = ("label", "labels", "y", "target", "targets", "fine_label")
 # What `samples` may return, said whenever it returned something else.
 EXPECTED = (
@@ -173,7 +173,8 @@ def _split(item, where: str) -> tuple[object, object]:
         if sample is None:
             raise UsageError(
                 f"{where} gave dict batches with keys {', '.join(map(str, item))}, and none holds the samples",
-                "name the images img or image (and the labels label), as Flower Datasets does",
+                "name the samples img, image or input_ids (and the labels label), as Flower Datasets and Hugging "
+                "Face tokenizers do",
             )
         return item[sample], None if label is None else item[label]
     if isinstance(item, (tuple, list)) and len(item) == 2 and not _numbers(item):

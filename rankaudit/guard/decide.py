@@ -20,7 +20,7 @@ from torch import nn
 
 from rankaudit.errors import UsageError
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
-from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts
+from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts, unread_parameters
 from rankaudit.result import GuardDecision, GuardReadout
 from rankaudit.settings.guard_options import GuardSettings
 
@@ -279,8 +279,11 @@ class Guard:
         readouts, checked, skipped, notes = inputs.find(
             received, sent, labels, settings.min_psnr, check_features=settings.check_features
         )
-        rows, rows_checked, unchecked = row_readouts(received, sent, samples, settings.min_psnr)
-        return rows + readouts, checked + rows_checked, skipped + ([unchecked] if unchecked else []), notes
+        rows, rows_checked, unchecked, named = row_readouts(received, sent, samples, settings.min_psnr)
+        skipped = skipped + ([unchecked] if unchecked else [])
+        accounted = {*checked, *rows_checked, *named, *(line.split(":", 1)[0] for line in skipped)}
+        unread = unread_parameters(sent, accounted)
+        return rows + readouts, checked + rows_checked, skipped + ([unread] if unread else []), notes
 
     def _offending(self, readouts: list[GuardReadout]) -> tuple[list[GuardReadout], list[GuardReadout]]:
         """(readouts the action alters, feature readouts dropped by feature-action drop)."""

@@ -53,12 +53,15 @@ class _OnAtZero(torch.autograd.Function):
 
 
 class _KinksCountOn(torch.overrides.TorchFunctionMode):
-    """While the features' Jacobian is formed: every ReLU (torch.relu, F.relu, nn.ReLU, in place or not, and
-    clamp at a minimum of 0) as _OnAtZero."""
+    """While the features' Jacobian is formed: every ReLU (torch.relu, F.relu, nn.ReLU, in place or not, clamp at a
+    minimum of 0, a threshold of 0 to 0, and torch.where(h > 0, h, 0)) as _OnAtZero. A ReLU spelled as a product
+    with its own mask (h * (h > 0)) is not seen."""
 
     RELUS = (torch.relu, torch.nn.functional.relu, torch.Tensor.relu)
     IN_PLACE = (torch.relu_, torch.nn.functional.relu_, torch.Tensor.relu_)
     CLAMPS = (torch.clamp, torch.Tensor.clamp, torch.clamp_min, torch.Tensor.clamp_min)
+    THRESHOLDS = (torch.threshold, torch.nn.functional.threshold)
+    WHERES = (torch.where,)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -68,6 +71,14 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
             return _OnAtZero.apply(args[0])
         if func in self.IN_PLACE and len(args) == 1 and isinstance(args[0], torch.Tensor):
             return self._in_place(args[0])
+        if func in self.WHERES and len(args) == 3 and isinstance(args[1], torch.Tensor) and _zero(args[2]):
+            # torch.where(h > 0, h, 0): where h is exactly 0 both branches give 0, and the gradient goes to h.
+            condition, kept, other = args
+            if kept.is_floating_point() and isinstance(condition, torch.Tensor):
+                return func(condition | (kept == 0), kept, other)
+        if func in self.THRESHOLDS and len(args) >= 3 and isinstance(args[0], torch.Tensor):
+            if args[1] == 0 and args[2] == 0 and not kwargs.get("inplace") and not (len(args) > 3 and args[3]):
+                return _OnAtZero.apply(args[0])  # nn.Threshold(0, 0): a ReLU
         if func in self.CLAMPS and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
             low = args[1] if len(args) > 1 else kwargs.get("min")
             high = args[2] if len(args) > 2 else kwargs.get("max")
@@ -79,6 +90,13 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
     def _in_place(x):
         x.copy_(_OnAtZero.apply(x.clone()))
         return x
+
+
+def _zero(value) -> bool:
+    """A scalar 0, or a tensor of zeros."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0 and not bool(value.any())
+    return isinstance(value, (int, float)) and value == 0
 
 
 class _Reached(Exception):

@@ -77,8 +77,9 @@ def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tenso
 
 def row_readouts(
     received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor], samples: torch.Tensor, min_psnr: float
-) -> tuple[list[GuardReadout], list[str], str | None]:
-    """(readouts, layers checked, a skipped-layer line or None) for the weight matrices sent without a bias. With no
+) -> tuple[list[GuardReadout], list[str], str | None, list[str]]:
+    """(readouts, layers checked, a skipped-layer line or None, the layers it names) for the weight matrices sent
+    without a bias. With no
     bias, no ratio fixes the scale of a unit's row update, which is one sample's vector when only that sample
     reached the unit; a server that knows the data's range or mean fixes scale and offset itself. So a row the size
     of a sample is compared with each sample at its best scale and offset (the most any such server reads), and
@@ -87,8 +88,8 @@ def row_readouts(
     size = samples[0].numel() if len(samples) else 0
     for layer, name in _without_bias(received, sent):
         weight = sent[name]
-        if not samples.is_floating_point() or weight[0].numel() != size:
-            unchecked.append(layer or "the model")
+        if weight[0].numel() != size:
+            unchecked.append(layer)
             continue
         checked.append(layer)
         rows = weight.detach().reshape(len(weight), -1).to(torch.float64)
@@ -109,12 +110,29 @@ def row_readouts(
                     )
                 )
     if not unchecked:
-        return readouts, checked, None
+        return readouts, checked, None, []
     line = (
-        f"{_listed(unchecked)}: no bias, so no ratio fixes the scale of a unit's row update, which can be one "
-        "sample's vector (a server that knows the data's range fixes it); not checked"
+        f"{_listed([layer or 'the model' for layer in unchecked])}: no bias, so no ratio fixes the scale of a "
+        "unit's row update, which can be one sample's vector (a server that knows the data's range fixes it); not "
+        "checked"
     )
-    return readouts, checked, line
+    return readouts, checked, line, unchecked
+
+
+def unread_parameters(sent: dict[str, torch.Tensor], accounted: set[str]) -> str | None:
+    """A skipped-layer line for the weight matrices (two or more dimensions) sent that no readout reads and no other
+    line names (a parametrised weight's parts, an attention's packed projections, a recurrent layer's weights), or
+    None. ``accounted``: the layers checked or named as not checked."""
+    names = []
+    for name, value in sent.items():
+        if not value.is_floating_point() or value.dim() < 2:
+            continue
+        layer = name[: -len("weight")].rstrip(".") if name == "weight" or name.endswith(".weight") else None
+        if layer is None or layer not in accounted:
+            names.append(name)
+    if not names:
+        return None
+    return f"{_listed(names)}: not a layer's weight any readout here reads; not checked"
 
 
 def _best_affine_matches(rows: torch.Tensor, samples: torch.Tensor) -> list[tuple[int, int, float]]:
@@ -126,12 +144,15 @@ def _best_affine_matches(rows: torch.Tensor, samples: torch.Tensor) -> list[tupl
     centred = samples - samples.mean(1, keepdim=True)
     energy = (centred_rows * centred_rows).sum(1)
     usable = torch.nonzero(torch.isfinite(energy) & (energy > 0)).flatten()
-    if not len(usable) or not len(samples):
+    # A constant sample is matched by any row at scale 0: its offset alone is the fit, and the row shows nothing.
+    varied = (centred * centred).sum(1) > 0
+    if not len(usable) or not bool(varied.any()):
         return []
     peak = peaks(samples)
     cross = centred_rows[usable] @ centred.T
     left = (centred * centred).sum(1)[None, :] - cross**2 / energy[usable, None]
-    best = (left.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
+    left = torch.where(varied[None, :], left.clamp_min(0), math.inf)
+    best = (left / (peak**2)[None, :]).argmin(dim=1)
     found = []
     for unit, sample in zip(usable.tolist(), best.tolist()):
         row, target = centred_rows[unit], centred[sample]
@@ -163,8 +184,11 @@ class LayerInputs:
             state = self.net.state_dict()
             state.update({name: value.to(state[name].dtype) for name, value in received.items() if name in state})
             self.net.load_state_dict(state)
-        # No graph through the weights: the backward only asks for each unit's per-sample signal.
-        self.net.requires_grad_(False)
+        # No graph through the weights: the backward only asks for each unit's per-sample signal. (A scripted
+        # submodule's parameters may not be leaves here; they are left as they are.)
+        for parameter in self.net.parameters():
+            if parameter.is_leaf:
+                parameter.requires_grad_(False)
         self.layers = readout_layers(self.net, shared)
         # {(layer, sample): what the layer's features determine of the sample, in dB}: a figure of the received
         # weights and the sample alone, so each re-read of an altered update (drop, noise) reuses it.
@@ -228,9 +252,15 @@ class LayerInputs:
 
         def record(name, module, args, out):
             one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
-            if one_vector and not out.requires_grad:  # the first checkable layer: the graph starts at its output
-                out.requires_grad_()
-            seen[name].append((args[0].detach(), out if one_vector else None))
+            if not one_vector or not isinstance(out, torch.Tensor):
+                seen[name].append((args[0].detach(), None))
+                return None
+            if not out.requires_grad:  # the first checkable layer: the graph starts at its output
+                out = out.detach().requires_grad_()
+            seen[name].append((args[0].detach(), out))
+            # The model goes on with a copy: a ReLU(inplace=True) after the layer then changes the copy, not the
+            # output whose gradient is each sample's signal (nor a leaf, which autograd refuses to change).
+            return out.clone()
 
         hooks = [
             module.register_forward_hook(lambda mod, args, out, name=name: record(name, mod, args, out))
@@ -239,7 +269,10 @@ class LayerInputs:
         try:
             with torch.enable_grad():
                 output = logits_of(self.net(x))
-                outputs = [out for name, _ in self.layers for _, out in seen[name] if out is not None]
+                # What the forward pass recorded: a checkpointed block runs its forward again during the backward,
+                # and those calls are not this pass's.
+                recorded = {name: list(calls) for name, calls in seen.items()}
+                outputs = [out for name, _ in self.layers for _, out in recorded[name] if out is not None]
                 grads = (
                     torch.autograd.grad(_summed_loss(output, labels), outputs, allow_unused=True)
                     if output.requires_grad and outputs
@@ -250,7 +283,7 @@ class LayerInputs:
                 hook.remove()
         result, at = {}, 0
         for name, module in self.layers:
-            calls = seen[name]
+            calls = recorded[name]
             checkable = sum(out is not None for _, out in calls)
             gradients, at = grads[at : at + checkable], at + checkable
             if len(calls) != 1 or calls[0][1] is None:
