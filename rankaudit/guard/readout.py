@@ -79,11 +79,11 @@ def row_readouts(
     received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor], samples: torch.Tensor, min_psnr: float
 ) -> tuple[list[GuardReadout], list[str], str | None, list[str]]:
     """(readouts, layers checked, a skipped-layer line or None, the layers it names) for the weight matrices sent
-    without a bias. With no
-    bias, no ratio fixes the scale of a unit's row update, which is one sample's vector when only that sample
-    reached the unit; a server that knows the data's range or mean fixes scale and offset itself. So a row the size
-    of a sample is compared with each sample at its best scale and offset (the most any such server reads), and
-    read at ``min_psnr`` or above leaks that sample; other such layers are not checked, and the line says so."""
+    without a bias. With no bias, no ratio fixes the scale of a unit's row update, which is one sample's vector when
+    only that sample reached the unit; a server that knows the data's range or mean fixes scale and offset itself.
+    So a row the size of a sample is compared with each sample at its best scale and offset (the most any such
+    server reads), and read at ``min_psnr`` or above leaks that sample; other such layers are not checked, and the
+    line says so."""
     readouts, checked, unchecked = [], [], []
     size = samples[0].numel() if len(samples) else 0
     for layer, name in _without_bias(received, sent):
