@@ -23,7 +23,7 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import IDENTICAL_PSNR
-from rankaudit.guard.readout import LayerInputs, find_readouts
+from rankaudit.guard.readout import LayerInputs, bias_of, find_readouts, weight_layer
 from rankaudit.result import GuardReadout
 
 
@@ -280,10 +280,10 @@ def input_layers(received: dict[str, torch.Tensor], samples: torch.Tensor) -> di
     size = samples[0].numel() if len(samples) else 0
     found = {}
     for name, weight in received.items():
-        if not (name == "weight" or name.endswith(".weight")) or weight.dim() < 2 or not weight.is_floating_point():
+        layer = weight_layer(name)
+        if layer is None or weight.dim() < 2 or not weight.is_floating_point():
             continue
-        layer = name[: -len(".weight")] if name.endswith(".weight") else ""
-        bias = received.get(f"{layer}.bias" if layer else "bias")
+        bias = received.get(bias_of(layer))
         if bias is None or tuple(bias.shape) != (weight.shape[0],) or weight[0].numel() != size:
             continue
         found[layer] = samples.detach().to(weight.dtype).reshape(len(samples), -1).to(torch.float64)

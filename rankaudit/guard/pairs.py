@@ -127,9 +127,9 @@ def _possible_pairs(signals: torch.Tensor) -> torch.Tensor:
     + (1 − p)(E_i·M_j + E_j·M_i) + p·M_i·M_j for every s. A pair whose bound is negative cannot pass at any sample;
     p is ten times PARALLEL, so that the float32 search's rounding never meets a pair this leaves out. Units whose
     signals are spread over many samples (most units of an honest model) leave almost every pair out."""
-    energy = (signals * signals).sum(0)
+    squares = signals * signals
+    energy, largest = squares.sum(0), squares.amax(dim=0)
     gram = signals.T @ signals
-    largest = (signals * signals).amax(dim=0)
     p = 10 * PARALLEL
     bound = (
         gram**2

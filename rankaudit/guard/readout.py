@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rankaudit.guard.batch import as_model_input
-from rankaudit.guard.pairs import candidate_pairs, pair_readouts, peaks, ratio_readouts
+from rankaudit.guard.pairs import candidate_pairs, pair_readouts, peaks, psnr_of, ratio_readouts
 from rankaudit.result import GuardReadout
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
 
@@ -63,14 +63,27 @@ def architecture_difference(model: nn.Module, received: dict[str, torch.Tensor])
     return "; ".join(parts) if parts else None
 
 
+def weight_layer(name: str) -> str | None:
+    """The layer a state-dict entry is the weight of ("" for the model itself), or None when it is no layer's
+    weight."""
+    if name == "weight":
+        return ""
+    return name[: -len(".weight")] if name.endswith(".weight") else None
+
+
+def bias_of(layer: str) -> str:
+    """The state-dict name of a layer's bias."""
+    return f"{layer}.bias" if layer else "bias"
+
+
 def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
     """[(layer, its weight's name)] for each weight matrix sent without a bias beside it."""
     found = []
     for name, weight in sent.items():
-        if not (name == "weight" or name.endswith(".weight")) or weight.dim() < 2 or not weight.is_floating_point():
+        layer = weight_layer(name)
+        if layer is None or weight.dim() < 2 or not weight.is_floating_point():
             continue
-        layer = name[: -len("weight")].rstrip(".")
-        if (f"{layer}.bias" if layer else "bias") not in received and name in received:
+        if bias_of(layer) not in received and name in received:
             found.append((layer, name))
     return found
 
@@ -127,7 +140,7 @@ def unread_parameters(sent: dict[str, torch.Tensor], accounted: set[str]) -> str
     for name, value in sent.items():
         if not value.is_floating_point() or value.dim() < 2:
             continue
-        layer = name[: -len("weight")].rstrip(".") if name == "weight" or name.endswith(".weight") else None
+        layer = weight_layer(name)
         if layer is None or layer not in accounted:
             names.append(name)
     if not names:
@@ -137,9 +150,8 @@ def unread_parameters(sent: dict[str, torch.Tensor], accounted: set[str]) -> str
 
 def _best_affine_matches(rows: torch.Tensor, samples: torch.Tensor) -> list[tuple[int, int, float]]:
     """[(unit, sample, PSNR)]: each finite, non-constant row's best match among the samples at the best scale and
-    offset (a·row + b), searched by correlation and recomputed directly; the peak is the sample's range."""
-    from rankaudit.guard.pairs import IDENTICAL_PSNR, peaks
-
+    offset (a·row + b), searched by correlation, its PSNR from the fitted row's own difference with the sample; the
+    peak is the sample's range."""
     centred_rows = rows - rows.mean(1, keepdim=True)
     centred = samples - samples.mean(1, keepdim=True)
     energy = (centred_rows * centred_rows).sum(1)
@@ -153,14 +165,9 @@ def _best_affine_matches(rows: torch.Tensor, samples: torch.Tensor) -> list[tupl
     left = (centred * centred).sum(1)[None, :] - cross**2 / energy[usable, None]
     left = torch.where(varied[None, :], left.clamp_min(0), math.inf)
     best = (left / (peak**2)[None, :]).argmin(dim=1)
-    found = []
-    for unit, sample in zip(usable.tolist(), best.tolist()):
-        row, target = centred_rows[unit], centred[sample]
-        fitted = float(row @ target) / float(energy[unit]) * row
-        mse = float(((target - fitted) ** 2).mean())
-        score = IDENTICAL_PSNR if mse <= 0 else min(IDENTICAL_PSNR, 10 * math.log10(float(peak[sample]) ** 2 / mse))
-        found.append((unit, sample, score))
-    return found
+    scale = cross[torch.arange(len(usable)), best] / energy[usable]
+    scores = psnr_of(centred_rows[usable] * scale[:, None], centred[best], peak[best])
+    return list(zip(usable.tolist(), best.tolist(), scores.tolist()))
 
 
 def named_like_model(model: nn.Module, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
