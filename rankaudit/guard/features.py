@@ -103,29 +103,35 @@ class _Reached(Exception):
     """Raised by the hook at the layer: what comes after it does not change its input, so it does not run."""
 
 
-def _layer_input(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's input for a batch ``x``, the forward pass stopped there."""
-    seen = []
+def _layer_inputs(net: nn.Module, modules: tuple[nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's input for a batch ``x``, the forward pass stopped once every one of them has run."""
+    seen: dict[int, torch.Tensor] = {}
 
     def reached(mod, args):
-        seen.append(args[0])
-        raise _Reached
+        seen.setdefault(id(mod), args[0])
+        if len(seen) == len(modules):
+            raise _Reached
 
-    hook = module.register_forward_pre_hook(reached)
+    hooks = [module.register_forward_pre_hook(reached) for module in modules]
     try:
         net(x)
     except _Reached:
         pass
     finally:
-        hook.remove()
-    if not seen:
+        for hook in hooks:
+            hook.remove()
+    if len(seen) != len(modules):
         raise RuntimeError("the layer did not run in the model's forward pass")
-    return seen[0]
+    return [seen[id(module)] for module in modules]
 
 
-def _features(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's (batch, d) input vectors for a batch ``x``."""
-    return sample_vectors(module, _layer_input(net, module, x))
+def _features(net: nn.Module, module: nn.Module | tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor | None:
+    """The layer's (batch, d) input vectors for a batch ``x``; for several layers, theirs side by side."""
+    modules = module if isinstance(module, tuple) else (module,)
+    vectors = [sample_vectors(layer, found) for layer, found in zip(modules, _layer_inputs(net, modules, x))]
+    if any(found is None for found in vectors):
+        return None  # a layer that reads several vectors per sample
+    return vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=1)
 
 
 def _one_hots(chosen: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -192,12 +198,49 @@ def determined_psnr(
     """({sample: PSNR of what the layer's features determine of it}, notes); ``net`` holds the received weights,
     ``module`` is the layer whose input the features are. With ``min_psnr``, a sample whose upper bound
     (first_layer_bounds) is under it gets the bound, and no Jacobian."""
+    figures, notes = determined_by_layer(net, {"": module}, samples, {"": indices}, min_psnr)
+    return figures.get("", {}), notes.get("", [])
+
+
+def determined_by_layer(
+    net: nn.Module,
+    modules: dict[str, nn.Module],
+    samples: torch.Tensor,
+    pending: dict[str, list[int]],
+    min_psnr: float | None = None,
+) -> tuple[dict[str, dict[int, float]], dict[str, list[str]]]:
+    """determined_psnr for several layers at once ({layer: samples} in, {layer: {sample: PSNR}} and {layer: notes}
+    out). With ``min_psnr`` and more than one layer, the first layer's bound is formed once per sample for the
+    features of all those layers together (an upper bound for each of them); a sample it does not settle gets each
+    layer's own bound, then its Jacobian."""
+    wanted = {name: indices for name, indices in pending.items() if indices}
     x_all = as_model_input(net, samples)
     if not x_all.is_floating_point():  # token ids: no Jacobian in them, and features that read them determine them
-        return dict.fromkeys(indices, IDENTICAL_PSNR), [
-            f"samples {indices[:8]}: the samples are token ids, and what their features determine of them is not "
-            "measured: the features count as the samples"
-        ] if indices else []
+        return {name: dict.fromkeys(indices, IDENTICAL_PSNR) for name, indices in wanted.items()}, {
+            name: [
+                f"samples {indices[:8]}: the samples are token ids, and what their features determine of them is "
+                "not measured: the features count as the samples"
+            ]
+            for name, indices in wanted.items()
+        }
+    mean = _prior_mean(x_all)
+    together: dict[int, float] = {}
+    if min_psnr is not None and len(wanted) > 1:
+        everyone = sorted({index for indices in wanted.values() for index in indices})
+        bounds = first_layer_bounds(net, tuple(modules[name] for name in wanted), x_all, mean, everyone)
+        together = {index: bound for index, bound in bounds.items() if bound < min_psnr}
+    figures, notes = {}, {}
+    for name, indices in wanted.items():
+        settled = {index: together[index] for index in indices if index in together}
+        rest = [index for index in indices if index not in settled]
+        found, said = _determined(net, modules[name], x_all, mean, rest, min_psnr) if rest else ({}, [])
+        figures[name], notes[name] = {**settled, **found}, said
+    return figures, notes
+
+
+def _prior_mean(x_all: torch.Tensor) -> torch.Tensor:
+    """The flat float64 prior an attacker fills the undetermined part with: the batch's mean sample; for a batch of
+    one, the sample's own average value per channel."""
     # Summed in float64 a chunk at a time: a float64 copy of thousands of photographs at once costs more than the
     # rest of the figure.
     flat = x_all.flatten(1)
@@ -211,6 +254,13 @@ def determined_psnr(
         one = x_all[0].to(torch.float64)
         rows = one.reshape(len(one), -1) if one.dim() > 1 else one.reshape(1, -1)
         mean = rows.mean(1, keepdim=True).expand_as(rows).flatten().clone()
+    return mean
+
+
+def _determined(
+    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int], min_psnr
+) -> tuple[dict[int, float], list[str]]:
+    """One layer's figures: its first layer's bound where that is under ``min_psnr``, else the Jacobian's."""
     found, notes = {}, []
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)
@@ -278,7 +328,11 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
 
 
 def first_layer_bounds(
-    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
+    net: nn.Module,
+    module: nn.Module | tuple[nn.Module, ...],
+    x_all: torch.Tensor,
+    mean: torch.Tensor,
+    indices: list[int],
 ) -> dict[int, float]:
     """{sample: an upper bound on the PSNR of what the layer's features determine of it}, without its Jacobian,
     when a first layer reads the sample itself and every path from the sample to the features goes through it:
@@ -286,12 +340,14 @@ def first_layer_bounds(
     span of A's rows whose outputs reach the features, and the part of x − μ in that span bounds the part in
     J's. A Linear with fewer outputs than inputs: W's row space, one for every sample. A convolution without
     padding: the filter placements that reach the features, per sample. {} when no such layer is found; a
-    sample whose bound cannot be formed is left out."""
+    sample whose bound cannot be formed is left out. For several layers (a tuple), the features of all of them
+    side by side: each layer's features are some of them, so the bound is one for each layer."""
     size = x_all[0].numel()
     chosen = x_all[indices]
     xs = chosen.to(torch.float64).reshape(len(indices), -1)
+    layers = module if isinstance(module, tuple) else (module,)
     for first in net.modules():
-        if first is module:
+        if any(first is layer for layer in layers):
             continue
         if isinstance(first, nn.Linear) and first.in_features == size and first.out_features < size:
             if _reached_outputs(net, module, first, chosen) is None:
@@ -362,22 +418,21 @@ def _placement_bounds(
     responses = nn.functional.conv2d(deviations.reshape(len(deviations), *shape), weight, stride=conv.stride)
     if responses.shape != reached.shape:
         return [None] * len(deviations)  # the layer reads the sample's values laid out in another shape
-    bounds: list[float | None] = []
+    bounds: list[float | None] = [None] * len(deviations)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for deviation, x, at, response in zip(deviations, xs, reached, responses):
+        for number, (deviation, x, at, response) in enumerate(zip(deviations, xs, reached, responses)):
             # Ordered by position, row first: placements that overlap lie within a band of the order.
             row, column, channel = torch.nonzero((at & (norms > 0)[:, None, None]).permute(1, 2, 0), as_tuple=True)
             if len(channel) >= deviation.numel():
-                bounds.append(None)
                 continue
             # int32 indices (the table has far fewer than 2³¹ entries) gather twice as fast as int64.
             first = (channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2).int()
             second = (channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2).int()
             b = response[channel, row, column] / norms[channel]
             seen = _seen_through_band(table, first, second, b, row, (k1 - 1) // s1)
-            bounds.append(None if seen is None else _psnr_with_seen(deviation, x, seen))
+            bounds[number] = None if seen is None else _psnr_with_seen(deviation, x, seen)
     finally:
         torch.set_num_threads(threads)
     return bounds
@@ -399,7 +454,8 @@ def _seen_through_band(
     G − SHIFT·I has no Cholesky factor. Placements whose rows (``row``, ascending) lie more than ``reach`` apart do
     not overlap, so their entry is exactly zero and G is block tridiagonal in blocks at least as wide as that band:
     its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with C = G_k,k-1 L_k-1⁻ᵀ), the same
-    factor as the whole matrix's, with the arithmetic of a band instead of a cube."""
+    factor as the whole matrix's, with the arithmetic of a band instead of a cube. (One sample at a time: samples
+    formed together would all take the widest band and the most blocks, twice the arithmetic on photographs.)"""
     count = len(first)
     if not count:
         return 0.0

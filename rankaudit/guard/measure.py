@@ -140,11 +140,11 @@ def measure(
 
 
 def live_judge(inputs: LayerInputs):
-    from rankaudit.guard.features import determined_psnr
+    from rankaudit.guard.features import determined_by_layer
 
     modules = dict(inputs.layers)
-    return lambda name, samples, indices, min_psnr=None: determined_psnr(
-        inputs.net, modules[name], samples, indices, min_psnr
+    return lambda pending, samples, min_psnr=None: determined_by_layer(
+        inputs.net, {name: modules[name] for name in pending}, samples, pending, min_psnr
     )
 
 
@@ -214,27 +214,40 @@ class MeasuredInputs:
             )
 
     def determined(
-        self, name: str, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
-    ) -> tuple[dict[int, float], list]:
-        """What layer ``name``'s features determine of each sample: measured now (in the model's process), else
-        from the measurements; a sample they do not cover counts as read. Each (layer, sample) is measured once
-        per decision: the figure depends on the received weights and the sample alone, so a re-read of an altered
-        update (drop, noise) reuses it."""
+        self, pending: dict[str, list[int]], samples: torch.Tensor, min_psnr: float | None = None
+    ) -> tuple[dict[str, dict[int, float]], dict[str, list[str]]]:
+        """What each layer's features determine of each of its samples ({layer: samples} in; {layer: {sample: PSNR}}
+        and {layer: notes} out): measured now (in the model's process), else from the measurements; a sample they
+        do not cover counts as read. Each (layer, sample) is measured once per decision: the figure depends on the
+        received weights and the sample alone, so a re-read of an altered update (drop, noise) reuses it."""
+        figures, notes = {}, {}
         if self.judge is not None:
-            known = self.measured.figures.setdefault(name, {})
-            new = [index for index in indices if index not in known]
-            notes = []
-            if new:
-                figures, notes = self.judge(name, samples, new, min_psnr)
-                known.update(figures)
-                self.measured.figure_notes.setdefault(name, []).extend(notes)
-            return {index: known[index] for index in indices}, notes
-        known = self.measured.figures.get(name, {})
-        missing = [index for index in indices if index not in known]
-        notes = list(self.measured.figure_notes.get(name, []))
-        if missing:
-            notes.append(f"what the features of samples {missing} determine was not measured: they count as read")
-        return {index: known.get(index, IDENTICAL_PSNR) for index in indices}, notes
+            new = {
+                name: [i for i in indices if i not in self.measured.figures.get(name, {})]
+                for name, indices in pending.items()
+            }
+            said: dict[str, list[str]] = {}
+            if any(new.values()):
+                found, said = self.judge({name: indices for name, indices in new.items() if indices}, samples, min_psnr)
+                for name, values in found.items():
+                    self.measured.figures.setdefault(name, {}).update(values)
+                for name, lines in said.items():
+                    self.measured.figure_notes.setdefault(name, []).extend(lines)
+            for name, indices in pending.items():
+                known = self.measured.figures.get(name, {})
+                figures[name] = {index: known[index] for index in indices}
+                notes[name] = said.get(name, [])
+            return figures, notes
+        for name, indices in pending.items():
+            known = self.measured.figures.get(name, {})
+            missing = [index for index in indices if index not in known]
+            notes[name] = list(self.measured.figure_notes.get(name, []))
+            if missing:
+                notes[name].append(
+                    f"what the features of samples {missing} determine was not measured: they count as read"
+                )
+            figures[name] = {index: known.get(index, IDENTICAL_PSNR) for index in indices}
+        return figures, notes
 
     def find(
         self,

@@ -238,18 +238,19 @@ class LayerInputs:
         return found, signals, reads_input, why_not
 
     def determined(
-        self, name: str, samples: torch.Tensor, indices: list[int], min_psnr: float | None = None
-    ) -> tuple[dict[int, float], list[str]]:
-        """What layer ``name``'s features determine of each of the samples ``indices`` (rankaudit.guard.features),
-        each (layer, sample) measured once per decision."""
-        from rankaudit.guard.features import determined_psnr
+        self, pending: dict[str, list[int]], samples: torch.Tensor, min_psnr: float | None = None
+    ) -> tuple[dict[str, dict[int, float]], dict[str, list[str]]]:
+        """What each layer's features determine of each of its samples ({layer: samples} in; {layer: {sample: PSNR}}
+        and {layer: notes} out, rankaudit.guard.features), each (layer, sample) measured once per decision."""
+        from rankaudit.guard.features import determined_by_layer
 
-        new = [index for index in indices if (name, index) not in self._figures]
-        said: list[str] = []
-        if new:
-            figures, said = determined_psnr(self.net, dict(self.layers)[name], samples, new, min_psnr)
-            self._figures.update({(name, index): figure for index, figure in figures.items()})
-        return {index: self._figures[(name, index)] for index in indices}, said
+        new = {name: [i for i in indices if (name, i) not in self._figures] for name, indices in pending.items()}
+        said: dict[str, list[str]] = {}
+        if any(new.values()):
+            modules = dict(self.layers)
+            figures, said = determined_by_layer(self.net, {name: modules[name] for name in new}, samples, new, min_psnr)
+            self._figures.update({(name, i): figure for name, found in figures.items() for i, figure in found.items()})
+        return {name: {i: self._figures[(name, i)] for i in indices} for name, indices in pending.items()}, said
 
     def _chunk(self, x: torch.Tensor, labels: torch.Tensor | None) -> dict:
         """{layer: (calls per forward pass, its (n, d) vectors or None, its (n, units) signals)} for one chunk."""
@@ -396,6 +397,7 @@ def find_readouts(
     # are matched with the features at both (they move from step to step).
     later_vectors, later = at_sent.vectors(samples, labels)[:2] if at_sent is not None and watched is None else ({}, {})
     readouts, checked, skipped, notes = [], [], [], []
+    features: dict[str, list[GuardReadout]] = {}  # layer -> its readouts of a sample's features
     for name, _ in inputs.layers:
         prefix = f"{name}." if name else ""
         if name in why_not:
@@ -424,10 +426,16 @@ def find_readouts(
                     best[key] = entry
             found = list(best.values())
         if found and not reads_input[name]:
-            figures, said = inputs.determined(name, samples, sorted({r.sample for r in found}), min_psnr)
-            notes += [f"{name}: {line}" for line in said]
-            for entry in found:
-                entry.sample_psnr = round(figures[entry.sample], 2)
-                entry.leaks = figures[entry.sample] >= min_psnr
+            features[name] = found
         readouts += found
+    if features:
+        # Every layer's feature readouts judged together: one bound per sample serves all the layers that read it.
+        figures, said = inputs.determined(
+            {name: sorted({r.sample for r in found}) for name, found in features.items()}, samples, min_psnr
+        )
+        for name, found in features.items():
+            notes += [f"{name}: {line}" for line in said.get(name, [])]
+            for entry in found:
+                entry.sample_psnr = round(figures[name][entry.sample], 2)
+                entry.leaks = figures[name][entry.sample] >= min_psnr
     return readouts, checked, skipped, notes

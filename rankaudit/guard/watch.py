@@ -86,11 +86,13 @@ class Watch:
         step_signals: dict[str, list] = {}
         seen = torch.zeros(len(samples), dtype=torch.bool)
         at = 0  # where the next step's batch starts when the steps run through the samples in order
+        ordered = True  # every step so far took the next samples in order (then no row needs an index)
         for step in trained:
             batch = step["x"].cpu().to(samples.dtype).contiguous()
             if at + len(batch) <= len(samples) and _equal(batch, samples[at : at + len(batch)]):
                 rows = torch.arange(at, at + len(batch))
             else:  # shuffled, or other samples: each row found by its bytes
+                ordered = False
                 if not index:
                     index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples)}
                 found = [index.get(row.numpy().tobytes()) for row in batch]
@@ -109,8 +111,12 @@ class Watch:
                     return None  # a step without its backward: the records do not say what the step sent
                 if name in why_not:
                     continue
-                first_rows.setdefault(name, []).append(rows[first])
-                first_vectors.setdefault(name, []).append(step["vectors"][name][first])
+                if ordered and not bool(seen[rows[0]]):  # samples run in order, first seen now
+                    first_rows.setdefault(name, []).append(rows)
+                    first_vectors.setdefault(name, []).append(step["vectors"][name])
+                elif not ordered:
+                    first_rows.setdefault(name, []).append(rows[first])
+                    first_vectors.setdefault(name, []).append(step["vectors"][name][first])
                 step_rows.setdefault(name, []).append(rows)
                 step_signals.setdefault(name, []).append(step["signals"][name])
             seen[rows] = True
@@ -122,9 +128,16 @@ class Watch:
             if name in why_not:
                 continue
             found = torch.cat(first_vectors[name])
+            summed = torch.cat(step_signals[name]).to(torch.float64)
+            if ordered:  # the first epoch's rows are the samples in order, and every epoch's rows too
+                vectors[name] = found.to(torch.float64)
+                epochs = -(-len(summed) // len(samples))
+                padded = torch.zeros(epochs * len(samples), summed.shape[1], dtype=torch.float64)
+                padded[: len(summed)] = summed
+                signals[name] = padded.view(epochs, len(samples), -1).sum(0)
+                continue
             vectors[name] = torch.zeros(len(samples), found.shape[1], dtype=torch.float64)
             vectors[name][torch.cat(first_rows[name])] = found.to(torch.float64)
-            summed = torch.cat(step_signals[name]).to(torch.float64)
             signals[name] = torch.zeros(len(samples), summed.shape[1], dtype=torch.float64)
             signals[name].index_add_(0, torch.cat(step_rows[name]), summed)
         return vectors, signals, why_not
