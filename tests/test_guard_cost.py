@@ -265,3 +265,38 @@ def test_layers_that_read_the_same_samples_share_one_bound_per_sample(monkeypatc
         for n in pending[name]:
             assert own[n] - 1e-9 <= figures[name][n] < 30.0
             assert exact[n] - 1e-6 <= figures[name][n]
+
+
+def test_a_guard_that_keeps_its_measuring_copy_decides_each_round_as_a_new_guard_would():
+    """The copy of the model a guard measures with is kept between decisions: a later round, at other received
+    weights, finds the same readouts with the same figures as a guard made for that round alone."""
+    from sklearn.datasets import load_sample_images
+
+    from rankaudit.guard.decide import Guard
+
+    image = torch.tensor(load_sample_images().images[1]).permute(2, 0, 1).float() / 255
+    x = torch.stack([image[:, 30 + 11 * n : 58 + 11 * n, 90 + 6 * n : 118 + 6 * n] for n in range(16)])
+    y = torch.arange(16) % 10
+
+    def one_round(seed: int):
+        torch.manual_seed(seed)
+        model = TwoConvCNN()
+        received = {name: value.clone() for name, value in model.state_dict().items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        return received, model.state_dict()
+
+    def found(decision):
+        return sorted((r.layer, tuple(r.units), r.kind, r.sample, r.psnr, r.sample_psnr) for r in decision.readouts)
+
+    torch.manual_seed(0)
+    kept = Guard(TwoConvCNN())
+    read = 0
+    for seed in (1, 2, 3):
+        received, sent = one_round(seed)
+        decision, _ = kept.decide(received, sent, x, y)
+        fresh, _ = Guard(TwoConvCNN()).decide(received, sent, x, y)
+        assert found(decision) == found(fresh) and decision.action == fresh.action
+        read += len(decision.readouts)
+    assert kept._measuring is not None and read
