@@ -300,3 +300,21 @@ def test_a_guard_that_keeps_its_measuring_copy_decides_each_round_as_a_new_guard
         assert found(decision) == found(fresh) and decision.action == fresh.action
         read += len(decision.readouts)
     assert kept._measuring is not None and read
+
+
+@pytest.mark.parametrize("reach", [0, 1, 2, 4])
+@pytest.mark.parametrize("min_block", [1, 5, 64])
+def test_the_band_blocks_leave_the_gram_matrix_block_tridiagonal(reach, min_block, monkeypatch):
+    """The banded factorisation's blocks cover the placements in order, and any two blocks with one between them
+    lie more than ``reach`` rows apart (their placements cannot overlap), rows with no placement included."""
+    monkeypatch.setattr(features, "MIN_BLOCK", min_block)
+    generator = torch.Generator().manual_seed(reach * 100 + min_block)
+    for _ in range(20):
+        rows = torch.sort(
+            torch.randint(0, 30, (int(torch.randint(1, 200, (1,), generator=generator)),), generator=generator)
+        ).values
+        blocks = features._blocks(rows, reach)
+        assert blocks[0][0] == 0 and blocks[-1][1] == len(rows)
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(blocks, blocks[1:]))
+        for before, after in zip(blocks, blocks[2:]):
+            assert int(rows[after[0]]) - int(rows[before[1] - 1]) > reach

@@ -445,6 +445,22 @@ def _placement_bounds(
 MIN_BLOCK = 64
 
 
+def _blocks(row: torch.Tensor, reach: int) -> list[tuple[int, int]]:
+    """[(start, stop)]: consecutive blocks of the placements (``row`` ascending), each ``reach`` rows of placements
+    or more (at least MIN_BLOCK placements where the rows allow), so that two blocks with one between them lie more
+    than ``reach`` rows apart: the Gram matrix is block tridiagonal in them. A block as tall as the band is no
+    wider than the band is in that part of the sample."""
+    groups = torch.div(row, max(reach, 1), rounding_mode="floor")
+    starts = [0] + (torch.nonzero(groups[1:] != groups[:-1]).flatten() + 1).tolist()
+    blocks: list[tuple[int, int]] = []
+    for start, stop in zip(starts, starts[1:] + [len(row)]):
+        if blocks and blocks[-1][1] - blocks[-1][0] < MIN_BLOCK:
+            blocks[-1] = (blocks[-1][0], stop)
+        else:
+            blocks.append((start, stop))
+    return blocks
+
+
 def _gram_block(table: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """The placements' Gram matrix entries [i, j] = table[first[i] + second[j]], (len(first), len(second))."""
     return table.index_select(0, (first[:, None] + second[None, :]).flatten()).view(len(first), len(second))
@@ -455,18 +471,15 @@ def _seen_through_band(
 ) -> float | None:
     """bᵀ(G − SHIFT·I)⁻¹b for the placements' Gram matrix G (entries as _gram_block gives them), or None when
     G − SHIFT·I has no Cholesky factor. Placements whose rows (``row``, ascending) lie more than ``reach`` apart do
-    not overlap, so their entry is exactly zero and G is block tridiagonal in blocks at least as wide as that band:
-    its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with C = G_k,k-1 L_k-1⁻ᵀ), the same
+    not overlap, so their entry is exactly zero and G is block tridiagonal in blocks of at least ``reach`` rows
+    (_blocks): its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with C = G_k,k-1 L_k-1⁻ᵀ), the same
     factor as the whole matrix's, with the arithmetic of a band instead of a cube. (One sample at a time: samples
     formed together would all take the widest band and the most blocks, twice the arithmetic on photographs.)"""
     count = len(first)
     if not count:
         return 0.0
-    last = torch.searchsorted(row, row + reach, right=True) - 1
-    width = max(int((last - torch.arange(count)).max()) + 1, MIN_BLOCK)
     seen, previous = 0.0, None
-    for start in range(0, count, width):
-        stop = min(start + width, count)
+    for start, stop in _blocks(row, reach):
         block = _gram_block(table, first[start:stop], second[start:stop])
         block.diagonal().sub_(SHIFT)
         rhs = b[start:stop, None]
