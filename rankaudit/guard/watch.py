@@ -4,7 +4,9 @@
 step it keeps what each layer read from each sample and the gradient at the layer's output (each sample's signal
 at each unit, for the step it ran). ``Guard.decide`` then reads its tables from these records when they cover
 every sample it is given, and makes its own forward and backward pass otherwise. Forward passes without a
-backward (evaluation) leave no signal and are not used.
+backward (evaluation) leave no signal and are not used. Batches and layer inputs are kept, not copied (a copy of
+every batch costs the training more than the rest of the records); their version counters tell whether anything
+changed them in place afterwards, and then the records are not used.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Watch:
 
     def _started(self, module, args) -> None:
         if args and isinstance(args[0], torch.Tensor):
-            self.steps.append({"x": args[0].detach().clone(), "vectors": {}, "signals": {}, "calls": {}})
+            # Kept, not copied: the tensors' version counters tell whether anything changed them in place since.
+            x = args[0].detach()
+            self.steps.append({"x": x, "versions": [(x, x._version)], "vectors": {}, "signals": {}, "calls": {}})
 
     def _seen(self, name, module, args, out) -> None:
         if not self.steps or not torch.is_grad_enabled():
@@ -60,7 +64,9 @@ class Watch:
         vectors = sample_vectors(module, args[0]) if one_vector else None
         if vectors is None:
             return
-        step["vectors"][name] = vectors.detach().clone()
+        vectors = vectors.detach()
+        step["vectors"][name] = vectors
+        step["versions"].append((vectors, vectors._version))
         if out.requires_grad:
 
             def keep(grad, name=name, step=step):
@@ -75,6 +81,8 @@ class Watch:
         trained = [step for step in self.steps if step["signals"]]
         if not trained:
             return None
+        if any(kept._version != version for step in trained for kept, version in step["versions"]):
+            return None  # a batch or a layer's input changed in place after its step: the records are not its
         samples = samples.detach().cpu().contiguous()
         index: dict[bytes, int] = {}
         why_not: dict[str, str] = {}
