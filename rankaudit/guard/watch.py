@@ -4,9 +4,7 @@
 step it keeps what each layer read from each sample and the gradient at the layer's output (each sample's signal
 at each unit, for the step it ran). ``Guard.decide`` then reads its tables from these records when they cover
 every sample it is given, and makes its own forward and backward pass otherwise. Forward passes without a
-backward (evaluation) leave no signal and are not used. Batches and layer inputs are kept, not copied (a copy of
-every batch costs the training more than the rest of the records); their version counters tell whether anything
-changed them in place afterwards, and then the records are not used.
+backward (evaluation) leave no signal and are not used.
 """
 
 from __future__ import annotations
@@ -50,9 +48,7 @@ class Watch:
 
     def _started(self, module, args) -> None:
         if args and isinstance(args[0], torch.Tensor):
-            # Kept, not copied: the tensors' version counters tell whether anything changed them in place since.
-            x = args[0].detach()
-            self.steps.append({"x": x, "versions": [(x, x._version)], "vectors": {}, "signals": {}, "calls": {}})
+            self.steps.append({"x": args[0].detach().clone(), "vectors": {}, "signals": {}, "calls": {}})
 
     def _seen(self, name, module, args, out) -> None:
         if not self.steps or not torch.is_grad_enabled():
@@ -64,9 +60,7 @@ class Watch:
         vectors = sample_vectors(module, args[0]) if one_vector else None
         if vectors is None:
             return
-        vectors = vectors.detach()
-        step["vectors"][name] = vectors
-        step["versions"].append((vectors, vectors._version))
+        step["vectors"][name] = vectors.detach().clone()
         if out.requires_grad:
 
             def keep(grad, name=name, step=step):
@@ -81,8 +75,6 @@ class Watch:
         trained = [step for step in self.steps if step["signals"]]
         if not trained:
             return None
-        if any(kept._version != version for step in trained for kept, version in step["versions"]):
-            return None  # a batch or a layer's input changed in place after its step: the records are not its
         samples = samples.detach().cpu().contiguous()
         index: dict[bytes, int] = {}
         why_not: dict[str, str] = {}
