@@ -318,3 +318,31 @@ def test_the_band_blocks_leave_the_gram_matrix_block_tridiagonal(reach, min_bloc
         assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(blocks, blocks[1:]))
         for before, after in zip(blocks, blocks[2:]):
             assert int(rows[after[0]]) - int(rows[before[1] - 1]) > reach
+
+
+def test_watched_records_are_copies_that_a_refilled_buffer_does_not_change():
+    """The watch copies each step's batch and layer inputs: a loader that refills one buffer for every step, here
+    through NumPy (which no version counter of torch sees), leaves the same tables as fresh batches do."""
+    from rankaudit.guard.watch import Watch
+
+    generator = torch.Generator().manual_seed(6)
+    x, y = torch.rand(8, 3, 4, 4, generator=generator), torch.randint(10, (8,), generator=generator)
+    orders = (torch.arange(8), torch.randperm(8, generator=generator))  # two epochs of one batch
+    tables = []
+    for refilled in (True, False):
+        torch.manual_seed(2)
+        model = MLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        buffer = torch.empty(8, 3, 4, 4)
+        with Watch(model) as watch:
+            for rows in orders:
+                if refilled:
+                    buffer.numpy()[...] = x[rows].numpy()
+                batch = buffer if refilled else x[rows].clone()
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(batch), y[rows]).backward()
+                optimizer.step()
+        tables.append(watch.tables(x))
+    assert tables[0] is not None and tables[1] is not None
+    for ours, theirs in zip(tables[0][:2], tables[1][:2]):
+        assert all(torch.equal(ours[name], theirs[name]) for name in ours)
