@@ -267,39 +267,57 @@ def test_layers_that_read_the_same_samples_share_one_bound_per_sample(monkeypatc
             assert exact[n] - 1e-6 <= figures[name][n]
 
 
-def test_a_guard_that_keeps_its_measuring_copy_decides_each_round_as_a_new_guard_would():
-    """The copy of the model a guard measures with is kept between decisions: a later round, at other received
-    weights, finds the same readouts with the same figures as a guard made for that round alone."""
-    from sklearn.datasets import load_sample_images
+class MaskedDigits(nn.Module):
+    """An MLP whose input mask is a buffer outside the state dict, which the client changes between rounds."""
+
+    def __init__(self):
+        super().__init__()
+        mask = torch.ones(64)
+        mask[::2] = 0
+        self.register_buffer("mask", mask, persistent=False)
+        self.fc0, self.fc1, self.fc2 = nn.Linear(64, 64), nn.Linear(64, 40), nn.Linear(40, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(torch.relu(self.fc0(x * self.mask)))))
+
+
+def test_a_guard_judges_each_round_with_the_model_as_it_is_then():
+    """A guard used for several rounds measures each with the model as it is at that round: state outside the state
+    dict (here a mask buffer the client opens between rounds) counts, so a sample whose features show it is read
+    and blocked, as a guard made for that round alone does."""
+    from sklearn.datasets import load_digits
 
     from rankaudit.guard.decide import Guard
 
-    image = torch.tensor(load_sample_images().images[1]).permute(2, 0, 1).float() / 255
-    x = torch.stack([image[:, 30 + 11 * n : 58 + 11 * n, 90 + 6 * n : 118 + 6 * n] for n in range(16)])
-    y = torch.arange(16) % 10
-
-    def one_round(seed: int):
-        torch.manual_seed(seed)
-        model = TwoConvCNN()
-        received = {name: value.clone() for name, value in model.state_dict().items()}
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        return received, model.state_dict()
-
-    def found(decision):
-        return sorted((r.layer, tuple(r.units), r.kind, r.sample, r.psnr, r.sample_psnr) for r in decision.readouts)
-
+    digits = load_digits()
+    x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[:24])
     torch.manual_seed(0)
-    kept = Guard(TwoConvCNN())
-    read = 0
-    for seed in (1, 2, 3):
-        received, sent = one_round(seed)
-        decision, _ = kept.decide(received, sent, x, y)
-        fresh, _ = Guard(TwoConvCNN()).decide(received, sent, x, y)
-        assert found(decision) == found(fresh) and decision.action == fresh.action
-        read += len(decision.readouts)
-    assert kept._measuring is not None and read
+    model = MaskedDigits()
+
+    def update():
+        received = {name: value.clone() for name, value in model.state_dict().items()}
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+        nn.functional.cross_entropy(trained(x), y).backward()
+        optimizer.step()
+        return received, trained.state_dict()
+
+    guard = Guard(model)
+    guard.decide(*update(), x, y)
+    model.mask.fill_(1.0)  # the next round sees every pixel
+    with torch.no_grad():  # fc0 passes the pixels on; each fc1 unit fires for one sample (trap weights)
+        model.fc0.weight.copy_(torch.eye(64))
+        model.fc0.bias.fill_(1.0)
+        directions = torch.randn(40, 64, generator=torch.Generator().manual_seed(1)) / 8
+        top = ((x + 1) @ directions.T).topk(2, dim=0).values
+        model.fc1.weight.copy_(directions)
+        model.fc1.bias.copy_(-(top[0] + top[1]) / 2)
+    received, sent = update()
+    later, _ = guard.decide(received, sent, x, y)
+    fresh, _ = Guard(model).decide(received, sent, x, y)
+    assert later.action == fresh.action == "block"
+    assert later.exact_samples == fresh.exact_samples and len(later.exact_samples) >= 10
 
 
 @pytest.mark.parametrize("reach", [0, 1, 2, 4])

@@ -10,7 +10,6 @@ there.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -32,8 +31,6 @@ LOGGER.addHandler(logging.NullHandler())  # a library's logger: the application 
 ALTER_PASSES = 3
 # How many readouts a decision's reasons spell out before they count the rest.
 REASONS_SPELLED = 4
-# A model whose state is at most this large keeps its measuring copy between decisions.
-KEPT_COPY_BYTES = 64 << 20
 
 
 def _words(readout: GuardReadout) -> str:
@@ -139,19 +136,6 @@ class Guard:
         else:
             self.generator.manual_seed(self.settings.seed)
         self.watching = None
-        # The copy of a small model each decision measures with, kept for the next one (a copy costs more than
-        # loading its weights), with the architecture it was made from.
-        self._measuring: tuple[Architecture, nn.Module] | None = None
-
-    def _measuring_copy(self, architecture: Architecture) -> nn.Module | None:
-        """A copy of the model to measure with, kept between decisions when the model is small; None for a larger
-        one, which is copied for each decision and not kept (a second copy held between rounds costs memory)."""
-        size = sum(value.numel() * value.element_size() for value in self.model.state_dict().values())
-        if size > KEPT_COPY_BYTES:
-            return None
-        if self._measuring is None or self._measuring[0] != architecture:
-            self._measuring = (architecture, copy.deepcopy(self.model))
-        return self._measuring[1]
 
     def watch(self, net: nn.Module):
         """``with guard.watch(net): train(net)``: the per-sample tables the next ``decide`` needs, recorded during
@@ -182,17 +166,10 @@ class Guard:
         measured, judge = None, None
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
-            measuring = self._measuring_copy(architecture)
+            # A new copy of the model for each decision: one kept from the last would carry state the state dict
+            # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
             measured, inputs = measure(
-                self.model,
-                received,
-                sent,
-                samples,
-                labels,
-                self.settings,
-                watched=watched,
-                as_bytes=False,
-                net=measuring,
+                self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
             )
             judge = live_judge(inputs)
         self.watching = None

@@ -101,16 +101,14 @@ def measure(
     watched: tuple | None = None,
     judge_now: bool = False,
     as_bytes: bool = True,
-    net: nn.Module | None = None,
 ) -> tuple[Measurements, LayerInputs]:
     """The model's measurements for the update ``sent − received`` (both named like the model's state dict).
     ``judge_now``: also what each hidden layer's features determine of every sample some readout reads (the
     deciding process cannot run the model to ask later). ``as_bytes``: tables as plain bytes, for another process;
-    False keeps them as tensors, for a decision made in this one. ``net``: a copy of ``model`` to measure with, made
-    for an earlier decision (its weights are loaded again)."""
+    False keeps them as tensors, for a decision made in this one."""
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     shared = [name for name in trainable if name in sent]
-    inputs = LayerInputs(model, received, shared, net)
+    inputs = LayerInputs(model, received, shared)
     found, signals, _, why_not = inputs.vectors(samples, labels, watched)
     measured = Measurements(
         layers=[name for name, _ in inputs.layers],

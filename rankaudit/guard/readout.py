@@ -185,14 +185,10 @@ class LayerInputs:
     (eval mode: dropout off), and one backward pass of the samples' summed loss (with labels; else of a fixed random
     projection of the output, which has the same zeros behind a gate) from the first readout layer on."""
 
-    def __init__(
-        self, model: nn.Module, received: dict[str, torch.Tensor], shared: list[str], net: nn.Module | None = None
-    ):
-        """``net``: a copy of ``model`` an earlier decision made, used again (every entry of the model's state is
-        loaded into it, the received weights over the model's own) instead of a new copy."""
-        self.net = (copy.deepcopy(model) if net is None else net).eval()
+    def __init__(self, model: nn.Module, received: dict[str, torch.Tensor], shared: list[str]):
+        self.net = copy.deepcopy(model).eval()
         with torch.no_grad():
-            state = dict(self.net.state_dict() if net is None else model.state_dict())
+            state = self.net.state_dict()
             state.update({name: value.to(state[name].dtype) for name, value in received.items() if name in state})
             self.net.load_state_dict(state)
         # No graph through the weights: the backward only asks for each unit's per-sample signal. (A scripted
