@@ -432,3 +432,55 @@ def test_hugging_face_token_batches_give_their_input_ids():
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
     samples, labels, _ = client_samples(loader)
     assert samples.dtype == torch.int64 and torch.equal(samples, ids) and labels.tolist() == [0, 1, 2, 3, 4] * 2
+
+
+class HiddenSkip(nn.Module):
+    """fc1 reads a ReLU layer's features beside the pixels themselves, passed on a way autograd does not see."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.fc0, self.fc1, self.fc2 = nn.Linear(64, 4), nn.Linear(68, 40), nn.Linear(40, 10)
+
+    def forward(self, x):
+        if self.how == "detach":
+            skip = x.detach()
+        elif self.how == "data":
+            skip = x.data
+        else:
+            with torch.no_grad():
+                skip = x * 1.0
+        return self.fc2(torch.relu(self.fc1(torch.cat([torch.relu(self.fc0(x)), skip], 1))))
+
+
+@pytest.mark.parametrize("how", ["detach", "data", "no_grad"])
+def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
+    """Features that carry the pixels through detach, .data or torch.no_grad: their Jacobian does not see that path
+    and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks; the readout
+    written here reads each blocked sample's pixels at 30 dB or more from the update the guard was asked about."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[:24])
+    torch.manual_seed(0)
+    model = HiddenSkip(how)
+    with torch.no_grad():  # each fc1 unit fires for one sample
+        features = torch.cat([torch.relu(model.fc0(x)), x], 1)
+        directions = torch.randn(40, 68, generator=torch.Generator().manual_seed(1)) / 8
+        top = (features @ directions.T).topk(2, dim=0).values
+        model.fc1.weight.copy_(directions)
+        model.fc1.bias.copy_(-(top[0] + top[1]) / 2)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    rows = (sent["fc1.weight"].double() - received["fc1.weight"].double()).numpy()
+    bias = (sent["fc1.bias"].double() - received["fc1.bias"].double()).numpy()
+    read = {
+        n
+        for unit in range(40)
+        if abs(bias[unit]) > 1e-12
+        for n in range(24)
+        if psnr(rows[unit, 4:] / bias[unit], x[n].double().numpy()) >= THRESHOLD
+    }
+    assert decision.action == "block" and to_send is None
+    assert len(read) >= 10 and read <= set(decision.exact_samples)
+    assert any("Jacobian does not see" in line for line in decision.reasons + decision.notes)

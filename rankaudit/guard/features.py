@@ -13,6 +13,7 @@ vector-Jacobian products batched; when it would not fit in memory the sample cou
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -64,8 +65,17 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
     THRESHOLDS = (torch.threshold, torch.nn.functional.threshold)
     WHERES = (torch.where,)
 
+    def __init__(self):
+        super().__init__()
+        # What hid a path from the sample from autograd during the forward pass, if anything (the features'
+        # Jacobian does not see such a path); only while ``watching``: a backward's own operations run without grad.
+        self.hidden: str | None = None
+        self.watching = True
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.watching and self.hidden is None:
+            self.hidden = _hidden_path(func, args)
         if func in self.RELUS and len(args) in (1, 2) and isinstance(args[0], torch.Tensor):
             if kwargs.get("inplace") or (len(args) == 2 and args[1] is True):
                 return self._in_place(args[0])
@@ -91,6 +101,44 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
     def _in_place(x):
         x.copy_(_OnAtZero.apply(x.clone()))
         return x
+
+
+_DETACHES = (torch.Tensor.detach, torch.Tensor.detach_, torch.detach)
+_DATA = torch._C.TensorBase.data.__get__
+
+
+def _hidden_path(func, args) -> str | None:
+    """How an operation hides a value computed from the sample from autograd (its result still depends on the
+    sample, its gradient does not), or None."""
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor) and first.requires_grad:
+        if func in _DETACHES:
+            return "detaches a value computed from the sample (detach)"
+        if func == _DATA:
+            return "reads a value computed from the sample through .data"
+    if (
+        not torch.is_grad_enabled()
+        and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        and not _in_custom_function()
+    ):
+        return "computes with a value from the sample under torch.no_grad"
+    return None
+
+
+def _in_custom_function() -> bool:
+    """Whether a custom autograd.Function's forward is running (autograd runs it without grad, and its own backward
+    gives the gradient): a frame of torch's Function.apply is on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "apply" and code.co_filename.endswith(("autograd/function.py", "autograd\\function.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class HiddenPath(Exception):
+    """The model hides a path from the sample to the features from autograd: their Jacobian would not see it."""
 
 
 def _zero(value) -> bool:
@@ -148,8 +196,11 @@ def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
     sample = x.detach()
     try:
-        with torch.enable_grad(), _KinksCountOn():
+        with torch.enable_grad(), _KinksCountOn() as mode:
             values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
+            mode.watching = False
+            if mode.hidden:
+                raise HiddenPath(mode.hidden)
             wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
             if not len(wanted):
                 return torch.zeros(0, x.numel(), dtype=x.dtype)
@@ -174,9 +225,12 @@ def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
 
 
 def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    with torch.enable_grad(), _KinksCountOn():
+    with torch.enable_grad(), _KinksCountOn() as mode:
         copy = x[None].clone().requires_grad_(True)
         values = _features(net, module, copy)[0]
+        mode.watching = False
+        if mode.hidden:
+            raise HiddenPath(mode.hidden)
 
         def gradient_of(mix):
             (grads,) = torch.autograd.grad((values * mix).sum(), copy, allow_unused=True, retain_graph=True)
@@ -282,7 +336,16 @@ def _determined(
                 "memory; its features count as the sample"
             )
             continue
-        rows = jacobian(net, module, x_all[index]).to(torch.float64)
+        try:
+            rows = jacobian(net, module, x_all[index]).to(torch.float64)
+        except HiddenPath as hidden:
+            found[index] = IDENTICAL_PSNR
+            if not any("the features' Jacobian does not see" in line for line in notes):
+                notes.append(
+                    f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: "
+                    "the features of the samples it reads count as the samples"
+                )
+            continue
         x = x_all[index].to(torch.float64).flatten()
         found[index] = _psnr_of_determined(rows, x - mean, x)
     return found, notes
@@ -296,22 +359,27 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
     an output reaches a feature (ReLU and max-pool zeros are exact; a random mix of non-zero entries is not zero),
     and the gradient of a random mix of its input, taken in the sample, must be that mix."""
     inputs, outputs = [], []
+    mode = _KinksCountOn()
 
     def cut(mod, args, out):
+        mode.watching = False  # the cut's own detach is not the model's
         inputs.append(args[0])
         outputs.append(mod.forward(args[0].detach()).detach().requires_grad_(True))
+        mode.watching = True
         return outputs[-1].clone()  # not the leaf itself: the model may change its output in place (ReLU(inplace))
 
     generator = torch.Generator().manual_seed(0)
     hook = first.register_forward_hook(cut)
     try:
-        with torch.enable_grad(), _KinksCountOn():
+        with torch.enable_grad(), mode:
             sample = x.detach().clone().requires_grad_(True)
             features = _features(net, module, sample)
     except (RuntimeError, TypeError, ValueError):
         return None  # a model the cut does not run through: no bound, the Jacobian decides
     finally:
         hook.remove()
+    if mode.hidden:
+        return None  # a path autograd does not see: no bound, and the Jacobian's figure says so
     if len(inputs) != 1 or features is None or not inputs[0].requires_grad or inputs[0].numel() != sample.numel():
         return None
     reached = torch.zeros(outputs[0].shape, dtype=torch.bool)
