@@ -484,3 +484,28 @@ def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
     assert decision.action == "block" and to_send is None
     assert len(read) >= 10 and read <= set(decision.exact_samples)
     assert any("Jacobian does not see" in line for line in decision.reasons + decision.notes)
+
+
+class RotaryLike(nn.Module):
+    """Asks its input's device, dtype and size under torch.no_grad, as rotary position embeddings do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 12), nn.Linear(12, 10)
+
+    def forward(self, x):
+        with torch.no_grad():
+            angles = torch.arange(x.shape[-1], dtype=x.dtype, device=x.device) / x.size(-1)
+        return self.fc2(torch.relu(self.fc1(x * torch.cos(angles))))
+
+
+def test_asking_what_the_input_is_under_no_grad_hides_no_path():
+    """Reading the input's device, dtype or size under torch.no_grad carries nothing of the sample: the features'
+    figure is measured, not counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:12] / 16.0, dtype=torch.float32)
+    model = RotaryLike().eval().requires_grad_(False)
+    figures, notes = determined_psnr(model, model.fc2, x, [0, 3])
+    assert not notes and all(figure < THRESHOLD for figure in figures.values())

@@ -105,6 +105,12 @@ class _KinksCountOn(torch.overrides.TorchFunctionMode):
 
 _DETACHES = (torch.Tensor.detach, torch.Tensor.detach_, torch.detach)
 _DATA = torch._C.TensorBase.data.__get__
+# What a tensor is, not what it holds: asked under no_grad (rotary embeddings ask their input's device and dtype),
+# it carries nothing of the sample.
+_METADATA = frozenset(
+    ["size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex", "__len__", "stride"]
+    + ["element_size", "is_contiguous", "get_device", "data_ptr", "storage_offset", "__get__"]
+)
 
 
 def _hidden_path(func, args) -> str | None:
@@ -118,6 +124,7 @@ def _hidden_path(func, args) -> str | None:
             return "reads a value computed from the sample through .data"
     if (
         not torch.is_grad_enabled()
+        and getattr(func, "__name__", "") not in _METADATA
         and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
         and not _in_custom_function()
     ):
