@@ -547,9 +547,10 @@ def _seen_through_band(
     """bᵀ(G − SHIFT·I)⁻¹b for the placements' Gram matrix G (entries as _gram_block gives them), or None when
     G − SHIFT·I has no Cholesky factor. Placements whose rows (``row``, ascending) lie more than ``reach`` apart do
     not overlap, so their entry is exactly zero and G is block tridiagonal in blocks of at least ``reach`` rows
-    (_blocks): its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with C = G_k,k-1 L_k-1⁻ᵀ), the same
-    factor as the whole matrix's, with the arithmetic of a band instead of a cube. (One sample at a time: samples
-    formed together would all take the widest band and the most blocks, twice the arithmetic on photographs.)"""
+    (_blocks): its Cholesky factor is formed a block at a time (L_kk L_kkᵀ = G_kk − C Cᵀ with
+    C = G_k,k-1 L_k-1⁻ᵀ), the same factor as the whole matrix's, with the arithmetic of a band instead of a cube.
+    (One sample at a time: samples formed together would all take the widest band and the most blocks, twice the
+    arithmetic on photographs.)"""
     count = len(first)
     if not count:
         return 0.0
