@@ -32,19 +32,20 @@ class Watch:
         self.layers = readout_layers(net, names)
         self.steps: list[dict] = []
         self.hooks: list = []
+        self.layer_hooks: dict[str, object] = {}
 
     def __enter__(self) -> Watch:
         self.hooks.append(self.net.register_forward_pre_hook(self._started))
         for name, module in self.layers:
-            self.hooks.append(
-                module.register_forward_hook(lambda mod, args, out, name=name: self._seen(name, mod, args, out))
+            self.layer_hooks[name] = module.register_forward_hook(
+                lambda mod, args, out, name=name: self._seen(name, mod, args, out)
             )
         return self
 
     def __exit__(self, *exc) -> None:
-        for hook in self.hooks:
+        for hook in self.hooks + list(self.layer_hooks.values()):
             hook.remove()
-        self.hooks = []
+        self.hooks, self.layer_hooks = [], {}
 
     def _started(self, module, args) -> None:
         if args and isinstance(args[0], torch.Tensor):
@@ -59,6 +60,11 @@ class Watch:
         one_vector = args[0].dim() == 2 if isinstance(module, nn.Linear) else out.shape[2:].numel() == 1
         vectors = sample_vectors(module, args[0]) if one_vector else None
         if vectors is None:
+            # Not checkable in these records once one step has shown it (tables() names it so): its hook goes, and
+            # with it its cost in every later step.
+            hook = self.layer_hooks.pop(name, None)
+            if hook is not None:
+                hook.remove()
             return
         step["vectors"][name] = vectors.detach().clone()
         if out.requires_grad:
