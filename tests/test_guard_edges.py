@@ -456,8 +456,8 @@ class HiddenSkip(nn.Module):
 @pytest.mark.parametrize("how", ["detach", "data", "no_grad"])
 def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
     """Features that carry the pixels through detach, .data or torch.no_grad: their Jacobian does not see that path
-    and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks; the readout
-    written here reads each blocked sample's pixels at 30 dB or more from the update the guard was asked about."""
+    and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks, naming every
+    sample whose pixels the readout written here reads at 30 dB or more from the update it was asked about."""
     digits = datasets.load_digits()
     x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target[:24])
