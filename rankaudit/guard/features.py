@@ -325,7 +325,7 @@ def _determined(
     net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int], min_psnr
 ) -> tuple[dict[int, float], list[str]]:
     """One layer's figures: its first layer's bound where that is under ``min_psnr``, else the Jacobian's."""
-    found, notes = {}, []
+    found, notes, hidden_said = {}, [], False
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)
         found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
@@ -347,7 +347,8 @@ def _determined(
             rows = jacobian(net, module, x_all[index]).to(torch.float64)
         except HiddenPath as hidden:
             found[index] = IDENTICAL_PSNR
-            if not any("the features' Jacobian does not see" in line for line in notes):
+            if not hidden_said:  # one line for the layer, not one per sample
+                hidden_said = True
                 notes.append(
                     f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: "
                     "the features of the samples it reads count as the samples"
