@@ -313,7 +313,7 @@ def test_every_spelling_of_a_relu_counts_its_kink_as_on():
     """torch.relu, F.relu (in place or not), nn.ReLU(inplace=True), clamp(min=0), Tensor.relu_, nn.Threshold(0, 0)
     and torch.where(t > 0, t, 0): the same values, and a derivative of 1 at exactly 0 while the features' Jacobian is
     formed."""
-    from rankaudit.guard.features import _KinksCountOn
+    from rankaudit.guard.jacobian_mode import KinksCountOn
 
     spellings = [
         torch.relu,
@@ -328,7 +328,7 @@ def test_every_spelling_of_a_relu_counts_its_kink_as_on():
     ]
     for spelling in spellings:
         x = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
-        with _KinksCountOn():
+        with KinksCountOn():
             y = spelling(x)
         (grad,) = torch.autograd.grad(y.sum(), x)
         assert y.tolist() == [0.0, 0.0, 2.0] and grad.tolist() == [0.0, 1.0, 1.0]
@@ -447,16 +447,22 @@ class HiddenSkip(nn.Module):
             skip = x.detach()
         elif self.how == "data":
             skip = x.data
+        elif self.how == "round":  # digits' pixels are sixteenths: rounded to them, they are the pixels
+            skip = torch.round(x * 16) / 16
+        elif self.how == "integers":
+            skip = (x * 16).long().to(x.dtype) / 16
+        elif self.how == "numbers":
+            skip = torch.tensor(x.tolist(), dtype=x.dtype)
         else:
             with torch.no_grad():
                 skip = x * 1.0
         return self.fc2(torch.relu(self.fc1(torch.cat([torch.relu(self.fc0(x)), skip], 1))))
 
 
-@pytest.mark.parametrize("how", ["detach", "data", "no_grad"])
+@pytest.mark.parametrize("how", ["detach", "data", "no_grad", "round", "integers", "numbers"])
 def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
-    """Features that carry the pixels through detach, .data or torch.no_grad: their Jacobian does not see that path
-    and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks, naming every
+    """Features that carry the pixels through detach, .data, torch.no_grad, rounding, integers or Python numbers:
+    their Jacobian does not see that path and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks, naming every
     sample whose pixels the readout written here reads at 30 dB or more from the update it was asked about."""
     digits = datasets.load_digits()
     x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
@@ -508,4 +514,46 @@ def test_asking_what_the_input_is_under_no_grad_hides_no_path():
     x = torch.tensor(digits.data[:12] / 16.0, dtype=torch.float32)
     model = RotaryLike().eval().requires_grad_(False)
     figures, notes = determined_psnr(model, model.fc2, x, [0, 3])
+    assert not notes and all(figure < THRESHOLD for figure in figures.values())
+
+
+class _RoundThrough(torch.autograd.Function):
+    """Rounding whose backward passes the gradient through (a straight-through estimator, as quantisation-aware
+    training has): its own backward says what the Jacobian sees."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class MasksAndIndices(nn.Module):
+    """Comparisons that gate the values they come from, a max with its indices, a gather by an argmax, and dtype
+    conversions between floats: kinks and selections, none of them a path around autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0, self.fc1, self.fc2 = nn.Linear(64, 24), nn.Linear(24, 12), nn.Linear(12, 10)
+
+    def forward(self, x):
+        h = self.fc0(_RoundThrough.apply(x).to(torch.float64).type_as(x))
+        h = h * (h > 0).float() + torch.where(h > 0.5, h, 0.0)
+        pooled, _ = h.view(len(h), 12, 2).max(dim=2)
+        best = h.view(len(h), 12, 2).gather(2, h.view(len(h), 12, 2).argmax(2, keepdim=True))[..., 0]
+        return self.fc2(torch.relu(self.fc1(torch.cat([pooled, best], 1))))
+
+
+def test_masks_indices_and_float_conversions_hide_no_path():
+    """Masks that gate their own values, indices that select them, conversions between float dtypes and a custom
+    function's own backward: the features' figure is measured, not counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:12] / 16.0, dtype=torch.float32)
+    torch.manual_seed(3)
+    model = MasksAndIndices().eval().requires_grad_(False)
+    figures, notes = determined_psnr(model, model.fc2, x, [0, 3, 7])
     assert not notes and all(figure < THRESHOLD for figure in figures.values())

@@ -13,13 +13,13 @@ vector-Jacobian products batched; when it would not fit in memory the sample cou
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import torch
 from torch import nn
 
 from rankaudit.guard.batch import as_model_input
+from rankaudit.guard.jacobian_mode import HiddenPath, KinksCountOn
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
@@ -30,129 +30,6 @@ MAX_JACOBIAN_VALUES = 1 << 28
 # An eigenvalue of J·Jᵀ counts in J's rank above this share of the largest (float32 rows are exact to about 1e-7,
 # so their squares to 1e-14): erring towards a larger row space, which errs towards a higher figure.
 RANK_SHARE = 1e-12
-
-
-class _OnAtZero(torch.autograd.Function):
-    """max(x, 0) whose derivative at exactly 0 is 1, not 0. A ReLU whose input sits exactly at its kink (a pixel of
-    0 passed through a filter without a bias, as digits' backgrounds are) tells the server that input is not above
-    0, and a sample that never goes below 0 is then known there; counting that unit as on keeps what it tells in
-    the features' row space, so the figure errs towards a higher value, never a lower one."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x):
-        return x.clamp_min(0)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * (x >= 0).to(grad.dtype)
-
-
-class _KinksCountOn(torch.overrides.TorchFunctionMode):
-    """While the features' Jacobian is formed: every ReLU (torch.relu, F.relu, nn.ReLU, in place or not, clamp at a
-    minimum of 0, a threshold of 0 to 0, and torch.where(h > 0, h, 0)) as _OnAtZero. A ReLU spelled as a product
-    with its own mask (h * (h > 0)) is not seen."""
-
-    RELUS = (torch.relu, torch.nn.functional.relu, torch.Tensor.relu)
-    IN_PLACE = (torch.relu_, torch.nn.functional.relu_, torch.Tensor.relu_)
-    CLAMPS = (torch.clamp, torch.Tensor.clamp, torch.clamp_min, torch.Tensor.clamp_min)
-    THRESHOLDS = (torch.threshold, torch.nn.functional.threshold)
-    WHERES = (torch.where,)
-
-    def __init__(self):
-        super().__init__()
-        # What hid a path from the sample from autograd during the forward pass, if anything (the features'
-        # Jacobian does not see such a path); only while ``watching``: a backward's own operations run without grad.
-        self.hidden: str | None = None
-        self.watching = True
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.watching and self.hidden is None:
-            self.hidden = _hidden_path(func, args)
-        if func in self.RELUS and len(args) in (1, 2) and isinstance(args[0], torch.Tensor):
-            if kwargs.get("inplace") or (len(args) == 2 and args[1] is True):
-                return self._in_place(args[0])
-            return _OnAtZero.apply(args[0])
-        if func in self.IN_PLACE and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            return self._in_place(args[0])
-        if func in self.WHERES and len(args) == 3 and isinstance(args[1], torch.Tensor) and _zero(args[2]):
-            # torch.where(h > 0, h, 0): where h is exactly 0 both branches give 0, and the gradient goes to h.
-            condition, kept, other = args
-            if kept.is_floating_point() and isinstance(condition, torch.Tensor):
-                return func(condition | (kept == 0), kept, other)
-        if func in self.THRESHOLDS and len(args) >= 3 and isinstance(args[0], torch.Tensor):
-            if args[1] == 0 and args[2] == 0 and not kwargs.get("inplace") and not (len(args) > 3 and args[3]):
-                return _OnAtZero.apply(args[0])  # nn.Threshold(0, 0): a ReLU
-        if func in self.CLAMPS and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            low = args[1] if len(args) > 1 else kwargs.get("min")
-            high = args[2] if len(args) > 2 else kwargs.get("max")
-            if isinstance(low, (int, float)) and low == 0 and high is None:
-                return _OnAtZero.apply(args[0])
-        return func(*args, **kwargs)
-
-    @staticmethod
-    def _in_place(x):
-        x.copy_(_OnAtZero.apply(x.clone()))
-        return x
-
-
-_DETACHES = (torch.Tensor.detach, torch.Tensor.detach_, torch.detach)
-_DATA = torch._C.TensorBase.data.__get__
-# What a tensor is, not what it holds: asked under no_grad (rotary embeddings ask their input's device and dtype),
-# it carries nothing of the sample.
-_METADATA = frozenset(
-    ["size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex", "__len__", "stride"]
-    + ["element_size", "is_contiguous", "get_device", "data_ptr", "storage_offset", "__get__"]
-)
-
-
-def _hidden_path(func, args) -> str | None:
-    """How an operation hides a value computed from the sample from autograd (its result still depends on the
-    sample, its gradient does not), or None."""
-    first = args[0] if args else None
-    if isinstance(first, torch.Tensor) and first.requires_grad:
-        if func in _DETACHES:
-            return "detaches a value computed from the sample (detach)"
-        if func == _DATA:
-            return "reads a value computed from the sample through .data"
-    if (
-        not torch.is_grad_enabled()
-        and getattr(func, "__name__", "") not in _METADATA
-        and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        and not _in_custom_function()
-    ):
-        return "computes with a value from the sample under torch.no_grad"
-    return None
-
-
-def _in_custom_function() -> bool:
-    """Whether a custom autograd.Function's forward is running (autograd runs it without grad, and its own backward
-    gives the gradient): a frame of torch's Function.apply is on the stack."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "apply" and code.co_filename.endswith(("autograd/function.py", "autograd\\function.py")):
-            return True
-        frame = frame.f_back
-    return False
-
-
-class HiddenPath(Exception):
-    """The model hides a path from the sample to the features from autograd: their Jacobian would not see it."""
-
-
-def _zero(value) -> bool:
-    """A scalar 0, or a tensor of zeros."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() > 0 and not bool(value.any())
-    return isinstance(value, (int, float)) and value == 0
 
 
 class _Reached(Exception):
@@ -203,7 +80,7 @@ def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
     sample = x.detach()
     try:
-        with torch.enable_grad(), _KinksCountOn() as mode:
+        with torch.enable_grad(), KinksCountOn() as mode:
             values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
             mode.watching = False
             if mode.hidden:
@@ -232,7 +109,7 @@ def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
 
 
 def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    with torch.enable_grad(), _KinksCountOn() as mode:
+    with torch.enable_grad(), KinksCountOn() as mode:
         copy = x[None].clone().requires_grad_(True)
         values = _features(net, module, copy)[0]
         mode.watching = False
@@ -367,7 +244,7 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
     an output reaches a feature (ReLU and max-pool zeros are exact; a random mix of non-zero entries is not zero),
     and the gradient of a random mix of its input, taken in the sample, must be that mix."""
     inputs, outputs = [], []
-    mode = _KinksCountOn()
+    mode = KinksCountOn()
 
     def cut(mod, args, out):
         mode.watching = False  # the cut's own detach is not the model's
