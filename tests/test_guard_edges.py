@@ -434,13 +434,21 @@ def test_hugging_face_token_batches_give_their_input_ids():
     assert samples.dtype == torch.int64 and torch.equal(samples, ids) and labels.tolist() == [0, 1, 2, 3, 4] * 2
 
 
+class _Identity(nn.Module):
+    def forward(self, x):
+        return x * 1.0
+
+
 class HiddenSkip(nn.Module):
-    """fc1 reads a ReLU layer's features beside the pixels themselves, passed on a way autograd does not see."""
+    """fc1 reads a ReLU layer's features beside the pixels themselves, passed on a way autograd does not follow."""
 
     def __init__(self, how: str):
         super().__init__()
         self.how = how
         self.fc0, self.fc1, self.fc2 = nn.Linear(64, 4), nn.Linear(68, 40), nn.Linear(40, 10)
+        self.through = _Identity()
+        if how == "backward hook":  # every gradient through the identity made zero
+            self.through.register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 0,))
 
     def forward(self, x):
         if self.how == "detach":
@@ -453,17 +461,39 @@ class HiddenSkip(nn.Module):
             skip = (x * 16).long().to(x.dtype) / 16
         elif self.how == "numbers":
             skip = torch.tensor(x.tolist(), dtype=x.dtype)
+        elif self.how == "copy":
+            skip = x.new_tensor(x)
+        elif self.how == "gradient hook":
+            skip = x * 1.0
+            if skip.requires_grad:
+                skip.register_hook(lambda grad: grad * 0)
+        elif self.how == "backward hook":
+            skip = self.through(x)
+        elif self.how == "property under no_grad":
+            with torch.no_grad():
+                skip = x.mT.mT
+        elif self.how == "inference mode":
+            with torch.inference_mode():
+                skip = x * 1.0
         else:
             with torch.no_grad():
                 skip = x * 1.0
         return self.fc2(torch.relu(self.fc1(torch.cat([torch.relu(self.fc0(x)), skip], 1))))
 
 
-@pytest.mark.parametrize("how", ["detach", "data", "no_grad", "round", "integers", "numbers"])
+# Stop-gradients and gradient hooks do not change the values: the features' Jacobian follows the path through them.
+FOLLOWED = ["detach", "data", "no_grad", "property under no_grad", "gradient hook", "backward hook"]
+# Values that escape autograd altogether: noticed, and the features count as the sample.
+ESCAPED = ["round", "integers", "numbers", "copy", "inference mode"]
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
+@pytest.mark.parametrize("how", FOLLOWED + ESCAPED)
 def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
-    """Features that carry the pixels through detach, .data, torch.no_grad, rounding, integers or Python numbers:
-    their Jacobian does not see that path and would call them a 10-14 dB view. The guard counts them as the sample, says why, and blocks, naming every
-    sample whose pixels the readout written here reads at 30 dB or more from the update it was asked about."""
+    """Features that carry the pixels around autograd (a stop-gradient, a hook that zeroes the gradient, rounding,
+    integers, Python numbers, a copy without its gradient, inference mode): their Jacobian alone would call them a
+    10-14 dB view. The guard follows the path or counts them as the sample, and blocks, naming every sample whose
+    pixels the readout written here reads at 30 dB or more from the update it was asked about."""
     digits = datasets.load_digits()
     x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target[:24])
@@ -489,7 +519,61 @@ def test_a_path_autograd_does_not_see_counts_the_features_as_the_sample(how):
     }
     assert decision.action == "block" and to_send is None
     assert len(read) >= 10 and read <= set(decision.exact_samples)
-    assert any("Jacobian does not see" in line for line in decision.reasons + decision.notes)
+    noticed = any("Jacobian does not see" in line for line in decision.reasons + decision.notes)
+    assert noticed == (how in ESCAPED)
+
+
+class Monitored(nn.Module):
+    """An honest MLP whose forward pass also logs, checks and indexes with values of the sample, none of which
+    reaches what fc1 reads."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.fc0, self.fc1, self.fc2 = nn.Linear(64, 6), nn.Linear(6, 40), nn.Linear(40, 10)
+        self.logged: dict[str, object] = {}
+
+    def forward(self, x):
+        h = torch.relu(self.fc0(x))
+        if self.how == "logged activations":
+            self.logged["fc0"] = h.detach()
+        elif self.how == "statistic under no_grad":
+            with torch.no_grad():
+                self.logged["norm"] = x.norm(dim=1).mean()
+        elif self.how == "rounded for a histogram":
+            self.logged["levels"] = torch.round(x * 4)
+        elif self.how == "index from a list":
+            h = h[:, x.new_tensor(list(range(6)), dtype=torch.long)]
+        elif self.how == "a check":
+            if x.abs().max().item() > 1e6:
+                raise ValueError("inputs out of range")
+        elif self.how == "zeros shaped like it":
+            h = h + torch.zeros_like(h)
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "logged activations",
+        "statistic under no_grad",
+        "rounded for a histogram",
+        "index from a list",
+        "a check",
+        "zeros shaped like it",
+    ],
+)
+def test_values_that_escape_autograd_but_never_reach_the_features_hide_no_path(how):
+    """Logging, checks and statistics that use the sample's values outside autograd without feeding what the read
+    layer reads: the features' figure is measured (a 6-feature view, far under 30 dB), not counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:12] / 16.0, dtype=torch.float32)
+    torch.manual_seed(4)
+    model = Monitored(how).eval().requires_grad_(False)
+    figures, notes = determined_psnr(model, model.fc1, x, [0, 3, 7])
+    assert not notes and all(figure < THRESHOLD for figure in figures.values())
 
 
 class RotaryLike(nn.Module):

@@ -332,6 +332,24 @@ def test_the_quickstart_shape_runs_and_a_wrong_return_blocks_with_one_line(caplo
     assert all("Traceback" not in (r.exc_text or "") for r in caplog.records)
 
 
+def test_an_error_in_the_apps_own_code_blocks_with_one_line(caplog):
+    """A samples function (or a model) that raises its own error while the guard checks: the update is not sent,
+    and one ERROR line names the error, without a traceback."""
+
+    def broken_samples(context):
+        raise KeyError("partition-id")
+
+    app = ClientApp(mods=[rankaudit_guard(SmallCNN, broken_samples)])
+    app.train()(_train)
+    strategy = Recording()
+    torch.manual_seed(0)
+    strategy.start(grid=InProcessGrid(app, nodes=2), initial_arrays=ArrayRecord(SmallCNN().state_dict()), num_rounds=1)
+    assert all(reply.has_error() and reply.error.code == BLOCKED_CODE for reply in strategy.received)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2 and all("could not check this update: KeyError: 'partition-id'" in e for e in errors)
+    assert all("Traceback" not in (r.exc_text or "") and not r.exc_info for r in caplog.records)
+
+
 def _train(msg: Message, context: Context) -> Message:
     model = SmallCNN()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())

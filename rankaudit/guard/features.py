@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rankaudit.guard.batch import as_model_input
-from rankaudit.guard.jacobian_mode import HiddenPath, KinksCountOn
+from rankaudit.guard.jacobian_mode import HiddenPath, KinksCountOn, reaching, without_backward_hooks
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
 
@@ -79,21 +79,33 @@ def jacobian(net: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor
     Features that are exactly zero (a ReLU off) are left out when one backward of a random mix of them gives an
     exactly zero gradient: their rows are then all zero (a random mix of non-zero rows is not)."""
     sample = x.detach()
-    try:
-        with torch.enable_grad(), KinksCountOn() as mode:
-            values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
-            mode.watching = False
-            if mode.hidden:
-                raise HiddenPath(mode.hidden)
-            wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
-            if not len(wanted):
-                return torch.zeros(0, x.numel(), dtype=x.dtype)
-            rows = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)(_one_hots(wanted, len(values), values.dtype))[0]
-        return rows.reshape(len(wanted), -1)
-    except (RuntimeError, NotImplementedError):
-        # An operation vmap cannot batch (a custom autograd function, a data-dependent branch): the same rows,
-        # each batch of them from one backward over as many copies of the sample (eval mode: copies do not mix).
-        return _jacobian_by_copies(net, module, sample)
+    with without_backward_hooks(net):
+        _probe_hidden_paths(net, module, sample)
+        try:
+            with torch.enable_grad(), KinksCountOn() as mode:
+                values, pull = torch.func.vjp(lambda one: _features(net, module, one[None])[0], sample)
+                mode.watching = False
+                wanted = _wanted_rows(values, lambda mix: pull(mix)[0])
+                if not len(wanted):
+                    return torch.zeros(0, x.numel(), dtype=x.dtype)
+                pulled = torch.func.vmap(pull, chunk_size=ROWS_PER_PASS)
+                rows = pulled(_one_hots(wanted, len(values), values.dtype))[0]
+            return rows.reshape(len(wanted), -1)
+        except (RuntimeError, NotImplementedError):
+            # An operation vmap cannot batch (a custom autograd function, a data-dependent branch): the same rows,
+            # each batch of them from one backward over as many copies of the sample (eval mode: copies do not mix).
+            return _jacobian_by_copies(net, module, sample)
+
+
+def _probe_hidden_paths(net: nn.Module, module: nn.Module, sample: torch.Tensor) -> None:
+    """Raises HiddenPath when a value computed from the sample reaches the layer's features around autograd: one
+    forward pass that replaces each such value by a leaf, and one backward that asks whether any leaf is reached."""
+    with torch.enable_grad(), KinksCountOn(probe=True) as mode:
+        features = _features(net, module, sample[None].clone().requires_grad_(True))
+        mode.watching = False
+        hidden = mode.hidden or (reaching(mode, features) if features is not None else None)
+    if hidden:
+        raise HiddenPath(hidden)
 
 
 def _wanted_rows(values: torch.Tensor, gradient_of) -> torch.Tensor:
@@ -113,8 +125,6 @@ def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> t
         copy = x[None].clone().requires_grad_(True)
         values = _features(net, module, copy)[0]
         mode.watching = False
-        if mode.hidden:
-            raise HiddenPath(mode.hidden)
 
         def gradient_of(mix):
             (grads,) = torch.autograd.grad((values * mix).sum(), copy, allow_unused=True, retain_graph=True)
@@ -125,7 +135,9 @@ def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> t
         for start in range(0, len(wanted), ROWS_PER_PASS):
             chosen = wanted[start : start + ROWS_PER_PASS]
             copies = x.expand(len(chosen), *x.shape).clone().requires_grad_(True)
+            mode.watching = True  # the forward pass's stop-gradients followed, as in the first one
             h = _features(net, module, copies)
+            mode.watching = False
             (grads,) = torch.autograd.grad(h[torch.arange(len(chosen)), chosen].sum(), copies, allow_unused=True)
             rows.append(torch.zeros(len(chosen), x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
     return torch.cat(rows) if rows else torch.zeros(0, x.numel(), dtype=x.dtype)
@@ -202,7 +214,7 @@ def _determined(
     net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int], min_psnr
 ) -> tuple[dict[int, float], list[str]]:
     """One layer's figures: its first layer's bound where that is under ``min_psnr``, else the Jacobian's."""
-    found, notes, hidden_said = {}, [], False
+    found, notes, hidden_said, failed_said = {}, [], False, False
     if min_psnr is not None and indices:
         bounds = first_layer_bounds(net, module, x_all, mean, indices)
         found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
@@ -231,12 +243,31 @@ def _determined(
                     "the features of the samples it reads count as the samples"
                 )
             continue
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
+            found[index] = IDENTICAL_PSNR
+            if not failed_said:
+                failed_said = True
+                notes.append(
+                    f"the features' Jacobian could not be formed ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:120] if str(error) else 'no message'}): the features of the "
+                    "samples this layer reads count as the samples"
+                )
+            continue
         x = x_all[index].to(torch.float64).flatten()
         found[index] = _psnr_of_determined(rows, x - mean, x)
     return found, notes
 
 
 def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """_reached_with_hooks_aside, the model's backward hooks set aside (the gradient is the forward pass's own)."""
+    try:
+        with without_backward_hooks(net):
+            return _reached_with_hooks_aside(net, module, first, x)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None  # a backward the model does not allow here (a reentrant checkpoint): the Jacobian decides
+
+
+def _reached_with_hooks_aside(net: nn.Module, module: nn.Module, first: nn.Module, x: torch.Tensor):
     """Which of ``first``'s outputs reach ``module``'s input, per sample of the batch ``x`` (bool, the outputs'
     shape), when ``first`` reads the sample itself (its input's Jacobian in the sample is the identity) and every
     path from the sample to ``module``'s input goes through it; None otherwise. Random mixes of the features,
@@ -244,7 +275,7 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
     an output reaches a feature (ReLU and max-pool zeros are exact; a random mix of non-zero entries is not zero),
     and the gradient of a random mix of its input, taken in the sample, must be that mix."""
     inputs, outputs = [], []
-    mode = KinksCountOn()
+    mode = KinksCountOn(probe=True)
 
     def cut(mod, args, out):
         mode.watching = False  # the cut's own detach is not the model's
@@ -263,7 +294,7 @@ def _reached_outputs(net: nn.Module, module: nn.Module, first: nn.Module, x: tor
         return None  # a model the cut does not run through: no bound, the Jacobian decides
     finally:
         hook.remove()
-    if mode.hidden:
+    if mode.hidden or (features is not None and reaching(mode, features)):
         return None  # a path autograd does not see: no bound, and the Jacobian's figure says so
     if len(inputs) != 1 or features is None or not inputs[0].requires_grad or inputs[0].numel() != sample.numel():
         return None

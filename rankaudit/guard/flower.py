@@ -159,16 +159,18 @@ def rankaudit_guard(
         sent = sent_record.to_torch_state_dict()
         try:
             x, y, notes = client_samples(samples(context))
-        except RankauditError as exc:  # the guard cannot check this update: it is not sent, and the line says why
-            log(ERROR, "rankaudit guard: %s", exc)
+            for line in ignored:
+                say_once(WARNING, line)
+            for line in notes:
+                say_once(INFO, line)
+            decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
+        except Exception as exc:  # noqa: BLE001 - the guard cannot check this update: it is not sent, the line says why
+            problem = exc if isinstance(exc, RankauditError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            log(ERROR, "rankaudit guard: could not check this update: %s", problem)
             return Message(
-                Error(code=BLOCKED_CODE, reason=f"rankaudit guard could not check this update: {exc}"), reply_to=msg
+                Error(code=BLOCKED_CODE, reason=f"rankaudit guard could not check this update: {problem}"),
+                reply_to=msg,
             )
-        for line in ignored:
-            say_once(WARNING, line)
-        for line in notes:
-            say_once(INFO, line)
-        decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
         log(
             INFO if decision.action == "send" else WARNING,
             "rankaudit guard: %s",
@@ -184,3 +186,9 @@ def rankaudit_guard(
         return reply
 
     return mod
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of an exception's message (the model's own error, said without its traceback)."""
+    text = str(exc)
+    return text.splitlines()[0] if text else "no message"

@@ -1,17 +1,23 @@
 """The mode a hidden layer's features' Jacobian is formed under (docs/method.md, "The client-side guard"): every
-ReLU's kink counted as on, and every path from the sample to the features that autograd does not see noticed.
+ReLU's kink counted as on, and every path from the sample to the features that autograd would not follow made
+visible or noticed.
 
-The features' figure is the part of the sample in their Jacobian's row space. A value computed from the sample
-that reaches the features around autograd (detached, under no_grad, rounded, turned into integers or Python
-numbers) tells the server more than that Jacobian shows, so the forward pass that forms it is watched, and such a
-path makes the features count as the sample.
+The features' figure is the part of the sample in their Jacobian's row space, the Jacobian of the values the
+forward pass computes. A stop-gradient is not part of those values: detach(), .data and work under no_grad are
+followed as if they were not there, the model's gradient hooks are not registered, and its module backward hooks
+are set aside while the Jacobian is formed. A value computed from the sample that still escapes autograd (a step
+whose gradient is zero, a copy without its gradient, integers, lists of Python numbers) counts only if it reaches
+the features: then they count as the sample.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
 
 
 class _OnAtZero(torch.autograd.Function):
@@ -48,20 +54,42 @@ class KinksCountOn(torch.overrides.TorchFunctionMode):
     THRESHOLDS = (torch.threshold, torch.nn.functional.threshold)
     WHERES = (torch.where,)
 
-    def __init__(self):
+    def __init__(self, probe: bool = False):
         super().__init__()
         # Only while ``watching``: a backward's own operations run without grad, and they are not the model's.
         self.hidden: str | None = None
         self.watching = True
+        # With ``probe``: each value computed from the sample that escapes autograd is replaced by a leaf holding
+        # the same values, (leaf, what the model did), so that a backward from the features says whether it
+        # reaches them (reaching()).
+        self.probe = probe
+        self.leaves: list[tuple[torch.Tensor, str]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        watching = self.watching and self.hidden is None
-        if watching:
+        if not self.watching:
+            return self._run(func, args, kwargs)
+        followed = _followed(func, args)
+        if followed is not None:
+            return followed
+        name = getattr(func, "__name__", "")
+        if name in _GRADIENT_HOOKS and _from_sample(args[0] if args else None):
+            return _NotRegistered()  # the gradient is the forward pass's own, not what a hook makes of it
+        if self.hidden is None:
             self.hidden = hidden_before(func, args)
-        result = self._run(func, args, kwargs)
-        if watching and self.hidden is None:
+        unstopped = _under_no_grad(func, args)
+        if unstopped:
+            with torch.enable_grad():  # no_grad is a stop-gradient: the values still follow the sample
+                result = self._run(func, args, kwargs)
+        else:
+            result = self._run(func, args, kwargs)
+        if self.hidden is None:
             self.hidden = hidden_after(func, args, result)
+        escaped = _escaped(func, args, result, unstopped or torch.is_grad_enabled())
+        if escaped is not None and self.probe:
+            leaf = result.detach().requires_grad_(True)
+            self.leaves.append((leaf, escaped))
+            return leaf
         return result
 
     def _run(self, func, args, kwargs):
@@ -102,7 +130,12 @@ _DATA = torch._C.TensorBase.data.__get__
 # it carries nothing of the sample.
 _METADATA = frozenset(
     ["size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex", "__len__", "stride"]
-    + ["element_size", "is_contiguous", "get_device", "data_ptr", "storage_offset", "__get__"]
+    + ["element_size", "is_contiguous", "get_device", "data_ptr", "storage_offset"]
+)
+# New tensors shaped like one computed from the sample that hold none of its values.
+_SHAPED_LIKE = frozenset(
+    ["zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "new_zeros"]
+    + ["new_ones", "new_empty", "new_full", "new_empty_strided", "empty_strided"]
 )
 # Operations whose value follows their input in steps and whose gradient is zero wherever it exists: the value
 # tells where the sample lies, the gradient nothing. (Comparisons are not here: a mask that gates the values it was
@@ -111,10 +144,19 @@ _STEPS = frozenset(
     ["round", "floor", "ceil", "trunc", "fix", "sign", "sgn", "signbit", "heaviside", "floor_divide", "bucketize"]
     + ["searchsorted", "histc", "__floordiv__", "__rfloordiv__", "__ifloordiv__"]
 )
-# Python numbers: once out of a tensor, nothing follows where they go.
-_NUMBERS = frozenset(["item", "tolist", "__int__", "__float__", "__index__", "__complex__"])
+# Many Python numbers at once: once out of a tensor, nothing follows where they go. (A single number, a check or a
+# logged statistic, cannot show a sample.)
+_NUMBERS = frozenset(["tolist"])
 # Conversions that can turn the values into integers (the result's dtype says whether they did).
-_CONVERSIONS = frozenset(["to", "type", "type_as", "long", "int", "short", "char", "byte", "new_tensor"])
+_CONVERSIONS = frozenset(["to", "type", "type_as", "long", "int", "short", "char", "byte"])
+_GRADIENT_HOOKS = frozenset(["register_hook", "register_post_accumulate_grad_hook"])
+
+
+class _NotRegistered:
+    """What a gradient hook the model asked for returns instead of its handle: there is nothing to remove."""
+
+    def remove(self):
+        return None
 
 
 def _from_sample(value) -> bool:
@@ -134,39 +176,106 @@ def _tensors(args) -> list[torch.Tensor]:
     return found
 
 
-def hidden_before(func, args) -> str | None:
-    """How an operation about to run hides a value computed from the sample from autograd (its result still
-    depends on the sample, its gradient does not), or None."""
+def _followed(func, args) -> torch.Tensor | None:
+    """A stop-gradient on a value computed from the sample (detach(), detach_(), .data) as the value it stops,
+    still followed by autograd; None for any other operation."""
     first = args[0] if args else None
-    if _from_sample(first) and func in _DETACHES:
-        return "detaches a value computed from the sample (detach)"
-    if _from_sample(first) and func == _DATA:
-        return "reads a value computed from the sample through .data"
-    name = getattr(func, "__name__", "")
-    sampled = any(_from_sample(value) for value in _tensors(args))
-    stepped = name in _STEPS or name.rstrip("_") in _STEPS
-    numbers = name in _NUMBERS and _from_sample(first)
-    blind = not torch.is_grad_enabled() and name not in _METADATA
-    # A custom autograd.Function's forward runs without grad, and its own backward gives the gradient.
-    if not (sampled and (stepped or numbers or blind)) or _in_custom_function():
+    if not _from_sample(first):
         return None
-    if numbers:
-        return f"takes a Python number from a value computed from the sample (.{name}())"
-    if stepped:
-        return f"rounds a value computed from the sample ({name}, whose gradient is zero)"
-    return "computes with a value from the sample under torch.no_grad"
+    if func in _DETACHES and getattr(func, "__name__", "") == "detach_":
+        return first
+    if func in _DETACHES or func == _DATA:
+        return first.view_as(first)
+    return None
+
+
+def _under_no_grad(func, args) -> bool:
+    """An operation on a value computed from the sample, run under no_grad by the model (not by a custom autograd
+    Function's forward, whose own backward gives the gradient, and not a question about the tensor's metadata)."""
+    return (
+        not torch.is_grad_enabled()
+        and getattr(func, "__name__", "") not in _METADATA
+        and any(_from_sample(value) for value in _tensors(args))
+        and not _in_custom_function()
+    )
+
+
+def hidden_before(func, args) -> str | None:
+    """How an operation about to run takes values computed from the sample out of tensors altogether, or None."""
+    name = getattr(func, "__name__", "")
+    if name in _NUMBERS and _from_sample(args[0] if args else None) and not _in_custom_function():
+        return f"takes Python numbers from a value computed from the sample (.{name}())"
+    return None
 
 
 def hidden_after(func, args, result) -> str | None:
     """How an operation that ran turned a value computed from the sample into integers (which carry no gradient),
     or None."""
     name = getattr(func, "__name__", "")
-    if name.rstrip("_") not in _CONVERSIONS or not isinstance(result, torch.Tensor):
+    stepped = name in _STEPS or name.rstrip("_") in _STEPS
+    if not (stepped or name.rstrip("_") in _CONVERSIONS) or not isinstance(result, torch.Tensor):
         return None
     integers = not (result.is_floating_point() or result.is_complex() or result.dtype == torch.bool)
     if integers and any(_from_sample(value) for value in _tensors(args)) and not _in_custom_function():
-        return f"turns a value computed from the sample into integers (.{name}(): no gradient)"
+        return f"turns a value computed from the sample into integers ({name}: no gradient)"
     return None
+
+
+def _escaped(func, args, result, with_grad: bool) -> str | None:
+    """What an operation that ran (``with_grad``: with grad enabled) did when its floating result holds values
+    computed from the sample that autograd does not follow to it (a step whose gradient is zero, or a result without
+    a gradient at all), or None."""
+    if not (isinstance(result, torch.Tensor) and result.is_floating_point()):
+        return None
+    if not any(_from_sample(value) and value.is_floating_point() for value in _tensors(args)):
+        return None
+    name = getattr(func, "__name__", "")
+    if name in _STEPS or name.rstrip("_") in _STEPS:
+        if _in_custom_function():
+            return None
+        return f"rounds a value computed from the sample ({name}, whose gradient is zero)"
+    if not result.requires_grad and with_grad and name not in _SHAPED_LIKE and not _in_custom_function():
+        return f"copies a value computed from the sample without its gradient ({name})"
+    return None
+
+
+def reaching(mode: KinksCountOn, features: torch.Tensor) -> str | None:
+    """What the model did to the first value that escaped autograd (mode.leaves) and reaches ``features``, or None:
+    a backward of a random mix of the features gives that leaf a non-zero gradient exactly when it reaches them."""
+    if not mode.leaves or not features.requires_grad:
+        return None
+    mix = torch.randn(features.shape, generator=torch.Generator().manual_seed(0), dtype=features.dtype)
+    leaves = [leaf for leaf, _ in mode.leaves]
+    grads = torch.autograd.grad((features * mix).sum(), leaves, allow_unused=True, retain_graph=True)
+    for (_, what), grad in zip(mode.leaves, grads):
+        if grad is not None and bool(grad.any()):
+            return what
+    return None
+
+
+@contextlib.contextmanager
+def without_backward_hooks(net: nn.Module):
+    """The model's module backward hooks, and any registered for every module, set aside: the features' Jacobian is
+    their forward pass's, not what a hook makes of its gradient. Saved-tensor hooks the model would register raise,
+    and the Jacobian is then not formed."""
+    kept = [(module, module._backward_hooks.copy(), module._backward_pre_hooks.copy()) for module in net.modules()]
+    everywhere = (module_hooks._global_backward_hooks.copy(), module_hooks._global_backward_pre_hooks.copy())
+    try:
+        for module, _, _ in kept:
+            module._backward_hooks.clear()
+            module._backward_pre_hooks.clear()
+        module_hooks._global_backward_hooks.clear()
+        module_hooks._global_backward_pre_hooks.clear()
+        with torch.autograd.graph.disable_saved_tensors_hooks(
+            "saved-tensor hooks change what autograd computes from the sample"
+        ):
+            yield
+    finally:
+        for module, hooks, pre_hooks in kept:
+            module._backward_hooks.update(hooks)
+            module._backward_pre_hooks.update(pre_hooks)
+        module_hooks._global_backward_hooks.update(everywhere[0])
+        module_hooks._global_backward_pre_hooks.update(everywhere[1])
 
 
 def _in_custom_function() -> bool:
