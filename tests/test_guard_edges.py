@@ -641,3 +641,36 @@ def test_masks_indices_and_float_conversions_hide_no_path():
     model = MasksAndIndices().eval().requires_grad_(False)
     figures, notes = determined_psnr(model, model.fc2, x, [0, 3, 7])
     assert not notes and all(figure < THRESHOLD for figure in figures.values())
+
+
+class Checkpointed(nn.Module):
+    """An honest MLP whose hidden block runs under a reentrant checkpoint (which refuses torch.autograd.grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0, self.fc1, self.fc2 = nn.Linear(64, 6), nn.Linear(6, 40), nn.Linear(40, 10)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda t: torch.relu(self.fc0(t)), x, use_reentrant=True) if x.requires_grad else None
+        h = torch.relu(self.fc0(x)) if h is None else h
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+def test_a_reentrant_checkpoint_still_gives_the_features_figure():
+    """The features' Jacobian through a reentrant checkpoint is formed by plain backward passes: the figure is
+    measured (a 6-feature view), as without the checkpoint, not counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:12] / 16.0, dtype=torch.float32)
+    torch.manual_seed(4)
+    model = Checkpointed().eval().requires_grad_(False)
+    figures, notes = determined_psnr(model, model.fc1, x, [0, 3, 7])
+    plain = Checkpointed().eval().requires_grad_(False)
+    plain.load_state_dict(model.state_dict())
+    plain.forward = lambda t: plain.fc2(torch.relu(plain.fc1(torch.relu(plain.fc0(t)))))
+    expected, _ = determined_psnr(plain, plain.fc1, x, [0, 3, 7])
+    assert not notes and figures == pytest.approx(expected, abs=1e-6)
+    assert all(figure < THRESHOLD for figure in figures.values())

@@ -127,8 +127,7 @@ def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> t
         mode.watching = False
 
         def gradient_of(mix):
-            (grads,) = torch.autograd.grad((values * mix).sum(), copy, allow_unused=True, retain_graph=True)
-            return grads
+            return _gradient_into((values * mix).sum(), copy, keep_graph=True)
 
         wanted = _wanted_rows(values.detach(), gradient_of)
         rows = []
@@ -138,9 +137,19 @@ def _jacobian_by_copies(net: nn.Module, module: nn.Module, x: torch.Tensor) -> t
             mode.watching = True  # the forward pass's stop-gradients followed, as in the first one
             h = _features(net, module, copies)
             mode.watching = False
-            (grads,) = torch.autograd.grad(h[torch.arange(len(chosen)), chosen].sum(), copies, allow_unused=True)
+            grads = _gradient_into(h[torch.arange(len(chosen)), chosen].sum(), copies, keep_graph=False)
             rows.append(torch.zeros(len(chosen), x.numel(), dtype=x.dtype) if grads is None else grads.flatten(1))
     return torch.cat(rows) if rows else torch.zeros(0, x.numel(), dtype=x.dtype)
+
+
+def _gradient_into(total: torch.Tensor, leaf: torch.Tensor, keep_graph: bool) -> torch.Tensor | None:
+    """The gradient of ``total`` in ``leaf`` (None where it does not reach it), by a plain backward pass: a reentrant
+    checkpoint refuses torch.autograd.grad, and the guard's copy of the model has no other leaf that takes one."""
+    leaf.grad = None
+    if total.requires_grad:
+        total.backward(retain_graph=keep_graph)
+    grads, leaf.grad = leaf.grad, None
+    return grads
 
 
 def determined_psnr(
