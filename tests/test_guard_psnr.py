@@ -204,6 +204,37 @@ def test_a_scaled_and_shuffled_imprint_is_read_and_every_read_sample_named(seed,
     assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+def test_one_unit_with_a_huge_update_silences_no_other():
+    """An imprint beside one always-on unit whose output weight is 1e18: its bias update is over 1e12 times the
+    imprint's. Each unit is live on its own, so every sample the server reads is still named."""
+    x = photo_crops(32, 8, seed=70)
+    y = torch.randint(10, (32,), generator=torch.Generator().manual_seed(7))
+    imprint, order, scales = scaled_imprint(x, units=40, seed=4)
+    model = MLP(x[0].numel(), width=41)
+    with torch.no_grad():
+        model.fc1.weight.zero_()
+        model.fc1.weight[:40] = imprint.fc1.weight
+        model.fc1.bias[:40] = imprint.fc1.bias
+        model.fc1.bias[40] = 1.0  # on for every sample
+        model.fc2.weight.zero_()
+        model.fc2.weight[:, :40] = imprint.fc2.weight
+        model.fc2.weight[0, 40] = 1e18
+        model.fc2.bias.copy_(imprint.fc2.bias)
+    received = state(model)
+    sent = sent_after_sgd(model, x, y)
+    bias_update = sent["fc1.bias"] - received["fc1.bias"]
+    assert float(bias_update[:40].abs().max()) < 1e-12 * float(bias_update[40].abs())
+    readouts = []
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readouts.append(read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low])))
+    server = read_by_server(readouts, x)
+    assert len(server) >= 10
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

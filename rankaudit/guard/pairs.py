@@ -25,8 +25,6 @@ import torch
 # sample left out, at most this. A filter only (each pair it passes is formed and judged by its PSNR), so it errs
 # wide: float32 signals of an imprint agree to about 1e-7.
 PARALLEL = 1e-4
-# A unit whose bias update is at most this share of its layer's largest is silent: its ratio divides by rounding.
-SILENT_BIAS = 1e-12
 # (units x units x samples) values compared at a time in the pair search: bounds its memory (4 MB in float32).
 # Blocks that stay in a CPU's cache: 1 << 20 took half the time of 1 << 22 on Flower's quickstart CNN.
 PAIR_BLOCK = 1 << 20
@@ -59,11 +57,10 @@ def best_matches(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tens
 
 
 def live_units(bias_update: torch.Tensor) -> torch.Tensor:
-    """The units whose bias update is not rounding: a ratio over them reads something."""
-    scale = float(bias_update.abs().max()) if len(bias_update) else 0.0
-    if scale == 0 or not math.isfinite(scale):
-        return torch.zeros(len(bias_update), dtype=torch.bool)
-    return bias_update.abs() > SILENT_BIAS * scale
+    """The units whose bias update is not zero: a ratio over them reads something. Each unit on its own (a share
+    of the layer's largest would let one unit with a huge update silence every other), and each ratio is judged
+    by its PSNR, so one that divides by rounding reads nothing and costs only its check."""
+    return (bias_update != 0) & torch.isfinite(bias_update)
 
 
 def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor):
@@ -174,7 +171,7 @@ def pair_readouts(
     best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)
     for scale in (from_signals, nearest):
         denominator = bias[i] - scale * bias[j]
-        usable = denominator.abs() > SILENT_BIAS * bias.abs().max()
+        usable = (denominator != 0) & torch.isfinite(denominator)
         readout = (rows[i] - scale[:, None] * rows[j]) / torch.where(usable, denominator, 1.0)[:, None]
         score = torch.where(usable, psnr_of(readout, target, peak[s]), -math.inf)
         better = score > best_score
