@@ -235,6 +235,60 @@ def test_one_unit_with_a_huge_update_silences_no_other():
     assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+def decayed_imprint(x: torch.Tensor, units: int, loud: float) -> MLP:
+    """A binning imprint on the digits' brightness whose rows also hold ``loud`` random weights on the pixels that
+    are 0 in every digit: they change no activation, but weight decay's share of the update (−lr·λ·W₀) buries the
+    readout under them."""
+    flat = x.flatten(1)
+    model = MLP(flat.shape[1], width=units)
+    brightness = flat.mean(1).sort().values
+    thresholds = torch.quantile(brightness, torch.linspace(0, 1, units + 2)[1:-1])
+    dark = torch.tensor(datasets.load_digits().data.max(0) == 0)
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / flat.shape[1])
+        model.fc1.weight[:, dark] = loud * torch.randn(units, int(dark.sum()), generator=generator)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=generator).expand(10, units))
+    return model
+
+
+@pytest.mark.parametrize("action", ["block", "drop"])
+def test_an_imprint_under_weight_decay_is_read_and_named(action):
+    """One SGD step with weight decay: the server, knowing lr and λ, adds lr·λ·W₀ back to the update and reads the
+    imprint. The guard reads each ratio and pair with a share of the received weights added back, names every
+    sample the server reads, and what it sends after drop shows none of them."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[:32] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[:32])
+    model = decayed_imprint(x, units=30, loud=100.0)
+    received = state(model)
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1, weight_decay=5e-4)
+    nn.functional.cross_entropy(trained(x), y).backward()
+    optimizer.step()
+    sent = state(trained)
+
+    def server(update_of):
+        gradient = {
+            name: -(update_of[name] - received[name]) / 0.1 - 5e-4 * received[name]
+            for name in ("fc1.weight", "fc1.bias")
+        }
+        at_zero = {name: torch.zeros_like(value) for name, value in gradient.items()}
+        pairs = [read_pair(at_zero, gradient, "fc1", k, k + 1, 1.0) for k in range(29)]
+        return read_by_server(pairs + [read_pair(at_zero, gradient, "fc1", k, k) for k in range(30)], x)
+
+    assert read_by_server([read_pair(received, sent, "fc1", k, k + 1, 1.0) for k in range(29)], x) == {}
+    shown = server(sent)
+    assert len(shown) >= 10
+    decision, to_send = Guard(model, GuardSettings(action=action, seed=0)).decide(received, sent, x, y)
+    assert decision.action == action
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("weight decay" in line for line in decision.reasons)
+    if action == "drop":
+        assert server(to_send) == {}
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

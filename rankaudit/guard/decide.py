@@ -41,6 +41,8 @@ def _words(readout: GuardReadout) -> str:
     else:
         i, j = readout.units
         how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"
+    if readout.received_share is not None:
+        how += f", with {readout.received_share:.3g} times the received weights added back (what weight decay took),"
     if readout.reads_input:
         return f"{readout.layer}: {how} is sample {readout.sample} at {readout.psnr:.1f} dB"
     return (

@@ -45,12 +45,16 @@ def psnr_of(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -
     return (10 * torch.log10(ratio)).clamp(max=IDENTICAL_PSNR).nan_to_num(nan=-math.inf)
 
 
-def best_matches(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -> tuple[list[int], list[float]]:
+def best_matches(
+    readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, cross: torch.Tensor | None = None
+) -> tuple[list[int], list[float]]:
     """For each readout row, the sample it reads best and that PSNR: searched by expanded squares, recomputed
-    directly (the expanded form cancels near an exact readout; the direct difference does not)."""
+    directly (the expanded form cancels near an exact readout; the direct difference does not). ``cross``: the
+    readouts' products with the vectors, where the caller has them."""
     if not len(readouts):
         return [], []
-    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * readouts @ vectors.T
+    cross = readouts @ vectors.T if cross is None else cross
+    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * cross
     best = (squares.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
     scores = psnr_of(readouts, vectors[best], peak[best])
     return best.tolist(), scores.tolist()
@@ -63,13 +67,90 @@ def live_units(bias_update: torch.Tensor) -> torch.Tensor:
     return (bias_update != 0) & torch.isfinite(bias_update)
 
 
-def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor):
-    """[(unit, sample, psnr)] for every live unit's ratio, each against the sample it reads best."""
+def ratio_readouts(
+    rows: torch.Tensor,
+    bias: torch.Tensor,
+    vectors: torch.Tensor,
+    peak: torch.Tensor,
+    received: tuple[torch.Tensor, torch.Tensor] | None = None,
+):
+    """[(unit, sample, psnr, share)] for every live unit's ratio, each against the sample it reads best. With the
+    layer's ``received`` (weight rows, bias), the ratio is also read with a share of the unit's received weights
+    added back (with_received_share); share is that multiple where it reads more, else None."""
     live = torch.nonzero(live_units(bias)).flatten()
     if not len(live):
         return []
-    best, scores = best_matches(rows[live] / bias[live, None], vectors, peak)
-    return list(zip(live.tolist(), best, scores))
+    readouts = rows[live] / bias[live, None]
+    cross = readouts @ vectors.T
+    best, scores = best_matches(readouts, vectors, peak, cross)
+    shares: list[float | None] = [None] * len(live)
+    if received is not None:
+        more = with_received_share(
+            readouts, rows[live], bias[live], *(part[live] for part in received), vectors, peak, cross=cross
+        )
+        for k, (sample, score, share) in enumerate(more):
+            if share is not None and score > scores[k]:
+                best[k], scores[k], shares[k] = sample, score, share
+    return list(zip(live.tolist(), best, scores, shares))
+
+
+# A share of the received weights is added back only while it is at most this many times the update it corrects
+# (weight decay's share is part of the update itself): a larger one would read the received weights, not the update.
+RECEIVED_SHARE_LIMIT = 2.0
+
+
+def with_received_share(
+    readouts: torch.Tensor,
+    rows: torch.Tensor,
+    bias: torch.Tensor,
+    received_rows: torch.Tensor,
+    received_bias: torch.Tensor,
+    vectors: torch.Tensor,
+    peak: torch.Tensor,
+    paired: bool = False,
+    cross: torch.Tensor | None = None,
+) -> list[tuple[int, float, float | None]]:
+    """[(sample, psnr, share)] per readout (ΔW / Δb, rows and bias the update's): the best readout of the line
+    (ΔW + t·W₀) / (Δb + t·b₀) over every t. Weight decay adds −lr·λ·W₀ to each unit's update (momentum, over the
+    steps, a multiple of it), and a server that knows lr and λ adds it back; the readouts over t are the line through
+    ΔW / Δb in the direction W₀ − b₀·(ΔW / Δb), so the nearest point to each sample is a projection. share is the t
+    of the best point, None where the line reads nothing better or t would exceed RECEIVED_SHARE_LIMIT times the
+    update. ``paired``: each readout is judged against the vector row beside it (its sample, the row index), not
+    searched over all of them; ``cross``: the readouts' products with the vectors, where the caller has them."""
+    direction = received_rows - received_bias[:, None] * readouts
+    length = (direction * direction).sum(1)
+    usable = torch.isfinite(length) & (length > 0) & torch.isfinite(readouts).all(dim=1)
+    found: list[tuple[int, float, float | None]] = [(0, -math.inf, None)] * len(readouts)
+    if not bool(usable.any()):
+        return found
+    index = torch.nonzero(usable).flatten()
+    a, d, norm = readouts[index], direction[index], length[index]
+    if paired:
+        best = index
+    else:
+        # Squared distance of each sample to each line, |x − a|² − ((x − a)·d)² / |d|², per sample's peak: a search
+        # only (each pick's figure is recomputed directly), so x·W₀ is formed in float32, and x·a is the caller's.
+        products = (vectors @ a.T) if cross is None else cross[index].T  # (samples, lines)
+        on_received = (vectors.float() @ received_rows[index].float().T).double()
+        along = (on_received - products * received_bias[index][None, :] - (a * d).sum(1)[None, :]) / norm.sqrt()
+        apart = (vectors * vectors).sum(1)[:, None] + (a * a).sum(1)[None, :] - 2 * products
+        best = ((apart - along**2).clamp_min(0) / (peak**2)[:, None]).argmin(dim=0)
+    t = ((vectors[best] - a) * d).sum(1) / norm
+    points = a + t[:, None] * d
+    scores = psnr_of(points, vectors[best], peak[best])
+    # The point at t is (ΔW + share·W₀) / (Δb + share·b₀) for share = t·Δb / (1 − t·b₀).
+    denominator = 1 - t * received_bias[index]
+    share = t * bias[index] / torch.where(denominator != 0, denominator, torch.full_like(denominator, math.nan))
+    added = share.abs()[:, None] * received_rows[index]
+    within = (
+        torch.isfinite(share)
+        & ((added * added).sum(1).sqrt() <= RECEIVED_SHARE_LIMIT * rows[index].norm(dim=1))
+        & ((share * received_bias[index]).abs() <= RECEIVED_SHARE_LIMIT * bias[index].abs())
+    )
+    for k, unit in enumerate(index.tolist()):
+        if bool(within[k]):
+            found[unit] = (int(best[k]), float(scores[k]), float(share[k]))
+    return found
 
 
 def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
@@ -141,11 +222,17 @@ def _possible_pairs(signals: torch.Tensor) -> torch.Tensor:
 
 
 def pair_readouts(
-    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, candidates: list
-) -> list[tuple[int, int, int, float, float]]:
-    """[(i, j, s, c, psnr)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s, at the
-    better of two scales: the signals' c, and the c that brings the readout nearest to s (a server that chose the
-    weights knows its own scales; the nearest is the most it can read)."""
+    rows: torch.Tensor,
+    bias: torch.Tensor,
+    vectors: torch.Tensor,
+    peak: torch.Tensor,
+    candidates: list,
+    received: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> list[tuple[int, int, int, float, float, float | None]]:
+    """[(i, j, s, c, psnr, share)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s,
+    at the better of two scales: the signals' c, and the c that brings the readout nearest to s (a server that chose
+    the weights knows its own scales; the nearest is the most it can read). With the layer's ``received`` weights,
+    also with a share of the pair's received weights added back (with_received_share), where that reads more."""
     if not candidates:
         return []
     i = torch.tensor([c[0] for c in candidates])
@@ -169,6 +256,7 @@ def pair_readouts(
     nearest = -z[:, 1] / torch.where(z[:, 0] != 0, z[:, 0], torch.full_like(z[:, 0], 1e-300))
     results = []
     best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)
+    shares: list[float | None] = [None] * len(candidates)
     for scale in (from_signals, nearest):
         denominator = bias[i] - scale * bias[j]
         usable = (denominator != 0) & torch.isfinite(denominator)
@@ -177,6 +265,25 @@ def pair_readouts(
         better = score > best_score
         best_score = torch.where(better, score, best_score)
         best_scale = torch.where(better, scale, best_scale)
+        for k in torch.nonzero(better).flatten().tolist():
+            shares[k] = None
+        if received is None:
+            continue
+        # The same pair with a share of its received weights added back: weight decay's part of the update is
+        # taken out before the scale is judged, so each scale is tried with it.
+        more = with_received_share(
+            readout,
+            rows[i] - scale[:, None] * rows[j],
+            denominator,
+            received[0][i] - scale[:, None] * received[0][j],
+            received[1][i] - scale * received[1][j],
+            target,
+            peak[s],
+            paired=True,
+        )
+        for k, (_, score_k, share) in enumerate(more):
+            if share is not None and bool(usable[k]) and score_k > float(best_score[k]):
+                best_score[k], best_scale[k], shares[k] = score_k, scale[k], share
     for k, (a, b, sample, _) in enumerate(candidates):
-        results.append((a, b, sample, float(best_scale[k]), float(best_score[k])))
+        results.append((a, b, sample, float(best_scale[k]), float(best_score[k]), shares[k]))
     return results

@@ -326,18 +326,23 @@ def layer_readouts(
     signals: torch.Tensor | list[torch.Tensor],
     reads_input: bool,
     min_psnr: float,
+    received: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
-    pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64."""
+    pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64.
+    With the layer's ``received`` (weight, bias), each is also read with a share of the received weights added back,
+    as a server that knows the client's weight decay does."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
+    if received is not None:
+        received = (received[0].reshape(len(rows), -1).to(torch.float64), received[1].to(torch.float64))
     table = vectors.to(torch.float64)
     peak = peaks(table)
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
     found = []
 
-    def readout(units, kind, sample, score, scale=None):
+    def readout(units, kind, sample, score, scale=None, share=None):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
         return GuardReadout(
             name,
@@ -350,16 +355,17 @@ def layer_readouts(
             sample_psnr=round(score, 2) if reads_input else None,
             leaks=reads_input,
             scale=scale,
+            received_share=share,
         )
 
-    for unit, sample, score in ratio_readouts(rows, bias, table, peak):
+    for unit, sample, score, share in ratio_readouts(rows, bias, table, peak, received):
         if score >= min_psnr and not blank[sample]:
-            found.append(readout([unit], "ratio", sample, score))
+            found.append(readout([unit], "ratio", sample, score, share=share))
     tables = signals if isinstance(signals, list) else [signals]
     candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
-    for i, j, sample, scale, score in pair_readouts(rows, bias, table, peak, candidates):
+    for i, j, sample, scale, score, share in pair_readouts(rows, bias, table, peak, candidates, received):
         if score >= min_psnr and not blank[sample]:
-            found.append(readout([i, j], "pair", sample, score, scale))
+            found.append(readout([i, j], "pair", sample, score, scale, share))
     return found
 
 
@@ -415,11 +421,14 @@ def find_readouts(
         proposing = [signals[name]] + ([later[name]] if name in later else [])
         if watched is None and reads_input[name]:
             proposing += _round_coefficients(weight_update, vectors[name])
-        found = layer_readouts(name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr)
+        at = (received[weight].detach().cpu(), received[bias].detach().cpu())
+        found = layer_readouts(
+            name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at
+        )
         if not reads_input[name] and name in later_vectors:
             best = {(tuple(r.units), r.kind, r.sample): r for r in found}
             for entry in layer_readouts(
-                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr
+                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at
             ):
                 key = (tuple(entry.units), entry.kind, entry.sample)
                 if key not in best or entry.psnr > best[key].psnr:
