@@ -432,7 +432,8 @@ class GuardReadout:
     layer: str
     units: list[int]  # the unit (weight-row update over bias update) or the two units (i, j) combined
     kind: str  # "ratio" (Qian et al.) | "pair": (row_i − scale·row_j) / (b_i − scale·b_j), an imprint's readout |
-    # "row": a layer without a bias, unit i's row update at its best scale and offset
+    # "row": a layer without a bias, unit i's row update at its best scale and offset | "row-pair": such a layer's
+    # row_i − scale·row_j at its best scale and offset
     sample: int  # index into the client's batch
     relative_error: float  # ‖readout − sample's vector‖ / ‖sample's vector‖
     reads_input: bool  # the layer reads the model's input: the readout is the sample itself, else its features

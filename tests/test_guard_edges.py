@@ -48,6 +48,53 @@ def trap_mlp(public: torch.Tensor, units: int, batch: int, seed: int) -> nn.Sequ
     return model
 
 
+@pytest.mark.parametrize("after", ["a constant input", "a batch norm"])
+def test_an_imprint_in_a_layer_without_a_bias_is_read_by_pairs_of_rows(after):
+    """A binning imprint in a bias-free first layer, its offsets from a constant input (a digit's pixel 0 set to 1,
+    as an appended constant feature) or from a frozen BatchNorm's offset after the layer: neighbouring rows' update
+    differences are single digits. The guard pairs rows by the coefficients the update itself gives, names every
+    digit the server reads that way at 30 dB or more, and blocks."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[500:532] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[500:532])
+    constant = after == "a constant input"
+    if constant:
+        x[:, 0] = 1.0
+    units = 30
+    direction = torch.ones(64) / 63
+    direction[0] = 0
+    thresholds = torch.quantile(x @ direction, torch.linspace(0, 0.9, units + 2)[1:-1])
+    layer = nn.Linear(64, units, bias=False)
+    norm = nn.BatchNorm1d(units) if not constant else nn.Identity()
+    model = nn.Sequential(layer, norm, nn.ReLU(), nn.Linear(units, 10))
+    with torch.no_grad():
+        layer.weight.copy_(direction.expand(units, 64))
+        if constant:
+            layer.weight[:, 0] = -thresholds
+        else:
+            norm.bias.copy_(-thresholds)
+        model[3].weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(3)).expand(10, units))
+    model.eval()  # the BatchNorm frozen at its running statistics (mean 0, variance 1)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    update = (sent["0.weight"] - received["0.weight"]).double().numpy()
+    # The server's scale: the constant pixel's share of the update, or the norm's offset update (its running
+    # variance is 1 and its weight 1, so that offset's update is the bias update the layer lacks).
+    offsets = update[:, 0] if constant else (sent["1.bias"] - received["1.bias"]).double().numpy()
+    read = {}
+    for k in range(units - 1):
+        if offsets[k] == offsets[k + 1]:
+            continue
+        readout = (update[k] - update[k + 1]) / (offsets[k] - offsets[k + 1])
+        for n, sample in enumerate(x.double().numpy()):
+            if psnr(readout, sample) >= THRESHOLD:
+                read[n] = max(read.get(n, 0.0), psnr(readout, sample))
+    assert len(read) >= 10
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(read) <= set(decision.exact_samples), (sorted(read), decision.exact_samples)
+
+
 def read_rows_in_range(update: torch.Tensor, low: float, high: float) -> list[np.ndarray]:
     """The server's readout of a layer without a bias: each row update stretched to the data's known range, with
     the sign that puts most of it near the low end (digits are mostly background)."""

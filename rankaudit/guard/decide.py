@@ -38,6 +38,9 @@ def _words(readout: GuardReadout) -> str:
         how = f"unit {readout.units[0]}'s weight-row update over its bias update"
     elif readout.kind == "row":
         how = f"unit {readout.units[0]}'s weight-row update (no bias), at its best scale and offset,"
+    elif readout.kind == "row-pair":
+        i, j = readout.units
+        how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, no bias), at its best scale and offset,"
     else:
         i, j = readout.units
         how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"

@@ -107,21 +107,21 @@ def row_readouts(
         checked.append(layer)
         rows = weight.detach().reshape(len(weight), -1).to(torch.float64)
         rows = rows - received[name].detach().reshape(len(weight), -1).to(torch.float64)
-        for unit, sample, score in _best_affine_matches(rows, samples.reshape(len(samples), -1).to(torch.float64)):
+        flat = samples.reshape(len(samples), -1).to(torch.float64)
+        for unit, sample, score in _best_affine_matches(rows, flat):
             if score >= min_psnr:
-                readouts.append(
-                    GuardReadout(
-                        layer,
-                        [unit],
-                        "row",
-                        sample,
-                        10 ** (-score / 20),
-                        True,
-                        psnr=round(score, 2),
-                        sample_psnr=round(score, 2),
-                        leaks=True,
-                    )
-                )
+                readouts.append(_row_readout(layer, [unit], "row", sample, score))
+        # Pairs of rows whose coefficients (solved from the update itself) agree on every sample but one: their
+        # difference is that sample's vector at some scale, as an imprint's neighbouring units give with no bias
+        # (a constant input, or a BatchNorm's offset after the layer, fixes the scale for the server).
+        table = _round_coefficients(rows, flat)
+        candidates = candidate_pairs(table[0]) if table else []
+        if candidates:
+            combined = torch.stack([rows[i] - scale * rows[j] for i, j, _, scale in candidates])
+            for k, sample, score in _best_affine_matches(combined, flat):
+                if score >= min_psnr:
+                    i, j, _, scale = candidates[k]
+                    readouts.append(_row_readout(layer, [i, j], "row-pair", sample, score, scale))
     if not unchecked:
         return readouts, checked, None, []
     line = (
@@ -130,6 +130,22 @@ def row_readouts(
         "checked"
     )
     return readouts, checked, line, unchecked
+
+
+def _row_readout(layer: str, units: list[int], kind: str, sample: int, score: float, scale=None) -> GuardReadout:
+    """A readout of a layer without a bias, which reads the sample itself, at its best scale and offset."""
+    return GuardReadout(
+        layer,
+        units,
+        kind,
+        sample,
+        10 ** (-score / 20),
+        True,
+        psnr=round(score, 2),
+        sample_psnr=round(score, 2),
+        leaks=True,
+        scale=scale,
+    )
 
 
 def unread_parameters(sent: dict[str, torch.Tensor], accounted: set[str]) -> str | None:
