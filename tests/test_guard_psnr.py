@@ -289,6 +289,36 @@ def test_an_imprint_under_weight_decay_is_read_and_named(action):
         assert server(to_send) == {}
 
 
+@pytest.mark.parametrize("start", [0, 832])
+def test_an_imprint_whose_bins_keep_other_samples_at_a_percent_is_read_and_named(start):
+    """A binning imprint beside class fishing: the output layer pushes one class's probability down to 1 %, so
+    each sample of that class enters its bin at full weight and every other sample at about 1 %. Neighbouring units
+    then read the class's samples at about 40 dB, though no two units' signals agree exactly on the other samples;
+    the guard names every sample the server reads that way."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[start : start + 64] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[start : start + 64])
+    fished, units = 3, 48
+    model = MLP(64, width=units)
+    brightness = torch.tensor(digits.data / 16.0, dtype=torch.float32).mean(1)
+    thresholds = torch.quantile(brightness, torch.linspace(0, 1, units + 2)[1:-1])
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.zero_()
+        model.fc2.weight[fished] = 1e-3  # a gentle slope: the class's logit stays near its bias
+        model.fc2.bias.zero_()
+        model.fc2.bias[fished] = math.log(0.01 * 9 / 0.99)  # its probability 1 % against nine logits of 0
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.1)
+    server = read_by_server([read_pair(received, sent, "fc1", k, k + 1, 1.0) for k in range(units - 1)], x)
+    assert server and set(server) <= set(torch.nonzero(y == fished).flatten().tolist())
+    assert min(server.values()) < 50  # mixtures, not exact readouts
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)
