@@ -319,6 +319,31 @@ def test_an_imprint_whose_bins_keep_other_samples_at_a_percent_is_read_and_named
     assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+def test_a_sample_and_its_copy_in_one_bin_are_both_named():
+    """A batch that holds one digit twice, and a binning imprint with one bin per distinct brightness: the copies
+    share a bin, so no pair of units isolates either one, but the bin's readout is the digit exactly. Both copies
+    are named, with every other sample the server reads."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[900:924] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[900:924])
+    x[23], y[23] = x[5], y[5]
+    brightness = x.mean(1).unique()  # sorted
+    thresholds = torch.cat([brightness[:1] - 0.1, (brightness[1:] + brightness[:-1]) / 2])
+    units = len(thresholds)
+    model = MLP(64, width=units)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.1)
+    server = read_by_server([read_pair(received, sent, "fc1", k, k + 1, 1.0) for k in range(units - 1)], x)
+    assert 5 in server or 23 in server
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(server) | {5, 23} <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

@@ -154,6 +154,37 @@ def with_received_share(
     return found
 
 
+def duplicates(vectors: torch.Tensor) -> list[list[int]]:
+    """Groups of two or more samples whose vectors are the same (a sample and its copy in the batch): a readout that
+    mixes them shows each of them exactly. Found by one random projection, each group checked value by value."""
+    if len(vectors) < 2:
+        return []
+    direction = torch.randn(vectors.shape[1], generator=torch.Generator().manual_seed(0), dtype=vectors.dtype)
+    keys = vectors @ direction
+    order = torch.argsort(keys)
+    same = torch.nonzero(keys[order][1:] == keys[order][:-1]).flatten().tolist()
+    if not same:
+        return []
+    parent = {int(order[k + 1]): int(order[k]) for k in same if torch.equal(vectors[order[k]], vectors[order[k + 1]])}
+    groups: dict[int, list[int]] = {}
+    for sample in sorted(set(parent) | set(parent.values())):
+        first = sample
+        while first in parent:
+            first = parent[first]
+        groups.setdefault(first, []).append(sample)
+    return [sorted(group) for group in groups.values() if len(group) > 1]
+
+
+def merged(signals: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:
+    """The signals (samples, units) with each group of duplicate samples summed into its first member (the others
+    zero): a pair that isolates the group reads every member of it."""
+    table = signals.clone()
+    for group in groups:
+        table[group[0]] = signals[group].sum(0)
+        table[group[1:]] = 0
+    return table
+
+
 def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     """[(i, j, s, c)]: units i < j whose signals (columns of the (samples, units) ``signals``) agree up to the
     scale c on every sample but s, and differ at s. Blind to the units' order, scale and sign."""

@@ -11,13 +11,22 @@ sample.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
 from rankaudit.guard.batch import as_model_input
-from rankaudit.guard.pairs import candidate_pairs, pair_readouts, peaks, psnr_of, ratio_readouts
+from rankaudit.guard.pairs import (
+    candidate_pairs,
+    duplicates,
+    merged,
+    pair_readouts,
+    peaks,
+    psnr_of,
+    ratio_readouts,
+)
 from rankaudit.result import GuardReadout
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
 
@@ -378,10 +387,18 @@ def layer_readouts(
         if score >= min_psnr and not blank[sample]:
             found.append(readout([unit], "ratio", sample, score, share=share))
     tables = signals if isinstance(signals, list) else [signals]
+    # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
+    # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
+    copies = duplicates(table)
+    if copies:
+        tables = tables + [merged(table_, copies) for table_ in tables]
     candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
     for i, j, sample, scale, score, share in pair_readouts(rows, bias, table, peak, candidates, received):
         if score >= min_psnr and not blank[sample]:
             found.append(readout([i, j], "pair", sample, score, scale, share))
+    for group in copies:  # what shows one copy shows every copy
+        for entry in [entry for entry in found if entry.sample in group]:
+            found += [dataclasses.replace(entry, sample=other) for other in group if other != entry.sample]
     return found
 
 
