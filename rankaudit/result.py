@@ -442,8 +442,8 @@ class GuardReadout:
     # features, the PSNR of the part of the sample they determine at these weights
     leaks: bool = True  # sample_psnr is at or above the threshold: the sample itself is read
     scale: float | None = None  # a pair's scale
-    received_share: float | None = None  # the multiple of the units' received weights added back to their update
-    # before the ratio (what weight decay took out), where that reads more; None: the update alone
+    received_share: float | None = None  # the multiple of the received weights added back to the update before
+    # the readout (what weight decay took out, fitted from the update); None: the update as sent
 
 
 @dataclass

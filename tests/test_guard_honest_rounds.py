@@ -224,18 +224,21 @@ def test_honest_fedavg_in_flower_blocks_only_what_the_server_reads(name, caplog)
     if name == "mlp-16-crops":
         assert blocked  # the case is here for its blocks, each confirmed above
 
-    # Every round FedAvg received the sent updates (a block arrives as a failure) and the global model moved.
+    # Every round FedAvg received the sent updates (a block arrives as a failure), and the global model moved in
+    # every round where a client sent: in every round for the other models (with 16 crops per client the MLP's first
+    # layer isolates photographs in every client's round, each block confirmed above, and the model stays put).
     before = initial
     for round_number in range(1, ROUNDS + 1):
         replies = strategy.replies[round_number]
         sent = [
             line for (_, r), line in zip(trained_order, decisions) if r == round_number and line["action"] == "send"
         ]
-        assert sent and sum(not reply.has_error() for reply in replies) == len(sent)
+        assert (sent or name == "mlp-16-crops") and sum(not reply.has_error() for reply in replies) == len(sent)
         assert all(reply.error.code == BLOCKED_CODE for reply in replies if reply.has_error())
         after = strategy.globals[round_number]
-        assert after is not None and any(not torch.equal(after[key], before[key]) for key in before)
-        before = after
+        if sent:
+            assert after is not None and any(not torch.equal(after[key], before[key]) for key in before)
+            before = after
     print(
         f"\n{name}: {ROUNDS * CLIENTS - len(blocked)} sent, {len(blocked)} blocked {blocked}; "
         f"highest feature PSNR {max(feature_db, default=float('nan')):.1f} dB over {len(feature_db)} feature notes"

@@ -289,7 +289,7 @@ def test_an_imprint_under_weight_decay_is_read_and_named(action):
         assert server(to_send) == {}
 
 
-@pytest.mark.parametrize("start", [0, 832])
+@pytest.mark.parametrize("start", [0, 192])
 def test_an_imprint_whose_bins_keep_other_samples_at_a_percent_is_read_and_named(start):
     """A binning imprint beside class fishing: the output layer pushes one class's probability down to 1 %, so
     each sample of that class enters its bin at full weight and every other sample at about 1 %. Neighbouring units

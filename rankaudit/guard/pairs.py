@@ -23,9 +23,12 @@ import torch
 
 # Signals that agree up to scale on all samples but one: the squared sine between the two units' signals, with that
 # sample left out, at most this. A filter only (each pair it passes is formed and judged by its PSNR), so it errs
-# wide: float32 signals of an imprint agree to about 1e-7, and a pair whose other samples keep a few percent of
-# their weight (an imprint beside class fishing, a sample at a bin's edge) still reads its sample at 40-48 dB.
-PARALLEL = 1e-2
+# wide: float32 signals of an imprint agree to about 1e-7.
+PARALLEL = 1e-4
+# Signals that agree but for a few percent of the other samples' weight (an imprint beside class fishing, a sample
+# at a bin's edge): such a pair still reads its sample at 40-48 dB at the signals' own scale, and is formed at that
+# scale only (a scale fitted to the sample would make a mixture look like it).
+NEARLY_PARALLEL = 1e-2
 # (units x units x samples) values compared at a time in the pair search: bounds its memory (4 MB in float32).
 # Blocks that stay in a CPU's cache: 1 << 20 took half the time of 1 << 22 on Flower's quickstart CNN.
 PAIR_BLOCK = 1 << 20
@@ -46,16 +49,12 @@ def psnr_of(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -
     return (10 * torch.log10(ratio)).clamp(max=IDENTICAL_PSNR).nan_to_num(nan=-math.inf)
 
 
-def best_matches(
-    readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, cross: torch.Tensor | None = None
-) -> tuple[list[int], list[float]]:
+def best_matches(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -> tuple[list[int], list[float]]:
     """For each readout row, the sample it reads best and that PSNR: searched by expanded squares, recomputed
-    directly (the expanded form cancels near an exact readout; the direct difference does not). ``cross``: the
-    readouts' products with the vectors, where the caller has them."""
+    directly (the expanded form cancels near an exact readout; the direct difference does not)."""
     if not len(readouts):
         return [], []
-    cross = readouts @ vectors.T if cross is None else cross
-    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * cross
+    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * readouts @ vectors.T
     best = (squares.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
     scores = psnr_of(readouts, vectors[best], peak[best])
     return best.tolist(), scores.tolist()
@@ -68,90 +67,39 @@ def live_units(bias_update: torch.Tensor) -> torch.Tensor:
     return (bias_update != 0) & torch.isfinite(bias_update)
 
 
-def ratio_readouts(
-    rows: torch.Tensor,
-    bias: torch.Tensor,
-    vectors: torch.Tensor,
-    peak: torch.Tensor,
-    received: tuple[torch.Tensor, torch.Tensor] | None = None,
-):
-    """[(unit, sample, psnr, share)] for every live unit's ratio, each against the sample it reads best. With the
-    layer's ``received`` (weight rows, bias), the ratio is also read with a share of the unit's received weights
-    added back (with_received_share); share is that multiple where it reads more, else None."""
+def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor):
+    """[(unit, sample, psnr)] for every live unit's ratio, each against the sample it reads best."""
     live = torch.nonzero(live_units(bias)).flatten()
     if not len(live):
         return []
-    readouts = rows[live] / bias[live, None]
-    cross = readouts @ vectors.T
-    best, scores = best_matches(readouts, vectors, peak, cross)
-    shares: list[float | None] = [None] * len(live)
-    if received is not None:
-        more = with_received_share(
-            readouts, rows[live], bias[live], *(part[live] for part in received), vectors, peak, cross=cross
-        )
-        for k, (sample, score, share) in enumerate(more):
-            if share is not None and score > scores[k]:
-                best[k], scores[k], shares[k] = sample, score, share
-    return list(zip(live.tolist(), best, scores, shares))
+    best, scores = best_matches(rows[live] / bias[live, None], vectors, peak)
+    return list(zip(live.tolist(), best, scores))
 
 
-# A share of the received weights is added back only while it is at most this many times the update it corrects
-# (weight decay's share is part of the update itself): a larger one would read the received weights, not the update.
-RECEIVED_SHARE_LIMIT = 2.0
-
-
-def with_received_share(
-    readouts: torch.Tensor,
-    rows: torch.Tensor,
-    bias: torch.Tensor,
-    received_rows: torch.Tensor,
-    received_bias: torch.Tensor,
-    vectors: torch.Tensor,
-    peak: torch.Tensor,
-    paired: bool = False,
-    cross: torch.Tensor | None = None,
-) -> list[tuple[int, float, float | None]]:
-    """[(sample, psnr, share)] per readout (ΔW / Δb, rows and bias the update's): the best readout of the line
-    (ΔW + t·W₀) / (Δb + t·b₀) over every t. Weight decay adds −lr·λ·W₀ to each unit's update (momentum, over the
-    steps, a multiple of it), and a server that knows lr and λ adds it back; the readouts over t are the line through
-    ΔW / Δb in the direction W₀ − b₀·(ΔW / Δb), so the nearest point to each sample is a projection. share is the t
-    of the best point, None where the line reads nothing better or t would exceed RECEIVED_SHARE_LIMIT times the
-    update. ``paired``: each readout is judged against the vector row beside it (its sample, the row index), not
-    searched over all of them; ``cross``: the readouts' products with the vectors, where the caller has them."""
-    direction = received_rows - received_bias[:, None] * readouts
-    length = (direction * direction).sum(1)
-    usable = torch.isfinite(length) & (length > 0) & torch.isfinite(readouts).all(dim=1)
-    found: list[tuple[int, float, float | None]] = [(0, -math.inf, None)] * len(readouts)
-    if not bool(usable.any()):
-        return found
-    index = torch.nonzero(usable).flatten()
-    a, d, norm = readouts[index], direction[index], length[index]
-    if paired:
-        best = index
-    else:
-        # Squared distance of each sample to each line, |x − a|² − ((x − a)·d)² / |d|², per sample's peak: a search
-        # only (each pick's figure is recomputed directly), so x·W₀ is formed in float32, and x·a is the caller's.
-        products = (vectors @ a.T) if cross is None else cross[index].T  # (samples, lines)
-        on_received = (vectors.float() @ received_rows[index].float().T).double()
-        along = (on_received - products * received_bias[index][None, :] - (a * d).sum(1)[None, :]) / norm.sqrt()
-        apart = (vectors * vectors).sum(1)[:, None] + (a * a).sum(1)[None, :] - 2 * products
-        best = ((apart - along**2).clamp_min(0) / (peak**2)[:, None]).argmin(dim=0)
-    t = ((vectors[best] - a) * d).sum(1) / norm
-    points = a + t[:, None] * d
-    scores = psnr_of(points, vectors[best], peak[best])
-    # The point at t is (ΔW + share·W₀) / (Δb + share·b₀) for share = t·Δb / (1 − t·b₀).
-    denominator = 1 - t * received_bias[index]
-    share = t * bias[index] / torch.where(denominator != 0, denominator, torch.full_like(denominator, math.nan))
-    added = share.abs()[:, None] * received_rows[index]
-    within = (
-        torch.isfinite(share)
-        & ((added * added).sum(1).sqrt() <= RECEIVED_SHARE_LIMIT * rows[index].norm(dim=1))
-        & ((share * received_bias[index]).abs() <= RECEIVED_SHARE_LIMIT * bias[index].abs())
-    )
-    for k, unit in enumerate(index.tolist()):
-        if bool(within[k]):
-            found[unit] = (int(best[k]), float(scores[k]), float(share[k]))
-    return found
+def decay_share(rows: torch.Tensor, received_rows: torch.Tensor, vectors: torch.Tensor) -> float | None:
+    """The multiple c of the received weights W₀ that weight decay took out of the update, or None. SGD's update of
+    a layer lies in the span of the vectors it read from the samples; weight decay adds −lr·λ·W₀ (with momentum,
+    over the steps, about a multiple of it), and a server that knows lr and λ adds c = lr·λ·… back. Outside that span
+    the update is −c times W₀'s part there, so c is a least-squares fit of the two parts. None when the samples'
+    vectors span every input (as many samples as inputs: nothing lies outside), when W₀ has no part outside, or
+    when the fit is not a positive share that explains at least three quarters of the part outside (no decay)."""
+    if len(vectors) >= vectors.shape[1] or not len(rows):
+        return None
+    if not (bool(torch.isfinite(rows).all()) and bool(torch.isfinite(received_rows).all())):
+        return None
+    basis, _ = torch.linalg.qr(vectors.T)  # (inputs, samples): the span of the samples' vectors
+    outside = rows - (rows @ basis) @ basis.T
+    received_outside = received_rows - (received_rows @ basis) @ basis.T
+    energy = float((received_outside * received_outside).sum())
+    if energy <= 0:
+        return None
+    share = -float((outside * received_outside).sum()) / energy
+    if not math.isfinite(share) or share <= 0:
+        return None
+    # Decay, not rounding: the share explains most of the update's part outside the span (float32 rounding leaves
+    # a part there that no multiple of W₀ explains).
+    left = outside + share * received_outside
+    return share if float((left * left).sum()) <= 0.25 * float((outside * outside).sum()) else None
 
 
 def duplicates(vectors: torch.Tensor) -> list[list[int]]:
@@ -185,9 +133,10 @@ def merged(signals: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:
     return table
 
 
-def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
+def candidate_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> list[tuple[int, int, int, float]]:
     """[(i, j, s, c)]: units i < j whose signals (columns of the (samples, units) ``signals``) agree up to the
-    scale c on every sample but s, and differ at s. Blind to the units' order, scale and sign."""
+    scale c on every sample but s (a squared sine of at most ``parallel`` with s left out), and differ at s. Blind
+    to the units' order, scale and sign."""
     count, units = signals.shape
     if units < 2 or count < 2:
         return []
@@ -199,7 +148,7 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     signals = exact.to(torch.float32)
     gram = signals.T @ signals
     energy = gram.diagonal()
-    pairs = _possible_pairs(exact)
+    pairs = _possible_pairs(exact, parallel)
     found = []
     # Each unit's energy with sample s left out, (units, samples); infinite where nothing is left (such a unit is
     # a ratio readout, formed already), so that no bound it enters is met.
@@ -212,10 +161,10 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
         # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
         cross = by_unit[first] * by_unit[second]
         torch.sub(gram[first, second][:, None], cross, out=cross)
-        # sine² ≤ PARALLEL, i.e. cross² ≥ (1 − PARALLEL)·left_i·left_j, computed in place (the block is the
+        # sine² ≤ parallel, i.e. cross² ≥ (1 − parallel)·left_i·left_j, computed in place (the block is the
         # search's whole memory and most of its time).
         bound = left[first] * left[second]
-        bound.clamp_min_(1e-30).mul_(1 - PARALLEL)
+        bound.clamp_min_(1e-30).mul_(1 - parallel)
         hit = torch.ge(cross.square_(), bound)
         del bound, cross
         for k, s in torch.nonzero(hit).tolist():
@@ -228,19 +177,19 @@ def candidate_pairs(signals: torch.Tensor) -> list[tuple[int, int, int, float]]:
     return found
 
 
-def _possible_pairs(signals: torch.Tensor) -> torch.Tensor:
+def _possible_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> torch.Tensor:
     """(pairs, 2): the units i < j for which some sample s can meet the pair test, from sums over the samples alone.
     With a = δ_si, b = δ_sj, G = Σ δ_i·δ_j and E the units' energies, the test at s is f(s) ≥ 0 with
         f(s) = (G − ab)² − (1 − p)(E_i − a²)(E_j − b²)
              = G² − (1 − p)·E_i·E_j − 2G·ab + (1 − p)(E_i·b² + E_j·a²) + p·a²b²,
     and with M the largest a² (b²) over the samples, f(s) ≤ G² − (1 − p)·E_i·E_j + 2|G|·√(M_i·M_j)
     + (1 − p)(E_i·M_j + E_j·M_i) + p·M_i·M_j for every s. A pair whose bound is negative cannot pass at any sample;
-    p is ten times PARALLEL, so that the float32 search's rounding never meets a pair this leaves out. Units whose
+    p is ten times the pair test's tolerance, so that the float32 search's rounding never meets a pair this leaves out. Units whose
     signals are spread over many samples (most units of an honest model) leave almost every pair out."""
     squares = signals * signals
     energy, largest = squares.sum(0), squares.amax(dim=0)
     gram = signals.T @ signals
-    p = 10 * PARALLEL
+    p = min(10 * parallel, 0.5)
     bound = (
         gram**2
         - (1 - p) * energy[:, None] * energy[None, :]
@@ -259,12 +208,11 @@ def pair_readouts(
     vectors: torch.Tensor,
     peak: torch.Tensor,
     candidates: list,
-    received: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> list[tuple[int, int, int, float, float, float | None]]:
-    """[(i, j, s, c, psnr, share)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s,
-    at the better of two scales: the signals' c, and the c that brings the readout nearest to s (a server that chose
-    the weights knows its own scales; the nearest is the most it can read). With the layer's ``received`` weights,
-    also with a share of the pair's received weights added back (with_received_share), where that reads more."""
+    nearest_scale: bool = True,
+) -> list[tuple[int, int, int, float, float]]:
+    """[(i, j, s, c, psnr)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s, at the
+    better of two scales: the signals' c, and (``nearest_scale``) the c that brings the readout nearest to s (a
+    server that chose the weights knows its own scales; the nearest is the most it can read)."""
     if not candidates:
         return []
     i = torch.tensor([c[0] for c in candidates])
@@ -288,8 +236,7 @@ def pair_readouts(
     nearest = -z[:, 1] / torch.where(z[:, 0] != 0, z[:, 0], torch.full_like(z[:, 0], 1e-300))
     results = []
     best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)
-    shares: list[float | None] = [None] * len(candidates)
-    for scale in (from_signals, nearest):
+    for scale in (from_signals, nearest) if nearest_scale else (from_signals,):
         denominator = bias[i] - scale * bias[j]
         usable = (denominator != 0) & torch.isfinite(denominator)
         readout = (rows[i] - scale[:, None] * rows[j]) / torch.where(usable, denominator, 1.0)[:, None]
@@ -297,25 +244,6 @@ def pair_readouts(
         better = score > best_score
         best_score = torch.where(better, score, best_score)
         best_scale = torch.where(better, scale, best_scale)
-        for k in torch.nonzero(better).flatten().tolist():
-            shares[k] = None
-        if received is None:
-            continue
-        # The same pair with a share of its received weights added back: weight decay's part of the update is
-        # taken out before the scale is judged, so each scale is tried with it.
-        more = with_received_share(
-            readout,
-            rows[i] - scale[:, None] * rows[j],
-            denominator,
-            received[0][i] - scale[:, None] * received[0][j],
-            received[1][i] - scale * received[1][j],
-            target,
-            peak[s],
-            paired=True,
-        )
-        for k, (_, score_k, share) in enumerate(more):
-            if share is not None and bool(usable[k]) and score_k > float(best_score[k]):
-                best_score[k], best_scale[k], shares[k] = score_k, scale[k], share
     for k, (a, b, sample, _) in enumerate(candidates):
-        results.append((a, b, sample, float(best_scale[k]), float(best_score[k]), shares[k]))
+        results.append((a, b, sample, float(best_scale[k]), float(best_score[k])))
     return results

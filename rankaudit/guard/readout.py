@@ -19,7 +19,9 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    NEARLY_PARALLEL,
     candidate_pairs,
+    decay_share,
     duplicates,
     merged,
     pair_readouts,
@@ -355,8 +357,8 @@ def layer_readouts(
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
     pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64.
-    With the layer's ``received`` (weight, bias), each is also read with a share of the received weights added back,
-    as a server that knows the client's weight decay does."""
+    With the layer's ``received`` (weight, bias), each is also read with weight decay's share of the received
+    weights added back (decay_share), as a server that knows the client's lr and weight decay does."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     if received is not None:
@@ -365,7 +367,6 @@ def layer_readouts(
     peak = peaks(table)
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
-    found = []
 
     def readout(units, kind, sample, score, scale=None, share=None):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
@@ -383,9 +384,13 @@ def layer_readouts(
             received_share=share,
         )
 
-    for unit, sample, score, share in ratio_readouts(rows, bias, table, peak, received):
-        if score >= min_psnr and not blank[sample]:
-            found.append(readout([unit], "ratio", sample, score, share=share))
+    # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
+    # to the weights and (as PyTorch decays them too) to the biases, or to the weights alone.
+    share = decay_share(rows, received[0], table) if received is not None else None
+    variants = [(rows, bias, None)]
+    if share is not None:
+        added = rows + share * received[0]
+        variants += [(added, bias + share * received[1], share), (added, bias, share)]
     tables = signals if isinstance(signals, list) else [signals]
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
@@ -393,13 +398,32 @@ def layer_readouts(
     if copies:
         tables = tables + [merged(table_, copies) for table_ in tables]
     candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
-    for i, j, sample, scale, score, share in pair_readouts(rows, bias, table, peak, candidates, received):
-        if score >= min_psnr and not blank[sample]:
-            found.append(readout([i, j], "pair", sample, score, scale, share))
+    isolating = {pair[:3] for pair in candidates}
+    nearly = sorted(
+        {pair for table_ in tables for pair in candidate_pairs(table_, NEARLY_PARALLEL) if pair[:3] not in isolating}
+    )
+    best: dict[tuple, GuardReadout] = {}
+    for variant_rows, variant_bias, variant_share in variants:
+        for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak):
+            if score >= min_psnr and not blank[sample]:
+                _keep_best(best, readout([unit], "ratio", sample, score, share=variant_share))
+        pairs = pair_readouts(variant_rows, variant_bias, table, peak, candidates)
+        pairs += pair_readouts(variant_rows, variant_bias, table, peak, nearly, nearest_scale=False)
+        for i, j, sample, scale, score in pairs:
+            if score >= min_psnr and not blank[sample]:
+                _keep_best(best, readout([i, j], "pair", sample, score, scale, variant_share))
+    found = list(best.values())
     for group in copies:  # what shows one copy shows every copy
         for entry in [entry for entry in found if entry.sample in group]:
             found += [dataclasses.replace(entry, sample=other) for other in group if other != entry.sample]
     return found
+
+
+def _keep_best(best: dict[tuple, GuardReadout], entry: GuardReadout) -> None:
+    """One readout per (units, kind, sample): the one that reads the most."""
+    key = (tuple(entry.units), entry.kind, entry.sample)
+    if key not in best or entry.psnr > best[key].psnr:
+        best[key] = entry
 
 
 def _round_coefficients(weight_update: torch.Tensor, vectors: torch.Tensor) -> list[torch.Tensor]:
