@@ -137,6 +137,19 @@ def candidate_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> list[t
     """[(i, j, s, c)]: units i < j whose signals (columns of the (samples, units) ``signals``) agree up to the
     scale c on every sample but s (a squared sine of at most ``parallel`` with s left out), and differ at s. Blind
     to the units' order, scale and sign."""
+    return [pair[:4] for pair in _pairs_within(signals, parallel)]
+
+
+def isolating_and_nearly(signals: torch.Tensor) -> tuple[list, list]:
+    """(candidate_pairs at PARALLEL, the further pairs within NEARLY_PARALLEL), from one search."""
+    isolating, nearly = [], []
+    for i, j, s, c, sine in _pairs_within(signals, NEARLY_PARALLEL):
+        (isolating if sine <= PARALLEL else nearly).append((i, j, s, c))
+    return isolating, nearly
+
+
+def _pairs_within(signals: torch.Tensor, parallel: float) -> list[tuple[int, int, int, float, float]]:
+    """candidate_pairs' search, each pair with its squared sine: [(i, j, s, c, sine²)]."""
     count, units = signals.shape
     if units < 2 or count < 2:
         return []
@@ -173,7 +186,8 @@ def candidate_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> list[t
             ratio = float(cross / left[j, s])
             isolated = signals[s, i] - ratio * signals[s, j]
             if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
-                found.append((i, j, s, ratio * float(scale[i] / scale[j])))
+                sine = 1 - float(cross**2 / (left[i, s] * left[j, s]))
+                found.append((i, j, s, ratio * float(scale[i] / scale[j]), sine))
     return found
 
 

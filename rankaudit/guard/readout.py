@@ -19,10 +19,10 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
-    NEARLY_PARALLEL,
     candidate_pairs,
     decay_share,
     duplicates,
+    isolating_and_nearly,
     merged,
     pair_readouts,
     peaks,
@@ -397,11 +397,10 @@ def layer_readouts(
     copies = duplicates(table)
     if copies:
         tables = tables + [merged(table_, copies) for table_ in tables]
-    candidates = sorted({pair for table_ in tables for pair in candidate_pairs(table_)})
-    isolating = {pair[:3] for pair in candidates}
-    nearly = sorted(
-        {pair for table_ in tables for pair in candidate_pairs(table_, NEARLY_PARALLEL) if pair[:3] not in isolating}
-    )
+    found_pairs = [isolating_and_nearly(table_) for table_ in tables]
+    candidates = sorted({pair for isolating, _ in found_pairs for pair in isolating})
+    isolated = {pair[:3] for pair in candidates}
+    nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
     best: dict[tuple, GuardReadout] = {}
     for variant_rows, variant_bias, variant_share in variants:
         for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak):
