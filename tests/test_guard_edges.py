@@ -506,6 +506,10 @@ class HiddenSkip(nn.Module):
             skip = torch.round(x * 16) / 16
         elif self.how == "integers":
             skip = (x * 16).long().to(x.dtype) / 16
+        elif self.how == "floor division":
+            skip = torch.div(x * 16, 1, rounding_mode="floor") / 16
+        elif self.how == "bits":  # the same bits read as integers and back
+            skip = x.view(torch.int32).view(torch.float32)
         elif self.how == "numbers":
             skip = torch.tensor(x.tolist(), dtype=x.dtype)
         elif self.how == "copy":
@@ -531,7 +535,7 @@ class HiddenSkip(nn.Module):
 # Stop-gradients and gradient hooks do not change the values: the features' Jacobian follows the path through them.
 FOLLOWED = ["detach", "data", "no_grad", "property under no_grad", "gradient hook", "backward hook"]
 # Values that escape autograd altogether: noticed, and the features count as the sample.
-ESCAPED = ["round", "integers", "numbers", "copy", "inference mode"]
+ESCAPED = ["round", "integers", "floor division", "bits", "numbers", "copy", "inference mode"]
 
 
 @pytest.mark.filterwarnings("ignore:To copy construct from a tensor")

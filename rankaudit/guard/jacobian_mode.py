@@ -85,7 +85,7 @@ class KinksCountOn(torch.overrides.TorchFunctionMode):
             result = self._run(func, args, kwargs)
         if self.hidden is None:
             self.hidden = hidden_after(func, args, result)
-        escaped = _escaped(func, args, result, unstopped or torch.is_grad_enabled())
+        escaped = _escaped(func, args, result, unstopped or torch.is_grad_enabled(), kwargs)
         if escaped is not None and self.probe:
             leaf = result.detach().requires_grad_(True)
             self.leaves.append((leaf, escaped))
@@ -148,7 +148,12 @@ _STEPS = frozenset(
 # logged statistic, cannot show a sample.)
 _NUMBERS = frozenset(["tolist"])
 # Conversions that can turn the values into integers (the result's dtype says whether they did).
-_CONVERSIONS = frozenset(["to", "type", "type_as", "long", "int", "short", "char", "byte"])
+_CONVERSIONS = frozenset(
+    ["to", "type", "type_as", "long", "int", "short", "char", "byte", "view", "view_as", "frexp"]
+    + ["quantize_per_tensor", "quantize_per_channel"]
+)
+# Divisions that round their quotient (rounding_mode "floor" or "trunc"): steps too.
+_DIVISIONS = frozenset(["div", "divide"])
 _GRADIENT_HOOKS = frozenset(["register_hook", "register_post_accumulate_grad_hook"])
 
 
@@ -213,15 +218,19 @@ def hidden_after(func, args, result) -> str | None:
     or None."""
     name = getattr(func, "__name__", "")
     stepped = name in _STEPS or name.rstrip("_") in _STEPS
-    if not (stepped or name.rstrip("_") in _CONVERSIONS) or not isinstance(result, torch.Tensor):
+    if not (stepped or name.rstrip("_") in _CONVERSIONS):
         return None
-    integers = not (result.is_floating_point() or result.is_complex() or result.dtype == torch.bool)
+    results = _tensors(result if isinstance(result, (tuple, list)) else (result,))
+    integers = any(
+        value.is_quantized or not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        for value in results
+    )
     if integers and any(_from_sample(value) for value in _tensors(args)) and not _in_custom_function():
         return f"turns a value computed from the sample into integers ({name}: no gradient)"
     return None
 
 
-def _escaped(func, args, result, with_grad: bool) -> str | None:
+def _escaped(func, args, result, with_grad: bool, kwargs=None) -> str | None:
     """What an operation that ran (``with_grad``: with grad enabled) did when its floating result holds values
     computed from the sample that autograd does not follow to it (a step whose gradient is zero, or a result without
     a gradient at all), or None."""
@@ -230,7 +239,8 @@ def _escaped(func, args, result, with_grad: bool) -> str | None:
     if not any(_from_sample(value) and value.is_floating_point() for value in _tensors(args)):
         return None
     name = getattr(func, "__name__", "")
-    if name in _STEPS or name.rstrip("_") in _STEPS:
+    rounded = name.rstrip("_") in _DIVISIONS and (kwargs or {}).get("rounding_mode") in ("floor", "trunc")
+    if name in _STEPS or name.rstrip("_") in _STEPS or rounded:
         if _in_custom_function():
             return None
         return f"rounds a value computed from the sample ({name}, whose gradient is zero)"
