@@ -79,8 +79,8 @@ def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor
 def decay_share(rows: torch.Tensor, received_rows: torch.Tensor, vectors: torch.Tensor) -> float | None:
     """The multiple c of the received weights W₀ that weight decay took out of the update, or None. SGD's update of
     a layer lies in the span of the vectors it read from the samples; weight decay adds −lr·λ·W₀ (with momentum,
-    over the steps, about a multiple of it), and a server that knows lr and λ adds c = lr·λ·… back. Outside that span
-    the update is −c times W₀'s part there, so c is a least-squares fit of the two parts. None when the samples'
+    over the steps, about a multiple of it), and a server that knows lr and λ adds that multiple c back (lr·λ for
+    one step). Outside the span the update is −c times W₀'s part there, so c is a least-squares fit of the two. None when the samples'
     vectors span every input (as many samples as inputs: nothing lies outside), when W₀ has no part outside, or
     when the fit is not a positive share that explains at least three quarters of the part outside (no decay)."""
     if len(vectors) >= vectors.shape[1] or not len(rows):
@@ -198,8 +198,9 @@ def _possible_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> torch.
              = G² − (1 − p)·E_i·E_j − 2G·ab + (1 − p)(E_i·b² + E_j·a²) + p·a²b²,
     and with M the largest a² (b²) over the samples, f(s) ≤ G² − (1 − p)·E_i·E_j + 2|G|·√(M_i·M_j)
     + (1 − p)(E_i·M_j + E_j·M_i) + p·M_i·M_j for every s. A pair whose bound is negative cannot pass at any sample;
-    p is ten times the pair test's tolerance, so that the float32 search's rounding never meets a pair this leaves out. Units whose
-    signals are spread over many samples (most units of an honest model) leave almost every pair out."""
+    p is ten times the pair test's tolerance (at most 0.5), so that the float32 search's rounding never meets a pair
+    this leaves out. Units whose signals are spread over many samples (most units of an honest model) leave almost
+    every pair out."""
     squares = signals * signals
     energy, largest = squares.sum(0), squares.amax(dim=0)
     gram = signals.T @ signals
