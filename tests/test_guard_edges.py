@@ -504,6 +504,10 @@ class HiddenSkip(nn.Module):
             skip = x.data
         elif self.how == "round":  # digits' pixels are sixteenths: rounded to them, they are the pixels
             skip = torch.round(x * 16) / 16
+        elif self.how == "round in place":  # the tensor itself kept, not what round_ returns
+            scaled = x * 16
+            scaled.round_()
+            skip = scaled / 16
         elif self.how == "integers":
             skip = (x * 16).long().to(x.dtype) / 16
         elif self.how == "floor division":
@@ -535,7 +539,7 @@ class HiddenSkip(nn.Module):
 # Stop-gradients and gradient hooks do not change the values: the features' Jacobian follows the path through them.
 FOLLOWED = ["detach", "data", "no_grad", "property under no_grad", "gradient hook", "backward hook"]
 # Values that escape autograd altogether: noticed, and the features count as the sample.
-ESCAPED = ["round", "integers", "floor division", "bits", "numbers", "copy", "inference mode"]
+ESCAPED = ["round", "round in place", "integers", "floor division", "bits", "numbers", "copy", "inference mode"]
 
 
 @pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
@@ -600,6 +604,8 @@ class Monitored(nn.Module):
                 raise ValueError("inputs out of range")
         elif self.how == "zeros shaped like it":
             h = h + torch.zeros_like(h)
+        elif self.how == "constants made beside it":
+            h = h * x.new_tensor([1.0, 2.0, 1.0, 0.5, 1.0, 1.0])
         return self.fc2(torch.relu(self.fc1(h)))
 
 
@@ -612,6 +618,7 @@ class Monitored(nn.Module):
         "index from a list",
         "a check",
         "zeros shaped like it",
+        "constants made beside it",
     ],
 )
 def test_values_that_escape_autograd_but_never_reach_the_features_hide_no_path(how):

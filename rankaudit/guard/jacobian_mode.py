@@ -86,6 +86,8 @@ class KinksCountOn(torch.overrides.TorchFunctionMode):
         if self.hidden is None:
             self.hidden = hidden_after(func, args, result)
         escaped = _escaped(func, args, result, unstopped or torch.is_grad_enabled(), kwargs)
+        if escaped is not None and name.endswith("_") and not name.endswith("__") and self.hidden is None:
+            self.hidden = escaped  # done in place: the model keeps the tensor, so no leaf can stand in for it
         if escaped is not None and self.probe:
             leaf = result.detach().requires_grad_(True)
             self.leaves.append((leaf, escaped))
@@ -236,9 +238,11 @@ def _escaped(func, args, result, with_grad: bool, kwargs=None) -> str | None:
     a gradient at all), or None."""
     if not (isinstance(result, torch.Tensor) and result.is_floating_point()):
         return None
-    if not any(_from_sample(value) and value.is_floating_point() for value in _tensors(args)):
-        return None
     name = getattr(func, "__name__", "")
+    # new_tensor's data is its argument; the tensor it is called on gives only the dtype and device.
+    sources = args[1:2] if name == "new_tensor" else args
+    if not any(_from_sample(value) and value.is_floating_point() for value in _tensors(sources)):
+        return None
     rounded = name.rstrip("_") in _DIVISIONS and (kwargs or {}).get("rounding_mode") in ("floor", "trunc")
     if name in _STEPS or name.rstrip("_") in _STEPS or rounded:
         if _in_custom_function():
