@@ -38,13 +38,14 @@ def _read_npy(path: str, option: str):
     try:
         return np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - a truncated, corrupt or pickled file: said, not raised through
-        raise UsageError(f"{option} {path} could not be read as NumPy data ({_first_line(exc)})", _SAVE_HINT) from None
+        raise UsageError(f"{option} {path} could not be read as NumPy data ({error_line(exc)})", _SAVE_HINT) from None
 
 
 _SAVE_HINT = "save plain numeric arrays with np.save or np.savez (no object arrays)"
 
 
-def _first_line(exc: Exception) -> str:
+def error_line(exc: Exception) -> str:
+    """An exception as one line, its type and its message's first line (a traceback is not said)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -54,7 +55,7 @@ def _npz_member(loaded, key: str, data: str) -> np.ndarray:
     try:
         return np.asarray(loaded[key])
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, RuntimeError) as exc:
-        raise UsageError(f"--data {data}: its {key} could not be read ({_first_line(exc)})", _SAVE_HINT) from None
+        raise UsageError(f"--data {data}: its {key} could not be read ({error_line(exc)})", _SAVE_HINT) from None
 
 
 def load_batch(data: str, labels: str | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankaudit.guard.batch import as_model_input
+from rankaudit.guard.batch import as_model_input, error_line
 from rankaudit.guard.jacobian_mode import HiddenPath, KinksCountOn, reaching, without_backward_hooks
 from rankaudit.guard.pairs import IDENTICAL_PSNR
 from rankaudit.verify.attacks.bias import sample_vectors
@@ -257,8 +257,7 @@ def _determined(
             if not failed_said:
                 failed_said = True
                 notes.append(
-                    f"the features' Jacobian could not be formed ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0][:120] if str(error) else 'no message'}): the features of the "
+                    f"the features' Jacobian could not be formed ({error_line(error)[:160]}): the features of the "
                     "samples this layer reads count as the samples"
                 )
             continue

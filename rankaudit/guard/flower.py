@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import RankauditError
-from rankaudit.guard.batch import client_samples
+from rankaudit.guard.batch import client_samples, error_line
 from rankaudit.guard.decide import Guard, log_record
 from rankaudit.settings.guard_options import GuardSettings, from_run_config, guard_settings
 
@@ -165,7 +165,7 @@ def rankaudit_guard(
                 say_once(INFO, line)
             decision, to_send = guard.decide(received, sent, x, y, round_number=_server_round(msg))
         except Exception as exc:  # noqa: BLE001 - the guard cannot check this update: it is not sent, the line says why
-            problem = exc if isinstance(exc, RankauditError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            problem = exc if isinstance(exc, RankauditError) else error_line(exc)
             log(ERROR, "rankaudit guard: could not check this update: %s", problem)
             return Message(
                 Error(code=BLOCKED_CODE, reason=f"rankaudit guard could not check this update: {problem}"),
@@ -186,9 +186,3 @@ def rankaudit_guard(
         return reply
 
     return mod
-
-
-def _first_line(exc: Exception) -> str:
-    """The first line of an exception's message (the model's own error, said without its traceback)."""
-    text = str(exc)
-    return text.splitlines()[0] if text else "no message"

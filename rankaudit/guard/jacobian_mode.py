@@ -146,6 +146,13 @@ _STEPS = frozenset(
     ["round", "floor", "ceil", "trunc", "fix", "sign", "sgn", "signbit", "heaviside", "floor_divide", "bucketize"]
     + ["searchsorted", "histc", "__floordiv__", "__rfloordiv__", "__ifloordiv__"]
 )
+
+
+def _is_step(name: str) -> bool:
+    """Whether an operation's name (in place or not) is one of the steps."""
+    return name in _STEPS or name.rstrip("_") in _STEPS
+
+
 # Many Python numbers at once: once out of a tensor, nothing follows where they go. (A single number, a check or a
 # logged statistic, cannot show a sample.)
 _NUMBERS = frozenset(["tolist"])
@@ -219,7 +226,7 @@ def hidden_after(func, args, result) -> str | None:
     """How an operation that ran turned a value computed from the sample into integers (which carry no gradient),
     or None."""
     name = getattr(func, "__name__", "")
-    stepped = name in _STEPS or name.rstrip("_") in _STEPS
+    stepped = _is_step(name)
     if not (stepped or name.rstrip("_") in _CONVERSIONS):
         return None
     results = _tensors(result if isinstance(result, (tuple, list)) else (result,))
@@ -244,7 +251,7 @@ def _escaped(func, args, result, with_grad: bool, kwargs=None) -> str | None:
     if not any(_from_sample(value) and value.is_floating_point() for value in _tensors(sources)):
         return None
     rounded = name.rstrip("_") in _DIVISIONS and (kwargs or {}).get("rounding_mode") in ("floor", "trunc")
-    if name in _STEPS or name.rstrip("_") in _STEPS or rounded:
+    if _is_step(name) or rounded:
         if _in_custom_function():
             return None
         return f"rounds a value computed from the sample ({name}, whose gradient is zero)"

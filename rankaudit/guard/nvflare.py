@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import RankauditError, UsageError
-from rankaudit.guard.batch import client_samples
+from rankaudit.guard.batch import client_samples, error_line
 from rankaudit.guard.decide import Guard, log_record
 from rankaudit.settings.guard_options import GuardSettings, guard_settings
 
@@ -179,9 +179,7 @@ def _build_filter_class():
             except RankauditError as exc:  # the guard cannot check this result: it is not sent
                 return self._blocked(dxo, shareable, fl_ctx, received, f"could not check this update: {exc}")
             except Exception as exc:  # noqa: BLE001 - the job's own code (samples, model) failed: the same, said
-                problem = (
-                    f"could not check this update: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                )
+                problem = f"could not check this update: {error_line(exc)}"
                 return self._blocked(dxo, shareable, fl_ctx, received, problem)
             for note in notes:
                 self.log_info(fl_ctx, "rankaudit guard: " + note)

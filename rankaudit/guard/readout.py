@@ -486,9 +486,7 @@ def find_readouts(
             for entry in layer_readouts(
                 name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at
             ):
-                key = (tuple(entry.units), entry.kind, entry.sample)
-                if key not in best or entry.psnr > best[key].psnr:
-                    best[key] = entry
+                _keep_best(best, entry)
             found = list(best.values())
         if found and not reads_input[name]:
             features[name] = found
