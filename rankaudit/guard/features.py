@@ -414,19 +414,24 @@ def _placement_bounds(
     if responses.shape != reached.shape:
         return [None] * len(deviations)  # the layer reads the sample's values laid out in another shape
     bounds: list[float | None] = [None] * len(deviations)
+    # Every sample's placements at once, each sample's ordered by position, row first: placements that overlap
+    # lie within a band of the order.
+    sample, row, column, channel = torch.nonzero(
+        (reached & (norms > 0)[None, :, None, None]).permute(0, 2, 3, 1), as_tuple=True
+    )
+    # int32 indices (the table has far fewer than 2³¹ entries) gather twice as fast as int64.
+    first = (channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2).int()
+    second = (channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2).int()
+    b = responses[sample, channel, row, column] / norms[channel]
+    counts = torch.bincount(sample, minlength=len(deviations)).tolist()
+    parts = zip(*(part.split(counts) for part in (first, second, b, row)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for number, (deviation, x, at, response) in enumerate(zip(deviations, xs, reached, responses)):
-            # Ordered by position, row first: placements that overlap lie within a band of the order.
-            row, column, channel = torch.nonzero((at & (norms > 0)[:, None, None]).permute(1, 2, 0), as_tuple=True)
-            if len(channel) >= deviation.numel():
+        for number, (deviation, x, (first_, second_, b_, row_)) in enumerate(zip(deviations, xs, parts)):
+            if len(row_) >= deviation.numel():
                 continue
-            # int32 indices (the table has far fewer than 2³¹ entries) gather twice as fast as int64.
-            first = (channel * (channels * size1 * size2) - row * (s1 * size2) - column * s2).int()
-            second = (channel * (size1 * size2) + row * (s1 * size2) + column * s2 + h1 * size2 + h2).int()
-            b = response[channel, row, column] / norms[channel]
-            seen = _seen_through_band(table, first, second, b, row, (k1 - 1) // s1)
+            seen = _seen_through_band(table, first_, second_, b_, row_, (k1 - 1) // s1)
             bounds[number] = None if seen is None else _psnr_with_seen(deviation, x, seen)
     finally:
         torch.set_num_threads(threads)
