@@ -96,7 +96,11 @@ class Watch:
         for step in trained:
             batch = step["x"].cpu().to(samples.dtype).contiguous()
             if at + len(batch) <= len(samples) and _equal(batch, samples[at : at + len(batch)]):
-                rows = torch.arange(at, at + len(batch))
+                if ordered:  # the rows as a range (a tensor only if needed at the end), all new or all seen
+                    rows, fresh = range(at, at + len(batch)), len(batch) > 0 and not bool(seen[at])
+                    seen[at : at + len(batch)] = True
+                else:
+                    rows = torch.arange(at, at + len(batch))
             else:  # shuffled, or other samples: each row found by its bytes
                 ordered = False
                 if not index:
@@ -105,8 +109,11 @@ class Watch:
                 if any(row is None for row in found):
                     return None  # a step on samples the guard was not given
                 rows = torch.tensor(found)
-            at = (int(rows[-1]) + 1) % len(samples) if len(rows) else at
-            first = ~seen[rows]
+            if not isinstance(rows, range):
+                first = ~seen[rows]
+                seen[rows] = True
+            at = (rows[-1] + 1) % len(samples) if len(rows) else at
+            at = int(at)
             for name, _ in self.layers:
                 calls = step["calls"].get(name, 0)
                 if calls > 1:
@@ -117,15 +124,15 @@ class Watch:
                     return None  # a step without its backward: the records do not say what the step sent
                 if name in why_not:
                     continue
-                if ordered and not bool(seen[rows[0]]):  # samples run in order, first seen now
-                    first_rows.setdefault(name, []).append(rows)
-                    first_vectors.setdefault(name, []).append(step["vectors"][name])
-                elif not ordered:
+                if isinstance(rows, range):
+                    if fresh:  # samples run in order, first seen now
+                        first_rows.setdefault(name, []).append(rows)
+                        first_vectors.setdefault(name, []).append(step["vectors"][name])
+                else:
                     first_rows.setdefault(name, []).append(rows[first])
                     first_vectors.setdefault(name, []).append(step["vectors"][name][first])
                 step_rows.setdefault(name, []).append(rows)
                 step_signals.setdefault(name, []).append(step["signals"][name])
-            seen[rows] = True
         if not bool(seen.all()):
             return None
         vectors: dict[str, torch.Tensor] = {}
@@ -143,7 +150,12 @@ class Watch:
                 signals[name] = padded.view(epochs, len(samples), -1).sum(0)
                 continue
             vectors[name] = torch.zeros(len(samples), found.shape[1], dtype=torch.float64)
-            vectors[name][torch.cat(first_rows[name])] = found.to(torch.float64)
+            vectors[name][_rows(first_rows[name])] = found.to(torch.float64)
             signals[name] = torch.zeros(len(samples), summed.shape[1], dtype=torch.float64)
-            signals[name].index_add_(0, torch.cat(step_rows[name]), summed)
+            signals[name].index_add_(0, _rows(step_rows[name]), summed)
         return vectors, signals, why_not
+
+
+def _rows(parts: list) -> torch.Tensor:
+    """The rows of several steps (ranges of samples run in order, or tensors of rows) as one tensor."""
+    return torch.cat([torch.arange(part.start, part.stop) if isinstance(part, range) else part for part in parts])
