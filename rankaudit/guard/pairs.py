@@ -165,18 +165,20 @@ def _pairs_within(signals: torch.Tensor, parallel: float) -> list[tuple[int, int
     found = []
     # Each unit's energy with sample s left out, (units, samples); infinite where nothing is left (such a unit is
     # a ratio readout, formed already), so that no bound it enters is met.
-    left = energy[:, None] - signals.T**2
-    left = torch.where(left > 0, left, math.inf)
+    # Rows per unit, contiguous, gathered by index_select (advanced indexing and a transposed layout cost several
+    # times as much for the same values).
     by_unit = signals.T.contiguous()
+    left = energy[:, None] - by_unit**2
+    left = torch.where(left > 0, left, math.inf)
     step = max(1, PAIR_BLOCK // count)
     for start in range(0, len(pairs), step):
         first, second = pairs[start : start + step, 0], pairs[start : start + step, 1]
         # With sample s left out: G_ij − δ_si·δ_sj, and each unit's energy without it.
-        cross = by_unit[first] * by_unit[second]
+        cross = by_unit.index_select(0, first).mul_(by_unit.index_select(0, second))
         torch.sub(gram[first, second][:, None], cross, out=cross)
         # sine² ≤ parallel, i.e. cross² ≥ (1 − parallel)·left_i·left_j, computed in place (the block is the
         # search's whole memory and most of its time).
-        bound = left[first] * left[second]
+        bound = left.index_select(0, first).mul_(left.index_select(0, second))
         bound.clamp_min_(1e-30).mul_(1 - parallel)
         hit = torch.ge(cross.square_(), bound)
         del bound, cross
