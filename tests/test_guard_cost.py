@@ -364,3 +364,48 @@ def test_watched_records_are_copies_that_a_refilled_buffer_does_not_change():
     assert tables[0] is not None and tables[1] is not None
     for ours, theirs in zip(tables[0][:2], tables[1][:2]):
         assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+class KernelFourCNN(nn.Module):
+    """A first convolution of kernel 4 and stride 2 (placements overlap one row apart), then two Linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 4, stride=2)
+        self.fc1 = nn.Linear(5 * 9 * 9, 24)
+        self.fc2 = nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(torch.relu(self.conv(x)).flatten(1))))
+
+
+def test_the_convolutions_bound_for_several_samples_is_each_samples_own():
+    """The first convolution's bound formed for several samples at once (their placements indexed together) is
+    the one each sample gets alone, and a sample whose placements' Gram matrix has no factor (two identical
+    filters that both reach its features) gets no bound while the others keep theirs; on crops of 20 x 20 of both
+    photographs and weights drawn here."""
+    from sklearn.datasets import load_sample_images
+
+    torch.manual_seed(21)
+    images = [torch.tensor(image).permute(2, 0, 1).float() / 255 for image in load_sample_images().images]
+    x = torch.stack([images[n % 2][:, 30 + 37 * n : 50 + 37 * n, 60 + 23 * n : 80 + 23 * n] for n in range(10)])
+    x = (x - 0.5) / 0.5
+    model = KernelFourCNN().eval().requires_grad_(False)
+    # Filter 1 is filter 0, firing only where filter 0's response is high: the samples with such a patch have two
+    # identical placements that reach the features, the others none.
+    model.conv.weight[1] = model.conv.weight[0]
+    model.conv.bias[0] = 50.0
+    response = nn.functional.conv2d(x, model.conv.weight[:1], stride=2).amax(dim=(1, 2, 3))
+    ordered = torch.sort(response).values
+    threshold = float(ordered[4] + ordered[5]) / 2  # between two samples' largest responses: no one at the kink
+    model.conv.bias[1] = -threshold
+    duplicated = {n for n in range(10) if float(response[n]) > threshold}
+    assert 0 < len(duplicated) < 10
+    mean = x.double().mean(0).flatten()
+    together = features.first_layer_bounds(model, model.fc2, x, mean, list(range(10)))
+    assert set(together) == set(range(10)) - duplicated
+    for n in range(10):
+        alone = features.first_layer_bounds(model, model.fc2, x, mean, [n])
+        assert alone == ({} if n in duplicated else pytest.approx({n: together[n]}, rel=1e-9))
+    exact, _ = features.determined_psnr(model, model.fc2, x, sorted(together))
+    assert all(together[n] >= exact[n] - 1e-6 for n in together), (together, exact)
