@@ -354,11 +354,13 @@ def layer_readouts(
     reads_input: bool,
     min_psnr: float,
     received: tuple[torch.Tensor, torch.Tensor] | None = None,
+    searched: dict | None = None,
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
     pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64.
     With the layer's ``received`` (weight, bias), each is also read with weight decay's share of the received
-    weights added back (decay_share), as a server that knows the client's lr and weight decay does."""
+    weights added back (decay_share), as a server that knows the client's lr and weight decay does. ``searched``:
+    the pair searches of an earlier call on the same signal tables in this decision, reused (and added to)."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     if received is not None:
@@ -395,9 +397,15 @@ def layer_readouts(
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
     copies = duplicates(table)
+    keys = [(k, ()) for k in range(len(tables))]
     if copies:
         tables = tables + [merged(table_, copies) for table_ in tables]
-    found_pairs = [isolating_and_nearly(table_) for table_ in tables]
+        keys += [(k, tuple(map(tuple, copies))) for k in range(len(keys))]
+    searched = {} if searched is None else searched
+    for key, table_ in zip(keys, tables):
+        if key not in searched:  # the same table and the same groups of copies: the same pairs
+            searched[key] = isolating_and_nearly(table_)
+    found_pairs = [searched[key] for key in keys]
     candidates = sorted({pair for isolating, _ in found_pairs for pair in isolating})
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
@@ -478,13 +486,14 @@ def find_readouts(
         if watched is None and reads_input[name]:
             proposing += _round_coefficients(weight_update, vectors[name])
         at = (received[weight].detach().cpu(), received[bias].detach().cpu())
+        searched: dict = {}  # the pair searches over this layer's signal tables, for both sets of features
         found = layer_readouts(
-            name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at
+            name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at, searched
         )
         if not reads_input[name] and name in later_vectors:
             best = {(tuple(r.units), r.kind, r.sample): r for r in found}
             for entry in layer_readouts(
-                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at
+                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at, searched
             ):
                 _keep_best(best, entry)
             found = list(best.values())
