@@ -182,14 +182,18 @@ def _pairs_within(signals: torch.Tensor, parallel: float) -> list[tuple[int, int
         bound.clamp_min_(1e-30).mul_(1 - parallel)
         hit = torch.ge(cross.square_(), bound)
         del bound, cross
-        for k, s in torch.nonzero(hit).tolist():
-            i, j = int(first[k]), int(second[k])
-            cross = gram[i, j] - signals[s, i] * signals[s, j]  # the block's value, in the same float32 steps
-            ratio = float(cross / left[j, s])
-            isolated = signals[s, i] - ratio * signals[s, j]
-            if abs(float(isolated)) > 1e-6 * math.sqrt(float(energy[i])):
-                sine = 1 - float(cross**2 / (left[i, s] * left[j, s]))
-                found.append((i, j, s, ratio * float(scale[i] / scale[j]), sine))
+        # Every hit of the block at once, each value in the same float32 steps as the block's (then float64).
+        k, s = torch.nonzero(hit).unbind(1)
+        if not len(k):
+            continue
+        i, j = first[k], second[k]
+        cross = gram[i, j] - signals[s, i] * signals[s, j]
+        ratio = cross / left[j, s]
+        isolated = signals[s, i] - ratio * signals[s, j]
+        kept = isolated.double().abs() > 1e-6 * energy[i].double().sqrt()
+        sine = 1 - (cross**2 / (left[i, s] * left[j, s])).double()
+        scaled = ratio.double() * (scale[i] / scale[j])
+        found += zip(*(part[kept].tolist() for part in (i, j, s, scaled, sine)))
     return found
 
 
