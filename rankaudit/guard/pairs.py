@@ -265,6 +265,6 @@ def pair_readouts(
         better = score > best_score
         best_score = torch.where(better, score, best_score)
         best_scale = torch.where(better, scale, best_scale)
-    for k, (a, b, sample, _) in enumerate(candidates):
-        results.append((a, b, sample, float(best_scale[k]), float(best_score[k])))
+    for (a, b, sample, _), scale, score in zip(candidates, best_scale.tolist(), best_score.tolist()):
+        results.append((a, b, sample, scale, score))
     return results
