@@ -174,18 +174,21 @@ def test_a_features_jacobian_is_autograds_own_jacobian(custom):
         assert torch.allclose(torch.stack(kept), nonzero, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("then_shuffled", [False, True])
-def test_the_watched_tables_are_the_same_in_the_trainings_order_or_any_other(then_shuffled):
+@pytest.mark.parametrize("schedule", ["in order", "then shuffled", "shuffled first"])
+def test_the_watched_tables_are_the_same_in_the_trainings_order_or_any_other(schedule):
     """Steps that run through the samples in order are matched by position, any other order by each sample's
-    bytes: the same tables, row for row; also when an epoch in order is followed by shuffled steps."""
+    bytes: the same tables, row for row; also when an epoch in order is followed by shuffled steps, or a shuffled
+    step (some samples seen out of order) by steps in order."""
     from rankaudit.guard.watch import Watch
 
     generator = torch.Generator().manual_seed(4)
     model = MLP()
     x, y = torch.rand(24, 3, 4, 4, generator=generator), torch.randint(10, (24,), generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    later = torch.randperm(24, generator=generator)[:16] if then_shuffled else torch.arange(16)
+    later = torch.randperm(24, generator=generator)[:16] if schedule == "then shuffled" else torch.arange(16)
     batches = [torch.arange(0, 8), torch.arange(8, 16), torch.arange(16, 24), later[:8], later[8:]]
+    if schedule == "shuffled first":  # ending at the last sample: the next step, in order, starts where it left
+        batches = [torch.cat([torch.randperm(23, generator=generator)[:9], torch.tensor([23])])] + batches
     with Watch(model) as watch:
         for rows in batches:  # an epoch and part of the next
             optimizer.zero_grad()
