@@ -127,6 +127,61 @@ def test_a_re_read_of_an_update_forms_each_samples_jacobian_once(monkeypatch):
     assert first == again and formed and len(formed) == len(set(formed))
 
 
+def test_a_layer_read_with_the_features_at_both_weights_searches_its_pairs_once(monkeypatch):
+    """Without the watch, a hidden layer's readouts are matched with its features at the received and at the sent
+    weights; the pairs come from the same signals both times, so each signal table is searched once, and what is
+    found is what a search for each match finds (here an imprint on the features of a layer that passes the
+    digits on)."""
+    from sklearn.datasets import load_digits
+
+    from rankaudit.guard import readout
+
+    digits = load_digits()
+    x = torch.tensor(digits.data[:24] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[:24])
+    torch.manual_seed(0)
+    model = MaskedDigits()
+    model.mask.fill_(1.0)
+    with torch.no_grad():
+        model.fc0.weight.copy_(torch.eye(64))
+        model.fc0.bias.fill_(1.0)
+        brightness = (x + 1).mean(1).sort().values
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.zero_()
+        model.fc1.bias[:23] = -(brightness[1:] + brightness[:-1]) / 2  # a bin between each two samples
+        model.fc2.weight[:, :23] = torch.randn(10, 1, generator=torch.Generator().manual_seed(1))  # one column
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    trained = copy.deepcopy(model)
+    nn.functional.cross_entropy(trained(x), y).backward()
+    torch.optim.SGD(trained.parameters(), lr=0.1).step()
+    sent = trained.state_dict()
+    shared = list(received)
+
+    def found(share_searches: bool):
+        searched = []
+        original_search, original_layer = readout.isolating_and_nearly, readout.layer_readouts
+
+        def search(table):
+            searched.append(table)
+            return original_search(table)
+
+        def layer(*args):
+            return original_layer(*args) if share_searches else original_layer(*args[:8])
+
+        monkeypatch.setattr(readout, "isolating_and_nearly", search)
+        monkeypatch.setattr(readout, "layer_readouts", layer)
+        inputs, at_sent = LayerInputs(model, received, shared), LayerInputs(model, {**received, **sent}, shared)
+        readouts = find_readouts(inputs, received, sent, x, 30.0, labels=y, at_sent=at_sent)[0]
+        monkeypatch.undo()
+        return {(r.layer, tuple(r.units), r.kind, r.sample, r.psnr) for r in readouts}, searched
+
+    shared_found, once = found(True)
+    own_found, each = found(False)
+    assert shared_found == own_found
+    assert sum(kind == "pair" and layer == "fc1" for layer, _, kind, _, _ in shared_found) >= 10
+    assert len({id(table) for table in once}) == len(once) < len(each)
+
+
 class _Cube(torch.autograd.Function):
     """x³ with its own backward, in the old style that vmap cannot batch."""
 
