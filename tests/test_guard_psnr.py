@@ -344,6 +344,67 @@ def test_a_sample_and_its_copy_in_one_bin_are_both_named():
     assert set(server) | {5, 23} <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+@pytest.mark.parametrize("noise", [1e-3, 1e-2])
+def test_a_sample_and_its_near_copy_in_one_bin_are_both_named(noise):
+    """The same digit twice, the second with a little noise (60 or 40 dB from the first), and a binning imprint
+    whose thresholds put both in one bin: the bin's readout is a mixture of the two, which shows each of them. The
+    server's readouts are formed here and compared with every sample; each sample shown at 30 dB or more is named."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[1200:1224] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[1200:1224])
+    x[23] = x[7] + noise * torch.randn(64, generator=torch.Generator().manual_seed(3))
+    y[23] = y[7]
+    brightness = x.mean(1)
+    brightness[23] = brightness[7]  # the thresholds see one brightness for the two
+    levels = brightness.unique()
+    thresholds = torch.cat([levels[:1] - 0.1, (levels[1:] + levels[:-1]) / 2])
+    units = len(thresholds)
+    model = MLP(64, width=units)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
+        model.fc2.bias.zero_()
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.1)
+    shown: dict[int, float] = {}
+    for k in range(units - 1):
+        readout = read_pair(received, sent, "fc1", k, k + 1, 1.0)
+        for sample in range(len(x)):
+            if bool(torch.isfinite(readout).all()) and psnr(readout, x[sample]) >= THRESHOLD:
+                shown[sample] = max(shown.get(sample, -math.inf), psnr(readout, x[sample]))
+    assert 7 in shown and 23 in shown, shown  # the mixture shows both
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+
+
+def test_a_photograph_and_its_near_copy_in_a_scaled_imprint_are_both_named():
+    """A scaled, shuffled imprint built for 63 photo crops, and a batch that adds a slightly noisy copy of one of
+    them (same brightness to a few parts in a million: the same bin). The server's neighbouring-threshold readouts
+    are compared here with every sample, and every sample one shows at 30 dB or more is named."""
+    base = photo_crops(63, 8, seed=71)
+    model, order, scales = scaled_imprint(base, units=80, seed=4)
+    noise = 3e-3 * torch.randn(base[0].shape, generator=torch.Generator().manual_seed(8))
+    x = torch.cat([base, (base[10] + noise - noise.mean())[None]])
+    y = torch.randint(10, (64,), generator=torch.Generator().manual_seed(4))
+    received = state(model)
+    sent = sent_after_sgd(model, x, y)
+    shown: dict[int, float] = {}
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readout = read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low]))
+        if not bool(torch.isfinite(readout).all()):
+            continue
+        for sample in range(len(x)):
+            if psnr(readout, x[sample]) >= THRESHOLD:
+                shown[sample] = max(shown.get(sample, -math.inf), psnr(readout, x[sample]))
+    assert 10 in shown and 63 in shown, shown
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(shown) <= set(decision.exact_samples), (sorted(set(shown) - set(decision.exact_samples)), shown)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

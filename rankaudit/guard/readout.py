@@ -23,6 +23,7 @@ from rankaudit.guard.pairs import (
     decay_share,
     duplicates,
     isolating_and_nearly,
+    isolating_groups,
     merged,
     pair_readouts,
     peaks,
@@ -395,27 +396,81 @@ def layer_readouts(
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
     copies = duplicates(table)
+    group_of = {member: group for group in copies for member in group}
     if copies:
         tables = tables + [merged(table_, copies) for table_ in tables]
     found_pairs = [isolating_and_nearly(table_) for table_ in tables]
     candidates = sorted({pair for isolating, _ in found_pairs for pair in isolating})
+    candidates = _with_members(candidates, group_of)
+    if reads_input:
+        # A pair that isolates a few samples together reads a mixture of them, which shows each one when they are
+        # copies or near copies (a noisy copy in the same bin): formed against each of them. (A hidden layer's
+        # readouts are judged by what the read sample's features determine; features of different samples can lie
+        # close together without the samples doing so.)
+        candidates += [
+            (i, j, member, c)
+            for table_ in tables
+            for i, j, members, c in isolating_groups(table_)
+            for member in members
+        ]
+    candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
     best: dict[tuple, GuardReadout] = {}
     for variant_rows, variant_bias, variant_share in variants:
-        for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak):
-            if score >= min_psnr and not blank[sample]:
-                _keep_best(best, readout([unit], "ratio", sample, score, share=variant_share))
+        hits = [
+            ([unit], "ratio", sample, score, None)
+            for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak)
+            if score >= min_psnr and not blank[sample]
+        ]
         pairs = pair_readouts(variant_rows, variant_bias, table, peak, candidates)
         pairs += pair_readouts(variant_rows, variant_bias, table, peak, nearly, nearest_scale=False)
-        for i, j, sample, scale, score in pairs:
-            if score >= min_psnr and not blank[sample]:
-                _keep_best(best, readout([i, j], "pair", sample, score, scale, variant_share))
-    found = list(best.values())
-    for group in copies:  # what shows one copy shows every copy
-        for entry in [entry for entry in found if entry.sample in group]:
-            found += [dataclasses.replace(entry, sample=other) for other in group if other != entry.sample]
-    return found
+        hits += [
+            ([i, j], "pair", sample, score, scale)
+            for i, j, sample, scale, score in pairs
+            if score >= min_psnr and not blank[sample]
+        ]
+        # A readout of the input that shows one sample shows its near copies too; a hidden layer's readouts are
+        # judged by what the read sample's features determine (features of other samples close to them are not).
+        beside = _shown_beside(hits, variant_rows, variant_bias, table, peak, min_psnr, blank) if reads_input else []
+        for units, kind, sample, score, scale in hits + beside:
+            _keep_best(best, readout(units, kind, sample, score, scale, variant_share))
+    for group in copies:  # what shows one copy shows every copy: their vectors are the same
+        for entry in [entry for entry in best.values() if entry.sample in group]:
+            for other in group:
+                _keep_best(best, dataclasses.replace(entry, sample=other))
+    return list(best.values())
+
+
+def _shown_beside(hits, rows, bias, table, peak, min_psnr, blank) -> list[tuple]:
+    """Each readout that shows a sample, compared with every other sample too: one that is close to the sample (a
+    near copy in another bin) is shown as well. [(units, kind, other sample, psnr, scale)]."""
+    if not hits:
+        return []
+    first = torch.tensor([units[0] for units, *_ in hits])
+    second = torch.tensor([units[-1] for units, *_ in hits])
+    scale = torch.tensor([0.0 if found is None else found for *_, found in hits], dtype=torch.float64)
+    readouts = (rows[first] - scale[:, None] * rows[second]) / (bias[first] - scale * bias[second])[:, None]
+    squares = (readouts * readouts).sum(1)[:, None] + (table * table).sum(1)[None, :] - 2 * readouts @ table.T
+    # Expanded squares cancel near an exact match: a margin of 3 dB before the direct check.
+    close = squares.clamp_min(0) <= (peak**2)[None, :] * table.shape[1] * 10 ** (-(min_psnr - 3) / 10)
+    close[torch.arange(len(hits)), torch.tensor([sample for _, _, sample, *_ in hits])] = False
+    which, sample = torch.nonzero(close, as_tuple=True)
+    if not len(which):
+        return []
+    scores = psnr_of(readouts[which], table[sample], peak[sample]).tolist()
+    return [
+        (hits[k][0], hits[k][1], n, score, hits[k][4])
+        for k, n, score in zip(which.tolist(), sample.tolist(), scores)
+        if score >= min_psnr and not blank[n]
+    ]
+
+
+def _with_members(pairs: list[tuple], group_of: dict[int, list[int]]) -> list[tuple]:
+    """The candidate pairs (i, j, s, c), each one whose sample is in a group of copies formed against every member."""
+    if not group_of:
+        return pairs
+    return sorted({(i, j, member, c) for i, j, s, c in pairs for member in group_of.get(s, [s])})
 
 
 def _keep_best(best: dict[tuple, GuardReadout], entry: GuardReadout) -> None:
