@@ -166,6 +166,13 @@ class Guard:
         samples = torch.as_tensor(samples)
         if samples.dim() == 0 or not len(samples):
             raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
+        if samples.is_floating_point() and not bool(torch.isfinite(samples).all()):
+            # A NaN in a sample makes every readout compared with it NaN: nothing would be named, and the update sent.
+            bad = torch.nonzero(~torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)).flatten().tolist()
+            raise UsageError(
+                f"the samples given to the guard hold NaN or infinite values (samples {bad[:8]})",
+                "give it the samples as the model trained on them (missing values filled in as the training fills them)",
+            )
         labels = None if labels is None else torch.as_tensor(labels)
         architecture = Architecture.of(self.model)
         measured, judge = None, None
@@ -287,10 +294,13 @@ class Guard:
             received, sent, labels, settings.min_psnr, check_features=settings.check_features
         )
         rows, rows_checked, unchecked, named = row_readouts(received, sent, samples, settings.min_psnr)
+        # A layer whose bias did not move is read by its rows: a line that it could not be measured no longer holds.
+        skipped = [line for line in skipped if line.split(":", 1)[0] not in rows_checked]
         skipped = skipped + ([unchecked] if unchecked else [])
         accounted = {*checked, *rows_checked, *named, *(line.split(":", 1)[0] for line in skipped)}
         unread = unread_parameters(sent, accounted)
-        return rows + readouts, checked + rows_checked, skipped + ([unread] if unread else []), notes
+        checked = checked + [layer for layer in rows_checked if layer not in checked]
+        return rows + readouts, checked, skipped + ([unread] if unread else []), notes
 
     def _offending(self, readouts: list[GuardReadout]) -> tuple[list[GuardReadout], list[GuardReadout]]:
         """(readouts the action alters, feature readouts dropped by feature-action drop)."""

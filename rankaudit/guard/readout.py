@@ -89,13 +89,24 @@ def bias_of(layer: str) -> str:
 
 
 def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
-    """[(layer, its weight's name)] for each weight matrix sent without a bias beside it."""
+    """[(layer, its weight's name)] for each weight matrix sent without a bias update beside it: a layer without a
+    bias, one whose bias is not sent, and one whose bias the training left as it was (frozen, or not given to the
+    optimiser) while its weight moved. None of them has a ratio to fix the scale of a row update."""
     found = []
     for name, weight in sent.items():
         layer = weight_layer(name)
-        if layer is None or weight.dim() < 2 or not weight.is_floating_point():
+        if layer is None or weight.dim() < 2 or not weight.is_floating_point() or name not in received:
             continue
-        if bias_of(layer) not in received and name in received:
+        bias = bias_of(layer)
+        if (
+            bias not in received
+            or bias not in sent
+            or (
+                sent[bias].shape == received[bias].shape
+                and bool(torch.equal(sent[bias], received[bias]))
+                and not bool(torch.equal(weight, received[name]))
+            )
+        ):
             found.append((layer, name))
     return found
 
@@ -524,6 +535,8 @@ def find_readouts(
             skipped.append(f"{name}: reads features, and check-features is off")
             continue
         weight, bias = f"{prefix}weight", f"{prefix}bias"
+        if bias not in sent or weight not in sent:
+            continue  # a weight sent without its bias is read as a layer without one (row_readouts)
         weight_update = sent[weight].detach().cpu().to(torch.float64) - received[weight].detach().cpu().to(
             torch.float64
         )
