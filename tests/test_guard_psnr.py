@@ -405,6 +405,34 @@ def test_a_photograph_and_its_near_copy_in_a_scaled_imprint_are_both_named():
     assert set(shown) <= set(decision.exact_samples), (sorted(set(shown) - set(decision.exact_samples)), shown)
 
 
+@pytest.mark.parametrize("factor", [3.0, 0.25])
+def test_biases_on_their_own_learning_rate_do_not_hide_a_readout(factor):
+    """An honest MLP on a few photo crops, trained with its biases on their own learning rate (factor times the
+    weights'): each unit that fires for one crop reads it at that factor, and a server that set the client's
+    learning rates multiplies it back. Every crop it reads at 30 dB or more is named, and the update blocked."""
+    torch.manual_seed(4)
+    x = photo_crops(6, 8, seed=33)
+    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
+    model = MLP(x[0].numel(), width=128)
+    received = state(model)
+    net = copy.deepcopy(model)
+    weights = [p for name, p in net.named_parameters() if name.endswith("weight")]
+    biases = [p for name, p in net.named_parameters() if name.endswith("bias")]
+    optimizer = torch.optim.SGD([{"params": weights}, {"params": biases, "lr": 0.02 * factor}], lr=0.02)
+    guard = Guard(model)
+    with guard.watch(net):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    sent = state(net)
+    shown = read_by_server([read_pair(received, sent, "fc1", k, k) * factor for k in range(128)], x)
+    assert len(shown) >= 2, shown
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("own learning rate" in line for line in decision.reasons)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

@@ -106,6 +106,43 @@ def decay_share(rows: torch.Tensor, received_rows: torch.Tensor, vectors: torch.
     return share if float((left * left).sum()) <= 0.25 * float((outside * outside).sum()) else None
 
 
+def bias_rate(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, signals: list[torch.Tensor], candidates: list
+) -> float | None:
+    """The ratio k of the weights' learning rate to the biases' that the update shows, when it is not 1 (biases on
+    their own learning rate, as some training recipes set them), or None. A readout that isolates sample s is then
+    k·v_s, not v_s, and a server that knows the client's learning rates divides by k. Estimated from the readouts
+    that isolate one sample: each unit that only one sample reaches (r = ΔW_i / Δb_i = k·v_s, so k = |r|² / r·v_s)
+    or, without such units, each pair that isolates one; kept when at least half of them agree on it within 1 %."""
+    estimates = []
+
+    def estimate(readout: torch.Tensor, vector: torch.Tensor) -> None:
+        dot = float(readout @ vector)
+        if dot > 0 and math.isfinite(dot):
+            estimates.append(float(readout @ readout) / dot)
+
+    for table in signals:
+        if len(table) != len(vectors):
+            continue
+        single = ((table != 0).sum(0) == 1) & live_units(bias)
+        for unit in torch.nonzero(single).flatten().tolist():
+            sample = int(torch.nonzero(table[:, unit]).flatten()[0])
+            estimate(rows[unit] / bias[unit], vectors[sample])
+    # Units that one sample alone reaches give k exactly; pairs only where there are none (a pair that isolates its
+    # sample up to the search's tolerance holds a little of the others).
+    for i, j, sample, scale in candidates if not estimates else []:
+        denominator = float(bias[i] - scale * bias[j])
+        if denominator != 0 and math.isfinite(denominator):
+            estimate((rows[i] - scale * rows[j]) / denominator, vectors[sample])
+    if not estimates:
+        return None
+    rate = float(torch.tensor(estimates, dtype=torch.float64).median())
+    agree = sum(abs(value - rate) <= 1e-2 * rate for value in estimates)
+    if rate <= 0 or abs(rate - 1) <= 1e-3 or 2 * agree < len(estimates):
+        return None
+    return rate
+
+
 def duplicates(vectors: torch.Tensor) -> list[list[int]]:
     """Groups of two or more samples whose vectors are the same (a sample and its copy in the batch): a readout that
     mixes them shows each of them exactly. Found by one random projection, each group checked value by value."""
