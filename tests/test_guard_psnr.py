@@ -433,6 +433,32 @@ def test_biases_on_their_own_learning_rate_do_not_hide_a_readout(factor):
     assert any("own learning rate" in line for line in decision.reasons)
 
 
+def test_a_watched_training_on_flipped_samples_is_checked_as_trained():
+    """The client augments: every crop is flipped left to right before the step, and the guard is handed the crops
+    as stored. Watching the step, it checks the flipped crops the update was computed on (the server flips its
+    readouts back, or reads the flipped crop as it is), names each one the server reads, and says so."""
+    torch.manual_seed(4)
+    x = photo_crops(6, 8, seed=33)
+    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
+    model = MLP(x[0].numel(), width=128)
+    received = state(model)
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.02)
+    flipped = x.flip(-1)
+    guard = Guard(model)
+    with guard.watch(net):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(flipped), y).backward()
+        optimizer.step()
+    sent = state(net)
+    shown = read_by_server([read_pair(received, sent, "fc1", k, k) for k in range(128)], flipped)
+    assert len(shown) >= 2, shown
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("augmented" in line for line in decision.notes)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

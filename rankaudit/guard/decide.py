@@ -178,8 +178,21 @@ class Guard:
         labels = None if labels is None else torch.as_tensor(labels)
         architecture = Architecture.of(self.model)
         measured, judge = None, None
+        notes: list[str] = []
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
+            if watched is None and self.watching is not None:
+                # The steps ran on samples the guard was not given (augmented copies: flipped, cropped, noised). The
+                # update shows those, as trained: they are what is checked.
+                trained = self.watching.trained_samples()
+                found = self.watching.tables(trained) if trained is not None else None
+                if found is not None:
+                    notes.append(
+                        f"the training ran on {len(trained)} samples that are not all among the {len(samples)} given "
+                        "(augmented copies): they were checked as trained, numbered in the order the training first "
+                        "ran them"
+                    )
+                    watched, samples, labels = found, trained, None
             # A new copy of the model for each decision: one kept from the last would carry state the state dict
             # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
             measured, inputs = measure(
@@ -197,6 +210,7 @@ class Guard:
             round_number=round_number,
             started=started,
             judge=judge,
+            notes=notes,
         )
 
     def decide_measured(
@@ -211,6 +225,7 @@ class Guard:
         round_number: int | None = None,
         started: float | None = None,
         judge=None,
+        notes: list[str] | None = None,
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """The decision half: from the audited architecture, the model's measurements (None when the architecture
         differs: nothing was measured), the weights and the samples; no model code runs here. ``judge``: what a
@@ -240,7 +255,8 @@ class Guard:
             )
             return self._logged(decision), None
         inputs = MeasuredInputs(measured, received, samples, judge=judge)
-        readouts, checked, skipped, notes = self._find(inputs, received, sent, samples, labels)
+        readouts, checked, skipped, found_notes = self._find(inputs, received, sent, samples, labels)
+        notes = list(notes or []) + found_notes
         energy = measured.energy
         leaking = [readout for readout in readouts if readout.leaks]
         features = [readout for readout in readouts if not readout.leaks]
