@@ -444,6 +444,8 @@ class GuardReadout:
     scale: float | None = None  # a pair's scale
     received_share: float | None = None  # the multiple of the received weights added back to the update before
     # the readout (what weight decay took out, fitted from the update); None: the update as sent
+    bias_rate: float | None = None  # the weights' learning rate over the biases' that the update shows, the biases'
+    # update scaled by it before the readout; None: the same rate
 
 
 @dataclass

@@ -732,3 +732,64 @@ def test_a_reentrant_checkpoint_still_gives_the_features_figure():
     expected, _ = determined_psnr(plain, plain.fc1, x, [0, 3, 7])
     assert not notes and figures == pytest.approx(expected, abs=1e-6)
     assert all(figure < THRESHOLD for figure in figures.values())
+
+
+@pytest.mark.parametrize("how", ["frozen", "left out of the optimiser", "not sent"])
+def test_an_imprint_whose_bias_does_not_move_is_read_by_its_rows(how):
+    """Fowl et al.'s binning imprint on digits, one bin per sample (thresholds between neighbouring brightnesses) in
+    the first layer's bias, and that bias never updated: frozen, not handed to the optimiser, or left out of what
+    the client sends. No ratio exists, but neighbouring rows' update differences are single digits, which a server
+    that knows the data's range stretches back. Every digit read that way at 30 dB or more is named, and the update
+    blocked."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[1300:1328] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[1300:1328])
+    brightness = x.mean(1).sort().values
+    thresholds = torch.cat([brightness[:1] - 0.05, (brightness[1:] + brightness[:-1]) / 2])
+    units = len(thresholds)
+    direction = torch.ones(x.shape[1]) / x.shape[1]
+    model = nn.Sequential(nn.Linear(x.shape[1], units), nn.ReLU(), nn.Linear(units, 10))
+    with torch.no_grad():
+        model[0].weight.copy_(direction.expand(units, -1))
+        model[0].bias.copy_(-thresholds)
+        model[2].weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(6)).expand(10, units))
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    net = nn.Sequential(nn.Linear(x.shape[1], units), nn.ReLU(), nn.Linear(units, 10))
+    net.load_state_dict(received)
+    if how == "frozen":
+        net[0].bias.requires_grad_(False)
+    stepped = [p for name, p in net.named_parameters() if p.requires_grad and name != "0.bias"]
+    optimizer = torch.optim.SGD(stepped if how != "not sent" else net.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(net(x), y).backward()
+    optimizer.step()
+    sent = {name: value.detach().clone() for name, value in net.state_dict().items()}
+    if how == "not sent":
+        del sent["0.bias"]
+    update = sent["0.weight"].double() - received["0.weight"].double()
+    read = {}
+    for readout in read_rows_in_range(update[:-1] - update[1:], 0.0, 1.0) + read_rows_in_range(
+        update[1:] - update[:-1], 0.0, 1.0
+    ):
+        for n, sample in enumerate(x.double().numpy()):
+            if psnr(readout, sample) >= THRESHOLD:
+                read[n] = max(read.get(n, 0.0), psnr(readout, sample))
+    assert len(read) >= 10, read
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(read) <= set(decision.exact_samples), (sorted(read), decision.exact_samples)
+    assert "0" in decision.layers_checked and not any(line.startswith("0:") for line in decision.skipped)
+
+
+def test_samples_with_a_nan_are_refused_with_one_line():
+    """A NaN in a sample would make every readout compared with it NaN, and nothing would be named: the guard refuses
+    such samples and says which, rather than send."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.rand(6, 16)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    sent = one_sgd_step(model, x, y)
+    x[4, 3] = math.nan
+    with pytest.raises(UsageError, match=r"NaN or infinite values \(samples \[4\]\)"):
+        Guard(model).decide(received, sent, x, y)

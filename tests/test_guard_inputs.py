@@ -29,6 +29,11 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
+class TakesADict(MLP):
+    # A model that is fine in its own app, which hands it {"x": batch}: the guard gives it one tensor.
+    def forward(self, batch):
+        return super().forward(batch["x"])
+
 class Stalls(MLP):
     # A forward that traces on the meta device and then never returns on the client's real samples.
     def forward(self, x):
@@ -226,5 +231,11 @@ def test_a_forward_that_never_returns_ends_at_the_timeout(client):
     )
     elapsed = time.monotonic() - started
     assert done.returncode == 3 and done.stdout == ""
-    one_line(done.stderr, "the local training did not finish within 5 s", "--timeout")
+    one_line(done.stderr, "the local training on the --data samples did not finish within 5 s", "--timeout")
     assert elapsed < 30, elapsed
+
+
+def test_a_model_that_takes_another_input_is_told_what_it_was_given(run_cli, client):
+    code, _, err = guard(run_cli, client, model="net.py:TakesADict")
+    assert code == 3
+    one_line(err, "net.py:", "TypeError", "or give it the input its forward() takes")

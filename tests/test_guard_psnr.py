@@ -344,6 +344,121 @@ def test_a_sample_and_its_copy_in_one_bin_are_both_named():
     assert set(server) | {5, 23} <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+@pytest.mark.parametrize("noise", [1e-3, 1e-2])
+def test_a_sample_and_its_near_copy_in_one_bin_are_both_named(noise):
+    """The same digit twice, the second with a little noise (60 or 40 dB from the first), and a binning imprint
+    whose thresholds put both in one bin: the bin's readout is a mixture of the two, which shows each of them. The
+    server's readouts are formed here and compared with every sample; each sample shown at 30 dB or more is named."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[1200:1224] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[1200:1224])
+    x[23] = x[7] + noise * torch.randn(64, generator=torch.Generator().manual_seed(3))
+    y[23] = y[7]
+    brightness = x.mean(1)
+    brightness[23] = brightness[7]  # the thresholds see one brightness for the two
+    levels = brightness.unique()
+    thresholds = torch.cat([levels[:1] - 0.1, (levels[1:] + levels[:-1]) / 2])
+    units = len(thresholds)
+    model = MLP(64, width=units)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
+        model.fc2.bias.zero_()
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.1)
+    shown: dict[int, float] = {}
+    for k in range(units - 1):
+        readout = read_pair(received, sent, "fc1", k, k + 1, 1.0)
+        for sample in range(len(x)):
+            if bool(torch.isfinite(readout).all()) and psnr(readout, x[sample]) >= THRESHOLD:
+                shown[sample] = max(shown.get(sample, -math.inf), psnr(readout, x[sample]))
+    assert 7 in shown and 23 in shown, shown  # the mixture shows both
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+
+
+def test_a_photograph_and_its_near_copy_in_a_scaled_imprint_are_both_named():
+    """A scaled, shuffled imprint built for 63 photo crops, and a batch that adds a slightly noisy copy of one of
+    them (same brightness to a few parts in a million: the same bin). The server's neighbouring-threshold readouts
+    are compared here with every sample, and every sample one shows at 30 dB or more is named."""
+    base = photo_crops(63, 8, seed=71)
+    model, order, scales = scaled_imprint(base, units=80, seed=4)
+    noise = 3e-3 * torch.randn(base[0].shape, generator=torch.Generator().manual_seed(8))
+    x = torch.cat([base, (base[10] + noise - noise.mean())[None]])
+    y = torch.randint(10, (64,), generator=torch.Generator().manual_seed(4))
+    received = state(model)
+    sent = sent_after_sgd(model, x, y)
+    shown: dict[int, float] = {}
+    for k in range(len(order) - 1):
+        low, high = int(order[k]), int(order[k + 1])
+        readout = read_pair(received, sent, "fc1", low, high, float(scales[high] / scales[low]))
+        if not bool(torch.isfinite(readout).all()):
+            continue
+        for sample in range(len(x)):
+            if psnr(readout, x[sample]) >= THRESHOLD:
+                shown[sample] = max(shown.get(sample, -math.inf), psnr(readout, x[sample]))
+    assert 10 in shown and 63 in shown, shown
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block"
+    assert set(shown) <= set(decision.exact_samples), (sorted(set(shown) - set(decision.exact_samples)), shown)
+
+
+@pytest.mark.parametrize("factor", [3.0, 0.25])
+def test_biases_on_their_own_learning_rate_do_not_hide_a_readout(factor):
+    """An honest MLP on a few photo crops, trained with its biases on their own learning rate (factor times the
+    weights'): each unit that fires for one crop reads it at that factor, and a server that set the client's
+    learning rates multiplies it back. Every crop it reads at 30 dB or more is named, and the update blocked."""
+    torch.manual_seed(4)
+    x = photo_crops(6, 8, seed=33)
+    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
+    model = MLP(x[0].numel(), width=128)
+    received = state(model)
+    net = copy.deepcopy(model)
+    weights = [p for name, p in net.named_parameters() if name.endswith("weight")]
+    biases = [p for name, p in net.named_parameters() if name.endswith("bias")]
+    optimizer = torch.optim.SGD([{"params": weights}, {"params": biases, "lr": 0.02 * factor}], lr=0.02)
+    guard = Guard(model)
+    with guard.watch(net):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    sent = state(net)
+    shown = read_by_server([read_pair(received, sent, "fc1", k, k) * factor for k in range(128)], x)
+    assert len(shown) >= 2, shown
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("own learning rate" in line for line in decision.reasons)
+
+
+def test_a_watched_training_on_flipped_samples_is_checked_as_trained():
+    """The client augments: every crop is flipped left to right before the step, and the guard is handed the crops
+    as stored. Watching the step, it checks the flipped crops the update was computed on (the server flips its
+    readouts back, or reads the flipped crop as it is), names each one the server reads, and says so."""
+    torch.manual_seed(4)
+    x = photo_crops(6, 8, seed=33)
+    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
+    model = MLP(x[0].numel(), width=128)
+    received = state(model)
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.02)
+    flipped = x.flip(-1)
+    guard = Guard(model)
+    with guard.watch(net):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(flipped), y).backward()
+        optimizer.step()
+    sent = state(net)
+    shown = read_by_server([read_pair(received, sent, "fc1", k, k) for k in range(128)], flipped)
+    assert len(shown) >= 2, shown
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("augmented" in line for line in decision.notes)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

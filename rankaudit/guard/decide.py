@@ -44,6 +44,8 @@ def _words(readout: GuardReadout) -> str:
     else:
         i, j = readout.units
         how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"
+    if readout.bias_rate is not None:
+        how += f", the biases' update times {readout.bias_rate:.3g} (their own learning rate),"
     if readout.received_share is not None:
         how += f", with {readout.received_share:.3g} times the received weights added back (what weight decay took),"
     if readout.reads_input:
@@ -166,11 +168,31 @@ class Guard:
         samples = torch.as_tensor(samples)
         if samples.dim() == 0 or not len(samples):
             raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
+        if samples.is_floating_point() and not bool(torch.isfinite(samples).all()):
+            # A NaN in a sample makes every readout compared with it NaN: nothing would be named, and the update sent.
+            bad = torch.nonzero(~torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)).flatten().tolist()
+            raise UsageError(
+                f"the samples given to the guard hold NaN or infinite values (samples {bad[:8]})",
+                "give it the samples as the model trained on them (missing values filled in as the training fills them)",
+            )
         labels = None if labels is None else torch.as_tensor(labels)
         architecture = Architecture.of(self.model)
         measured, judge = None, None
+        notes: list[str] = []
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
+            if watched is None and self.watching is not None:
+                # The steps ran on samples the guard was not given (augmented copies: flipped, cropped, noised). The
+                # update shows those, as trained: they are what is checked.
+                trained = self.watching.trained_samples()
+                found = self.watching.tables(trained) if trained is not None else None
+                if found is not None:
+                    notes.append(
+                        f"the training ran on {len(trained)} samples that are not all among the {len(samples)} given "
+                        "(augmented copies): they were checked as trained, numbered in the order the training first "
+                        "ran them"
+                    )
+                    watched, samples, labels = found, trained, None
             # A new copy of the model for each decision: one kept from the last would carry state the state dict
             # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
             measured, inputs = measure(
@@ -188,6 +210,7 @@ class Guard:
             round_number=round_number,
             started=started,
             judge=judge,
+            notes=notes,
         )
 
     def decide_measured(
@@ -202,6 +225,7 @@ class Guard:
         round_number: int | None = None,
         started: float | None = None,
         judge=None,
+        notes: list[str] | None = None,
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """The decision half: from the audited architecture, the model's measurements (None when the architecture
         differs: nothing was measured), the weights and the samples; no model code runs here. ``judge``: what a
@@ -231,7 +255,8 @@ class Guard:
             )
             return self._logged(decision), None
         inputs = MeasuredInputs(measured, received, samples, judge=judge)
-        readouts, checked, skipped, notes = self._find(inputs, received, sent, samples, labels)
+        readouts, checked, skipped, found_notes = self._find(inputs, received, sent, samples, labels)
+        notes = list(notes or []) + found_notes
         energy = measured.energy
         leaking = [readout for readout in readouts if readout.leaks]
         features = [readout for readout in readouts if not readout.leaks]
@@ -287,10 +312,13 @@ class Guard:
             received, sent, labels, settings.min_psnr, check_features=settings.check_features
         )
         rows, rows_checked, unchecked, named = row_readouts(received, sent, samples, settings.min_psnr)
+        # A layer whose bias did not move is read by its rows: a line that it could not be measured no longer holds.
+        skipped = [line for line in skipped if line.split(":", 1)[0] not in rows_checked]
         skipped = skipped + ([unchecked] if unchecked else [])
         accounted = {*checked, *rows_checked, *named, *(line.split(":", 1)[0] for line in skipped)}
         unread = unread_parameters(sent, accounted)
-        return rows + readouts, checked + rows_checked, skipped + ([unread] if unread else []), notes
+        checked = checked + [layer for layer in rows_checked if layer not in checked]
+        return rows + readouts, checked, skipped + ([unread] if unread else []), notes
 
     def _offending(self, readouts: list[GuardReadout]) -> tuple[list[GuardReadout], list[GuardReadout]]:
         """(readouts the action alters, feature readouts dropped by feature-action drop)."""

@@ -35,7 +35,7 @@ def run_guard(
 
     started = time.perf_counter()
     args = (spec, weights, data, labels, round_, settings)
-    local = worker.run(train_and_measure, *args, limited=False, phase="the local training")
+    local = worker.run(train_and_measure, *args, limited=False, phase="the local training on the --data samples")
     return decide_round(local, *args, since=started)
 
 

@@ -32,6 +32,10 @@ NEARLY_PARALLEL = 1e-2
 # (units x units x samples) values compared at a time in the pair search: bounds its memory (4 MB in float32).
 # Blocks that stay in a CPU's cache: 1 << 20 took half the time of 1 << 22 on Flower's quickstart CNN.
 PAIR_BLOCK = 1 << 20
+# The most samples one pair of units is searched for isolating together (isolating_groups): their readout is a
+# mixture of those samples, which shows one of them only when the others are copies or near copies of it, and a
+# few such samples in one bin is what a batch with repeated or nearly repeated samples gives.
+GROUP_MOST = 4
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -102,6 +106,43 @@ def decay_share(rows: torch.Tensor, received_rows: torch.Tensor, vectors: torch.
     return share if float((left * left).sum()) <= 0.25 * float((outside * outside).sum()) else None
 
 
+def bias_rate(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, signals: list[torch.Tensor], candidates: list
+) -> float | None:
+    """The ratio k of the weights' learning rate to the biases' that the update shows, when it is not 1 (biases on
+    their own learning rate, as some training recipes set them), or None. A readout that isolates sample s is then
+    k·v_s, not v_s, and a server that knows the client's learning rates divides by k. Estimated from the readouts
+    that isolate one sample: each unit that only one sample reaches (r = ΔW_i / Δb_i = k·v_s, so k = |r|² / r·v_s)
+    or, without such units, each pair that isolates one; kept when at least half of them agree on it within 1 %."""
+    estimates = []
+
+    def estimate(readout: torch.Tensor, vector: torch.Tensor) -> None:
+        dot = float(readout @ vector)
+        if dot > 0 and math.isfinite(dot):
+            estimates.append(float(readout @ readout) / dot)
+
+    for table in signals:
+        if len(table) != len(vectors):
+            continue
+        single = ((table != 0).sum(0) == 1) & live_units(bias)
+        for unit in torch.nonzero(single).flatten().tolist():
+            sample = int(torch.nonzero(table[:, unit]).flatten()[0])
+            estimate(rows[unit] / bias[unit], vectors[sample])
+    # Units that one sample alone reaches give k exactly; pairs only where there are none (a pair that isolates its
+    # sample up to the search's tolerance holds a little of the others).
+    for i, j, sample, scale in candidates if not estimates else []:
+        denominator = float(bias[i] - scale * bias[j])
+        if denominator != 0 and math.isfinite(denominator):
+            estimate((rows[i] - scale * rows[j]) / denominator, vectors[sample])
+    if not estimates:
+        return None
+    rate = float(torch.tensor(estimates, dtype=torch.float64).median())
+    agree = sum(abs(value - rate) <= 1e-2 * rate for value in estimates)
+    if rate <= 0 or abs(rate - 1) <= 1e-3 or 2 * agree < len(estimates):
+        return None
+    return rate
+
+
 def duplicates(vectors: torch.Tensor) -> list[list[int]]:
     """Groups of two or more samples whose vectors are the same (a sample and its copy in the batch): a readout that
     mixes them shows each of them exactly. Found by one random projection, each group checked value by value."""
@@ -124,7 +165,7 @@ def duplicates(vectors: torch.Tensor) -> list[list[int]]:
 
 
 def merged(signals: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:
-    """The signals (samples, units) with each group of duplicate samples summed into its first member (the others
+    """The signals (samples, units) with each group of copies summed into its first member (the others
     zero): a pair that isolates the group reads every member of it."""
     table = signals.clone()
     for group in groups:
@@ -197,7 +238,46 @@ def _pairs_within(signals: torch.Tensor, parallel: float) -> list[tuple[int, int
     return found
 
 
-def _possible_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> torch.Tensor:
+def isolating_groups(
+    signals: torch.Tensor, most: int = GROUP_MOST, parallel: float = PARALLEL
+) -> list[tuple[int, int, list[int], float]]:
+    """[(i, j, samples, c)]: units i < j whose signals agree up to the scale c on every sample but two to ``most``
+    of them, and differ at each of those. The pair's readout is then a mixture of those samples' vectors, which
+    shows each of them when they are copies or near copies of one another (a sample and its slightly noisy copy in
+    one bin of an imprint). The scale is fitted to all samples, then again without the ``most`` that fit it worst;
+    the pairs no such set can make parallel are left out first, from sums over the samples (_possible_pairs)."""
+    count, units = signals.shape
+    if units < 2 or count < 3:
+        return []
+    exact = signals.to(torch.float64)
+    exact = exact / exact.abs().amax(dim=0).clamp_min(1e-300)
+    most = min(most, count - 1)
+    pairs = _possible_pairs(exact, parallel, most)
+    found = []
+    step = max(1, PAIR_BLOCK // count)
+    for start in range(0, len(pairs), step):
+        first, second = pairs[start : start + step, 0], pairs[start : start + step, 1]
+        x, y = exact[:, first].T, exact[:, second].T  # (pairs, samples)
+        kept = torch.ones_like(x, dtype=torch.bool)
+        for _ in range(2):
+            scale = (x * y * kept).sum(1) / (y * y * kept).sum(1).clamp_min(1e-300)
+            worst = (x - scale[:, None] * y).abs().topk(most, dim=1).indices
+            kept = torch.ones_like(x, dtype=torch.bool).scatter_(1, worst, False)
+        cross, energy_x, energy_y = (x * y * kept).sum(1), (x * x * kept).sum(1), (y * y * kept).sum(1)
+        scale = cross / energy_y.clamp_min(1e-300)
+        agree = cross**2 >= (1 - parallel) * energy_x * energy_y
+        differ = ~kept & ((x - scale[:, None] * y).abs() > 1e-6 * (x * x).sum(1).sqrt()[:, None])
+        sizes = differ.sum(1)
+        for k in torch.nonzero(agree & (sizes >= 2) & (energy_x > 0) & (energy_y > 0)).flatten().tolist():
+            members = torch.nonzero(differ[k]).flatten().tolist()
+            i, j = int(first[k]), int(second[k])
+            found.append(
+                (i, j, members, float(scale[k]) * float(signals[:, i].abs().max() / signals[:, j].abs().max()))
+            )
+    return found
+
+
+def _possible_pairs(signals: torch.Tensor, parallel: float = PARALLEL, most: int = 1) -> torch.Tensor:
     """(pairs, 2): the units i < j for which some sample s can meet the pair test, from sums over the samples alone.
     With a = δ_si, b = δ_sj, G = Σ δ_i·δ_j and E the units' energies, the test at s is f(s) ≥ 0 with
         f(s) = (G − ab)² − (1 − p)(E_i − a²)(E_j − b²)
@@ -206,9 +286,12 @@ def _possible_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> torch.
     + (1 − p)(E_i·M_j + E_j·M_i) + p·M_i·M_j for every s. A pair whose bound is negative cannot pass at any sample;
     p is ten times the pair test's tolerance (at most 0.5), so that the float32 search's rounding never meets a pair
     this leaves out. Units whose signals are spread over many samples (most units of an honest model) leave almost
-    every pair out."""
+    every pair out. With ``most`` > 1, the test with a set S of up to that many samples left out (a² becomes Σ_S a²,
+    ab becomes Σ_S ab, and (Σ_S ab)² ≤ Σ_S a²·Σ_S b²) has the same bound with M the sum of the ``most`` largest
+    squares."""
     squares = signals * signals
-    energy, largest = squares.sum(0), squares.amax(dim=0)
+    energy = squares.sum(0)
+    largest = squares.amax(dim=0) if most <= 1 else squares.topk(min(most, len(squares)), dim=0).values.sum(0)
     gram = signals.T @ signals
     p = min(10 * parallel, 0.5)
     bound = (

@@ -19,10 +19,12 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    bias_rate,
     candidate_pairs,
     decay_share,
     duplicates,
     isolating_and_nearly,
+    isolating_groups,
     merged,
     pair_readouts,
     peaks,
@@ -88,13 +90,24 @@ def bias_of(layer: str) -> str:
 
 
 def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
-    """[(layer, its weight's name)] for each weight matrix sent without a bias beside it."""
+    """[(layer, its weight's name)] for each weight matrix sent without a bias update beside it: a layer without a
+    bias, one whose bias is not sent, and one whose bias the training left as it was (frozen, or not given to the
+    optimiser) while its weight moved. None of them has a ratio to fix the scale of a row update."""
     found = []
     for name, weight in sent.items():
         layer = weight_layer(name)
-        if layer is None or weight.dim() < 2 or not weight.is_floating_point():
+        if layer is None or weight.dim() < 2 or not weight.is_floating_point() or name not in received:
             continue
-        if bias_of(layer) not in received and name in received:
+        bias = bias_of(layer)
+        if (
+            bias not in received
+            or bias not in sent
+            or (
+                sent[bias].shape == received[bias].shape
+                and bool(torch.equal(sent[bias], received[bias]))
+                and not bool(torch.equal(weight, received[name]))
+            )
+        ):
             found.append((layer, name))
     return found
 
@@ -370,7 +383,7 @@ def layer_readouts(
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
 
-    def readout(units, kind, sample, score, scale=None, share=None):
+    def readout(units, kind, sample, score, scale=None, share=None, rate=None):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
         return GuardReadout(
             name,
@@ -384,20 +397,22 @@ def layer_readouts(
             leaks=reads_input,
             scale=scale,
             received_share=share,
+            bias_rate=rate,
         )
 
     # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
     # to the weights and (as PyTorch decays them too) to the biases, or to the weights alone.
     share = decay_share(rows, received[0], table) if received is not None else None
-    variants = [(rows, bias, None)]
+    variants = [(rows, bias, None, None)]
     if share is not None:
         added = rows + share * received[0]
-        variants += [(added, bias + share * received[1], share), (added, bias, share)]
+        variants += [(added, bias + share * received[1], share, None), (added, bias, share, None)]
     tables = signals if isinstance(signals, list) else [signals]
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
     copies = duplicates(table)
     keys = [(k, ()) for k in range(len(tables))]
+    group_of = {member: group for group in copies for member in group}
     if copies:
         tables = tables + [merged(table_, copies) for table_ in tables]
         keys += [(k, tuple(map(tuple, copies))) for k in range(len(keys))]
@@ -407,23 +422,81 @@ def layer_readouts(
             searched[key] = isolating_and_nearly(table_)
     found_pairs = [searched[key] for key in keys]
     candidates = sorted({pair for isolating, _ in found_pairs for pair in isolating})
+    candidates = _with_members(candidates, group_of)
+    if reads_input:
+        # A pair that isolates a few samples together reads a mixture of them, which shows each one when they are
+        # copies or near copies (a noisy copy in the same bin): formed against each of them. (A hidden layer's
+        # readouts are judged by what the read sample's features determine; features of different samples can lie
+        # close together without the samples doing so.)
+        candidates += [
+            (i, j, member, c)
+            for table_ in tables
+            for i, j, members, c in isolating_groups(table_)
+            for member in members
+        ]
+    candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
+    # Biases on their own learning rate: every isolating readout is the sample times one ratio k, which the server
+    # that set the client's learning rates divides out. Read again with the biases' update scaled by k.
+    rate = bias_rate(rows, bias, table, tables, candidates)
+    if rate is not None:
+        variants.append((rows, bias * rate, None, rate))
     best: dict[tuple, GuardReadout] = {}
-    for variant_rows, variant_bias, variant_share in variants:
-        for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak):
-            if score >= min_psnr and not blank[sample]:
-                _keep_best(best, readout([unit], "ratio", sample, score, share=variant_share))
+    for variant_rows, variant_bias, variant_share, variant_rate in variants:
+        hits = [
+            ([unit], "ratio", sample, score, None)
+            for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak)
+            if score >= min_psnr and not blank[sample]
+        ]
         pairs = pair_readouts(variant_rows, variant_bias, table, peak, candidates)
         pairs += pair_readouts(variant_rows, variant_bias, table, peak, nearly, nearest_scale=False)
-        for i, j, sample, scale, score in pairs:
-            if score >= min_psnr and not blank[sample]:
-                _keep_best(best, readout([i, j], "pair", sample, score, scale, variant_share))
-    found = list(best.values())
-    for group in copies:  # what shows one copy shows every copy
-        for entry in [entry for entry in found if entry.sample in group]:
-            found += [dataclasses.replace(entry, sample=other) for other in group if other != entry.sample]
-    return found
+        hits += [
+            ([i, j], "pair", sample, score, scale)
+            for i, j, sample, scale, score in pairs
+            if score >= min_psnr and not blank[sample]
+        ]
+        # A readout of the input that shows one sample shows its near copies too; a hidden layer's readouts are
+        # judged by what the read sample's features determine (features of other samples close to them are not).
+        beside = _shown_beside(hits, variant_rows, variant_bias, table, peak, min_psnr, blank) if reads_input else []
+        for units, kind, sample, score, scale in hits + beside:
+            _keep_best(best, readout(units, kind, sample, score, scale, variant_share, variant_rate))
+    for group in copies:  # what shows one copy shows every copy: their vectors are the same
+        for entry in [entry for entry in best.values() if entry.sample in group]:
+            for other in group:
+                _keep_best(best, dataclasses.replace(entry, sample=other))
+    return list(best.values())
+
+
+def _shown_beside(hits, rows, bias, table, peak, min_psnr, blank) -> list[tuple]:
+    """Each readout that shows a sample, compared with every other sample too: one that is close to the sample (a
+    near copy in another bin) is shown as well. [(units, kind, other sample, psnr, scale)]."""
+    if not hits:
+        return []
+    first = torch.tensor([units[0] for units, *_ in hits])
+    second = torch.tensor([units[-1] for units, *_ in hits])
+    scale = torch.tensor([0.0 if found is None else found for *_, found in hits], dtype=torch.float64)
+    readouts = (rows[first] - scale[:, None] * rows[second]) / (bias[first] - scale * bias[second])[:, None]
+    squares = (readouts * readouts).sum(1)[:, None] + (table * table).sum(1)[None, :] - 2 * readouts @ table.T
+    # Expanded squares cancel near an exact match: a margin of 3 dB before the direct check.
+    close = squares.clamp_min(0) <= (peak**2)[None, :] * table.shape[1] * 10 ** (-(min_psnr - 3) / 10)
+    close[torch.arange(len(hits)), torch.tensor([sample for _, _, sample, *_ in hits])] = False
+    which, sample = torch.nonzero(close, as_tuple=True)
+    if not len(which):
+        return []
+    scores = psnr_of(readouts[which], table[sample], peak[sample]).tolist()
+    return [
+        (hits[k][0], hits[k][1], n, score, hits[k][4])
+        for k, n, score in zip(which.tolist(), sample.tolist(), scores)
+        if score >= min_psnr and not blank[n]
+    ]
+
+
+def _with_members(pairs: list[tuple], group_of: dict[int, list[int]]) -> list[tuple]:
+    """The candidate pairs (i, j, s, c), each one whose sample is in a group of copies formed against every member."""
+    if not group_of:
+        return pairs
+    return sorted({(i, j, member, c) for i, j, s, c in pairs for member in group_of.get(s, [s])})
 
 
 def _keep_best(best: dict[tuple, GuardReadout], entry: GuardReadout) -> None:
@@ -477,6 +550,8 @@ def find_readouts(
             skipped.append(f"{name}: reads features, and check-features is off")
             continue
         weight, bias = f"{prefix}weight", f"{prefix}bias"
+        if bias not in sent or weight not in sent:
+            continue  # a weight sent without its bias is read as a layer without one (row_readouts)
         weight_update = sent[weight].detach().cpu().to(torch.float64) - received[weight].detach().cpu().to(
             torch.float64
         )

@@ -74,6 +74,22 @@ class Watch:
 
             out.register_hook(keep)
 
+    def trained_samples(self) -> torch.Tensor | None:
+        """Every distinct sample the recorded training steps ran on, in the order first run (an augmented copy of a
+        given sample is one of them, as trained), or None when no step was recorded with its backward."""
+        seen: dict[bytes, int] = {}
+        rows = []
+        for step in self.steps:
+            if not step["signals"]:
+                continue
+            batch = step["x"].cpu().contiguous()
+            for row in batch:
+                key = row.numpy().tobytes() if row.dtype != torch.bfloat16 else row.view(torch.int16).numpy().tobytes()
+                if key not in seen:
+                    seen[key] = len(rows)
+                    rows.append(row)
+        return torch.stack(rows) if rows else None
+
     def tables(self, samples: torch.Tensor) -> tuple[dict, dict, dict] | None:
         """({layer: (N, d) vectors}, {layer: (N, units) signals}, {layer: why it is not checked}) for ``samples``
         (each sample's vectors from the first step it ran in, its signals summed over the steps), or None when the

@@ -29,10 +29,11 @@ def _is_model_module(name: str) -> bool:
     return name.startswith(MODEL_MODULE_PREFIX) or name.split(".")[0] in MODEL_PACKAGES
 
 
-def model_fault(exc: BaseException) -> ModelLoadError | None:
+def model_fault(exc: BaseException, phase: str | None = None) -> ModelLoadError | None:
     """An exception raised inside a model file's own code (a frame of a module execute_file ran), as the model's
     error: exit 3 with the file:line and the exception, not an internal error of rankaudit's. None when
-    no frame of a model file is on its traceback (or its cause's): then it is ours."""
+    no frame of a model file is on its traceback (or its cause's): then it is ours. ``phase``: what rankaudit was
+    running the model for, said in the line (the input it gave may be what the model did not expect)."""
     seen, current = set(), exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
@@ -49,9 +50,11 @@ def model_fault(exc: BaseException) -> ModelLoadError | None:
                 pass
             message = str(current).strip().splitlines()[0] if str(current).strip() else ""
             text = f"{type(current).__name__}: {message}" if message else type(current).__name__
+            during = f" during {phase}" if phase else ""
             return ModelLoadError(
-                f"the model's code raised {text} (at {filename}:{line})",
-                "fix the model at that line (rankaudit ran it on real inputs to verify; --debug shows the traceback)",
+                f"the model's code raised {text} (at {filename}:{line}){during}",
+                "fix the model at that line, or give it the input its forward() takes (rankaudit ran it on real "
+                "inputs; --debug shows the traceback)",
             )
         current = current.__cause__ or current.__context__
     return None

@@ -68,14 +68,14 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not data")
 
 
-def _as_error(exc: BaseException) -> tuple:
+def _as_error(exc: BaseException, phase: str | None = None) -> tuple:
     """What the clean process raises for an exception in the worker: the same class of rankaudit's errors."""
     from rankaudit.model.faults import ended_process, model_fault, out_of_memory
 
     if isinstance(exc, SystemExit):
         exc = ended_process(exc)
     elif not isinstance(exc, errors.RankauditError):
-        exc = out_of_memory(exc) or model_fault(exc) or exc
+        exc = out_of_memory(exc) or model_fault(exc, phase) or exc
     if isinstance(exc, errors.RankauditError):
         return ("error", type(exc).__name__, exc.problem, exc.fix)
     if "--debug" in sys.argv:
@@ -129,7 +129,7 @@ def _serve(function, args, kwargs, write_end: int, phase: str | None = None) -> 
             with supervise.phase(phase):
                 answer = ("ok", function(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - every failure is handed back, as the clean process says it
-        answer = _as_error(exc)
+        answer = _as_error(exc, phase)
     try:
         data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001

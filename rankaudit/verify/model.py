@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 from pathlib import Path
 
 import torch
@@ -150,6 +151,7 @@ def read_state_dict(weights_file: str) -> dict[str, torch.Tensor]:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and weights-only refusals all mean "not a plain tensor file"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", reason)  # torch's own message sets words in bold for a terminal
         raise ModelLoadError(
             f"--weights {weights_file} could not be read as tensors ({reason[:160]})",
             "save the weights with torch.save(model.state_dict(), path)",
