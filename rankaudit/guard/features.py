@@ -221,7 +221,8 @@ def _normalised_samples(
     RMSNorm, InstanceNorm or GroupNorm: each is blind to the whole sample's scale) puts the sample's own direction
     in the null space of the features' Jacobian, so the first-order figure counts that direction as unknown; but
     the features' value is the normalised sample, and a server that knows the data's range (0 to 255, 0 to 1) maps
-    it back. Such a sample's features count as the sample. One batched forward pass to all the layers."""
+    it back. Such a sample's features count as the sample, unless a change of the same size in a random direction
+    does not move them either. One batched forward pass to all the layers."""
     everyone = sorted({index for indices in wanted.values() for index in indices})
     if not everyone or not x_all.is_floating_point():
         return {}, {}
@@ -233,25 +234,32 @@ def _normalised_samples(
     spread = flat.max(1).values - flat.min(1).values
     # A flat sample has no range: it is shifted by its own size (or by one) instead.
     spread = torch.where(spread > 0, spread, flat.abs().max(1).values.clamp(min=1))
-    shifted = x + step * spread.reshape(-1, *[1] * (x.dim() - 1))
+    shape = (-1, *[1] * (x.dim() - 1))
+    shifted = x + step * spread.reshape(shape)
+    # A change of the scaling's size in a random direction: features it does not move either are not normalised,
+    # they are locally constant (every ReLU before them off), and the Jacobian's figure already sees that.
+    nudge = torch.randn(x.shape, generator=torch.Generator().manual_seed(0)).to(x.dtype)
+    norms = flat.norm(dim=1)
+    reach = step * torch.where(norms > 0, norms, float(flat.shape[1]) ** 0.5)
+    nudged = x + nudge * (reach / nudge.flatten(1).norm(dim=1)).reshape(shape)
     names = list(modules)
     layers = tuple(modules[name] for name in names)
     try:
         with torch.no_grad():
-            values = _layer_inputs(net, layers, torch.cat([x, x * (1 + step), shifted]))
+            values = _layer_inputs(net, layers, torch.cat([x, x * (1 + step), shifted, nudged]))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return {}, {}  # a model that does not run on these copies: the Jacobian's own path decides
     found, notes = {}, {}
-    scalable = flat.to(torch.float64).norm(dim=1) > 0  # a zero sample is its own scaling
+    scalable = norms > 0  # a zero sample is its own scaling
     for name, layer, value in zip(names, layers, values):
         vectors = sample_vectors(layer, value)
         if vectors is None:
             continue  # several vectors per sample: the Jacobian is not formed either, and they count as the sample
-        base, scaled, moved = vectors.detach().to(torch.float64).reshape(3, len(everyone), -1)
+        base, scaled, moved, other = vectors.detach().to(torch.float64).reshape(4, len(everyone), -1)
         size = base.norm(dim=1)
         still = ((scaled - base).norm(dim=1) <= change * size) & scalable
         still |= (moved - base).norm(dim=1) <= change * size
-        still &= (size > 0) & torch.isfinite(size)
+        still &= (size > 0) & torch.isfinite(size) & ((other - base).norm(dim=1) > change * size)
         mine = set(wanted[name])
         hits = [index for index, flag in zip(everyone, still.tolist()) if flag and index in mine]
         if hits:
