@@ -720,3 +720,25 @@ def test_a_scale_blind_first_layer_is_caught_before_its_bound():
     plain = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU())
     figures, notes = determined_psnr(plain, plain[2], x, [0, 5], THRESHOLD)
     assert all(figure < THRESHOLD for figure in figures.values()) and notes == []
+
+
+def test_statistics_that_do_not_come_from_the_sample_and_constant_features_are_not_a_normalisation():
+    """A BatchNorm in eval mode (running statistics) and features that no change of the sample moves (every ReLU
+    before them off) keep their figures: no note, nothing counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    x, _ = digit_rows(8, seed=2)
+    torch.manual_seed(3)
+    images = x.reshape(8, 1, 8, 8)
+    normed = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 16)).eval()
+    with torch.no_grad():
+        normed[1].running_mean.uniform_(-1, 1)
+        normed[1].running_var.uniform_(0.5, 2)
+    figures, notes = determined_psnr(normed, normed[4], images, [0, 5])
+    assert notes == [] and all(figure < THRESHOLD for figure in figures.values())
+    dead = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    with torch.no_grad():
+        dead[0].bias.fill_(-1e4)  # every first unit off: the second layer's output is its bias, for every sample
+        dead[2].bias.uniform_(0.5, 1)
+    figures, notes = determined_psnr(dead, dead[4], x, [0, 5])
+    assert notes == [] and all(figure < THRESHOLD for figure in figures.values())
