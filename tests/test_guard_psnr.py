@@ -681,3 +681,179 @@ def test_an_ill_conditioned_first_layer_gives_no_bound():
     assert first_layer_bounds(model, model.fc2, x, mean, [0, 1]) == {}
     exact, _ = determined_psnr(model, model.fc2, x, [0, 1], THRESHOLD)
     assert exact == determined_psnr(model, model.fc2, x, [0, 1])[0]
+
+
+# A model that normalises each sample before the layer a server reads: the features are the sample up to its scale
+# and offset, which a server that knows the data's range puts back blind (its min and max mapped onto that range).
+
+
+def digit_rows(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` random rows of scikit-learn's 8x8 digits (values 0 to 16) and their labels."""
+    digits = datasets.load_digits()
+    chosen = torch.randperm(len(digits.data), generator=torch.Generator().manual_seed(seed))[:count].numpy()
+    return torch.tensor(digits.data[chosen], dtype=torch.float32), torch.tensor(digits.target[chosen])
+
+
+def read_blind(readouts: list[torch.Tensor], x: torch.Tensor, low: float, high: float, channels: int = 1):
+    """read_by_server for a server that knows only the data's range: each readout's (each channel's) smallest value
+    mapped to ``low`` and its largest to ``high``, no sample used."""
+    mapped = []
+    for readout in readouts:
+        parts = readout.double().reshape(channels, -1)
+        least, most = parts.min(1, keepdim=True).values, parts.max(1, keepdim=True).values
+        if bool((most > least).all()):
+            mapped.append(((parts - least) / (most - least) * (high - low) + low).reshape(x[0].shape))
+    return read_by_server(mapped, x)
+
+
+class Normalise(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        return self.how(x)
+
+
+class NormalisedMLP(nn.Module):
+    """A per-sample normalisation of the input, then Linear - ReLU - Linear, PyTorch's default initialisation."""
+
+    def __init__(self, norm: nn.Module, inputs: int, width: int = 128):
+        super().__init__()
+        self.norm = norm
+        self.fc1 = nn.Linear(inputs, width)
+        self.fc2 = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(self.norm(x).flatten(1))))
+
+
+def standardise(x):
+    flat = x.flatten(1)
+    return ((flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True)).reshape(x.shape)
+
+
+NORMALISATIONS = {
+    "layer_norm": lambda shape: nn.LayerNorm(shape),
+    "standardise": lambda shape: Normalise(standardise),
+    "normalize": lambda shape: Normalise(lambda x: nn.functional.normalize(x.flatten(1), dim=1).reshape(x.shape)),
+    "rms_norm": lambda shape: Normalise(lambda x: nn.functional.rms_norm(x, shape)),
+}
+
+
+def honest_round_is_blocked(model, x, y, low, high, channels=1):
+    """One honest SGD step; the server reads each fc1 unit's ratio blind. Every sample it shows at 30 dB or more
+    is named and the update blocked, with the note that says why."""
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.05)
+    readouts = [read_pair(received, sent, "fc1", unit, unit) for unit in range(model.fc1.out_features)]
+    server = read_blind([r.reshape(x[0].shape) for r in readouts], x, low, high, channels)
+    assert server, "the construction shows the server no sample"
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None, decision.reasons
+    assert set(server) <= set(decision.exact_samples), (server, decision.psnr)
+    assert any("scaled or shifted" in line for line in decision.reasons + decision.notes)
+    return server
+
+
+@pytest.mark.parametrize("name", sorted(NORMALISATIONS))
+def test_an_honest_round_of_a_model_that_normalises_each_digit_is_blocked(name):
+    torch.manual_seed(0)
+    x, y = digit_rows(8, seed=100)
+    model = NormalisedMLP(NORMALISATIONS[name]((64,)), 64)
+    server = honest_round_is_blocked(model, x, y, 0.0, 16.0)
+    assert max(server.values()) > 60  # the normalised digit, read exactly and mapped back
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "standardise"])
+def test_an_honest_round_of_a_model_that_normalises_each_photo_crop_is_blocked(name):
+    """Crops whose values span [-1, 1] (a range the server knows) put back blind from their normalised features."""
+    crops = photo_crops(400, 8, seed=5)
+    spans = crops.flatten(1)
+    x = crops[(spans.min(1).values < -0.97) & (spans.max(1).values > 0.97)][:8]
+    y = torch.arange(len(x)) % 10
+    torch.manual_seed(1)
+    model = NormalisedMLP(NORMALISATIONS[name]((3 * 8 * 8,)), 3 * 8 * 8)
+    model.norm = model.norm if name == "standardise" else nn.LayerNorm((3, 8, 8))
+    honest_round_is_blocked(model, x, y, -1.0, 1.0)
+
+
+@pytest.mark.parametrize("norm", [nn.InstanceNorm2d(3), nn.GroupNorm(3, 3)])
+def test_per_channel_normalisation_of_images_is_caught_by_the_whole_sample_tests(norm):
+    """InstanceNorm and GroupNorm are blind to each channel's scale and offset, hence to the whole sample's: the
+    two whole-sample tests catch them. Three-channel images, each channel a digit (0 to 16): the server puts each
+    channel's range back."""
+    rows, y = digit_rows(24, seed=8)
+    x = rows.reshape(8, 3, 8, 8)
+    torch.manual_seed(2)
+    honest_round_is_blocked(NormalisedMLP(norm, 3 * 8 * 8), x, y[:8], 0.0, 16.0, channels=3)
+
+
+def test_one_group_normalisation_of_photo_crops_is_caught():
+    crops = photo_crops(400, 8, seed=5)
+    spans = crops.flatten(1)
+    x = crops[(spans.min(1).values < -0.97) & (spans.max(1).values > 0.97)][:8]
+    torch.manual_seed(4)
+    honest_round_is_blocked(NormalisedMLP(nn.GroupNorm(1, 3), 3 * 8 * 8), x, torch.arange(len(x)) % 10, -1.0, 1.0)
+
+
+def test_an_imprint_after_a_layer_norm_is_read_blind_and_every_read_digit_named():
+    """Fowl et al.'s binning imprint on the layer-normalised digit, thresholds at quantiles of public digits:
+    neighbouring bins give LayerNorm(x) exactly, and the digits' range 0 to 16 gives x."""
+    x, y = digit_rows(32, seed=1)
+    public, _ = digit_rows(1000, seed=7)
+    units = 100
+    torch.manual_seed(0)
+    model = NormalisedMLP(nn.LayerNorm(64), 64, width=units)
+    direction = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    direction /= direction.norm()
+    with torch.no_grad():
+        cuts = (nn.functional.layer_norm(public, (64,)) @ direction).sort().values
+        model.fc1.weight[:] = direction
+        model.fc1.bias[:] = -cuts[torch.linspace(0, len(cuts) - 1, units).long()]
+        model.fc2.weight[:] = torch.randn(10, 1, generator=torch.Generator().manual_seed(4)).expand(10, units) * 0.1
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.01)
+    bins = [read_pair(received, sent, "fc1", unit, unit + 1, scale=1.0) for unit in range(units - 1)]
+    server = read_blind(bins, x, 0.0, 16.0)
+    assert len(server) >= 10
+    decision, to_send = Guard(model).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(server) <= set(decision.exact_samples)
+
+
+def test_a_scale_blind_first_layer_is_caught_before_its_bound():
+    """A bias-free Linear then a LayerNorm: the features do not change when the sample is scaled, and the first
+    layer's bound (a bound on a first-order figure) is not asked; a plain MLP's figure is unchanged."""
+    from rankaudit.guard.features import determined_psnr
+
+    x, _ = digit_rows(8, seed=2)
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 48, bias=False), nn.LayerNorm(48), nn.Linear(48, 32), nn.ReLU())
+    figures, notes = determined_psnr(model, model[2], x, [0, 5], THRESHOLD)
+    assert figures == {0: 300.0, 5: 300.0} and len(notes) == 1 and "scaled or shifted" in notes[0]
+    plain = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU())
+    figures, notes = determined_psnr(plain, plain[2], x, [0, 5], THRESHOLD)
+    assert all(figure < THRESHOLD for figure in figures.values()) and notes == []
+
+
+def test_statistics_that_do_not_come_from_the_sample_and_constant_features_are_not_a_normalisation():
+    """A BatchNorm in eval mode (running statistics) and features that no change of the sample moves (every ReLU
+    before them off) keep their figures: no note, nothing counted as the sample."""
+    from rankaudit.guard.features import determined_psnr
+
+    x, _ = digit_rows(8, seed=2)
+    torch.manual_seed(3)
+    images = x.reshape(8, 1, 8, 8)
+    normed = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 16)).eval()
+    with torch.no_grad():
+        normed[1].running_mean.uniform_(-1, 1)
+        normed[1].running_var.uniform_(0.5, 2)
+    figures, notes = determined_psnr(normed, normed[4], images, [0, 5])
+    assert notes == [] and all(figure < THRESHOLD for figure in figures.values())
+    dead = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    with torch.no_grad():
+        dead[0].bias.fill_(-1e4)  # every first unit off: the second layer's output is its bias, for every sample
+        dead[2].bias.uniform_(0.5, 1)
+    figures, notes = determined_psnr(dead, dead[4], x, [0, 5])
+    assert notes == [] and all(figure < THRESHOLD for figure in figures.values())

@@ -184,8 +184,13 @@ def determined_by_layer(
             for name, indices in wanted.items()
         }
     mean = _prior_mean(x_all)
+    # Before any bound or Jacobian: both are first-order figures, and a normalised sample fools them alike.
+    normalised, normalised_said = _normalised_samples(net, {name: modules[name] for name in wanted}, x_all, wanted)
+    wanted = {
+        name: [index for index in indices if index not in normalised.get(name, ())] for name, indices in wanted.items()
+    }
     together: dict[int, float] = {}
-    if min_psnr is not None and len(wanted) > 1:
+    if min_psnr is not None and sum(1 for indices in wanted.values() if indices) > 1:
         everyone = sorted({index for indices in wanted.values() for index in indices})
         bounds = first_layer_bounds(net, tuple(modules[name] for name in wanted), x_all, mean, everyone)
         together = {index: bound for index, bound in bounds.items() if bound < min_psnr}
@@ -195,7 +200,76 @@ def determined_by_layer(
         rest = [index for index in indices if index not in settled]
         found, said = _determined(net, modules[name], x_all, mean, rest, min_psnr) if rest else ({}, [])
         figures[name], notes[name] = {**settled, **found}, said
+    for name, indices in normalised.items():
+        figures[name].update(dict.fromkeys(indices, IDENTICAL_PSNR))
+        notes[name] = normalised_said[name] + notes[name]
     return figures, notes
+
+
+# The step of the invariance test: each sample scaled by (1 + step), and shifted by step times its own range.
+INVARIANCE_STEP = 1e-2
+# Features that move by less than this share of their size under that step count as not moving: float32 rounding
+# moves them by about 1e-7, a model that reads the sample's scale or offset at all by about the step itself.
+INVARIANT_CHANGE = 1e-4
+
+
+def _normalised_samples(
+    net: nn.Module, modules: dict[str, nn.Module], x_all: torch.Tensor, wanted: dict[str, list[int]]
+) -> tuple[dict[str, list[int]], dict[str, list[str]]]:
+    """({layer: its samples whose features do not change when the sample is scaled or shifted}, {layer: notes}).
+    A model that normalises each sample before the layer (LayerNorm, a per-sample standardisation, F.normalize,
+    RMSNorm, InstanceNorm or GroupNorm: each is blind to the whole sample's scale) puts the sample's own direction
+    in the null space of the features' Jacobian, so the first-order figure counts that direction as unknown; but
+    the features' value is the normalised sample, and a server that knows the data's range (0 to 255, 0 to 1) maps
+    it back. Such a sample's features count as the sample, unless a change of the same size in a random direction
+    does not move them either. One batched forward pass to all the layers."""
+    everyone = sorted({index for indices in wanted.values() for index in indices})
+    if not everyone or not x_all.is_floating_point():
+        return {}, {}
+    x = x_all[everyone]
+    # Half-precision samples round far above float32: the test's threshold and step follow the dtype's rounding.
+    change = max(INVARIANT_CHANGE, 10 * torch.finfo(x.dtype).eps)
+    step = max(INVARIANCE_STEP, 10 * change)
+    flat = x.flatten(1)
+    spread = flat.max(1).values - flat.min(1).values
+    # A flat sample has no range: it is shifted by its own size (or by one) instead.
+    spread = torch.where(spread > 0, spread, flat.abs().max(1).values.clamp(min=1))
+    shape = (-1, *[1] * (x.dim() - 1))
+    shifted = x + step * spread.reshape(shape)
+    # A change of the scaling's size in a random direction: features it does not move either are not normalised,
+    # they are locally constant (every ReLU before them off), and the Jacobian's figure already sees that.
+    nudge = torch.randn(x.shape, generator=torch.Generator().manual_seed(0)).to(x.dtype)
+    norms = flat.norm(dim=1)
+    reach = step * torch.where(norms > 0, norms, float(flat.shape[1]) ** 0.5)
+    nudged = x + nudge * (reach / nudge.flatten(1).norm(dim=1)).reshape(shape)
+    names = list(modules)
+    layers = tuple(modules[name] for name in names)
+    try:
+        with torch.no_grad():
+            values = _layer_inputs(net, layers, torch.cat([x, x * (1 + step), shifted, nudged]))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return {}, {}  # a model that does not run on these copies: the Jacobian's own path decides
+    found, notes = {}, {}
+    scalable = norms > 0  # a zero sample is its own scaling
+    for name, layer, value in zip(names, layers, values):
+        vectors = sample_vectors(layer, value)
+        if vectors is None:
+            continue  # several vectors per sample: the Jacobian is not formed either, and they count as the sample
+        base, scaled, moved, other = vectors.detach().to(torch.float64).reshape(4, len(everyone), -1)
+        size = base.norm(dim=1)
+        still = ((scaled - base).norm(dim=1) <= change * size) & scalable
+        still |= (moved - base).norm(dim=1) <= change * size
+        still &= (size > 0) & torch.isfinite(size) & ((other - base).norm(dim=1) > change * size)
+        mine = set(wanted[name])
+        hits = [index for index, flag in zip(everyone, still.tolist()) if flag and index in mine]
+        if hits:
+            found[name] = hits
+            notes[name] = [
+                f"samples {hits[:8]}: the features do not change when the sample is scaled or shifted (each sample "
+                "is normalised before this layer): a server that knows the data's range puts the scale back, so "
+                "the features count as the samples"
+            ]
+    return found, notes
 
 
 def _prior_mean(x_all: torch.Tensor) -> torch.Tensor:
