@@ -208,6 +208,9 @@ def determined_by_layer(
 
 # The step of the invariance test: each sample scaled by (1 + step), and shifted by step times its own range.
 INVARIANCE_STEP = 1e-2
+# A scaling or shift that moves the features by at most this share of what a random change of the same size does
+# leaves them unmoved: the features do not see the sample's scale or offset.
+QUIET_SHARE = 1e-3
 # Features that move by less than this share of their size under that step count as not moving: float32 rounding
 # moves them by about 1e-7, a model that reads the sample's scale or offset at all by about the step itself.
 INVARIANT_CHANGE = 1e-4
@@ -230,6 +233,9 @@ def _normalised_samples(
     # Half-precision samples round far above float32: the test's threshold and step follow the dtype's rounding.
     change = max(INVARIANT_CHANGE, 10 * torch.finfo(x.dtype).eps)
     step = max(INVARIANCE_STEP, 10 * change)
+    # Features that follow the sample move under a scaling about as much as under a random change of its size; a
+    # normalisation moves them by its rounding alone (float32: a ten-thousandth of that change, or less).
+    quiet = max(QUIET_SHARE, 30 * torch.finfo(x.dtype).eps / step)
     flat = x.flatten(1)
     spread = flat.max(1).values - flat.min(1).values
     # A flat sample has no range: it is shifted by its own size (or by one) instead.
@@ -257,9 +263,12 @@ def _normalised_samples(
             continue  # several vectors per sample: the Jacobian is not formed either, and they count as the sample
         base, scaled, moved, other = vectors.detach().to(torch.float64).reshape(4, len(everyone), -1)
         size = base.norm(dim=1)
-        still = ((scaled - base).norm(dim=1) <= change * size) & scalable
-        still |= (moved - base).norm(dim=1) <= change * size
-        still &= (size > 0) & torch.isfinite(size) & ((other - base).norm(dim=1) > change * size)
+        # Against what a random change of the same size does, not against the features' own size: a large constant
+        # part of the features (a big offset) would make any change look small.
+        around = (other - base).norm(dim=1)
+        still = ((scaled - base).norm(dim=1) <= quiet * around) & scalable
+        still |= (moved - base).norm(dim=1) <= quiet * around
+        still &= (size > 0) & torch.isfinite(size) & (around > change * size)
         mine = set(wanted[name])
         hits = [index for index, flag in zip(everyone, still.tolist()) if flag and index in mine]
         if hits:
