@@ -446,6 +446,7 @@ class GuardReadout:
     # the readout (what weight decay took out, fitted from the update); None: the update as sent
     bias_rate: float | None = None  # the weights' learning rate over the biases' that the update shows, the biases'
     # update scaled by it before the readout; None: the same rate
+    undone: str | None = None  # the optimiser's step taken back out of the update before the readout, in words
 
 
 @dataclass

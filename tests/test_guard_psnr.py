@@ -459,6 +459,66 @@ def test_a_watched_training_on_flipped_samples_is_checked_as_trained():
     assert any("augmented" in line for line in decision.notes)
 
 
+@pytest.mark.parametrize("watched", [True, False])
+def test_one_adam_step_on_an_imprint_is_undone_and_read(watched):
+    """Fowl et al.'s imprint on photo crops, its output layer scaled down until fc1's gradients are about Adam's eps:
+    the client's one Adam step u = -lr g / (|g| + eps) is then a map the server (who knows lr and eps) inverts, and
+    it reads neighbouring bins of the gradient. Every crop it reads at 30 dB or more is named, and the update
+    blocked; the guard finds lr and eps from the update itself."""
+    x = photo_crops(32, 8, seed=61)
+    y = torch.randint(10, (32,), generator=torch.Generator().manual_seed(61))
+    units, lr, eps = 40, 2e-3, 1e-8
+    flat = x.flatten(1)
+    brightness = flat.mean(1).sort().values
+    thresholds = torch.cat([brightness[:1] - 0.5, (brightness[1:] + brightness[:-1]) / 2])[:units]
+    thresholds = torch.cat([thresholds, thresholds[-1] + 1 + torch.arange(units - len(thresholds))])
+    model = MLP(flat.shape[1], width=units)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / flat.shape[1])
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(7)).expand(10, units))
+        model.fc2.bias.zero_()
+    # The server's calibration: fc2 scaled so that fc1's bias gradients are a few eps.
+    probe = copy.deepcopy(model)
+    nn.functional.cross_entropy(probe(x), y).backward()
+    typical = float(probe.fc1.bias.grad[probe.fc1.bias.grad != 0].abs().median())
+    with torch.no_grad():
+        model.fc2.weight.mul_(3 * eps / typical)
+    received = state(model)
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr, eps=eps)
+    guard = Guard(model)
+
+    def step():
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+
+    if watched:
+        with guard.watch(net):
+            step()
+    else:
+        step()
+    sent = state(net)
+
+    def undone(update: torch.Tensor) -> torch.Tensor:
+        share = (update.double().abs() / lr).clamp(max=1 - 1e-12)
+        return -torch.sign(update.double()) * eps * share / (1 - share)
+
+    gw = undone(sent["fc1.weight"] - received["fc1.weight"])
+    gb = undone(sent["fc1.bias"] - received["fc1.bias"])
+    readouts = [(gw[k] - gw[k + 1]) / (gb[k] - gb[k + 1]) for k in range(units - 1) if gb[k] != gb[k + 1]]
+    shown = read_by_server(readouts, x)
+    assert len(shown) >= 5, shown
+    raw = sent["fc1.weight"] - received["fc1.weight"], sent["fc1.bias"] - received["fc1.bias"]
+    as_sent = [(raw[0][k] - raw[0][k + 1]) / (raw[1][k] - raw[1][k + 1]) for k in range(units - 1)]
+    assert len(read_by_server(as_sent, x)) < len(shown)  # the update as sent hides most of them
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(shown) <= set(decision.exact_samples), (sorted(shown), decision.exact_samples)
+    assert any("Adam's step" in line for line in decision.reasons)
+
+
 @pytest.mark.parametrize("action", ["drop", "noise"])
 def test_what_is_sent_after_drop_or_noise_shows_no_sample_to_the_server(action):
     x = photo_crops(12, 8, seed=21)

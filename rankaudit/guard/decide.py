@@ -44,6 +44,8 @@ def _words(readout: GuardReadout) -> str:
     else:
         i, j = readout.units
         how = f"units {i} and {j} combined (row {i} - {readout.scale:.3g} x row {j}, over the same of their biases)"
+    if readout.undone is not None:
+        how += f", with {readout.undone},"
     if readout.bias_rate is not None:
         how += f", the biases' update times {readout.bias_rate:.3g} (their own learning rate),"
     if readout.received_share is not None:

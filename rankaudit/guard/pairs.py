@@ -143,6 +143,49 @@ def bias_rate(
     return rate
 
 
+def adam_undone(
+    rows: torch.Tensor, bias: torch.Tensor, signals: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
+    """(the weight rows' gradients, the biases', lr, eps) behind an update that one Adam step made, or None. Adam's
+    first step is u = −lr·g / (|g| + eps) value by value: a known map of the gradient, which a server that chose
+    the weights (gradients near eps) and knows lr and eps inverts, |g| = eps·r / (1 − r) with r = |u| / lr, and then
+    reads the ratios and pairs of g as of SGD's update. lr and eps are fitted from the biases' updates against the
+    samples' summed signals at each unit (1/|u| = 1/lr + (eps/lr)·1/|g|, a line); kept when the line explains
+    every bias update within 0.1 % with the sign Adam gives. SGD's update (no offset in that line) and several
+    Adam steps (moments of several gradients) do not fit it."""
+    table = next((table for table in signals if table.dim() == 2), None)
+    if table is None or len(bias) != table.shape[1]:
+        return None
+    gradient = table.to(torch.float64).sum(0)
+    update = bias.to(torch.float64)
+    used = (update != 0) & (gradient != 0) & torch.isfinite(update) & torch.isfinite(gradient)
+    if int(used.sum()) < 3:
+        return None
+    x, y = 1 / gradient[used].abs(), 1 / update[used].abs()
+    design = torch.stack([torch.ones_like(x), x], dim=1)
+    solution = torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
+    offset, slope = float(solution[0]), float(solution[1])
+    if not (offset > 0 and slope > 0 and math.isfinite(offset) and math.isfinite(slope)):
+        return None
+    lr, eps = 1 / offset, slope / offset
+    # Far above the gradients, eps makes the step lr/eps times the gradient (SGD's update, read as it is); far
+    # under them, the step is lr times the gradient's sign, and nothing is left to invert.
+    typical = float(gradient[used].abs().median())
+    if not 1e-4 * typical <= eps <= 1e2 * typical:
+        return None
+    expected = lr * gradient[used].abs() / (gradient[used].abs() + eps)
+    if float(((expected - update[used].abs()).abs() / update[used].abs()).max()) > 1e-3:
+        return None
+    if bool((torch.sign(update[used]) == torch.sign(gradient[used])).any()):
+        return None  # Adam steps against the gradient: every update has the opposite sign
+
+    def undone(values: torch.Tensor) -> torch.Tensor:
+        share = (values.abs() / lr).clamp(max=1 - 1e-12)
+        return -torch.sign(values) * eps * share / (1 - share)
+
+    return undone(rows.to(torch.float64)), undone(update), lr, eps
+
+
 def duplicates(vectors: torch.Tensor) -> list[list[int]]:
     """Groups of two or more samples whose vectors are the same (a sample and its copy in the batch): a readout that
     mixes them shows each of them exactly. Found by one random projection, each group checked value by value."""

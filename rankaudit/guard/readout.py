@@ -19,6 +19,7 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    adam_undone,
     bias_rate,
     candidate_pairs,
     decay_share,
@@ -383,7 +384,7 @@ def layer_readouts(
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
 
-    def readout(units, kind, sample, score, scale=None, share=None, rate=None):
+    def readout(units, kind, sample, score, scale=None, share=None, rate=None, undone=None):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
         return GuardReadout(
             name,
@@ -398,15 +399,16 @@ def layer_readouts(
             scale=scale,
             received_share=share,
             bias_rate=rate,
+            undone=undone,
         )
 
     # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
     # to the weights and (as PyTorch decays them too) to the biases, or to the weights alone.
     share = decay_share(rows, received[0], table) if received is not None else None
-    variants = [(rows, bias, None, None)]
+    variants = [(rows, bias, None, None, None)]
     if share is not None:
         added = rows + share * received[0]
-        variants += [(added, bias + share * received[1], share, None), (added, bias, share, None)]
+        variants += [(added, bias + share * received[1], share, None, None), (added, bias, share, None, None)]
     tables = signals if isinstance(signals, list) else [signals]
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
@@ -441,9 +443,13 @@ def layer_readouts(
     # that set the client's learning rates divides out. Read again with the biases' update scaled by k.
     rate = bias_rate(rows, bias, table, tables, candidates)
     if rate is not None:
-        variants.append((rows, bias * rate, None, rate))
+        variants.append((rows, bias * rate, None, rate, None))
+    # One Adam step: the gradients behind it, as a server that knows lr and eps takes them back out.
+    adam = adam_undone(rows, bias, tables)
+    if adam is not None:
+        variants.append((adam[0], adam[1], None, None, f"Adam's step (lr {adam[2]:.3g}, eps {adam[3]:.3g}) undone"))
     best: dict[tuple, GuardReadout] = {}
-    for variant_rows, variant_bias, variant_share, variant_rate in variants:
+    for variant_rows, variant_bias, variant_share, variant_rate, variant_undone in variants:
         hits = [
             ([unit], "ratio", sample, score, None)
             for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak)
@@ -460,7 +466,7 @@ def layer_readouts(
         # judged by what the read sample's features determine (features of other samples close to them are not).
         beside = _shown_beside(hits, variant_rows, variant_bias, table, peak, min_psnr, blank) if reads_input else []
         for units, kind, sample, score, scale in hits + beside:
-            _keep_best(best, readout(units, kind, sample, score, scale, variant_share, variant_rate))
+            _keep_best(best, readout(units, kind, sample, score, scale, variant_share, variant_rate, variant_undone))
     for group in copies:  # what shows one copy shows every copy: their vectors are the same
         for entry in [entry for entry in best.values() if entry.sample in group]:
             for other in group:
