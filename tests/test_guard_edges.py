@@ -793,3 +793,46 @@ def test_samples_with_a_nan_are_refused_with_one_line():
     x[4, 3] = math.nan
     with pytest.raises(UsageError, match=r"NaN or infinite values \(samples \[4\]\)"):
         Guard(model).decide(received, sent, x, y)
+
+
+def test_a_watched_imprint_in_a_frozen_bias_with_more_samples_than_inputs_is_read():
+    """The thresholds in a frozen first-layer bias, and 100 digits against 64 inputs: the update cannot be solved for
+    each sample's coefficients, but the watched training's own signals pair the rows. Every digit the server reads
+    from neighbouring rows, stretched to the data's range, is named, and what drop sends shows none."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[600:700] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[600:700])
+    public = torch.tensor(digits.data[:1200] / 16.0, dtype=torch.float32).mean(1).sort().values
+    units = 160
+    thresholds = public[torch.linspace(0, len(public) - 1, units).long()]
+    model = nn.Sequential(nn.Linear(64, units), nn.ReLU(), nn.Linear(units, 10))
+    with torch.no_grad():
+        model[0].weight.fill_(1 / 64)
+        model[0].bias.copy_(-thresholds)
+        model[2].weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(9)).expand(10, units) * 0.1)
+    received = {name: value.clone() for name, value in model.state_dict().items()}
+    net = nn.Sequential(nn.Linear(64, units), nn.ReLU(), nn.Linear(units, 10))
+    net.load_state_dict(received)
+    net[0].bias.requires_grad_(False)
+    guard = Guard(model, GuardSettings(action="drop", seed=0))
+    optimizer = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01)
+    with guard.watch(net):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    sent = {name: value.detach().clone() for name, value in net.state_dict().items()}
+
+    def shown(state: dict) -> dict[int, float]:
+        update = state["0.weight"].double() - received["0.weight"].double()
+        read = {}
+        for readout in read_rows_in_range(update[:-1] - update[1:], 0.0, 1.0):
+            for n, sample in enumerate(x.double().numpy()):
+                if psnr(readout, sample) >= THRESHOLD:
+                    read[n] = max(read.get(n, 0.0), psnr(readout, sample))
+        return read
+
+    read = shown(sent)
+    assert len(read) >= 10, read
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert set(read) <= set(decision.exact_samples), (sorted(set(read) - set(decision.exact_samples)), read)
+    assert decision.action == "block" or shown(to_send) == {}

@@ -917,3 +917,36 @@ def test_statistics_that_do_not_come_from_the_sample_and_constant_features_are_n
         dead[2].bias.uniform_(0.5, 1)
     figures, notes = determined_psnr(dead, dead[4], x, [0, 5])
     assert notes == [] and all(figure < THRESHOLD for figure in figures.values())
+
+
+class NormalisedBottleneck(nn.Module):
+    """LayerNorm, then a bottleneck of three units, then two more layers: fc2 and fc3 read three numbers (or functions
+    of three) per sample, which cannot show a 64-pixel digit; fc1 reads the normalised digit itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.fc1 = nn.Linear(64, 3)
+        self.fc2 = nn.Linear(3, 32)
+        self.fc3 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(self.norm(x))))))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_normalisation_then_a_bottleneck_blocks_only_on_the_normalised_digit_itself(seed):
+    """Features after the bottleneck fix a few directions of the normalised digit: judged with its scale and offset
+    given to the server, they show it far under 30 dB. Every block names only digits that fc1's own ratio shows
+    the server blind (the normalised digit mapped onto 0..16) at 30 dB or more."""
+    torch.manual_seed(seed)
+    x, y = digit_rows(8, seed=200 + seed)
+    model = NormalisedBottleneck()
+    received = state(model)
+    sent = sent_after_sgd(model, x, y, lr=0.05)
+    readouts = [read_pair(received, sent, "fc1", unit, unit) for unit in range(3)]
+    server = read_blind(readouts, x, 0.0, 16.0)
+    decision, _ = Guard(model).decide(received, sent, x, y)
+    assert set(decision.exact_samples) == set(server), (decision.exact_samples, server, decision.notes)
+    deeper = [r for r in decision.readouts if r.layer in ("fc2", "fc3")]
+    assert all(r.sample_psnr < THRESHOLD for r in deeper), [(r.layer, r.sample, r.sample_psnr) for r in deeper]

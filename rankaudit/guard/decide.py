@@ -193,6 +193,8 @@ class Guard:
                 # The steps ran on samples the guard was not given (augmented copies: flipped, cropped, noised). The
                 # update shows those, as trained: they are what is checked.
                 trained = self.watching.trained_samples()
+                if trained is not None and trained.is_floating_point() and not bool(torch.isfinite(trained).all()):
+                    trained = None  # steps on values the model fills in itself: read against the samples given
                 found = self.watching.tables(trained) if trained is not None else None
                 if found is not None:
                     notes.append(
@@ -319,7 +321,9 @@ class Guard:
         readouts, checked, skipped, notes = inputs.find(
             received, sent, labels, settings.min_psnr, check_features=settings.check_features
         )
-        rows, rows_checked, unchecked, named = row_readouts(received, sent, samples, settings.min_psnr)
+        rows, rows_checked, unchecked, named = row_readouts(
+            received, sent, samples, settings.min_psnr, inputs.signals()
+        )
         # A layer whose bias did not move is read by its rows: a line that it could not be measured no longer holds.
         skipped = [line for line in skipped if line.split(":", 1)[0] not in rows_checked]
         skipped = skipped + ([unchecked] if unchecked else [])

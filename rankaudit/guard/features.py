@@ -201,16 +201,67 @@ def determined_by_layer(
         found, said = _determined(net, modules[name], x_all, mean, rest, min_psnr) if rest else ({}, [])
         figures[name], notes[name] = {**settled, **found}, said
     for name, indices in normalised.items():
-        figures[name].update(dict.fromkeys(indices, IDENTICAL_PSNR))
-        notes[name] = normalised_said[name] + notes[name]
+        found, said = _normalised_figures(net, modules[name], x_all, mean, indices)
+        figures[name].update(found)
+        notes[name] = normalised_said[name] + said + notes[name]
     return figures, notes
+
+
+def _normalised_figures(
+    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
+) -> tuple[dict[int, float], list[str]]:
+    """What the features of normalised samples show of them. When the features' Jacobian has the rank of the
+    sample less its scales and offsets (one of each per channel), the features are the normalised sample itself and
+    count as the sample. When it has fewer (a normalisation and then a bottleneck, or pooling), the features fix
+    only that many directions of the normalised sample: the figure is the first-order one with the sample's scale
+    and offset given to the server (the prior's scale and offset fitted to the sample), and never below the plain
+    first-order one."""
+    found: dict[int, float] = {}
+    reduced, said = [], []
+    channels = x_all.shape[1] if x_all.dim() > 2 else 1
+    size = x_all[0].numel()
+    for index in indices:
+        try:
+            rows = jacobian(net, module, x_all[index]).to(torch.float64)
+        except HiddenPath as hidden:
+            found[index] = IDENTICAL_PSNR
+            line = (
+                f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: the "
+                "features of the samples it reads count as the samples"
+            )
+            said += [line] if line not in said else []
+            continue
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            found[index] = IDENTICAL_PSNR
+            continue
+        space = _row_space(rows)
+        if space is None or len(space[1]) >= size - 2 * channels - 1:
+            found[index] = IDENTICAL_PSNR
+            continue
+        x = x_all[index].to(torch.float64).flatten()
+        design = torch.stack([mean, torch.ones_like(mean)], dim=1)
+        fitted = design @ torch.linalg.lstsq(design, x[:, None]).solution[:, 0]
+        found[index] = max(
+            _psnr_outside(rows, *space, (x - mean)[None], x[None])[0],
+            _psnr_outside(rows, *space, (x - fitted)[None], x[None])[0],
+        )
+        reduced.append((index, len(space[1])))
+    if not reduced:
+        return found, said
+    ranks = sorted({rank for _, rank in reduced})
+    return found, said + [
+        f"samples {[index for index, _ in reduced][:8]}: after the normalisation the features fix {ranks[0]}"
+        f"{'' if len(ranks) == 1 else f'-{ranks[-1]}'} of the sample's {size} values: judged with its scale and "
+        "offset known to the server"
+    ]
 
 
 # The step of the invariance test: each sample scaled by (1 + step), and shifted by step times its own range.
 INVARIANCE_STEP = 1e-2
 # A scaling or shift that moves the features by at most this share of what a random change of the same size does
-# leaves them unmoved: the features do not see the sample's scale or offset.
-QUIET_SHARE = 1e-3
+# leaves them unmoved: the features do not see the sample's scale or offset (or see it through a term a few
+# hundredths the size of the rest, which a server that knows the data's range reads past just as well).
+QUIET_SHARE = 3e-2
 # Features that move by less than this share of their size under that step count as not moving: float32 rounding
 # moves them by about 1e-7, a model that reads the sample's scale or offset at all by about the step itself.
 INVARIANT_CHANGE = 1e-4
@@ -236,6 +287,7 @@ def _normalised_samples(
     # Features that follow the sample move under a scaling about as much as under a random change of its size; a
     # normalisation moves them by its rounding alone (float32: a ten-thousandth of that change, or less).
     quiet = max(QUIET_SHARE, 30 * torch.finfo(x.dtype).eps / step)
+    rounding = 30 * torch.finfo(x.dtype).eps
     flat = x.flatten(1)
     spread = flat.max(1).values - flat.min(1).values
     # A flat sample has no range: it is shifted by its own size (or by one) instead.
@@ -268,7 +320,9 @@ def _normalised_samples(
         around = (other - base).norm(dim=1)
         still = ((scaled - base).norm(dim=1) <= quiet * around) & scalable
         still |= (moved - base).norm(dim=1) <= quiet * around
-        still &= (size > 0) & torch.isfinite(size) & (around > change * size)
+        # The random change must move them above their own rounding (a large constant part of the features, a
+        # normalisation's offset set high, does not count as moving them).
+        still &= (size > 0) & torch.isfinite(size) & (around > rounding * size)
         mine = set(wanted[name])
         hits = [index for index, flag in zip(everyone, still.tolist()) if flag and index in mine]
         if hits:

@@ -213,6 +213,10 @@ class MeasuredInputs:
                 _View(extra, own, {name: unit_table(later_signals, name) for name in extra}, {}, {}, None),
             )
 
+    def signals(self) -> dict[str, torch.Tensor]:
+        """{layer: (N, units)}: each sample's signal at each unit, as measured (the training's own, when watched)."""
+        return {name: unpacked(value) for name, value in self.measured.signals.items()}
+
     def determined(
         self, pending: dict[str, list[int]], samples: torch.Tensor, min_psnr: float | None = None
     ) -> tuple[dict[str, dict[int, float]], dict[str, list[str]]]:

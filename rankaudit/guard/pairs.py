@@ -138,7 +138,9 @@ def bias_rate(
         return None
     rate = float(torch.tensor(estimates, dtype=torch.float64).median())
     agree = sum(abs(value - rate) <= 1e-2 * rate for value in estimates)
-    if rate <= 0 or abs(rate - 1) <= 1e-3 or 2 * agree < len(estimates):
+    # Rates a percent or less from 1 are the same rate read through rounding and momentum (recipes that give
+    # biases their own rate set it 2 or 10 times the weights', or a tenth).
+    if rate <= 0 or abs(rate - 1) <= 1e-2 or 2 * agree < len(estimates):
         return None
     return rate
 

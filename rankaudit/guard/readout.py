@@ -114,14 +114,19 @@ def _without_bias(received: dict[str, torch.Tensor], sent: dict[str, torch.Tenso
 
 
 def row_readouts(
-    received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor], samples: torch.Tensor, min_psnr: float
+    received: dict[str, torch.Tensor],
+    sent: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    min_psnr: float,
+    signals: dict[str, torch.Tensor] | None = None,
 ) -> tuple[list[GuardReadout], list[str], str | None, list[str]]:
     """(readouts, layers checked, a skipped-layer line or None, the layers it names) for the weight matrices sent
     without a bias. With no bias, no ratio fixes the scale of a unit's row update, which is one sample's vector when
     only that sample reached the unit; a server that knows the data's range or mean fixes scale and offset itself.
     So a row the size of a sample is compared with each sample at its best scale and offset (the most any such
     server reads), and read at ``min_psnr`` or above leaks that sample; other such layers are not checked, and the
-    line says so."""
+    line says so. ``signals``: each sample's signal at each unit, where measured ({layer: (N, units)}: a layer
+    whose bias did not move still has them), which propose pairs of rows when the samples outnumber the inputs."""
     readouts, checked, unchecked = [], [], []
     size = samples[0].numel() if len(samples) else 0
     for layer, name in _without_bias(received, sent):
@@ -139,8 +144,11 @@ def row_readouts(
         # Pairs of rows whose coefficients (solved from the update itself) agree on every sample but one: their
         # difference is that sample's vector at some scale, as an imprint's neighbouring units give with no bias
         # (a constant input, or a BatchNorm's offset after the layer, fixes the scale for the server).
-        table = _round_coefficients(rows, flat)
-        candidates = candidate_pairs(table[0]) if table else []
+        tables = _round_coefficients(rows, flat)
+        measured = (signals or {}).get(layer)
+        if measured is not None and tuple(measured.shape) == (len(flat), len(rows)):
+            tables.append(measured)
+        candidates = sorted({pair for table in tables for pair in candidate_pairs(table)})
         if candidates:
             combined = torch.stack([rows[i] - scale * rows[j] for i, j, _, scale in candidates])
             for k, sample, score in _best_affine_matches(combined, flat):
@@ -441,9 +449,11 @@ def layer_readouts(
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
     # Biases on their own learning rate: every isolating readout is the sample times one ratio k, which the server
     # that set the client's learning rates divides out. Read again with the biases' update scaled by k.
-    rate = bias_rate(rows, bias, table, tables, candidates)
-    if rate is not None:
-        variants.append((rows, bias * rate, None, rate, None))
+    # Weight decay's share, where found, first: the rate is read from the update it leaves.
+    for variant_rows, variant_bias, variant_share, _, _ in list(variants):
+        rate = bias_rate(variant_rows, variant_bias, table, tables, candidates)
+        if rate is not None:
+            variants.append((variant_rows, variant_bias * rate, variant_share, rate, None))
     # One Adam step: the gradients behind it, as a server that knows lr and eps takes them back out.
     adam = adam_undone(rows, bias, tables)
     if adam is not None:

@@ -29,6 +29,9 @@ class Watch:
     def __init__(self, net: nn.Module, shared: list[str] | None = None):
         self.net = net
         names = shared if shared is not None else [name for name, p in net.named_parameters() if p.requires_grad]
+        # A layer whose weight trains and whose bias does not (frozen, or left out of the optimiser) is watched too:
+        # its signals pair its rows, which read the samples with no ratio.
+        names = names + [name[: -len("weight")] + "bias" for name in names if name.endswith("weight")]
         self.layers = readout_layers(net, names)
         self.steps: list[dict] = []
         self.hooks: list = []
