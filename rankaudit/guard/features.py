@@ -211,15 +211,16 @@ def _normalised_figures(
     net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int]
 ) -> tuple[dict[int, float], list[str]]:
     """What the features of normalised samples show of them. When the features' Jacobian has the rank of the
-    sample less its scales and offsets (one of each per channel), the features are the normalised sample itself and
-    count as the sample. When it has fewer (a normalisation and then a bottleneck, or pooling), the features fix
-    only that many directions of the normalised sample: the figure is the first-order one with the sample's scale
-    and offset given to the server (the prior's scale and offset fitted to the sample), and never below the plain
-    first-order one."""
+    sample less its scales and offsets (one of each per channel), the features are the normalised sample and count
+    as the sample. With a lower rank (a narrowing before or after the normalisation, or pooling), the figure is the
+    first-order one with two more directions seen: the sample itself and the constant, as the first Linear that
+    reads the sample sees them (all of them, without one), for the normalised vector's scale and offset that a
+    server puts back; never below the plain first-order figure."""
     found: dict[int, float] = {}
     reduced, said = [], []
-    channels = x_all.shape[1] if x_all.dim() > 2 else 1
     size = x_all[0].numel()
+    channels = x_all.shape[1] if x_all.dim() > 2 else 1
+    reader = _reading_rows(net, size)
     for index in indices:
         try:
             rows = jacobian(net, module, x_all[index]).to(torch.float64)
@@ -236,22 +237,28 @@ def _normalised_figures(
             continue
         space = _row_space(rows)
         if space is None or len(space[1]) >= size - 2 * channels - 1:
-            found[index] = IDENTICAL_PSNR
+            found[index] = IDENTICAL_PSNR  # the normalised sample itself, less only its scales and offsets
             continue
+        # A narrowing: the features' value tells the normalised vector's direction as far as they fix it, and the
+        # server puts back the scale and offset that the normalisation took. Those two directions, as the layer
+        # that first reads the sample sees them, are added to the Jacobian's rows.
         x = x_all[index].to(torch.float64).flatten()
-        design = torch.stack([mean, torch.ones_like(mean)], dim=1)
-        fitted = design @ torch.linalg.lstsq(design, x[:, None]).solution[:, 0]
+        seen = torch.stack([x, torch.ones_like(x)])
+        if reader is not None:
+            seen = seen @ reader.T @ reader
+        widened = torch.cat([rows, seen])
+        wide = _row_space(widened)
         found[index] = max(
             _psnr_outside(rows, *space, (x - mean)[None], x[None])[0],
-            _psnr_outside(rows, *space, (x - fitted)[None], x[None])[0],
+            IDENTICAL_PSNR if wide is None else _psnr_outside(widened, *wide, (x - mean)[None], x[None])[0],
         )
         reduced.append((index, len(space[1])))
     if not reduced:
         return found, said
     ranks = sorted({rank for _, rank in reduced})
     return found, said + [
-        f"samples {[index for index, _ in reduced][:8]}: after the normalisation the features fix {ranks[0]}"
-        f"{'' if len(ranks) == 1 else f'-{ranks[-1]}'} of the sample's {size} values: judged with its scale and "
+        f"samples {[index for index, _ in reduced][:8]}: the normalised features fix {ranks[0]}"
+        f"{'' if len(ranks) == 1 else f'-{ranks[-1]}'} of the sample's {size} values: judged with their scale and "
         "offset known to the server"
     ]
 
@@ -333,6 +340,17 @@ def _normalised_samples(
                 "the features count as the samples"
             ]
     return found, notes
+
+
+def _reading_rows(net: nn.Module, size: int) -> torch.Tensor | None:
+    """An orthonormal basis (rows) of the row space of the model's first Linear that reads the whole sample
+    (``size`` inputs) and has fewer outputs: what that layer can see of the sample; None without one."""
+    for module in net.modules():
+        if isinstance(module, nn.Linear) and module.in_features == size and module.out_features < size:
+            basis, singular, _ = torch.linalg.svd(module.weight.detach().to(torch.float64).T, full_matrices=False)
+            kept = singular > RANK_SHARE * singular.max() if len(singular) and singular.max() > 0 else singular > 0
+            return basis[:, kept].T
+    return None
 
 
 def _prior_mean(x_all: torch.Tensor) -> torch.Tensor:
