@@ -319,6 +319,20 @@ def test_an_imprint_whose_bins_keep_other_samples_at_a_percent_is_read_and_named
     assert set(server) <= set(decision.exact_samples), (sorted(server), decision.exact_samples)
 
 
+def brightness_bins(brightness: torch.Tensor) -> MLP:
+    """Fowl et al.'s binning imprint on 8x8 digits with one bin per distinct brightness: fc1's unit k fires for the
+    digits brighter than threshold k, and every unit has the same output column."""
+    levels = brightness.unique()  # sorted
+    thresholds = torch.cat([levels[:1] - 0.1, (levels[1:] + levels[:-1]) / 2])
+    units = len(thresholds)
+    model = MLP(64, width=units)
+    with torch.no_grad():
+        model.fc1.weight.fill_(1 / 64)
+        model.fc1.bias.copy_(-thresholds)
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
+    return model
+
+
 def test_a_sample_and_its_copy_in_one_bin_are_both_named():
     """A batch that holds one digit twice, and a binning imprint with one bin per distinct brightness: the copies
     share a bin, so no pair of units isolates either one, but the bin's readout is the digit exactly. Both copies
@@ -327,14 +341,8 @@ def test_a_sample_and_its_copy_in_one_bin_are_both_named():
     x = torch.tensor(digits.data[900:924] / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target[900:924])
     x[23], y[23] = x[5], y[5]
-    brightness = x.mean(1).unique()  # sorted
-    thresholds = torch.cat([brightness[:1] - 0.1, (brightness[1:] + brightness[:-1]) / 2])
-    units = len(thresholds)
-    model = MLP(64, width=units)
-    with torch.no_grad():
-        model.fc1.weight.fill_(1 / 64)
-        model.fc1.bias.copy_(-thresholds)
-        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
+    model = brightness_bins(x.mean(1))
+    units = model.fc1.out_features
     received = state(model)
     sent = sent_after_sgd(model, x, y, lr=0.1)
     server = read_by_server([read_pair(received, sent, "fc1", k, k + 1, 1.0) for k in range(units - 1)], x)
@@ -356,15 +364,10 @@ def test_a_sample_and_its_near_copy_in_one_bin_are_both_named(noise):
     y[23] = y[7]
     brightness = x.mean(1)
     brightness[23] = brightness[7]  # the thresholds see one brightness for the two
-    levels = brightness.unique()
-    thresholds = torch.cat([levels[:1] - 0.1, (levels[1:] + levels[:-1]) / 2])
-    units = len(thresholds)
-    model = MLP(64, width=units)
+    model = brightness_bins(brightness)
     with torch.no_grad():
-        model.fc1.weight.fill_(1 / 64)
-        model.fc1.bias.copy_(-thresholds)
-        model.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(5)).expand(10, units))
         model.fc2.bias.zero_()
+    units = model.fc1.out_features
     received = state(model)
     sent = sent_after_sgd(model, x, y, lr=0.1)
     shown: dict[int, float] = {}
@@ -405,15 +408,21 @@ def test_a_photograph_and_its_near_copy_in_a_scaled_imprint_are_both_named():
     assert set(shown) <= set(decision.exact_samples), (sorted(set(shown) - set(decision.exact_samples)), shown)
 
 
+def six_crops_and_a_wide_mlp() -> tuple[torch.Tensor, torch.Tensor, MLP]:
+    """Six 8x8 photo crops, their labels, and an MLP of 128 units at seeded initialisation: at this width some
+    units fire for one crop alone."""
+    torch.manual_seed(4)
+    x = photo_crops(6, 8, seed=33)
+    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
+    return x, y, MLP(x[0].numel(), width=128)
+
+
 @pytest.mark.parametrize("factor", [3.0, 0.25])
 def test_biases_on_their_own_learning_rate_do_not_hide_a_readout(factor):
     """An honest MLP on a few photo crops, trained with its biases on their own learning rate (factor times the
     weights'): each unit that fires for one crop reads it at that factor, and a server that set the client's
     learning rates multiplies it back. Every crop it reads at 30 dB or more is named, and the update blocked."""
-    torch.manual_seed(4)
-    x = photo_crops(6, 8, seed=33)
-    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
-    model = MLP(x[0].numel(), width=128)
+    x, y, model = six_crops_and_a_wide_mlp()
     received = state(model)
     net = copy.deepcopy(model)
     weights = [p for name, p in net.named_parameters() if name.endswith("weight")]
@@ -437,10 +446,7 @@ def test_a_watched_training_on_flipped_samples_is_checked_as_trained():
     """The client augments: every crop is flipped left to right before the step, and the guard is handed the crops
     as stored. Watching the step, it checks the flipped crops the update was computed on (the server flips its
     readouts back, or reads the flipped crop as it is), names each one the server reads, and says so."""
-    torch.manual_seed(4)
-    x = photo_crops(6, 8, seed=33)
-    y = torch.randint(10, (6,), generator=torch.Generator().manual_seed(33))
-    model = MLP(x[0].numel(), width=128)
+    x, y, model = six_crops_and_a_wide_mlp()
     received = state(model)
     net = copy.deepcopy(model)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.02)
