@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rankaudit.guard import features
+from rankaudit.guard import features, placements
 from rankaudit.guard.measure import MeasuredInputs, live_judge, measure
 from rankaudit.guard.pairs import PARALLEL, candidate_pairs
 from rankaudit.guard.readout import LayerInputs, find_readouts
@@ -285,16 +285,16 @@ def test_the_banded_factorisation_gives_the_whole_matrixs_bound(monkeypatch):
     mean = x.double().mean(0).flatten()
     model = TwoConvCNN().eval().requires_grad_(False)
     samples = [0, 3, 5, 8, 11]
-    monkeypatch.setattr(features, "MIN_BLOCK", 1)
+    monkeypatch.setattr(placements, "MIN_BLOCK", 1)
     banded = features.first_layer_bounds(model, model.fc1, x, mean, samples)
-    monkeypatch.setattr(features, "MIN_BLOCK", 10**6)
+    monkeypatch.setattr(placements, "MIN_BLOCK", 10**6)
     whole = features.first_layer_bounds(model, model.fc1, x, mean, samples)
     assert set(banded) == set(samples) and banded == pytest.approx(whole, rel=1e-9)
     model.conv1.weight[1] = model.conv1.weight[0]
     model.conv1.bias[1] = model.conv1.bias[0]
-    monkeypatch.setattr(features, "MIN_BLOCK", 1)
+    monkeypatch.setattr(placements, "MIN_BLOCK", 1)
     assert features.first_layer_bounds(model, model.fc1, x, mean, samples) == {}
-    monkeypatch.setattr(features, "MIN_BLOCK", 10**6)
+    monkeypatch.setattr(placements, "MIN_BLOCK", 10**6)
     assert features.first_layer_bounds(model, model.fc1, x, mean, samples) == {}
 
 
@@ -309,8 +309,8 @@ def test_layers_that_read_the_same_samples_share_one_bound_per_sample(monkeypatc
     model = TwoConvCNN().eval().requires_grad_(False)
     model.fc1.weight[:, 40:] = 0  # fc2's features depend on fewer of the first convolution's outputs than fc1's
     formed = []
-    original = features._seen_through_band
-    monkeypatch.setattr(features, "_seen_through_band", lambda *args: formed.append(1) or original(*args))
+    original = placements._seen_through_band
+    monkeypatch.setattr(placements, "_seen_through_band", lambda *args: formed.append(1) or original(*args))
     pending = {"fc1": [0, 3, 5, 8], "fc2": [3, 5, 8, 11]}
     figures, _ = features.determined_by_layer(model, {"fc1": model.fc1, "fc2": model.fc2}, x, pending, 30.0)
     assert len(formed) == 5  # samples 0, 3, 5, 8 and 11, once each
@@ -383,13 +383,13 @@ def test_a_guard_judges_each_round_with_the_model_as_it_is_then():
 def test_the_band_blocks_leave_the_gram_matrix_block_tridiagonal(reach, min_block, monkeypatch):
     """The banded factorisation's blocks cover the placements in order, and any two blocks with one between them
     lie more than ``reach`` rows apart (their placements cannot overlap), rows with no placement included."""
-    monkeypatch.setattr(features, "MIN_BLOCK", min_block)
+    monkeypatch.setattr(placements, "MIN_BLOCK", min_block)
     generator = torch.Generator().manual_seed(reach * 100 + min_block)
     for _ in range(20):
         rows = torch.sort(
             torch.randint(0, 30, (int(torch.randint(1, 200, (1,), generator=generator)),), generator=generator)
         ).values
-        blocks = features._blocks(rows, reach)
+        blocks = placements._blocks(rows, reach)
         assert blocks[0][0] == 0 and blocks[-1][1] == len(rows)
         assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(blocks, blocks[1:]))
         for before, after in zip(blocks, blocks[2:]):
