@@ -250,6 +250,11 @@ def _normalised_figures(
         seen = torch.stack([x, torch.ones_like(x)])
         if reader is not None:
             seen = seen @ reader.T @ reader
+        # At the size of the Jacobian's largest row: the rank cut-off is a share of the largest, and must not drop J's
+        # own rows beside these two.
+        lengths = seen.norm(dim=1, keepdim=True)
+        largest = rows.norm(dim=1).max() if len(rows) else 1.0
+        seen = torch.where(lengths > 0, seen / lengths.clamp_min(1e-300), seen) * largest
         widened = torch.cat([rows, seen])
         wide = row_space(widened)
         found[index] = max(
