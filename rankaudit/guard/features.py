@@ -225,18 +225,8 @@ def _normalised_figures(
     size = x_all[0].numel()
     channels = x_all.shape[1] if x_all.dim() > 2 else 1
     reader = _reading_rows(net, size)
-    for index in indices:
-        try:
-            rows = jacobian(net, module, x_all[index]).to(torch.float64)
-        except HiddenPath as hidden:
-            found[index] = IDENTICAL_PSNR
-            line = (
-                f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: the "
-                "features of the samples it reads count as the samples"
-            )
-            said += [line] if line not in said else []
-            continue
-        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+    for index, rows in _jacobians(net, module, x_all, indices, said):
+        if rows is None:
             found[index] = IDENTICAL_PSNR
             continue
         space = row_space(rows)
@@ -383,47 +373,56 @@ def _prior_mean(x_all: torch.Tensor) -> torch.Tensor:
     return mean
 
 
-def _determined(
-    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int], min_psnr
-) -> tuple[dict[int, float], list[str]]:
-    """One layer's figures: its first layer's bound where that is under ``min_psnr``, else the Jacobian's."""
-    found, notes, hidden_said, failed_said = {}, [], False, False
-    if min_psnr is not None and indices:
-        bounds = first_layer_bounds(net, module, x_all, mean, indices)
-        found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
-    width = None
+def _jacobians(net: nn.Module, module: nn.Module, x_all: torch.Tensor, indices: list[int], notes: list[str]):
+    """(sample, its features' Jacobian rows in float64, or None) for each sample: None where the rows cannot be
+    formed (they would not fit in memory, the model passes the sample around autograd, or autograd fails), and then
+    the features count as the sample; ``notes`` gets the line that says why (once per layer for the last two)."""
+    width, said = None, set()
     for index in indices:
-        if index in found:
-            continue
         if width is None:
             with torch.no_grad():
                 width = _features(net, module, x_all[:1]).shape[1]
         if width * x_all[0].numel() > MAX_JACOBIAN_VALUES:
-            found[index] = IDENTICAL_PSNR
             notes.append(
                 f"sample {index}: the Jacobian of {width} features in {x_all[0].numel()} inputs does not fit in "
                 "memory; its features count as the sample"
             )
+            yield index, None
             continue
         try:
             rows = jacobian(net, module, x_all[index]).to(torch.float64)
         except HiddenPath as hidden:
-            found[index] = IDENTICAL_PSNR
-            if not hidden_said:  # one line for the layer, not one per sample
-                hidden_said = True
-                notes.append(
-                    f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: "
-                    "the features of the samples it reads count as the samples"
-                )
-            continue
+            kind = "hidden"
+            line = (
+                f"the model {hidden} on the way to this layer, a path the features' Jacobian does not see: "
+                "the features of the samples it reads count as the samples"
+            )
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
+            kind = "failed"
+            line = (
+                f"the features' Jacobian could not be formed ({error_line(error)[:160]}): the features of the "
+                "samples this layer reads count as the samples"
+            )
+        else:
+            yield index, rows
+            continue
+        if kind not in said:  # one line for the layer of each kind, not one per sample
+            said.add(kind)
+            notes.append(line)
+        yield index, None
+
+
+def _determined(
+    net: nn.Module, module: nn.Module, x_all: torch.Tensor, mean: torch.Tensor, indices: list[int], min_psnr
+) -> tuple[dict[int, float], list[str]]:
+    """One layer's figures: its first layer's bound where that is under ``min_psnr``, else the Jacobian's."""
+    found, notes = {}, []
+    if min_psnr is not None and indices:
+        bounds = first_layer_bounds(net, module, x_all, mean, indices)
+        found.update({index: bound for index, bound in bounds.items() if bound < min_psnr})
+    for index, rows in _jacobians(net, module, x_all, [index for index in indices if index not in found], notes):
+        if rows is None:
             found[index] = IDENTICAL_PSNR
-            if not failed_said:
-                failed_said = True
-                notes.append(
-                    f"the features' Jacobian could not be formed ({error_line(error)[:160]}): the features of the "
-                    "samples this layer reads count as the samples"
-                )
             continue
         x = x_all[index].to(torch.float64).flatten()
         found[index] = psnr_of_determined(rows, x - mean, x)
