@@ -294,8 +294,8 @@ def isolating_groups(
     count, units = signals.shape
     if units < 2 or count < 3:
         return []
-    exact = signals.to(torch.float64)
-    exact = exact / exact.abs().amax(dim=0).clamp_min(1e-300)
+    scale_of = signals.to(torch.float64).abs().amax(dim=0).clamp_min(1e-300)  # each unit's largest signal
+    exact = signals.to(torch.float64) / scale_of
     most = min(most, count - 1)
     pairs = _possible_pairs(exact, parallel, most)
     found = []
@@ -316,9 +316,7 @@ def isolating_groups(
         for k in torch.nonzero(agree & (sizes >= 2) & (energy_x > 0) & (energy_y > 0)).flatten().tolist():
             members = torch.nonzero(differ[k]).flatten().tolist()
             i, j = int(first[k]), int(second[k])
-            found.append(
-                (i, j, members, float(scale[k]) * float(signals[:, i].abs().max() / signals[:, j].abs().max()))
-            )
+            found.append((i, j, members, float(scale[k] * scale_of[i] / scale_of[j])))
     return found
 
 
