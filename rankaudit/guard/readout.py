@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -367,6 +368,17 @@ def _summed_loss(output: torch.Tensor, labels: torch.Tensor | None) -> torch.Ten
     return (output * direction).sum()
 
 
+class _Variant(NamedTuple):
+    """One way a server reads a layer's update: the rows and biases it divides, and what it did to the update first
+    (weight decay's share added back, the biases' own learning rate divided out, an Adam step undone)."""
+
+    rows: torch.Tensor
+    bias: torch.Tensor
+    share: float | None = None
+    rate: float | None = None
+    undone: str | None = None
+
+
 def layer_readouts(
     name: str,
     weight_update: torch.Tensor,
@@ -392,7 +404,7 @@ def layer_readouts(
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
 
-    def readout(units, kind, sample, score, scale=None, share=None, rate=None, undone=None):
+    def readout(units, kind, sample, score, scale, variant: _Variant):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
         return GuardReadout(
             name,
@@ -405,18 +417,18 @@ def layer_readouts(
             sample_psnr=round(score, 2) if reads_input else None,
             leaks=reads_input,
             scale=scale,
-            received_share=share,
-            bias_rate=rate,
-            undone=undone,
+            received_share=variant.share,
+            bias_rate=variant.rate,
+            undone=variant.undone,
         )
 
     # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
     # to the weights and (as PyTorch decays them too) to the biases, or to the weights alone.
     share = decay_share(rows, received[0], table) if received is not None else None
-    variants = [(rows, bias, None, None, None)]
+    variants = [_Variant(rows, bias)]
     if share is not None:
         added = rows + share * received[0]
-        variants += [(added, bias + share * received[1], share, None, None), (added, bias, share, None, None)]
+        variants += [_Variant(added, bias + share * received[1], share), _Variant(added, bias, share)]
     tables = signals if isinstance(signals, list) else [signals]
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
@@ -450,23 +462,23 @@ def layer_readouts(
     # Biases on their own learning rate: every isolating readout is the sample times one ratio k, which the server
     # that set the client's learning rates divides out. Read again with the biases' update scaled by k.
     # Weight decay's share, where found, first: the rate is read from the update it leaves.
-    for variant_rows, variant_bias, variant_share, _, _ in list(variants):
-        rate = bias_rate(variant_rows, variant_bias, table, tables, candidates)
+    for variant in list(variants):
+        rate = bias_rate(variant.rows, variant.bias, table, tables, candidates)
         if rate is not None:
-            variants.append((variant_rows, variant_bias * rate, variant_share, rate, None))
+            variants.append(variant._replace(bias=variant.bias * rate, rate=rate))
     # One Adam step: the gradients behind it, as a server that knows lr and eps takes them back out.
     adam = adam_undone(rows, bias, tables)
     if adam is not None:
-        variants.append((adam[0], adam[1], None, None, f"Adam's step (lr {adam[2]:.3g}, eps {adam[3]:.3g}) undone"))
+        variants.append(_Variant(adam[0], adam[1], undone=f"Adam's step (lr {adam[2]:.3g}, eps {adam[3]:.3g}) undone"))
     best: dict[tuple, GuardReadout] = {}
-    for variant_rows, variant_bias, variant_share, variant_rate, variant_undone in variants:
+    for variant in variants:
         hits = [
             ([unit], "ratio", sample, score, None)
-            for unit, sample, score in ratio_readouts(variant_rows, variant_bias, table, peak)
+            for unit, sample, score in ratio_readouts(variant.rows, variant.bias, table, peak)
             if score >= min_psnr and not blank[sample]
         ]
-        pairs = pair_readouts(variant_rows, variant_bias, table, peak, candidates)
-        pairs += pair_readouts(variant_rows, variant_bias, table, peak, nearly, nearest_scale=False)
+        pairs = pair_readouts(variant.rows, variant.bias, table, peak, candidates)
+        pairs += pair_readouts(variant.rows, variant.bias, table, peak, nearly, nearest_scale=False)
         hits += [
             ([i, j], "pair", sample, score, scale)
             for i, j, sample, scale, score in pairs
@@ -474,9 +486,9 @@ def layer_readouts(
         ]
         # A readout of the input that shows one sample shows its near copies too; a hidden layer's readouts are
         # judged by what the read sample's features determine (features of other samples close to them are not).
-        beside = _shown_beside(hits, variant_rows, variant_bias, table, peak, min_psnr, blank) if reads_input else []
+        beside = _shown_beside(hits, variant.rows, variant.bias, table, peak, min_psnr, blank) if reads_input else []
         for units, kind, sample, score, scale in hits + beside:
-            _keep_best(best, readout(units, kind, sample, score, scale, variant_share, variant_rate, variant_undone))
+            _keep_best(best, readout(units, kind, sample, score, scale, variant))
     for group in copies:  # what shows one copy shows every copy: their vectors are the same
         for entry in [entry for entry in best.values() if entry.sample in group]:
             for other in group:
@@ -582,8 +594,8 @@ def find_readouts(
             name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at, searched
         )
         if not reads_input[name] and name in later_vectors:
-            best = {(tuple(r.units), r.kind, r.sample): r for r in found}
-            for entry in layer_readouts(
+            best: dict[tuple, GuardReadout] = {}
+            for entry in found + layer_readouts(
                 name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at, searched
             ):
                 _keep_best(best, entry)
