@@ -23,6 +23,12 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(np.array_equal(a.numpy(), b.numpy()))
 
 
+def _key(row: torch.Tensor) -> bytes:
+    """A sample's bytes, by which a step's row is found among the samples (bfloat16, which NumPy lacks, as the same
+    bits read as int16)."""
+    return (row.view(torch.int16) if row.dtype == torch.bfloat16 else row).numpy().tobytes()
+
+
 class Watch:
     """Hooks on ``net`` while the block runs; ``tables(samples)`` afterwards."""
 
@@ -87,7 +93,7 @@ class Watch:
                 continue
             batch = step["x"].cpu().contiguous()
             for row in batch:
-                key = row.numpy().tobytes() if row.dtype != torch.bfloat16 else row.view(torch.int16).numpy().tobytes()
+                key = _key(row)
                 if key not in seen:
                     seen[key] = len(rows)
                     rows.append(row)
@@ -123,8 +129,8 @@ class Watch:
             else:  # shuffled, or other samples: each row found by its bytes
                 ordered = False
                 if not index:
-                    index = {sample.numpy().tobytes(): n for n, sample in enumerate(samples)}
-                found = [index.get(row.numpy().tobytes()) for row in batch]
+                    index = {_key(sample): n for n, sample in enumerate(samples)}
+                found = [index.get(_key(row)) for row in batch]
                 if any(row is None for row in found):
                     return None  # a step on samples the guard was not given
                 rows = torch.tensor(found)
