@@ -189,6 +189,12 @@ class Guard:
         notes: list[str] = []
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
+            if watched is None and self.watching is not None and self.watching.untied and not self.watching.steps:
+                notes.append(
+                    "the watch saw the layers train but not the model's own call (net.forward(x) called directly, or "
+                    "a batch that is not a tensor): the steps could not be tied to the samples, and the update was "
+                    "read without them; call the model as net(batch) inside the watch"
+                )
             if watched is None and self.watching is not None:
                 # The steps ran on samples the guard was not given (augmented copies: flipped, cropped, noised). The
                 # update shows those, as trained: they are what is checked.

@@ -36,6 +36,9 @@ PAIR_BLOCK = 1 << 20
 # mixture of those samples, which shows one of them only when the others are copies or near copies of it, and a
 # few such samples in one bin is what a batch with repeated or nearly repeated samples gives.
 GROUP_MOST = 4
+# every_pair's search (units² / 2 × samples values, a few each) runs only up to this size: 64 inputs' worth of
+# units over a few hundred samples, about a second on one CPU core at the largest.
+EVERY_PAIR_MOST = 1 << 25
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -280,6 +283,52 @@ def candidate_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> list[t
     scale c on every sample but s (a squared sine of at most ``parallel`` with s left out), and differ at s. Blind
     to the units' order, scale and sign."""
     return [pair[:4] for pair in _pairs_within(signals, parallel)]
+
+
+def every_pair(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, min_psnr: float
+) -> list[tuple[int, int, int, float]] | None:
+    """[(i, j, s, c)]: every pair of units i < j whose best readout (z₁·ΔW_i + z₂·ΔW_j) / (z₁·Δb_i + z₂·Δb_j) shows
+    sample s at ``min_psnr`` or above, with c = −z₂/z₁; searched over every pair and every sample, without the
+    signals (for an update whose steps were not watched: each step isolates its own samples, and no one set of
+    signals says which pairs do). The readout's least squared error to v_s is det(M) / (mᵀ adj(M) m), M the Gram
+    of p = ΔW_i − v_s·Δb_i and q = ΔW_j − v_s·Δb_j and m = (Δb_i, Δb_j), all from ΔW·ΔWᵀ, ΔW·vᵀ and |v|²: a filter
+    in expanded sums (each pair it passes is formed and judged by pair_readouts). None when units² × samples is
+    over EVERY_PAIR_MOST."""
+    units, count = len(rows), len(vectors)
+    if units < 2 or not count:
+        return []
+    if units * (units - 1) // 2 * count > EVERY_PAIR_MOST:
+        return None
+    finite = torch.isfinite(rows).all(dim=1) & torch.isfinite(bias)
+    rows, bias = torch.where(finite[:, None], rows, 0.0), torch.where(finite, bias, 0.0)
+    gram = rows @ rows.T
+    cross = rows @ vectors.T  # (units, samples)
+    energy = (vectors * vectors).sum(1)
+    # A few dB of margin under the threshold: the expanded sums cancel near an exact readout.
+    allowed = (peak**2) * vectors.shape[1] * 10 ** (-(min_psnr - 3) / 10)
+    found = []
+    for i in range(units - 1):
+        j = torch.arange(i + 1, units)
+        b_i, b_j = bias[i], bias[j][:, None]
+        m11 = (gram[i, i] - 2 * b_i * cross[i] + b_i * b_i * energy)[None, :]
+        m22 = gram[j, j][:, None] - 2 * b_j * cross[j] + b_j * b_j * energy[None, :]
+        m12 = gram[i, j][:, None] - b_j * cross[i][None, :] - b_i * cross[j] + b_i * b_j * energy[None, :]
+        shown = b_i * b_i * m22 - 2 * b_i * b_j * m12 + b_j * b_j * m11
+        left = (m11 * m22 - m12 * m12).clamp_min(0)
+        hit = (shown > 0) & (left <= allowed[None, :] * shown)
+        pair, sample = torch.nonzero(hit, as_tuple=True)
+        if not len(pair):
+            continue
+        z1 = b_i * m22[pair, sample] - b_j[pair, 0] * m12[pair, sample]
+        z2 = b_j[pair, 0] * m11[0, sample] - b_i * m12[pair, sample]
+        scale = -z2 / torch.where(z1 != 0, z1, torch.full_like(z1, 1e-300))
+        found += [
+            (i, int(other), int(n), float(c))
+            for other, n, c in zip(j[pair].tolist(), sample.tolist(), scale.tolist())
+            if math.isfinite(c)
+        ]
+    return found
 
 
 def isolating_and_nearly(signals: torch.Tensor) -> tuple[list, list]:

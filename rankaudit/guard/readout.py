@@ -20,12 +20,14 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    EVERY_PAIR_MOST,
     adam_undone,
     bias_rate,
     bias_slack,
     candidate_pairs,
     decay_share,
     duplicates,
+    every_pair,
     isolating_and_nearly,
     isolating_groups,
     merged,
@@ -395,6 +397,7 @@ def layer_readouts(
     received: tuple[torch.Tensor, torch.Tensor] | None = None,
     searched: dict | None = None,
     slack: torch.Tensor | None = None,
+    search_every_pair: bool = False,
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
     pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64.
@@ -403,7 +406,8 @@ def layer_readouts(
     the pair searches of an earlier call on the same signal tables in this decision, reused (and added to).
     ``slack``: how far each bias update can lie from the training's own through float rounding (bias_slack); each
     readout is read at the scale within it nearest the sample, as a server that knows the sample's mean or range
-    reads it."""
+    reads it. ``search_every_pair``: at a layer that reads the samples, every pair is also searched against every
+    sample (every_pair), for an update whose steps were not watched."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     if received is not None:
@@ -468,6 +472,8 @@ def layer_readouts(
             for i, j, members, c in isolating_groups(table_)
             for member in members
         ]
+    if search_every_pair and reads_input:
+        candidates += every_pair(rows, bias, table, peak, min_psnr) or []
     candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
@@ -621,8 +627,27 @@ def find_readouts(
         searched: dict = {}  # the pair searches over this layer's signal tables, for both sets of features
         # Each optimiser step rounds the biases it writes, and a step runs at least one sample.
         slack = bias_slack(sent[bias], received[bias], len(samples))
+        # Without the steps' records, which samples each step isolated is not known: at a layer that reads the
+        # samples, every pair is searched against every sample too, where that search is small enough.
+        search_every_pair = watched is None and reads_input[name]
+        if search_every_pair and len(bias_update) * (len(bias_update) - 1) // 2 * len(samples) > EVERY_PAIR_MOST:
+            search_every_pair = False
+            notes.append(
+                f"{name}: the steps were not watched and {len(bias_update)} units over {len(samples)} samples are "
+                "too many to search every pair: only the pairs the signals propose were read (watch the training)"
+            )
         found = layer_readouts(
-            name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at, searched, slack
+            name,
+            weight_update,
+            bias_update,
+            vectors[name],
+            proposing,
+            reads_input[name],
+            min_psnr,
+            at,
+            searched,
+            slack,
+            search_every_pair,
         )
         if not reads_input[name] and name in later_vectors:
             best: dict[tuple, GuardReadout] = {}
