@@ -64,3 +64,46 @@ def test_an_imprint_over_minibatch_steps_that_were_not_watched_is_read_by_every_
     decision, to_send = Guard(imprinted()).decide(received, sent, x, y)
     assert decision.action == "block" and to_send is None
     assert set(read) <= set(decision.exact_samples), (read, decision.exact_samples)
+
+
+class Imprinted(nn.Module):
+    def __init__(self, bins: int, edges: torch.Tensor | None = None):
+        super().__init__()
+        self.fc1 = nn.Linear(64, bins)
+        self.fc2 = nn.Linear(bins, 10)
+        if edges is not None:
+            with torch.no_grad():
+                self.fc1.weight.fill_(1 / 64)
+                self.fc1.bias.copy_(-edges)
+                self.fc2.weight.copy_(torch.randn(10, 1, generator=torch.Generator().manual_seed(2)).expand(10, bins))
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_the_watch_ties_a_keyword_call_to_its_step_and_says_when_it_saw_no_call():
+    """A training loop that calls the model with its batch as a keyword is watched like one that passes it first; one
+    that calls net.forward(batch) skips the hooks around the call, and the decision says that its steps were not
+    seen rather than reading the update silently as an unwatched one."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[40:72] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[40:72])
+    brightness = x.mean(1).sort().values
+    edges = torch.cat([brightness[:1] - 1, (brightness[1:] + brightness[:-1]) / 2])  # one digit per bin
+    decisions = {}
+    for how in ("keyword", "forward"):
+        model = Imprinted(len(edges), edges)
+        received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+        guard = Guard(Imprinted(len(edges)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with guard.watch(model) as watch:
+            optimizer.zero_grad()
+            logits = model(x=x) if how == "keyword" else model.forward(x)
+            nn.functional.cross_entropy(logits, y).backward()
+            optimizer.step()
+        assert len(watch.steps) == (1 if how == "keyword" else 0)
+        sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+        decisions[how] = guard.decide(received, sent, x, y)[0]
+        assert decisions[how].action == "block" and len(decisions[how].exact_samples) >= 20
+    assert not any("the watch saw the layers train" in note for note in decisions["keyword"].notes)
+    assert any("net.forward(x) called directly" in note for note in decisions["forward"].notes)
