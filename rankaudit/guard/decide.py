@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import UsageError
+from rankaudit.guard.batch import error_line
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
 from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts, unread_parameters
 from rankaudit.result import GuardDecision, GuardReadout
@@ -165,9 +166,9 @@ class Guard:
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """(the decision, the weights to send: ``sent`` itself, an altered copy, or None when blocked)."""
         started = time.perf_counter()
-        received = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, received).items()}
-        sent = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, sent).items()}
-        samples = torch.as_tensor(samples)
+        received = {k: _with_values(f"received {k}", v) for k, v in named_like_model(self.model, received).items()}
+        sent = {k: _with_values(f"sent {k}", v) for k, v in named_like_model(self.model, sent).items()}
+        samples = _with_values("samples", samples, keep_device=True)
         if samples.dim() == 0 or not len(samples):
             raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
         # The sum first: it is finite when every value is (a NaN or an infinity carries through it), and costs a
@@ -183,7 +184,13 @@ class Guard:
                 f"the samples given to the guard hold NaN or infinite values (samples {bad[:8]})",
                 "give it the samples as the model trained on them (missing values filled in as the training fills them)",
             )
-        labels = None if labels is None else torch.as_tensor(labels)
+        labels = None if labels is None else _with_values("labels", labels)
+        if labels is not None and (labels.dim() == 0 or len(labels) != len(samples)):
+            raise UsageError(
+                f"the guard was given {labels.numel() if labels.dim() == 0 else len(labels)} labels for "
+                f"{len(samples)} samples",
+                "give one label per sample, in the samples' order (or no labels)",
+            )
         architecture = Architecture.of(self.model)
         measured, judge = None, None
         notes: list[str] = []
@@ -211,9 +218,16 @@ class Guard:
                     watched, samples, labels = found, trained, None
             # A new copy of the model for each decision: one kept from the last would carry state the state dict
             # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
-            measured, inputs = measure(
-                self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
-            )
+            try:
+                measured, inputs = measure(
+                    self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
+                )
+            except (RuntimeError, IndexError, KeyError, TypeError, ValueError, NotImplementedError) as exc:
+                raise UsageError(
+                    f"the model could not run on the samples given to the guard, of shape {tuple(samples.shape)} "
+                    f"({error_line(exc)})",
+                    "give the samples as the model's forward() takes them, batch first, as the training ran them",
+                ) from exc
             judge = live_judge(inputs)
         self.watching = None
         return self.decide_measured(
@@ -380,6 +394,15 @@ class Guard:
         if self.logger is not None:
             self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
+
+
+def _with_values(what: str, value, keep_device: bool = False) -> torch.Tensor:
+    """``value`` as a tensor, on the CPU unless ``keep_device`` (arrays and lists taken as they are); one that holds
+    no values (on the meta device) is refused with one line."""
+    tensor = torch.as_tensor(value)
+    if tensor.device.type == "meta":
+        raise UsageError(f"the guard was given {what} on the meta device (no values)", "give it real tensors or arrays")
+    return tensor if keep_device else tensor.detach().cpu()
 
 
 def log_record(decision: GuardDecision) -> dict:

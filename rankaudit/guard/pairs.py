@@ -307,6 +307,7 @@ def every_pair(
     energy = (vectors * vectors).sum(1)
     # A few dB of margin under the threshold: the expanded sums cancel near an exact readout.
     allowed = (peak**2) * vectors.shape[1] * 10 ** (-(min_psnr - 3) / 10)
+    single = (peak**2) * vectors.shape[1] * 10 ** (-(min_psnr + 3) / 10)
     found = []
     for i in range(units - 1):
         j = torch.arange(i + 1, units)
@@ -317,6 +318,9 @@ def every_pair(
         shown = b_i * b_i * m22 - 2 * b_i * b_j * m12 + b_j * b_j * m11
         left = (m11 * m22 - m12 * m12).clamp_min(0)
         hit = (shown > 0) & (left <= allowed[None, :] * shown)
+        # A pair one of whose units reads the sample on its own, a few dB above the threshold (its ratio's error is
+        # m / b²), adds nothing to the ratios, which are read already: left out.
+        hit &= (m11 > single[None, :] * b_i * b_i) & (m22 > single[None, :] * b_j * b_j)
         pair, sample = torch.nonzero(hit, as_tuple=True)
         if not len(pair):
             continue
