@@ -210,12 +210,23 @@ class Guard:
                     trained = None  # steps on values the model fills in itself: read against the samples given
                 found = self.watching.tables(trained) if trained is not None else None
                 if found is not None:
-                    notes.append(
-                        f"the training ran on {len(trained)} samples that are not all among the {len(samples)} given "
-                        "(augmented copies): they were checked as trained, numbered in the order the training first "
-                        "ran them"
-                    )
-                    watched, samples, labels = found, trained, None
+                    origin = _among(trained, samples)
+                    if origin is None:
+                        notes.append(
+                            f"the training ran on {len(trained)} samples that are not all among the {len(samples)} "
+                            "given (augmented copies): they were checked as trained, numbered in the order the "
+                            "training first ran them"
+                        )
+                        labels = None
+                    else:
+                        notes.append(
+                            f"the training ran on {len(trained)} of the {len(samples)} samples given and on no others "
+                            "(a last batch dropped, or samples drawn with replacement): those were checked, numbered "
+                            f"in the order the training first ran them (given samples {origin[:8]}"
+                            f"{' ...' if len(origin) > 8 else ''})"
+                        )
+                        labels = None if labels is None else labels[torch.tensor(origin)]
+                    watched, samples = found, trained
             # A new copy of the model for each decision: one kept from the last would carry state the state dict
             # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
             try:
@@ -394,6 +405,16 @@ class Guard:
         if self.logger is not None:
             self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
+
+
+def _among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
+    """For each sample the training ran, its number among the samples given; None when one is not among them."""
+    from rankaudit.guard.watch import _key
+
+    given = samples.detach().cpu().to(trained.dtype).contiguous()
+    index = {_key(sample): n for n, sample in enumerate(given)}
+    found = [index.get(_key(row)) for row in trained.cpu().contiguous()]
+    return None if any(n is None for n in found) else found
 
 
 def _with_values(what: str, value, keep_device: bool = False) -> torch.Tensor:
