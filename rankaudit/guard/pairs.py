@@ -36,8 +36,8 @@ PAIR_BLOCK = 1 << 20
 # mixture of those samples, which shows one of them only when the others are copies or near copies of it, and a
 # few such samples in one bin is what a batch with repeated or nearly repeated samples gives.
 GROUP_MOST = 4
-# every_pair's search (units² / 2 × samples values, a few each) runs only up to this size: 64 inputs' worth of
-# units over a few hundred samples, about a second on one CPU core at the largest.
+# every_pair's search (units² / 2 × samples values, a few operations each) runs only up to this size: about 33
+# million, 256 units over 1,000 samples or 64 over 16,000, a second or two on one CPU core at the largest.
 EVERY_PAIR_MOST = 1 << 25
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
