@@ -166,7 +166,7 @@ def test_a_layer_read_with_the_features_at_both_weights_searches_its_pairs_once(
             return original_search(table)
 
         def layer(*args):
-            return original_layer(*args) if share_searches else original_layer(*args[:8])
+            return original_layer(*args) if share_searches else original_layer(*args[:8], None, *args[9:])
 
         monkeypatch.setattr(readout, "isolating_and_nearly", search)
         monkeypatch.setattr(readout, "layer_readouts", layer)

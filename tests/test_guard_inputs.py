@@ -239,3 +239,34 @@ def test_a_model_that_takes_another_input_is_told_what_it_was_given(run_cli, cli
     code, _, err = guard(run_cli, client, model="net.py:TakesADict")
     assert code == 3
     one_line(err, "net.py:", "TypeError", "or give it the input its forward() takes")
+
+
+def test_samples_the_model_cannot_take_and_labels_that_do_not_match_get_one_line():
+    """Guard.decide as an adapter calls it: samples in a shape the model does not take, labels for other samples
+    and tensors without values each get one line with the cause and the fix, not the model's own error."""
+    from rankaudit.errors import UsageError
+    from rankaudit.guard.decide import Guard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4))
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    x, y = torch.rand(12, 64), torch.randint(4, (12,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    cases = {
+        "the model could not run on the samples given to the guard, of shape (12, 8, 8)": (sent, x.view(12, 8, 8), y),
+        "the guard was given 5 labels for 12 samples": (sent, x, y[:5]),
+        "the guard was given samples on the meta device": (sent, x.to("meta"), y),
+        "the guard was given sent 0.weight on the meta device": (
+            {**sent, "0.weight": sent["0.weight"].to("meta")},
+            x,
+            y,
+        ),
+    }
+    for expected, (update, samples, labels) in cases.items():
+        with pytest.raises(UsageError) as caught:
+            Guard(nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4))).decide(
+                received, update, samples, labels
+            )
+        assert str(caught.value).startswith(expected) and "\n" not in str(caught.value) and caught.value.fix

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rankaudit.errors import UsageError
+from rankaudit.guard.batch import error_line
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
 from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts, unread_parameters
 from rankaudit.result import GuardDecision, GuardReadout
@@ -165,9 +166,9 @@ class Guard:
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """(the decision, the weights to send: ``sent`` itself, an altered copy, or None when blocked)."""
         started = time.perf_counter()
-        received = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, received).items()}
-        sent = {k: torch.as_tensor(v).detach().cpu() for k, v in named_like_model(self.model, sent).items()}
-        samples = torch.as_tensor(samples)
+        received = {k: _with_values(f"received {k}", v) for k, v in named_like_model(self.model, received).items()}
+        sent = {k: _with_values(f"sent {k}", v) for k, v in named_like_model(self.model, sent).items()}
+        samples = _with_values("samples", samples, keep_device=True)
         if samples.dim() == 0 or not len(samples):
             raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
         # The sum first: it is finite when every value is (a NaN or an infinity carries through it), and costs a
@@ -183,12 +184,24 @@ class Guard:
                 f"the samples given to the guard hold NaN or infinite values (samples {bad[:8]})",
                 "give it the samples as the model trained on them (missing values filled in as the training fills them)",
             )
-        labels = None if labels is None else torch.as_tensor(labels)
+        labels = None if labels is None else _with_values("labels", labels)
+        if labels is not None and (labels.dim() == 0 or len(labels) != len(samples)):
+            raise UsageError(
+                f"the guard was given {labels.numel() if labels.dim() == 0 else len(labels)} labels for "
+                f"{len(samples)} samples",
+                "give one label per sample, in the samples' order (or no labels)",
+            )
         architecture = Architecture.of(self.model)
         measured, judge = None, None
         notes: list[str] = []
         if architecture_difference(architecture, received) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
+            if watched is None and self.watching is not None and self.watching.untied and not self.watching.steps:
+                notes.append(
+                    "the watch saw the layers train but not the model's own call (net.forward(x) called directly, or "
+                    "a batch that is not a tensor): the steps could not be tied to the samples, and the update was "
+                    "read without them; call the model as net(batch) inside the watch"
+                )
             if watched is None and self.watching is not None:
                 # The steps ran on samples the guard was not given (augmented copies: flipped, cropped, noised). The
                 # update shows those, as trained: they are what is checked.
@@ -197,17 +210,35 @@ class Guard:
                     trained = None  # steps on values the model fills in itself: read against the samples given
                 found = self.watching.tables(trained) if trained is not None else None
                 if found is not None:
-                    notes.append(
-                        f"the training ran on {len(trained)} samples that are not all among the {len(samples)} given "
-                        "(augmented copies): they were checked as trained, numbered in the order the training first "
-                        "ran them"
-                    )
-                    watched, samples, labels = found, trained, None
+                    origin = _among(trained, samples)
+                    if origin is None:
+                        notes.append(
+                            f"the training ran on {len(trained)} samples that are not all among the {len(samples)} "
+                            "given (augmented copies): they were checked as trained, numbered in the order the "
+                            "training first ran them"
+                        )
+                        labels = None
+                    else:
+                        notes.append(
+                            f"the training ran on {len(trained)} of the {len(samples)} samples given and on no others "
+                            "(a last batch dropped, or samples drawn with replacement): those were checked, numbered "
+                            f"in the order the training first ran them (given samples {origin[:8]}"
+                            f"{' ...' if len(origin) > 8 else ''})"
+                        )
+                        labels = None if labels is None else labels[torch.tensor(origin)]
+                    watched, samples = found, trained
             # A new copy of the model for each decision: one kept from the last would carry state the state dict
             # does not hold (a buffer that is not persistent, an attribute, a swapped submodule) from round to round.
-            measured, inputs = measure(
-                self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
-            )
+            try:
+                measured, inputs = measure(
+                    self.model, received, sent, samples, labels, self.settings, watched=watched, as_bytes=False
+                )
+            except (RuntimeError, IndexError, KeyError, TypeError, ValueError, NotImplementedError) as exc:
+                raise UsageError(
+                    f"the model could not run on the samples given to the guard, of shape {tuple(samples.shape)} "
+                    f"({error_line(exc)})",
+                    "give the samples as the model's forward() takes them, batch first, as the training ran them",
+                ) from exc
             judge = live_judge(inputs)
         self.watching = None
         return self.decide_measured(
@@ -374,6 +405,25 @@ class Guard:
         if self.logger is not None:
             self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
+
+
+def _among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
+    """For each sample the training ran, its number among the samples given; None when one is not among them."""
+    from rankaudit.guard.watch import _key
+
+    given = samples.detach().cpu().to(trained.dtype).contiguous()
+    index = {_key(sample): n for n, sample in enumerate(given)}
+    found = [index.get(_key(row)) for row in trained.cpu().contiguous()]
+    return None if any(n is None for n in found) else found
+
+
+def _with_values(what: str, value, keep_device: bool = False) -> torch.Tensor:
+    """``value`` as a tensor, on the CPU unless ``keep_device`` (arrays and lists taken as they are); one that holds
+    no values (on the meta device) is refused with one line."""
+    tensor = torch.as_tensor(value)
+    if tensor.device.type == "meta":
+        raise UsageError(f"the guard was given {what} on the meta device (no values)", "give it real tensors or arrays")
+    return tensor if keep_device else tensor.detach().cpu()
 
 
 def log_record(decision: GuardDecision) -> dict:

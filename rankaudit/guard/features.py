@@ -268,6 +268,9 @@ INVARIANCE_STEP = 1e-2
 # leaves them unmoved: the features do not see the sample's scale or offset (or see it through a term a few
 # hundredths the size of the rest, which a server that knows the data's range reads past just as well).
 QUIET_SHARE = 3e-2
+# The step of the second test, for samples whose features the first step's random change left within their own
+# rounding (features with a large constant part, as a normalisation's offset set in the thousands gives them).
+LARGE_INVARIANCE_STEP = 0.5
 # Features that move by less than this share of their size under that step count as not moving: float32 rounding
 # moves them by about 1e-7, a model that reads the sample's scale or offset at all by about the step itself.
 INVARIANT_CHANGE = 1e-4
@@ -282,14 +285,48 @@ def _normalised_samples(
     in the null space of the features' Jacobian, so the first-order figure counts that direction as unknown; but
     the features' value is the normalised sample, and a server that knows the data's range (0 to 255, 0 to 1) maps
     it back. Such a sample's features count as the sample, unless a change of the same size in a random direction
-    does not move them either. One batched forward pass to all the layers."""
+    does not move them either. One batched forward pass to all the layers; a second, with a larger change, for the
+    samples whose features the first left within their own rounding (a normalisation's offset set high)."""
     everyone = sorted({index for indices in wanted.values() for index in indices})
     if not everyone or not x_all.is_floating_point():
         return {}, {}
     x = x_all[everyone]
+    names = list(modules)
+    layers = tuple(modules[name] for name in names)
     # Half-precision samples round far above float32: the test's threshold and step follow the dtype's rounding.
     change = max(INVARIANT_CHANGE, 10 * torch.finfo(x.dtype).eps)
-    step = max(INVARIANCE_STEP, 10 * change)
+    tested = _invariance(net, layers, x, max(INVARIANCE_STEP, 10 * change))
+    if tested is None:
+        return {}, {}  # a model that does not run on these copies: the Jacobian's own path decides
+    still, unresolved = tested
+    again = torch.stack(unresolved).any(dim=0) if unresolved else torch.zeros(len(everyone), dtype=torch.bool)
+    if bool(again.any()):
+        retested = _invariance(net, layers, x[again], LARGE_INVARIANCE_STEP)
+        if retested is not None:
+            for layer_still, layer_unresolved, found_still in zip(still, unresolved, retested[0]):
+                layer_still[again] |= found_still & layer_unresolved[again]
+    found, notes = {}, {}
+    for name, layer_still in zip(names, still):
+        mine = set(wanted[name])
+        hits = [index for index, flag in zip(everyone, layer_still.tolist()) if flag and index in mine]
+        if hits:
+            found[name] = hits
+            notes[name] = [
+                f"samples {hits[:8]}: the features do not change when the sample is scaled or shifted (each sample "
+                "is normalised before this layer): a server that knows the data's range puts the scale back, so "
+                "the features count as the samples"
+            ]
+    return found, notes
+
+
+def _invariance(
+    net: nn.Module, layers: tuple[nn.Module, ...], x: torch.Tensor, step: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """([per layer: each sample's features do not change under the scaling or the shift], [per layer: a random
+    change of the same size left them within their own rounding, so the test says nothing]) for the samples ``x``
+    scaled by (1 + step) and shifted by step times their own range; None when the model does not run on them.
+    Layers with several vectors per sample are all False (their Jacobian is not formed either, and they count as
+    the sample)."""
     # Features that follow the sample move under a scaling about as much as under a random change of its size; a
     # normalisation moves them by its rounding alone (float32: a ten-thousandth of that change, or less).
     quiet = max(QUIET_SHARE, 30 * torch.finfo(x.dtype).eps / step)
@@ -306,20 +343,20 @@ def _normalised_samples(
     norms = flat.norm(dim=1)
     reach = step * torch.where(norms > 0, norms, float(flat.shape[1]) ** 0.5)
     nudged = x + nudge * (reach / nudge.flatten(1).norm(dim=1)).reshape(shape)
-    names = list(modules)
-    layers = tuple(modules[name] for name in names)
     try:
         with torch.no_grad():
             values = _layer_inputs(net, layers, torch.cat([x, x * (1 + step), shifted, nudged]))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        return {}, {}  # a model that does not run on these copies: the Jacobian's own path decides
-    found, notes = {}, {}
+        return None
     scalable = norms > 0  # a zero sample is its own scaling
-    for name, layer, value in zip(names, layers, values):
+    stills, unresolved = [], []
+    for layer, value in zip(layers, values):
         vectors = sample_vectors(layer, value)
         if vectors is None:
-            continue  # several vectors per sample: the Jacobian is not formed either, and they count as the sample
-        base, scaled, moved, other = vectors.detach().to(torch.float64).reshape(4, len(everyone), -1)
+            stills.append(torch.zeros(len(x), dtype=torch.bool))
+            unresolved.append(torch.zeros(len(x), dtype=torch.bool))
+            continue
+        base, scaled, moved, other = vectors.detach().to(torch.float64).reshape(4, len(x), -1)
         size = base.norm(dim=1)
         # Against what a random change of the same size does, not against the features' own size: a large constant
         # part of the features (a big offset) would make any change look small.
@@ -327,18 +364,11 @@ def _normalised_samples(
         still = ((scaled - base).norm(dim=1) <= quiet * around) & scalable
         still |= (moved - base).norm(dim=1) <= quiet * around
         # The random change must move them above their own rounding (a large constant part of the features, a
-        # normalisation's offset set high, does not count as moving them).
-        still &= (size > 0) & torch.isfinite(size) & (around > rounding * size)
-        mine = set(wanted[name])
-        hits = [index for index, flag in zip(everyone, still.tolist()) if flag and index in mine]
-        if hits:
-            found[name] = hits
-            notes[name] = [
-                f"samples {hits[:8]}: the features do not change when the sample is scaled or shifted (each sample "
-                "is normalised before this layer): a server that knows the data's range puts the scale back, so "
-                "the features count as the samples"
-            ]
-    return found, notes
+        # normalisation's offset set high, does not count as moving them): else a larger change is tried.
+        usable = (size > 0) & torch.isfinite(size)
+        stills.append(still & usable & (around > rounding * size))
+        unresolved.append(usable & (around <= rounding * size))
+    return stills, unresolved
 
 
 def _reading_rows(net: nn.Module, size: int) -> torch.Tensor | None:

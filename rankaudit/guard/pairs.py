@@ -36,6 +36,9 @@ PAIR_BLOCK = 1 << 20
 # mixture of those samples, which shows one of them only when the others are copies or near copies of it, and a
 # few such samples in one bin is what a batch with repeated or nearly repeated samples gives.
 GROUP_MOST = 4
+# every_pair's search (units² / 2 × samples values, a few operations each) runs only up to this size: about 33
+# million, 256 units over 1,000 samples or 64 over 16,000, a second or two on one CPU core at the largest.
+EVERY_PAIR_MOST = 1 << 25
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -53,15 +56,62 @@ def psnr_of(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -
     return (10 * torch.log10(ratio)).clamp(max=IDENTICAL_PSNR).nan_to_num(nan=-math.inf)
 
 
-def best_matches(readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor) -> tuple[list[int], list[float]]:
+def best_matches(
+    readouts: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, scales: tuple | None = None
+) -> tuple[list[int], list[float]]:
     """For each readout row, the sample it reads best and that PSNR: searched by expanded squares, recomputed
-    directly (the expanded form cancels near an exact readout; the direct difference does not)."""
+    directly (the expanded form cancels near an exact readout; the direct difference does not). ``scales``: each
+    row's (low, high) bounds on the factor a server may put on it (scale_bounds); the row is read at the factor
+    within them nearest each sample."""
     if not len(readouts):
         return [], []
-    squares = (readouts * readouts).sum(1)[:, None] + (vectors * vectors).sum(1)[None, :] - 2 * readouts @ vectors.T
+    energy = (readouts * readouts).sum(1)
+    cross = readouts @ vectors.T
+    factor = nearest_factors(cross, energy, scales)
+    squares = (vectors * vectors).sum(1)[None, :] - 2 * factor * cross + factor * factor * energy[:, None]
     best = (squares.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
-    scores = psnr_of(readouts, vectors[best], peak[best])
+    chosen = factor[torch.arange(len(readouts)), best]
+    scores = psnr_of(readouts * chosen[:, None], vectors[best], peak[best])
     return best.tolist(), scores.tolist()
+
+
+def bias_slack(sent_bias: torch.Tensor, received_bias: torch.Tensor, roundings: int) -> torch.Tensor:
+    """(units,) float64: how far each unit's bias update as the server computes it (sent − received) can lie from
+    the update the training made: the sent dtype's spacing at twice the bias's size, once per rounding (each
+    optimiser step rounds the bias it writes). A bias near a thousand in float32 is rounded to about 6e-5 each
+    step, which can be a large share of a one-sample update: the readout's scale is then that uncertain, and a
+    server that knows the sample's mean or range fixes it."""
+    dtype = sent_bias.dtype if sent_bias.is_floating_point() else torch.float64
+    size = torch.maximum(
+        sent_bias.detach().cpu().to(torch.float64).abs(), received_bias.detach().cpu().to(torch.float64).abs()
+    )
+    at = (2 * size).to(dtype)
+    spacing = torch.nextafter(at, torch.full_like(at, math.inf)).to(torch.float64) - at.to(torch.float64)
+    return torch.where(torch.isfinite(spacing), spacing * max(roundings, 1), math.inf)
+
+
+def scale_bounds(denominator: torch.Tensor, slack: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(low, high): the factors a server may put on a readout divided by ``denominator``, a bias update known to
+    within ``slack`` (the true one is any d' with |d' − d| ≤ slack, the readout then d/d' times the one formed).
+    Unbounded, either sign, when the slack reaches the denominator itself: the readout's scale is then unknown, and
+    read at whatever scale shows a sample best. None without a slack: the readout as formed."""
+    if slack is None:
+        return None
+    size = denominator.abs()
+    known = slack < size
+    low = torch.where(known, size / (size + slack), -math.inf)
+    high = torch.where(known, size / (size - slack).clamp_min(1e-300), math.inf)
+    return low, high
+
+
+def nearest_factors(cross: torch.Tensor, energy: torch.Tensor, scales: tuple | None) -> torch.Tensor:
+    """(readouts, samples): the factor within each readout's bounds that brings it nearest each sample (the
+    unbounded best is cross / energy); 1 without bounds."""
+    if scales is None:
+        return torch.ones_like(cross)
+    low, high = scales
+    best = cross / energy.clamp_min(1e-300)[:, None]
+    return torch.minimum(torch.maximum(best, low[:, None]), high[:, None])
 
 
 def live_units(bias_update: torch.Tensor) -> torch.Tensor:
@@ -71,12 +121,21 @@ def live_units(bias_update: torch.Tensor) -> torch.Tensor:
     return (bias_update != 0) & torch.isfinite(bias_update)
 
 
-def ratio_readouts(rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor):
-    """[(unit, sample, psnr)] for every live unit's ratio, each against the sample it reads best."""
-    live = torch.nonzero(live_units(bias)).flatten()
+def ratio_readouts(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, slack: torch.Tensor | None = None
+):
+    """[(unit, sample, psnr)] for every live unit's ratio, each against the sample it reads best. With the bias
+    updates' ``slack`` (bias_slack), each ratio is read at the scale within that rounding nearest the sample, and a
+    unit whose row moved while its bias update is within rounding of zero is read as its row at any scale."""
+    live = live_units(bias)
+    if slack is not None:
+        live = live | (torch.isfinite(bias) & (bias.abs() <= slack) & (rows != 0).any(dim=1))
+    live = torch.nonzero(live).flatten()
     if not len(live):
         return []
-    best, scores = best_matches(rows[live] / bias[live, None], vectors, peak)
+    denominator = torch.where(bias[live] != 0, bias[live], 1.0)
+    scales = scale_bounds(bias[live], None if slack is None else slack[live])
+    best, scores = best_matches(rows[live] / denominator[:, None], vectors, peak, scales)
     return list(zip(live.tolist(), best, scores))
 
 
@@ -226,6 +285,56 @@ def candidate_pairs(signals: torch.Tensor, parallel: float = PARALLEL) -> list[t
     return [pair[:4] for pair in _pairs_within(signals, parallel)]
 
 
+def every_pair(
+    rows: torch.Tensor, bias: torch.Tensor, vectors: torch.Tensor, peak: torch.Tensor, min_psnr: float
+) -> list[tuple[int, int, int, float]] | None:
+    """[(i, j, s, c)]: every pair of units i < j whose best readout (z₁·ΔW_i + z₂·ΔW_j) / (z₁·Δb_i + z₂·Δb_j) shows
+    sample s at ``min_psnr`` or above, with c = −z₂/z₁; searched over every pair and every sample, without the
+    signals (for an update whose steps were not watched: each step isolates its own samples, and no one set of
+    signals says which pairs do). The readout's least squared error to v_s is det(M) / (mᵀ adj(M) m), M the Gram
+    of p = ΔW_i − v_s·Δb_i and q = ΔW_j − v_s·Δb_j and m = (Δb_i, Δb_j), all from ΔW·ΔWᵀ, ΔW·vᵀ and |v|²: a filter
+    in expanded sums (each pair it passes is formed and judged by pair_readouts). None when units² × samples is
+    over EVERY_PAIR_MOST."""
+    units, count = len(rows), len(vectors)
+    if units < 2 or not count:
+        return []
+    if units * (units - 1) // 2 * count > EVERY_PAIR_MOST:
+        return None
+    finite = torch.isfinite(rows).all(dim=1) & torch.isfinite(bias)
+    rows, bias = torch.where(finite[:, None], rows, 0.0), torch.where(finite, bias, 0.0)
+    gram = rows @ rows.T
+    cross = rows @ vectors.T  # (units, samples)
+    energy = (vectors * vectors).sum(1)
+    # A few dB of margin under the threshold: the expanded sums cancel near an exact readout.
+    allowed = (peak**2) * vectors.shape[1] * 10 ** (-(min_psnr - 3) / 10)
+    single = (peak**2) * vectors.shape[1] * 10 ** (-(min_psnr + 3) / 10)
+    found = []
+    for i in range(units - 1):
+        j = torch.arange(i + 1, units)
+        b_i, b_j = bias[i], bias[j][:, None]
+        m11 = (gram[i, i] - 2 * b_i * cross[i] + b_i * b_i * energy)[None, :]
+        m22 = gram[j, j][:, None] - 2 * b_j * cross[j] + b_j * b_j * energy[None, :]
+        m12 = gram[i, j][:, None] - b_j * cross[i][None, :] - b_i * cross[j] + b_i * b_j * energy[None, :]
+        shown = b_i * b_i * m22 - 2 * b_i * b_j * m12 + b_j * b_j * m11
+        left = (m11 * m22 - m12 * m12).clamp_min(0)
+        hit = (shown > 0) & (left <= allowed[None, :] * shown)
+        # A pair one of whose units reads the sample on its own, a few dB above the threshold (its ratio's error is
+        # m / b²), adds nothing to the ratios, which are read already: left out.
+        hit &= (m11 > single[None, :] * b_i * b_i) & (m22 > single[None, :] * b_j * b_j)
+        pair, sample = torch.nonzero(hit, as_tuple=True)
+        if not len(pair):
+            continue
+        z1 = b_i * m22[pair, sample] - b_j[pair, 0] * m12[pair, sample]
+        z2 = b_j[pair, 0] * m11[0, sample] - b_i * m12[pair, sample]
+        scale = -z2 / torch.where(z1 != 0, z1, torch.full_like(z1, 1e-300))
+        found += [
+            (i, int(other), int(n), float(c))
+            for other, n, c in zip(j[pair].tolist(), sample.tolist(), scale.tolist())
+            if math.isfinite(c)
+        ]
+    return found
+
+
 def isolating_and_nearly(signals: torch.Tensor) -> tuple[list, list]:
     """(candidate_pairs at PARALLEL, the further pairs within NEARLY_PARALLEL), from one search."""
     isolating, nearly = [], []
@@ -356,10 +465,13 @@ def pair_readouts(
     peak: torch.Tensor,
     candidates: list,
     nearest_scale: bool = True,
+    slack: torch.Tensor | None = None,
 ) -> list[tuple[int, int, int, float, float]]:
     """[(i, j, s, c, psnr)]: each candidate pair's readout (ΔW_i − c·ΔW_j) / (Δb_i − c·Δb_j) of sample s, at the
     better of two scales: the signals' c, and (``nearest_scale``) the c that brings the readout nearest to s (a
-    server that chose the weights knows its own scales; the nearest is the most it can read)."""
+    server that chose the weights knows its own scales; the nearest is the most it can read). With the bias
+    updates' ``slack`` (bias_slack), the readout is read at the factor within the denominator's rounding nearest
+    s, and a pair whose denominator is within rounding of zero as its numerator at any scale."""
     if not candidates:
         return []
     i = torch.tensor([c[0] for c in candidates])
@@ -385,8 +497,16 @@ def pair_readouts(
     best_scale, best_score = from_signals.clone(), torch.full((len(candidates),), -math.inf, dtype=torch.float64)
     for scale in (from_signals, nearest) if nearest_scale else (from_signals,):
         denominator = bias[i] - scale * bias[j]
+        rounding = None if slack is None else slack[i] + scale.abs() * slack[j]
         usable = (denominator != 0) & torch.isfinite(denominator)
-        readout = (rows[i] - scale[:, None] * rows[j]) / torch.where(usable, denominator, 1.0)[:, None]
+        if rounding is not None:
+            usable = usable | (torch.isfinite(denominator) & torch.isfinite(scale) & (denominator.abs() <= rounding))
+        readout = (rows[i] - scale[:, None] * rows[j]) / torch.where(denominator != 0, denominator, 1.0)[:, None]
+        bounds = scale_bounds(denominator, rounding)
+        if bounds is not None:
+            readout = readout * nearest_factors(
+                (readout * target).sum(1, keepdim=True), (readout * readout).sum(1), bounds
+            )
         score = torch.where(usable, psnr_of(readout, target, peak[s]), -math.inf)
         better = score > best_score
         best_score = torch.where(better, score, best_score)

@@ -20,18 +20,23 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    EVERY_PAIR_MOST,
     adam_undone,
     bias_rate,
+    bias_slack,
     candidate_pairs,
     decay_share,
     duplicates,
+    every_pair,
     isolating_and_nearly,
     isolating_groups,
     merged,
+    nearest_factors,
     pair_readouts,
     peaks,
     psnr_of,
     ratio_readouts,
+    scale_bounds,
 )
 from rankaudit.result import GuardReadout
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
@@ -370,13 +375,15 @@ def _summed_loss(output: torch.Tensor, labels: torch.Tensor | None) -> torch.Ten
 
 class _Variant(NamedTuple):
     """One way a server reads a layer's update: the rows and biases it divides, and what it did to the update first
-    (weight decay's share added back, the biases' own learning rate divided out, an Adam step undone)."""
+    (weight decay's share added back, the biases' own learning rate divided out, an Adam step undone), and how far
+    each bias update can lie from the training's own through rounding (None: not known, the readout as formed)."""
 
     rows: torch.Tensor
     bias: torch.Tensor
     share: float | None = None
     rate: float | None = None
     undone: str | None = None
+    slack: torch.Tensor | None = None
 
 
 def layer_readouts(
@@ -389,12 +396,18 @@ def layer_readouts(
     min_psnr: float,
     received: tuple[torch.Tensor, torch.Tensor] | None = None,
     searched: dict | None = None,
+    slack: torch.Tensor | None = None,
+    search_every_pair: bool = False,
 ) -> list[GuardReadout]:
     """Every readout of one layer that shows a sample's vector at ``min_psnr`` or above: each unit's ratio, and each
     pair of units whose signals (one table, or several: their candidates together) isolate one sample; in float64.
     With the layer's ``received`` (weight, bias), each is also read with weight decay's share of the received
     weights added back (decay_share), as a server that knows the client's lr and weight decay does. ``searched``:
-    the pair searches of an earlier call on the same signal tables in this decision, reused (and added to)."""
+    the pair searches of an earlier call on the same signal tables in this decision, reused (and added to).
+    ``slack``: how far each bias update can lie from the training's own through float rounding (bias_slack); each
+    readout is read at the scale within it nearest the sample, as a server that knows the sample's mean or range
+    reads it. ``search_every_pair``: at a layer that reads the samples, every pair is also searched against every
+    sample (every_pair), for an update whose steps were not watched."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     if received is not None:
@@ -425,10 +438,13 @@ def layer_readouts(
     # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
     # to the weights and (as PyTorch decays them too) to the biases, or to the weights alone.
     share = decay_share(rows, received[0], table) if received is not None else None
-    variants = [_Variant(rows, bias)]
+    variants = [_Variant(rows, bias, slack=slack)]
     if share is not None:
         added = rows + share * received[0]
-        variants += [_Variant(added, bias + share * received[1], share), _Variant(added, bias, share)]
+        variants += [
+            _Variant(added, bias + share * received[1], share, slack=slack),
+            _Variant(added, bias, share, slack=slack),
+        ]
     tables = signals if isinstance(signals, list) else [signals]
     # A sample and its copy in the batch have the same signals: no pair isolates one of them, but a pair that
     # isolates both reads each exactly. The pairs are also searched with each such group as one sample.
@@ -456,6 +472,8 @@ def layer_readouts(
             for i, j, members, c in isolating_groups(table_)
             for member in members
         ]
+    if search_every_pair and reads_input:
+        candidates += every_pair(rows, bias, table, peak, min_psnr) or []
     candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
@@ -465,7 +483,13 @@ def layer_readouts(
     for variant in list(variants):
         rate = bias_rate(variant.rows, variant.bias, table, tables, candidates)
         if rate is not None:
-            variants.append(variant._replace(bias=variant.bias * rate, rate=rate))
+            variants.append(
+                variant._replace(
+                    bias=variant.bias * rate,
+                    rate=rate,
+                    slack=None if variant.slack is None else variant.slack * abs(rate),
+                )
+            )
     # One Adam step: the gradients behind it, as a server that knows lr and eps takes them back out.
     adam = adam_undone(rows, bias, tables)
     if adam is not None:
@@ -474,11 +498,13 @@ def layer_readouts(
     for variant in variants:
         hits = [
             ([unit], "ratio", sample, score, None)
-            for unit, sample, score in ratio_readouts(variant.rows, variant.bias, table, peak)
+            for unit, sample, score in ratio_readouts(variant.rows, variant.bias, table, peak, variant.slack)
             if score >= min_psnr and not blank[sample]
         ]
-        pairs = pair_readouts(variant.rows, variant.bias, table, peak, candidates)
-        pairs += pair_readouts(variant.rows, variant.bias, table, peak, nearly, nearest_scale=False)
+        pairs = pair_readouts(variant.rows, variant.bias, table, peak, candidates, slack=variant.slack)
+        pairs += pair_readouts(
+            variant.rows, variant.bias, table, peak, nearly, nearest_scale=False, slack=variant.slack
+        )
         hits += [
             ([i, j], "pair", sample, score, scale)
             for i, j, sample, scale, score in pairs
@@ -486,7 +512,11 @@ def layer_readouts(
         ]
         # A readout of the input that shows one sample shows its near copies too; a hidden layer's readouts are
         # judged by what the read sample's features determine (features of other samples close to them are not).
-        beside = _shown_beside(hits, variant.rows, variant.bias, table, peak, min_psnr, blank) if reads_input else []
+        beside = (
+            _shown_beside(hits, variant.rows, variant.bias, table, peak, min_psnr, blank, variant.slack)
+            if reads_input
+            else []
+        )
         for units, kind, sample, score, scale in hits + beside:
             _keep_best(best, readout(units, kind, sample, score, scale, variant))
     for group in copies:  # what shows one copy shows every copy: their vectors are the same
@@ -496,23 +526,28 @@ def layer_readouts(
     return list(best.values())
 
 
-def _shown_beside(hits, rows, bias, table, peak, min_psnr, blank) -> list[tuple]:
+def _shown_beside(hits, rows, bias, table, peak, min_psnr, blank, slack=None) -> list[tuple]:
     """Each readout that shows a sample, compared with every other sample too: one that is close to the sample (a
-    near copy in another bin) is shown as well. [(units, kind, other sample, psnr, scale)]."""
+    near copy in another bin) is shown as well, at the factor within the bias updates' rounding (``slack``)
+    nearest it. [(units, kind, other sample, psnr, scale)]."""
     if not hits:
         return []
     first = torch.tensor([units[0] for units, *_ in hits])
     second = torch.tensor([units[-1] for units, *_ in hits])
     scale = torch.tensor([0.0 if found is None else found for *_, found in hits], dtype=torch.float64)
-    readouts = (rows[first] - scale[:, None] * rows[second]) / (bias[first] - scale * bias[second])[:, None]
-    squares = (readouts * readouts).sum(1)[:, None] + (table * table).sum(1)[None, :] - 2 * readouts @ table.T
+    denominator = bias[first] - scale * bias[second]
+    readouts = (rows[first] - scale[:, None] * rows[second]) / torch.where(denominator != 0, denominator, 1.0)[:, None]
+    bounds = None if slack is None else scale_bounds(denominator, slack[first] + scale.abs() * slack[second])
+    energy, cross = (readouts * readouts).sum(1), readouts @ table.T
+    factor = torch.ones_like(cross) if bounds is None else nearest_factors(cross, energy, bounds)
+    squares = factor * factor * energy[:, None] + (table * table).sum(1)[None, :] - 2 * factor * cross
     # Expanded squares cancel near an exact match: a margin of 3 dB before the direct check.
     close = squares.clamp_min(0) <= (peak**2)[None, :] * table.shape[1] * 10 ** (-(min_psnr - 3) / 10)
     close[torch.arange(len(hits)), torch.tensor([sample for _, _, sample, *_ in hits])] = False
     which, sample = torch.nonzero(close, as_tuple=True)
     if not len(which):
         return []
-    scores = psnr_of(readouts[which], table[sample], peak[sample]).tolist()
+    scores = psnr_of(readouts[which] * factor[which, sample][:, None], table[sample], peak[sample]).tolist()
     return [
         (hits[k][0], hits[k][1], n, score, hits[k][4])
         for k, n, score in zip(which.tolist(), sample.tolist(), scores)
@@ -590,13 +625,34 @@ def find_readouts(
             proposing += _round_coefficients(weight_update, vectors[name])
         at = (received[weight].detach().cpu(), received[bias].detach().cpu())
         searched: dict = {}  # the pair searches over this layer's signal tables, for both sets of features
+        # Each optimiser step rounds the biases it writes, and a step runs at least one sample.
+        slack = bias_slack(sent[bias], received[bias], len(samples))
+        # Without the steps' records, which samples each step isolated is not known: at a layer that reads the
+        # samples, every pair is searched against every sample too, where that search is small enough.
+        search_every_pair = watched is None and reads_input[name]
+        if search_every_pair and len(bias_update) * (len(bias_update) - 1) // 2 * len(samples) > EVERY_PAIR_MOST:
+            search_every_pair = False
+            notes.append(
+                f"{name}: the steps were not watched and {len(bias_update)} units over {len(samples)} samples are "
+                "too many to search every pair: only the pairs the signals propose were read (watch the training)"
+            )
         found = layer_readouts(
-            name, weight_update, bias_update, vectors[name], proposing, reads_input[name], min_psnr, at, searched
+            name,
+            weight_update,
+            bias_update,
+            vectors[name],
+            proposing,
+            reads_input[name],
+            min_psnr,
+            at,
+            searched,
+            slack,
+            search_every_pair,
         )
         if not reads_input[name] and name in later_vectors:
             best: dict[tuple, GuardReadout] = {}
             for entry in found + layer_readouts(
-                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at, searched
+                name, weight_update, bias_update, later_vectors[name], proposing, False, min_psnr, at, searched, slack
             ):
                 _keep_best(best, entry)
             found = list(best.values())

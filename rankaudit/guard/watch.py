@@ -40,11 +40,14 @@ class Watch:
         names = names + [name[: -len("weight")] + "bias" for name in names if name.endswith("weight")]
         self.layers = readout_layers(net, names)
         self.steps: list[dict] = []
+        # Layer calls with a gradient while no step was started: the model run without its own call (net.forward(x)
+        # called directly skips the hooks around it), so those steps cannot be tied to the samples.
+        self.untied = 0
         self.hooks: list = []
         self.layer_hooks: dict[str, object] = {}
 
     def __enter__(self) -> Watch:
-        self.hooks.append(self.net.register_forward_pre_hook(self._started))
+        self.hooks.append(self.net.register_forward_pre_hook(self._started, with_kwargs=True))
         for name, module in self.layers:
             self.layer_hooks[name] = module.register_forward_hook(
                 lambda mod, args, out, name=name: self._seen(name, mod, args, out)
@@ -56,12 +59,17 @@ class Watch:
             hook.remove()
         self.hooks, self.layer_hooks = [], {}
 
-    def _started(self, module, args) -> None:
-        if args and isinstance(args[0], torch.Tensor):
-            self.steps.append({"x": args[0].detach().clone(), "vectors": {}, "signals": {}, "calls": {}})
+    def _started(self, module, args, kwargs=None) -> None:
+        # The batch as the model takes it: its first argument, or its first keyword argument (net(x=batch)).
+        given = [args[0]] if args else list((kwargs or {}).values())[:1]
+        if given and isinstance(given[0], torch.Tensor):
+            self.steps.append({"x": given[0].detach().clone(), "vectors": {}, "signals": {}, "calls": {}})
 
     def _seen(self, name, module, args, out) -> None:
-        if not self.steps or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            return
+        if not self.steps:
+            self.untied += 1
             return
         step = self.steps[-1]
         step["calls"][name] = step["calls"].get(name, 0) + 1

@@ -1,0 +1,118 @@
+"""Readouts whose scale the float rounding of the bias update hides: a server that chose the weights knows the
+sample's mean or range and puts the scale back. Each leak is judged by a readout written here, blind (no sample
+used), from the float32 update the guard lets out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn import datasets
+from torch import nn
+
+from rankaudit.guard.decide import Guard
+
+THRESHOLD = 30.0
+
+
+def psnr(readout: np.ndarray, sample: np.ndarray) -> float:
+    mse = float(np.mean((readout - sample) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
+
+
+def in_range(readout: np.ndarray, low: float, high: float) -> np.ndarray:
+    """The readout mapped onto the data's known range by its own extremes (either sign): what a server does
+    with a readout whose scale it does not trust."""
+    spread = readout.max() - readout.min()
+    if not spread > 0:
+        return np.full_like(readout, (low + high) / 2)
+    if abs(readout.min()) > abs(readout.max()):
+        readout = -readout
+        spread = readout.max() - readout.min()
+    return low + (readout - readout.min()) / spread * (high - low)
+
+
+def neighbour_readouts(received: dict, sent: dict, layer: str) -> list[np.ndarray]:
+    """The imprint readout for each pair of neighbouring units, (ΔW_k − ΔW_k+1) / (Δb_k − Δb_k+1), as the server
+    forms it from the float32 weights; the numerator alone where the denominator is zero."""
+    rows = (sent[f"{layer}.weight"].double() - received[f"{layer}.weight"].double()).numpy()
+    bias = (sent[f"{layer}.bias"].double() - received[f"{layer}.bias"].double()).numpy()
+    found = []
+    for k in range(len(rows) - 1):
+        numerator, denominator = rows[k] - rows[k + 1], bias[k] - bias[k + 1]
+        found.append(numerator / denominator if denominator != 0 else numerator)
+    return found
+
+
+def blind_reads(readouts: list[np.ndarray], samples: np.ndarray, low: float, high: float) -> dict[int, float]:
+    best: dict[int, float] = {}
+    for readout in readouts:
+        if not np.all(np.isfinite(readout)) or not np.any(readout):
+            continue
+        mapped = in_range(readout, low, high)
+        for index, sample in enumerate(samples):
+            best[index] = max(best.get(index, -math.inf), psnr(mapped, sample))
+    return {index: value for index, value in best.items() if value >= THRESHOLD}
+
+
+class NormalisedMLP(nn.Module):
+    def __init__(self, size: int, units: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(size)
+        self.fc1 = nn.Linear(size, units)
+        self.fc2 = nn.Linear(units, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+def watched_step(guard: Guard, model: nn.Module, received: dict, x, y, lr: float) -> dict:
+    model.load_state_dict(received)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    with guard.watch(model):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("offset", [300.0, 1000.0, 10000.0])
+def test_an_imprint_after_a_normalisation_with_a_large_offset_is_read_at_its_scale(offset):
+    """A LayerNorm whose offset the server set high, then a binning imprint on the normalised digits: every
+    feature is near the offset, the imprint's biases are in the thousands, and float32 rounds each bias update by
+    a large share of a one-sample step, so the neighbouring units' readout is the features at a wrong scale. The
+    server that set the offset knows the features' mean, takes the offset back out and maps the normalised digit
+    onto the data's range: digits at 40 dB and more. The guard names each and blocks."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[200:232], dtype=torch.float32)
+    y = torch.tensor(digits.target[200:232])
+    public = torch.tensor(digits.data[1000:1600], dtype=torch.float32)
+    torch.manual_seed(2)
+    model = NormalisedMLP(64, 80)
+    generator = torch.Generator().manual_seed(5)
+    direction = torch.randn(64, generator=generator)
+    direction /= direction.norm()
+    with torch.no_grad():
+        model.norm.bias.fill_(offset)
+        scores = (nn.functional.layer_norm(public, (64,)) + offset) @ direction
+        model.fc1.weight.copy_(direction.expand(80, 64))
+        model.fc1.bias.copy_(-torch.quantile(scores, torch.linspace(0.01, 0.99, 80)))
+        model.fc2.weight.copy_(torch.randn(10, 1, generator=generator).expand(10, 80) * 0.1)
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    guard = Guard(NormalisedMLP(64, 80))
+    sent = watched_step(guard, model, received, x, y, lr=0.01)
+
+    readouts = []
+    for readout in neighbour_readouts(received, sent, "fc1"):
+        # The features' mean is the offset (a LayerNorm's output has mean zero before it): that fixes the scale.
+        mean = readout.mean()
+        if mean != 0 and np.isfinite(mean):
+            readouts.append(readout * (offset / mean) - offset)
+    read = blind_reads(readouts, x.numpy(), 0.0, 16.0)
+    assert len(read) >= 5 and min(read.values()) >= THRESHOLD
+
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(read) <= set(decision.exact_samples), (sorted(read), decision.exact_samples, decision.notes)
