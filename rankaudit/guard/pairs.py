@@ -39,6 +39,8 @@ GROUP_MOST = 4
 # every_pair's search (units² / 2 × samples values, a few operations each) runs only up to this size: about 33
 # million, 256 units over 1,000 samples or 64 over 16,000, a second or two on one CPU core at the largest.
 EVERY_PAIR_MOST = 1 << 25
+# Two units' signals agree on a sample at a scale c when they differ by at most this share of the larger.
+SIGNAL_AGREEMENT = 1e-2
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -333,6 +335,27 @@ def every_pair(
             if math.isfinite(c)
         ]
     return found
+
+
+def signal_supported(pairs: list[tuple], tables: list[torch.Tensor]) -> list[tuple]:
+    """The pairs (i, j, s, c) whose two units' signals, in one of the (samples, units) ``tables``, agree at the
+    scale c on every sample but at most a quarter of them (each within a percent of the larger, or both zero). A
+    pair fitted to one sample alone has a scale for that sample only; in a few dimensions (four features, say) the
+    readouts at every scale of some pair pass within 30 dB of samples the client never had as often as of its own,
+    and the server, which does not know the sample, cannot choose that scale. Units of an imprint agree at their
+    own scale on every sample outside their bin, in whichever step the bin was filled."""
+    if not pairs or not tables:
+        return []
+    i = torch.tensor([pair[0] for pair in pairs])
+    j = torch.tensor([pair[1] for pair in pairs])
+    scale = torch.tensor([pair[3] for pair in pairs], dtype=torch.float64)
+    kept = torch.zeros(len(pairs), dtype=torch.bool)
+    for table in tables:
+        table = table.to(torch.float64)
+        first, second = table[:, i], scale[None, :] * table[:, j]  # (samples, pairs)
+        differ = (first - second).abs() > SIGNAL_AGREEMENT * torch.maximum(first.abs(), second.abs())
+        kept |= differ.sum(0) <= len(table) // 8
+    return [pair for pair, keep in zip(pairs, kept.tolist()) if keep]
 
 
 def isolating_and_nearly(signals: torch.Tensor) -> tuple[list, list]:

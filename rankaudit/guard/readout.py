@@ -37,6 +37,7 @@ from rankaudit.guard.pairs import (
     psnr_of,
     ratio_readouts,
     scale_bounds,
+    signal_supported,
 )
 from rankaudit.result import GuardReadout
 from rankaudit.verify.attacks.bias import readout_layers, sample_vectors
@@ -473,7 +474,7 @@ def layer_readouts(
             for member in members
         ]
     if search_every_pair and reads_input:
-        candidates += every_pair(rows, bias, table, peak, min_psnr) or []
+        candidates += signal_supported(every_pair(rows, bias, table, peak, min_psnr) or [], tables)
     candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
