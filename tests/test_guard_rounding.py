@@ -116,3 +116,104 @@ def test_an_imprint_after_a_normalisation_with_a_large_offset_is_read_at_its_sca
     decision, to_send = guard.decide(received, sent, x, y)
     assert decision.action == "block" and to_send is None
     assert set(read) <= set(decision.exact_samples), (sorted(read), decision.exact_samples, decision.notes)
+
+
+def trap_digits(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, nn.Sequential]:
+    """``count`` digits (0-16) and an MLP whose first three units each fire for one of them alone: the unit's row is
+    its digit scaled to score 1 on it, its bias halfway between that score and the next highest (near -1)."""
+    digits = datasets.load_digits()
+    chosen = torch.randperm(len(digits.data), generator=torch.Generator().manual_seed(seed))[:count]
+    x = torch.tensor(digits.data[chosen.numpy()], dtype=torch.float32)
+    y = torch.tensor(digits.target[chosen.numpy()])
+    model = nn.Sequential(nn.Linear(64, 3), nn.ReLU(), nn.Linear(3, 10))
+    with torch.no_grad():
+        for unit in range(3):
+            row = x[unit] / (x[unit] @ x[unit])
+            scores = (x @ row).sort(descending=True).values
+            model[0].weight[unit] = row
+            model[0].bias[unit] = -(scores[0] + scores[1]) / 2
+        model[2].weight.copy_(torch.randn(10, 3, generator=torch.Generator().manual_seed(seed)))
+        model[2].bias.zero_()
+    return x, y, model
+
+
+def blind_ratio_reads(received: dict, sent: dict, x: torch.Tensor) -> dict[int, float]:
+    """Each first-layer unit's ratio ΔW / Δb mapped onto the digits' known top (16, its largest value there)."""
+    rows = (sent["0.weight"].double() - received["0.weight"].double()).numpy()
+    bias = (sent["0.bias"].double() - received["0.bias"].double()).numpy()
+    readouts = [row / value * (16 / (row / value).max()) for row, value in zip(rows, bias) if value != 0]
+    best: dict[int, float] = {}
+    for readout in readouts:
+        for index, sample in enumerate(x.numpy()):
+            best[index] = max(best.get(index, -math.inf), psnr(readout, sample))
+    return {index: value for index, value in best.items() if value >= THRESHOLD}
+
+
+@pytest.mark.parametrize(("half", "lr"), [(torch.float16, 0.03), (torch.bfloat16, 0.3)])
+def test_a_training_in_half_precision_sent_as_float32_is_read_at_its_own_rounding(half, lr):
+    """The client trains in half precision and sends its weights as float32 (what Flower and NVFlare carry). Each
+    step rounded the trap units' biases (near 1) to the half-precision spacing, thousands of times float32's, so a
+    one-sample bias update (one or two spacings) comes out a few tenths off, and a server that maps the readout
+    onto the digits' known top reads it at 55 dB or more. The guard sees from the values sent
+    that every one is a half-precision value, reads at that rounding, and names each digit."""
+    x, y, model = trap_digits(8, seed=3)
+    model = model.to(half)
+    received = {name: value.detach().to(torch.float32).clone() for name, value in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x.to(half)).float(), y).backward()
+    optimizer.step()
+    sent = {name: value.detach().to(torch.float32).clone() for name, value in model.state_dict().items()}
+
+    read = blind_ratio_reads(received, sent, x)
+    assert read
+    decision, to_send = Guard(trap_digits(8, seed=3)[2]).decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(read) <= set(decision.exact_samples), (read, decision.exact_samples)
+
+
+def test_many_watched_steps_are_read_at_their_many_roundings():
+    """A hundred full-batch epochs on eight digits, the head frozen. The trap units' biases are at -1000, and the
+    softmax is saturated on a class no digit has, so each step's bias update is the same 0.56-0.72 of a float32
+    spacing there: every step rounds it to a whole spacing, and the update sent is a hundred spacings where the
+    training made 56 to 72, more than one rounding per sample allows. The readout is the digit at 0.56-0.72 of its
+    scale; a server that maps it onto the digits' known top reads it whole. The watch counts the steps, and the
+    guard reads each ratio within that many roundings."""
+    x, y, _ = trap_digits(8, seed=5)
+    absent = next(label for label in range(10) if label not in y.tolist())
+    spacing = float(torch.nextafter(torch.tensor(1000.0), torch.tensor(2000.0))) - 1000.0
+    lr = 0.02
+
+    def crafted() -> nn.Sequential:
+        model = trap_digits(8, seed=5)[2]
+        with torch.no_grad():
+            # Each unit's digit scores 1 on its row and the others under 0.95: at 1050 times the row and a bias of
+            # -1000 the digit's unit stays 50 above its kink for the hundred steps, every other digit below it.
+            model[0].weight.mul_(1050.0)
+            model[0].bias.fill_(-1000.0)
+            model[2].weight.zero_()
+            model[2].bias.zero_()
+            model[2].bias[absent] = 20.0  # every softmax saturated on a class none of the digits has
+            # Each unit's signal at its digit is this over the batch of eight: 0.56 to 0.72 of a spacing a step
+            # (a different share for each unit: no one learning-rate ratio of the biases explains them).
+            model[2].weight[absent] = torch.tensor([0.56, 0.64, 0.72]) * spacing * len(x) / lr
+        return model
+
+    model = crafted()
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    guard = Guard(crafted())
+    optimizer = torch.optim.SGD(model[0].parameters(), lr=lr)  # the head frozen: the signals stay the same
+    with guard.watch(model):
+        for _ in range(100):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+    moved = (sent["0.bias"].double() - received["0.bias"].double()) / spacing
+    assert bool((moved.abs() >= 90).all())  # a whole spacing a step, not the 0.6 the training made
+    read = blind_ratio_reads(received, sent, x)
+    assert len(read) == 3
+    decision, to_send = guard.decide(received, sent, x, y)
+    assert decision.action == "block" and to_send is None
+    assert set(read) <= set(decision.exact_samples), (read, decision.exact_samples)

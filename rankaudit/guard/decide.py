@@ -239,6 +239,8 @@ class Guard:
                     f"({error_line(exc)})",
                     "give the samples as the model's forward() takes them, batch first, as the training ran them",
                 ) from exc
+            if watched is not None:
+                measured.steps = sum(1 for step in self.watching.steps if step["signals"])
             judge = live_judge(inputs)
         self.watching = None
         return self.decide_measured(

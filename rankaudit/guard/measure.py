@@ -62,6 +62,7 @@ class Measurements:
     later_vectors: dict[str, tuple] = field(default_factory=dict)  # the same at the sent weights
     later_signals: dict[str, tuple] = field(default_factory=dict)
     watched: bool = False  # the tables are the training's own records (rankaudit.guard.watch)
+    steps: int = 0  # the training steps those records hold (each rounds the weights it writes)
     figures: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> sample -> PSNR its features show
     figure_notes: dict[str, list[str]] = field(default_factory=dict)
     energy: dict | None = None
@@ -276,6 +277,7 @@ class MeasuredInputs:
             check_features=check_features,
             watched=watched,
             at_sent=self.view.later,
+            steps=self.measured.steps,
         )
         if self.inputs_view is None:
             return found

@@ -77,19 +77,36 @@ def best_matches(
     return best.tolist(), scores.tolist()
 
 
-def bias_slack(sent_bias: torch.Tensor, received_bias: torch.Tensor, roundings: int) -> torch.Tensor:
+def bias_slack(
+    sent_bias: torch.Tensor, received_bias: torch.Tensor, roundings: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """(units,) float64: how far each unit's bias update as the server computes it (sent − received) can lie from
-    the update the training made: the sent dtype's spacing at twice the bias's size, once per rounding (each
-    optimiser step rounds the bias it writes). A bias near a thousand in float32 is rounded to about 6e-5 each
-    step, which can be a large share of a one-sample update: the readout's scale is then that uncertain, and a
-    server that knows the sample's mean or range fixes it."""
-    dtype = sent_bias.dtype if sent_bias.is_floating_point() else torch.float64
+    the update the training made: the spacing of ``dtype`` (the one the training rounded to, rounding_dtype; the
+    sent dtype by default) at twice the bias's size, once per rounding (each optimiser step rounds the bias it
+    writes). A bias near a thousand in float32 is rounded to about 6e-5 each step, which can be a large share of a
+    one-sample update: the readout's scale is then that uncertain, and a server that knows the sample's mean or
+    range fixes it."""
+    if dtype is None:
+        dtype = sent_bias.dtype if sent_bias.is_floating_point() else torch.float64
     size = torch.maximum(
         sent_bias.detach().cpu().to(torch.float64).abs(), received_bias.detach().cpu().to(torch.float64).abs()
     )
     at = (2 * size).to(dtype)
     spacing = torch.nextafter(at, torch.full_like(at, math.inf)).to(torch.float64) - at.to(torch.float64)
     return torch.where(torch.isfinite(spacing), spacing * max(roundings, 1), math.inf)
+
+
+def rounding_dtype(*sent: torch.Tensor) -> torch.dtype:
+    """The dtype a layer was trained in, as far as its sent values show it: bfloat16 or float16 when every value
+    sent is one of that dtype's (a training in half precision whose weights go out as float32: each step rounded
+    to the half-precision spacing, thousands of times the float32 one), else the dtype sent."""
+    values = [tensor.detach().cpu() for tensor in sent if tensor.is_floating_point() and tensor.numel()]
+    if not values:
+        return sent[0].dtype if sent and sent[0].is_floating_point() else torch.float64
+    for half in (torch.bfloat16, torch.float16):
+        if all(value.dtype != half and bool(torch.equal(value.to(half).to(value.dtype), value)) for value in values):
+            return half
+    return values[0].dtype
 
 
 def scale_bounds(denominator: torch.Tensor, slack: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:

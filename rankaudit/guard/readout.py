@@ -36,6 +36,7 @@ from rankaudit.guard.pairs import (
     peaks,
     psnr_of,
     ratio_readouts,
+    rounding_dtype,
     scale_bounds,
     signal_supported,
 )
@@ -595,9 +596,11 @@ def find_readouts(
     check_features: bool = True,
     watched: tuple | None = None,
     at_sent: LayerInputs | None = None,
+    steps: int = 0,
 ) -> tuple[list[GuardReadout], list[str], list[str], list[str]]:
     """(readouts, layers checked, layers skipped with why, notes) for the update ``sent − received``. A readout of
-    a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``."""
+    a hidden layer's features leaks its sample when what those features determine of it reaches ``min_psnr``.
+    ``steps``: the optimiser steps the watch recorded (each rounds the weights it writes), 0 when not watched."""
     vectors, signals, reads_input, why_not = inputs.vectors(samples, labels, watched)
     # Without the steps' own records, the signals at the received weights and at the sent ones both propose pairs
     # (a sample whose step ran in between is isolated by the signals near its step), and a hidden layer's readouts
@@ -626,8 +629,11 @@ def find_readouts(
             proposing += _round_coefficients(weight_update, vectors[name])
         at = (received[weight].detach().cpu(), received[bias].detach().cpu())
         searched: dict = {}  # the pair searches over this layer's signal tables, for both sets of features
-        # Each optimiser step rounds the biases it writes, and a step runs at least one sample.
-        slack = bias_slack(sent[bias], received[bias], len(samples))
+        # Each optimiser step rounds the biases it writes, in the dtype it trains in; unwatched, a step runs at
+        # least one sample.
+        slack = bias_slack(
+            sent[bias], received[bias], max(len(samples), steps), rounding_dtype(sent[weight], sent[bias])
+        )
         # Without the steps' records, which samples each step isolated is not known: at a layer that reads the
         # samples, every pair is searched against every sample too, where that search is small enough.
         search_every_pair = watched is None and reads_input[name]
