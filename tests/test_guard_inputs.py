@@ -263,6 +263,10 @@ def test_samples_the_model_cannot_take_and_labels_that_do_not_match_get_one_line
             x,
             y,
         ),
+        "the guard was given no samples": (sent, None, y),
+        "the guard was given labels it cannot read as numbers": (sent, x, np.array(["cat"] * 12)),
+        "the guard was given the sent weights as NoneType": (None, x, y),
+        "the guard was given 1 labels for 64 samples (the samples have no batch dimension": (sent, x[0], y[:1]),
     }
     for expected, (update, samples, labels) in cases.items():
         with pytest.raises(UsageError) as caught:
@@ -270,3 +274,24 @@ def test_samples_the_model_cannot_take_and_labels_that_do_not_match_get_one_line
                 received, update, samples, labels
             )
         assert str(caught.value).startswith(expected) and "\n" not in str(caught.value) and caught.value.fix
+
+
+def test_a_list_of_sample_tensors_and_a_model_as_the_sent_weights_are_taken_as_they_are():
+    """What a training loop has at hand: the samples as a list of tensors (stacked) and the trained model itself
+    (its state dict) give the same decision as a batch and a state dict."""
+    from rankaudit.guard.decide import Guard
+
+    def fresh() -> nn.Module:
+        return nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    torch.manual_seed(1)
+    model = fresh()
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    x, y = torch.rand(6, 16), torch.randint(3, (6,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    plain = Guard(fresh()).decide(received, sent, x, y)[0]
+    handy = Guard(fresh()).decide(received, model, list(x), y)[0]
+    assert (plain.action, plain.exact_samples) == (handy.action, handy.exact_samples)
+    assert plain.exact_samples  # six samples, eight units: some unit fires for one of them

@@ -217,3 +217,23 @@ def test_many_watched_steps_are_read_at_their_many_roundings():
     decision, to_send = guard.decide(received, sent, x, y)
     assert decision.action == "block" and to_send is None
     assert set(read) <= set(decision.exact_samples), (read, decision.exact_samples)
+
+
+def test_a_unit_whose_bias_is_sent_as_infinity_is_read_by_its_row():
+    """One trap unit's bias goes out as an infinity (a diverged value, or one set to hide the ratio): its row update
+    is still the digit at some scale, which a server maps onto the digits' known top. The guard reads the row at
+    any scale and names the digit."""
+    x, y, model = trap_digits(8, seed=3)
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    sent["0.bias"][0] = math.inf
+
+    row = (sent["0.weight"][0].double() - received["0.weight"][0].double()).numpy()
+    shown = psnr(row * (16 / row.max()) if row.max() > 0 else row * (16 / row.min()), x[0].numpy())
+    assert shown >= THRESHOLD
+    decision, to_send = Guard(trap_digits(8, seed=3)[2]).decide(received, sent, x, y)
+    assert decision.action == "block" and 0 in decision.exact_samples

@@ -166,8 +166,11 @@ class Guard:
     ) -> tuple[GuardDecision, dict[str, torch.Tensor] | None]:
         """(the decision, the weights to send: ``sent`` itself, an altered copy, or None when blocked)."""
         started = time.perf_counter()
-        received = {k: _with_values(f"received {k}", v) for k, v in named_like_model(self.model, received).items()}
-        sent = {k: _with_values(f"sent {k}", v) for k, v in named_like_model(self.model, sent).items()}
+        received = {
+            k: _with_values(f"received {k}", v)
+            for k, v in named_like_model(self.model, _state("received", received)).items()
+        }
+        sent = {k: _with_values(f"sent {k}", v) for k, v in named_like_model(self.model, _state("sent", sent)).items()}
         samples = _with_values("samples", samples, keep_device=True)
         if samples.dim() == 0 or not len(samples):
             raise UsageError("the guard was given no samples", "give it the samples this update was computed on")
@@ -186,10 +189,14 @@ class Guard:
             )
         labels = None if labels is None else _with_values("labels", labels)
         if labels is not None and (labels.dim() == 0 or len(labels) != len(samples)):
+            unbatched = samples.dim() == 1 and labels.numel() == 1
             raise UsageError(
                 f"the guard was given {labels.numel() if labels.dim() == 0 else len(labels)} labels for "
-                f"{len(samples)} samples",
-                "give one label per sample, in the samples' order (or no labels)",
+                f"{len(samples)} samples"
+                + (f" (the samples have no batch dimension: shape {tuple(samples.shape)})" if unbatched else ""),
+                "give the samples batch first (one sample: samples[None])"
+                if unbatched
+                else "give one label per sample, in the samples' order (or no labels)",
             )
         architecture = Architecture.of(self.model)
         measured, judge = None, None
@@ -419,10 +426,34 @@ def _among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
     return None if any(n is None for n in found) else found
 
 
+def _state(what: str, weights) -> dict:
+    """The weights as {name: values}: a state dict as it is, a model's own state dict; anything else is refused with
+    one line."""
+    if isinstance(weights, nn.Module):
+        return weights.state_dict()
+    if isinstance(weights, dict) or hasattr(weights, "items"):
+        return dict(weights.items())
+    raise UsageError(
+        f"the guard was given the {what} weights as {type(weights).__name__}",
+        "give a state dict ({name: tensor}, as model.state_dict() returns it)",
+    )
+
+
 def _with_values(what: str, value, keep_device: bool = False) -> torch.Tensor:
-    """``value`` as a tensor, on the CPU unless ``keep_device`` (arrays and lists taken as they are); one that holds
-    no values (on the meta device) is refused with one line."""
-    tensor = torch.as_tensor(value)
+    """``value`` as a tensor, on the CPU unless ``keep_device`` (arrays and lists taken as they are, a list of
+    tensors stacked); one that is not numbers, or holds no values (on the meta device), is refused with one line."""
+    if value is None:
+        raise UsageError(f"the guard was given no {what}", f"give the {what} as a tensor or an array")
+    try:
+        if isinstance(value, (list, tuple)) and value and all(isinstance(item, torch.Tensor) for item in value):
+            tensor = torch.stack([item.detach() for item in value])
+        else:
+            tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UsageError(
+            f"the guard was given {what} it cannot read as numbers ({error_line(exc)})",
+            "give a tensor or a numeric array, batch first",
+        ) from None
     if tensor.device.type == "meta":
         raise UsageError(f"the guard was given {what} on the meta device (no values)", "give it real tensors or arrays")
     return tensor if keep_device else tensor.detach().cpu()

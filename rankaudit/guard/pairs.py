@@ -148,7 +148,12 @@ def ratio_readouts(
     unit whose row moved while its bias update is within rounding of zero is read as its row at any scale."""
     live = live_units(bias)
     if slack is not None:
-        live = live | (torch.isfinite(bias) & (bias.abs() <= slack) & (rows != 0).any(dim=1))
+        # A bias update within rounding of zero, or not a number at all (an infinity sent for one bias): the row
+        # is the sample's direction, at a scale the server fixes.
+        moved = torch.isfinite(rows).all(dim=1) & (rows != 0).any(dim=1)
+        slack = torch.where(torch.isfinite(bias), slack, math.inf)
+        bias = torch.where(torch.isfinite(bias), bias, 0.0)
+        live = live | (moved & (bias.abs() <= slack))
     live = torch.nonzero(live).flatten()
     if not len(live):
         return []
