@@ -147,3 +147,29 @@ def three_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) 
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
+
+
+def test_a_watched_training_that_left_samples_out_says_so_and_keeps_the_rest():
+    """A loader that drops its last incomplete batch runs 24 of 26 digits: the watch's records do not cover every
+    sample given, and none is an augmented copy. The decision checks the 24 as trained, says which given samples
+    they are, and still names the digits the imprint reads."""
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data[100:126] / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target[100:126])
+    brightness = x.mean(1).sort().values
+    edges = torch.cat([brightness[:1] - 1, (brightness[1:] + brightness[:-1]) / 2])
+    model = Imprinted(len(edges), edges)
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    guard = Guard(Imprinted(len(edges)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, drop_last=True)
+    with guard.watch(model):
+        for batch, labels in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(batch), labels).backward()
+            optimizer.step()
+    sent = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    decision = guard.decide(received, sent, x, y)[0]
+    assert any("ran on 24 of the 26 samples given and on no others" in note for note in decision.notes)
+    assert not any("augmented" in note for note in decision.notes)
+    assert decision.action == "block" and decision.exact_samples

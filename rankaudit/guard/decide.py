@@ -22,6 +22,7 @@ from rankaudit.errors import UsageError
 from rankaudit.guard.batch import error_line
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
 from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts, unread_parameters
+from rankaudit.guard.watch import numbers_among
 from rankaudit.result import GuardDecision, GuardReadout
 from rankaudit.settings.guard_options import GuardSettings
 
@@ -217,7 +218,7 @@ class Guard:
                     trained = None  # steps on values the model fills in itself: read against the samples given
                 found = self.watching.tables(trained) if trained is not None else None
                 if found is not None:
-                    origin = _among(trained, samples)
+                    origin = numbers_among(trained, samples)
                     if origin is None:
                         notes.append(
                             f"the training ran on {len(trained)} samples that are not all among the {len(samples)} "
@@ -414,16 +415,6 @@ class Guard:
         if self.logger is not None:
             self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
-
-
-def _among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
-    """For each sample the training ran, its number among the samples given; None when one is not among them."""
-    from rankaudit.guard.watch import _key
-
-    given = samples.detach().cpu().to(trained.dtype).contiguous()
-    index = {_key(sample): n for n, sample in enumerate(given)}
-    found = [index.get(_key(row)) for row in trained.cpu().contiguous()]
-    return None if any(n is None for n in found) else found
 
 
 def _state(what: str, weights) -> dict:

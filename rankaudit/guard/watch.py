@@ -189,6 +189,15 @@ class Watch:
         return vectors, signals, why_not
 
 
+def numbers_among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
+    """For each sample the training ran (trained_samples), its number among the samples given; None when one is not
+    among them (an augmented copy)."""
+    given = samples.detach().cpu().to(trained.dtype).contiguous()
+    index = {_key(sample): n for n, sample in enumerate(given)}
+    found = [index.get(_key(row)) for row in trained.cpu().contiguous()]
+    return None if any(n is None for n in found) else found
+
+
 def _rows(parts: list) -> torch.Tensor:
     """The rows of several steps (ranges of samples run in order, or tensors of rows) as one tensor."""
     return torch.cat([torch.arange(part.start, part.stop) if isinstance(part, range) else part for part in parts])
