@@ -629,11 +629,10 @@ def find_readouts(
             proposing += _round_coefficients(weight_update, vectors[name])
         at = (received[weight].detach().cpu(), received[bias].detach().cpu())
         searched: dict = {}  # the pair searches over this layer's signal tables, for both sets of features
-        # Each optimiser step rounds the biases it writes, in the dtype it trains in; unwatched, a step runs at
-        # least one sample.
-        slack = bias_slack(
-            sent[bias], received[bias], max(len(samples), steps), rounding_dtype(sent[weight], sent[bias])
-        )
+        # Each optimiser step rounds the biases it writes, in the dtype it trains in: as many roundings as the
+        # watch saw steps (a forward pass with its backward: at least one per optimiser step), or, unwatched, one
+        # per sample (a step runs at least one).
+        slack = bias_slack(sent[bias], received[bias], steps or len(samples), rounding_dtype(sent[weight], sent[bias]))
         # Without the steps' records, which samples each step isolated is not known: at a layer that reads the
         # samples, every pair is searched against every sample too, where that search is small enough.
         search_every_pair = watched is None and reads_input[name]
