@@ -41,6 +41,10 @@ GROUP_MOST = 4
 EVERY_PAIR_MOST = 1 << 25
 # Two units' signals agree on a sample at a scale c when they differ by at most this share of the larger.
 SIGNAL_AGREEMENT = 1e-2
+# Vectors of at most this many values are few enough for a pair at a scale fitted to the sample to pass within 30 dB
+# of it by chance (iris's four features: as often for samples the client never had as for its own); a vector of 64
+# values (an 8x8 digit) never is. The pairs of the search over every pair need the signals' support for them.
+CHANCE_DIMENSIONS = 32
 # A PSNR reported for a readout identical to its sample, in dB (JSON has no infinity).
 IDENTICAL_PSNR = 300.0
 
@@ -361,7 +365,7 @@ def every_pair(
 
 def signal_supported(pairs: list[tuple], tables: list[torch.Tensor]) -> list[tuple]:
     """The pairs (i, j, s, c) whose two units' signals, in one of the (samples, units) ``tables``, agree at the
-    scale c on every sample but at most a quarter of them (each within a percent of the larger, or both zero). A
+    scale c on every sample but at most an eighth of them (each within a percent of the larger, or both zero). A
     pair fitted to one sample alone has a scale for that sample only; in a few dimensions (four features, say) the
     readouts at every scale of some pair pass within 30 dB of samples the client never had as often as of its own,
     and the server, which does not know the sample, cannot choose that scale. Units of an imprint agree at their

@@ -20,6 +20,7 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
+    CHANCE_DIMENSIONS,
     EVERY_PAIR_MOST,
     adam_undone,
     bias_rate,
@@ -409,7 +410,7 @@ def layer_readouts(
     ``slack``: how far each bias update can lie from the training's own through float rounding (bias_slack); each
     readout is read at the scale within it nearest the sample, as a server that knows the sample's mean or range
     reads it. ``search_every_pair``: at a layer that reads the samples, every pair is also searched against every
-    sample (every_pair), for an update whose steps were not watched."""
+    sample (every_pair; with few values per sample, only the pairs the signals support)."""
     rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
     bias = bias_update.to(torch.float64)
     if received is not None:
@@ -475,7 +476,8 @@ def layer_readouts(
             for member in members
         ]
     if search_every_pair and reads_input:
-        candidates += signal_supported(every_pair(rows, bias, table, peak, min_psnr) or [], tables)
+        found = every_pair(rows, bias, table, peak, min_psnr) or []
+        candidates += signal_supported(found, tables) if table.shape[1] <= CHANCE_DIMENSIONS else found
     candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
@@ -633,14 +635,16 @@ def find_readouts(
         # watch saw steps (a forward pass with its backward: at least one per optimiser step), or, unwatched, one
         # per sample (a step runs at least one).
         slack = bias_slack(sent[bias], received[bias], steps or len(samples), rounding_dtype(sent[weight], sent[bias]))
-        # Without the steps' records, which samples each step isolated is not known: at a layer that reads the
-        # samples, every pair is searched against every sample too, where that search is small enough.
-        search_every_pair = watched is None and reads_input[name]
+        # At a layer that reads the samples, every pair is also read against every sample, where that search is
+        # small enough: without the steps' records, which samples each step isolated is not known, and with them a
+        # pair can mix a bin's samples so that one shows a little over the threshold, which no signal test isolates.
+        search_every_pair = reads_input[name]
         if search_every_pair and len(bias_update) * (len(bias_update) - 1) // 2 * len(samples) > EVERY_PAIR_MOST:
             search_every_pair = False
             notes.append(
-                f"{name}: the steps were not watched and {len(bias_update)} units over {len(samples)} samples are "
-                "too many to search every pair: only the pairs the signals propose were read (watch the training)"
+                f"{name}: {len(bias_update)} units over {len(samples)} samples are too many to read every pair "
+                "against every sample: only the pairs the signals propose were read"
+                + ("" if watched is not None else " (watching the training gives each step's own)")
             )
         found = layer_readouts(
             name,
