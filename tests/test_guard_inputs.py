@@ -295,3 +295,16 @@ def test_a_list_of_sample_tensors_and_a_model_as_the_sent_weights_are_taken_as_t
     handy = Guard(fresh()).decide(received, model, list(x), y)[0]
     assert (plain.action, plain.exact_samples) == (handy.action, handy.exact_samples)
     assert plain.exact_samples  # six samples, eight units: some unit fires for one of them
+
+
+def test_weights_to_send_with_other_names_are_blamed_on_the_update_not_on_the_server():
+    """A training wrapper that prefixes every name ("module." from DataParallel) changes what would be sent, not
+    what the server sent: the block says so."""
+    from rankaudit.guard.decide import Guard
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    sent = {f"module.{name}": value.clone() for name, value in received.items()}
+    decision, to_send = Guard(model).decide(received, sent, torch.rand(4, 8), torch.randint(2, (4,)))
+    assert decision.action == "block" and to_send is None
+    assert decision.reasons[0].startswith("the weights to send are not the audited model's: the update changes module.")

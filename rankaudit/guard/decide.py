@@ -287,16 +287,17 @@ class Guard:
         difference = architecture_difference(architecture, received)
         if difference is None and measured is None:
             difference = "no measurements were made at them"
+        which = "received weights"
         if difference is None:
             extra = sorted(set(sent) - set(received))
             changed_shape = [name for name in received if name in sent and sent[name].shape != received[name].shape]
             if extra or changed_shape:
-                difference = f"the update changes {', '.join((extra + changed_shape)[:3])}"
+                which, difference = "weights to send", f"the update changes {', '.join((extra + changed_shape)[:3])}"
         if difference is not None:
             decision = GuardDecision(
                 action="block",
                 exact_samples=[],
-                reasons=[f"the received weights are not the audited model's: {difference}"],
+                reasons=[f"the {which} are not the audited model's: {difference}"],
                 readouts=[],
                 layers_checked=[],
                 skipped=[],
