@@ -447,6 +447,8 @@ class GuardReadout:
     bias_rate: float | None = None  # the weights' learning rate over the biases' that the update shows, the biases'
     # update scaled by it before the readout; None: the same rate
     undone: str | None = None  # the optimiser's step taken back out of the update before the readout, in words
+    scale_open: bool = False  # the bias update is within its float rounding of zero, or not a number: the row is
+    # read at the scale that shows the sample best
 
 
 @dataclass

@@ -237,6 +237,7 @@ def test_a_unit_whose_bias_is_sent_as_infinity_is_read_by_its_row():
     assert shown >= THRESHOLD
     decision, to_send = Guard(trap_digits(8, seed=3)[2]).decide(received, sent, x, y)
     assert decision.action == "block" and 0 in decision.exact_samples
+    assert any("at the scale its bias update's float rounding leaves open" in reason for reason in decision.reasons)
 
 
 def test_honest_rounds_on_four_features_sent_in_bfloat16_block_no_more_than_in_float32():

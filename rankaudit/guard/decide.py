@@ -36,7 +36,9 @@ REASONS_SPELLED = 4
 
 
 def _words(readout: GuardReadout) -> str:
-    if readout.kind == "ratio":
+    if readout.kind == "ratio" and readout.scale_open:
+        how = f"unit {readout.units[0]}'s weight-row update, at the scale its bias update's float rounding leaves open,"
+    elif readout.kind == "ratio":
         how = f"unit {readout.units[0]}'s weight-row update over its bias update"
     elif readout.kind == "row":
         how = f"unit {readout.units[0]}'s weight-row update (no bias), at its best scale and offset,"

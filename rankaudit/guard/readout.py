@@ -420,6 +420,13 @@ def layer_readouts(
     # A hidden layer's vector that is constant (every ReLU before it off) shows nothing of its sample.
     blank = (table.amax(dim=1) == table.amin(dim=1)) & torch.tensor(not reads_input)
 
+    def open_scale(units, kind, variant: _Variant) -> bool:
+        # A ratio whose bias update rounding could have made (or that is not a number): no scale is fixed by it.
+        if kind != "ratio" or variant.slack is None:
+            return False
+        value = variant.bias[units[0]]
+        return not bool(torch.isfinite(value)) or bool(value.abs() <= variant.slack[units[0]])
+
     def readout(units, kind, sample, score, scale, variant: _Variant):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
         return GuardReadout(
@@ -436,6 +443,7 @@ def layer_readouts(
             received_share=variant.share,
             bias_rate=variant.rate,
             undone=variant.undone,
+            scale_open=open_scale(units, kind, variant),
         )
 
     # Weight decay's share of the update, where the update shows one: the server that knows lr and λ adds it back,
