@@ -308,3 +308,6 @@ def test_weights_to_send_with_other_names_are_blamed_on_the_update_not_on_the_se
     decision, to_send = Guard(model).decide(received, sent, torch.rand(4, 8), torch.randint(2, (4,)))
     assert decision.action == "block" and to_send is None
     assert decision.reasons[0].startswith("the weights to send are not the audited model's: the update changes module.")
+    as_integers = {name: (value * 100).to(torch.int8) for name, value in received.items()}
+    decision, to_send = Guard(model).decide(received, as_integers, torch.rand(4, 8), torch.randint(2, (4,)))
+    assert decision.action == "block" and "0.weight (sent as int8)" in decision.reasons[0]

@@ -293,8 +293,15 @@ class Guard:
         if difference is None:
             extra = sorted(set(sent) - set(received))
             changed_shape = [name for name in received if name in sent and sent[name].shape != received[name].shape]
-            if extra or changed_shape:
-                which, difference = "weights to send", f"the update changes {', '.join((extra + changed_shape)[:3])}"
+            # Integers where the model holds floats (int8 sent, say): no readout here reads them as the server will.
+            not_float = [
+                f"{name} (sent as {str(sent[name].dtype).removeprefix('torch.')})"
+                for name in received
+                if name in sent and received[name].is_floating_point() and not sent[name].is_floating_point()
+            ]
+            if extra or changed_shape or not_float:
+                changed = extra + changed_shape + not_float
+                which, difference = "weights to send", f"the update changes {', '.join(changed[:3])}"
         if difference is not None:
             decision = GuardDecision(
                 action="block",
