@@ -21,7 +21,8 @@ from torch import nn
 from rankaudit.errors import UsageError
 from rankaudit.guard.batch import error_line
 from rankaudit.guard.measure import Architecture, MeasuredInputs, Measurements, live_judge, measure
-from rankaudit.guard.readout import architecture_difference, named_like_model, row_readouts, unread_parameters
+from rankaudit.guard.readout import architecture_difference, named_like_model
+from rankaudit.guard.rows import row_readouts, unread_parameters
 from rankaudit.guard.watch import numbers_among
 from rankaudit.result import GuardDecision, GuardReadout
 from rankaudit.settings.guard_options import GuardSettings

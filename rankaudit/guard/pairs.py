@@ -563,3 +563,17 @@ def pair_readouts(
     for (a, b, sample, _), scale, score in zip(candidates, best_scale.tolist(), best_score.tolist()):
         results.append((a, b, sample, scale, score))
     return results
+
+
+def round_coefficients(weight_update: torch.Tensor, vectors: torch.Tensor) -> list[torch.Tensor]:
+    """[(N, units)]: how much of each sample's vector each unit's row update holds over the whole round, solved from
+    the update itself (u_W[i] = Σ_n c_(n,i) v_n under SGD, momentum or not), when the samples' vectors are
+    independent (no more samples than inputs); [] otherwise. Every step's signals summed, as the server's readout
+    sees them."""
+    rows = weight_update.reshape(len(weight_update), -1).to(torch.float64)
+    if len(vectors) > vectors.shape[1] or not len(vectors):
+        return []
+    if not (bool(torch.isfinite(rows).all()) and bool(torch.isfinite(vectors).all())):
+        return []  # a least-squares solve over NaN or infinite values fails inside LAPACK
+    solution = torch.linalg.lstsq(vectors.T, rows.T).solution  # (N, units)
+    return [solution] if bool(torch.isfinite(solution).all()) else []
