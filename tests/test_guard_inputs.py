@@ -311,3 +311,19 @@ def test_weights_to_send_with_other_names_are_blamed_on_the_update_not_on_the_se
     as_integers = {name: (value * 100).to(torch.int8) for name, value in received.items()}
     decision, to_send = Guard(model).decide(received, as_integers, torch.rand(4, 8), torch.randint(2, (4,)))
     assert decision.action == "block" and "0.weight (sent as int8)" in decision.reasons[0]
+
+
+def test_weights_to_send_of_another_shape_are_blamed_on_the_update_not_on_the_samples():
+    """A transposed weight in what would be sent: the model cannot be run at the sent weights, and the block names
+    the weight and its shape, not the samples."""
+    from rankaudit.guard.decide import Guard
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    received = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    sent = {**received, "0.weight": received["0.weight"].T.contiguous()}
+    decision, to_send = Guard(model).decide(received, sent, torch.rand(4, 8), torch.randint(2, (4,)))
+    assert decision.action == "block" and to_send is None
+    assert (
+        decision.reasons[0]
+        == "the weights to send are not the audited model's: the update changes 0.weight (shape (8, 4))"
+    )

@@ -205,7 +205,8 @@ class Guard:
         architecture = Architecture.of(self.model)
         measured, judge = None, None
         notes: list[str] = []
-        if architecture_difference(architecture, received) is None:
+        # Weights to send of other names, shapes or kinds: the model does not run on them, and nothing is measured.
+        if architecture_difference(architecture, received) is None and _changed_by_update(received, sent) is None:
             watched = self.watching.tables(samples) if self.watching is not None else None
             if watched is None and self.watching is not None and self.watching.untied and not self.watching.steps:
                 notes.append(
@@ -288,21 +289,13 @@ class Guard:
         settings = self.settings
         base = dict(samples=int(len(samples)), min_psnr=settings.min_psnr, round=round_number)
         difference = architecture_difference(architecture, received)
-        if difference is None and measured is None:
-            difference = "no measurements were made at them"
         which = "received weights"
         if difference is None:
-            extra = sorted(set(sent) - set(received))
-            changed_shape = [name for name in received if name in sent and sent[name].shape != received[name].shape]
-            # Integers where the model holds floats (int8 sent, say): no readout here reads them as the server will.
-            not_float = [
-                f"{name} (sent as {str(sent[name].dtype).removeprefix('torch.')})"
-                for name in received
-                if name in sent and received[name].is_floating_point() and not sent[name].is_floating_point()
-            ]
-            if extra or changed_shape or not_float:
-                changed = extra + changed_shape + not_float
-                which, difference = "weights to send", f"the update changes {', '.join(changed[:3])}"
+            changed = _changed_by_update(received, sent)
+            if changed is not None:
+                which, difference = "weights to send", changed
+        if difference is None and measured is None:
+            difference = "no measurements were made at them"
         if difference is not None:
             decision = GuardDecision(
                 action="block",
@@ -426,6 +419,25 @@ class Guard:
         if self.logger is not None:
             self.logger.log(logging.INFO if decision.action == "send" else logging.WARNING, "rankaudit guard: %s", line)
         return decision
+
+
+def _changed_by_update(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> str | None:
+    """What the weights to send change of the received model's form, in one phrase, or None: names it does not
+    have, shapes, and integers where it holds floats (int8 sent, say: no readout here reads them as the server
+    will). A weight left out of what is sent changes nothing (a partial update)."""
+    extra = sorted(set(sent) - set(received))
+    changed_shape = [
+        f"{name} (shape {tuple(sent[name].shape)})"
+        for name in received
+        if name in sent and sent[name].shape != received[name].shape
+    ]
+    not_float = [
+        f"{name} (sent as {str(sent[name].dtype).removeprefix('torch.')})"
+        for name in received
+        if name in sent and received[name].is_floating_point() and not sent[name].is_floating_point()
+    ]
+    changed = extra + changed_shape + not_float
+    return f"the update changes {', '.join(changed[:3])}" if changed else None
 
 
 def _state(what: str, weights) -> dict:
