@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from rankaudit.cli import main
 from rankaudit.count.analysis import analyze
@@ -25,6 +28,23 @@ APP_GIVEN = Overrides(round={"local_samples": 32}, input_shape_given=True)
 def no_flower_configuration(monkeypatch, tmp_path):
     """The Flower configuration file is the user's; each app test states its own (or none)."""
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+
+
+def psnr(readout: np.ndarray, sample: np.ndarray) -> float:
+    """PSNR of a readout against the sample, the sample's own range (max - min) as the peak: the guard's unit."""
+    mse = float(np.mean((readout - sample) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
+
+
+class Lambda(nn.Module):
+    """A function of the input as a module, for models spelled in a test."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function(x)
 
 
 def setting_rows(deployment) -> dict[str, tuple[str, str]]:

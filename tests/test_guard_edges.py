@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import psnr
 from sklearn import datasets
 from torch import nn
 
@@ -18,11 +19,6 @@ from rankaudit.guard.decide import Guard
 from rankaudit.settings.guard_options import GuardSettings
 
 THRESHOLD = 30.0
-
-
-def psnr(readout: np.ndarray, sample: np.ndarray) -> float:
-    mse = float(np.mean((readout - sample) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
 
 
 def one_sgd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = 0.1) -> dict:

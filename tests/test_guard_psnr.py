@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from conftest import Lambda
 from torch import nn
 
 from rankaudit.guard.decide import Guard
@@ -772,15 +773,6 @@ def read_blind(readouts: list[torch.Tensor], x: torch.Tensor, low: float, high: 
     return read_by_server(mapped, x)
 
 
-class Normalise(nn.Module):
-    def __init__(self, how):
-        super().__init__()
-        self.how = how
-
-    def forward(self, x):
-        return self.how(x)
-
-
 class NormalisedMLP(nn.Module):
     """A per-sample normalisation of the input, then Linear - ReLU - Linear, PyTorch's default initialisation."""
 
@@ -801,9 +793,9 @@ def standardise(x):
 
 NORMALISATIONS = {
     "layer_norm": lambda shape: nn.LayerNorm(shape),
-    "standardise": lambda shape: Normalise(standardise),
-    "normalize": lambda shape: Normalise(lambda x: nn.functional.normalize(x.flatten(1), dim=1).reshape(x.shape)),
-    "rms_norm": lambda shape: Normalise(lambda x: nn.functional.rms_norm(x, shape)),
+    "standardise": lambda shape: Lambda(standardise),
+    "normalize": lambda shape: Lambda(lambda x: nn.functional.normalize(x.flatten(1), dim=1).reshape(x.shape)),
+    "rms_norm": lambda shape: Lambda(lambda x: nn.functional.rms_norm(x, shape)),
 }
 
 

@@ -9,17 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import psnr
 from sklearn import datasets
 from torch import nn
 
 from rankaudit.guard.decide import Guard
 
 THRESHOLD = 30.0
-
-
-def psnr(readout: np.ndarray, sample: np.ndarray) -> float:
-    mse = float(np.mean((readout - sample) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(float(sample.max() - sample.min()) ** 2 / mse)
 
 
 def in_range(readout: np.ndarray, low: float, high: float) -> np.ndarray:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO
+from conftest import REPO, Lambda
 from torch import nn
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -30,15 +30,6 @@ class Shifted(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x + self.b).flatten(1))
-
-
-class Lambda(nn.Module):
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, x):
-        return self.function(x)
 
 
 # ---- a parameter transformed in forward() ------------------------------------------------------------------------
