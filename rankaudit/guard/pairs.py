@@ -73,10 +73,7 @@ def best_matches(
     within them nearest each sample."""
     if not len(readouts):
         return [], []
-    energy = (readouts * readouts).sum(1)
-    cross = readouts @ vectors.T
-    factor = nearest_factors(cross, energy, scales)
-    squares = (vectors * vectors).sum(1)[None, :] - 2 * factor * cross + factor * factor * energy[:, None]
+    squares, factor = fitted_squares(readouts, vectors, scales)
     best = (squares.clamp_min(0) / (peak**2)[None, :]).argmin(dim=1)
     chosen = factor[torch.arange(len(readouts)), best]
     scores = psnr_of(readouts * chosen[:, None], vectors[best], peak[best])
@@ -115,6 +112,24 @@ def rounding_dtype(*sent: torch.Tensor) -> torch.dtype:
     return values[0].dtype
 
 
+def fitted_squares(
+    readouts: torch.Tensor, vectors: torch.Tensor, scales: tuple | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(squares, factors), each (readouts, samples): each readout's squared distance to each vector at the factor
+    within its bounds nearest that vector (nearest_factors), in expanded form (it cancels near an exact match:
+    recompute the matches that count directly), and those factors."""
+    energy = (readouts * readouts).sum(1)
+    cross = readouts @ vectors.T
+    factor = nearest_factors(cross, energy, scales)
+    return (vectors * vectors).sum(1)[None, :] - 2 * factor * cross + factor * factor * energy[:, None], factor
+
+
+def scale_open(denominator: torch.Tensor, slack: torch.Tensor) -> torch.Tensor:
+    """Where a readout's scale is unknown: its denominator (a bias update) is within its rounding ``slack`` of zero,
+    or not a number."""
+    return ~torch.isfinite(denominator) | (denominator.abs() <= slack)
+
+
 def scale_bounds(denominator: torch.Tensor, slack: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(low, high): the factors a server may put on a readout divided by ``denominator``, a bias update known to
     within ``slack`` (the true one is any d' with |d' − d| ≤ slack, the readout then d/d' times the one formed).
@@ -123,7 +138,7 @@ def scale_bounds(denominator: torch.Tensor, slack: torch.Tensor | None) -> tuple
     if slack is None:
         return None
     size = denominator.abs()
-    known = slack < size
+    known = ~scale_open(denominator, slack)
     low = torch.where(known, size / (size + slack), -math.inf)
     high = torch.where(known, size / (size - slack).clamp_min(1e-300), math.inf)
     return low, high
@@ -157,9 +172,8 @@ def ratio_readouts(
         # A bias update within rounding of zero, or not a number at all (an infinity sent for one bias): the row
         # is the sample's direction, at a scale the server fixes.
         moved = torch.isfinite(rows).all(dim=1) & (rows != 0).any(dim=1)
-        slack = torch.where(torch.isfinite(bias), slack, math.inf)
-        bias = torch.where(torch.isfinite(bias), bias, 0.0)
-        live = live | (moved & (bias.abs() <= slack))
+        live = live | (moved & scale_open(bias, slack))
+        bias = torch.where(torch.isfinite(bias), bias, 0.0)  # the row alone, its scale open
     live = torch.nonzero(live).flatten()
     if not len(live):
         return []
@@ -363,6 +377,12 @@ def every_pair(
             if math.isfinite(c)
         ]
     return found
+
+
+def few_values(vectors: torch.Tensor) -> bool:
+    """The samples' vectors are short enough (CHANCE_DIMENSIONS values or fewer) for a readout at a scale fitted to
+    a sample to pass near it by chance."""
+    return vectors.shape[1] <= CHANCE_DIMENSIONS
 
 
 def signal_supported(pairs: list[tuple], tables: list[torch.Tensor]) -> list[tuple]:

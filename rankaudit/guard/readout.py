@@ -19,7 +19,6 @@ from torch import nn
 
 from rankaudit.guard.batch import as_model_input
 from rankaudit.guard.pairs import (
-    CHANCE_DIMENSIONS,
     EVERY_PAIR_MOST,
     adam_undone,
     bias_rate,
@@ -27,10 +26,11 @@ from rankaudit.guard.pairs import (
     decay_share,
     duplicates,
     every_pair,
+    few_values,
+    fitted_squares,
     isolating_and_nearly,
     isolating_groups,
     merged,
-    nearest_factors,
     pair_readouts,
     peaks,
     psnr_of,
@@ -38,6 +38,7 @@ from rankaudit.guard.pairs import (
     round_coefficients,
     rounding_dtype,
     scale_bounds,
+    scale_open,
     signal_supported,
 )
 from rankaudit.result import GuardReadout
@@ -294,8 +295,7 @@ def layer_readouts(
         # A ratio whose bias update rounding could have made (or that is not a number): no scale is fixed by it.
         if kind != "ratio" or variant.slack is None:
             return False
-        value = variant.bias[units[0]]
-        return not bool(torch.isfinite(value)) or bool(value.abs() <= variant.slack[units[0]])
+        return bool(scale_open(variant.bias[units[0]], variant.slack[units[0]]))
 
     def readout(units, kind, sample, score, scale, variant: _Variant):
         error = float(score - 10 * torch.log10(peak[sample] ** 2 / (table[sample] ** 2).mean().clamp_min(1e-300)))
@@ -355,7 +355,7 @@ def layer_readouts(
         ]
     if search_every_pair and reads_input:
         found = every_pair(rows, bias, table, peak, min_psnr) or []
-        candidates += signal_supported(found, tables) if table.shape[1] <= CHANCE_DIMENSIONS else found
+        candidates += signal_supported(found, tables) if few_values(table) else found
     candidates = sorted(set(candidates))
     isolated = {pair[:3] for pair in candidates}
     nearly = sorted({pair for _, close in found_pairs for pair in close if pair[:3] not in isolated})
@@ -420,9 +420,7 @@ def _shown_beside(hits, rows, bias, table, peak, min_psnr, blank, slack=None) ->
     denominator = bias[first] - scale * bias[second]
     readouts = (rows[first] - scale[:, None] * rows[second]) / torch.where(denominator != 0, denominator, 1.0)[:, None]
     bounds = None if slack is None else scale_bounds(denominator, slack[first] + scale.abs() * slack[second])
-    energy, cross = (readouts * readouts).sum(1), readouts @ table.T
-    factor = torch.ones_like(cross) if bounds is None else nearest_factors(cross, energy, bounds)
-    squares = factor * factor * energy[:, None] + (table * table).sum(1)[None, :] - 2 * factor * cross
+    squares, factor = fitted_squares(readouts, table, bounds)
     # Expanded squares cancel near an exact match: a margin of 3 dB before the direct check.
     close = squares.clamp_min(0) <= (peak**2)[None, :] * table.shape[1] * 10 ** (-(min_psnr - 3) / 10)
     close[torch.arange(len(hits)), torch.tensor([sample for _, _, sample, *_ in hits])] = False
@@ -499,7 +497,7 @@ def find_readouts(
         # watch saw steps (a forward pass with its backward: at least one per optimiser step), or, unwatched, one
         # per sample (a step runs at least one).
         slack = bias_slack(sent[bias], received[bias], steps or len(samples), rounding_dtype(sent[weight], sent[bias]))
-        if vectors[name].shape[1] <= CHANCE_DIMENSIONS:
+        if few_values(vectors[name]):
             # A few values per sample: a readout at a scale the rounding leaves free passes within 30 dB of samples
             # the client never had about as often as of its own (iris sent in bfloat16: 9 of 12 honest rounds
             # "read" held-out flowers). Such readouts are read as formed.
