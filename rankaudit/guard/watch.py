@@ -137,7 +137,7 @@ class Watch:
             else:  # shuffled, or other samples: each row found by its bytes
                 ordered = False
                 if not index:
-                    index = {_key(sample): n for n, sample in enumerate(samples)}
+                    index = _sample_index(samples)
                 found = [index.get(_key(row)) for row in batch]
                 if any(row is None for row in found):
                     return None  # a step on samples the guard was not given
@@ -189,11 +189,16 @@ class Watch:
         return vectors, signals, why_not
 
 
+def _sample_index(samples: torch.Tensor) -> dict[bytes, int]:
+    """{a sample's bytes: its number}: how a row a step ran is found among the samples."""
+    return {_key(sample): n for n, sample in enumerate(samples)}
+
+
 def numbers_among(trained: torch.Tensor, samples: torch.Tensor) -> list[int] | None:
     """For each sample the training ran (trained_samples), its number among the samples given; None when one is not
     among them (an augmented copy)."""
     given = samples.detach().cpu().to(trained.dtype).contiguous()
-    index = {_key(sample): n for n, sample in enumerate(given)}
+    index = _sample_index(given)
     found = [index.get(_key(row)) for row in trained.cpu().contiguous()]
     return None if any(n is None for n in found) else found
 
